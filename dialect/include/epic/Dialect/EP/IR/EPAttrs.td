@@ -1,0 +1,75 @@
+//===-- EPAttrs.td - ep dialect attributes ------------------*- tablegen -*-===//
+
+#ifndef EPIC_DIALECT_EP_IR_EPATTRS_TD
+#define EPIC_DIALECT_EP_IR_EPATTRS_TD
+
+include "epic/Dialect/EP/IR/EPBase.td"
+
+def EP_LayoutParameter : EnumParameter<EP_Layout> {
+  let defaultValue = "::epic::ep::Layout::plain";
+}
+
+def EP_ConfigAttr : AttrDef<EP_Dialect, "Config"> {
+  let mnemonic = "config";
+  let summary = "buffer and routing configuration of an expert-parallel layer";
+  let description = [{
+    Everything that the dispatch and combine kernels are specialized on. Two
+    ops (or an op and a handle) work together only when their configurations
+    are equal.
+
+    | parameter             | meaning                                                   |
+    |-----------------------|-----------------------------------------------------------|
+    | `ranks`               | EP world size R (1..1024)                                 |
+    | `experts`             | global expert count E, divisible by R, E/R <= 256, E <= 2048 |
+    | `topk`                | experts per token K (1..32, K <= E)                       |
+    | `hidden`              | hidden size H in elements; H * bytes(dtype) % 16 == 0     |
+    | `dtype`               | element type of the dispatched rows (bf16, f16, f32, f8E4M3FN, f8E5M2) |
+    | `scale_packs`         | P, 4-byte scale packs per row; required (> 0) for FP8 data and forbidden otherwise (default 0) |
+    | `expert_alignment`    | A, per-local-expert receive counts are rounded up to a multiple of A (default 1) |
+    | `layout`              | `plain` or `expanded` (default `plain`)                    |
+    | `num_sms`             | SMs of the communication kernel; 0 = the analytic choice (default 0) |
+    | `max_tokens_per_rank` | Tmax, the most tokens any rank dispatches; sizes every buffer |
+
+    Example (DeepEP's V3 configuration, FP8 dispatch with one float32 scale
+    per 128 channels):
+
+    ```mlir
+    #ep.config<ranks = 8, experts = 256, topk = 8, hidden = 7168,
+               dtype = f8E4M3FN, scale_packs = 56, expert_alignment = 128,
+               layout = expanded, max_tokens_per_rank = 4096>
+    ```
+  }];
+  let parameters = (ins
+    "unsigned":$ranks,
+    "unsigned":$experts,
+    "unsigned":$topk,
+    "unsigned":$hidden,
+    "::mlir::Type":$dtype,
+    DefaultValuedParameter<"unsigned", "0">:$scale_packs,
+    DefaultValuedParameter<"unsigned", "1">:$expert_alignment,
+    EP_LayoutParameter:$layout,
+    DefaultValuedParameter<"unsigned", "0">:$num_sms,
+    "unsigned":$max_tokens_per_rank
+  );
+  let assemblyFormat = "`<` struct(params) `>`";
+  let genVerifyDecl = 1;
+  let extraClassDeclaration = [{
+    /// E / R: experts that live on each rank.
+    unsigned getNumLocalExperts() const { return getExperts() / getRanks(); }
+    /// Bytes of one row of hidden data.
+    uint64_t getHiddenBytes() const;
+    bool isFP8() const;
+    bool isExpanded() const { return getLayout() == Layout::expanded; }
+    /// Rows of the plain receive layout in the worst case: R * Tmax.
+    uint64_t getMaxRecvTokens() const;
+    /// Rows of the expanded receive layout in the worst case:
+    /// align(R * Tmax * min(K, E/R) + (A - 1) * E/R, A).
+    uint64_t getMaxExpandedTokens() const;
+    /// Rows of recv_x in the worst case for this configuration's layout.
+    uint64_t getMaxOutputRows() const {
+      return isExpanded() ? getMaxExpandedTokens() : getMaxRecvTokens();
+    }
+  }];
+}
+
+#endif // EPIC_DIALECT_EP_IR_EPATTRS_TD

@@ -1,0 +1,29 @@
+//===- EPDialect.h - ep dialect ---------------------------------*- C++ -*-===//
+//
+// The ep dialect: MoE dispatch / combine at the tensor level (see EPBase.td).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef EPIC_DIALECT_EP_IR_EPDIALECT_H
+#define EPIC_DIALECT_EP_IR_EPDIALECT_H
+
+#include "mlir/Bytecode/BytecodeOpInterface.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/Dialect.h"
+#include "mlir/IR/OpDefinition.h"
+#include "mlir/IR/OpImplementation.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
+
+#include "epic/Dialect/EP/IR/EPOpsDialect.h.inc"
+#include "epic/Dialect/EP/IR/EPEnums.h.inc"
+
+#define GET_ATTRDEF_CLASSES
+#include "epic/Dialect/EP/IR/EPAttrs.h.inc"
+
+#define GET_TYPEDEF_CLASSES
+#include "epic/Dialect/EP/IR/EPTypes.h.inc"
+
+#define GET_OP_CLASSES
+#include "epic/Dialect/EP/IR/EPOps.h.inc"
+
+#endif // EPIC_DIALECT_EP_IR_EPDIALECT_H

@@ -1,0 +1,222 @@
+//===-- EPOps.td - ep dialect operations --------------------*- tablegen -*-===//
+
+#ifndef EPIC_DIALECT_EP_IR_EPOPS_TD
+#define EPIC_DIALECT_EP_IR_EPOPS_TD
+
+include "epic/Dialect/EP/IR/EPTypes.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+
+// Row data and routing tables are ranked tensors; the token dimension is
+// usually dynamic because it is only known at run time.
+def EP_RowTensor : 2DTensorOf<[BF16, F16, F32, F8E4M3FN, F8E5M2]>;
+def EP_ScalePackTensor : 2DTensorOf<[F32, I32]>;
+def EP_TopkIdxTensor : 2DTensorOf<[I8, I16, I32, I64]>;
+def EP_WeightTensor : TensorRankOf<[F32], [1, 2]>;
+def EP_BF16RowTensor : 2DTensorOf<[BF16]>;
+
+//===----------------------------------------------------------------------===//
+// ep.dispatch_layout
+//===----------------------------------------------------------------------===//
+
+def EP_DispatchLayoutOp : EP_Op<"dispatch_layout", [Pure]> {
+  let summary = "count the tokens each rank and each expert receives from this rank";
+  let description = [{
+    Computes, from this rank's routing table `topk_idx` (`[T, K]`, global
+    expert ids, `-1` = no expert), the layout that a dispatch will have:
+
+    * `num_tokens_per_rank[r]`: tokens that select at least one expert on rank
+      `r` (a token counts **once** per destination rank, however many of its
+      experts live there);
+    * `num_tokens_per_expert[e]`: tokens that select expert `e`;
+    * `is_token_in_rank[t, r]`: whether token `t` goes to rank `r`.
+
+    Expert `e` lives on rank `e / (E / R)`. Entries equal to `-1` are ignored.
+
+    ```mlir
+    %per_rank, %per_expert, %in_rank = ep.dispatch_layout %topk_idx config #cfg
+        : tensor<?x8xi64> -> tensor<8xi32>, tensor<256xi32>, tensor<?x8xi1>
+    ```
+  }];
+  let arguments = (ins EP_ConfigAttr:$config, EP_TopkIdxTensor:$topk_idx);
+  let results = (outs 1DTensorOf<[I32]>:$num_tokens_per_rank,
+                      1DTensorOf<[I32]>:$num_tokens_per_expert,
+                      2DTensorOf<[I1]>:$is_token_in_rank);
+  let assemblyFormat = [{
+    $topk_idx `config` $config attr-dict `:` type($topk_idx) `->` type(results)
+  }];
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// ep.dispatch
+//===----------------------------------------------------------------------===//
+
+def EP_DispatchOp : EP_Op<"dispatch", [AttrSizedOperandSegments,
+                                        AttrSizedResultSegments]> {
+  let summary = "send every token to the ranks that own its top-k experts";
+  let description = [{
+    DeepEP V2's dispatch, direct mode. Every rank calls it collectively with
+    its own `T <= max_tokens_per_rank` tokens.
+
+    **Routing.** Token `t` is sent **once** to every rank that owns at least
+    one of its valid experts (`topk_idx[t, j] >= 0`; `-1` entries are ignored
+    everywhere). A token whose row is all `-1` is sent nowhere. Every sent
+    token carries its hidden row, its scale packs, all K top-k ids and
+    weights and its source global id `src_rank * max_tokens_per_rank + t`.
+
+    **Plain layout** (`layout = plain`): `recv_x` has one row per received
+    token, grouped by source rank in increasing rank order (the order inside
+    a group is the order of slot allocation, so tests compare after sorting by
+    source id). `recv_topk_idx[i, j]` is the **local** expert id of slot `j`
+    (`e % (E/R)`) if that expert lives on this rank, else `-1`;
+    `recv_topk_weights` are all K source weights, copied verbatim.
+
+    **Expanded layout** (`layout = expanded`): one row per (received token,
+    local expert) pair, grouped by local expert in increasing id; expert `e`
+    occupies rows `[start_e, start_e + count_e)` with
+    `start_e = sum_{j<e} align(count_j, expert_alignment)`; the rows up to the
+    next start are padding. `recv_topk_weights` is 1-D (one weight per row)
+    and there is no `recv_topk_idx` result.
+
+    **FP8.** The kernels move bytes: with `dtype = f8E4M3FN` (or `f8E5M2`)
+    each row travels with its `scale_packs` opaque 4-byte packs (`f32` scales
+    or `i32` words of 4 UE8M0 exponents), which are returned unchanged in
+    `recv_scale_packs`.
+
+    **Cached dispatch.** With `cached(%handle)` and no `topk(...)`, the op
+    reuses the routing, slots and counts of the dispatch that produced the
+    handle: there is no count exchange and the rows land in exactly the same
+    places (bitwise-equal `recv_x`). This is the backward of combine.
+
+    The handle records everything `ep.combine` and a cached dispatch need.
+    The number of received rows is data dependent; result token dimensions
+    are normally dynamic and never exceed the configuration's worst case.
+
+    Operands and results appear in this order; optional ones only when given:
+
+    ```mlir
+    #cfg = #ep.config<ranks = 8, experts = 256, topk = 8, hidden = 7168,
+                      dtype = f8E4M3FN, scale_packs = 56,
+                      max_tokens_per_rank = 4096>
+    %recv_x, %recv_sf, %recv_idx, %recv_w, %handle = ep.dispatch %x
+        topk(%topk_idx : tensor<?x8xi64>)
+        scales(%sf : tensor<?x56xf32>)
+        weights(%w : tensor<?x8xf32>)
+        config #cfg
+        : tensor<?x7168xf8E4M3FN>
+        -> tensor<?x7168xf8E4M3FN>, tensor<?x56xf32>, tensor<?x8xi64>,
+           tensor<?x8xf32>, !ep.handle<#cfg>
+
+    // Cached (e.g. the backward of combine): same routing, no count exchange.
+    %g_x, %g_h = ep.dispatch %grad cached(%handle : !ep.handle<#cfg2>) config #cfg2
+        : tensor<?x2048xbf16> -> tensor<?x2048xbf16>, !ep.handle<#cfg2>
+    ```
+  }];
+  let arguments = (ins
+    EP_ConfigAttr:$config,
+    EP_RowTensor:$x,
+    Optional<EP_TopkIdxTensor>:$topk_idx,
+    Optional<EP_ScalePackTensor>:$scale_packs,
+    Optional<2DTensorOf<[F32]>>:$topk_weights,
+    Optional<EP_HandleType>:$cached_handle);
+  let results = (outs
+    EP_RowTensor:$recv_x,
+    Optional<EP_ScalePackTensor>:$recv_scale_packs,
+    Optional<EP_TopkIdxTensor>:$recv_topk_idx,
+    Optional<EP_WeightTensor>:$recv_topk_weights,
+    EP_HandleType:$handle);
+  let assemblyFormat = [{
+    $x
+    (`topk` `(` $topk_idx^ `:` type($topk_idx) `)`)?
+    (`scales` `(` $scale_packs^ `:` type($scale_packs) `)`)?
+    (`weights` `(` $topk_weights^ `:` type($topk_weights) `)`)?
+    (`cached` `(` $cached_handle^ `:` qualified(type($cached_handle)) `)`)?
+    `config` $config attr-dict `:` type($x) `->`
+    custom<DispatchResultTypes>(type($recv_x), type($recv_scale_packs),
+        type($recv_topk_idx), type($recv_topk_weights), type($handle),
+        ref(type($scale_packs)), ref(type($topk_weights)), ref($config))
+  }];
+  let builders = [
+    // Infers every result type from the operands and the configuration; the
+    // received-token dimension is dynamic.
+    OpBuilder<(ins "ConfigAttr":$config, "::mlir::Value":$x,
+                   "::mlir::Value":$topkIdx, "::mlir::Value":$scalePacks,
+                   "::mlir::Value":$topkWeights, "::mlir::Value":$cachedHandle)>
+  ];
+  let extraClassDeclaration = [{
+    bool isCached() { return static_cast<bool>(getCachedHandle()); }
+  }];
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// ep.combine
+//===----------------------------------------------------------------------===//
+
+def EP_CombineOp : EP_Op<"combine", [AttrSizedOperandSegments]> {
+  let summary = "send expert outputs back to their source ranks and sum them";
+  let description = [{
+    DeepEP V2's combine, direct mode, the reverse of the `ep.dispatch` that
+    produced `handle`. `x` holds this rank's expert outputs in BF16, one row
+    per row of the dispatch's `recv_x` (plain: already reduced over this
+    rank's local experts; expanded: one row per (token, local expert), which
+    this rank first sums in fp32 in increasing top-k slot order and rounds to
+    bf16 once).
+
+    For each source token `t` the result is an **unweighted** sum (top-k
+    weights are not applied):
+
+    ```
+    combined_x[t] = bf16(bias0[t] + bias1[t] + sum_r partial_r[t])
+    ```
+
+    accumulated in fp32 from +0.0: first the biases, then the partial of
+    every destination rank `r` in increasing order of that rank's master
+    top-k slot (the **highest** slot whose expert lives on `r`), rounded to
+    bf16 once (round to nearest even). The result is therefore bitwise
+    reproducible (`epic.reference.combine` is the executable definition). A
+    token that selected no expert gets the bias sum, or zeros. Because the
+    sum starts from +0.0, a bias that is a splat of +0.0 changes no bit and
+    is dropped by canonicalization.
+
+    If `weights(...)` is given (plain: `[rows, K]`, expanded: `[rows]`, f32),
+    the weights travel back too: `combined_topk_weights[t, j]` is the weight
+    for slot `j` sent by the rank that owns `topk_idx[t, j]`, and 0 where
+    `topk_idx[t, j] == -1`. With the dispatch's `recv_topk_weights` it
+    reproduces the original weights exactly (the backward of dispatch).
+
+    Up to two BF16 biases of shape `[T, H]` are added once to the final sum.
+
+    ```mlir
+    %y, %y_w = ep.combine %x, %handle weights(%w : tensor<?x8xf32>)
+        bias(%b0, %b1 : tensor<?x7168xbf16>, tensor<?x7168xbf16>)
+        : tensor<?x7168xbf16>, !ep.handle<#cfg>
+        -> tensor<?x7168xbf16>, tensor<?x8xf32>
+    ```
+  }];
+  let arguments = (ins
+    EP_BF16RowTensor:$x,
+    EP_HandleType:$handle,
+    Optional<EP_WeightTensor>:$topk_weights,
+    Variadic<EP_BF16RowTensor>:$biases);
+  let results = (outs
+    EP_BF16RowTensor:$combined_x,
+    Optional<2DTensorOf<[F32]>>:$combined_topk_weights);
+  let assemblyFormat = [{
+    $x `,` $handle
+    (`weights` `(` $topk_weights^ `:` type($topk_weights) `)`)?
+    (`bias` `(` $biases^ `:` type($biases) `)`)?
+    attr-dict `:` type($x) `,` qualified(type($handle)) `->`
+    custom<CombineResultTypes>(type($combined_x), type($combined_topk_weights),
+        ref(type($topk_weights)))
+  }];
+  let extraClassDeclaration = [{
+    ConfigAttr getConfig() {
+      return ::mlir::cast<HandleType>(getHandle().getType()).getConfig();
+    }
+  }];
+  let hasVerifier = 1;
+  let hasCanonicalizer = 1;
+}
+
+#endif // EPIC_DIALECT_EP_IR_EPOPS_TD

@@ -1,0 +1,16 @@
+//===- InitAllDialects.h - register epic's and the used upstream dialects -===//
+
+#ifndef EPIC_INITALLDIALECTS_H
+#define EPIC_INITALLDIALECTS_H
+
+#include "mlir/IR/DialectRegistry.h"
+
+namespace epic {
+/// epic's own dialects (ep, comm).
+void registerEpicDialects(mlir::DialectRegistry &registry);
+/// epic's dialects plus every upstream dialect epic produces or consumes:
+/// func, arith, scf, cf, memref, tensor, vector, gpu, nvgpu, nvvm, llvm.
+void registerAllDialects(mlir::DialectRegistry &registry);
+} // namespace epic
+
+#endif // EPIC_INITALLDIALECTS_H

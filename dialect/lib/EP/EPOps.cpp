@@ -1,0 +1,391 @@
+//===- EPOps.cpp - ep dialect operations ----------------------------------===//
+
+#include "epic/Dialect/EP/IR/EPDialect.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/Matchers.h"
+#include "mlir/IR/PatternMatch.h"
+
+using namespace mlir;
+using namespace epic::ep;
+
+//===----------------------------------------------------------------------===//
+// Shape helpers shared by the verifiers
+//===----------------------------------------------------------------------===//
+
+namespace {
+/// Checks a ranked tensor against an expected shape, where kDynamic in
+/// `expected` means "any size" and a dynamic size in the tensor matches
+/// anything. Errors name the operand or result and the dimension.
+struct ShapeChecker {
+  Operation *op;
+
+  LogicalResult rank(StringRef name, ShapedType type, int64_t rank) const {
+    if (type.getRank() != rank)
+      return op->emitOpError() << name << " must have rank " << rank << ", got "
+                               << type;
+    return success();
+  }
+
+  LogicalResult dim(StringRef name, ShapedType type, unsigned index,
+                    int64_t expected, StringRef what) const {
+    if (expected == ShapedType::kDynamic || type.isDynamicDim(index))
+      return success();
+    if (type.getDimSize(index) != expected)
+      return op->emitOpError()
+             << name << " dimension " << index << " (" << what << ") must be "
+             << expected << ", got " << type.getDimSize(index);
+    return success();
+  }
+
+  LogicalResult staticDim(StringRef name, ShapedType type, unsigned index,
+                          int64_t expected, StringRef what) const {
+    if (type.isDynamicDim(index))
+      return op->emitOpError() << name << " dimension " << index << " (" << what
+                               << ") must be static";
+    return dim(name, type, index, expected, what);
+  }
+
+  LogicalResult elementType(StringRef name, ShapedType type,
+                            Type expected) const {
+    if (type.getElementType() != expected)
+      return op->emitOpError() << name << " element type must be " << expected
+                               << ", got " << type.getElementType();
+    return success();
+  }
+
+  LogicalResult maxDim(StringRef name, ShapedType type, unsigned index,
+                       uint64_t max, StringRef what) const {
+    if (!type.isDynamicDim(index) && uint64_t(type.getDimSize(index)) > max)
+      return op->emitOpError() << name << " dimension " << index << " (" << what
+                               << ") is " << type.getDimSize(index)
+                               << ", more than the maximum " << max;
+    return success();
+  }
+
+  /// Two token dimensions that must agree when both are static.
+  LogicalResult sameDim(StringRef nameA, ShapedType a, StringRef nameB,
+                        ShapedType b, StringRef what) const {
+    if (a.isDynamicDim(0) || b.isDynamicDim(0) ||
+        a.getDimSize(0) == b.getDimSize(0))
+      return success();
+    return op->emitOpError() << nameA << " and " << nameB << " disagree on "
+                             << what << ": " << a.getDimSize(0) << " vs "
+                             << b.getDimSize(0);
+  }
+};
+
+ShapedType shaped(Value v) { return cast<ShapedType>(v.getType()); }
+ShapedType shaped(Type t) { return cast<ShapedType>(t); }
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// DispatchLayoutOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult DispatchLayoutOp::verify() {
+  ConfigAttr cfg = getConfig();
+  ShapeChecker check{*this};
+  ShapedType idx = shaped(getTopkIdx());
+  ShapedType perRank = shaped(getNumTokensPerRank());
+  ShapedType perExpert = shaped(getNumTokensPerExpert());
+  ShapedType inRank = shaped(getIsTokenInRank());
+  if (failed(check.staticDim("topk_idx", idx, 1, cfg.getTopk(), "top-k")) ||
+      failed(check.maxDim("topk_idx", idx, 0, cfg.getMaxTokensPerRank(),
+                          "tokens")) ||
+      failed(check.staticDim("num_tokens_per_rank", perRank, 0, cfg.getRanks(),
+                             "ranks")) ||
+      failed(check.staticDim("num_tokens_per_expert", perExpert, 0,
+                             cfg.getExperts(), "experts")) ||
+      failed(check.staticDim("is_token_in_rank", inRank, 1, cfg.getRanks(),
+                             "ranks")) ||
+      failed(check.sameDim("topk_idx", idx, "is_token_in_rank", inRank,
+                           "the token count")))
+    return failure();
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// DispatchOp
+//===----------------------------------------------------------------------===//
+
+/// The result types a dispatch has for these operands: the single source of
+/// truth for the builder; the verifier accepts static refinements of them.
+static void inferDispatchResultTypes(ConfigAttr cfg, Value topkIdx,
+                                     Value scalePacks, Value topkWeights,
+                                     Type &recvX, Type &recvScales,
+                                     Type &recvIdx, Type &recvWeights,
+                                     Type &handle) {
+  MLIRContext *ctx = cfg.getContext();
+  int64_t dyn = ShapedType::kDynamic;
+  int64_t k = cfg.getTopk();
+  recvX = RankedTensorType::get({dyn, int64_t(cfg.getHidden())}, cfg.getDtype());
+  recvScales = scalePacks
+                   ? RankedTensorType::get({dyn, int64_t(cfg.getScalePacks())},
+                                           shaped(scalePacks).getElementType())
+                   : Type();
+  Type idxElem =
+      topkIdx ? shaped(topkIdx).getElementType() : IntegerType::get(ctx, 64);
+  recvIdx = cfg.isExpanded() ? Type() : RankedTensorType::get({dyn, k}, idxElem);
+  Type f32 = Float32Type::get(ctx);
+  recvWeights = !topkWeights          ? Type()
+                : cfg.isExpanded()    ? RankedTensorType::get({dyn}, f32)
+                                      : RankedTensorType::get({dyn, k}, f32);
+  handle = HandleType::get(ctx, cfg);
+}
+
+void DispatchOp::build(OpBuilder &builder, OperationState &state,
+                       ConfigAttr config, Value x, Value topkIdx,
+                       Value scalePacks, Value topkWeights,
+                       Value cachedHandle) {
+  Type recvX, recvScales, recvIdx, recvWeights, handle;
+  inferDispatchResultTypes(config, topkIdx, scalePacks, topkWeights, recvX,
+                           recvScales, recvIdx, recvWeights, handle);
+  build(builder, state, recvX, recvScales, recvIdx, recvWeights, handle, config,
+        x, topkIdx, scalePacks, topkWeights, cachedHandle);
+}
+
+LogicalResult DispatchOp::verify() {
+  ConfigAttr cfg = getConfig();
+  ShapeChecker check{*this};
+  int64_t hidden = cfg.getHidden(), k = cfg.getTopk();
+  int64_t packs = cfg.getScalePacks();
+  ShapedType x = shaped(getX());
+
+  // Inputs: this rank's T tokens.
+  if (failed(check.elementType("x", x, cfg.getDtype())) ||
+      failed(check.staticDim("x", x, 1, hidden, "hidden")) ||
+      failed(check.maxDim("x", x, 0, cfg.getMaxTokensPerRank(), "tokens")))
+    return failure();
+
+  if (getTopkIdx() && getCachedHandle())
+    return emitOpError("takes either topk(...) or cached(...), not both: a "
+                       "cached dispatch reuses the handle's routing");
+  if (!getTopkIdx() && !getCachedHandle())
+    return emitOpError("needs topk(...) routing or a cached(...) handle");
+
+  if (Value idx = getTopkIdx()) {
+    if (failed(check.staticDim("topk_idx", shaped(idx), 1, k, "top-k")) ||
+        failed(check.sameDim("x", x, "topk_idx", shaped(idx), "the token count")))
+      return failure();
+  }
+  if (Value handle = getCachedHandle()) {
+    ConfigAttr handleCfg = cast<HandleType>(handle.getType()).getConfig();
+    if (handleCfg != cfg)
+      return emitOpError("cached handle was made by a dispatch with another "
+                         "configuration: ")
+             << handleCfg << " vs " << cfg;
+  }
+
+  if (cfg.isFP8() && !getScalePacks())
+    return emitOpError("FP8 data (") << cfg.getDtype()
+                                     << ") needs scales(...) scale packs";
+  if (!cfg.isFP8() && getScalePacks())
+    return emitOpError("scale packs are only allowed with FP8 data, not ")
+           << cfg.getDtype();
+  if (Value sf = getScalePacks()) {
+    if (failed(check.staticDim("scale_packs", shaped(sf), 1, packs,
+                               "packs per row")) ||
+        failed(check.sameDim("x", x, "scale_packs", shaped(sf),
+                             "the token count")))
+      return failure();
+  }
+  if (Value w = getTopkWeights()) {
+    if (failed(check.staticDim("topk_weights", shaped(w), 1, k, "top-k")) ||
+        failed(check.sameDim("x", x, "topk_weights", shaped(w),
+                             "the token count")))
+      return failure();
+  }
+
+  // Results: which ones exist follows from the operands and the layout.
+  if (static_cast<bool>(getRecvScalePacks()) != static_cast<bool>(getScalePacks()))
+    return emitOpError("has a recv_scale_packs result iff it has scale packs");
+  if (static_cast<bool>(getRecvTopkIdx()) == cfg.isExpanded())
+    return emitOpError(cfg.isExpanded()
+                           ? "with the expanded layout has no recv_topk_idx "
+                             "result"
+                           : "with the plain layout needs a recv_topk_idx "
+                             "result");
+  if (static_cast<bool>(getRecvTopkWeights()) !=
+      static_cast<bool>(getTopkWeights()))
+    return emitOpError("has a recv_topk_weights result iff it has weights");
+
+  ShapedType recvX = shaped(getRecvX());
+  uint64_t maxRows = cfg.getMaxOutputRows();
+  if (failed(check.elementType("recv_x", recvX, cfg.getDtype())) ||
+      failed(check.staticDim("recv_x", recvX, 1, hidden, "hidden")) ||
+      failed(check.maxDim("recv_x", recvX, 0, maxRows, "received rows")))
+    return failure();
+  if (Value sf = getRecvScalePacks()) {
+    if (failed(check.elementType("recv_scale_packs", shaped(sf),
+                                 shaped(getScalePacks()).getElementType())) ||
+        failed(check.staticDim("recv_scale_packs", shaped(sf), 1, packs,
+                               "packs per row")) ||
+        failed(check.sameDim("recv_x", recvX, "recv_scale_packs", shaped(sf),
+                             "the received row count")))
+      return failure();
+  }
+  if (Value idx = getRecvTopkIdx()) {
+    if ((getTopkIdx() &&
+         failed(check.elementType("recv_topk_idx", shaped(idx),
+                                  shaped(getTopkIdx()).getElementType()))) ||
+        failed(check.staticDim("recv_topk_idx", shaped(idx), 1, k, "top-k")) ||
+        failed(check.sameDim("recv_x", recvX, "recv_topk_idx", shaped(idx),
+                             "the received row count")))
+      return failure();
+  }
+  if (Value w = getRecvTopkWeights()) {
+    ShapedType wt = shaped(w);
+    if (failed(check.rank("recv_topk_weights", wt, cfg.isExpanded() ? 1 : 2)) ||
+        (!cfg.isExpanded() &&
+         failed(check.staticDim("recv_topk_weights", wt, 1, k, "top-k"))) ||
+        failed(check.sameDim("recv_x", recvX, "recv_topk_weights", wt,
+                             "the received row count")))
+      return failure();
+  }
+  if (cast<HandleType>(getHandle().getType()).getConfig() != cfg)
+    return emitOpError("result handle type must carry the op's configuration");
+  return success();
+}
+
+/// Result types are printed as a plain list; which optional results are in it
+/// follows from the operands already parsed (scale packs, weights) and the
+/// configuration's layout (recv_topk_idx only in the plain layout).
+static ParseResult parseDispatchResultTypes(OpAsmParser &parser, Type &recvX,
+                                            Type &recvScales, Type &recvIdx,
+                                            Type &recvWeights, Type &handle,
+                                            Type scalePacksType,
+                                            Type topkWeightsType,
+                                            ConfigAttr config) {
+  if (parser.parseType(recvX))
+    return failure();
+  if (scalePacksType && (parser.parseComma() || parser.parseType(recvScales)))
+    return failure();
+  if (!config.isExpanded() && (parser.parseComma() || parser.parseType(recvIdx)))
+    return failure();
+  if (topkWeightsType &&
+      (parser.parseComma() || parser.parseType(recvWeights)))
+    return failure();
+  return failure(parser.parseComma() || parser.parseType(handle));
+}
+
+static void printDispatchResultTypes(OpAsmPrinter &printer, Operation *,
+                                     Type recvX, Type recvScales, Type recvIdx,
+                                     Type recvWeights, Type handle, Type, Type,
+                                     ConfigAttr) {
+  printer << recvX;
+  for (Type t : {recvScales, recvIdx, recvWeights, handle})
+    if (t)
+      printer << ", " << t;
+}
+
+//===----------------------------------------------------------------------===//
+// CombineOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult CombineOp::verify() {
+  ConfigAttr cfg = getConfig();
+  ShapeChecker check{*this};
+  int64_t hidden = cfg.getHidden(), k = cfg.getTopk();
+  ShapedType x = shaped(getX());
+  if (failed(check.staticDim("x", x, 1, hidden, "hidden")) ||
+      failed(check.maxDim("x", x, 0, cfg.getMaxOutputRows(), "rows")))
+    return failure();
+  if ((2 * uint64_t(hidden)) % 16 != 0)
+    return emitOpError("combine moves bf16 rows of hidden x 2 = ")
+           << 2 * hidden << " bytes, which must be a multiple of 16";
+
+  if (Value w = getTopkWeights()) {
+    ShapedType wt = shaped(w);
+    if (failed(check.rank("topk_weights", wt, cfg.isExpanded() ? 1 : 2)) ||
+        (!cfg.isExpanded() &&
+         failed(check.staticDim("topk_weights", wt, 1, k, "top-k"))) ||
+        failed(check.sameDim("x", x, "topk_weights", wt, "the row count")))
+      return failure();
+  }
+
+  if (getBiases().size() > 2)
+    return emitOpError("takes at most two biases, got ") << getBiases().size();
+  ShapedType out = shaped(getCombinedX());
+  if (failed(check.staticDim("combined_x", out, 1, hidden, "hidden")) ||
+      failed(check.maxDim("combined_x", out, 0, cfg.getMaxTokensPerRank(),
+                          "tokens")))
+    return failure();
+  for (auto [i, bias] : llvm::enumerate(getBiases())) {
+    std::string name = "bias #" + std::to_string(i);
+    if (failed(check.staticDim(name, shaped(bias), 1, hidden, "hidden")) ||
+        failed(check.sameDim("combined_x", out, name, shaped(bias),
+                             "the token count")))
+      return failure();
+  }
+
+  if (static_cast<bool>(getCombinedTopkWeights()) !=
+      static_cast<bool>(getTopkWeights()))
+    return emitOpError("has a combined_topk_weights result iff it has weights");
+  if (Value w = getCombinedTopkWeights()) {
+    if (failed(check.staticDim("combined_topk_weights", shaped(w), 1, k,
+                               "top-k")) ||
+        failed(check.sameDim("combined_x", out, "combined_topk_weights",
+                             shaped(w), "the token count")))
+      return failure();
+  }
+  return success();
+}
+
+static ParseResult parseCombineResultTypes(OpAsmParser &parser,
+                                           Type &combinedX,
+                                           Type &combinedWeights,
+                                           Type topkWeightsType) {
+  if (parser.parseType(combinedX))
+    return failure();
+  if (topkWeightsType &&
+      (parser.parseComma() || parser.parseType(combinedWeights)))
+    return failure();
+  return success();
+}
+
+static void printCombineResultTypes(OpAsmPrinter &printer, Operation *,
+                                    Type combinedX, Type combinedWeights,
+                                    Type) {
+  printer << combinedX;
+  if (combinedWeights)
+    printer << ", " << combinedWeights;
+}
+
+namespace {
+/// A bias that is a splat of +0.0 adds nothing: the fp32 accumulator starts
+/// at +0.0 either way, so dropping it keeps the result bitwise identical.
+/// (-0.0 is kept: -0.0 + -0.0 = -0.0 differs from +0.0 + -0.0 = +0.0.)
+struct DropZeroBias : public OpRewritePattern<CombineOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  static bool isPositiveZeroSplat(Value v) {
+    SplatElementsAttr splat;
+    if (!matchPattern(v, m_Constant(&splat)))
+      return false;
+    return isa<FloatType>(splat.getElementType()) &&
+           splat.getSplatValue<APFloat>().isPosZero();
+  }
+
+  LogicalResult matchAndRewrite(CombineOp op,
+                                PatternRewriter &rewriter) const override {
+    SmallVector<Value> kept;
+    for (Value bias : op.getBiases())
+      if (!isPositiveZeroSplat(bias))
+        kept.push_back(bias);
+    if (kept.size() == op.getBiases().size())
+      return failure();
+    rewriter.modifyOpInPlace(op, [&] { op.getBiasesMutable().assign(kept); });
+    return success();
+  }
+};
+} // namespace
+
+void CombineOp::getCanonicalizationPatterns(RewritePatternSet &results,
+                                            MLIRContext *context) {
+  results.add<DropZeroBias>(context);
+}
+
+#define GET_OP_CLASSES
+#include "epic/Dialect/EP/IR/EPOps.cpp.inc"

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Sets epic up on a Debian 12 machine that has the CUDA toolkit 13 (with NCCL):
+# installs every package the project needs (apt and pip), then configures and
+# builds into ./build. Idempotent: installs only what is missing and rebuilds
+# only what changed.
+#
+# Environment: CUDA_HOME (default /usr/local/cuda), NCCL_ROOT (default: the
+# toolkit's NCCL), EPIC_BUILD_DIR (default build), PYTHON (default python3).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+die() { echo "install.sh: error: $*" >&2; exit 1; }
+step() { echo "==> $*"; }
+
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+BUILD_DIR=${EPIC_BUILD_DIR:-build}
+PYTHON=${PYTHON:-python3}
+
+# --- prerequisites that this script cannot install --------------------------------------------
+[[ -r /etc/debian_version ]] || die "this script supports Debian 12 (bookworm); no /etc/debian_version here"
+[[ -x "$CUDA_HOME/bin/nvcc" ]] || die "the CUDA toolkit 13 was not found at CUDA_HOME=$CUDA_HOME (no bin/nvcc). Install it from NVIDIA and/or set CUDA_HOME."
+cuda_version=$("$CUDA_HOME/bin/nvcc" --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
+[[ "$cuda_version" -ge 13 ]] || die "CUDA toolkit 13 or newer needed, found $cuda_version at $CUDA_HOME"
+nccl_dir=${NCCL_ROOT:-$CUDA_HOME}
+[[ -r "$nccl_dir/include/nccl_device.h" ]] || die "NCCL with the device API (nccl_device.h) not found under $nccl_dir/include; install NCCL >= 2.28.9 or set NCCL_ROOT"
+command -v "$PYTHON" >/dev/null || die "$PYTHON not found"
+
+# --- Debian packages ---------------------------------------------------------------------------
+apt_packages=(
+  llvm-22-dev libmlir-22-dev mlir-22-tools llvm-22-tools clang-22  # compiler infrastructure
+  libzstd-dev                                                      # needed by LLVM's CMake config
+  cmake ninja-build ccache g++                                     # build
+  libgtest-dev pybind11-dev                                        # C++ tests, Python bindings
+)
+missing=()
+for pkg in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  step "apt: installing ${missing[*]}"
+  SUDO=""; [[ $(id -u) -eq 0 ]] || SUDO=sudo
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  step "apt: all ${#apt_packages[@]} packages present"
+fi
+
+# --- Python packages ---------------------------------------------------------------------------
+step "pip: test and runtime requirements, epic (editable)"
+"$PYTHON" -m pip install -q --disable-pip-version-check -r requirements.txt
+"$PYTHON" -m pip install -q --disable-pip-version-check --no-deps -e python/
+
+# --- configure and build -----------------------------------------------------------------------
+if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
+  step "cmake: configuring $BUILD_DIR"
+  cmake -G Ninja -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release \
+    -DCUDAToolkit_ROOT="$CUDA_HOME" ${NCCL_ROOT:+-DNCCL_ROOT="$NCCL_ROOT"} \
+    -DPython3_EXECUTABLE="$(command -v "$PYTHON")"
+fi
+step "ninja: building"
+cmake --build "$BUILD_DIR"
+step "done: run ./test.sh"

@@ -1,0 +1,25 @@
+"""epic: MLIR compiler and runtime for MoE dispatch/combine (DeepEP V2 compatible).
+
+Kept import-light on purpose: submodules (and, later, the compiled ``epic._C``
+extension) are loaded on first use, never at package import.
+"""
+
+import importlib
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "reference"]
+
+_LAZY_SUBMODULES = frozenset({"reference"})
+
+
+def __getattr__(name):
+    if name in _LAZY_SUBMODULES:
+        module = importlib.import_module(f".{name}", __name__)
+        globals()[name] = module  # cache: later lookups bypass __getattr__
+        return module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | _LAZY_SUBMODULES)

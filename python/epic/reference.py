@@ -1,0 +1,868 @@
+"""Executable numpy specification of DeepEP V2 dispatch/combine semantics.
+
+The whole expert-parallel world of ``R`` ranks is simulated in one process:
+every per-rank quantity is passed as a Python list with one array per rank
+(``xs[r]`` is rank ``r``'s ``[T_r, H]`` input, ...). Nothing here models
+communication or timing; only *what* ends up where, bit for bit.
+
+Conventions (DeepEP V2 direct mode, ``allow_multiple_reduction=True``):
+
+* ``E`` experts are split evenly: expert ``e`` lives on rank ``e // (E/R)``
+  with local id ``e % (E/R)``.
+* ``topk_idx[t, j] == -1`` means "no expert"; such slots are ignored
+  everywhere. A token is sent once per destination rank that owns at least
+  one of its experts.
+* The *master slot* of a (token, destination rank) pair is the highest top-k
+  position whose expert lives on that rank. Combine adds rank contributions
+  in increasing master-slot order, which makes the result bitwise
+  reproducible.
+* Received rows are in the canonical order: grouped by source rank
+  ascending, then source token ascending. A real kernel may permute rows
+  inside a group; :func:`sort_by_source` maps such output back to this order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+__all__ = [
+    "MAX_TOPK",
+    "FP8_E4M3_MAX",
+    "bfloat16",
+    "float8_e4m3fn",
+    "DispatchResult",
+    "CombineResult",
+    "align",
+    "dispatch_layout",
+    "dispatch",
+    "combine",
+    "sort_by_source",
+    "per_token_cast_to_fp8",
+    "per_token_cast_back",
+    "generate_pre_combine_data",
+]
+
+bfloat16 = np.dtype(ml_dtypes.bfloat16)
+float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)
+
+MAX_TOPK = 32  # one warp lane per top-k slot in the kernels
+FP8_E4M3_MAX = 448.0
+_FP8_AMAX_FLOOR = 1e-4
+
+
+def align(n, alignment):
+    """Round ``n`` (int or int array) up to a multiple of ``alignment``."""
+    return (n + alignment - 1) // alignment * alignment
+
+
+# --------------------------------------------------------------------------
+# Result types
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class DispatchResult:
+    """What one destination rank holds after :func:`dispatch`.
+
+    It doubles as that rank's handle (DeepEP's ``EPHandle``): :func:`combine`
+    reads the routing metadata from it, and ``topk_idx`` is the rank's *own*
+    routing as a source, used for the final reduction on the way back.
+
+    Attributes:
+        rank, num_ranks, num_experts, num_max_tokens_per_rank,
+        expert_alignment, expand: context of the dispatch.
+        topk_idx: ``[T, K]`` int64, this rank's source routing (a copy).
+        recv_x: ``[N_recv, H]`` (plain) or ``[N_exp, H]`` (expanded), same
+            dtype as the input.
+        recv_scale_packs: ``[N_recv | N_exp, P]`` opaque 4-byte packs, same
+            dtype and bits as sent; ``None`` if none were sent.
+        recv_topk_idx: ``[N_recv, K]`` int64 local expert id, or ``-1`` where
+            the slot's expert is not on this rank; ``None`` when expanded.
+        recv_topk_weights: plain ``[N_recv, K]`` float32, all K source weights
+            verbatim; expanded ``[N_exp]`` float32, the weight of each
+            (token, expert) row (0 in padding); ``None`` if none were sent.
+        recv_src_metadata: ``[N_recv, K + 2]`` int32. Column 0: source global
+            id ``src_rank * Tmax + src_token``; column 1:
+            ``src_rank * K + master_slot``; columns ``2 + j``: expanded row of
+            top-k slot ``j`` if expanded and the slot's expert is local, else -1.
+        num_recv_tokens_per_expert_list: per local expert, the received count
+            rounded up to ``expert_alignment`` (Python ints; grouped-GEMM sizes).
+        psum_num_recv_tokens_per_scaleup_rank: ``[R]`` int32 inclusive prefix
+            sum of rows received from each source rank.
+        psum_num_recv_tokens_per_expert: ``[E/R]`` int32. Plain: inclusive
+            prefix sum of the aligned counts. Expanded: ``start_e + count_e``
+            with ``start_e`` the exclusive prefix sum of aligned counts.
+        num_unaligned_recv_tokens_per_expert: ``[E/R]`` int32 real counts.
+    """
+
+    rank: int
+    num_ranks: int
+    num_experts: int
+    num_max_tokens_per_rank: int
+    expert_alignment: int
+    expand: bool
+    topk_idx: np.ndarray
+    recv_x: np.ndarray
+    recv_scale_packs: np.ndarray | None
+    recv_topk_idx: np.ndarray | None
+    recv_topk_weights: np.ndarray | None
+    recv_src_metadata: np.ndarray
+    num_recv_tokens_per_expert_list: list[int]
+    psum_num_recv_tokens_per_scaleup_rank: np.ndarray
+    psum_num_recv_tokens_per_expert: np.ndarray
+    num_unaligned_recv_tokens_per_expert: np.ndarray
+
+    @property
+    def num_topk(self) -> int:
+        return self.topk_idx.shape[1]
+
+    @property
+    def num_local_experts(self) -> int:
+        return self.num_experts // self.num_ranks
+
+    @property
+    def num_recv_tokens(self) -> int:
+        """Distinct source tokens received (``N_recv``)."""
+        return self.recv_src_metadata.shape[0]
+
+    @property
+    def num_expanded_tokens(self) -> int:
+        """Rows of the expanded layout (``N_exp``), padding included."""
+        return sum(self.num_recv_tokens_per_expert_list)
+
+    def expert_starts(self) -> np.ndarray:
+        """``[E/R]`` int64 first expanded row of each local expert."""
+        aligned = np.asarray(self.num_recv_tokens_per_expert_list, dtype=np.int64)
+        return np.concatenate([[0], np.cumsum(aligned)[:-1]]).astype(np.int64)
+
+
+@dataclass
+class CombineResult:
+    """What one source rank gets back from :func:`combine`.
+
+    Attributes:
+        combined_x: ``[T, H]`` bfloat16.
+        combined_topk_weights: ``[T, K]`` float32 or ``None``.
+    """
+
+    combined_x: np.ndarray
+    combined_topk_weights: np.ndarray | None
+
+
+# --------------------------------------------------------------------------
+# Validation helpers: every error names the offending argument.
+# --------------------------------------------------------------------------
+
+
+def _describe(a) -> str:
+    return f"{a.dtype} array of shape {a.shape}"
+
+
+def _check_int(name, value, minimum=1):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name}: expected int >= {minimum}, got {value}")
+    return int(value)
+
+
+def _check_array(name, a):
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name}: expected numpy array, got {type(a).__name__}")
+    return a
+
+
+def _check_per_rank(name, values, num_ranks):
+    if isinstance(values, np.ndarray) or not isinstance(values, Sequence):
+        raise TypeError(f"{name}: expected a list with one entry per rank, got {type(values).__name__}")
+    if len(values) != num_ranks:
+        raise ValueError(f"{name}: expected {num_ranks} entries (one per rank), got {len(values)}")
+    return list(values)
+
+
+def _check_experts(num_experts, num_ranks):
+    num_experts = _check_int("num_experts", num_experts)
+    num_ranks = _check_int("num_ranks", num_ranks)
+    if num_experts % num_ranks:
+        raise ValueError(f"num_experts: {num_experts} is not divisible by num_ranks={num_ranks}")
+    return num_experts, num_ranks
+
+
+def _check_topk_idx(name, a, num_experts, num_topk=None):
+    """Validate a ``[T, K]`` routing array and return it as int64."""
+    _check_array(name, a)
+    expected = "[T, K]" if num_topk is None else f"[T, {num_topk}]"
+    if not np.issubdtype(a.dtype, np.integer):
+        raise TypeError(f"{name}: expected int array of shape {expected}, got {_describe(a)}")
+    if a.ndim != 2 or (num_topk is not None and a.shape[1] != num_topk):
+        raise ValueError(f"{name}: expected int array of shape {expected}, got {_describe(a)}")
+    k = a.shape[1]
+    if not 1 <= k <= MAX_TOPK:
+        raise ValueError(f"{name}: top-k must be in [1, {MAX_TOPK}], got K={k}")
+    idx = a.astype(np.int64)
+    bad = (idx < -1) | (idx >= num_experts)
+    if bad.any():
+        t, j = map(int, np.argwhere(bad)[0])
+        raise ValueError(
+            f"{name}: expert id {idx[t, j]} at [{t}, {j}] out of range [-1, {num_experts})"
+        )
+    # Duplicate experts in a row would make "one row per (token, expert)" ambiguous.
+    srt = np.sort(idx, axis=1)
+    dup = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)
+    if dup.any():
+        t = int(np.argwhere(dup)[0, 0])
+        raise ValueError(f"{name}: row {t} selects an expert more than once: {idx[t].tolist()}")
+    return idx
+
+
+def _check_float32(name, a, shape, shape_text):
+    _check_array(name, a)
+    if a.dtype != np.float32:
+        raise TypeError(f"{name}: expected float32 array of shape {shape_text}, got {_describe(a)}")
+    if a.shape != shape:
+        raise ValueError(f"{name}: expected float32 array of shape {shape_text}, got {_describe(a)}")
+    return a
+
+
+def _check_bf16(name, a, shape, shape_text):
+    _check_array(name, a)
+    if a.dtype != bfloat16:
+        raise TypeError(f"{name}: expected bfloat16 array of shape {shape_text}, got {_describe(a)}")
+    if a.shape != shape:
+        raise ValueError(f"{name}: expected bfloat16 array of shape {shape_text}, got {_describe(a)}")
+    return a
+
+
+def _to_bf16(a):
+    """Round float32 to bfloat16, nearest-even (ml_dtypes' cast)."""
+    return a.astype(bfloat16)
+
+
+# --------------------------------------------------------------------------
+# Layout
+# --------------------------------------------------------------------------
+
+
+def _owner_mask(idx, rank, num_local_experts):
+    """``[T, K]`` bool: slot's expert lives on ``rank`` (-1 never does)."""
+    lo = rank * num_local_experts
+    return (idx >= lo) & (idx < lo + num_local_experts)
+
+
+def dispatch_layout(topk_idx, num_experts, num_ranks):
+    """Per-rank and per-expert token counts for one rank's routing.
+
+    Args:
+        topk_idx: ``[T, K]`` int array of global expert ids, ``-1`` = none.
+        num_experts: total number of experts ``E`` (divisible by ``num_ranks``).
+        num_ranks: world size ``R``.
+
+    Returns:
+        ``(num_tokens_per_rank [R] int32, num_tokens_per_expert [E] int32,
+        is_token_in_rank [T, R] bool)``. A token counts once per destination
+        rank no matter how many of that rank's experts it selected.
+    """
+    num_experts, num_ranks = _check_experts(num_experts, num_ranks)
+    idx = _check_topk_idx("topk_idx", topk_idx, num_experts)
+    num_local = num_experts // num_ranks
+
+    valid = idx >= 0
+    dest_rank = np.where(valid, idx // num_local, 0)
+    is_token_in_rank = np.zeros((idx.shape[0], num_ranks), dtype=bool)
+    rows, slots = np.nonzero(valid)
+    is_token_in_rank[rows, dest_rank[rows, slots]] = True
+
+    num_tokens_per_rank = is_token_in_rank.sum(axis=0).astype(np.int32)
+    num_tokens_per_expert = np.bincount(idx[valid], minlength=num_experts).astype(np.int32)
+    return num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank
+
+
+# --------------------------------------------------------------------------
+# Dispatch
+# --------------------------------------------------------------------------
+
+
+def dispatch(
+    xs,
+    topk_idxs,
+    topk_weights=None,
+    scale_packs=None,
+    *,
+    num_experts,
+    num_max_tokens_per_rank=None,
+    expert_alignment=1,
+    expand=False,
+    zero_padding=False,
+):
+    """Send every token to each rank that owns one of its experts.
+
+    Args:
+        xs: per rank, ``[T_r, H]`` array of any dtype (bf16, fp8, ...); rows
+            are moved as opaque bytes, so the output dtype equals the input's.
+        topk_idxs: per rank, ``[T_r, K]`` int global expert ids, ``-1`` = none.
+            No expert may appear twice in a row.
+        topk_weights: ``None`` or per rank ``[T_r, K]`` float32, transported
+            verbatim.
+        scale_packs: ``None`` or per rank ``[T_r, P]`` array of 4-byte
+            elements (float32 scales, int32 packed UE8M0 exponents, ...),
+            never interpreted, transported bit-exactly.
+        num_experts: ``E``, divisible by the number of ranks.
+        num_max_tokens_per_rank: ``Tmax``, part of the source global id
+            ``src_rank * Tmax + src_token``. Defaults to ``max(1, max T_r)``.
+        expert_alignment: ``A``; per-local-expert counts are rounded up to a
+            multiple of it.
+        expand: produce the expanded layout (one row per (token, local
+            expert), grouped by local expert) instead of one row per token.
+        zero_padding: zero the alignment padding rows; requires ``expand``.
+            This reference always zero-fills padding, but without
+            ``zero_padding`` a kernel may leave it uninitialised, so tests
+            must not look at padding rows in that case.
+
+    Returns:
+        A list of :class:`DispatchResult`, one per destination rank, rows in
+        canonical order (source rank ascending, then source token ascending;
+        in expanded mode the same order inside each expert's block).
+    """
+    if isinstance(xs, np.ndarray) or not isinstance(xs, Sequence):
+        raise TypeError(f"xs: expected a list with one [T, H] array per rank, got {type(xs).__name__}")
+    if not xs:
+        raise ValueError("xs: expected at least one rank")
+    xs = list(xs)
+    num_ranks = len(xs)
+    num_experts, num_ranks = _check_experts(num_experts, num_ranks)
+    num_local = num_experts // num_ranks
+    alignment = _check_int("expert_alignment", expert_alignment)
+    if zero_padding and not expand:
+        raise ValueError("zero_padding: requires expand=True")
+
+    topk_idxs = _check_per_rank("topk_idxs", topk_idxs, num_ranks)
+    idxs = []
+    num_topk = None
+    for r, a in enumerate(topk_idxs):
+        idxs.append(_check_topk_idx(f"topk_idxs[{r}]", a, num_experts, num_topk))
+        num_topk = idxs[-1].shape[1]
+    num_tokens = [a.shape[0] for a in idxs]
+
+    x_dtype, hidden = None, None
+    for r, x in enumerate(xs):
+        _check_array(f"xs[{r}]", x)
+        if x.ndim != 2 or x.shape[0] != num_tokens[r] or (hidden is not None and x.shape[1] != hidden):
+            want = f"[{num_tokens[r]}, {'H' if hidden is None else hidden}]"
+            raise ValueError(
+                f"xs[{r}]: expected array of shape {want} (T from topk_idxs[{r}]), got {_describe(x)}"
+            )
+        if x_dtype is not None and x.dtype != x_dtype:
+            raise TypeError(f"xs[{r}]: dtype {x.dtype} differs from xs[0].dtype {x_dtype}")
+        x_dtype, hidden = x.dtype, x.shape[1]
+
+    if topk_weights is not None:
+        topk_weights = _check_per_rank("topk_weights", topk_weights, num_ranks)
+        for r, w in enumerate(topk_weights):
+            _check_float32(f"topk_weights[{r}]", w, idxs[r].shape, f"[{num_tokens[r]}, {num_topk}]")
+
+    sf_dtype, num_packs = None, None
+    if scale_packs is not None:
+        scale_packs = _check_per_rank("scale_packs", scale_packs, num_ranks)
+        for r, sf in enumerate(scale_packs):
+            _check_array(f"scale_packs[{r}]", sf)
+            if sf.dtype.itemsize != 4:
+                raise TypeError(f"scale_packs[{r}]: expected 4-byte elements, got {_describe(sf)}")
+            ragged = num_packs is not None and sf.ndim == 2 and sf.shape[1] != num_packs
+            if sf.ndim != 2 or sf.shape[0] != num_tokens[r] or ragged:
+                want = f"[{num_tokens[r]}, {'P' if num_packs is None else num_packs}]"
+                raise ValueError(f"scale_packs[{r}]: expected array of shape {want}, got {_describe(sf)}")
+            if sf_dtype is not None and sf.dtype != sf_dtype:
+                raise TypeError(
+                    f"scale_packs[{r}]: dtype {sf.dtype} differs from scale_packs[0].dtype {sf_dtype}"
+                )
+            sf_dtype, num_packs = sf.dtype, sf.shape[1]
+
+    if num_max_tokens_per_rank is None:
+        tmax = max([1, *num_tokens])
+    else:
+        tmax = _check_int("num_max_tokens_per_rank", num_max_tokens_per_rank)
+        if tmax < max(num_tokens):
+            raise ValueError(
+                f"num_max_tokens_per_rank: {tmax} is smaller than the largest token count {max(num_tokens)}"
+            )
+
+    results = []
+    for dst in range(num_ranks):
+        # Gather, in canonical order, every (source rank, token) routed here.
+        parts = []  # (src, token ids, owner mask rows)
+        for src in range(num_ranks):
+            owned = _owner_mask(idxs[src], dst, num_local)
+            tokens = np.nonzero(owned.any(axis=1))[0]
+            parts.append((src, tokens, owned[tokens]))
+
+        src_rank = np.concatenate([np.full(len(t), s, np.int64) for s, t, _ in parts])
+        src_token = np.concatenate([t for _, t, _ in parts]).astype(np.int64)
+        owned = np.concatenate([o for _, _, o in parts]).reshape(-1, num_topk)
+        n_recv = len(src_token)
+
+        global_idx = np.concatenate([idxs[s][t] for s, t, _ in parts]).reshape(-1, num_topk)
+        local_idx = np.where(owned, global_idx - dst * num_local, -1)
+        # Highest owned slot: argmax on the reversed mask finds the last True.
+        master = num_topk - 1 - np.argmax(owned[:, ::-1], axis=1)
+
+        meta = np.full((n_recv, num_topk + 2), -1, dtype=np.int32)
+        meta[:, 0] = src_rank * tmax + src_token
+        meta[:, 1] = src_rank * num_topk + master
+
+        x_rows = np.concatenate([xs[s][t] for s, t, _ in parts]).reshape(n_recv, hidden)
+        sf_rows = None
+        if scale_packs is not None:
+            sf_rows = np.concatenate([scale_packs[s][t] for s, t, _ in parts]).reshape(n_recv, num_packs)
+        w_rows = None
+        if topk_weights is not None:
+            w_rows = np.concatenate([topk_weights[s][t] for s, t, _ in parts]).reshape(n_recv, num_topk)
+
+        counts = np.array([(local_idx == e).sum() for e in range(num_local)], dtype=np.int64)
+        aligned = align(counts, alignment)
+        psum_rank = np.cumsum([len(t) for _, t, _ in parts]).astype(np.int32)
+
+        if not expand:
+            psum_expert = np.cumsum(aligned).astype(np.int32)
+            recv_x, recv_sf, recv_w, recv_idx = x_rows, sf_rows, w_rows, local_idx
+        else:
+            starts = np.concatenate([[0], np.cumsum(aligned)[:-1]]).astype(np.int64)
+            psum_expert = (starts + counts).astype(np.int32)
+            n_exp = int(aligned.sum())
+            # Padding is zero-filled (the only defined content, see docstring).
+            recv_x = np.zeros((n_exp, hidden), dtype=x_dtype)
+            recv_sf = None if sf_rows is None else np.zeros((n_exp, num_packs), dtype=sf_dtype)
+            recv_w = None if w_rows is None else np.zeros(n_exp, dtype=np.float32)
+            for e in range(num_local):
+                tok, slot = np.nonzero(local_idx == e)  # row-major: tokens ascending
+                rows = starts[e] + np.arange(len(tok))
+                meta[tok, 2 + slot] = rows
+                recv_x[rows] = x_rows[tok]
+                if recv_sf is not None:
+                    recv_sf[rows] = sf_rows[tok]
+                if recv_w is not None:
+                    recv_w[rows] = w_rows[tok, slot]
+            recv_idx = None
+
+        results.append(
+            DispatchResult(
+                rank=dst,
+                num_ranks=num_ranks,
+                num_experts=num_experts,
+                num_max_tokens_per_rank=tmax,
+                expert_alignment=alignment,
+                expand=bool(expand),
+                topk_idx=idxs[dst].copy(),
+                recv_x=recv_x,
+                recv_scale_packs=recv_sf,
+                recv_topk_idx=recv_idx,
+                recv_topk_weights=recv_w,
+                recv_src_metadata=meta,
+                num_recv_tokens_per_expert_list=[int(c) for c in aligned],
+                psum_num_recv_tokens_per_scaleup_rank=psum_rank,
+                psum_num_recv_tokens_per_expert=psum_expert,
+                num_unaligned_recv_tokens_per_expert=counts.astype(np.int32),
+            )
+        )
+    return results
+
+
+def _expanded_row_owners(result):
+    """Metadata row owning each expanded row; -1 for padding.
+
+    Raises ValueError if a row is referenced twice or out of range, which
+    means the handle is corrupt.
+    """
+    n_exp = result.recv_x.shape[0]
+    owner = np.full(n_exp, -1, dtype=np.int64)
+    meta_rows, slots = np.nonzero(result.recv_src_metadata[:, 2:] >= 0)
+    rows = result.recv_src_metadata[meta_rows, 2 + slots].astype(np.int64)
+    if (rows >= n_exp).any() or len(np.unique(rows)) != len(rows):
+        raise ValueError("recv_src_metadata: expanded row indices are out of range or not unique")
+    owner[rows] = meta_rows
+    return owner
+
+
+def sort_by_source(result):
+    """Return a copy of ``result`` in canonical (deterministic) row order.
+
+    A kernel allocates receive slots with atomics, so rows inside a source
+    rank group (plain) or inside an expert block (expanded) come in arrival
+    order. This sorts plain rows by ``recv_src_metadata[:, 0]``; in expanded
+    mode it also sorts each expert block's valid rows by source id, keeps
+    padding rows after them, and rewrites ``recv_src_metadata[:, 2:]``.
+    Applied to :func:`dispatch` output it is the identity.
+    """
+    meta = result.recv_src_metadata
+    order = np.argsort(meta[:, 0], kind="stable")
+    meta = meta[order]
+
+    def take(a, perm):
+        return None if a is None else a[perm]
+
+    if not result.expand:
+        return dataclasses.replace(
+            result,
+            recv_x=result.recv_x[order],
+            recv_scale_packs=take(result.recv_scale_packs, order),
+            recv_topk_idx=take(result.recv_topk_idx, order),
+            recv_topk_weights=take(result.recv_topk_weights, order),
+            recv_src_metadata=meta,
+        )
+
+    owner = _expanded_row_owners(result)
+    src_id = np.where(owner >= 0, result.recv_src_metadata[np.maximum(owner, 0), 0], -1)
+    starts = result.expert_starts()
+    ends = starts + np.asarray(result.num_recv_tokens_per_expert_list, dtype=np.int64)
+    perm = []  # new row -> old row
+    for lo, hi in zip(starts, ends):
+        block = np.arange(lo, hi)
+        valid = block[owner[block] >= 0]
+        valid = valid[np.argsort(src_id[valid], kind="stable")]
+        perm.extend(valid)
+        perm.extend(block[owner[block] < 0])
+    # Rows past the last block (worst-case-sized kernel output) stay put.
+    perm.extend(range(int(ends[-1]), result.recv_x.shape[0]))
+    perm = np.asarray(perm, dtype=np.int64)
+    new_of_old = np.empty_like(perm)
+    new_of_old[perm] = np.arange(len(perm))
+
+    slots = meta[:, 2:]
+    meta[:, 2:] = np.where(slots >= 0, new_of_old[np.maximum(slots, 0)], -1)
+    return dataclasses.replace(
+        result,
+        recv_x=result.recv_x[perm],
+        recv_scale_packs=take(result.recv_scale_packs, perm),
+        recv_topk_weights=take(result.recv_topk_weights, perm),
+        recv_src_metadata=meta,
+    )
+
+
+# --------------------------------------------------------------------------
+# Combine
+# --------------------------------------------------------------------------
+
+
+def _accumulate(acc, ids, values):
+    """float32 ``acc[ids] += values`` for unique row ids, one rounding per add.
+
+    Every sum is a fold that starts from +0.0 (a kernel's ``float acc = 0``),
+    so a lone -0.0 contribution comes back as +0.0, and adding a bias of +0.0
+    changes no bit (which lets the compiler drop such biases).
+    """
+    acc[ids] += values
+
+
+def _rank_contribution(y, rows, owned, expand):
+    """float32 row(s) one destination rank sends back for a batch of tokens.
+
+    Plain: ``rows`` is ``[n]`` and the rank's single row goes back as is.
+    Expanded: ``rows`` is ``[n, K]``; the rank sums its rows in increasing
+    slot order in float32 and rounds to bfloat16 once (stage 1).
+    """
+    if not expand:
+        return y[rows].astype(np.float32)
+    acc = np.zeros((rows.shape[0], y.shape[1]), dtype=np.float32)
+    for j in range(rows.shape[1]):
+        ids = np.nonzero(owned[:, j])[0]
+        _accumulate(acc, ids, y[rows[ids, j]].astype(np.float32))
+    return _to_bf16(acc).astype(np.float32)
+
+
+def combine(ys, handles, topk_weights=None, bias=None, expand=None):
+    """Send expert outputs back and sum them at the token's origin.
+
+    Direct mode with ``allow_multiple_reduction=True``. The sum is
+    *unweighted*: top-k weights are transported, never applied. For source
+    token ``t`` of rank ``s``:
+
+    * Plain layout: each destination rank ``d`` contributes its single row.
+    * Expanded layout: ``d`` first sums its rows for ``t`` (one per local
+      expert) in increasing top-k slot order in float32 and rounds to
+      bfloat16 once.
+    * The origin accumulates in float32, starting from +0.0, adding ``bias0`` and ``bias1``,
+      adding the rank contributions in increasing order of each rank's
+      master slot, and rounds to bfloat16 (nearest-even) once.
+
+    Tokens routed nowhere get the bias sum, or zeros without bias.
+
+    Args:
+        ys: per rank, bfloat16 rows aligned with that rank's dispatch output:
+            ``[N_recv, H]`` (plain) or ``[N_exp, H]`` (expanded).
+        handles: per rank, the :class:`DispatchResult` of the dispatch (or
+            any object with the same routing attributes, e.g. a kernel's
+            output, in any row order consistent with its metadata).
+        topk_weights: ``None`` or per rank float32 ``[N_recv, K]`` (plain) /
+            ``[N_exp]`` (expanded), sent back to the origin.
+        bias: ``None`` or per rank one of ``None``, a ``[T, H]`` bfloat16
+            array, or a tuple of one or two of them.
+        expand: layout of ``ys``; ``None`` takes it from the handles, and a
+            value that disagrees with them is an error.
+
+    Returns:
+        A list of :class:`CombineResult`, one per source rank.
+        ``combined_topk_weights[t, j]`` is the weight for slot ``j`` sent back
+        by the rank owning ``topk_idx[t, j]``, 0 where ``topk_idx[t, j] == -1``.
+    """
+    if isinstance(handles, np.ndarray) or not isinstance(handles, Sequence) or not handles:
+        raise TypeError("handles: expected a non-empty list of dispatch results, one per rank")
+    handles = list(handles)
+    num_ranks = len(handles)
+    h0 = handles[0]
+    for r, h in enumerate(handles):
+        for field in ("num_ranks", "num_experts", "num_max_tokens_per_rank", "expand"):
+            if getattr(h, field) != getattr(h0, field):
+                raise ValueError(f"handles[{r}]: {field} differs from handles[0]")
+        if h.num_ranks != num_ranks:
+            raise ValueError(f"handles: got {num_ranks} handles for a world of {h.num_ranks} ranks")
+        if h.topk_idx.shape[1] != h0.topk_idx.shape[1]:
+            raise ValueError(f"handles[{r}]: top-k differs from handles[0]")
+    if expand is None:
+        expand = h0.expand
+    elif bool(expand) != h0.expand:
+        raise ValueError(
+            f"expand: {bool(expand)} does not match the handles (dispatched with expand={h0.expand})"
+        )
+
+    num_topk = h0.topk_idx.shape[1]
+    num_local = h0.num_experts // num_ranks
+    tmax = h0.num_max_tokens_per_rank
+
+    ys = _check_per_rank("ys", ys, num_ranks)
+    hidden = None
+    for d, (y, h) in enumerate(zip(ys, handles)):
+        n_rows = h.recv_x.shape[0] if expand else h.recv_src_metadata.shape[0]
+        h_text = "H" if hidden is None else str(hidden)
+        _check_array(f"ys[{d}]", y)
+        if y.ndim != 2 or y.shape[0] != n_rows or (hidden is not None and y.shape[1] != hidden):
+            raise ValueError(
+                f"ys[{d}]: expected bfloat16 array of shape [{n_rows}, {h_text}], got {_describe(y)}"
+            )
+        _check_bf16(f"ys[{d}]", y, y.shape, f"[{n_rows}, {h_text}]")
+        hidden = y.shape[1]
+
+    if topk_weights is not None:
+        topk_weights = _check_per_rank("topk_weights", topk_weights, num_ranks)
+        for d, (w, h) in enumerate(zip(topk_weights, handles)):
+            if expand:
+                n = h.recv_x.shape[0]
+                _check_float32(f"topk_weights[{d}]", w, (n,), f"[{n}]")
+            else:
+                n = h.recv_src_metadata.shape[0]
+                _check_float32(f"topk_weights[{d}]", w, (n, num_topk), f"[{n}, {num_topk}]")
+
+    biases = [()] * num_ranks
+    if bias is not None:
+        bias = _check_per_rank("bias", bias, num_ranks)
+        for s, b in enumerate(bias):
+            terms = () if b is None else tuple(b) if isinstance(b, (tuple, list)) else (b,)
+            if len(terms) > 2:
+                raise ValueError(f"bias[{s}]: expected at most two bias arrays, got {len(terms)}")
+            t_rows = handles[s].topk_idx.shape[0]
+            for i, term in enumerate(terms):
+                _check_bf16(f"bias[{s}][{i}]", term, (t_rows, hidden), f"[{t_rows}, {hidden}]")
+            biases[s] = terms
+
+    # Row lookup by source global id, so any row order consistent with the
+    # metadata works (kernels permute rows).
+    lookups = []
+    for d, h in enumerate(handles):
+        ids = h.recv_src_metadata[:, 0].astype(np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= num_ranks * tmax or len(np.unique(ids)) != len(ids)):
+            raise ValueError(f"handles[{d}]: recv_src_metadata[:, 0] is out of range or not unique")
+        lut = np.full(num_ranks * tmax, -1, dtype=np.int64)
+        lut[ids] = np.arange(len(ids))
+        lookups.append(lut)
+
+    out = []
+    for s, h_src in enumerate(handles):
+        idx = np.asarray(h_src.topk_idx, dtype=np.int64)
+        n_tok = idx.shape[0]
+        acc = np.zeros((n_tok, hidden), dtype=np.float32)
+        for term in biases[s]:
+            acc += term.astype(np.float32)
+
+        weights = None if topk_weights is None else np.zeros((n_tok, num_topk), dtype=np.float32)
+        routes = []  # per destination rank: (tokens, their rows there, owned slots, master slot)
+        for d, h_dst in enumerate(handles):
+            owned = _owner_mask(idx, d, num_local)
+            tok = np.nonzero(owned.any(axis=1))[0]
+            if not tok.size:
+                continue
+            rows = lookups[d][s * tmax + tok]
+            if (rows < 0).any():
+                t = int(tok[np.argmax(rows < 0)])
+                raise ValueError(
+                    f"handles[{d}]: token {t} of rank {s} is routed to rank {d} but was not received"
+                )
+            owned = owned[tok]
+            master = num_topk - 1 - np.argmax(owned[:, ::-1], axis=1)
+            if expand:
+                rows = h_dst.recv_src_metadata[rows, 2:].astype(np.int64)  # [n, K] expanded rows
+                if (((rows < 0) | (rows >= ys[d].shape[0])) & owned).any():
+                    raise ValueError(
+                        f"handles[{d}]: recv_src_metadata lacks a valid expanded row for a local slot"
+                    )
+            routes.append((d, tok, rows, owned, master))
+            if weights is not None:
+                t_idx, j_idx = np.nonzero(owned)
+                w = topk_weights[d]
+                got = w[rows[t_idx, j_idx]] if expand else w[rows[t_idx], j_idx]
+                weights[tok[t_idx], j_idx] = got
+
+        # Final stage at the origin: ranks in increasing master slot, one
+        # rounding at the end. A slot is the master of at most one rank.
+        for j in range(num_topk):
+            for d, tok, rows, owned, master in routes:
+                sel = np.nonzero(master == j)[0]
+                if sel.size:
+                    values = _rank_contribution(ys[d], rows[sel], owned[sel], expand)
+                    _accumulate(acc, tok[sel], values)
+        out.append(CombineResult(combined_x=_to_bf16(acc), combined_topk_weights=weights))
+    return out
+
+
+# --------------------------------------------------------------------------
+# FP8 helpers (the caller's convention; dispatch never interprets scales)
+# --------------------------------------------------------------------------
+
+
+def per_token_cast_to_fp8(x, group=128, use_ue8m0=False):
+    """Quantise ``[T, H]`` rows to E4M3 with one scale per ``group`` channels.
+
+    ``scale = amax / 448`` per (token, group), ``amax`` clamped below at 1e-4;
+    data = ``x * (448 / amax)`` rounded to ``float8_e4m3fn`` (nearest-even,
+    clipped to +-448 so rounding can never overflow to NaN). A ragged last
+    group is treated as zero-padded.
+
+    With ``use_ue8m0`` the scale is rounded up to a power of two and returned
+    as UE8M0 exponent bytes, four consecutive groups packed little-endian per
+    int32 (``[T, ceil(G/4)]``).
+
+    Args:
+        x: ``[T, H]`` float32 or bfloat16.
+
+    Returns:
+        ``(data [T, H] float8_e4m3fn, scales [T, ceil(H/group)] float32)``,
+        or int32 packs with ``use_ue8m0``.
+    """
+    _check_array("x", x)
+    if x.dtype not in (np.dtype(np.float32), bfloat16):
+        raise TypeError(f"x: expected float32 or bfloat16 array of shape [T, H], got {_describe(x)}")
+    if x.ndim != 2:
+        raise ValueError(f"x: expected float32 or bfloat16 array of shape [T, H], got {_describe(x)}")
+    group = _check_int("group", group)
+    num_tokens, hidden = x.shape
+    num_groups = math.ceil(hidden / group)
+
+    xf = np.zeros((num_tokens, num_groups * group), dtype=np.float32)
+    xf[:, :hidden] = x.astype(np.float32)
+    xg = xf.reshape(num_tokens, num_groups, group)
+    amax = np.maximum(np.abs(xg).max(axis=2, initial=0.0), np.float32(_FP8_AMAX_FLOOR))
+    scale = amax / np.float32(FP8_E4M3_MAX)
+    if use_ue8m0:
+        scale = np.exp2(np.ceil(np.log2(scale))).astype(np.float32)
+    inv = (np.float32(FP8_E4M3_MAX) / amax) if not use_ue8m0 else (np.float32(1.0) / scale)
+    q = np.clip(xg * inv[:, :, None], -FP8_E4M3_MAX, FP8_E4M3_MAX)
+    data = q.reshape(num_tokens, -1)[:, :hidden].astype(float8_e4m3fn)
+    if not use_ue8m0:
+        return data, scale.astype(np.float32)
+
+    # Biased exponent of a power of two is its float32 exponent field.
+    exponents = (scale.view(np.uint32) >> 23).astype(np.uint8)
+    num_packs = math.ceil(num_groups / 4)
+    padded = np.zeros((num_tokens, num_packs * 4), dtype=np.uint8)
+    padded[:, :num_groups] = exponents
+    return data, padded.view("<i4").reshape(num_tokens, num_packs)
+
+
+def per_token_cast_back(data, scales, group=128, out_dtype=bfloat16):
+    """Dequantise :func:`per_token_cast_to_fp8` output.
+
+    ``scales`` is either float32 ``[T, ceil(H/group)]`` or int32 UE8M0 packs
+    ``[T, ceil(ceil(H/group)/4)]`` (exponent byte ``b`` decodes to the float
+    whose bits are ``b << 23``). Returns ``[T, H]`` in ``out_dtype``.
+    """
+    _check_array("data", data)
+    if data.dtype != float8_e4m3fn or data.ndim != 2:
+        raise TypeError(f"data: expected float8_e4m3fn array of shape [T, H], got {_describe(data)}")
+    _check_array("scales", scales)
+    group = _check_int("group", group)
+    num_tokens, hidden = data.shape
+    num_groups = math.ceil(hidden / group)
+    if scales.dtype == np.float32:
+        expected = (num_tokens, num_groups)
+    elif scales.dtype == np.int32:
+        expected = (num_tokens, math.ceil(num_groups / 4))
+    else:
+        raise TypeError(f"scales: expected float32 or int32 array, got {_describe(scales)}")
+    if scales.shape != expected:
+        raise ValueError(f"scales: expected shape [{expected[0]}, {expected[1]}], got {_describe(scales)}")
+    if scales.dtype == np.int32:
+        # uint8, not int8: exponent bytes >= 128 are large scales, not negatives.
+        b = np.ascontiguousarray(scales, dtype="<i4").view(np.uint8).reshape(num_tokens, -1)
+        scales = (b.astype(np.uint32) << 23).view(np.float32)[:, :num_groups]
+    x = data.astype(np.float32) * np.repeat(scales, group, axis=1)[:, :hidden]
+    return x.astype(out_dtype)
+
+
+# --------------------------------------------------------------------------
+# Synthetic combine inputs
+# --------------------------------------------------------------------------
+
+
+def generate_pre_combine_data(handles, seed=0):
+    """Deterministic bfloat16 expert outputs for combine tests.
+
+    Each (source token, top-k slot) gets the row
+    ``y[h] = bf16(sin((((gid*K + j) * 131071) % M + 1) / M * (h + 1) + sin(seed)))``
+    with ``gid`` the source global id and ``M = R * Tmax * K`` (evaluated in
+    float64). Plain handles get, per received token, the rank's pre-reduced
+    row: float32 sum of its local slots in increasing slot order, rounded to
+    bfloat16 once. Expanded handles get one row per (token, slot) at the row
+    recorded in ``recv_src_metadata``; padding rows are zero.
+
+    Since the plain pre-reduction equals combine's expanded stage 1, combining
+    either layout gives bitwise-identical results.
+
+    Returns:
+        Per rank, a bfloat16 array aligned with ``recv_x``.
+    """
+    handles = list(handles)
+    h0 = handles[0]
+    num_topk = h0.topk_idx.shape[1]
+    num_local = h0.num_experts // h0.num_ranks
+    modulus = h0.num_ranks * h0.num_max_tokens_per_rank * num_topk
+    channel = np.arange(h0.recv_x.shape[1], dtype=np.float64) + 1
+
+    def rows_for(gid, slot):
+        phase = ((gid * num_topk + slot) * 131071) % modulus + 1
+        return _to_bf16(np.sin(phase[:, None] / modulus * channel + math.sin(seed)).astype(np.float32))
+
+    # All ranks' routing stacked, to look up a source token's row by global id.
+    all_idx = np.concatenate([np.asarray(h.topk_idx, dtype=np.int64) for h in handles])
+    offsets = np.cumsum([0] + [h.topk_idx.shape[0] for h in handles])
+
+    ys = []
+    for d, h in enumerate(handles):
+        meta = h.recv_src_metadata.astype(np.int64)
+        gid = meta[:, 0]
+        src_idx = all_idx[offsets[gid // h.num_max_tokens_per_rank] + gid % h.num_max_tokens_per_rank]
+        if h.expand:
+            y = np.zeros((h.recv_x.shape[0], channel.size), dtype=bfloat16)
+            rows, slots = np.nonzero(meta[:, 2:] >= 0)
+            y[meta[rows, 2 + slots]] = rows_for(gid[rows], slots)
+        else:
+            acc = np.zeros((len(gid), channel.size), dtype=np.float32)
+            owned = _owner_mask(src_idx, d, num_local)
+            for j in range(num_topk):
+                ids = np.nonzero(owned[:, j])[0]
+                _accumulate(acc, ids, rows_for(gid[ids], np.full(ids.size, j)).astype(np.float32))
+            y = _to_bf16(acc)
+        ys.append(y)
+    return ys

@@ -1,0 +1,515 @@
+// One case per verifier rule of the ep dialect.
+// RUN: epic-opt %s --split-input-file --verify-diagnostics
+
+//===----------------------------------------------------------------------===//
+// #ep.config
+//===----------------------------------------------------------------------===//
+
+// expected-error@+1 {{ranks must be in [1, 1024], got 0}}
+#c = #ep.config<ranks = 0, experts = 8, topk = 2, hidden = 64, dtype = bf16, max_tokens_per_rank = 8>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+1 {{ranks must be in [1, 1024], got 2048}}
+#c = #ep.config<ranks = 2048, experts = 2048, topk = 2, hidden = 64, dtype = bf16, max_tokens_per_rank = 8>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+1 {{experts must be in [1, 2048], got 4096}}
+#c = #ep.config<ranks = 16, experts = 4096, topk = 2, hidden = 64, dtype = bf16, max_tokens_per_rank = 8>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+1 {{experts (100) must be divisible by ranks (8)}}
+#c = #ep.config<ranks = 8, experts = 100, topk = 2, hidden = 64, dtype = bf16, max_tokens_per_rank = 8>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+1 {{experts per rank must be at most 256, got 512}}
+#c = #ep.config<ranks = 1, experts = 512, topk = 2, hidden = 64, dtype = bf16, max_tokens_per_rank = 8>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+1 {{topk must be in [1, 32], got 33}}
+#c = #ep.config<ranks = 8, experts = 256, topk = 33, hidden = 64, dtype = bf16, max_tokens_per_rank = 8>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+1 {{topk must be in [1, 32], got 0}}
+#c = #ep.config<ranks = 8, experts = 256, topk = 0, hidden = 64, dtype = bf16, max_tokens_per_rank = 8>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+1 {{topk (8) exceeds experts (4)}}
+#c = #ep.config<ranks = 4, experts = 4, topk = 8, hidden = 64, dtype = bf16, max_tokens_per_rank = 8>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+1 {{dtype must be bf16, f16, f32, f8E4M3FN or f8E5M2, got 'i32'}}
+#c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 64, dtype = i32, max_tokens_per_rank = 8>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+1 {{hidden must be positive}}
+#c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 0, dtype = bf16, max_tokens_per_rank = 8>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+1 {{hidden bytes (100 x 'bf16' = 200 bytes) must be a multiple of 16 for vector copies}}
+#c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 100, dtype = bf16, max_tokens_per_rank = 8>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+1 {{FP8 data ('f8E4M3FN') needs scale packs: scale_packs must be positive}}
+#c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 128, dtype = f8E4M3FN, max_tokens_per_rank = 8>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+1 {{scale_packs (4) are only allowed with FP8 data, not 'bf16'}}
+#c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 128, dtype = bf16, scale_packs = 4, max_tokens_per_rank = 8>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+1 {{expert_alignment must be at least 1}}
+#c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 128, dtype = bf16, expert_alignment = 0, max_tokens_per_rank = 8>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+1 {{max_tokens_per_rank must be at least 1}}
+#c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 128, dtype = bf16, max_tokens_per_rank = 0>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+1 {{ranks x max_tokens_per_rank (1024 x 4194304) overflows the int32 source ids}}
+#c = #ep.config<ranks = 1024, experts = 2048, topk = 2, hidden = 128, dtype = bf16, max_tokens_per_rank = 4194304>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+2 {{expected ::epic::ep::Layout to be one of: plain, expanded}}
+// expected-error@+1 {{failed to parse EP_ConfigAttr parameter 'layout'}}
+#c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 128, dtype = bf16, layout = sorted, max_tokens_per_rank = 8>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+1 {{struct is missing required parameter: max_tokens_per_rank}}
+#c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 128, dtype = bf16>
+func.func private @f() attributes {cfg = #c}
+
+//===----------------------------------------------------------------------===//
+// ep.dispatch_layout
+//===----------------------------------------------------------------------===//
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%idx: tensor<?x2xi64>) {
+  // expected-error@+1 {{topk_idx dimension 1 (top-k) must be 4, got 2}}
+  %r, %e, %in = ep.dispatch_layout %idx config #c
+      : tensor<?x2xi64> -> tensor<8xi32>, tensor<64xi32>, tensor<?x8xi1>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%idx: tensor<65x4xi64>) {
+  // expected-error@+1 {{topk_idx dimension 0 (tokens) is 65, more than the maximum 64}}
+  %r, %e, %in = ep.dispatch_layout %idx config #c
+      : tensor<65x4xi64> -> tensor<8xi32>, tensor<64xi32>, tensor<65x8xi1>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%idx: tensor<?x4xi64>) {
+  // expected-error@+1 {{num_tokens_per_rank dimension 0 (ranks) must be 8, got 4}}
+  %r, %e, %in = ep.dispatch_layout %idx config #c
+      : tensor<?x4xi64> -> tensor<4xi32>, tensor<64xi32>, tensor<?x8xi1>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%idx: tensor<?x4xi64>) {
+  // expected-error@+1 {{num_tokens_per_expert dimension 0 (experts) must be static}}
+  %r, %e, %in = ep.dispatch_layout %idx config #c
+      : tensor<?x4xi64> -> tensor<8xi32>, tensor<?xi32>, tensor<?x8xi1>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%idx: tensor<?x4xi64>) {
+  // expected-error@+1 {{is_token_in_rank dimension 1 (ranks) must be 8, got 7}}
+  %r, %e, %in = ep.dispatch_layout %idx config #c
+      : tensor<?x4xi64> -> tensor<8xi32>, tensor<64xi32>, tensor<?x7xi1>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%idx: tensor<16x4xi64>) {
+  // expected-error@+1 {{topk_idx and is_token_in_rank disagree on the token count: 16 vs 15}}
+  %r, %e, %in = ep.dispatch_layout %idx config #c
+      : tensor<16x4xi64> -> tensor<8xi32>, tensor<64xi32>, tensor<15x8xi1>
+  return
+}
+
+//===----------------------------------------------------------------------===//
+// ep.dispatch
+//===----------------------------------------------------------------------===//
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x128xf16>, %idx: tensor<?x4xi64>) {
+  // expected-error@+1 {{x element type must be 'bf16', got 'f16'}}
+  %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) config #c
+      : tensor<?x128xf16> -> tensor<?x128xbf16>, tensor<?x4xi64>, !ep.handle<#c>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x256xbf16>, %idx: tensor<?x4xi64>) {
+  // expected-error@+1 {{x dimension 1 (hidden) must be 128, got 256}}
+  %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) config #c
+      : tensor<?x256xbf16> -> tensor<?x128xbf16>, tensor<?x4xi64>, !ep.handle<#c>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x?xbf16>, %idx: tensor<?x4xi64>) {
+  // expected-error@+1 {{x dimension 1 (hidden) must be static}}
+  %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) config #c
+      : tensor<?x?xbf16> -> tensor<?x128xbf16>, tensor<?x4xi64>, !ep.handle<#c>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<100x128xbf16>, %idx: tensor<100x4xi64>) {
+  // expected-error@+1 {{x dimension 0 (tokens) is 100, more than the maximum 64}}
+  %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<100x4xi64>) config #c
+      : tensor<100x128xbf16> -> tensor<?x128xbf16>, tensor<?x4xi64>, !ep.handle<#c>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x128xbf16>, %idx: tensor<?x4xi64>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{takes either topk(...) or cached(...), not both}}
+  %rx, %ri, %h2 = ep.dispatch %x topk(%idx : tensor<?x4xi64>) cached(%h : !ep.handle<#c>) config #c
+      : tensor<?x128xbf16> -> tensor<?x128xbf16>, tensor<?x4xi64>, !ep.handle<#c>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x128xbf16>) {
+  // expected-error@+1 {{needs topk(...) routing or a cached(...) handle}}
+  %rx, %ri, %h = ep.dispatch %x config #c
+      : tensor<?x128xbf16> -> tensor<?x128xbf16>, tensor<?x4xi64>, !ep.handle<#c>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x128xbf16>, %idx: tensor<?x8xi64>) {
+  // expected-error@+1 {{topk_idx dimension 1 (top-k) must be 4, got 8}}
+  %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x8xi64>) config #c
+      : tensor<?x128xbf16> -> tensor<?x128xbf16>, tensor<?x4xi64>, !ep.handle<#c>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<16x128xbf16>, %idx: tensor<32x4xi64>) {
+  // expected-error@+1 {{x and topk_idx disagree on the token count: 16 vs 32}}
+  %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<32x4xi64>) config #c
+      : tensor<16x128xbf16> -> tensor<?x128xbf16>, tensor<?x4xi64>, !ep.handle<#c>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+#d = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 128>
+func.func @f(%x: tensor<?x128xbf16>, %h: !ep.handle<#d>) {
+  // expected-error@+1 {{cached handle was made by a dispatch with another configuration}}
+  %rx, %ri, %h2 = ep.dispatch %x cached(%h : !ep.handle<#d>) config #c
+      : tensor<?x128xbf16> -> tensor<?x128xbf16>, tensor<?x4xi64>, !ep.handle<#c>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = f8E4M3FN, scale_packs = 1, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x128xf8E4M3FN>, %idx: tensor<?x4xi64>) {
+  // expected-error@+1 {{FP8 data ('f8E4M3FN') needs scales(...) scale packs}}
+  %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) config #c
+      : tensor<?x128xf8E4M3FN> -> tensor<?x128xf8E4M3FN>, tensor<?x4xi64>, !ep.handle<#c>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x128xbf16>, %sf: tensor<?x1xf32>, %idx: tensor<?x4xi64>) {
+  // expected-error@+1 {{scale packs are only allowed with FP8 data, not 'bf16'}}
+  %rx, %rsf, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) scales(%sf : tensor<?x1xf32>) config #c
+      : tensor<?x128xbf16> -> tensor<?x128xbf16>, tensor<?x1xf32>, tensor<?x4xi64>, !ep.handle<#c>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 256, dtype = f8E4M3FN, scale_packs = 2, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x256xf8E4M3FN>, %sf: tensor<?x8xf32>, %idx: tensor<?x4xi64>) {
+  // expected-error@+1 {{scale_packs dimension 1 (packs per row) must be 2, got 8}}
+  %rx, %rsf, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) scales(%sf : tensor<?x8xf32>) config #c
+      : tensor<?x256xf8E4M3FN> -> tensor<?x256xf8E4M3FN>, tensor<?x8xf32>, tensor<?x4xi64>, !ep.handle<#c>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 256, dtype = f8E4M3FN, scale_packs = 2, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x256xf8E4M3FN>, %sf: tensor<?x2xf16>, %idx: tensor<?x4xi64>) {
+  // expected-error@+1 {{operand #2 must be 2D tensor of 32-bit float or 32-bit signless integer values}}
+  %rx, %rsf, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) scales(%sf : tensor<?x2xf16>) config #c
+      : tensor<?x256xf8E4M3FN> -> tensor<?x256xf8E4M3FN>, tensor<?x2xf16>, tensor<?x4xi64>, !ep.handle<#c>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x128xbf16>, %idx: tensor<?x4xi64>, %w: tensor<?x3xf32>) {
+  // expected-error@+1 {{topk_weights dimension 1 (top-k) must be 4, got 3}}
+  %rx, %ri, %rw, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) weights(%w : tensor<?x3xf32>) config #c
+      : tensor<?x128xbf16> -> tensor<?x128xbf16>, tensor<?x4xi64>, tensor<?x4xf32>, !ep.handle<#c>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x128xbf16>, %idx: tensor<?x4xi64>) {
+  // expected-error@+1 {{recv_x dimension 0 (received rows) is 1000, more than the maximum 512}}
+  %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) config #c
+      : tensor<?x128xbf16> -> tensor<1000x128xbf16>, tensor<?x4xi64>, !ep.handle<#c>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x128xbf16>, %idx: tensor<?x4xi64>) {
+  // expected-error@+1 {{recv_topk_idx element type must be 'i64', got 'i32'}}
+  %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) config #c
+      : tensor<?x128xbf16> -> tensor<?x128xbf16>, tensor<?x4xi32>, !ep.handle<#c>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x128xbf16>, %idx: tensor<?x4xi64>) {
+  // expected-error@+1 {{recv_x and recv_topk_idx disagree on the received row count: 8 vs 9}}
+  %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) config #c
+      : tensor<?x128xbf16> -> tensor<8x128xbf16>, tensor<9x4xi64>, !ep.handle<#c>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, layout = expanded, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x128xbf16>, %idx: tensor<?x4xi64>, %w: tensor<?x4xf32>) {
+  // expected-error@+1 {{recv_topk_weights must have rank 1, got 'tensor<?x4xf32>'}}
+  %rx, %rw, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) weights(%w : tensor<?x4xf32>) config #c
+      : tensor<?x128xbf16> -> tensor<?x128xbf16>, tensor<?x4xf32>, !ep.handle<#c>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+#d = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 128>
+func.func @f(%x: tensor<?x128xbf16>, %idx: tensor<?x4xi64>) {
+  // expected-error@+1 {{result handle type must carry the op's configuration}}
+  %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) config #c
+      : tensor<?x128xbf16> -> tensor<?x128xbf16>, tensor<?x4xi64>, !ep.handle<#d>
+  return
+}
+
+// -----
+
+// The result list is decided by the layout; the generic form can still get it wrong.
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x128xbf16>, %idx: tensor<?x4xi64>) {
+  // expected-error@+1 {{with the plain layout needs a recv_topk_idx result}}
+  %rx, %h = "ep.dispatch"(%x, %idx) <{config = #c, operandSegmentSizes = array<i32: 1, 1, 0, 0, 0>, resultSegmentSizes = array<i32: 1, 0, 0, 0, 1>}>
+      : (tensor<?x128xbf16>, tensor<?x4xi64>) -> (tensor<?x128xbf16>, !ep.handle<#c>)
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, layout = expanded, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x128xbf16>, %idx: tensor<?x4xi64>) {
+  // expected-error@+1 {{with the expanded layout has no recv_topk_idx result}}
+  %rx, %ri, %h = "ep.dispatch"(%x, %idx) <{config = #c, operandSegmentSizes = array<i32: 1, 1, 0, 0, 0>, resultSegmentSizes = array<i32: 1, 0, 1, 0, 1>}>
+      : (tensor<?x128xbf16>, tensor<?x4xi64>) -> (tensor<?x128xbf16>, tensor<?x4xi64>, !ep.handle<#c>)
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x128xbf16>, %idx: tensor<?x4xi64>) {
+  // expected-error@+1 {{has a recv_topk_weights result iff it has weights}}
+  %rx, %ri, %rw, %h = "ep.dispatch"(%x, %idx) <{config = #c, operandSegmentSizes = array<i32: 1, 1, 0, 0, 0>, resultSegmentSizes = array<i32: 1, 0, 1, 1, 1>}>
+      : (tensor<?x128xbf16>, tensor<?x4xi64>) -> (tensor<?x128xbf16>, tensor<?x4xi64>, tensor<?x4xf32>, !ep.handle<#c>)
+  return
+}
+
+//===----------------------------------------------------------------------===//
+// ep.combine
+//===----------------------------------------------------------------------===//
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%y: tensor<?x128xf32>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{operand #0 must be 2D tensor of bfloat16 type values, but got 'tensor<?x128xf32>'}}
+  %out = "ep.combine"(%y, %h) <{operandSegmentSizes = array<i32: 1, 1, 0, 0>}>
+      : (tensor<?x128xf32>, !ep.handle<#c>) -> tensor<?x128xbf16>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%y: tensor<?x64xbf16>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{x dimension 1 (hidden) must be 128, got 64}}
+  %out = ep.combine %y, %h : tensor<?x64xbf16>, !ep.handle<#c> -> tensor<?x128xbf16>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%y: tensor<600x128xbf16>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{x dimension 0 (rows) is 600, more than the maximum 512}}
+  %out = ep.combine %y, %h : tensor<600x128xbf16>, !ep.handle<#c> -> tensor<?x128xbf16>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%y: tensor<?x128xbf16>, %h: !ep.handle<#c>, %w: tensor<?x2xf32>) {
+  // expected-error@+1 {{topk_weights dimension 1 (top-k) must be 4, got 2}}
+  %out, %ow = ep.combine %y, %h weights(%w : tensor<?x2xf32>)
+      : tensor<?x128xbf16>, !ep.handle<#c> -> tensor<?x128xbf16>, tensor<?x4xf32>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, layout = expanded, max_tokens_per_rank = 64>
+func.func @f(%y: tensor<?x128xbf16>, %h: !ep.handle<#c>, %w: tensor<?x4xf32>) {
+  // expected-error@+1 {{topk_weights must have rank 1, got 'tensor<?x4xf32>'}}
+  %out, %ow = ep.combine %y, %h weights(%w : tensor<?x4xf32>)
+      : tensor<?x128xbf16>, !ep.handle<#c> -> tensor<?x128xbf16>, tensor<?x4xf32>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%y: tensor<?x128xbf16>, %h: !ep.handle<#c>, %b: tensor<?x128xbf16>) {
+  // expected-error@+1 {{takes at most two biases, got 3}}
+  %out = ep.combine %y, %h bias(%b, %b, %b : tensor<?x128xbf16>, tensor<?x128xbf16>, tensor<?x128xbf16>)
+      : tensor<?x128xbf16>, !ep.handle<#c> -> tensor<?x128xbf16>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%y: tensor<?x128xbf16>, %h: !ep.handle<#c>, %b: tensor<?x256xbf16>) {
+  // expected-error@+1 {{bias #0 dimension 1 (hidden) must be 128, got 256}}
+  %out = ep.combine %y, %h bias(%b : tensor<?x256xbf16>)
+      : tensor<?x128xbf16>, !ep.handle<#c> -> tensor<?x128xbf16>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%y: tensor<?x128xbf16>, %h: !ep.handle<#c>, %b: tensor<16x128xbf16>) {
+  // expected-error@+1 {{combined_x and bias #0 disagree on the token count: 32 vs 16}}
+  %out = ep.combine %y, %h bias(%b : tensor<16x128xbf16>)
+      : tensor<?x128xbf16>, !ep.handle<#c> -> tensor<32x128xbf16>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%y: tensor<?x128xbf16>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{combined_x dimension 0 (tokens) is 65, more than the maximum 64}}
+  %out = ep.combine %y, %h : tensor<?x128xbf16>, !ep.handle<#c> -> tensor<65x128xbf16>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%y: tensor<?x128xbf16>, %h: !ep.handle<#c>, %w: tensor<?x4xf32>) {
+  // expected-error@+1 {{combined_topk_weights dimension 1 (top-k) must be 4, got 5}}
+  %out, %ow = ep.combine %y, %h weights(%w : tensor<?x4xf32>)
+      : tensor<?x128xbf16>, !ep.handle<#c> -> tensor<?x128xbf16>, tensor<?x5xf32>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%y: tensor<?x128xbf16>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{has a combined_topk_weights result iff it has weights}}
+  %out, %ow = "ep.combine"(%y, %h) <{operandSegmentSizes = array<i32: 1, 1, 0, 0>}>
+      : (tensor<?x128xbf16>, !ep.handle<#c>) -> (tensor<?x128xbf16>, tensor<?x4xf32>)
+  return
+}

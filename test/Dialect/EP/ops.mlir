@@ -1,0 +1,140 @@
+// Round-trip of every ep op, attribute and type: printed, re-parsed and
+// printed again (also through the generic form), with the same result.
+// RUN: epic-opt %s | epic-opt | FileCheck %s
+// RUN: epic-opt %s --mlir-print-op-generic | epic-opt | FileCheck %s
+
+// Configurations are printed once, as aliases, with default parameters elided.
+// CHECK-DAG: #[[$BF16:.*]] = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 2048, dtype = bf16, max_tokens_per_rank = 512>
+// CHECK-DAG: #[[$FP8:.*]] = #ep.config<ranks = 8, experts = 256, topk = 8, hidden = 7168, dtype = f8E4M3FN, scale_packs = 56, num_sms = 24, max_tokens_per_rank = 4096>
+// CHECK-DAG: #[[$EXP:.*]] = #ep.config<ranks = 4, experts = 32, topk = 6, hidden = 1024, dtype = bf16, expert_alignment = 128, layout = expanded, max_tokens_per_rank = 256>
+// CHECK-DAG: #[[$ONE:.*]] = #ep.config<ranks = 1, experts = 1, topk = 1, hidden = 8, dtype = bf16, max_tokens_per_rank = 1>
+
+#bf16 = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 2048, dtype = bf16,
+                   max_tokens_per_rank = 512>
+// Parameters may come in any order; defaults (scale_packs = 0,
+// expert_alignment = 1, layout = plain, num_sms = 0) may be written out.
+#fp8 = #ep.config<dtype = f8E4M3FN, hidden = 7168, ranks = 8, experts = 256,
+                  topk = 8, scale_packs = 56, expert_alignment = 1,
+                  layout = plain, num_sms = 24, max_tokens_per_rank = 4096>
+#exp = #ep.config<ranks = 4, experts = 32, topk = 6, hidden = 1024, dtype = bf16,
+                  expert_alignment = 128, layout = expanded,
+                  max_tokens_per_rank = 256>
+#one = #ep.config<ranks = 1, experts = 1, topk = 1, hidden = 8, dtype = bf16,
+                  max_tokens_per_rank = 1>
+
+// CHECK-LABEL: func.func @layout
+// CHECK-SAME: (%[[IDX:.*]]: tensor<?x4xi64>)
+func.func @layout(%idx: tensor<?x4xi64>)
+    -> (tensor<8xi32>, tensor<64xi32>, tensor<?x8xi1>) {
+  // CHECK: ep.dispatch_layout %[[IDX]] config #[[$BF16]] : tensor<?x4xi64> -> tensor<8xi32>, tensor<64xi32>, tensor<?x8xi1>
+  %r, %e, %in = ep.dispatch_layout %idx config #bf16
+      : tensor<?x4xi64> -> tensor<8xi32>, tensor<64xi32>, tensor<?x8xi1>
+  return %r, %e, %in : tensor<8xi32>, tensor<64xi32>, tensor<?x8xi1>
+}
+
+// CHECK-LABEL: func.func @dispatch_bf16_minimal
+// CHECK-SAME: (%[[X:.*]]: tensor<?x2048xbf16>, %[[IDX:.*]]: tensor<?x4xi32>)
+func.func @dispatch_bf16_minimal(%x: tensor<?x2048xbf16>, %idx: tensor<?x4xi32>)
+    -> !ep.handle<#bf16> {
+  // CHECK: ep.dispatch %[[X]] topk(%[[IDX]] : tensor<?x4xi32>) config #[[$BF16]] : tensor<?x2048xbf16> -> tensor<?x2048xbf16>, tensor<?x4xi32>, !ep.handle<#[[$BF16]]>
+  %rx, %ridx, %h = ep.dispatch %x topk(%idx : tensor<?x4xi32>) config #bf16
+      : tensor<?x2048xbf16> -> tensor<?x2048xbf16>, tensor<?x4xi32>, !ep.handle<#bf16>
+  return %h : !ep.handle<#bf16>
+}
+
+// Static token counts are allowed as long as they fit the configuration.
+// CHECK-LABEL: func.func @dispatch_static_tokens
+func.func @dispatch_static_tokens(%x: tensor<512x2048xbf16>, %idx: tensor<512x4xi64>,
+                                  %w: tensor<512x4xf32>) {
+  // CHECK: ep.dispatch %{{.*}} topk(%{{.*}} : tensor<512x4xi64>) weights(%{{.*}} : tensor<512x4xf32>) config #[[$BF16]] : tensor<512x2048xbf16> -> tensor<4096x2048xbf16>, tensor<4096x4xi64>, tensor<4096x4xf32>, !ep.handle<#[[$BF16]]>
+  %rx, %ridx, %rw, %h = ep.dispatch %x topk(%idx : tensor<512x4xi64>)
+      weights(%w : tensor<512x4xf32>) config #bf16
+      : tensor<512x2048xbf16> -> tensor<4096x2048xbf16>, tensor<4096x4xi64>,
+        tensor<4096x4xf32>, !ep.handle<#bf16>
+  return
+}
+
+// CHECK-LABEL: func.func @dispatch_fp8
+// CHECK-SAME: (%[[X:.*]]: tensor<?x7168xf8E4M3FN>, %[[SF:.*]]: tensor<?x56xf32>, %[[IDX:.*]]: tensor<?x8xi64>, %[[W:.*]]: tensor<?x8xf32>)
+func.func @dispatch_fp8(%x: tensor<?x7168xf8E4M3FN>, %sf: tensor<?x56xf32>,
+                        %idx: tensor<?x8xi64>, %w: tensor<?x8xf32>) {
+  // CHECK: ep.dispatch %[[X]] topk(%[[IDX]] : tensor<?x8xi64>) scales(%[[SF]] : tensor<?x56xf32>) weights(%[[W]] : tensor<?x8xf32>) config #[[$FP8]] : tensor<?x7168xf8E4M3FN> -> tensor<?x7168xf8E4M3FN>, tensor<?x56xf32>, tensor<?x8xi64>, tensor<?x8xf32>, !ep.handle<#[[$FP8]]>
+  %rx, %rsf, %ridx, %rw, %h = ep.dispatch %x topk(%idx : tensor<?x8xi64>)
+      scales(%sf : tensor<?x56xf32>) weights(%w : tensor<?x8xf32>) config #fp8
+      : tensor<?x7168xf8E4M3FN> -> tensor<?x7168xf8E4M3FN>, tensor<?x56xf32>,
+        tensor<?x8xi64>, tensor<?x8xf32>, !ep.handle<#fp8>
+  return
+}
+
+// UE8M0 scale packs travel as opaque i32 words.
+// CHECK-LABEL: func.func @dispatch_fp8_ue8m0
+func.func @dispatch_fp8_ue8m0(%x: tensor<?x7168xf8E4M3FN>, %sf: tensor<?x56xi32>,
+                              %idx: tensor<?x8xi64>) {
+  // CHECK: scales(%{{.*}} : tensor<?x56xi32>) config #[[$FP8]] : tensor<?x7168xf8E4M3FN> -> tensor<?x7168xf8E4M3FN>, tensor<?x56xi32>, tensor<?x8xi64>, !ep.handle<#[[$FP8]]>
+  %rx, %rsf, %ridx, %h = ep.dispatch %x topk(%idx : tensor<?x8xi64>)
+      scales(%sf : tensor<?x56xi32>) config #fp8
+      : tensor<?x7168xf8E4M3FN> -> tensor<?x7168xf8E4M3FN>, tensor<?x56xi32>,
+        tensor<?x8xi64>, !ep.handle<#fp8>
+  return
+}
+
+// The expanded layout has no recv_topk_idx and one weight per row.
+// CHECK-LABEL: func.func @dispatch_expanded
+func.func @dispatch_expanded(%x: tensor<?x1024xbf16>, %idx: tensor<?x6xi64>,
+                             %w: tensor<?x6xf32>) {
+  // CHECK: ep.dispatch %{{.*}} topk(%{{.*}} : tensor<?x6xi64>) weights(%{{.*}} : tensor<?x6xf32>) config #[[$EXP]] : tensor<?x1024xbf16> -> tensor<?x1024xbf16>, tensor<?xf32>, !ep.handle<#[[$EXP]]>
+  %rx, %rw, %h = ep.dispatch %x topk(%idx : tensor<?x6xi64>)
+      weights(%w : tensor<?x6xf32>) config #exp
+      : tensor<?x1024xbf16> -> tensor<?x1024xbf16>, tensor<?xf32>, !ep.handle<#exp>
+  return
+}
+
+// Cached dispatch replays the handle's routing: no topk(...).
+// CHECK-LABEL: func.func @dispatch_cached
+// CHECK-SAME: (%[[G:.*]]: tensor<?x2048xbf16>, %[[H:.*]]: !ep.handle<#[[$BF16]]>)
+func.func @dispatch_cached(%g: tensor<?x2048xbf16>, %h: !ep.handle<#bf16>) {
+  // CHECK: ep.dispatch %[[G]] cached(%[[H]] : !ep.handle<#[[$BF16]]>) config #[[$BF16]] : tensor<?x2048xbf16> -> tensor<?x2048xbf16>, tensor<?x4xi64>, !ep.handle<#[[$BF16]]>
+  %rx, %ridx, %h2 = ep.dispatch %g cached(%h : !ep.handle<#bf16>) config #bf16
+      : tensor<?x2048xbf16> -> tensor<?x2048xbf16>, tensor<?x4xi64>, !ep.handle<#bf16>
+  return
+}
+
+// CHECK-LABEL: func.func @combine_plain
+// CHECK-SAME: (%[[Y:.*]]: tensor<?x2048xbf16>, %[[H:.*]]: !ep.handle<#[[$BF16]]>)
+func.func @combine_plain(%y: tensor<?x2048xbf16>, %h: !ep.handle<#bf16>) -> tensor<?x2048xbf16> {
+  // CHECK: %[[OUT:.*]] = ep.combine %[[Y]], %[[H]] : tensor<?x2048xbf16>, !ep.handle<#[[$BF16]]> -> tensor<?x2048xbf16>
+  %out = ep.combine %y, %h : tensor<?x2048xbf16>, !ep.handle<#bf16> -> tensor<?x2048xbf16>
+  // CHECK: return %[[OUT]]
+  return %out : tensor<?x2048xbf16>
+}
+
+// CHECK-LABEL: func.func @combine_weights_two_biases
+func.func @combine_weights_two_biases(%y: tensor<?x7168xbf16>, %h: !ep.handle<#fp8>,
+                                      %w: tensor<?x8xf32>, %b0: tensor<?x7168xbf16>,
+                                      %b1: tensor<?x7168xbf16>) {
+  // CHECK: ep.combine %{{.*}}, %{{.*}} weights(%{{.*}} : tensor<?x8xf32>) bias(%{{.*}}, %{{.*}} : tensor<?x7168xbf16>, tensor<?x7168xbf16>) : tensor<?x7168xbf16>, !ep.handle<#[[$FP8]]> -> tensor<?x7168xbf16>, tensor<?x8xf32>
+  %out, %ow = ep.combine %y, %h weights(%w : tensor<?x8xf32>)
+      bias(%b0, %b1 : tensor<?x7168xbf16>, tensor<?x7168xbf16>)
+      : tensor<?x7168xbf16>, !ep.handle<#fp8> -> tensor<?x7168xbf16>, tensor<?x8xf32>
+  return
+}
+
+// CHECK-LABEL: func.func @combine_expanded
+func.func @combine_expanded(%y: tensor<?x1024xbf16>, %h: !ep.handle<#exp>,
+                            %w: tensor<?xf32>, %b: tensor<256x1024xbf16>) {
+  // CHECK: ep.combine %{{.*}}, %{{.*}} weights(%{{.*}} : tensor<?xf32>) bias(%{{.*}} : tensor<256x1024xbf16>) : tensor<?x1024xbf16>, !ep.handle<#[[$EXP]]> -> tensor<256x1024xbf16>, tensor<256x6xf32>
+  %out, %ow = ep.combine %y, %h weights(%w : tensor<?xf32>) bias(%b : tensor<256x1024xbf16>)
+      : tensor<?x1024xbf16>, !ep.handle<#exp> -> tensor<256x1024xbf16>, tensor<256x6xf32>
+  return
+}
+
+// The smallest legal world: one rank, one expert, top-1.
+// CHECK-LABEL: func.func @single_rank
+func.func @single_rank(%x: tensor<1x8xbf16>, %idx: tensor<1x1xi8>) {
+  // CHECK: ep.dispatch %{{.*}} topk(%{{.*}} : tensor<1x1xi8>) config #[[$ONE]]
+  %rx, %ridx, %h = ep.dispatch %x topk(%idx : tensor<1x1xi8>) config #one
+      : tensor<1x8xbf16> -> tensor<?x8xbf16>, tensor<?x1xi8>, !ep.handle<#one>
+  // CHECK: ep.combine
+  %y = ep.combine %rx, %h : tensor<?x8xbf16>, !ep.handle<#one> -> tensor<1x8xbf16>
+  return
+}

@@ -1,0 +1,23 @@
+# lit configuration for epic's IR tests (test/Dialect, test/Conversion, ...).
+# Runs from the build tree through lit.site.cfg.py, which sets the paths below.
+import os
+
+import lit.formats
+from lit.llvm import llvm_config
+
+config.name = "epic"
+# lit's internal shell: portable, and the only one lit >= 23 supports.
+config.test_format = lit.formats.ShTest(execute_external=False)
+config.suffixes = [".mlir"]
+config.test_source_root = os.path.dirname(__file__)
+config.test_exec_root = os.path.join(config.epic_obj_root, "test")
+# Only IR tests live under lit; unit/ and python/ have their own runners.
+config.excludes = ["unit", "python", "CMakeLists.txt", "lit.cfg.py", "lit.site.cfg.py"]
+
+config.environment["FILECHECK_OPTS"] = "--enable-var-scope --dump-input=fail"
+llvm_config.use_default_substitutions()
+llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
+llvm_config.add_tool_substitutions(
+    ["epic-opt"], [config.epic_tools_dir])
+llvm_config.add_tool_substitutions(
+    ["FileCheck", "not", "count"], [config.llvm_tools_dir])
