@@ -14,3 +14,22 @@ function(epic_add_mlir_library name)
   target_link_libraries(${name} PUBLIC MLIR LLVM)
   set_target_properties(${name} PROPERTIES POSITION_INDEPENDENT_CODE ON)
 endfunction()
+
+# epic_add_dialect_tablegen(<Prefix> <dialect>): generates the dialect, op, enum, attribute and type
+# declarations and definitions from <Prefix>Ops.td (files <Prefix>Ops.h.inc, <Prefix>Enums.h.inc,
+# ...), the target Epic<Prefix>IncGen, and the markdown documentation (target mlir-doc).
+function(epic_add_dialect_tablegen prefix dialect)
+  set(LLVM_TARGET_DEFINITIONS ${prefix}Ops.td)
+  mlir_tablegen(${prefix}OpsDialect.h.inc -gen-dialect-decls -dialect=${dialect})
+  mlir_tablegen(${prefix}OpsDialect.cpp.inc -gen-dialect-defs -dialect=${dialect})
+  mlir_tablegen(${prefix}Ops.h.inc -gen-op-decls)
+  mlir_tablegen(${prefix}Ops.cpp.inc -gen-op-defs)
+  mlir_tablegen(${prefix}Enums.h.inc -gen-enum-decls)
+  mlir_tablegen(${prefix}Enums.cpp.inc -gen-enum-defs)
+  mlir_tablegen(${prefix}Attrs.h.inc -gen-attrdef-decls -attrdefs-dialect=${dialect})
+  mlir_tablegen(${prefix}Attrs.cpp.inc -gen-attrdef-defs -attrdefs-dialect=${dialect})
+  mlir_tablegen(${prefix}Types.h.inc -gen-typedef-decls -typedefs-dialect=${dialect})
+  mlir_tablegen(${prefix}Types.cpp.inc -gen-typedef-defs -typedefs-dialect=${dialect})
+  add_public_tablegen_target(Epic${prefix}IncGen)
+  add_mlir_doc(${prefix}Ops ${prefix}Ops Dialects/ -gen-dialect-doc -dialect=${dialect})
+endfunction()
