@@ -5,7 +5,9 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "epic/Conversion/Passes.h"
 #include "epic/InitAllDialects.h"
+#include "epic/Pipelines/EpicToPTX.h"
 
 #include "mlir/Conversion/Passes.h"
 #include "mlir/Dialect/GPU/Transforms/Passes.h"
@@ -15,12 +17,15 @@
 int main(int argc, char **argv) {
   mlir::DialectRegistry registry;
   epic::registerAllDialects(registry);
+  epic::registerCompilerExtensions(registry);
 
   // Upstream passes used around epic's own: canonicalize, cse, inlining, ...
   // and the GPU / NVVM conversions of the PTX pipeline.
   mlir::registerTransformsPasses();
   mlir::registerGPUPasses();
   mlir::registerConversionPasses();
+  epic::registerEpicConversionPasses();
+  epic::registerEpicToPTXPipeline();
 
   return mlir::asMainReturnCode(mlir::MlirOptMain(
       argc, argv, "epic optimizer driver (ep and comm dialects)\n", registry));

@@ -1,0 +1,66 @@
+//===- Compiler.h - compile epic IR to PTX and cubins (no MLIR) -*- C++ -*-===//
+//
+// The compiler as a library, for the runtime (which calls it on a kernel
+// cache miss) and for tools/epic-compile. Deliberately free of MLIR and LLVM
+// headers so that code including it (the runtime, the Python extension) does
+// not depend on them.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef EPIC_COMPILER_H
+#define EPIC_COMPILER_H
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace epic {
+
+struct CompileOptions {
+  std::string backend = "nccl"; ///< "nccl" or "virtual"
+  std::string chip = "sm_90";
+  std::string features = "+ptx82";
+  unsigned optLevel = 3;
+  std::string shimDir;  ///< empty: the shims this build made
+  std::string cudaPath; ///< empty: the CUDA toolkit this build found (ptxas)
+  bool emitCubin = true; ///< also assemble with `ptxas -v`
+};
+
+/// One kernel of the compiled module.
+struct KernelInfo {
+  std::string name;
+  std::vector<std::string> argumentTypes; ///< as written in the input IR
+  /// From `ptxas -v` (-1 when no cubin was made).
+  int registers = -1;
+  int64_t sharedBytes = -1;
+  int64_t stackBytes = -1;
+  int64_t spillStoreBytes = -1;
+  int64_t spillLoadBytes = -1;
+};
+
+struct CompileResult {
+  std::string ptx;
+  std::string cubin; ///< empty unless CompileOptions::emitCubin
+  std::string ptxasLog;
+  std::vector<KernelInfo> kernels;
+  CompileOptions options;
+  /// Kernel names, argument types, register/shared-memory use, the target
+  /// and the NCCL version, as a JSON object.
+  std::string metadataJson() const;
+};
+
+/// A compile error: the MLIR diagnostics (with locations), or ptxas' output.
+struct CompileError : public std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// Parses `source` (MLIR with gpu.module kernels in the comm and upstream
+/// dialects), lowers it with the epic-to-ptx pipeline and, if asked,
+/// assembles the PTX with ptxas. Throws CompileError.
+CompileResult compileModule(const std::string &source, const CompileOptions &options,
+                            const std::string &sourceName = "<input>");
+
+} // namespace epic
+
+#endif // EPIC_COMPILER_H

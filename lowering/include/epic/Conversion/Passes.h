@@ -1,0 +1,43 @@
+//===- Passes.h - epic conversion passes ------------------------*- C++ -*-===//
+
+#ifndef EPIC_CONVERSION_PASSES_H
+#define EPIC_CONVERSION_PASSES_H
+
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/Pass/Pass.h"
+
+namespace mlir {
+class LLVMTypeConverter;
+class RewritePatternSet;
+class TypeConverter;
+} // namespace mlir
+
+namespace epic {
+
+/// Where comm ops go: the NCCL device API or the one-GPU virtual world.
+enum class CommBackend { nccl, virtual_ };
+
+/// The prefix of the device-shim functions of a backend: "__epic_nccl_" or
+/// "__epic_virtual_".
+llvm::StringRef getShimPrefix(CommBackend backend);
+
+/// Adds the comm type conversions (dev_comm/window -> !llvm.ptr, team ->
+/// struct) to `converter`.
+void populateCommToNVVMTypeConversions(mlir::TypeConverter &converter);
+
+/// Patterns that lower every comm op for `backend`.
+void populateCommToNVVMConversionPatterns(mlir::TypeConverter &converter,
+                                          mlir::RewritePatternSet &patterns,
+                                          CommBackend backend);
+
+#define GEN_PASS_DECL
+#include "epic/Conversion/Passes.h.inc"
+
+#define GEN_PASS_REGISTRATION
+#include "epic/Conversion/Passes.h.inc"
+
+} // namespace epic
+
+#endif // EPIC_CONVERSION_PASSES_H

@@ -1,0 +1,58 @@
+//===- EpicToPTX.h - the pipeline from ep/comm IR to PTX --------*- C++ -*-===//
+
+#ifndef EPIC_PIPELINES_EPICTOPTX_H
+#define EPIC_PIPELINES_EPICTOPTX_H
+
+#include "epic/Conversion/Passes.h"
+
+#include "mlir/Pass/PassOptions.h"
+
+namespace mlir {
+class OpPassManager;
+} // namespace mlir
+
+namespace epic {
+
+struct EpicToPTXOptions : public mlir::PassPipelineOptions<EpicToPTXOptions> {
+  Option<CommBackend> backend{
+      *this, "backend", llvm::cl::desc("comm backend"), llvm::cl::init(CommBackend::nccl),
+      llvm::cl::values(clEnumValN(CommBackend::nccl, "nccl", "the NCCL device API"),
+                       clEnumValN(CommBackend::virtual_, "virtual", "R ranks on one GPU"))};
+  Option<std::string> chip{*this, "chip", llvm::cl::desc("GPU architecture"),
+                           llvm::cl::init("sm_90")};
+  // The NCCL shim's GDAKI path uses st.mmio, which needs PTX ISA 8.2.
+  Option<std::string> features{*this, "features", llvm::cl::desc("PTX features"),
+                               llvm::cl::init("+ptx82")};
+  Option<unsigned> optLevel{*this, "opt-level", llvm::cl::desc("LLVM optimization level"),
+                            llvm::cl::init(3)};
+  Option<std::string> shimDir{
+      *this, "shim-dir",
+      llvm::cl::desc("directory of epic_shim_<backend>.bc (default: the build's)"),
+      llvm::cl::init("")};
+  Option<std::string> format{
+      *this, "format",
+      llvm::cl::desc("what gpu-module-to-binary makes: isa (PTX), bin (cubin), fatbin"),
+      llvm::cl::init("isa")};
+  Option<std::string> cudaPath{*this, "cuda-path",
+                               llvm::cl::desc("CUDA toolkit (ptxas) for format=bin/fatbin"),
+                               llvm::cl::init("")};
+};
+
+/// "nccl" or "virtual".
+llvm::StringRef stringifyCommBackend(CommBackend backend);
+
+/// The shim bitcode file of `backend` in `shimDir`, or in the directory this
+/// build wrote them to when `shimDir` is empty.
+std::string getShimBitcodePath(CommBackend backend, llvm::StringRef shimDir);
+
+/// comm-to-nvvm -> attach the NVVM target (linking the shim) -> gpu/arith/
+/// cf/... to NVVM and LLVM -> gpu-module-to-binary. Kernels use the bare
+/// pointer calling convention.
+void buildEpicToPTXPipeline(mlir::OpPassManager &pm, const EpicToPTXOptions &options);
+
+/// Registers `epic-to-ptx` with the pass registry.
+void registerEpicToPTXPipeline();
+
+} // namespace epic
+
+#endif // EPIC_PIPELINES_EPICTOPTX_H

@@ -1,0 +1,210 @@
+//===- Compiler.cpp - compile epic IR to PTX and cubins -------------------===//
+
+#include "epic/Compiler.h"
+
+#include "epic/InitAllDialects.h"
+#include "epic/Pipelines/EpicToPTX.h"
+
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/Parser/Parser.h"
+#include "mlir/Pass/PassManager.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/Program.h"
+#include "llvm/Support/Regex.h"
+#include "llvm/Support/SourceMgr.h"
+
+#include <nccl.h>
+
+using namespace mlir;
+
+namespace {
+
+std::string typeString(Type type) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  type.print(os);
+  return text;
+}
+
+/// Removes a temporary file when it goes out of scope.
+struct TempFile {
+  llvm::SmallString<128> path;
+  explicit TempFile(llvm::StringRef suffix) {
+    if (llvm::sys::fs::createTemporaryFile("epic", suffix, path))
+      throw epic::CompileError("cannot create a temporary ." + suffix.str() + " file");
+  }
+  ~TempFile() { llvm::sys::fs::remove(path); }
+};
+
+std::string readFile(llvm::StringRef path) {
+  auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/false);
+  if (!buffer)
+    throw epic::CompileError("cannot read " + path.str());
+  return (*buffer)->getBuffer().str();
+}
+
+void writeFile(llvm::StringRef path, llvm::StringRef data) {
+  std::error_code error;
+  llvm::raw_fd_ostream os(path, error);
+  if (error)
+    throw epic::CompileError("cannot write " + path.str() + ": " + error.message());
+  os << data;
+}
+
+/// Assembles `result.ptx` with `ptxas -v` and fills in the cubin and the
+/// per-kernel resource use it reports.
+void assemble(epic::CompileResult &result, const epic::CompileOptions &options,
+              llvm::StringRef cudaPath) {
+  llvm::SmallString<256> ptxas(cudaPath);
+  llvm::sys::path::append(ptxas, "bin", "ptxas");
+  if (!llvm::sys::fs::can_execute(ptxas))
+    throw epic::CompileError("ptxas not found at " + ptxas.str().str() +
+                             " (set CompileOptions::cudaPath to the CUDA toolkit)");
+  TempFile ptxFile("ptx"), cubinFile("cubin"), logFile("log");
+  writeFile(ptxFile.path, result.ptx);
+  std::string arch = "-arch=" + options.chip;
+  llvm::StringRef args[] = {ptxas, arch, "-O3", "-v", ptxFile.path, "-o", cubinFile.path};
+  std::optional<llvm::StringRef> redirects[] = {std::nullopt, logFile.path, logFile.path};
+  std::string error;
+  int status = llvm::sys::ExecuteAndWait(ptxas, args, std::nullopt, redirects, 0, 0, &error);
+  result.ptxasLog = readFile(logFile.path);
+  if (status != 0)
+    throw epic::CompileError("ptxas failed" + (error.empty() ? "" : " (" + error + ")") +
+                             ":\n" + result.ptxasLog);
+  result.cubin = readFile(cubinFile.path);
+
+  // ptxas info : Function properties for NAME
+  //     S bytes stack frame, A bytes spill stores, B bytes spill loads
+  // ptxas info : Used R registers, ... [, M bytes smem] ...
+  llvm::Regex properties("Function properties for ([A-Za-z0-9_$.]+)");
+  llvm::Regex frame("([0-9]+) bytes stack frame, ([0-9]+) bytes spill stores, ([0-9]+) "
+                    "bytes spill loads");
+  llvm::Regex used("Used ([0-9]+) registers");
+  llvm::Regex smem("([0-9]+) bytes smem");
+  epic::KernelInfo *current = nullptr;
+  llvm::SmallVector<llvm::StringRef> lines;
+  llvm::StringRef(result.ptxasLog).split(lines, '\n');
+  for (llvm::StringRef line : lines) {
+    llvm::SmallVector<llvm::StringRef, 4> m;
+    if (properties.match(line, &m)) {
+      current = nullptr;
+      for (epic::KernelInfo &k : result.kernels)
+        if (k.name == m[1])
+          current = &k;
+    } else if (current && frame.match(line, &m)) {
+      current->stackBytes = std::stoll(m[1].str());
+      current->spillStoreBytes = std::stoll(m[2].str());
+      current->spillLoadBytes = std::stoll(m[3].str());
+    } else if (current && used.match(line, &m)) {
+      current->registers = std::stoi(m[1].str());
+      current->sharedBytes = smem.match(line, &m) ? std::stoll(m[1].str()) : 0;
+    }
+  }
+}
+
+} // namespace
+
+epic::CompileResult epic::compileModule(const std::string &source, const CompileOptions &options,
+                                        const std::string &sourceName) {
+  EpicToPTXOptions pipeline;
+  if (options.backend == "nccl")
+    pipeline.backend = CommBackend::nccl;
+  else if (options.backend == "virtual")
+    pipeline.backend = CommBackend::virtual_;
+  else
+    throw CompileError("backend must be \"nccl\" or \"virtual\", got \"" + options.backend + "\"");
+  pipeline.chip = options.chip;
+  pipeline.features = options.features;
+  pipeline.optLevel = options.optLevel;
+  pipeline.shimDir = options.shimDir;
+  pipeline.cudaPath = options.cudaPath;
+  pipeline.format = "isa";
+  std::string cudaPath = options.cudaPath.empty() ? EPIC_DEFAULT_CUDA_PATH : options.cudaPath;
+  std::string shim = getShimBitcodePath(pipeline.backend, options.shimDir);
+  if (!llvm::sys::fs::exists(shim))
+    throw CompileError("device shim bitcode not found: " + shim);
+
+  DialectRegistry registry;
+  registerAllDialects(registry);
+  registerCompilerExtensions(registry);
+  MLIRContext context(registry);
+  context.loadAllAvailableDialects();
+
+  // Diagnostics go into the exception, with their source locations.
+  std::string diagnostics;
+  llvm::raw_string_ostream diagStream(diagnostics);
+  llvm::SourceMgr sourceMgr;
+  sourceMgr.AddNewSourceBuffer(llvm::MemoryBuffer::getMemBufferCopy(source, sourceName),
+                               llvm::SMLoc());
+  SourceMgrDiagnosticHandler handler(sourceMgr, &context, diagStream);
+
+  OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(sourceMgr, &context);
+  if (!module)
+    throw CompileError("cannot parse " + sourceName + ":\n" + diagnostics);
+
+  CompileResult result;
+  result.options = options;
+  module->walk([&](gpu::GPUFuncOp func) {
+    if (!func.isKernel())
+      return;
+    KernelInfo kernel;
+    kernel.name = func.getName().str();
+    for (Type type : func.getArgumentTypes())
+      kernel.argumentTypes.push_back(typeString(type));
+    result.kernels.push_back(std::move(kernel));
+  });
+  if (result.kernels.empty())
+    throw CompileError(sourceName + " has no gpu.func kernel to compile");
+
+  PassManager pm(&context);
+  buildEpicToPTXPipeline(pm, pipeline);
+  if (failed(pm.run(*module)))
+    throw CompileError("lowering " + sourceName + " to PTX failed:\n" + diagnostics);
+
+  SmallVector<gpu::BinaryOp> binaries(module->getOps<gpu::BinaryOp>());
+  if (binaries.size() != 1)
+    throw CompileError(sourceName + ": expected exactly one gpu.module, found " +
+                       std::to_string(binaries.size()));
+  auto object = cast<gpu::ObjectAttr>(binaries.front().getObjects()[0]);
+  result.ptx = object.getObject().getValue().str();
+
+  if (options.emitCubin)
+    assemble(result, options, cudaPath);
+  return result;
+}
+
+std::string epic::CompileResult::metadataJson() const {
+  llvm::json::Array kernelArray;
+  for (const KernelInfo &k : kernels) {
+    llvm::json::Array args;
+    for (const std::string &type : k.argumentTypes)
+      args.push_back(type);
+    kernelArray.push_back(llvm::json::Object{
+        {"name", k.name},
+        {"arguments", std::move(args)},
+        {"registers", k.registers},
+        {"shared_bytes", k.sharedBytes},
+        {"stack_bytes", k.stackBytes},
+        {"spill_store_bytes", k.spillStoreBytes},
+        {"spill_load_bytes", k.spillLoadBytes},
+    });
+  }
+  llvm::json::Object root{
+      {"kernels", std::move(kernelArray)},
+      {"target", llvm::json::Object{{"chip", options.chip},
+                                    {"features", options.features},
+                                    {"opt_level", int64_t(options.optLevel)}}},
+      {"backend", options.backend},
+      {"nccl_version", std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + "." +
+                           std::to_string(NCCL_PATCH)},
+  };
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  os << llvm::formatv("{0:2}", llvm::json::Value(std::move(root)));
+  return text;
+}

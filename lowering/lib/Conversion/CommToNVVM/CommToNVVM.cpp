@@ -1,0 +1,724 @@
+//===- CommToNVVM.cpp - comm dialect to NVVM, LLVM and shim calls ---------===//
+//
+// See ConvertCommToNVVM in Passes.td for what each op becomes in each backend.
+//
+//===----------------------------------------------------------------------===//
+
+#include "epic/Conversion/Passes.h"
+#include "epic/Dialect/Comm/IR/CommDialect.h"
+#include "epic/device/VirtualWorld.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Func/Transforms/FuncConversions.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "mlir/Dialect/SCF/Transforms/Patterns.h"
+#include "mlir/IR/SymbolTable.h"
+#include "mlir/Transforms/DialectConversion.h"
+
+#include <type_traits>
+
+namespace epic {
+#define GEN_PASS_DEF_CONVERTCOMMTONVVM
+#include "epic/Conversion/Passes.h.inc"
+} // namespace epic
+
+using namespace mlir;
+using namespace epic;
+namespace comm = epic::comm;
+
+llvm::StringRef epic::getShimPrefix(CommBackend backend) {
+  return backend == CommBackend::nccl ? "__epic_nccl_" : "__epic_virtual_";
+}
+
+//===----------------------------------------------------------------------===//
+// The shim ABI, from ShimABI.def
+//===----------------------------------------------------------------------===//
+
+namespace {
+template <typename T> Type shimType(MLIRContext *ctx) {
+  if constexpr (std::is_same_v<T, int32_t>)
+    return IntegerType::get(ctx, 32);
+  else if constexpr (std::is_same_v<T, int64_t>)
+    return IntegerType::get(ctx, 64);
+  else {
+    static_assert(std::is_same_v<T, void *>, "shim ABI: i32, i64 and pointers only");
+    return LLVM::LLVMPointerType::get(ctx);
+  }
+}
+
+template <typename Signature> struct ShimSignature;
+template <typename R, typename... Args> struct ShimSignature<R(Args...)> {
+  static LLVM::LLVMFunctionType get(MLIRContext *ctx) {
+    Type result;
+    if constexpr (std::is_void_v<R>)
+      result = LLVM::LLVMVoidType::get(ctx);
+    else
+      result = shimType<R>(ctx);
+    return LLVM::LLVMFunctionType::get(result, {shimType<Args>(ctx)...});
+  }
+};
+
+struct ShimEntry {
+  llvm::StringLiteral name;
+  LLVM::LLVMFunctionType (*type)(MLIRContext *);
+};
+
+#define I32 int32_t
+#define I64 int64_t
+#define PTR void *
+#define VOID void
+#define EPIC_SHIM(Name, Result, ...)                                           \
+  ShimEntry{llvm::StringLiteral(#Name), &ShimSignature<Result(__VA_ARGS__)>::get},
+constexpr ShimEntry kShims[] = {
+#include "epic/device/ShimABI.def"
+};
+#undef I32
+#undef I64
+#undef PTR
+#undef VOID
+
+LLVM::LLVMFunctionType lookupShimType(MLIRContext *ctx, StringRef name) {
+  for (const ShimEntry &entry : kShims)
+    if (entry.name == name)
+      return entry.type(ctx);
+  llvm::report_fatal_error(llvm::Twine("epic: no shim function '") + name +
+                           "' in ShimABI.def");
+}
+
+StringRef coopSuffix(comm::Coop coop) {
+  switch (coop) {
+  case comm::Coop::thread: return "thread";
+  case comm::Coop::warp: return "warp";
+  case comm::Coop::block: return "block";
+  }
+  llvm_unreachable("unknown coop");
+}
+
+//===----------------------------------------------------------------------===//
+// Small builders
+//===----------------------------------------------------------------------===//
+
+struct Builder {
+  ConversionPatternRewriter &rewriter;
+  Location loc;
+  MLIRContext *ctx() const { return rewriter.getContext(); }
+
+  Type i32() const { return rewriter.getI32Type(); }
+  Type i64() const { return rewriter.getI64Type(); }
+  Type ptr() const { return LLVM::LLVMPointerType::get(ctx()); }
+
+  Value i32(int64_t v) const {
+    return LLVM::ConstantOp::create(rewriter, loc, i32(), rewriter.getI32IntegerAttr(v));
+  }
+  Value i64(int64_t v) const {
+    return LLVM::ConstantOp::create(rewriter, loc, i64(), rewriter.getI64IntegerAttr(v));
+  }
+  Value null() const { return LLVM::ZeroOp::create(rewriter, loc, ptr()); }
+  Value orI32(Value v, int64_t fallback) const { return v ? v : i32(fallback); }
+  Value orI64(Value v, int64_t fallback) const { return v ? v : i64(fallback); }
+
+  Value add(Value a, Value b) const { return LLVM::AddOp::create(rewriter, loc, a, b); }
+  Value sub(Value a, Value b) const { return LLVM::SubOp::create(rewriter, loc, a, b); }
+  Value mul(Value a, Value b) const { return LLVM::MulOp::create(rewriter, loc, a, b); }
+  Value udiv(Value a, Value b) const { return LLVM::UDivOp::create(rewriter, loc, a, b); }
+  Value sext64(Value v) const {
+    return v.getType() == i64() ? v : LLVM::SExtOp::create(rewriter, loc, i64(), v);
+  }
+
+  Value extract(Value aggregate, int64_t index) const {
+    return LLVM::ExtractValueOp::create(rewriter, loc, aggregate, index);
+  }
+
+  /// Loads field `index` (of type `type`) of a C struct of the given field
+  /// types at `base`.
+  Value loadField(Value base, ArrayRef<Type> fields, int32_t index, Type type) const {
+    auto structType = LLVM::LLVMStructType::getLiteral(ctx(), fields);
+    Value address = LLVM::GEPOp::create(rewriter, loc, ptr(), structType, base,
+                                        ArrayRef<LLVM::GEPArg>{0, index});
+    return LLVM::LoadOp::create(rewriter, loc, type, address);
+  }
+
+  /// A pointer in the generic address space (what the shim ABI takes).
+  Value generic(Value pointer) const {
+    auto type = cast<LLVM::LLVMPointerType>(pointer.getType());
+    if (type.getAddressSpace() == 0)
+      return pointer;
+    return LLVM::AddrSpaceCastOp::create(rewriter, loc, ptr(), pointer);
+  }
+
+  /// `pointer` (generic) as `type` (any address space).
+  Value as(Value pointer, Type type) const {
+    if (pointer.getType() == type)
+      return pointer;
+    return LLVM::AddrSpaceCastOp::create(rewriter, loc, type, pointer);
+  }
+
+  /// Calls the backend's shim function `name`, declaring it on first use.
+  Value callShim(Operation *anchor, CommBackend backend, StringRef name,
+                 ValueRange args) const {
+    std::string symbol = (getShimPrefix(backend) + name).str();
+    Operation *table = anchor->getParentWithTrait<OpTrait::SymbolTable>();
+    auto type = lookupShimType(ctx(), name);
+    if (!SymbolTable::lookupSymbolIn(table, symbol)) {
+      OpBuilder::InsertionGuard guard(rewriter);
+      rewriter.setInsertionPointToStart(&table->getRegion(0).front());
+      auto decl = LLVM::LLVMFuncOp::create(rewriter, rewriter.getUnknownLoc(), symbol, type);
+      decl.setPrivate();
+    }
+    auto call = LLVM::CallOp::create(rewriter, loc, type, SymbolRefAttr::get(ctx(), symbol),
+                                     args);
+    return call.getNumResults() ? call.getResult() : Value();
+  }
+};
+
+/// The team struct: (ranks, rank, stride, kind, world rank).
+enum TeamField : int64_t { kTeamRanks = 0, kTeamRank, kTeamStride, kTeamKind, kTeamWorldRank };
+
+LLVM::LLVMStructType teamStructType(MLIRContext *ctx) {
+  Type i32 = IntegerType::get(ctx, 32);
+  return LLVM::LLVMStructType::getLiteral(ctx, {i32, i32, i32, i32, i32});
+}
+
+/// The virtual rank of the calling block: blockIdx.x / (gridDim.x / R).
+Value virtualRank(const Builder &b, Value numRanks) {
+  Value blocks = NVVM::GridDimXOp::create(b.rewriter, b.loc, b.i32());
+  Value block = NVVM::BlockIdXOp::create(b.rewriter, b.loc, b.i32());
+  return b.udiv(block, b.udiv(blocks, numRanks));
+}
+
+SmallVector<Type> virtualCommFields(MLIRContext *ctx) {
+  Type i32 = IntegerType::get(ctx, 32), p = LLVM::LLVMPointerType::get(ctx);
+  return {i32, i32, i32, i32, i32, i32, p, p, p};
+}
+SmallVector<Type> virtualWindowFields(MLIRContext *ctx) {
+  Type i32 = IntegerType::get(ctx, 32), i64 = IntegerType::get(ctx, 64);
+  return {LLVM::LLVMPointerType::get(ctx), i64, i32, i32};
+}
+
+/// base + rank * stride + offset in a virtual window.
+Value virtualSlice(const Builder &b, Value window, Value rank, Value offset) {
+  auto fields = virtualWindowFields(b.ctx());
+  Value base = b.loadField(window, fields, EPIC_VWIN_BASE, b.ptr());
+  Value stride = b.loadField(window, fields, EPIC_VWIN_STRIDE, b.i64());
+  Value bytes = b.add(b.mul(b.sext64(rank), stride), offset);
+  return LLVM::GEPOp::create(b.rewriter, b.loc, b.ptr(), b.rewriter.getI8Type(), base,
+                             ValueRange{bytes});
+}
+
+Value virtualRankFromWindow(const Builder &b, Value window) {
+  Value numRanks = b.loadField(window, virtualWindowFields(b.ctx()), EPIC_VWIN_NUM_RANKS,
+                               b.i32());
+  return virtualRank(b, numRanks);
+}
+
+int64_t timeoutNs(int64_t timeoutMs) { return timeoutMs * 1000000; }
+
+//===----------------------------------------------------------------------===//
+// Patterns
+//===----------------------------------------------------------------------===//
+
+template <typename Op> struct CommPattern : public OpConversionPattern<Op> {
+  CommPattern(TypeConverter &converter, MLIRContext *ctx, CommBackend backend)
+      : OpConversionPattern<Op>(converter, ctx), backend(backend) {}
+  CommBackend backend;
+};
+
+struct TeamLowering : CommPattern<comm::TeamOp> {
+  using CommPattern::CommPattern;
+  LogicalResult matchAndRewrite(comm::TeamOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    Builder b{rewriter, op.getLoc()};
+    int32_t kind = static_cast<int32_t>(op.getKind());
+    Value ranks, rank, stride, world;
+    if (backend == CommBackend::nccl) {
+      Value dc = adaptor.getComm(), k = b.i32(kind);
+      ranks = b.callShim(op, backend, "team_nranks", {dc, k});
+      rank = b.callShim(op, backend, "team_rank", {dc, k});
+      stride = b.callShim(op, backend, "team_stride", {dc, k});
+      world = b.callShim(op, backend, "world_rank", {dc});
+    } else {
+      Value numRanks = b.loadField(adaptor.getComm(), virtualCommFields(b.ctx()),
+                                   EPIC_VCOMM_NUM_RANKS, b.i32());
+      world = virtualRank(b, numRanks);
+      // One GPU is one node: world and LSA are all R ranks, a rail is one.
+      bool rail = op.getKind() == comm::TeamKind::rail;
+      ranks = rail ? b.i32(1) : numRanks;
+      rank = rail ? b.i32(0) : world;
+      stride = rail ? numRanks : b.i32(1);
+    }
+    Value team = LLVM::UndefOp::create(rewriter, op.getLoc(), teamStructType(b.ctx()));
+    Value fields[] = {ranks, rank, stride, b.i32(kind), world};
+    for (auto [i, field] : llvm::enumerate(fields))
+      team = LLVM::InsertValueOp::create(rewriter, op.getLoc(), team, field, i);
+    rewriter.replaceOp(op, team);
+    return success();
+  }
+};
+
+template <typename Op, int64_t Field> struct TeamFieldLowering : CommPattern<Op> {
+  using CommPattern<Op>::CommPattern;
+  LogicalResult matchAndRewrite(Op op, typename Op::Adaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    rewriter.replaceOp(op, Builder{rewriter, op.getLoc()}.extract(adaptor.getTeam(), Field));
+    return success();
+  }
+};
+
+/// World rank of member `rank` of `team`: world + (rank - team.rank) * stride.
+Value teamToWorld(const Builder &b, Value team, Value rank) {
+  return b.add(b.extract(team, kTeamWorldRank),
+               b.mul(b.sub(rank, b.extract(team, kTeamRank)), b.extract(team, kTeamStride)));
+}
+
+struct TeamToWorldLowering : CommPattern<comm::TeamToWorldOp> {
+  using CommPattern::CommPattern;
+  LogicalResult matchAndRewrite(comm::TeamToWorldOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    Builder b{rewriter, op.getLoc()};
+    rewriter.replaceOp(op, teamToWorld(b, adaptor.getTeam(), adaptor.getRank()));
+    return success();
+  }
+};
+
+struct LocalPtrLowering : CommPattern<comm::LocalPtrOp> {
+  using CommPattern::CommPattern;
+  LogicalResult matchAndRewrite(comm::LocalPtrOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    Builder b{rewriter, op.getLoc()};
+    Value window = adaptor.getWindow(), offset = adaptor.getOffset();
+    Value pointer =
+        backend == CommBackend::nccl
+            ? b.callShim(op, backend, "local_ptr", {b.null(), window, offset})
+            : virtualSlice(b, window, virtualRankFromWindow(b, window), offset);
+    rewriter.replaceOp(op, b.as(pointer, op.getType()));
+    return success();
+  }
+};
+
+struct PeerPtrLowering : CommPattern<comm::PeerPtrOp> {
+  using CommPattern::CommPattern;
+  LogicalResult matchAndRewrite(comm::PeerPtrOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    Builder b{rewriter, op.getLoc()};
+    Value team = adaptor.getTeam(), window = adaptor.getWindow();
+    Value pointer;
+    if (backend == CommBackend::nccl) {
+      pointer = b.callShim(op, backend, "peer_ptr",
+                           {b.null(), window, adaptor.getOffset(), b.extract(team, kTeamRanks),
+                            b.extract(team, kTeamRank), b.extract(team, kTeamStride),
+                            adaptor.getPeer()});
+    } else {
+      pointer = virtualSlice(b, window, teamToWorld(b, team, adaptor.getPeer()),
+                             adaptor.getOffset());
+    }
+    rewriter.replaceOp(op, b.as(pointer, op.getType()));
+    return success();
+  }
+};
+
+/// signal_mode of the ABI: 0 none, 1 increment, 2 add.
+int32_t signalMode(Value signal, Value add) { return !signal ? 0 : add ? 2 : 1; }
+
+struct PutLowering : CommPattern<comm::PutOp> {
+  using CommPattern::CommPattern;
+  LogicalResult matchAndRewrite(comm::PutOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    Builder b{rewriter, op.getLoc()};
+    Value team = adaptor.getTeam();
+    b.callShim(op, backend, ("put_" + coopSuffix(op.getCoop())).str(),
+               {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0),
+                b.extract(team, kTeamRanks), b.extract(team, kTeamRank),
+                b.extract(team, kTeamStride), adaptor.getPeer(), adaptor.getDstWindow(),
+                adaptor.getDstOffset(), adaptor.getSrcWindow(), adaptor.getSrcOffset(),
+                adaptor.getBytes(), b.i32(signalMode(op.getSignal(), op.getSignalAdd())),
+                b.orI32(adaptor.getSignal(), 0), b.orI64(adaptor.getSignalAdd(), 0),
+                b.i32(op.getCounter() ? 1 : 0), b.orI32(adaptor.getCounter(), 0)});
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
+struct PutValueLowering : CommPattern<comm::PutValueOp> {
+  using CommPattern::CommPattern;
+  LogicalResult matchAndRewrite(comm::PutValueOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    Builder b{rewriter, op.getLoc()};
+    Value team = adaptor.getTeam();
+    int64_t bytes = op.getValue().getType().getIntOrFloatBitWidth() / 8;
+    b.callShim(op, backend, ("put_value_" + coopSuffix(op.getCoop())).str(),
+               {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0),
+                b.extract(team, kTeamRanks), b.extract(team, kTeamRank),
+                b.extract(team, kTeamStride), adaptor.getPeer(), adaptor.getWindow(),
+                adaptor.getOffset(), b.sext64(adaptor.getValue()), b.i32(bytes),
+                b.i32(signalMode(op.getSignal(), op.getSignalAdd())),
+                b.orI32(adaptor.getSignal(), 0), b.orI64(adaptor.getSignalAdd(), 0)});
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
+struct SignalLowering : CommPattern<comm::SignalOp> {
+  using CommPattern::CommPattern;
+  LogicalResult matchAndRewrite(comm::SignalOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    Builder b{rewriter, op.getLoc()};
+    Value team = adaptor.getTeam();
+    b.callShim(op, backend, ("signal_" + coopSuffix(op.getCoop())).str(),
+               {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0),
+                b.extract(team, kTeamRanks), b.extract(team, kTeamRank),
+                b.extract(team, kTeamStride), adaptor.getPeer(), adaptor.getSignal(),
+                b.i32(op.getSignalAdd() ? 2 : 1), b.orI64(adaptor.getSignalAdd(), 0)});
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
+struct WaitSignalLowering : CommPattern<comm::WaitSignalOp> {
+  using CommPattern::CommPattern;
+  LogicalResult matchAndRewrite(comm::WaitSignalOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    Builder b{rewriter, op.getLoc()};
+    Value seen = b.callShim(op, backend, ("wait_signal_" + coopSuffix(op.getCoop())).str(),
+                            {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0),
+                             adaptor.getSignal(), adaptor.getExpected(),
+                             b.i64(timeoutNs(op.getTimeoutMs()))});
+    rewriter.replaceOp(op, seen);
+    return success();
+  }
+};
+
+struct ReadSignalLowering : CommPattern<comm::ReadSignalOp> {
+  using CommPattern::CommPattern;
+  LogicalResult matchAndRewrite(comm::ReadSignalOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    Builder b{rewriter, op.getLoc()};
+    rewriter.replaceOp(op, b.callShim(op, backend, "read_signal",
+                                      {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0),
+                                       adaptor.getSignal()}));
+    return success();
+  }
+};
+
+struct ResetSignalLowering : CommPattern<comm::ResetSignalOp> {
+  using CommPattern::CommPattern;
+  LogicalResult matchAndRewrite(comm::ResetSignalOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    Builder b{rewriter, op.getLoc()};
+    b.callShim(op, backend, "reset_signal",
+               {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0), adaptor.getSignal()});
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
+struct FlushLowering : CommPattern<comm::FlushOp> {
+  using CommPattern::CommPattern;
+  LogicalResult matchAndRewrite(comm::FlushOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    Builder b{rewriter, op.getLoc()};
+    b.callShim(op, backend, ("flush_" + coopSuffix(op.getCoop())).str(),
+               {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0)});
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
+struct BarrierLowering : CommPattern<comm::BarrierOp> {
+  using CommPattern::CommPattern;
+  LogicalResult matchAndRewrite(comm::BarrierOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    Builder b{rewriter, op.getLoc()};
+    b.callShim(op, backend, ("barrier_" + coopSuffix(op.getCoop())).str(),
+               {adaptor.getComm(), b.extract(adaptor.getTeam(), kTeamKind), adaptor.getIndex(),
+                b.i64(timeoutNs(op.getTimeoutMs()))});
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
+LLVM::AtomicOrdering toLLVM(comm::Ordering ordering) {
+  switch (ordering) {
+  case comm::Ordering::relaxed: return LLVM::AtomicOrdering::monotonic;
+  case comm::Ordering::acquire: return LLVM::AtomicOrdering::acquire;
+  case comm::Ordering::release: return LLVM::AtomicOrdering::release;
+  case comm::Ordering::acq_rel: return LLVM::AtomicOrdering::acq_rel;
+  case comm::Ordering::sc: return LLVM::AtomicOrdering::seq_cst;
+  }
+  llvm_unreachable("unknown ordering");
+}
+
+/// NVPTX's names for the scopes; the empty one is the system.
+StringRef syncScope(comm::Scope scope) {
+  switch (scope) {
+  case comm::Scope::cta: return "block";
+  case comm::Scope::cluster: return "cluster";
+  case comm::Scope::gpu: return "device";
+  case comm::Scope::sys: return "";
+  }
+  llvm_unreachable("unknown scope");
+}
+
+struct FenceLowering : CommPattern<comm::FenceOp> {
+  using CommPattern::CommPattern;
+  LogicalResult matchAndRewrite(comm::FenceOp op, OpAdaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    rewriter.replaceOpWithNewOp<LLVM::FenceOp>(op, toLLVM(op.getOrdering()),
+                                               syncScope(op.getScope()));
+    return success();
+  }
+};
+
+struct LoadLowering : CommPattern<comm::LoadOp> {
+  using CommPattern::CommPattern;
+  LogicalResult matchAndRewrite(comm::LoadOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    Type type = op.getType();
+    rewriter.replaceOpWithNewOp<LLVM::LoadOp>(
+        op, type, adaptor.getPtr(), type.getIntOrFloatBitWidth() / 8, /*isVolatile=*/false,
+        /*isNonTemporal=*/false, /*isInvariant=*/false, /*isInvariantGroup=*/false,
+        toLLVM(op.getOrdering()), syncScope(op.getScope()));
+    return success();
+  }
+};
+
+struct StoreLowering : CommPattern<comm::StoreOp> {
+  using CommPattern::CommPattern;
+  LogicalResult matchAndRewrite(comm::StoreOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    rewriter.replaceOpWithNewOp<LLVM::StoreOp>(
+        op, adaptor.getValue(), adaptor.getPtr(),
+        op.getValue().getType().getIntOrFloatBitWidth() / 8, /*isVolatile=*/false,
+        /*isNonTemporal=*/false, /*isInvariantGroup=*/false, toLLVM(op.getOrdering()),
+        syncScope(op.getScope()));
+    return success();
+  }
+};
+
+/// PTX of an atomic: `red` or `atom`, ordering, scope, operation and type,
+/// e.g. "red.release.sys.add.u32". Written out (inline asm) because NVPTX
+/// drops the ordering of `atomicrmw` on sm_90.
+std::string atomicInstruction(StringRef opcode, comm::AtomicKind kind, comm::Ordering ordering,
+                              comm::Scope scope, unsigned bits, std::string &prefix) {
+  StringRef order;
+  switch (ordering) {
+  case comm::Ordering::relaxed: order = "relaxed"; break;
+  case comm::Ordering::acquire: order = "acquire"; break;
+  case comm::Ordering::release: order = "release"; break;
+  case comm::Ordering::acq_rel: order = "acq_rel"; break;
+  case comm::Ordering::sc: order = "acq_rel"; break; // + a leading fence.sc
+  }
+  StringRef scopeName = stringifyScope(scope);
+  if (ordering == comm::Ordering::sc)
+    prefix = ("fence.sc." + scopeName + "; ").str();
+  StringRef operation, typeClass;
+  switch (kind) {
+  case comm::AtomicKind::add: operation = "add"; typeClass = "u"; break;
+  case comm::AtomicKind::max: operation = "max"; typeClass = "s"; break;
+  case comm::AtomicKind::min: operation = "min"; typeClass = "s"; break;
+  case comm::AtomicKind::bit_or: operation = "or"; typeClass = "b"; break;
+  case comm::AtomicKind::bit_and: operation = "and"; typeClass = "b"; break;
+  case comm::AtomicKind::bit_xor: operation = "xor"; typeClass = "b"; break;
+  case comm::AtomicKind::exch: operation = "exch"; typeClass = "b"; break;
+  }
+  return (opcode + "." + order + "." + scopeName + "." + operation + "." + typeClass +
+          std::to_string(bits))
+      .str();
+}
+
+struct RedLowering : CommPattern<comm::RedOp> {
+  using CommPattern::CommPattern;
+  LogicalResult matchAndRewrite(comm::RedOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    Builder b{rewriter, op.getLoc()};
+    unsigned bits = op.getValue().getType().getIntOrFloatBitWidth();
+    std::string prefix;
+    std::string instruction =
+        atomicInstruction("red", op.getKind(), op.getOrdering(), op.getScope(), bits, prefix);
+    std::string constraints = bits == 64 ? "l,l,~{memory}" : "l,r,~{memory}";
+    LLVM::InlineAsmOp::create(rewriter, op.getLoc(), TypeRange{},
+                              ValueRange{b.generic(adaptor.getPtr()), adaptor.getValue()},
+                              prefix + instruction + " [$0], $1;", constraints,
+                              /*has_side_effects=*/true, /*is_align_stack=*/false,
+                              LLVM::tailcallkind::TailCallKind::None,
+                              LLVM::AsmDialectAttr(), ArrayAttr());
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
+struct AtomicRMWLowering : CommPattern<comm::AtomicRMWOp> {
+  using CommPattern::CommPattern;
+  LogicalResult matchAndRewrite(comm::AtomicRMWOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    Builder b{rewriter, op.getLoc()};
+    Type type = op.getValue().getType();
+    unsigned bits = type.getIntOrFloatBitWidth();
+    std::string prefix;
+    std::string instruction =
+        atomicInstruction("atom", op.getKind(), op.getOrdering(), op.getScope(), bits, prefix);
+    std::string constraints = bits == 64 ? "=l,l,l,~{memory}" : "=r,l,r,~{memory}";
+    auto asmOp = LLVM::InlineAsmOp::create(
+        rewriter, op.getLoc(), TypeRange{type},
+        ValueRange{b.generic(adaptor.getPtr()), adaptor.getValue()},
+        prefix + instruction + " $0, [$1], $2;", constraints, /*has_side_effects=*/true,
+        /*is_align_stack=*/false, LLVM::tailcallkind::TailCallKind::None,
+        LLVM::AsmDialectAttr(), ArrayAttr());
+    rewriter.replaceOp(op, asmOp.getResult(0));
+    return success();
+  }
+};
+
+struct WaitFlagLowering : CommPattern<comm::WaitFlagOp> {
+  using CommPattern::CommPattern;
+  LogicalResult matchAndRewrite(comm::WaitFlagOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    Builder b{rewriter, op.getLoc()};
+    bool wide = op.getValue().getType().getIntOrFloatBitWidth() == 64;
+    Value seen = b.callShim(
+        op, backend, wide ? "wait_flag_i64" : "wait_flag_i32",
+        {b.generic(adaptor.getPtr()), b.i32(static_cast<int32_t>(op.getPredicate())),
+         adaptor.getValue(), b.i32(static_cast<int32_t>(op.getScope())),
+         b.i64(timeoutNs(op.getTimeoutMs()))});
+    rewriter.replaceOp(op, seen);
+    return success();
+  }
+};
+
+/// gpu.launch_func takes kernel operands of any type: convert them.
+struct LaunchFuncOperands : public OpConversionPattern<gpu::LaunchFuncOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult matchAndRewrite(gpu::LaunchFuncOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    rewriter.modifyOpInPlace(op, [&] { op->setOperands(adaptor.getOperands()); });
+    return success();
+  }
+};
+
+//===----------------------------------------------------------------------===//
+// Virtual backend: kernels see the blocks of their own rank only
+//===----------------------------------------------------------------------===//
+
+/// In kernels with a !comm.dev_comm argument, `gpu.block_id x` becomes the
+/// block index within the calling block's virtual rank and `gpu.grid_dim x`
+/// the number of blocks per rank.
+void rewriteBlockIdsToRankLocal(ModuleOp module) {
+  module.walk([](gpu::GPUFuncOp func) {
+    if (!func.isKernel() || func.getBody().empty())
+      return;
+    BlockArgument comm;
+    for (BlockArgument arg : func.getArguments())
+      if (isa<comm::DevCommType>(arg.getType()))
+        comm = arg;
+    if (!comm)
+      return;
+    SmallVector<gpu::BlockIdOp> blockIds;
+    SmallVector<gpu::GridDimOp> gridDims;
+    func.walk([&](gpu::BlockIdOp op) {
+      if (op.getDimension() == gpu::Dimension::x)
+        blockIds.push_back(op);
+    });
+    func.walk([&](gpu::GridDimOp op) {
+      if (op.getDimension() == gpu::Dimension::x)
+        gridDims.push_back(op);
+    });
+    if (blockIds.empty() && gridDims.empty())
+      return;
+    OpBuilder b(func.getContext());
+    b.setInsertionPointToStart(&func.getBody().front());
+    Location loc = func.getLoc();
+    Type i32 = b.getI32Type();
+    Value commPtr = UnrealizedConversionCastOp::create(
+                        b, loc, LLVM::LLVMPointerType::get(b.getContext()), comm)
+                        .getResult(0);
+    Value numRanks = LLVM::LoadOp::create(b, loc, i32, commPtr); // field 0: num_ranks
+    Value blocks = NVVM::GridDimXOp::create(b, loc, i32);
+    Value perRank = LLVM::UDivOp::create(b, loc, blocks, numRanks);
+    Value block = NVVM::BlockIdXOp::create(b, loc, i32);
+    Value inRank = LLVM::URemOp::create(b, loc, block, perRank);
+    Value blockIndex = arith::IndexCastUIOp::create(b, loc, b.getIndexType(), inRank);
+    Value perRankIndex = arith::IndexCastUIOp::create(b, loc, b.getIndexType(), perRank);
+    for (gpu::BlockIdOp op : blockIds) {
+      op.replaceAllUsesWith(blockIndex);
+      op.erase();
+    }
+    for (gpu::GridDimOp op : gridDims) {
+      op.replaceAllUsesWith(perRankIndex);
+      op.erase();
+    }
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// The pass
+//===----------------------------------------------------------------------===//
+
+struct ConvertCommToNVVMPass
+    : public epic::impl::ConvertCommToNVVMBase<ConvertCommToNVVMPass> {
+  using ConvertCommToNVVMBase::ConvertCommToNVVMBase;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    MLIRContext *ctx = &getContext();
+    if (backend == CommBackend::virtual_)
+      rewriteBlockIdsToRankLocal(module);
+
+    TypeConverter converter;
+    populateCommToNVVMTypeConversions(converter);
+    RewritePatternSet patterns(ctx);
+    populateCommToNVVMConversionPatterns(converter, patterns, backend);
+
+    ConversionTarget target(*ctx);
+    target.addIllegalDialect<comm::CommDialect>();
+    target.addLegalOp<UnrealizedConversionCastOp>();
+    target.markUnknownOpDynamicallyLegal([&](Operation *op) {
+      if (auto func = dyn_cast<FunctionOpInterface>(op)) {
+        // llvm.func (e.g. the shim declarations) has an LLVM function type.
+        auto type = dyn_cast<FunctionType>(func.getFunctionType());
+        return !type || (converter.isSignatureLegal(type) &&
+                         converter.isLegal(&func.getFunctionBody()));
+      }
+      return converter.isLegal(op);
+    });
+    scf::populateSCFStructuralTypeConversionsAndLegality(converter, patterns, target);
+    if (failed(applyPartialConversion(module, target, std::move(patterns))))
+      signalPassFailure();
+  }
+};
+} // namespace
+
+void epic::populateCommToNVVMTypeConversions(TypeConverter &converter) {
+  converter.addConversion([](Type type) { return type; });
+  converter.addConversion([](comm::DevCommType type) -> Type {
+    return LLVM::LLVMPointerType::get(type.getContext());
+  });
+  converter.addConversion([](comm::WindowType type) -> Type {
+    return LLVM::LLVMPointerType::get(type.getContext());
+  });
+  converter.addConversion(
+      [](comm::TeamType type) -> Type { return teamStructType(type.getContext()); });
+  auto cast = [](OpBuilder &builder, Type type, ValueRange inputs, Location loc) -> Value {
+    return UnrealizedConversionCastOp::create(builder, loc, type, inputs).getResult(0);
+  };
+  converter.addSourceMaterialization(cast);
+  converter.addTargetMaterialization(cast);
+}
+
+void epic::populateCommToNVVMConversionPatterns(TypeConverter &converter,
+                                                RewritePatternSet &patterns,
+                                                CommBackend backend) {
+  MLIRContext *ctx = patterns.getContext();
+  patterns.add<TeamLowering, TeamFieldLowering<comm::TeamRankOp, kTeamRank>,
+               TeamFieldLowering<comm::TeamSizeOp, kTeamRanks>, TeamToWorldLowering,
+               LocalPtrLowering, PeerPtrLowering, PutLowering, PutValueLowering,
+               SignalLowering, WaitSignalLowering, ReadSignalLowering, ResetSignalLowering,
+               FlushLowering, BarrierLowering, FenceLowering, LoadLowering, StoreLowering,
+               RedLowering, AtomicRMWLowering, WaitFlagLowering>(converter, ctx, backend);
+  patterns.add<LaunchFuncOperands>(converter, ctx);
+  populateFunctionOpInterfaceTypeConversionPattern<func::FuncOp>(patterns, converter);
+  populateFunctionOpInterfaceTypeConversionPattern<gpu::GPUFuncOp>(patterns, converter);
+  populateCallOpTypeConversionPattern(patterns, converter);
+  populateReturnOpTypeConversionPattern(patterns, converter);
+}

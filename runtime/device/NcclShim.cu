@@ -1,0 +1,219 @@
+//===- NcclShim.cu - the nccl backend's device functions -----------------===//
+//
+// The project's own thin `extern "C"` layer over the NCCL device API (LSA
+// pointers and barriers, GIN put / putValue / signal / flush): every entry
+// takes scalars and pointers only, instantiates the NCCL templates for one
+// cooperation level and one signal/counter action, and is inlined into the
+// generated kernels after the bitcode link. The device communicator is passed
+// by pointer (it lives in device memory). Rebuilt per NCCL version: the build
+// compiles it against the headers of the NCCL it links.
+//
+// Waits are bounded here rather than in NCCL (2.28.9 has no device timeouts):
+// signals are polled with readSignal. NCCL's LSA barrier session has no bound
+// in 2.28.9; ours is bounded only in the virtual backend (see closing notes).
+//
+//===----------------------------------------------------------------------===//
+
+#define EPIC_SHIM_PREFIX __epic_nccl_
+#include "ShimCommon.cuh"
+
+#include <nccl_device.h>
+
+using namespace epic_device;
+
+namespace {
+
+__device__ __forceinline__ const ncclDevComm &dcomm(void *comm) {
+  return *static_cast<const ncclDevComm *>(comm);
+}
+
+__device__ __forceinline__ ncclTeam team(void *comm, int32_t kind) {
+  switch (kind) {
+  case 0: return ncclTeamWorld(dcomm(comm));
+  case 1: return ncclTeamLsa(dcomm(comm));
+  default: return ncclTeamRail(dcomm(comm));
+  }
+}
+
+__device__ __forceinline__ ncclTeam team(int32_t n, int32_t rank, int32_t stride) {
+  ncclTeam t;
+  t.nRanks = n;
+  t.rank = rank;
+  t.stride = stride;
+  return t;
+}
+
+/// Calls `f(remoteAction)` with the NCCL remote action for `mode`.
+template <typename F>
+__device__ __forceinline__ void withRemoteAction(int32_t mode, int32_t signal, int64_t add, F f) {
+  switch (mode) {
+  case kSignalInc: f(ncclGin_SignalInc{uint32_t(signal)}); break;
+  case kSignalAdd: f(ncclGin_SignalAdd{uint32_t(signal), uint64_t(add)}); break;
+  default: f(ncclGin_None{}); break;
+  }
+}
+
+template <typename Coop>
+__device__ __forceinline__ void put(Coop coop, void *comm, int32_t context, ncclTeam tm,
+                                    int32_t peer, void *dstWindow, int64_t dstOffset,
+                                    void *srcWindow, int64_t srcOffset, int64_t bytes,
+                                    int32_t signalMode, int32_t signal, int64_t signalAdd,
+                                    int32_t counterMode, int32_t counter) {
+  ncclGin gin(dcomm(comm), context);
+  withRemoteAction(signalMode, signal, signalAdd, [&](auto remote) {
+    if (counterMode)
+      gin.put(tm, peer, ncclWindow_t(dstWindow), size_t(dstOffset), ncclWindow_t(srcWindow),
+              size_t(srcOffset), size_t(bytes), remote,
+              ncclGin_CounterInc{uint32_t(counter)}, coop);
+    else
+      gin.put(tm, peer, ncclWindow_t(dstWindow), size_t(dstOffset), ncclWindow_t(srcWindow),
+              size_t(srcOffset), size_t(bytes), remote, ncclGin_None{}, coop);
+  });
+}
+
+template <typename Coop>
+__device__ __forceinline__ void putValue(Coop coop, void *comm, int32_t context, ncclTeam tm,
+                                         int32_t peer, void *dstWindow, int64_t dstOffset,
+                                         int64_t value, int32_t valueBytes, int32_t signalMode,
+                                         int32_t signal, int64_t signalAdd) {
+  ncclGin gin(dcomm(comm), context);
+  withRemoteAction(signalMode, signal, signalAdd, [&](auto remote) {
+    if (valueBytes == 8)
+      gin.putValue(tm, peer, ncclWindow_t(dstWindow), size_t(dstOffset), uint64_t(value),
+                   remote, coop);
+    else
+      gin.putValue(tm, peer, ncclWindow_t(dstWindow), size_t(dstOffset), uint32_t(value),
+                   remote, coop);
+  });
+}
+
+template <typename Coop>
+__device__ __forceinline__ void signalOnly(Coop coop, void *comm, int32_t context, ncclTeam tm,
+                                           int32_t peer, int32_t signal, int32_t signalMode,
+                                           int64_t signalAdd) {
+  ncclGin gin(dcomm(comm), context);
+  if (signalMode == kSignalAdd)
+    gin.signal(tm, peer, ncclGin_SignalAdd{uint32_t(signal), uint64_t(signalAdd)}, coop);
+  else
+    gin.signal(tm, peer, ncclGin_SignalInc{uint32_t(signal)}, coop);
+}
+
+template <typename Coop>
+__device__ __forceinline__ int64_t waitSignal(Coop coop, void *comm, int32_t context,
+                                              int32_t signal, int64_t expected,
+                                              int64_t timeoutNs) {
+  ncclGin gin(dcomm(comm), context);
+  if (coop.thread_rank() == 0) {
+    uint64_t seen = gin.readSignal(uint32_t(signal));
+    uint64_t start = nowNs();
+    while (int64_t(seen - uint64_t(expected)) < 0) {
+      if (int64_t(nowNs() - start) > timeoutNs)
+        timeoutTrap("signal", ncclTeamWorld(dcomm(comm)).rank, signal, ">=", expected,
+                    int64_t(seen), timeoutNs);
+      seen = gin.readSignal(uint32_t(signal));
+    }
+  }
+  coop.sync();
+  return int64_t(gin.readSignal(uint32_t(signal)));
+}
+
+template <typename Coop>
+__device__ __forceinline__ void barrier(Coop coop, void *comm, int32_t teamKind,
+                                        int32_t index) {
+  const ncclDevComm &c = dcomm(comm);
+  bool singleNode = ncclTeamLsa(c).nRanks == ncclTeamWorld(c).nRanks;
+  if (teamKind == 1 || (teamKind == 0 && singleNode)) {
+    ncclLsaBarrierSession<Coop> bar(coop, c, ncclTeamTagLsa(), uint32_t(index));
+    bar.sync(coop, cuda::memory_order_acq_rel);
+  } else if (teamKind == 2) {
+    ncclGin gin(c, 0);
+    ncclGinBarrierSession<Coop> bar(coop, gin, ncclTeamTagRail(), uint32_t(index));
+    bar.sync(coop, cuda::memory_order_acq_rel, ncclGinFenceLevel::Relaxed);
+  } else {
+    ncclGin gin(c, 0);
+    ncclBarrierSession<Coop> bar(coop, ncclTeamTagWorld(), gin, uint32_t(index));
+    bar.sync(coop, cuda::memory_order_acq_rel, ncclGinFenceLevel::Relaxed);
+  }
+}
+
+} // namespace
+
+// --- The ABI --------------------------------------------------------------------
+
+EPIC_SHIM_ATTR int32_t __epic_nccl_team_nranks(void *comm, int32_t kind) {
+  return team(comm, kind).nRanks;
+}
+EPIC_SHIM_ATTR int32_t __epic_nccl_team_rank(void *comm, int32_t kind) {
+  return team(comm, kind).rank;
+}
+EPIC_SHIM_ATTR int32_t __epic_nccl_team_stride(void *comm, int32_t kind) {
+  return team(comm, kind).stride;
+}
+EPIC_SHIM_ATTR int32_t __epic_nccl_world_rank(void *comm) {
+  return ncclTeamWorld(dcomm(comm)).rank;
+}
+
+EPIC_SHIM_ATTR void *__epic_nccl_local_ptr(void *comm, void *window, int64_t offset) {
+  (void)comm;
+  return ncclGetLocalPointer(ncclWindow_t(window), size_t(offset));
+}
+EPIC_SHIM_ATTR void *__epic_nccl_peer_ptr(void *comm, void *window, int64_t offset,
+                                          int32_t teamNranks, int32_t teamRank,
+                                          int32_t teamStride, int32_t peer) {
+  (void)comm;
+  return ncclGetPeerPointer(ncclWindow_t(window), size_t(offset),
+                            team(teamNranks, teamRank, teamStride), peer);
+}
+
+#define EPIC_DEFINE_COOP(Coop, Type)                                                     \
+  EPIC_SHIM_ATTR void __epic_nccl_put_##Coop(                                            \
+      void *comm, int32_t context, int32_t teamNranks, int32_t teamRank,                \
+      int32_t teamStride, int32_t peer, void *dstWindow, int64_t dstOffset,             \
+      void *srcWindow, int64_t srcOffset, int64_t bytes, int32_t signalMode,            \
+      int32_t signal, int64_t signalAdd, int32_t counterMode, int32_t counter) {        \
+    put(Type{}, comm, context, team(teamNranks, teamRank, teamStride), peer, dstWindow,  \
+        dstOffset, srcWindow, srcOffset, bytes, signalMode, signal, signalAdd,          \
+        counterMode, counter);                                                           \
+  }                                                                                      \
+  EPIC_SHIM_ATTR void __epic_nccl_put_value_##Coop(                                      \
+      void *comm, int32_t context, int32_t teamNranks, int32_t teamRank,                \
+      int32_t teamStride, int32_t peer, void *dstWindow, int64_t dstOffset,             \
+      int64_t value, int32_t valueBytes, int32_t signalMode, int32_t signal,            \
+      int64_t signalAdd) {                                                               \
+    putValue(Type{}, comm, context, team(teamNranks, teamRank, teamStride), peer,        \
+             dstWindow, dstOffset, value, valueBytes, signalMode, signal, signalAdd);    \
+  }                                                                                      \
+  EPIC_SHIM_ATTR void __epic_nccl_signal_##Coop(                                         \
+      void *comm, int32_t context, int32_t teamNranks, int32_t teamRank,                \
+      int32_t teamStride, int32_t peer, int32_t signal, int32_t signalMode,             \
+      int64_t signalAdd) {                                                               \
+    signalOnly(Type{}, comm, context, team(teamNranks, teamRank, teamStride), peer,      \
+               signal, signalMode, signalAdd);                                           \
+  }                                                                                      \
+  EPIC_SHIM_ATTR int64_t __epic_nccl_wait_signal_##Coop(                                 \
+      void *comm, int32_t context, int32_t signal, int64_t expected,                    \
+      int64_t timeoutNs) {                                                               \
+    return waitSignal(Type{}, comm, context, signal, expected, timeoutNs);              \
+  }                                                                                      \
+  EPIC_SHIM_ATTR void __epic_nccl_flush_##Coop(void *comm, int32_t context) {            \
+    ncclGin gin(dcomm(comm), context);                                                   \
+    gin.flush(Type{});                                                                   \
+  }                                                                                      \
+  EPIC_SHIM_ATTR void __epic_nccl_barrier_##Coop(void *comm, int32_t teamKind,           \
+                                                 int32_t index, int64_t timeoutNs) {     \
+    (void)timeoutNs;                                                                     \
+    barrier(Type{}, comm, teamKind, index);                                              \
+  }
+
+EPIC_DEFINE_COOP(thread, ncclCoopThread)
+EPIC_DEFINE_COOP(warp, ncclCoopWarp)
+EPIC_DEFINE_COOP(block, ncclCoopCta)
+
+EPIC_SHIM_ATTR int64_t __epic_nccl_read_signal(void *comm, int32_t context, int32_t signal) {
+  ncclGin gin(dcomm(comm), context);
+  return int64_t(gin.readSignal(uint32_t(signal)));
+}
+EPIC_SHIM_ATTR void __epic_nccl_reset_signal(void *comm, int32_t context, int32_t signal) {
+  ncclGin gin(dcomm(comm), context);
+  gin.resetSignal(uint32_t(signal));
+}

@@ -1,0 +1,136 @@
+//===- ShimCommon.cuh - what both device shims share ---------------------===//
+//
+// Included by NcclShim.cu and VirtualShim.cu after they define
+// EPIC_SHIM_PREFIX: declares their part of the ABI from ShimABI.def, and
+// defines the bounded waits (timeout -> message naming who waited for what,
+// then trap) and the cooperation groups of the virtual backend.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef EPIC_RUNTIME_DEVICE_SHIMCOMMON_CUH
+#define EPIC_RUNTIME_DEVICE_SHIMCOMMON_CUH
+
+#include <stdint.h>
+
+#ifndef EPIC_SHIM_PREFIX
+#error "define EPIC_SHIM_PREFIX (__epic_nccl_ or __epic_virtual_) first"
+#endif
+
+// Inlined into the generated kernels: never a real call after linking.
+#define EPIC_SHIM_ATTR extern "C" __device__ __attribute__((always_inline))
+#define EPIC_CAT2(a, b) a##b
+#define EPIC_CAT(a, b) EPIC_CAT2(a, b)
+#define EPIC_NAME(Name) EPIC_CAT(EPIC_SHIM_PREFIX, Name)
+
+// Declarations of this backend's ABI (and a compile error if a definition
+// below disagrees with ShimABI.def).
+#define I32 int32_t
+#define I64 int64_t
+#define PTR void *
+#define VOID void
+#define EPIC_SHIM(Name, Result, ...) EPIC_SHIM_ATTR Result EPIC_NAME(Name)(__VA_ARGS__);
+#include "epic/device/ShimABI.def"
+#undef I32
+#undef I64
+#undef PTR
+#undef VOID
+
+namespace epic_device {
+
+enum SignalMode : int32_t { kSignalNone = 0, kSignalInc = 1, kSignalAdd = 2 };
+enum Predicate : int32_t { kEq = 0, kNe = 1, kGe = 2, kGt = 3 };
+enum Scope : int32_t { kCta = 0, kCluster = 1, kGpu = 2, kSys = 3 };
+
+__device__ __forceinline__ uint64_t nowNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ int64_t loadAcquire64(const void *p, int32_t scope) {
+  int64_t v;
+  switch (scope) {
+  case kCta: asm volatile("ld.acquire.cta.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory"); break;
+  case kCluster: asm volatile("ld.acquire.cluster.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory"); break;
+  case kGpu: asm volatile("ld.acquire.gpu.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory"); break;
+  default: asm volatile("ld.acquire.sys.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory"); break;
+  }
+  return v;
+}
+
+__device__ __forceinline__ int32_t loadAcquire32(const void *p, int32_t scope) {
+  int32_t v;
+  switch (scope) {
+  case kCta: asm volatile("ld.acquire.cta.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); break;
+  case kCluster: asm volatile("ld.acquire.cluster.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); break;
+  case kGpu: asm volatile("ld.acquire.gpu.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); break;
+  default: asm volatile("ld.acquire.sys.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); break;
+  }
+  return v;
+}
+
+template <typename T> __device__ __forceinline__ bool holds(T seen, int32_t pred, T value) {
+  switch (pred) {
+  case kEq: return seen == value;
+  case kNe: return seen != value;
+  case kGe: return seen >= value;
+  default: return seen > value;
+  }
+}
+
+__device__ __forceinline__ const char *predicateName(int32_t pred) {
+  switch (pred) {
+  case kEq: return "==";
+  case kNe: return "!=";
+  case kGe: return ">=";
+  default: return ">";
+  }
+}
+
+/// Printed by every timed-out wait before it traps: which block and thread of
+/// which kernel, what it waited for, what it saw.
+__device__ __noinline__ void timeoutTrap(const char *what, int32_t rank, int64_t detail,
+                                         const char *relation, int64_t expected,
+                                         int64_t seen, int64_t timeoutNs) {
+  printf("epic: device wait timed out after %lld ms: rank %d block %d thread %d waited for "
+         "%s %lld %s %lld (seen %lld)\n",
+         (long long)(timeoutNs / 1000000), (int)rank, (int)blockIdx.x, (int)threadIdx.x, what,
+         (long long)detail, relation, (long long)expected, (long long)seen);
+  __trap();
+}
+
+template <typename T, typename Load>
+__device__ __forceinline__ T boundedWait(Load load, int32_t pred, T value, int64_t timeoutNs,
+                                         const char *what, int32_t rank, int64_t detail) {
+  T seen = load();
+  if (holds(seen, pred, value))
+    return seen;
+  uint64_t start = nowNs();
+  while (true) {
+    seen = load();
+    if (holds(seen, pred, value))
+      return seen;
+    if (int64_t(nowNs() - start) > timeoutNs)
+      timeoutTrap(what, rank, detail, predicateName(pred), int64_t(value), int64_t(seen),
+                  timeoutNs);
+  }
+}
+
+} // namespace epic_device
+
+// Flag waits are backend independent: both shims define them.
+EPIC_SHIM_ATTR int32_t EPIC_NAME(wait_flag_i32)(void *flag, int32_t pred, int32_t value,
+                                                int32_t scope, int64_t timeoutNs) {
+  return epic_device::boundedWait<int32_t>(
+      [&] { return epic_device::loadAcquire32(flag, scope); }, pred, value, timeoutNs,
+      "the flag at", -1, int64_t(flag));
+}
+
+EPIC_SHIM_ATTR int64_t EPIC_NAME(wait_flag_i64)(void *flag, int32_t pred, int64_t value,
+                                                int32_t scope, int64_t timeoutNs) {
+  return epic_device::boundedWait<int64_t>(
+      [&] { return epic_device::loadAcquire64(flag, scope); }, pred, value, timeoutNs,
+      "the flag at", -1, int64_t(flag));
+}
+
+#endif // EPIC_RUNTIME_DEVICE_SHIMCOMMON_CUH
