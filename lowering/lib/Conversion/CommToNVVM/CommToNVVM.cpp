@@ -186,7 +186,8 @@ LLVM::LLVMStructType teamStructType(MLIRContext *ctx) {
 Value virtualRank(const Builder &b, Value numRanks) {
   Value blocks = NVVM::GridDimXOp::create(b.rewriter, b.loc, b.i32());
   Value block = NVVM::BlockIdXOp::create(b.rewriter, b.loc, b.i32());
-  return b.udiv(block, b.udiv(blocks, numRanks));
+  Value blocksPerRank = b.udiv(blocks, numRanks);
+  return b.udiv(block, blocksPerRank);
 }
 
 SmallVector<Type> virtualCommFields(MLIRContext *ctx) {
@@ -203,7 +204,8 @@ Value virtualSlice(const Builder &b, Value window, Value rank, Value offset) {
   auto fields = virtualWindowFields(b.ctx());
   Value base = b.loadField(window, fields, EPIC_VWIN_BASE, b.ptr());
   Value stride = b.loadField(window, fields, EPIC_VWIN_STRIDE, b.i64());
-  Value bytes = b.add(b.mul(b.sext64(rank), stride), offset);
+  Value rankBytes = b.mul(b.sext64(rank), stride);
+  Value bytes = b.add(rankBytes, offset);
   return LLVM::GEPOp::create(b.rewriter, b.loc, b.ptr(), b.rewriter.getI8Type(), base,
                              ValueRange{bytes});
 }
@@ -269,8 +271,10 @@ template <typename Op, int64_t Field> struct TeamFieldLowering : CommPattern<Op>
 
 /// World rank of member `rank` of `team`: world + (rank - team.rank) * stride.
 Value teamToWorld(const Builder &b, Value team, Value rank) {
-  return b.add(b.extract(team, kTeamWorldRank),
-               b.mul(b.sub(rank, b.extract(team, kTeamRank)), b.extract(team, kTeamStride)));
+  Value world = b.extract(team, kTeamWorldRank);
+  Value teamRank = b.extract(team, kTeamRank);
+  Value stride = b.extract(team, kTeamStride);
+  return b.add(world, b.mul(b.sub(rank, teamRank), stride));
 }
 
 struct TeamToWorldLowering : CommPattern<comm::TeamToWorldOp> {
