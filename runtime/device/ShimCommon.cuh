@@ -87,8 +87,8 @@ __device__ __forceinline__ const char *predicateName(int32_t pred) {
   }
 }
 
-/// Printed by every timed-out wait before it traps: which block and thread of
-/// which kernel, what it waited for, what it saw.
+/// Printed by every timed-out wait before it traps: which rank, block and
+/// thread waited for what, and what it saw.
 __device__ __noinline__ void timeoutTrap(const char *what, int32_t rank, int64_t detail,
                                          const char *relation, int64_t expected,
                                          int64_t seen, int64_t timeoutNs) {
@@ -99,9 +99,19 @@ __device__ __noinline__ void timeoutTrap(const char *what, int32_t rank, int64_t
   __trap();
 }
 
+/// The same for a flag in memory, where the waiter knows an address, not a rank.
+__device__ __noinline__ void flagTimeoutTrap(const void *flag, const char *relation,
+                                             int64_t expected, int64_t seen, int64_t timeoutNs) {
+  printf("epic: device wait timed out after %lld ms: block %d thread %d waited for the flag "
+         "at %p %s %lld (seen %lld)\n",
+         (long long)(timeoutNs / 1000000), (int)blockIdx.x, (int)threadIdx.x, flag, relation,
+         (long long)expected, (long long)seen);
+  __trap();
+}
+
 template <typename T, typename Load>
-__device__ __forceinline__ T boundedWait(Load load, int32_t pred, T value, int64_t timeoutNs,
-                                         const char *what, int32_t rank, int64_t detail) {
+__device__ __forceinline__ T boundedFlagWait(const void *flag, Load load, int32_t pred, T value,
+                                             int64_t timeoutNs) {
   T seen = load();
   if (holds(seen, pred, value))
     return seen;
@@ -111,8 +121,7 @@ __device__ __forceinline__ T boundedWait(Load load, int32_t pred, T value, int64
     if (holds(seen, pred, value))
       return seen;
     if (int64_t(nowNs() - start) > timeoutNs)
-      timeoutTrap(what, rank, detail, predicateName(pred), int64_t(value), int64_t(seen),
-                  timeoutNs);
+      flagTimeoutTrap(flag, predicateName(pred), int64_t(value), int64_t(seen), timeoutNs);
   }
 }
 
@@ -121,16 +130,14 @@ __device__ __forceinline__ T boundedWait(Load load, int32_t pred, T value, int64
 // Flag waits are backend independent: both shims define them.
 EPIC_SHIM_ATTR int32_t EPIC_NAME(wait_flag_i32)(void *flag, int32_t pred, int32_t value,
                                                 int32_t scope, int64_t timeoutNs) {
-  return epic_device::boundedWait<int32_t>(
-      [&] { return epic_device::loadAcquire32(flag, scope); }, pred, value, timeoutNs,
-      "the flag at", -1, int64_t(flag));
+  return epic_device::boundedFlagWait<int32_t>(
+      flag, [&] { return epic_device::loadAcquire32(flag, scope); }, pred, value, timeoutNs);
 }
 
 EPIC_SHIM_ATTR int64_t EPIC_NAME(wait_flag_i64)(void *flag, int32_t pred, int64_t value,
                                                 int32_t scope, int64_t timeoutNs) {
-  return epic_device::boundedWait<int64_t>(
-      [&] { return epic_device::loadAcquire64(flag, scope); }, pred, value, timeoutNs,
-      "the flag at", -1, int64_t(flag));
+  return epic_device::boundedFlagWait<int64_t>(
+      flag, [&] { return epic_device::loadAcquire64(flag, scope); }, pred, value, timeoutNs);
 }
 
 #endif // EPIC_RUNTIME_DEVICE_SHIMCOMMON_CUH

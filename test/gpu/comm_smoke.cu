@@ -1,0 +1,308 @@
+//===- comm_smoke.cu - run the comm lowering's kernels on a GPU -----------===//
+//
+// Until the runtime provides the launcher, this small driver loads the cubins
+// that epic-compile made from comm_kernels.mlir and checks what they did:
+//
+//   comm_smoke virtual <cubin>          8 virtual ranks on one GPU
+//   comm_smoke nccl <cubin>             the NCCL backend with nranks = 1
+//   comm_smoke virtual-timeout <cubin>  a wait nobody satisfies must trap
+//
+// Every CUDA/NCCL call is checked; any mismatch prints what differed and
+// exits non-zero.
+//
+//===----------------------------------------------------------------------===//
+
+#include "epic/device/VirtualWorld.h"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <nccl_device.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#define CHECK_CU(call)                                                                   \
+  do {                                                                                   \
+    CUresult r_ = (call);                                                                \
+    if (r_ != CUDA_SUCCESS) {                                                            \
+      const char *s_ = nullptr;                                                          \
+      cuGetErrorString(r_, &s_);                                                         \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, s_);      \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+#define CHECK_CUDA(call)                                                                 \
+  do {                                                                                   \
+    cudaError_t r_ = (call);                                                             \
+    if (r_ != cudaSuccess) {                                                             \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,           \
+                   cudaGetErrorString(r_));                                              \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+#define CHECK_NCCL(call)                                                                 \
+  do {                                                                                   \
+    ncclResult_t r_ = (call);                                                            \
+    if (r_ != ncclSuccess) {                                                             \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,           \
+                   ncclGetErrorString(r_));                                              \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+namespace {
+
+int failures = 0;
+
+void expect(bool ok, const char *what) {
+  std::printf("  %-58s %s\n", what, ok ? "ok" : "FAILED");
+  failures += !ok;
+}
+
+CUmodule loadModule(const char *path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    std::fprintf(stderr, "cannot read %s\n", path);
+    std::exit(1);
+  }
+  std::string image((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CUmodule module;
+  CHECK_CU(cuModuleLoadData(&module, image.data()));
+  return module;
+}
+
+CUfunction kernel(CUmodule module, const char *name) {
+  CUfunction f;
+  CHECK_CU(cuModuleGetFunction(&f, module, name));
+  return f;
+}
+
+/// One launch of `blocks` x `threads`; cooperative so that every virtual
+/// rank's blocks are resident together.
+void launch(CUfunction f, unsigned blocks, unsigned threads, std::vector<void *> args) {
+  CHECK_CU(cuLaunchCooperativeKernel(f, blocks, 1, 1, threads, 1, 1, 0, nullptr, args.data()));
+  CHECK_CU(cuCtxSynchronize());
+}
+
+int32_t pattern(int rank, int i) { return rank * 1000003 + i * 7 + 1; }
+
+template <typename T> T *deviceCopy(const T &value) {
+  T *p;
+  CHECK_CUDA(cudaMalloc(&p, sizeof(T)));
+  CHECK_CUDA(cudaMemcpy(p, &value, sizeof(T), cudaMemcpyHostToDevice));
+  return p;
+}
+
+// --- The virtual world: R ranks, each a group of blocks of one launch ---------
+
+struct VirtualWorld {
+  int ranks;
+  uint64_t stride;
+  char *data = nullptr, *flagData = nullptr;
+  EpicVirtualComm comm{};
+  EpicVirtualComm *commDev = nullptr;
+  EpicVirtualWindow *window = nullptr, *flags = nullptr;
+
+  VirtualWorld(int ranks, uint64_t stride) : ranks(ranks), stride(stride) {
+    CHECK_CUDA(cudaMalloc(&data, ranks * stride));
+    CHECK_CUDA(cudaMalloc(&flagData, ranks * 4096));
+    comm.num_ranks = ranks;
+    comm.num_contexts = 1;
+    comm.num_signals = 4;
+    comm.num_counters = 1;
+    comm.num_barriers = 64;
+    CHECK_CUDA(cudaMalloc(&comm.signals, sizeof(uint64_t) * ranks * 4));
+    CHECK_CUDA(cudaMalloc(&comm.counters, sizeof(uint64_t) * ranks));
+    CHECK_CUDA(cudaMalloc(&comm.barriers, sizeof(uint64_t) * 64));
+    reset();
+    commDev = deviceCopy(comm);
+    window = deviceCopy(EpicVirtualWindow{data, stride, ranks, 0});
+    flags = deviceCopy(EpicVirtualWindow{flagData, 4096, ranks, 0});
+  }
+  void reset() {
+    CHECK_CUDA(cudaMemset(data, 0, ranks * stride));
+    CHECK_CUDA(cudaMemset(flagData, 0, ranks * 4096));
+    CHECK_CUDA(cudaMemset(comm.signals, 0, sizeof(uint64_t) * ranks * 4));
+    CHECK_CUDA(cudaMemset(comm.counters, 0, sizeof(uint64_t) * ranks));
+    // Barrier counters are monotonic and never reset: the kernels must work
+    // from whatever generation the previous launch left.
+  }
+};
+
+int runVirtual(const char *cubin) {
+  const int R = 8, blocksPerRank = 4, threads = 256, vectors = 4096;
+  std::printf("virtual backend: %d ranks x %d blocks x %d threads\n", R, blocksPerRank, threads);
+  CUmodule module = loadModule(cubin);
+  VirtualWorld world(R, 1 << 20);
+
+  // lsa_ring: rank r's first `vectors` 16-byte vectors land after the data of rank r+1.
+  std::vector<int32_t> host(R * (world.stride / 4));
+  int words = vectors * 4;
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < words; ++i)
+      host[r * (world.stride / 4) + i] = pattern(r, i);
+  CHECK_CUDA(cudaMemcpy(world.data, host.data(), R * world.stride, cudaMemcpyHostToDevice));
+  int32_t n = vectors;
+  launch(kernel(module, "lsa_ring"), R * blocksPerRank, threads,
+         {&world.commDev, &world.window, &world.flags, &n});
+  std::vector<int32_t> out(host.size());
+  CHECK_CUDA(cudaMemcpy(out.data(), world.data, R * world.stride, cudaMemcpyDeviceToHost));
+  bool ok = true;
+  for (int r = 0; r < R && ok; ++r)
+    for (int i = 0; i < words && ok; ++i)
+      ok = out[r * (world.stride / 4) + words + i] == pattern((r + R - 1) % R, i);
+  expect(ok, "lsa_ring: every rank received its predecessor's rows");
+  std::vector<int32_t> flagsOut(R * 1024);
+  CHECK_CUDA(cudaMemcpy(flagsOut.data(), world.flagData, R * 4096, cudaMemcpyDeviceToHost));
+  ok = true;
+  for (int r = 0; r < R; ++r)
+    ok &= flagsOut[r * 1024] == blocksPerRank;
+  expect(ok, "lsa_ring: each rank's arrival flag counted every block");
+
+  // put_signal: a one-sided put of 48 KiB (+ a ragged 16-byte tail) with a signal.
+  world.reset();
+  CHECK_CUDA(cudaMemcpy(world.data, host.data(), R * world.stride, cudaMemcpyHostToDevice));
+  int64_t bytes = 48 * 1024 + 16;
+  launch(kernel(module, "put_signal"), R * blocksPerRank, threads,
+         {&world.commDev, &world.window, &bytes});
+  CHECK_CUDA(cudaMemcpy(out.data(), world.data, R * world.stride, cudaMemcpyDeviceToHost));
+  ok = true;
+  for (int r = 0; r < R && ok; ++r)
+    for (int i = 0; i < bytes / 4 && ok; ++i)
+      ok = out[r * (world.stride / 4) + bytes / 4 + i] == pattern((r + R - 1) % R, i);
+  expect(ok, "put_signal: the put landed before its signal was seen");
+  std::vector<uint64_t> signals(R * 4);
+  CHECK_CUDA(cudaMemcpy(signals.data(), world.comm.signals, signals.size() * 8,
+                        cudaMemcpyDeviceToHost));
+  ok = true;
+  for (int r = 0; r < R; ++r)
+    ok &= signals[r * 4] == 1;
+  expect(ok, "put_signal: every rank's signal 0 was raised exactly once");
+
+  // barrier_rounds: 2000 rounds of count, barrier, check, barrier; twice, so the
+  // second launch starts from the barrier generation the first one left.
+  for (int launchIndex = 0; launchIndex < 2; ++launchIndex) {
+    world.reset();
+    int32_t rounds = 2000;
+    launch(kernel(module, "barrier_rounds"), R * blocksPerRank, threads,
+           {&world.commDev, &world.window, &rounds});
+    CHECK_CUDA(cudaMemcpy(out.data(), world.data, R * world.stride, cudaMemcpyDeviceToHost));
+    ok = true;
+    for (int b = 0; b < blocksPerRank; ++b)
+      ok &= out[b] == R * rounds;
+    int errors = 0;
+    for (int r = 0; r < R; ++r)
+      for (int b = 0; b < blocksPerRank; ++b)
+        errors += out[r * (world.stride / 4) + 1024 + b];
+    char what[128];
+    std::snprintf(what, sizeof what,
+                  "barrier_rounds #%d: %d rounds, counters %d, %d early reads", launchIndex,
+                  rounds, out[0], errors);
+    expect(ok && errors == 0, what);
+  }
+  return failures;
+}
+
+int runVirtualTimeout(const char *cubin) {
+  std::printf("virtual backend: a wait that nobody satisfies\n");
+  CUmodule module = loadModule(cubin);
+  VirtualWorld world(1, 1 << 16);
+  std::vector<void *> args = {&world.window};
+  CHECK_CU(cuLaunchKernel(kernel(module, "wait_forever"), 1, 1, 1, 32, 1, 1, 0, nullptr,
+                          args.data(), nullptr));
+  CUresult r = cuCtxSynchronize();
+  const char *message = nullptr;
+  cuGetErrorString(r, &message);
+  std::printf("  kernel ended with: %s\n", message);
+  expect(r != CUDA_SUCCESS, "wait_forever: the bounded wait trapped instead of hanging");
+  return failures;
+}
+
+// --- The nccl backend with one rank: real communicator, window, device comm -----
+
+int runNccl(const char *cubin) {
+  int version = 0;
+  CHECK_NCCL(ncclGetVersion(&version));
+  std::printf("nccl backend: NCCL %d, nranks = 1\n", version);
+  CUmodule module = loadModule(cubin);
+  ncclUniqueId id;
+  CHECK_NCCL(ncclGetUniqueId(&id));
+  ncclComm_t comm;
+  CHECK_NCCL(ncclCommInitRank(&comm, 1, id, 0));
+
+  const size_t bytes = 1 << 20;
+  void *data, *flagData;
+  CHECK_NCCL(ncclMemAlloc(&data, bytes));
+  CHECK_NCCL(ncclMemAlloc(&flagData, bytes));
+  ncclWindow_t window, flags;
+  CHECK_NCCL(ncclCommWindowRegister(comm, data, bytes, &window, NCCL_WIN_COLL_SYMMETRIC));
+  CHECK_NCCL(ncclCommWindowRegister(comm, flagData, bytes, &flags, NCCL_WIN_COLL_SYMMETRIC));
+  ncclDevCommRequirements reqs;
+  std::memset(&reqs, 0, sizeof reqs);
+  reqs.lsaBarrierCount = 64;
+  ncclDevComm devComm;
+  CHECK_NCCL(ncclDevCommCreate(comm, &reqs, &devComm));
+  ncclDevComm *devCommPtr = deviceCopy(devComm);
+
+  const int blocks = 4, threads = 256, vectors = 4096, words = vectors * 4;
+  std::vector<int32_t> host(bytes / 4, 0);
+  for (int i = 0; i < words; ++i)
+    host[i] = pattern(0, i);
+  CHECK_CUDA(cudaMemcpy(data, host.data(), bytes, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemset(flagData, 0, bytes));
+  int32_t n = vectors;
+  launch(kernel(module, "lsa_ring"), blocks, threads, {&devCommPtr, &window, &flags, &n});
+  std::vector<int32_t> out(bytes / 4);
+  CHECK_CUDA(cudaMemcpy(out.data(), data, bytes, cudaMemcpyDeviceToHost));
+  bool ok = true;
+  for (int i = 0; i < words && ok; ++i)
+    ok = out[words + i] == pattern(0, i);
+  expect(ok, "lsa_ring: rows moved through ncclGetPeerPointer");
+  int32_t flag = 0;
+  CHECK_CUDA(cudaMemcpy(&flag, flagData, 4, cudaMemcpyDeviceToHost));
+  expect(flag == blocks, "lsa_ring: arrivals counted, LSA barrier passed");
+
+  CHECK_CUDA(cudaMemset(data, 0, bytes));
+  int32_t rounds = 2000;
+  launch(kernel(module, "barrier_rounds"), blocks, threads, {&devCommPtr, &window, &rounds});
+  CHECK_CUDA(cudaMemcpy(out.data(), data, bytes, cudaMemcpyDeviceToHost));
+  ok = true;
+  int errors = 0;
+  for (int b = 0; b < blocks; ++b) {
+    ok &= out[b] == rounds;
+    errors += out[1024 + b];
+  }
+  expect(ok && errors == 0, "barrier_rounds: 2000 rounds of ncclLsaBarrierSession");
+
+  CHECK_NCCL(ncclDevCommDestroy(comm, &devComm));
+  CHECK_NCCL(ncclCommWindowDeregister(comm, flags));
+  CHECK_NCCL(ncclCommWindowDeregister(comm, window));
+  CHECK_NCCL(ncclMemFree(flagData));
+  CHECK_NCCL(ncclMemFree(data));
+  CHECK_NCCL(ncclCommDestroy(comm));
+  return failures;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s virtual|virtual-timeout|nccl <cubin>\n", argv[0]);
+    return 2;
+  }
+  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaFree(nullptr)); // creates the primary context the driver API uses
+  std::string mode = argv[1];
+  int result = mode == "virtual"           ? runVirtual(argv[2])
+               : mode == "virtual-timeout" ? runVirtualTimeout(argv[2])
+               : mode == "nccl"            ? runNccl(argv[2])
+                                           : (std::fprintf(stderr, "unknown mode %s\n", argv[1]), 2);
+  std::printf("%s: %s\n", argv[1], result == 0 ? "passed" : "FAILED");
+  return result == 0 ? 0 : 1;
+}

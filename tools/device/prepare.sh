@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Here (no GPU): builds epic and compiles what the GPU run needs into build/device/, the one
+# folder a device run carries (the device machine has no LLVM/MLIR): the cubins of the GPU tests,
+# the NCCL headers they were compiled against, and a manifest.
+#   tools/device/prepare.sh [build-dir]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=${1:-build}
+out="$build/device"
+cmake --build "$build" --target epic-compile epic-device-shims
+rm -rf "$out" && mkdir -p "$out/kernels"
+for backend in virtual nccl; do
+  "$build/bin/epic-compile" test/gpu/comm_kernels.mlir --backend=$backend -o "$out/kernels/comm_$backend"
+done
+# The device comm struct must match between the shim and the driver: carry the headers the
+# shim was compiled against (the device's NCCL wheel supplies the library).
+cp -r "$build/runtime/device/nccl-include" "$out/nccl-include"
+(cd "$out" && find . -type f | sort > MANIFEST)
+echo "prepared $out ($(du -sh "$out" | cut -f1)); run on the device: tools/device/run.sh"

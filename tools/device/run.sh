@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# On the GPU machine (run through the device tool with carry=["build/device"]): builds the GPU
+# test drivers against the machine's CUDA and NCCL, runs them, and leaves logs in $OUT.
+#   tools/device/run.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+dev=build/device
+out=${OUT:-/tmp/epic-out}
+mkdir -p "$out" /tmp/epic-gpu
+[[ -f $dev/MANIFEST ]] || { echo "run.sh: $dev is missing: run tools/device/prepare.sh here first and carry it"; exit 2; }
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+nccl_home=$(python3 -c "import nvidia.nccl as m; print(m.__path__[0])")
+echo "NCCL library: $(ls $nccl_home/lib/libnccl.so*)"
+
+nvcc -O2 -std=c++17 -arch=sm_90 -I runtime/include -I "$dev/nccl-include" test/gpu/comm_smoke.cu \
+  -o /tmp/epic-gpu/comm_smoke -L "$nccl_home/lib" -l:libnccl.so.2 -lcuda \
+  -Xlinker -rpath="$nccl_home/lib" || { echo "run.sh: building comm_smoke failed"; exit 1; }
+
+status=0
+run() {
+  echo "== $*"
+  "$@" 2>&1 | tee -a "$out/gpu-tests.log"
+  local rc=${PIPESTATUS[0]}
+  [[ $rc -eq 0 ]] || status=1
+}
+run /tmp/epic-gpu/comm_smoke virtual "$dev/kernels/comm_virtual.cubin"
+run /tmp/epic-gpu/comm_smoke nccl "$dev/kernels/comm_nccl.cubin"
+run /tmp/epic-gpu/comm_smoke virtual-timeout "$dev/kernels/comm_virtual.cubin"
+echo "GPU tests: $([[ $status -eq 0 ]] && echo passed || echo FAILED)"
+exit $status
