@@ -178,3 +178,18 @@ module attributes {gpu.container_module} {
     return
   }
 }
+
+// -----
+
+// One rank per process: a rank's parameter record is the table itself.
+// CHECK-LABEL: gpu.module @params
+gpu.module @params {
+  // CHECK: gpu.func @k(%[[DC:.*]]: !llvm.ptr, %[[TABLE:.*]]: !llvm.ptr<1>)
+  gpu.func @k(%dc: !comm.dev_comm, %table: !llvm.ptr<1>) kernel {
+    // CHECK-NEXT: llvm.load %[[TABLE]] : !llvm.ptr<1> -> i32
+    %mine = comm.rank_params %table stride 48 via %dc : !llvm.ptr<1>
+    %v = llvm.load %mine : !llvm.ptr<1> -> i32
+    "test.use"(%v) : (i32) -> ()
+    gpu.return
+  }
+}

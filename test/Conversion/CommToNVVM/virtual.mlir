@@ -107,3 +107,23 @@ gpu.module @calls {
     gpu.return
   }
 }
+
+// -----
+
+// All ranks share one launch: rank r's record is base + r * stride.
+// CHECK-LABEL: gpu.module @params
+gpu.module @params {
+  // CHECK: gpu.func @k(%[[DC:.*]]: !llvm.ptr, %[[TABLE:.*]]: !llvm.ptr<1>)
+  gpu.func @k(%dc: !comm.dev_comm, %table: !llvm.ptr<1>) kernel {
+    // CHECK: %[[ME:.*]] = llvm.udiv %{{.*}}, %{{.*}} : i32
+    // CHECK: %[[ME64:.*]] = llvm.sext %[[ME]] : i32 to i64
+    // CHECK: %[[STRIDE:.*]] = llvm.mlir.constant(48 : i64) : i64
+    // CHECK: %[[BYTES:.*]] = llvm.mul %[[ME64]], %[[STRIDE]] : i64
+    // CHECK: %[[MINE:.*]] = llvm.getelementptr %[[TABLE]][%[[BYTES]]] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8
+    // CHECK: llvm.load %[[MINE]] : !llvm.ptr<1> -> i32
+    %mine = comm.rank_params %table stride 48 via %dc : !llvm.ptr<1>
+    %v = llvm.load %mine : !llvm.ptr<1> -> i32
+    "test.use"(%v) : (i32) -> ()
+    gpu.return
+  }
+}

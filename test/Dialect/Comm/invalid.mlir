@@ -163,3 +163,11 @@ func.func @f(%dc: !comm.dev_comm, %win: !comm.window, %off: i64, %peer: i64) {
 
 // expected-error@+1 {{unknown  type `socket` in dialect `comm`}}
 func.func private @f(!comm.socket)
+
+// -----
+
+func.func @f(%dc: !comm.dev_comm, %p: !llvm.ptr) {
+  // expected-error@+1 {{attribute 'stride' failed to satisfy constraint: 64-bit signless integer attribute whose value is positive}}
+  %q = comm.rank_params %p stride 0 via %dc : !llvm.ptr
+  return
+}

@@ -323,6 +323,26 @@ struct PeerPtrLowering : CommPattern<comm::PeerPtrOp> {
   }
 };
 
+struct RankParamsLowering : CommPattern<comm::RankParamsOp> {
+  using CommPattern::CommPattern;
+  LogicalResult matchAndRewrite(comm::RankParamsOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    if (backend == CommBackend::nccl) {
+      rewriter.replaceOp(op, adaptor.getBase()); // one rank per process
+      return success();
+    }
+    Builder b{rewriter, op.getLoc()};
+    Value numRanks = b.loadField(adaptor.getComm(), virtualCommFields(b.ctx()),
+                                 EPIC_VCOMM_NUM_RANKS, b.i32());
+    Value rank = virtualRank(b, numRanks);
+    Value rank64 = b.sext64(rank);
+    Value bytes = b.mul(rank64, b.i64(op.getStride()));
+    rewriter.replaceOpWithNewOp<LLVM::GEPOp>(op, op.getType(), rewriter.getI8Type(),
+                                             adaptor.getBase(), ValueRange{bytes});
+    return success();
+  }
+};
+
 /// signal_mode of the ABI: 0 none, 1 increment, 2 add.
 int32_t signalMode(Value signal, Value add) { return !signal ? 0 : add ? 2 : 1; }
 
@@ -716,7 +736,7 @@ void epic::populateCommToNVVMConversionPatterns(TypeConverter &converter,
   MLIRContext *ctx = patterns.getContext();
   patterns.add<TeamLowering, TeamFieldLowering<comm::TeamRankOp, kTeamRank>,
                TeamFieldLowering<comm::TeamSizeOp, kTeamRanks>, TeamToWorldLowering,
-               LocalPtrLowering, PeerPtrLowering, PutLowering, PutValueLowering,
+               LocalPtrLowering, PeerPtrLowering, RankParamsLowering, PutLowering, PutValueLowering,
                SignalLowering, WaitSignalLowering, ReadSignalLowering, ResetSignalLowering,
                FlushLowering, BarrierLowering, FenceLowering, LoadLowering, StoreLowering,
                RedLowering, AtomicRMWLowering, WaitFlagLowering>(converter, ctx, backend);

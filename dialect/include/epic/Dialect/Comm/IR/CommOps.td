@@ -106,6 +106,36 @@ def Comm_PeerPtrOp : Comm_Op<"peer_ptr", [Pure]> {
   let hasCanonicalizer = 1;
 }
 
+def Comm_RankParamsOp : Comm_Op<"rank_params", [Pure,
+    AllTypesMatch<["base", "ptr"]>]> {
+  let summary = "this rank's record in a table of per-rank kernel parameters";
+  let description = [{
+    Kernels take what differs between ranks (tensor pointers, token counts)
+    through a table of fixed-size records, one per rank the launch serves:
+    the nccl backend serves one rank per process, so the table holds one
+    record and this is `base`; the virtual backend serves all R ranks in one
+    launch, so this is `base + rank * stride`. Kernels stay identical for
+    both backends.
+
+    ```mlir
+    %mine = comm.rank_params %params stride 64 via %dc : !llvm.ptr<1>
+    %x = llvm.load %mine : !llvm.ptr<1> -> !llvm.ptr<1>
+    ```
+  }];
+  let arguments = (ins LLVM_AnyPointer:$base,
+                       ConfinedAttr<I64Attr, [IntPositive]>:$stride,
+                       Comm_DevCommType:$comm);
+  let results = (outs LLVM_AnyPointer:$ptr);
+  let assemblyFormat = [{
+    $base `stride` $stride `via` $comm attr-dict `:` qualified(type($base))
+  }];
+  let builders = [
+    OpBuilder<(ins "::mlir::Value":$base, "int64_t":$stride, "::mlir::Value":$comm), [{
+      build($_builder, $_state, base.getType(), base, $_builder.getI64IntegerAttr(stride), comm);
+    }]>
+  ];
+}
+
 //===----------------------------------------------------------------------===//
 // One-sided network operations (NCCL GIN)
 //===----------------------------------------------------------------------===//
