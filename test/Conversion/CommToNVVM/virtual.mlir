@@ -115,7 +115,8 @@ gpu.module @calls {
 gpu.module @params {
   // CHECK: gpu.func @k(%[[DC:.*]]: !llvm.ptr, %[[TABLE:.*]]: !llvm.ptr<1>)
   gpu.func @k(%dc: !comm.dev_comm, %table: !llvm.ptr<1>) kernel {
-    // CHECK: %[[ME:.*]] = llvm.udiv %{{.*}}, %{{.*}} : i32
+    // CHECK: %[[PER:.*]] = llvm.udiv %{{.*}}, %{{.*}} : i32
+    // CHECK: %[[ME:.*]] = llvm.udiv %{{.*}}, %[[PER]] : i32
     // CHECK: %[[ME64:.*]] = llvm.sext %[[ME]] : i32 to i64
     // CHECK: %[[STRIDE:.*]] = llvm.mlir.constant(48 : i64) : i64
     // CHECK: %[[BYTES:.*]] = llvm.mul %[[ME64]], %[[STRIDE]] : i64
