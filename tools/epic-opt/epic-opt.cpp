@@ -8,6 +8,7 @@
 #include "epic/Conversion/Passes.h"
 #include "epic/InitAllDialects.h"
 #include "epic/Pipelines/EpicToPTX.h"
+#include "epic/Transforms/Passes.h"
 
 #include "mlir/Conversion/Passes.h"
 #include "mlir/Dialect/GPU/Transforms/Passes.h"
@@ -25,6 +26,7 @@ int main(int argc, char **argv) {
   mlir::registerGPUPasses();
   mlir::registerConversionPasses();
   epic::registerEpicConversionPasses();
+  epic::registerEpicTransformsPasses();
   epic::registerEpicToPTXPipeline();
 
   return mlir::asMainReturnCode(mlir::MlirOptMain(

@@ -44,6 +44,9 @@ struct CompileResult {
   std::string cubin; ///< empty unless CompileOptions::emitCubin
   std::string ptxasLog;
   std::vector<KernelInfo> kernels;
+  /// One JSON object per launch function that ep-expand made: its name,
+  /// kernels in launch order, threads, parameter fields, window bytes, config.
+  std::vector<std::string> entriesJson;
   CompileOptions options;
   /// Kernel names, argument types, register/shared-memory use, the target
   /// and the NCCL version, as a JSON object.

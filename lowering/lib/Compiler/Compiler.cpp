@@ -4,6 +4,9 @@
 
 #include "epic/InitAllDialects.h"
 #include "epic/Pipelines/EpicToPTX.h"
+#include "epic/Transforms/Passes.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -29,6 +32,29 @@ std::string typeString(Type type) {
   llvm::raw_string_ostream os(text);
   type.print(os);
   return text;
+}
+
+/// An attribute of a launch function as JSON: integers, strings and arrays
+/// of them natively, anything else as its MLIR text.
+std::string attributeJson(Attribute attr) {
+  if (auto integer = dyn_cast<IntegerAttr>(attr))
+    return std::to_string(integer.getInt());
+  std::string text;
+  if (auto string = dyn_cast<StringAttr>(attr))
+    text = string.getValue().str();
+  else if (auto array = dyn_cast<ArrayAttr>(attr)) {
+    std::string out = "[";
+    for (auto [i, element] : llvm::enumerate(array))
+      out += (i ? ", " : "") + attributeJson(element);
+    return out + "]";
+  } else {
+    llvm::raw_string_ostream os(text);
+    attr.print(os);
+  }
+  std::string json;
+  llvm::raw_string_ostream os(json);
+  os << llvm::json::Value(text);
+  return json;
 }
 
 /// Removes a temporary file when it goes out of scope.
@@ -147,8 +173,26 @@ epic::CompileResult epic::compileModule(const std::string &source, const Compile
   if (!module)
     throw CompileError("cannot parse " + sourceName + ":\n" + diagnostics);
 
+  // ep ops become kernels first, so their names and signatures can be read.
+  PassManager expand(&context);
+  expand.addPass(createEPExpand());
+  if (failed(expand.run(*module)))
+    throw CompileError("expanding the ep ops of " + sourceName + " failed:\n" + diagnostics);
+
   CompileResult result;
   result.options = options;
+  module->walk([&](func::FuncOp func) {
+    if (!func->hasAttr("epic.entry"))
+      return;
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    os << "{\"name\": \"" << func.getName() << "\"";
+    for (NamedAttribute attr : func->getAttrs())
+      if (attr.getName().strref().starts_with("epic."))
+        os << ", \"" << attr.getName().strref().drop_front(5) << "\": " << attributeJson(attr.getValue());
+    os << "}";
+    result.entriesJson.push_back(text);
+  });
   module->walk([&](gpu::GPUFuncOp func) {
     if (!func.isKernel())
       return;
@@ -194,8 +238,17 @@ std::string epic::CompileResult::metadataJson() const {
         {"spill_load_bytes", k.spillLoadBytes},
     });
   }
+  llvm::json::Array entries;
+  for (const std::string &entry : entriesJson) {
+    llvm::Expected<llvm::json::Value> parsed = llvm::json::parse(entry);
+    if (parsed)
+      entries.push_back(std::move(*parsed));
+    else
+      llvm::consumeError(parsed.takeError());
+  }
   llvm::json::Object root{
       {"kernels", std::move(kernelArray)},
+      {"entries", std::move(entries)},
       {"target", llvm::json::Object{{"chip", options.chip},
                                     {"features", options.features},
                                     {"opt_level", int64_t(options.optLevel)}}},

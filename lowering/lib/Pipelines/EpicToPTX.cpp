@@ -3,6 +3,7 @@
 #include "epic/Pipelines/EpicToPTX.h"
 
 #include "epic/Conversion/Passes.h"
+#include "epic/Transforms/Passes.h"
 
 #include "mlir/Conversion/Passes.h"
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
@@ -30,7 +31,9 @@ void epic::buildEpicToPTXPipeline(OpPassManager &pm, const EpicToPTXOptions &opt
   ConvertCommToNVVMOptions commOptions;
   commOptions.backend = options.backend;
 
-  // Communication first: it still sees the comm types and gpu.block_id.
+  // ep ops -> kernels of comm + upstream ops, then communication: it still
+  // sees the comm types and gpu.block_id.
+  pm.addPass(createEPExpand());
   pm.addPass(createConvertCommToNVVM(commOptions));
 
   GpuNVVMAttachTargetOptions target;

@@ -611,6 +611,37 @@ struct WaitFlagLowering : CommPattern<comm::WaitFlagOp> {
   }
 };
 
+/// gpu.func signatures: convert the inputs, keep the workgroup and private
+/// attributions (extra entry-block arguments the generic function pattern
+/// does not know about).
+struct GPUFuncSignature : public OpConversionPattern<gpu::GPUFuncOp> {
+  using OpConversionPattern::OpConversionPattern;
+  LogicalResult matchAndRewrite(gpu::GPUFuncOp op, OpAdaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    FunctionType type = op.getFunctionType();
+    Block &entry = op.getBody().front();
+    TypeConverter::SignatureConversion conversion(entry.getNumArguments());
+    for (auto [i, input] : llvm::enumerate(type.getInputs())) {
+      Type converted = getTypeConverter()->convertType(input);
+      if (!converted)
+        return rewriter.notifyMatchFailure(op, "argument type has no conversion");
+      conversion.addInputs(i, converted);
+    }
+    for (unsigned i = type.getNumInputs(); i < entry.getNumArguments(); ++i)
+      conversion.addInputs(i, entry.getArgument(i).getType());
+    SmallVector<Type> results;
+    if (failed(getTypeConverter()->convertTypes(type.getResults(), results)))
+      return rewriter.notifyMatchFailure(op, "result type has no conversion");
+    if (!rewriter.applySignatureConversion(&entry, conversion, getTypeConverter()))
+      return failure();
+    auto inputs = conversion.getConvertedTypes().take_front(type.getNumInputs());
+    rewriter.modifyOpInPlace(op, [&] {
+      op.setFunctionType(FunctionType::get(op.getContext(), inputs, results));
+    });
+    return success();
+  }
+};
+
 /// gpu.launch_func takes kernel operands of any type: convert them.
 struct LaunchFuncOperands : public OpConversionPattern<gpu::LaunchFuncOp> {
   using OpConversionPattern::OpConversionPattern;
@@ -740,9 +771,8 @@ void epic::populateCommToNVVMConversionPatterns(TypeConverter &converter,
                SignalLowering, WaitSignalLowering, ReadSignalLowering, ResetSignalLowering,
                FlushLowering, BarrierLowering, FenceLowering, LoadLowering, StoreLowering,
                RedLowering, AtomicRMWLowering, WaitFlagLowering>(converter, ctx, backend);
-  patterns.add<LaunchFuncOperands>(converter, ctx);
+  patterns.add<LaunchFuncOperands, GPUFuncSignature>(converter, ctx);
   populateFunctionOpInterfaceTypeConversionPattern<func::FuncOp>(patterns, converter);
-  populateFunctionOpInterfaceTypeConversionPattern<gpu::GPUFuncOp>(patterns, converter);
   populateCallOpTypeConversionPattern(patterns, converter);
   populateReturnOpTypeConversionPattern(patterns, converter);
 }

@@ -1,0 +1,90 @@
+//===-- Passes.td - epic transformation passes --------------*- tablegen -*-===//
+
+#ifndef EPIC_TRANSFORMS_PASSES_TD
+#define EPIC_TRANSFORMS_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+def EPExpand : Pass<"ep-expand", "::mlir::ModuleOp"> {
+  let summary = "expand ep ops into communication kernels and their launches";
+  let description = [{
+    Rewrites every function that holds one `ep.dispatch` or `ep.combine`
+    (and nothing else but its `return`: the entry form the runtime generates
+    per configuration) into
+
+    * kernels in the module's `gpu.module @ep_kernels` (one cubin), built
+      from `comm` ops and upstream dialects,
+      specialized on the op's `#ep.config` (ranks, experts, top-k, hidden,
+      data and index types, scale packs, alignment) — everything but token
+      counts and pointers is a compile-time constant; and
+    * a host function of the same name that launches them in order:
+      `(%comm: !comm.dev_comm, %window: !comm.window, %params: !llvm.ptr<1>,
+      %grid: index)`.
+
+    Kernels take the device communicator, the symmetric window and a table of
+    per-rank parameter records (`comm.rank_params`): each record is 8-byte
+    fields named by the launch function's `epic.param_fields`; the window's
+    layout (`epic.window_bytes`) is fixed by the configuration. The same
+    kernels serve both backends of `convert-comm-to-nvvm`.
+
+    **Dispatch** (`<name>_send`, `<name>_copy`), direct mode, DeepEP V2's
+    protocol: an entry barrier over the LSA team; then one warp per token:
+    lanes read the K expert ids, `nvvm.match.sync` groups them by
+    destination rank, the highest lane of each group (the master slot) takes
+    a slot in the destination's receive region `[source rank][Tmax][record]`
+    with a local atomic (so nothing waits for counts before sending), and
+    the warp writes the record — hidden row in 16-byte vectors, scale packs,
+    expert ids, weights, source token and master slot — straight into the
+    peer's window over its LSA pointer. The last block of the rank to finish
+    (an acq_rel arrival counter) publishes the per-expert and per-rank counts
+    to every peer (release), waits for every peer's counts (bounded acquire
+    waits), resets the counters, and writes the prefix sums and
+    expert-aligned counts into the handle and the host-visible counts. The
+    copy kernel then moves each received record into its row of the plain
+    layout, translating expert ids to local ids or -1 and writing
+    `recv_src_metadata` (`src_rank * Tmax + token`, `src_rank * K + master
+    slot`, -1 ...).
+
+    **Combine** (`<name>_send`, `<name>_reduce`): an entry barrier, then one
+    warp per received row writes the bf16 row (and its K weights) into the
+    source rank's region `[master slot][Tmax][record]`; the last block
+    signals every peer and waits for every peer's signal. The reduce kernel
+    sums, per token and 8 channels per lane, in fp32 from +0.0: the biases,
+    then the rows of the master slots in increasing slot order, and rounds to
+    bf16 once — bitwise DeepEP's order. `combined_topk_weights[t, j]` comes
+    from the record of the rank that owns slot `j`.
+
+    Not generated yet (a clear error says so): the expanded layout, cached
+    dispatch, and `num_sms`-specific warp-role layouts.
+
+    ```mlir
+    // before
+    func.func @dispatch(%x: tensor<?x7168xbf16>, %idx: tensor<?x8xi64>)
+        -> (tensor<?x7168xbf16>, tensor<?x8xi64>, !ep.handle<#cfg>) {
+      %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x8xi64>) config #cfg : ...
+      return %rx, %ri, %h : ...
+    }
+    // after
+    gpu.module @ep_kernels { gpu.func @dispatch_send(...) kernel {...}
+                             gpu.func @dispatch_copy(...) kernel {...} }
+    func.func @dispatch(%comm: !comm.dev_comm, %window: !comm.window,
+                        %params: !llvm.ptr<1>, %grid: index)
+        attributes {epic.param_fields = ["x", ...], epic.window_bytes = ...} {
+      gpu.launch_func @ep_kernels::@dispatch_send blocks in (%grid, ...) ...
+      gpu.launch_func @ep_kernels::@dispatch_copy blocks in (%grid, ...) ...
+      return
+    }
+    ```
+  }];
+  let options = [
+    Option<"threadsPerBlock", "threads-per-block", "unsigned", /*default=*/"256",
+           "threads of every kernel block (a multiple of 32)">
+  ];
+  let dependentDialects = ["::mlir::gpu::GPUDialect", "::mlir::scf::SCFDialect",
+                           "::mlir::arith::ArithDialect", "::mlir::LLVM::LLVMDialect",
+                           "::mlir::NVVM::NVVMDialect", "::mlir::memref::MemRefDialect",
+                           "::mlir::vector::VectorDialect",
+                           "::epic::comm::CommDialect"];
+}
+
+#endif // EPIC_TRANSFORMS_PASSES_TD

@@ -1,0 +1,808 @@
+//===- EPExpand.cpp - ep ops to communication kernels ---------------------===//
+//
+// See EPExpand in Passes.td for the protocol. This file has three parts: the
+// byte layout of the window and of the parameter records (EPLayout), a small
+// builder for kernel code (KernelBuilder), and the four kernels.
+//
+//===----------------------------------------------------------------------===//
+
+#include "epic/Transforms/Passes.h"
+
+#include "epic/Dialect/Comm/IR/CommDialect.h"
+#include "epic/Dialect/EP/IR/EPDialect.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/ImplicitLocOpBuilder.h"
+#include "mlir/IR/SymbolTable.h"
+
+namespace epic {
+#define GEN_PASS_DEF_EPEXPAND
+#include "epic/Transforms/Passes.h.inc"
+} // namespace epic
+
+using namespace mlir;
+namespace ep = epic::ep;
+namespace comm = epic::comm;
+
+namespace {
+
+int64_t align(int64_t value, int64_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+//===----------------------------------------------------------------------===//
+// Layout of the window and of the parameter records
+//===----------------------------------------------------------------------===//
+
+/// Every byte offset the kernels use, fixed by the configuration. The window
+/// holds, in each rank's copy: counters (all zero between operations), then
+/// one data region shared by dispatch ([src rank][Tmax][record]) and combine
+/// ([master slot][Tmax][record]); entry barriers keep them apart in time.
+struct EPLayout {
+  int64_t ranks, experts, local, topk, hidden, packs, tmax, alignment;
+  int64_t elemBytes, idxBytes;
+  // Dispatch record: hidden | scale packs | ids (i32 x K) | weights (f32 x K) | token, master.
+  int64_t rowBytes, rowPad, packPad, idsOff, weightsOff, tokenOff, record;
+  // Combine record: bf16 row | weights (f32 x K).
+  int64_t combineRow, combineRecord;
+  // Counters.
+  int64_t countsIn, expertIn, slots, expertLocal, dispatchDone, combineDone, combineFlags;
+  int64_t data, windowBytes;
+
+  EPLayout(ep::ConfigAttr cfg, unsigned idxBits) {
+    ranks = cfg.getRanks();
+    experts = cfg.getExperts();
+    local = cfg.getNumLocalExperts();
+    topk = cfg.getTopk();
+    hidden = cfg.getHidden();
+    packs = cfg.getScalePacks();
+    tmax = cfg.getMaxTokensPerRank();
+    alignment = cfg.getExpertAlignment();
+    elemBytes = cfg.getDtype().getIntOrFloatBitWidth() / 8;
+    idxBytes = idxBits / 8;
+    rowBytes = hidden * elemBytes;
+    rowPad = align(rowBytes, 16);
+    packPad = align(packs * 4, 16);
+    idsOff = rowPad + packPad;
+    weightsOff = idsOff + topk * 4;
+    tokenOff = weightsOff + topk * 4;
+    record = align(tokenOff + 8, 16);
+    combineRow = align(hidden * 2, 16);
+    combineRecord = combineRow + align(topk * 4, 16);
+
+    int64_t at = 0;
+    auto take = [&](int64_t bytes) {
+      int64_t here = at;
+      at = align(at + bytes, 256);
+      return here;
+    };
+    countsIn = take(ranks * 4);
+    expertIn = take(ranks * local * 4);
+    slots = take(ranks * 4);
+    expertLocal = take(ranks * local * 4);
+    dispatchDone = take(4);
+    combineDone = take(4);
+    combineFlags = take(ranks * 4);
+    data = align(at, 4096);
+    windowBytes = data + std::max(ranks * tmax * record, topk * tmax * combineRecord);
+  }
+};
+
+/// Fields of the per-rank parameter records, 8 bytes each (pointers, or
+/// integers in the low 4 bytes).
+const char *const kDispatchFields[] = {
+    "x", "scale_packs", "topk_idx", "topk_weights", "recv_x", "recv_scale_packs",
+    "recv_topk_idx", "recv_topk_weights", "recv_src_metadata",
+    "psum_num_recv_tokens_per_rank", "num_recv_tokens_per_expert",
+    "psum_num_recv_tokens_per_expert", "host_counts", "num_tokens"};
+enum DispatchField {
+  kX, kScalePacks, kTopkIdx, kTopkWeights, kRecvX, kRecvScalePacks, kRecvTopkIdx,
+  kRecvTopkWeights, kRecvSrcMetadata, kPsumPerRank, kExpertCounts, kPsumPerExpert,
+  kHostCounts, kDispatchNumTokens, kNumDispatchFields
+};
+const char *const kCombineFields[] = {
+    "x", "topk_weights", "recv_src_metadata", "psum_num_recv_tokens_per_rank", "topk_idx",
+    "bias0", "bias1", "combined_x", "combined_topk_weights", "num_tokens"};
+enum CombineField {
+  kCX, kCTopkWeights, kCSrcMetadata, kCPsumPerRank, kCTopkIdx, kCBias0, kCBias1,
+  kCCombinedX, kCCombinedWeights, kCNumTokens, kNumCombineFields
+};
+constexpr int64_t kParamsStride = 128;
+static_assert(kNumDispatchFields * 8 <= kParamsStride && kNumCombineFields * 8 <= kParamsStride);
+
+//===----------------------------------------------------------------------===//
+// Kernel builder
+//===----------------------------------------------------------------------===//
+
+class KernelBuilder {
+public:
+  KernelBuilder(gpu::GPUFuncOp func, const EPLayout &layout)
+      : b(func.getLoc(), func.getContext()), layout(layout) {
+    b.setInsertionPointToStart(&func.getBody().front());
+    comm = func.getArgument(0);
+    window = func.getArgument(1);
+    params = comm::RankParamsOp::create(b, func.getArgument(2), kParamsStride, comm);
+    lsa = comm::TeamOp::create(b, comm::TeamType::get(b.getContext()), comm::TeamKind::lsa, comm);
+    me = comm::TeamRankOp::create(b, b.getI32Type(), lsa);
+    tid = index(gpu::ThreadIdOp::create(b, gpu::Dimension::x));
+    threads = index(gpu::BlockDimOp::create(b, gpu::Dimension::x));
+    block = index(gpu::BlockIdOp::create(b, gpu::Dimension::x));
+    blocks = index(gpu::GridDimOp::create(b, gpu::Dimension::x));
+    lane = remu(tid, i32(32));
+    Value warp = divu(tid, i32(32));
+    Value warpsPerBlock = divu(threads, i32(32));
+    globalWarp = add(mul(block, warpsPerBlock), warp);
+    numWarps = mul(blocks, warpsPerBlock);
+    if (func.getNumWorkgroupAttributions())
+      sharedFlag = func.getWorkgroupAttributions()[0];
+  }
+
+  ImplicitLocOpBuilder b;
+  const EPLayout &layout;
+  Value comm, window, params, lsa, me, tid, threads, block, blocks, lane, globalWarp,
+      numWarps, sharedFlag;
+
+  // --- types and constants (the kernels compute in i32 and i64) -------------
+  Type i32T() { return b.getI32Type(); }
+  Type i64T() { return b.getI64Type(); }
+  Type ptrT() { return LLVM::LLVMPointerType::get(b.getContext(), 1); }
+  Value i32(int64_t v) { return arith::ConstantIntOp::create(b, v, 32); }
+  Value i64(int64_t v) { return arith::ConstantIntOp::create(b, v, 64); }
+  Value index(Value v) { return arith::IndexCastOp::create(b, i32T(), v); }
+  Value wide(Value v) {
+    return v.getType() == i64T() ? v : arith::ExtSIOp::create(b, i64T(), v).getResult();
+  }
+
+  Value add(Value x, Value y) { return arith::AddIOp::create(b, x, y); }
+  Value sub(Value x, Value y) { return arith::SubIOp::create(b, x, y); }
+  Value mul(Value x, Value y) { return arith::MulIOp::create(b, x, y); }
+  Value divu(Value x, Value y) { return arith::DivUIOp::create(b, x, y); }
+  Value remu(Value x, Value y) { return arith::RemUIOp::create(b, x, y); }
+  Value divs(Value x, Value y) { return arith::DivSIOp::create(b, x, y); }
+  Value rems(Value x, Value y) { return arith::RemSIOp::create(b, x, y); }
+  Value cmp(arith::CmpIPredicate p, Value x, Value y) { return arith::CmpIOp::create(b, p, x, y); }
+  Value lt(Value x, Value y) { return cmp(arith::CmpIPredicate::slt, x, y); }
+  Value eq(Value x, Value y) { return cmp(arith::CmpIPredicate::eq, x, y); }
+  Value select(Value c, Value x, Value y) { return arith::SelectOp::create(b, c, x, y); }
+  Value andi(Value x, Value y) { return arith::AndIOp::create(b, x, y); }
+
+  // --- memory ---------------------------------------------------------------
+  /// `base + bytes` (bytes: i32 or i64).
+  Value at(Value base, Value bytes) {
+    return LLVM::GEPOp::create(b, base.getType(), b.getI8Type(), base, ValueRange{wide(bytes)});
+  }
+  Value load(Type type, Value ptr, unsigned alignment) {
+    return LLVM::LoadOp::create(b, type, ptr, alignment);
+  }
+  void store(Value value, Value ptr, unsigned alignment) {
+    LLVM::StoreOp::create(b, value, ptr, alignment);
+  }
+  /// Field `index` of this rank's parameter record.
+  Value pointerParam(int64_t field) { return load(ptrT(), at(params, i64(field * 8)), 8); }
+  Value intParam(int64_t field) { return load(i32T(), at(params, i64(field * 8)), 8); }
+  Value local(Value bytes) { return comm::LocalPtrOp::create(b, ptrT(), window, wide(bytes)); }
+  Value peer(Value bytes, Value rank) {
+    return comm::PeerPtrOp::create(b, ptrT(), window, wide(bytes), lsa, rank);
+  }
+  /// An i32 element `index` of the array at `ptr`.
+  Value loadI32(Value ptr, Value index) { return load(i32T(), at(ptr, mul(index, i32(4))), 4); }
+  void storeI32(Value v, Value ptr, Value index) { store(v, at(ptr, mul(index, i32(4))), 4); }
+  Value counter(int64_t offset, Value index) {
+    return local(add(i32(offset), mul(index, i32(4))));
+  }
+
+  // --- control flow ---------------------------------------------------------
+  /// for (iv = lb; iv < ub; iv += step), i32 bounds.
+  void loop(Value lb, Value ub, Value step, function_ref<void(Value)> body) {
+    auto op = scf::ForOp::create(b, lb, ub, step);
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(op.getBody());
+    body(op.getInductionVar());
+  }
+  void when(Value cond, function_ref<void()> body) {
+    auto op = scf::IfOp::create(b, cond, /*withElseRegion=*/false);
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(op.thenBlock());
+    body();
+  }
+  Value choose(Value cond, Type type, function_ref<Value()> then, function_ref<Value()> otherwise) {
+    auto op = scf::IfOp::create(b, TypeRange{type}, cond, /*withElseRegion=*/true);
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(op.thenBlock());
+    scf::YieldOp::create(b, then());
+    b.setInsertionPointToStart(op.elseBlock());
+    scf::YieldOp::create(b, otherwise());
+    return op.getResult(0);
+  }
+  void barrier() { gpu::BarrierOp::create(b); }
+
+  // --- warp -----------------------------------------------------------------
+  Value fullMask() { return i32(-1); }
+  Value shuffle(Value v, Value srcLane) {
+    return gpu::ShuffleOp::create(b, v, srcLane, i32(32), gpu::ShuffleMode::IDX).getShuffleResult();
+  }
+  Value ballot(Value pred) {
+    return NVVM::VoteSyncOp::create(b, i32T(), fullMask(), pred, NVVM::VoteSyncKind::ballot);
+  }
+  Value matchAny(Value v) {
+    return NVVM::MatchSyncOp::create(b, i32T(), fullMask(), v, NVVM::MatchSyncKind::any);
+  }
+  Value ctlz(Value v) { return LLVM::CountLeadingZerosOp::create(b, i32T(), v, false); }
+  Value cttz(Value v) { return LLVM::CountTrailingZerosOp::create(b, i32T(), v, false); }
+  Value popc(Value v) { return LLVM::CtPopOp::create(b, i32T(), v); }
+
+  /// The warp copies `bytes` (a multiple of 16) from `src` to `dst`.
+  void copyRow(Value dst, Value src, int64_t bytes) {
+    Type vec = VectorType::get({4}, i32T());
+    loop(lane, i32(bytes / 16), i32(32), [&](Value chunk) {
+      Value offset = mul(chunk, i32(16));
+      store(load(vec, at(src, offset), 16), at(dst, offset), 16);
+    });
+  }
+
+  /// The routing of token `t` in this warp: lane j < K holds expert id e_j
+  /// (i32, -1 = none) and its destination rank (-1 if none); the master lanes
+  /// (the highest slot of each destination) and their ballot.
+  struct Routing {
+    Value expert, valid, dst, masterLane, isMaster, masters;
+  };
+  Routing route(Value topkIdx, Value token) {
+    Routing r;
+    Value inTopk = lt(lane, i32(layout.topk));
+    Type idxType = b.getIntegerType(layout.idxBytes * 8);
+    r.expert = choose(inTopk, i32T(), [&]() -> Value {
+      Value element = add(mul(token, i32(layout.topk)), lane);
+      Value raw = load(idxType, at(topkIdx, mul(element, i32(layout.idxBytes))), layout.idxBytes);
+      if (layout.idxBytes == 4)
+        return raw;
+      return layout.idxBytes > 4 ? arith::TruncIOp::create(b, i32T(), raw).getResult()
+                                 : arith::ExtSIOp::create(b, i32T(), raw).getResult();
+    }, [&]() -> Value { return i32(-1); });
+    r.valid = cmp(arith::CmpIPredicate::sge, r.expert, i32(0));
+    r.dst = select(r.valid, divs(r.expert, i32(layout.local)), i32(-1));
+    Value group = matchAny(r.dst);
+    r.masterLane = sub(i32(31), ctlz(group));
+    r.isMaster = andi(r.valid, eq(lane, r.masterLane));
+    r.masters = ballot(r.isMaster);
+    return r;
+  }
+
+  /// Thread 0 counts this block's arrival (acq_rel, system scope, so the
+  /// whole block's writes are ordered before it); every thread learns
+  /// whether this block was the rank's last.
+  Value lastBlockOfRank(int64_t counterOffset) {
+    Value memref = sharedFlag;
+    Value zero = arith::ConstantIndexOp::create(b, 0);
+    barrier();
+    when(eq(tid, i32(0)), [&] {
+      Value old = comm::AtomicRMWOp::create(b, i32T(), comm::AtomicKind::add, comm::Ordering::acq_rel,
+                                            comm::Scope::sys, i32(1), local(i32(counterOffset)));
+      Value last = arith::ExtUIOp::create(b, i32T(), eq(old, sub(blocks, i32(1))));
+      memref::StoreOp::create(b, last, memref, ValueRange{zero});
+    });
+    barrier();
+    return eq(memref::LoadOp::create(b, memref, ValueRange{zero}), i32(1));
+  }
+
+  void entryBarrier() {
+    comm::BarrierOp::create(b, lsa, comm, block, comm::Coop::block, /*timeout_ms=*/100000);
+  }
+};
+
+gpu::GPUFuncOp createKernel(OpBuilder &builder, Location loc, StringRef name, bool sharedFlag) {
+  MLIRContext *ctx = builder.getContext();
+  Type types[] = {comm::DevCommType::get(ctx), comm::WindowType::get(ctx),
+                  LLVM::LLVMPointerType::get(ctx, 1)};
+  auto func = gpu::GPUFuncOp::create(builder, loc, name, builder.getFunctionType(types, {}));
+  func->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), builder.getUnitAttr());
+  if (sharedFlag) {
+    auto space = gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup);
+    func.addWorkgroupAttribution(MemRefType::get({1}, builder.getI32Type(), nullptr, space), loc);
+  }
+  OpBuilder::InsertionGuard guard(builder);
+  builder.setInsertionPointToEnd(&func.getBody().front());
+  gpu::ReturnOp::create(builder, loc);
+  return func;
+}
+
+//===----------------------------------------------------------------------===//
+// Dispatch
+//===----------------------------------------------------------------------===//
+
+struct DispatchShape {
+  bool scalePacks, weights;
+};
+
+void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape shape) {
+  KernelBuilder k(func, L);
+  OpBuilder::InsertionGuard guard(k.b);
+  k.b.setInsertionPoint(func.getBody().front().getTerminator());
+  Value numTokens = k.intParam(kDispatchNumTokens);
+  Value x = k.pointerParam(kX);
+  Value topkIdx = k.pointerParam(kTopkIdx);
+  Value scalePacks = shape.scalePacks ? k.pointerParam(kScalePacks) : Value();
+  Value weights = shape.weights ? k.pointerParam(kTopkWeights) : Value();
+  k.entryBarrier();
+
+  // One warp per token: send it once to each destination rank.
+  k.loop(k.globalWarp, numTokens, k.numWarps, [&](Value token) {
+    auto r = k.route(topkIdx, token);
+    // Per-(destination rank, local expert) counts of this rank's tokens.
+    k.when(r.valid, [&] {
+      Value slot = k.add(k.mul(r.dst, k.i32(L.local)), k.remu(r.expert, k.i32(L.local)));
+      comm::RedOp::create(k.b, comm::AtomicKind::add, comm::Ordering::relaxed, comm::Scope::gpu,
+                          k.i32(1), k.counter(L.expertLocal, slot));
+    });
+    auto loop = scf::WhileOp::create(k.b, TypeRange{k.i32T()}, ValueRange{r.masters});
+    {
+      OpBuilder::InsertionGuard g(k.b);
+      Block *before = k.b.createBlock(&loop.getBefore(), {}, {k.i32T()}, {k.b.getLoc()});
+      Value pending = before->getArgument(0);
+      scf::ConditionOp::create(k.b, k.cmp(arith::CmpIPredicate::ne, pending, k.i32(0)),
+                               ValueRange{pending});
+      Block *after = k.b.createBlock(&loop.getAfter(), {}, {k.i32T()}, {k.b.getLoc()});
+      pending = after->getArgument(0);
+      Value master = k.cttz(pending);
+      Value dst = k.shuffle(r.dst, master);
+      Value mySlot = k.choose(k.eq(k.lane, master), k.i32T(), [&]() -> Value {
+        return comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add, comm::Ordering::relaxed,
+                                         comm::Scope::gpu, k.i32(1), k.counter(L.slots, dst));
+      }, [&]() -> Value { return k.i32(0); });
+      Value slot = k.shuffle(mySlot, master);
+      // Record [me][slot] of the destination's receive region.
+      Value index = k.add(k.mul(k.wide(k.me), k.i64(L.tmax)), k.wide(slot));
+      Value record = k.peer(k.add(k.i64(L.data), k.mul(index, k.i64(L.record))), dst);
+      k.copyRow(record, k.at(x, k.mul(k.wide(token), k.i64(L.rowBytes))), L.rowBytes);
+      if (shape.scalePacks) {
+        k.loop(k.lane, k.i32(L.packs), k.i32(32), [&](Value p) {
+          Value v = k.loadI32(scalePacks, k.add(k.mul(token, k.i32(L.packs)), p));
+          k.storeI32(v, k.at(record, k.i32(L.rowPad)), p);
+        });
+      }
+      k.when(k.lt(k.lane, k.i32(L.topk)), [&] {
+        k.storeI32(r.expert, k.at(record, k.i32(L.idsOff)), k.lane);
+        if (shape.weights) {
+          Value w = k.load(k.b.getF32Type(),
+                           k.at(weights, k.mul(k.add(k.mul(token, k.i32(L.topk)), k.lane), k.i32(4))), 4);
+          k.store(w, k.at(record, k.add(k.i32(L.weightsOff), k.mul(k.lane, k.i32(4)))), 4);
+        }
+      });
+      k.when(k.eq(k.lane, k.i32(0)), [&] {
+        k.store(token, k.at(record, k.i32(L.tokenOff)), 4);
+        k.store(master, k.at(record, k.i32(L.tokenOff + 4)), 4);
+      });
+      Value rest = k.andi(pending, k.sub(pending, k.i32(1)));
+      scf::YieldOp::create(k.b, ValueRange{rest});
+    }
+  });
+
+  // The rank's last block exchanges the counts.
+  Value last = k.lastBlockOfRank(L.dispatchDone);
+  k.when(last, [&] {
+    Value psumPerRank = k.pointerParam(kPsumPerRank);
+    Value expertCounts = k.pointerParam(kExpertCounts);
+    Value psumPerExpert = k.pointerParam(kPsumPerExpert);
+    Value hostCounts = k.pointerParam(kHostCounts);
+    // Per-expert counts to each destination (relaxed), then the token
+    // counts encoded as -c-1 with release: a peer that sees a count sees
+    // the expert counts and every record this rank sent it.
+    k.loop(k.tid, k.i32(L.ranks * L.local), k.threads, [&](Value i) {
+      Value from = k.counter(L.expertLocal, i);
+      Value v = comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed, comm::Scope::gpu, from);
+      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), from);
+      Value dst = k.divu(i, k.i32(L.local));
+      Value slot = k.add(k.mul(k.me, k.i32(L.local)), k.remu(i, k.i32(L.local)));
+      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::sys, v,
+                            k.peer(k.add(k.i32(L.expertIn), k.mul(slot, k.i32(4))), dst));
+    });
+    k.barrier();
+    k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value dst) {
+      Value from = k.counter(L.slots, dst);
+      Value c = comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed, comm::Scope::gpu, from);
+      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), from);
+      Value encoded = k.sub(k.i32(-1), c);
+      comm::StoreOp::create(k.b, comm::Ordering::release, comm::Scope::sys, encoded,
+                            k.peer(k.add(k.i32(L.countsIn), k.mul(k.me, k.i32(4))), dst));
+    });
+    k.when(k.eq(k.tid, k.i32(0)), [&] {
+      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
+                            k.local(k.i32(L.dispatchDone)));
+    });
+    // Every source's count (bounded acquire wait), reset for the next call.
+    k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value src) {
+      Value cell = k.counter(L.countsIn, src);
+      Value seen = comm::WaitFlagOp::create(k.b, k.i32T(), cell, comm::Predicate::ne, k.i32(0),
+                                            comm::Scope::sys, /*timeout_ms=*/100000);
+      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), cell);
+      k.storeI32(k.sub(k.i32(-1), seen), psumPerRank, src);
+    });
+    k.barrier();
+    k.loop(k.tid, k.i32(L.local), k.threads, [&](Value e) {
+      auto sum = scf::ForOp::create(k.b, k.i32(0), k.i32(L.ranks), k.i32(1), ValueRange{k.i32(0)});
+      {
+        OpBuilder::InsertionGuard g(k.b);
+        k.b.setInsertionPointToStart(sum.getBody());
+        Value src = sum.getInductionVar();
+        Value cell = k.counter(L.expertIn, k.add(k.mul(src, k.i32(L.local)), e));
+        Value v = k.load(k.i32T(), cell, 4);
+        k.store(k.i32(0), cell, 4);
+        scf::YieldOp::create(k.b, ValueRange{k.add(sum.getRegionIterArg(0), v)});
+      }
+      k.storeI32(sum.getResult(0), expertCounts, e);
+    });
+    k.barrier();
+    // Thread 0: inclusive prefix sums (per source rank; per local expert of
+    // the counts rounded up to the alignment) and the host-visible counts.
+    k.when(k.eq(k.tid, k.i32(0)), [&] {
+      auto ranks = scf::ForOp::create(k.b, k.i32(0), k.i32(L.ranks), k.i32(1), ValueRange{k.i32(0)});
+      {
+        OpBuilder::InsertionGuard g(k.b);
+        k.b.setInsertionPointToStart(ranks.getBody());
+        Value s = ranks.getInductionVar();
+        Value total = k.add(ranks.getRegionIterArg(0), k.loadI32(psumPerRank, s));
+        k.storeI32(total, psumPerRank, s);
+        scf::YieldOp::create(k.b, ValueRange{total});
+      }
+      k.storeI32(ranks.getResult(0), hostCounts, k.i32(0));
+      auto experts = scf::ForOp::create(k.b, k.i32(0), k.i32(L.local), k.i32(1), ValueRange{k.i32(0)});
+      {
+        OpBuilder::InsertionGuard g(k.b);
+        k.b.setInsertionPointToStart(experts.getBody());
+        Value e = experts.getInductionVar();
+        Value count = k.loadI32(expertCounts, e);
+        Value aligned = k.mul(k.divu(k.add(count, k.i32(L.alignment - 1)), k.i32(L.alignment)),
+                              k.i32(L.alignment));
+        Value total = k.add(experts.getRegionIterArg(0), aligned);
+        k.storeI32(total, psumPerExpert, e);
+        k.storeI32(aligned, hostCounts, k.add(e, k.i32(1)));
+        scf::YieldOp::create(k.b, ValueRange{total});
+      }
+    });
+  });
+}
+
+void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape shape) {
+  KernelBuilder k(func, L);
+  OpBuilder::InsertionGuard guard(k.b);
+  k.b.setInsertionPoint(func.getBody().front().getTerminator());
+  Value psum = k.pointerParam(kPsumPerRank);
+  Value recvX = k.pointerParam(kRecvX);
+  Value recvPacks = shape.scalePacks ? k.pointerParam(kRecvScalePacks) : Value();
+  Value recvIdx = k.pointerParam(kRecvTopkIdx);
+  Value recvWeights = shape.weights ? k.pointerParam(kRecvTopkWeights) : Value();
+  Value metadata = k.pointerParam(kRecvSrcMetadata);
+  Value received = k.loadI32(psum, k.i32(L.ranks - 1));
+
+  k.loop(k.globalWarp, received, k.numWarps, [&](Value row) {
+    // Source rank: how many prefix sums are <= row (32 ranks per step).
+    auto search = scf::ForOp::create(k.b, k.i32(0), k.i32(L.ranks), k.i32(32), ValueRange{k.i32(0)});
+    {
+      OpBuilder::InsertionGuard g(k.b);
+      k.b.setInsertionPointToStart(search.getBody());
+      Value s = k.add(search.getInductionVar(), k.lane);
+      Value bound = k.choose(k.lt(s, k.i32(L.ranks)), k.i32T(),
+                             [&]() -> Value { return k.loadI32(psum, s); },
+                             [&]() -> Value { return k.i32(INT32_MAX); });
+      Value below = k.ballot(k.cmp(arith::CmpIPredicate::sle, bound, row));
+      scf::YieldOp::create(k.b, ValueRange{k.add(search.getRegionIterArg(0), k.popc(below))});
+    }
+    Value src = search.getResult(0);
+    Value before = k.choose(k.cmp(arith::CmpIPredicate::sgt, src, k.i32(0)), k.i32T(),
+                            [&]() -> Value { return k.loadI32(psum, k.sub(src, k.i32(1))); },
+                            [&]() -> Value { return k.i32(0); });
+    Value slot = k.sub(row, before);
+    Value index = k.add(k.mul(k.wide(src), k.i64(L.tmax)), k.wide(slot));
+    Value record = k.local(k.add(k.i64(L.data), k.mul(index, k.i64(L.record))));
+    k.copyRow(k.at(recvX, k.mul(k.wide(row), k.i64(L.rowBytes))), record, L.rowBytes);
+    if (shape.scalePacks) {
+      k.loop(k.lane, k.i32(L.packs), k.i32(32), [&](Value p) {
+        Value v = k.loadI32(k.at(record, k.i32(L.rowPad)), p);
+        k.storeI32(v, recvPacks, k.add(k.mul(row, k.i32(L.packs)), p));
+      });
+    }
+    k.when(k.lt(k.lane, k.i32(L.topk)), [&] {
+      Value element = k.add(k.mul(row, k.i32(L.topk)), k.lane);
+      Value e = k.loadI32(k.at(record, k.i32(L.idsOff)), k.lane);
+      Value mine = k.andi(k.cmp(arith::CmpIPredicate::sge, e, k.i32(0)),
+                          k.eq(k.divs(e, k.i32(L.local)), k.me));
+      Value localId = k.select(mine, k.rems(e, k.i32(L.local)), k.i32(-1));
+      Type idxType = k.b.getIntegerType(L.idxBytes * 8);
+      Value out = localId;
+      if (L.idxBytes > 4)
+        out = arith::ExtSIOp::create(k.b, idxType, localId);
+      else if (L.idxBytes < 4)
+        out = arith::TruncIOp::create(k.b, idxType, localId);
+      k.store(out, k.at(recvIdx, k.mul(element, k.i32(L.idxBytes))), L.idxBytes);
+      if (shape.weights) {
+        Value w = k.load(k.b.getF32Type(), k.at(record, k.add(k.i32(L.weightsOff), k.mul(k.lane, k.i32(4)))), 4);
+        k.store(w, k.at(recvWeights, k.mul(element, k.i32(4))), 4);
+      }
+    });
+    // recv_src_metadata[row] = (src * Tmax + token, src * K + master, -1 ...).
+    Value token = k.load(k.i32T(), k.at(record, k.i32(L.tokenOff)), 4);
+    Value master = k.load(k.i32T(), k.at(record, k.i32(L.tokenOff + 4)), 4);
+    Value first = k.add(k.mul(src, k.i32(L.tmax)), token);
+    Value second = k.add(k.mul(src, k.i32(L.topk)), master);
+    k.loop(k.lane, k.i32(L.topk + 2), k.i32(32), [&](Value column) {
+      Value v = k.select(k.eq(column, k.i32(0)), first,
+                         k.select(k.eq(column, k.i32(1)), second, k.i32(-1)));
+      k.storeI32(v, metadata, k.add(k.mul(row, k.i32(L.topk + 2)), column));
+    });
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// Combine
+//===----------------------------------------------------------------------===//
+
+struct CombineShape {
+  bool weights;
+  unsigned biases;
+};
+
+void buildCombineSend(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape) {
+  KernelBuilder k(func, L);
+  OpBuilder::InsertionGuard guard(k.b);
+  k.b.setInsertionPoint(func.getBody().front().getTerminator());
+  Value x = k.pointerParam(kCX);
+  Value weights = shape.weights ? k.pointerParam(kCTopkWeights) : Value();
+  Value metadata = k.pointerParam(kCSrcMetadata);
+  Value received = k.loadI32(k.pointerParam(kCPsumPerRank), k.i32(L.ranks - 1));
+  k.entryBarrier();
+
+  // One warp per received row: back to its source, into [master slot][token].
+  k.loop(k.globalWarp, received, k.numWarps, [&](Value row) {
+    Value meta = k.at(metadata, k.mul(k.mul(row, k.i32(L.topk + 2)), k.i32(4)));
+    Value gid = k.load(k.i32T(), meta, 4);
+    Value back = k.loadI32(meta, k.i32(1));
+    Value src = k.divu(gid, k.i32(L.tmax));
+    Value token = k.remu(gid, k.i32(L.tmax));
+    Value master = k.remu(back, k.i32(L.topk));
+    Value index = k.add(k.mul(k.wide(master), k.i64(L.tmax)), k.wide(token));
+    Value record = k.peer(k.add(k.i64(L.data), k.mul(index, k.i64(L.combineRecord))), src);
+    k.copyRow(record, k.at(x, k.mul(k.wide(row), k.i64(L.hidden * 2))), L.hidden * 2);
+    if (shape.weights) {
+      k.when(k.lt(k.lane, k.i32(L.topk)), [&] {
+        Value w = k.load(k.b.getF32Type(),
+                         k.at(weights, k.mul(k.add(k.mul(row, k.i32(L.topk)), k.lane), k.i32(4))), 4);
+        k.store(w, k.at(record, k.add(k.i32(L.combineRow), k.mul(k.lane, k.i32(4)))), 4);
+      });
+    }
+  });
+
+  // The rank's last block tells every peer it is done, and waits for all.
+  Value last = k.lastBlockOfRank(L.combineDone);
+  k.when(last, [&] {
+    k.when(k.eq(k.tid, k.i32(0)), [&] {
+      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
+                            k.local(k.i32(L.combineDone)));
+    });
+    k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value dst) {
+      comm::StoreOp::create(k.b, comm::Ordering::release, comm::Scope::sys, k.i32(1),
+                            k.peer(k.add(k.i32(L.combineFlags), k.mul(k.me, k.i32(4))), dst));
+    });
+    k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value src) {
+      Value cell = k.counter(L.combineFlags, src);
+      comm::WaitFlagOp::create(k.b, k.i32T(), cell, comm::Predicate::eq, k.i32(1), comm::Scope::sys,
+                               /*timeout_ms=*/100000);
+      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), cell);
+    });
+  });
+}
+
+void buildCombineReduce(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape) {
+  KernelBuilder k(func, L);
+  OpBuilder::InsertionGuard guard(k.b);
+  k.b.setInsertionPoint(func.getBody().front().getTerminator());
+  Value numTokens = k.intParam(kCNumTokens);
+  Value topkIdx = k.pointerParam(kCTopkIdx);
+  Value out = k.pointerParam(kCCombinedX);
+  Value outWeights = shape.weights ? k.pointerParam(kCCombinedWeights) : Value();
+  SmallVector<Value> biases;
+  for (unsigned i = 0; i < shape.biases; ++i)
+    biases.push_back(k.pointerParam(kCBias0 + i));
+  Type f32 = k.b.getF32Type();
+  auto chunkF32 = VectorType::get({8}, f32);
+  auto chunkBF16 = VectorType::get({8}, k.b.getBF16Type());
+
+  k.loop(k.globalWarp, numTokens, k.numWarps, [&](Value token) {
+    auto r = k.route(topkIdx, token);
+    Value rowBytes = k.mul(k.wide(token), k.i64(L.hidden * 2));
+    // 8 channels (16 bytes) per lane and step, fp32 from +0.0: the biases,
+    // then the master slots' rows in increasing slot order; one rounding.
+    k.loop(k.lane, k.i32(L.hidden / 8), k.i32(32), [&](Value chunk) {
+      Value offset = k.mul(chunk, k.i32(16));
+      Value acc = arith::ConstantOp::create(k.b, chunkF32, DenseElementsAttr::get(chunkF32, 0.0f));
+      for (Value bias : biases) {
+        Value v = k.load(chunkBF16, k.at(k.at(bias, rowBytes), offset), 16);
+        acc = arith::AddFOp::create(k.b, acc, arith::ExtFOp::create(k.b, chunkF32, v));
+      }
+      auto slots = scf::ForOp::create(k.b, k.i32(0), k.i32(L.topk), k.i32(1), ValueRange{acc});
+      {
+        OpBuilder::InsertionGuard g(k.b);
+        k.b.setInsertionPointToStart(slots.getBody());
+        Value j = slots.getInductionVar();
+        Value sum = slots.getRegionIterArg(0);
+        Value isMaster = k.cmp(arith::CmpIPredicate::ne,
+                               k.andi(arith::ShRUIOp::create(k.b, r.masters, j), k.i32(1)), k.i32(0));
+        Value next = k.choose(isMaster, chunkF32, [&]() -> Value {
+          Value index = k.add(k.mul(k.wide(j), k.i64(L.tmax)), k.wide(token));
+          Value record = k.local(k.add(k.i64(L.data), k.mul(index, k.i64(L.combineRecord))));
+          Value v = k.load(chunkBF16, k.at(record, offset), 16);
+          return arith::AddFOp::create(k.b, sum, arith::ExtFOp::create(k.b, chunkF32, v));
+        }, [&]() -> Value { return sum; });
+        scf::YieldOp::create(k.b, ValueRange{next});
+      }
+      Value rounded = arith::TruncFOp::create(k.b, chunkBF16, slots.getResult(0));
+      k.store(rounded, k.at(k.at(out, rowBytes), offset), 16);
+    });
+    if (shape.weights) {
+      // Slot j's weight comes from the record of its rank's master slot.
+      k.when(k.lt(k.lane, k.i32(L.topk)), [&] {
+        Value w = k.choose(r.valid, f32, [&]() -> Value {
+          Value index = k.add(k.mul(k.wide(r.masterLane), k.i64(L.tmax)), k.wide(token));
+          Value record = k.local(k.add(k.i64(L.data), k.mul(index, k.i64(L.combineRecord))));
+          return k.load(f32, k.at(record, k.add(k.i32(L.combineRow), k.mul(k.lane, k.i32(4)))), 4);
+        }, [&]() -> Value { return arith::ConstantFloatOp::create(k.b, cast<FloatType>(f32), APFloat(0.0f)); });
+        k.store(w, k.at(outWeights, k.mul(k.add(k.mul(token, k.i32(L.topk)), k.lane), k.i32(4))), 4);
+      });
+    }
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// The pass
+//===----------------------------------------------------------------------===//
+
+/// The one ep op of an entry function, or a diagnostic.
+FailureOr<Operation *> entryOp(func::FuncOp func) {
+  Operation *epOp = nullptr;
+  for (Operation &op : func.getBody().front()) {
+    if (isa<ep::DispatchOp, ep::CombineOp>(op)) {
+      if (epOp)
+        return func.emitError("ep-expand: expected one ep.dispatch or ep.combine per function, "
+                              "found a second one"),
+               failure();
+      epOp = &op;
+    } else if (!isa<func::ReturnOp>(op)) {
+      return op.emitError("ep-expand: an ep op must be alone in its function (the entry form "
+                          "the runtime generates); found '")
+                 << op.getName() << "'",
+             failure();
+    }
+  }
+  return epOp;
+}
+
+LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
+  OpBuilder builder(func);
+  Location loc = op->getLoc();
+  MLIRContext *ctx = func.getContext();
+  std::string name = func.getName().str();
+  const std::string moduleName = "ep_kernels";
+
+  SmallVector<std::string> kernelNames;
+  ArrayRef<const char *const> fields;
+  ep::ConfigAttr cfg;
+  std::function<void(gpu::GPUModuleOp)> build;
+
+  if (auto dispatch = dyn_cast<ep::DispatchOp>(op)) {
+    cfg = dispatch.getConfig();
+    if (cfg.isExpanded())
+      return op->emitError("ep-expand: the expanded layout is not generated yet");
+    if (dispatch.isCached())
+      return op->emitError("ep-expand: cached dispatch is not generated yet");
+    unsigned idxBits =
+        cast<ShapedType>(dispatch.getTopkIdx().getType()).getElementTypeBitWidth();
+    DispatchShape shape{static_cast<bool>(dispatch.getScalePacks()),
+                        static_cast<bool>(dispatch.getTopkWeights())};
+    kernelNames = {name + "_send", name + "_copy"};
+    fields = kDispatchFields;
+    build = [=](gpu::GPUModuleOp module) {
+      EPLayout layout(cfg, idxBits);
+      OpBuilder b = OpBuilder::atBlockBegin(module.getBody());
+      buildDispatchSend(createKernel(b, loc, kernelNames[0], true), layout, shape);
+      buildDispatchCopy(createKernel(b, loc, kernelNames[1], false), layout, shape);
+    };
+  } else {
+    auto combine = cast<ep::CombineOp>(op);
+    cfg = combine.getConfig();
+    if (cfg.isExpanded())
+      return op->emitError("ep-expand: the expanded layout is not generated yet");
+    if (cfg.getHidden() % 8 != 0)
+      return op->emitError("ep-expand: combine reduces 8 bf16 channels per step, so hidden (")
+             << cfg.getHidden() << ") must be a multiple of 8";
+    CombineShape shape{static_cast<bool>(combine.getTopkWeights()),
+                       static_cast<unsigned>(combine.getBiases().size())};
+    kernelNames = {name + "_send", name + "_reduce"};
+    fields = kCombineFields;
+    build = [=](gpu::GPUModuleOp module) {
+      // The routing comes from the handle (topk_idx of the dispatch); int64.
+      EPLayout layout(cfg, 64);
+      OpBuilder b = OpBuilder::atBlockBegin(module.getBody());
+      buildCombineSend(createKernel(b, loc, kernelNames[0], true), layout, shape);
+      buildCombineReduce(createKernel(b, loc, kernelNames[1], false), layout, shape);
+    };
+  }
+
+  // The kernels, in the module's one gpu.module (one cubin for the runtime).
+  ModuleOp parent = func->getParentOfType<ModuleOp>();
+  parent->setAttr(gpu::GPUDialect::getContainerModuleAttrName(), builder.getUnitAttr());
+  auto kernels = SymbolTable::lookupSymbolIn(parent, moduleName);
+  auto kernelModule = dyn_cast_or_null<gpu::GPUModuleOp>(kernels);
+  if (!kernelModule) {
+    OpBuilder::InsertionGuard guard(builder);
+    builder.setInsertionPointToStart(parent.getBody());
+    kernelModule = gpu::GPUModuleOp::create(builder, loc, moduleName);
+  }
+  build(kernelModule);
+  builder.setInsertionPoint(func);
+
+  // The launch function replaces the entry function.
+  Type args[] = {comm::DevCommType::get(ctx), comm::WindowType::get(ctx),
+                 LLVM::LLVMPointerType::get(ctx, 1), builder.getIndexType()};
+  auto launch = func::FuncOp::create(builder, loc, name, builder.getFunctionType(args, {}));
+  Block *body = launch.addEntryBlock();
+  OpBuilder lb = OpBuilder::atBlockEnd(body);
+  Value one = arith::ConstantIndexOp::create(lb, loc, 1);
+  Value threadCount = arith::ConstantIndexOp::create(lb, loc, threads);
+  Value grid = body->getArgument(3);
+  for (const std::string &kernel : kernelNames) {
+    auto symbol = SymbolRefAttr::get(ctx, moduleName, {FlatSymbolRefAttr::get(ctx, kernel)});
+    gpu::LaunchFuncOp::create(lb, loc, symbol, gpu::KernelDim3{grid, one, one},
+                              gpu::KernelDim3{threadCount, one, one}, Value(),
+                              ValueRange{body->getArgument(0), body->getArgument(1),
+                                         body->getArgument(2)});
+  }
+  func::ReturnOp::create(lb, loc);
+
+  EPLayout layout(cfg, 64);
+  SmallVector<Attribute> fieldNames;
+  for (const char *field : fields)
+    fieldNames.push_back(builder.getStringAttr(field));
+  SmallVector<Attribute> kernelAttrs;
+  for (const std::string &kernel : kernelNames)
+    kernelAttrs.push_back(builder.getStringAttr(kernel));
+  launch->setAttr("epic.entry", builder.getStringAttr(isa<ep::DispatchOp>(op) ? "dispatch" : "combine"));
+  launch->setAttr("epic.config", cfg);
+  launch->setAttr("epic.kernels", builder.getArrayAttr(kernelAttrs));
+  launch->setAttr("epic.threads", builder.getI64IntegerAttr(threads));
+  launch->setAttr("epic.param_fields", builder.getArrayAttr(fieldNames));
+  launch->setAttr("epic.param_stride", builder.getI64IntegerAttr(kParamsStride));
+  launch->setAttr("epic.window_bytes", builder.getI64IntegerAttr(layout.windowBytes));
+  launch->setAttr("epic.barriers", builder.getStringAttr("one LSA barrier slot per block of a rank"));
+  func.erase();
+  return success();
+}
+
+struct EPExpandPass : public epic::impl::EPExpandBase<EPExpandPass> {
+  using EPExpandBase::EPExpandBase;
+  void runOnOperation() override {
+    if (threadsPerBlock % 32 != 0 || threadsPerBlock == 0 || threadsPerBlock > 1024) {
+      getOperation().emitError("ep-expand: threads-per-block must be a multiple of 32 in "
+                               "[32, 1024], got ")
+          << threadsPerBlock;
+      return signalPassFailure();
+    }
+    SmallVector<std::pair<func::FuncOp, Operation *>> entries;
+    bool failed = false;
+    getOperation().walk([&](func::FuncOp func) {
+      bool hasEP = false;
+      func.walk([&](Operation *op) { hasEP |= isa<ep::DispatchOp, ep::CombineOp>(op); });
+      if (!hasEP)
+        return;
+      FailureOr<Operation *> op = entryOp(func);
+      if (mlir::failed(op)) {
+        failed = true;
+        return;
+      }
+      entries.push_back({func, *op});
+    });
+    for (auto [func, op] : entries)
+      failed |= mlir::failed(expand(func, op, threadsPerBlock));
+    if (failed)
+      signalPassFailure();
+  }
+};
+
+} // namespace

@@ -1,0 +1,47 @@
+// Entry functions of the GPU check of ep-expand (test/gpu/ep_virtual.py runs
+// them on one H200 as 8 virtual ranks and compares with epic.reference):
+// BF16 dispatch with weights and a combine with weights and two biases; FP8
+// dispatch with float32 scale packs and a combine with weights.
+// RUN: epic-compile %s --backend=virtual -o %t && FileCheck %s < %t.json
+// CHECK-DAG: "name": "dispatch_bf16_send"
+// CHECK-DAG: "name": "combine_fp8_reduce"
+
+#bf16 = #ep.config<ranks = 8, experts = 64, topk = 6, hidden = 2048, dtype = bf16,
+                   max_tokens_per_rank = 512>
+#fp8 = #ep.config<ranks = 8, experts = 64, topk = 6, hidden = 2048, dtype = f8E4M3FN,
+                  scale_packs = 16, max_tokens_per_rank = 512>
+
+func.func @dispatch_bf16(%x: tensor<?x2048xbf16>, %idx: tensor<?x6xi64>, %w: tensor<?x6xf32>)
+    -> (tensor<?x2048xbf16>, tensor<?x6xi64>, tensor<?x6xf32>, !ep.handle<#bf16>) {
+  %rx, %ri, %rw, %h = ep.dispatch %x topk(%idx : tensor<?x6xi64>) weights(%w : tensor<?x6xf32>)
+      config #bf16
+      : tensor<?x2048xbf16> -> tensor<?x2048xbf16>, tensor<?x6xi64>, tensor<?x6xf32>, !ep.handle<#bf16>
+  return %rx, %ri, %rw, %h : tensor<?x2048xbf16>, tensor<?x6xi64>, tensor<?x6xf32>, !ep.handle<#bf16>
+}
+
+func.func @combine_bf16(%y: tensor<?x2048xbf16>, %h: !ep.handle<#bf16>, %w: tensor<?x6xf32>,
+                        %b0: tensor<?x2048xbf16>, %b1: tensor<?x2048xbf16>)
+    -> (tensor<?x2048xbf16>, tensor<?x6xf32>) {
+  %out, %ow = ep.combine %y, %h weights(%w : tensor<?x6xf32>)
+      bias(%b0, %b1 : tensor<?x2048xbf16>, tensor<?x2048xbf16>)
+      : tensor<?x2048xbf16>, !ep.handle<#bf16> -> tensor<?x2048xbf16>, tensor<?x6xf32>
+  return %out, %ow : tensor<?x2048xbf16>, tensor<?x6xf32>
+}
+
+func.func @dispatch_fp8(%x: tensor<?x2048xf8E4M3FN>, %sf: tensor<?x16xf32>,
+                        %idx: tensor<?x6xi64>, %w: tensor<?x6xf32>)
+    -> (tensor<?x2048xf8E4M3FN>, tensor<?x16xf32>, tensor<?x6xi64>, tensor<?x6xf32>, !ep.handle<#fp8>) {
+  %rx, %rsf, %ri, %rw, %h = ep.dispatch %x topk(%idx : tensor<?x6xi64>) scales(%sf : tensor<?x16xf32>)
+      weights(%w : tensor<?x6xf32>) config #fp8
+      : tensor<?x2048xf8E4M3FN> -> tensor<?x2048xf8E4M3FN>, tensor<?x16xf32>, tensor<?x6xi64>,
+        tensor<?x6xf32>, !ep.handle<#fp8>
+  return %rx, %rsf, %ri, %rw, %h : tensor<?x2048xf8E4M3FN>, tensor<?x16xf32>, tensor<?x6xi64>,
+      tensor<?x6xf32>, !ep.handle<#fp8>
+}
+
+func.func @combine_fp8(%y: tensor<?x2048xbf16>, %h: !ep.handle<#fp8>, %w: tensor<?x6xf32>)
+    -> (tensor<?x2048xbf16>, tensor<?x6xf32>) {
+  %out, %ow = ep.combine %y, %h weights(%w : tensor<?x6xf32>)
+      : tensor<?x2048xbf16>, !ep.handle<#fp8> -> tensor<?x2048xbf16>, tensor<?x6xf32>
+  return %out, %ow : tensor<?x2048xbf16>, tensor<?x6xf32>
+}

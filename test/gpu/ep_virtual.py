@@ -1,0 +1,206 @@
+"""GPU check of ep-expand on one GPU: 8 virtual ranks, against epic.reference.
+
+Runs the kernels that epic-compile made from test/gpu/ep_kernels.mlir
+(virtual backend) through CuPy: dispatch and combine, BF16 (weights, two
+biases) and FP8 (float32 scale packs, weights), uneven token counts, masked
+top-k slots and tokens routed nowhere. Dispatch must match the reference as
+sets (the order inside a source rank's group is the order of slot atomics):
+after sorting by source id every row, pack, id, weight and metadata entry is
+bitwise equal, and the counts and prefix sums are exact. Combine must be
+bitwise equal to the reference's fixed-order fp32 sum.
+
+    python3 test/gpu/ep_virtual.py <kernels.cubin> <kernels.json>
+"""
+import json
+import sys
+from dataclasses import replace
+
+import cupy as cp
+import ml_dtypes
+import numpy as np
+
+sys.path.insert(0, "python")
+from epic import reference as ref  # noqa: E402
+
+R, E, K, H, TMAX = 8, 64, 6, 2048, 512
+L = E // R
+P = 16
+THREADS = 256
+failures = 0
+
+
+def check(ok, what):
+    global failures
+    print(f"  {what:<66} {'ok' if ok else 'FAILED'}")
+    failures += not ok
+
+
+def bits_equal(a, b):
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    return a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+class VirtualWorld:
+    """EpicVirtualComm + one window of R slices (runtime/include/epic/device/VirtualWorld.h)."""
+
+    def __init__(self, window_bytes, barriers=64):
+        self.stride = (window_bytes + 4095) // 4096 * 4096
+        self.window = cp.zeros(R * self.stride, dtype=cp.uint8)
+        self.signals = cp.zeros(R * 4, dtype=cp.uint64)
+        self.counters = cp.zeros(R, dtype=cp.uint64)
+        self.barriers = cp.zeros(barriers, dtype=cp.uint64)
+        comm = np.zeros(6, np.int32)
+        comm[:5] = [R, 1, 4, 1, barriers]
+        ptrs = np.array([self.signals.data.ptr, self.counters.data.ptr, self.barriers.data.ptr], np.uint64)
+        self.comm = cp.asarray(np.frombuffer(comm.tobytes() + ptrs.tobytes(), np.uint8))
+        win = np.array([self.window.data.ptr, self.stride], np.uint64).tobytes() + np.array([R, 0], np.int32).tobytes()
+        self.window_desc = cp.asarray(np.frombuffer(win, np.uint8))
+
+
+def params_table(fields, records):
+    """One 128-byte record per rank: each field a pointer (device array) or an int."""
+    table = np.zeros((R, 16), np.uint64)
+    for r, record in enumerate(records):
+        for name, value in record.items():
+            i = fields.index(name)
+            table[r, i] = value.data.ptr if isinstance(value, cp.ndarray) else np.uint64(value)
+    return cp.asarray(table)
+
+
+def launch(module, name, world, params, blocks_per_rank):
+    kernel = module.get_function(name)
+    kernel((R * blocks_per_rank,), (THREADS,),
+           (np.uint64(world.comm.data.ptr), np.uint64(world.window_desc.data.ptr), np.uint64(params.data.ptr)))
+    cp.cuda.runtime.deviceSynchronize()
+
+
+def make_routing(rng, tokens):
+    scores = rng.random((tokens, E))
+    idx = np.argsort(-scores, axis=1)[:, :K].astype(np.int64)
+    idx[rng.random(idx.shape) < 0.1] = -1  # masked slots
+    idx[rng.random(tokens) < 0.03] = -1  # tokens routed nowhere
+    return idx
+
+
+def run(module, entries, fp8, blocks_per_rank, seed):
+    name = "fp8" if fp8 else "bf16"
+    print(f"{name}: {R} virtual ranks x {blocks_per_rank} blocks x {THREADS} threads, "
+          f"E={E} K={K} H={H} Tmax={TMAX}")
+    rng = np.random.default_rng(seed)
+    tokens = [TMAX - 37 * r for r in range(R)]
+    idxs = [make_routing(rng, t) for t in tokens]
+    ws = [rng.standard_normal((t, K)).astype(np.float32) for t in tokens]
+    if fp8:
+        casts = [ref.per_token_cast_to_fp8(rng.standard_normal((t, H)).astype(np.float32)) for t in tokens]
+        xs = [c[0] for c in casts]
+        sfs = [c[1] for c in casts]
+    else:
+        xs = [rng.standard_normal((t, H)).astype(ml_dtypes.bfloat16) for t in tokens]
+        sfs = None
+    expected = ref.dispatch(xs, idxs, ws, sfs, num_experts=E, num_max_tokens_per_rank=TMAX)
+
+    d_entry, c_entry = entries[f"dispatch_{name}"], entries[f"combine_{name}"]
+    world = VirtualWorld(max(d_entry["window_bytes"], c_entry["window_bytes"]))
+    xbytes = xs[0].dtype.itemsize
+    dev = []
+    for r in range(R):
+        a = {
+            "x": cp.asarray(xs[r].view(np.uint8)), "topk_idx": cp.asarray(idxs[r]),
+            "topk_weights": cp.asarray(ws[r]),
+            "recv_x": cp.zeros((R * TMAX, H * xbytes), cp.uint8),
+            "recv_topk_idx": cp.full((R * TMAX, K), -7, cp.int64),
+            "recv_topk_weights": cp.zeros((R * TMAX, K), cp.float32),
+            "recv_src_metadata": cp.full((R * TMAX, K + 2), -7, cp.int32),
+            "psum_num_recv_tokens_per_rank": cp.zeros(R, cp.int32),
+            "num_recv_tokens_per_expert": cp.zeros(L, cp.int32),
+            "psum_num_recv_tokens_per_expert": cp.zeros(L, cp.int32),
+            "host_counts": cp.zeros(1 + L, cp.int32), "num_tokens": tokens[r],
+        }
+        if fp8:
+            a["scale_packs"] = cp.asarray(sfs[r])
+            a["recv_scale_packs"] = cp.zeros((R * TMAX, P), cp.float32)
+        dev.append(a)
+    params = params_table(d_entry["param_fields"], dev)
+    launch(module, d_entry["kernels"][0], world, params, blocks_per_rank)
+    launch(module, d_entry["kernels"][1], world, params, blocks_per_rank)
+
+    results = []
+    ok_counts = ok_rows = True
+    for r in range(R):
+        a, e = dev[r], expected[r]
+        n = int(a["host_counts"][0])
+        ok_counts &= n == e.num_recv_tokens
+        ok_counts &= bits_equal(cp.asnumpy(a["psum_num_recv_tokens_per_rank"]), e.psum_num_recv_tokens_per_scaleup_rank)
+        ok_counts &= bits_equal(cp.asnumpy(a["num_recv_tokens_per_expert"]), e.num_unaligned_recv_tokens_per_expert)
+        ok_counts &= bits_equal(cp.asnumpy(a["psum_num_recv_tokens_per_expert"]), e.psum_num_recv_tokens_per_expert)
+        ok_counts &= list(cp.asnumpy(a["host_counts"][1:])) == list(e.num_recv_tokens_per_expert_list)
+        got = replace(
+            e,
+            recv_x=cp.asnumpy(a["recv_x"][:n]).view(xs[0].dtype),
+            recv_scale_packs=cp.asnumpy(a["recv_scale_packs"][:n]) if fp8 else None,
+            recv_topk_idx=cp.asnumpy(a["recv_topk_idx"][:n]),
+            recv_topk_weights=cp.asnumpy(a["recv_topk_weights"][:n]),
+            recv_src_metadata=cp.asnumpy(a["recv_src_metadata"][:n]),
+        )
+        results.append(got)
+        s = ref.sort_by_source(got)
+        for field in ("recv_x", "recv_scale_packs", "recv_topk_idx", "recv_src_metadata"):
+            ok_rows &= getattr(e, field) is None or bits_equal(getattr(s, field), getattr(e, field))
+        masked = e.recv_topk_idx >= 0  # weights of slots not on this rank are unspecified
+        ok_rows &= bits_equal(np.where(masked, s.recv_topk_weights, 0), np.where(masked, e.recv_topk_weights, 0))
+    check(ok_counts, "dispatch: token counts, prefix sums, per-expert counts exact")
+    check(ok_rows, "dispatch: rows, packs, local ids, weights, metadata bitwise (as sets)")
+    check(all(np.all(np.diff(ref.sort_by_source(g).recv_src_metadata[:, 0]) > 0) for g in results),
+          "dispatch: every source token received at most once per rank")
+
+    # Combine: each rank sends random bf16 rows (in its own received order) back.
+    ys = [rng.standard_normal((g.num_recv_tokens, H)).astype(ml_dtypes.bfloat16) for g in results]
+    back = [g.recv_topk_weights for g in results]
+    biases = [(rng.standard_normal((t, H)).astype(ml_dtypes.bfloat16),
+               rng.standard_normal((t, H)).astype(ml_dtypes.bfloat16)) for t in tokens] if not fp8 else None
+    want = ref.combine(ys, results, topk_weights=back, bias=biases)
+    cdev = []
+    for r in range(R):
+        a = {
+            "x": cp.asarray(ys[r].view(np.uint16)), "topk_weights": cp.asarray(back[r]),
+            "recv_src_metadata": dev[r]["recv_src_metadata"],
+            "psum_num_recv_tokens_per_rank": dev[r]["psum_num_recv_tokens_per_rank"],
+            "topk_idx": dev[r]["topk_idx"],
+            "combined_x": cp.full((tokens[r], H), 0x7FC1, cp.uint16),  # poisoned
+            "combined_topk_weights": cp.full((tokens[r], K), np.nan, cp.float32),
+            "num_tokens": tokens[r],
+        }
+        if biases:
+            a["bias0"] = cp.asarray(biases[r][0].view(np.uint16))
+            a["bias1"] = cp.asarray(biases[r][1].view(np.uint16))
+        cdev.append(a)
+    cparams = params_table(c_entry["param_fields"], cdev)
+    launch(module, c_entry["kernels"][0], world, cparams, blocks_per_rank)
+    launch(module, c_entry["kernels"][1], world, cparams, blocks_per_rank)
+    ok_x = all(bits_equal(cp.asnumpy(cdev[r]["combined_x"]).view(ml_dtypes.bfloat16), want[r].combined_x)
+               for r in range(R))
+    ok_w = all(bits_equal(cp.asnumpy(cdev[r]["combined_topk_weights"]), want[r].combined_topk_weights)
+               for r in range(R))
+    check(ok_x, "combine: combined_x bitwise equal to the fixed-order fp32 reference")
+    check(ok_w, "combine: combined_topk_weights equal the original weights")
+    check(all(bits_equal(want[r].combined_topk_weights, np.where(idxs[r] >= 0, ws[r], 0)) for r in range(R)),
+          "combine: (reference) weights round-trip to the dispatch's weights")
+    # Counters must be back to zero for the next call: run the same dispatch again.
+    launch(module, d_entry["kernels"][0], world, params, blocks_per_rank)
+    launch(module, d_entry["kernels"][1], world, params, blocks_per_rank)
+    check(all(int(dev[r]["host_counts"][0]) == expected[r].num_recv_tokens for r in range(R)),
+          "dispatch again on the same window: same counts (workspace back to zero)")
+
+
+def main():
+    cubin, meta = sys.argv[1], sys.argv[2]
+    entries = {e["name"]: e for e in json.load(open(meta))["entries"]}
+    module = cp.RawModule(path=cubin)
+    run(module, entries, fp8=False, blocks_per_rank=4, seed=1)
+    run(module, entries, fp8=True, blocks_per_rank=3, seed=2)
+    print("ep virtual:", "passed" if failures == 0 else f"FAILED ({failures})")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
