@@ -1,0 +1,25 @@
+// What ep-expand does not (yet) generate, and what it cannot expand, is an error.
+// RUN: epic-opt %s --split-input-file --ep-expand --verify-diagnostics
+
+#cfg = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 256, dtype = bf16,
+                  max_tokens_per_rank = 64>
+func.func @not_alone(%x: tensor<?x256xbf16>, %idx: tensor<?x4xi64>) -> tensor<?x256xbf16> {
+  %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) config #cfg
+      : tensor<?x256xbf16> -> tensor<?x256xbf16>, tensor<?x4xi64>, !ep.handle<#cfg>
+  // expected-error@+1 {{ep-expand: an ep op must be alone in its function (the entry form the runtime generates); found 'arith.addf'}}
+  %y = arith.addf %rx, %rx : tensor<?x256xbf16>
+  return %y : tensor<?x256xbf16>
+}
+
+// -----
+
+#cfg = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 256, dtype = bf16,
+                  max_tokens_per_rank = 64>
+// expected-error@+1 {{ep-expand: expected one ep.dispatch or ep.combine per function, found a second one}}
+func.func @two(%x: tensor<?x256xbf16>, %idx: tensor<?x4xi64>) {
+  %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) config #cfg
+      : tensor<?x256xbf16> -> tensor<?x256xbf16>, tensor<?x4xi64>, !ep.handle<#cfg>
+  %rx2, %ri2, %h2 = ep.dispatch %x topk(%idx : tensor<?x4xi64>) config #cfg
+      : tensor<?x256xbf16> -> tensor<?x256xbf16>, tensor<?x4xi64>, !ep.handle<#cfg>
+  return
+}

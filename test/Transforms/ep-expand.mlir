@@ -1,0 +1,119 @@
+// ep-expand: one entry function per ep op becomes kernels of comm + upstream
+// ops in @ep_kernels and a launch function of the same name.
+// RUN: epic-opt %s --split-input-file --ep-expand | FileCheck %s
+
+#cfg = #ep.config<ranks = 8, experts = 64, topk = 6, hidden = 2048, dtype = f8E4M3FN,
+                  scale_packs = 16, expert_alignment = 128, max_tokens_per_rank = 512>
+
+// CHECK-LABEL: gpu.module @ep_kernels
+// --- the data stage of dispatch ---
+// CHECK: gpu.func @dispatch_send(%[[DC:.*]]: !comm.dev_comm, %[[WIN:.*]]: !comm.window, %[[TABLE:.*]]: !llvm.ptr<1>) workgroup(%[[LAST:.*]] : memref<1xi32, #gpu.address_space<workgroup>>) kernel
+// Per-rank parameters, the LSA team and this rank.
+// CHECK: %[[PARAMS:.*]] = comm.rank_params %[[TABLE]] stride 128 via %[[DC]]
+// CHECK: %[[LSA:.*]] = comm.team lsa %[[DC]]
+// CHECK: %[[ME:.*]] = comm.team_rank %[[LSA]]
+// Remote buffers are free: entry barrier, one slot per block.
+// CHECK: comm.barrier %[[LSA]] via %[[DC]] index %{{.*}} coop block
+// One warp per token: ids grouped by destination rank, master = highest slot.
+// CHECK: scf.for
+// CHECK: arith.divsi %{{.*}}, %c8_i32
+// CHECK: nvvm.match.sync any
+// CHECK: llvm.intr.ctlz
+// CHECK: nvvm.vote.sync ballot
+// Per-(rank, expert) counts, then one slot per destination by a local atomic.
+// CHECK: comm.red add relaxed scope gpu
+// CHECK: scf.while
+// CHECK: gpu.shuffle idx
+// CHECK: comm.atomic_rmw add relaxed scope gpu
+// The record goes straight into the peer's window: hidden in 16-byte vectors,
+// then the 16 scale packs, ids, weights, token and master slot.
+// CHECK: %[[REC:.*]] = comm.peer_ptr %[[WIN]][%{{.*}}], %[[LSA]], %{{.*}} : !llvm.ptr<1>
+// CHECK: llvm.load %{{.*}} {alignment = 16 : i64} : !llvm.ptr<1> -> vector<4xi32>
+// CHECK: llvm.store %{{.*}} {alignment = 16 : i64} : vector<4xi32>, !llvm.ptr<1>
+// --- the count stage, in the rank's last block ---
+// CHECK: comm.atomic_rmw add acq_rel scope sys
+// CHECK: memref.store %{{.*}}, %[[LAST]]
+// CHECK: gpu.barrier
+// Expert counts (relaxed), then token counts as -c-1 with release.
+// CHECK: comm.store relaxed scope sys
+// CHECK: comm.store release scope sys
+// Every source's count: a bounded acquire wait (the default 100 s), then reset.
+// CHECK: comm.wait_flag %{{.*}} ne %{{.*}} scope sys : !llvm.ptr<1>, i32
+// Alignment of the per-expert counts to 128 rows.
+// CHECK: arith.constant 127 : i32
+// --- the copy epilogue ---
+// CHECK: gpu.func @dispatch_copy(
+// The source rank of a row: a ballot over the prefix sums.
+// CHECK: nvvm.vote.sync ballot
+// CHECK: llvm.intr.ctpop
+// CHECK: comm.local_ptr %{{.*}}[%{{.*}}] : !llvm.ptr<1>
+// Global ids -> local ids of this rank, or -1.
+// CHECK: arith.remsi %{{.*}}, %c8_i32
+// --- the launch function replaces the entry function ---
+// CHECK: func.func @dispatch(%{{.*}}: !comm.dev_comm, %{{.*}}: !comm.window, %{{.*}}: !llvm.ptr<1>, %[[GRID:.*]]: index)
+// CHECK-SAME: epic.entry = "dispatch"
+// CHECK-SAME: epic.kernels = ["dispatch_send", "dispatch_copy"]
+// CHECK-SAME: epic.param_fields = ["x", "scale_packs", "topk_idx", "topk_weights", "recv_x", "recv_scale_packs", "recv_topk_idx", "recv_topk_weights", "recv_src_metadata", "psum_num_recv_tokens_per_rank", "num_recv_tokens_per_expert", "psum_num_recv_tokens_per_expert", "host_counts", "num_tokens"]
+// CHECK-SAME: epic.param_stride = 128
+// CHECK-SAME: epic.threads = 256
+// CHECK-SAME: epic.window_bytes = {{[0-9]+}}
+// CHECK: gpu.launch_func @ep_kernels::@dispatch_send blocks in (%[[GRID]], %{{.*}}, %{{.*}}) threads in (%c256, %{{.*}}, %{{.*}})
+// CHECK: gpu.launch_func @ep_kernels::@dispatch_copy blocks in (%[[GRID]],
+// CHECK-NOT: ep.dispatch
+func.func @dispatch(%x: tensor<?x2048xf8E4M3FN>, %sf: tensor<?x16xf32>, %idx: tensor<?x6xi32>,
+                    %w: tensor<?x6xf32>)
+    -> (tensor<?x2048xf8E4M3FN>, tensor<?x16xf32>, tensor<?x6xi32>, tensor<?x6xf32>, !ep.handle<#cfg>) {
+  %rx, %rsf, %ri, %rw, %h = ep.dispatch %x topk(%idx : tensor<?x6xi32>) scales(%sf : tensor<?x16xf32>)
+      weights(%w : tensor<?x6xf32>) config #cfg
+      : tensor<?x2048xf8E4M3FN> -> tensor<?x2048xf8E4M3FN>, tensor<?x16xf32>, tensor<?x6xi32>,
+        tensor<?x6xf32>, !ep.handle<#cfg>
+  return %rx, %rsf, %ri, %rw, %h : tensor<?x2048xf8E4M3FN>, tensor<?x16xf32>, tensor<?x6xi32>,
+      tensor<?x6xf32>, !ep.handle<#cfg>
+}
+
+// -----
+
+#cfg = #ep.config<ranks = 4, experts = 16, topk = 4, hidden = 1024, dtype = bf16,
+                  max_tokens_per_rank = 128>
+
+// CHECK-LABEL: gpu.module @ep_kernels
+// CHECK: gpu.func @combine_send(
+// CHECK: comm.barrier
+// Back to the source rank, into [master slot][token].
+// CHECK: arith.divui %{{.*}}, %c128_i32
+// CHECK: arith.remui %{{.*}}, %c128_i32
+// CHECK: arith.remui %{{.*}}, %c4_i32
+// CHECK: comm.peer_ptr
+// CHECK: vector<4xi32>
+// Done flags to every peer (release), then wait for everyone's.
+// CHECK: comm.store release scope sys
+// CHECK: comm.wait_flag %{{.*}} eq
+// CHECK: gpu.func @combine_reduce(
+// fp32 from +0.0, the bias first, then slots 0..K-1 where the slot is a master.
+// CHECK: arith.constant dense<0.000000e+00> : vector<8xf32>
+// CHECK: llvm.load %{{.*}} {alignment = 16 : i64} : !llvm.ptr<1> -> vector<8xbf16>
+// CHECK: arith.extf %{{.*}} : vector<8xbf16> to vector<8xf32>
+// CHECK: arith.addf
+// CHECK: scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%{{.*}} = %{{.*}}) -> (vector<8xf32>)
+// CHECK: arith.shrui
+// CHECK: arith.addf
+// One rounding to bf16.
+// CHECK: arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
+// CHECK-LABEL: func.func @combine(
+// CHECK-SAME: epic.entry = "combine"
+// CHECK-SAME: epic.kernels = ["combine_send", "combine_reduce"]
+func.func @combine(%y: tensor<?x1024xbf16>, %h: !ep.handle<#cfg>, %b: tensor<?x1024xbf16>)
+    -> tensor<?x1024xbf16> {
+  %out = ep.combine %y, %h bias(%b : tensor<?x1024xbf16>)
+      : tensor<?x1024xbf16>, !ep.handle<#cfg> -> tensor<?x1024xbf16>
+  return %out : tensor<?x1024xbf16>
+}
+
+// -----
+
+// Functions without ep ops are left alone.
+// CHECK-LABEL: func.func @untouched
+// CHECK-NOT: gpu.module
+func.func @untouched(%a: i32) -> i32 {
+  return %a : i32
+}
