@@ -53,7 +53,7 @@
 // CHECK: func.func @dispatch(%{{.*}}: !comm.dev_comm, %{{.*}}: !comm.window, %{{.*}}: !llvm.ptr<1>, %[[GRID:.*]]: index)
 // CHECK-SAME: epic.entry = "dispatch"
 // CHECK-SAME: epic.kernels = ["dispatch_send", "dispatch_copy"]
-// CHECK-SAME: epic.param_fields = ["x", "scale_packs", "topk_idx", "topk_weights", "recv_x", "recv_scale_packs", "recv_topk_idx", "recv_topk_weights", "recv_src_metadata", "psum_num_recv_tokens_per_rank", "num_recv_tokens_per_expert", "psum_num_recv_tokens_per_expert", "host_counts", "num_tokens"]
+// CHECK-SAME: epic.param_fields = ["x", "scale_packs", "topk_idx", "topk_weights", "recv_x", "recv_scale_packs", "recv_topk_idx", "recv_topk_weights", "recv_src_metadata", "psum_num_recv_tokens_per_rank", "num_recv_tokens_per_expert", "psum_num_recv_tokens_per_expert", "host_counts", "num_tokens", "dst_buffer_slot_idx"]
 // CHECK-SAME: epic.param_stride = 128
 // CHECK-SAME: epic.threads = 256
 // CHECK-SAME: epic.window_bytes = {{[0-9]+}}

@@ -3,6 +3,8 @@
 // BF16 dispatch with weights and a combine with weights and two biases; FP8
 // dispatch with float32 scale packs and a combine with weights.
 // RUN: epic-compile %s --backend=virtual -o %t && FileCheck %s < %t.json
+// CHECK-DAG: "name": "dispatch_exp_copy"
+// CHECK-DAG: "name": "dispatch_bf16_cached_send"
 // CHECK-DAG: "name": "dispatch_bf16_send"
 // CHECK-DAG: "name": "combine_fp8_reduce"
 
@@ -44,4 +46,38 @@ func.func @combine_fp8(%y: tensor<?x2048xbf16>, %h: !ep.handle<#fp8>, %w: tensor
   %out, %ow = ep.combine %y, %h weights(%w : tensor<?x6xf32>)
       : tensor<?x2048xbf16>, !ep.handle<#fp8> -> tensor<?x2048xbf16>, tensor<?x6xf32>
   return %out, %ow : tensor<?x2048xbf16>, tensor<?x6xf32>
+}
+
+// The expanded (grouped-GEMM) layout with 128-row expert alignment and zero
+// padding, its combine, and cached dispatches of both layouts.
+#exp = #ep.config<ranks = 8, experts = 64, topk = 6, hidden = 2048, dtype = bf16,
+                  expert_alignment = 128, layout = expanded, max_tokens_per_rank = 512>
+
+func.func @dispatch_exp(%x: tensor<?x2048xbf16>, %idx: tensor<?x6xi64>, %w: tensor<?x6xf32>)
+    -> (tensor<?x2048xbf16>, tensor<?xf32>, !ep.handle<#exp>) {
+  %rx, %rw, %h = ep.dispatch %x topk(%idx : tensor<?x6xi64>) weights(%w : tensor<?x6xf32>)
+      zero_padding config #exp
+      : tensor<?x2048xbf16> -> tensor<?x2048xbf16>, tensor<?xf32>, !ep.handle<#exp>
+  return %rx, %rw, %h : tensor<?x2048xbf16>, tensor<?xf32>, !ep.handle<#exp>
+}
+
+func.func @combine_exp(%y: tensor<?x2048xbf16>, %h: !ep.handle<#exp>, %w: tensor<?xf32>)
+    -> (tensor<?x2048xbf16>, tensor<?x6xf32>) {
+  %out, %ow = ep.combine %y, %h weights(%w : tensor<?xf32>)
+      : tensor<?x2048xbf16>, !ep.handle<#exp> -> tensor<?x2048xbf16>, tensor<?x6xf32>
+  return %out, %ow : tensor<?x2048xbf16>, tensor<?x6xf32>
+}
+
+func.func @dispatch_exp_cached(%x: tensor<?x2048xbf16>, %h: !ep.handle<#exp>)
+    -> (tensor<?x2048xbf16>, !ep.handle<#exp>) {
+  %rx, %h2 = ep.dispatch %x cached(%h : !ep.handle<#exp>) zero_padding config #exp
+      : tensor<?x2048xbf16> -> tensor<?x2048xbf16>, !ep.handle<#exp>
+  return %rx, %h2 : tensor<?x2048xbf16>, !ep.handle<#exp>
+}
+
+func.func @dispatch_bf16_cached(%x: tensor<?x2048xbf16>, %h: !ep.handle<#bf16>)
+    -> (tensor<?x2048xbf16>, tensor<?x6xi64>, !ep.handle<#bf16>) {
+  %rx, %ri, %h2 = ep.dispatch %x cached(%h : !ep.handle<#bf16>) config #bf16
+      : tensor<?x2048xbf16> -> tensor<?x2048xbf16>, tensor<?x6xi64>, !ep.handle<#bf16>
+  return %rx, %ri, %h2 : tensor<?x2048xbf16>, tensor<?x6xi64>, !ep.handle<#bf16>
 }

@@ -2,8 +2,10 @@
 
 Runs the kernels that epic-compile made from test/gpu/ep_kernels.mlir
 (virtual backend) through CuPy: dispatch and combine, BF16 (weights, two
-biases) and FP8 (float32 scale packs, weights), uneven token counts, masked
-top-k slots and tokens routed nowhere. Dispatch must match the reference as
+biases) and FP8 (float32 scale packs, weights), the expanded layout (128-row
+alignment, zero padding) and its combine, and cached dispatches of both
+layouts, with uneven token counts, masked top-k slots and tokens routed
+nowhere. Dispatch must match the reference as
 sets (the order inside a source rank's group is the order of slot atomics):
 after sorting by source id every row, pack, id, weight and metadata entry is
 bitwise equal, and the counts and prefix sums are exact. Combine must be
@@ -115,6 +117,7 @@ def run(module, entries, fp8, blocks_per_rank, seed):
             "num_recv_tokens_per_expert": cp.zeros(L, cp.int32),
             "psum_num_recv_tokens_per_expert": cp.zeros(L, cp.int32),
             "host_counts": cp.zeros(1 + L, cp.int32), "num_tokens": tokens[r],
+            "dst_buffer_slot_idx": cp.full((tokens[r], K), -7, cp.int32),
         }
         if fp8:
             a["scale_packs"] = cp.asarray(sfs[r])
@@ -190,6 +193,116 @@ def run(module, entries, fp8, blocks_per_rank, seed):
     launch(module, d_entry["kernels"][1], world, params, blocks_per_rank)
     check(all(int(dev[r]["host_counts"][0]) == expected[r].num_recv_tokens for r in range(R)),
           "dispatch again on the same window: same counts (workspace back to zero)")
+    if not fp8:
+        run_cached(module, entries["dispatch_bf16_cached"], world, dev, results, idxs, tokens,
+                   blocks_per_rank, rng, expand=False)
+
+
+def run_cached(module, entry, world, dev, first, idxs, tokens, blocks_per_rank, rng, expand):
+    """Cached dispatch of new data with the handle of `first`: same rows, no count exchange."""
+    xs = [rng.standard_normal((t, H)).astype(ml_dtypes.bfloat16) for t in tokens]
+    want = ref.dispatch(xs, idxs, num_experts=E, num_max_tokens_per_rank=TMAX,
+                        expert_alignment=first[0].expert_alignment, expand=expand, zero_padding=expand)
+    cached = []
+    for r in range(R):
+        rows = first[r].recv_x.shape[0]
+        a = dict(dev[r])  # the handle: routing, slots, prefix sums, counts, metadata
+        a["x"] = cp.asarray(xs[r].view(np.uint8))
+        a["recv_x"] = cp.full((rows, H * 2), 0x5A, cp.uint8)  # poisoned
+        if not expand:
+            a["recv_topk_idx"] = cp.full((rows, K), -7, cp.int64)
+        a["host_counts"] = cp.full(1 + L, -7, cp.int32)  # a cached dispatch does not count
+        cached.append(a)
+    params = params_table(entry["param_fields"], cached)
+    launch(module, entry["kernels"][0], world, params, blocks_per_rank)
+    launch(module, entry["kernels"][1], world, params, blocks_per_rank)
+    ok = True
+    for r in range(R):
+        # The handle on the device (the latest non-cached dispatch wrote it).
+        meta = cp.asnumpy(dev[r]["recv_src_metadata"][:first[r].num_recv_tokens])
+        got = replace(first[r], recv_x=cp.asnumpy(cached[r]["recv_x"]).view(ml_dtypes.bfloat16),
+                      recv_topk_weights=None, recv_scale_packs=None, recv_src_metadata=meta,
+                      recv_topk_idx=None if expand else cp.asnumpy(cached[r]["recv_topk_idx"]))
+        s, e = ref.sort_by_source(got), want[r]
+        ok &= bits_equal(s.recv_x, e.recv_x) and bits_equal(s.recv_src_metadata, e.recv_src_metadata)
+        if not expand:
+            ok &= bits_equal(s.recv_topk_idx, e.recv_topk_idx)
+        ok &= int(cached[r]["host_counts"][0]) == -7
+    check(ok, f"cached {'expanded ' if expand else ''}dispatch: new rows land where the handle says")
+
+
+def run_expanded(module, entries, blocks_per_rank, seed):
+    A = 128
+    print(f"expanded: {R} virtual ranks x {blocks_per_rank} blocks, alignment {A}, zero padding")
+    rng = np.random.default_rng(seed)
+    tokens = [TMAX - 29 * r for r in range(R)]
+    idxs = [make_routing(rng, t) for t in tokens]
+    ws = [rng.standard_normal((t, K)).astype(np.float32) for t in tokens]
+    xs = [rng.standard_normal((t, H)).astype(ml_dtypes.bfloat16) for t in tokens]
+    expected = ref.dispatch(xs, idxs, ws, num_experts=E, num_max_tokens_per_rank=TMAX,
+                            expert_alignment=A, expand=True, zero_padding=True)
+    d_entry, c_entry = entries["dispatch_exp"], entries["combine_exp"]
+    world = VirtualWorld(max(d_entry["window_bytes"], c_entry["window_bytes"]))
+    max_rows = -(-(R * TMAX * min(K, L) + (A - 1) * L) // A) * A
+    dev = []
+    for r in range(R):
+        dev.append({
+            "x": cp.asarray(xs[r].view(np.uint8)), "topk_idx": cp.asarray(idxs[r]),
+            "topk_weights": cp.asarray(ws[r]),
+            "recv_x": cp.full((max_rows, H * 2), 0x5A, cp.uint8),  # poisoned: padding must be zeroed
+            "recv_topk_weights": cp.full(max_rows, np.nan, cp.float32),
+            "recv_src_metadata": cp.full((R * TMAX, K + 2), -7, cp.int32),
+            "psum_num_recv_tokens_per_rank": cp.zeros(R, cp.int32),
+            "num_recv_tokens_per_expert": cp.zeros(L, cp.int32),
+            "psum_num_recv_tokens_per_expert": cp.zeros(L, cp.int32),
+            "host_counts": cp.zeros(1 + L, cp.int32), "num_tokens": tokens[r],
+            "dst_buffer_slot_idx": cp.full((tokens[r], K), -7, cp.int32),
+        })
+    params = params_table(d_entry["param_fields"], dev)
+    launch(module, d_entry["kernels"][0], world, params, blocks_per_rank)
+    launch(module, d_entry["kernels"][1], world, params, blocks_per_rank)
+    results = []
+    ok_counts = ok_rows = True
+    for r in range(R):
+        a, e = dev[r], expected[r]
+        n = int(a["host_counts"][0])
+        rows = int(cp.asnumpy(a["host_counts"][1:]).sum())
+        ok_counts &= n == e.num_recv_tokens and rows == e.num_expanded_tokens
+        ok_counts &= bits_equal(cp.asnumpy(a["num_recv_tokens_per_expert"]), e.num_unaligned_recv_tokens_per_expert)
+        ok_counts &= bits_equal(cp.asnumpy(a["psum_num_recv_tokens_per_expert"]), e.psum_num_recv_tokens_per_expert)
+        got = replace(e, recv_x=cp.asnumpy(a["recv_x"][:rows]).view(ml_dtypes.bfloat16),
+                      recv_topk_weights=cp.asnumpy(a["recv_topk_weights"][:rows]),
+                      recv_src_metadata=cp.asnumpy(a["recv_src_metadata"][:n]))
+        results.append(got)
+        s = ref.sort_by_source(got)
+        for field in ("recv_x", "recv_topk_weights", "recv_src_metadata"):
+            ok_rows &= bits_equal(getattr(s, field), getattr(e, field))
+    check(ok_counts, "expanded dispatch: counts, expanded rows, per-expert prefix sums exact")
+    check(ok_rows, "expanded dispatch: rows by expert, zero padding, weights, metadata (as sets)")
+
+    ys = [rng.standard_normal((g.recv_x.shape[0], H)).astype(ml_dtypes.bfloat16) for g in results]
+    back = [g.recv_topk_weights for g in results]
+    want = ref.combine(ys, results, topk_weights=back)
+    cdev = []
+    for r in range(R):
+        cdev.append({
+            "x": cp.asarray(ys[r].view(np.uint16)), "topk_weights": cp.asarray(back[r]),
+            "recv_src_metadata": dev[r]["recv_src_metadata"],
+            "psum_num_recv_tokens_per_rank": dev[r]["psum_num_recv_tokens_per_rank"],
+            "topk_idx": dev[r]["topk_idx"],
+            "combined_x": cp.full((tokens[r], H), 0x7FC1, cp.uint16),
+            "combined_topk_weights": cp.full((tokens[r], K), np.nan, cp.float32),
+            "num_tokens": tokens[r],
+        })
+    cparams = params_table(c_entry["param_fields"], cdev)
+    launch(module, c_entry["kernels"][0], world, cparams, blocks_per_rank)
+    launch(module, c_entry["kernels"][1], world, cparams, blocks_per_rank)
+    check(all(bits_equal(cp.asnumpy(cdev[r]["combined_x"]).view(ml_dtypes.bfloat16), want[r].combined_x)
+              for r in range(R)), "expanded combine: per-rank fp32 sums, then the origin's, bitwise")
+    check(all(bits_equal(cp.asnumpy(cdev[r]["combined_topk_weights"]), want[r].combined_topk_weights)
+              for r in range(R)), "expanded combine: combined_topk_weights")
+    run_cached(module, entries["dispatch_exp_cached"], world, dev, results, idxs, tokens,
+               blocks_per_rank, rng, expand=True)
 
 
 def main():
@@ -198,6 +311,7 @@ def main():
     module = cp.RawModule(path=cubin)
     run(module, entries, fp8=False, blocks_per_rank=4, seed=1)
     run(module, entries, fp8=True, blocks_per_rank=3, seed=2)
+    run_expanded(module, entries, blocks_per_rank=4, seed=3)
     print("ep virtual:", "passed" if failures == 0 else f"FAILED ({failures})")
     return 1 if failures else 0
 

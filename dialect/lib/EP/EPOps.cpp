@@ -138,12 +138,12 @@ static void inferDispatchResultTypes(ConfigAttr cfg, Value topkIdx,
 void DispatchOp::build(OpBuilder &builder, OperationState &state,
                        ConfigAttr config, Value x, Value topkIdx,
                        Value scalePacks, Value topkWeights,
-                       Value cachedHandle) {
+                       Value cachedHandle, bool zeroPadding) {
   Type recvX, recvScales, recvIdx, recvWeights, handle;
   inferDispatchResultTypes(config, topkIdx, scalePacks, topkWeights, recvX,
                            recvScales, recvIdx, recvWeights, handle);
   build(builder, state, recvX, recvScales, recvIdx, recvWeights, handle, config,
-        x, topkIdx, scalePacks, topkWeights, cachedHandle);
+        x, topkIdx, scalePacks, topkWeights, cachedHandle, zeroPadding);
 }
 
 LogicalResult DispatchOp::verify() {
@@ -159,6 +159,9 @@ LogicalResult DispatchOp::verify() {
       failed(check.maxDim("x", x, 0, cfg.getMaxTokensPerRank(), "tokens")))
     return failure();
 
+  if (getZeroPadding() && !cfg.isExpanded())
+    return emitOpError("zero_padding needs the expanded layout: the plain layout "
+                       "has no padding rows");
   if (getTopkIdx() && getCachedHandle())
     return emitOpError("takes either topk(...) or cached(...), not both: a "
                        "cached dispatch reuses the handle's routing");

@@ -374,6 +374,16 @@ func.func @f(%x: tensor<?x128xbf16>, %idx: tensor<?x4xi64>) {
 
 // -----
 
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x128xbf16>, %idx: tensor<?x4xi64>) {
+  // expected-error@+1 {{zero_padding needs the expanded layout: the plain layout has no padding rows}}
+  %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) zero_padding config #c
+      : tensor<?x128xbf16> -> tensor<?x128xbf16>, tensor<?x4xi64>, !ep.handle<#c>
+  return
+}
+
+// -----
+
 // The result list is decided by the layout; the generic form can still get it wrong.
 #c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
 func.func @f(%x: tensor<?x128xbf16>, %idx: tensor<?x4xi64>) {

@@ -78,6 +78,15 @@ func.func @dispatch_fp8_ue8m0(%x: tensor<?x7168xf8E4M3FN>, %sf: tensor<?x56xi32>
   return
 }
 
+// Expanded, with the padding rows zeroed.
+// CHECK-LABEL: func.func @dispatch_expanded_zero_padding
+func.func @dispatch_expanded_zero_padding(%x: tensor<?x1024xbf16>, %idx: tensor<?x6xi64>) {
+  // CHECK: ep.dispatch %{{.*}} topk(%{{.*}} : tensor<?x6xi64>) zero_padding config #[[$EXP]]
+  %rx, %h = ep.dispatch %x topk(%idx : tensor<?x6xi64>) zero_padding config #exp
+      : tensor<?x1024xbf16> -> tensor<?x1024xbf16>, !ep.handle<#exp>
+  return
+}
+
 // The expanded layout has no recv_topk_idx and one weight per row.
 // CHECK-LABEL: func.func @dispatch_expanded
 func.func @dispatch_expanded(%x: tensor<?x1024xbf16>, %idx: tensor<?x6xi64>,

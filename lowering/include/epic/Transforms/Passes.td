@@ -54,8 +54,24 @@ def EPExpand : Pass<"ep-expand", "::mlir::ModuleOp"> {
     bf16 once — bitwise DeepEP's order. `combined_topk_weights[t, j]` comes
     from the record of the rank that owns slot `j`.
 
-    Not generated yet (a clear error says so): the expanded layout, cached
-    dispatch, and `num_sms`-specific warp-role layouts.
+    **Expanded layout**: the copy kernel gives each (token, local expert)
+    pair a row `start_e + cursor_e++` (a local atomic per expert, so rows of
+    an expert come in arrival order), writes it to `recv_src_metadata[:, 2 +
+    slot]`, and with `zero_padding` zeroes rows `[start_e + count_e, start_e +
+    align(count_e))`. Its combine first sums the rank's rows of a token in
+    fp32 in increasing slot order (one rounding) and sends that one row.
+
+    **Cached dispatch** replays the handle: the send kernel takes each master
+    slot's receive slot from `dst_buffer_slot_idx` (which every non-cached
+    dispatch writes) instead of an atomic, skips the count exchange (the
+    last block only exchanges done flags), and the copy kernel puts every
+    record at the row the handle's prefix sums (plain) or
+    `recv_src_metadata` (expanded) give: bitwise the same rows.
+
+    Not generated yet: hybrid (RDMA + NVLink) mode and GIN puts for peers
+    outside the LSA team, Hopper bulk copies (`cp.async.bulk`) staged in
+    shared memory instead of 16-byte vector copies, and `num_sms`-specific
+    warp roles (the kernels are grid-agnostic: any block count per rank).
 
     ```mlir
     // before

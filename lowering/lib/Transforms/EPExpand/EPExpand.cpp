@@ -46,7 +46,8 @@ struct EPLayout {
   // Combine record: bf16 row | weights (f32 x K).
   int64_t combineRow, combineRecord;
   // Counters.
-  int64_t countsIn, expertIn, slots, expertLocal, dispatchDone, combineDone, combineFlags;
+  int64_t countsIn, expertIn, slots, expertLocal, expertCursor, dispatchDone, dispatchFlags,
+      combineDone, combineFlags;
   int64_t data, windowBytes;
 
   EPLayout(ep::ConfigAttr cfg, unsigned idxBits) {
@@ -80,7 +81,9 @@ struct EPLayout {
     expertIn = take(ranks * local * 4);
     slots = take(ranks * 4);
     expertLocal = take(ranks * local * 4);
+    expertCursor = take(local * 4);
     dispatchDone = take(4);
+    dispatchFlags = take(ranks * 4);
     combineDone = take(4);
     combineFlags = take(ranks * 4);
     data = align(at, 4096);
@@ -94,11 +97,11 @@ const char *const kDispatchFields[] = {
     "x", "scale_packs", "topk_idx", "topk_weights", "recv_x", "recv_scale_packs",
     "recv_topk_idx", "recv_topk_weights", "recv_src_metadata",
     "psum_num_recv_tokens_per_rank", "num_recv_tokens_per_expert",
-    "psum_num_recv_tokens_per_expert", "host_counts", "num_tokens"};
+    "psum_num_recv_tokens_per_expert", "host_counts", "num_tokens", "dst_buffer_slot_idx"};
 enum DispatchField {
   kX, kScalePacks, kTopkIdx, kTopkWeights, kRecvX, kRecvScalePacks, kRecvTopkIdx,
   kRecvTopkWeights, kRecvSrcMetadata, kPsumPerRank, kExpertCounts, kPsumPerExpert,
-  kHostCounts, kDispatchNumTokens, kNumDispatchFields
+  kHostCounts, kDispatchNumTokens, kDstSlots, kNumDispatchFields
 };
 const char *const kCombineFields[] = {
     "x", "topk_weights", "recv_src_metadata", "psum_num_recv_tokens_per_rank", "topk_idx",
@@ -310,8 +313,25 @@ gpu::GPUFuncOp createKernel(OpBuilder &builder, Location loc, StringRef name, bo
 //===----------------------------------------------------------------------===//
 
 struct DispatchShape {
-  bool scalePacks, weights;
+  bool scalePacks, weights, expanded, cached, zeroPadding;
 };
+
+/// Each peer gets flag 1 (release) from the rank's last block, which then
+/// waits (bounded acquire) for every peer's flag and resets it: all the
+/// records peers sent this rank have landed.
+void exchangeDoneFlags(KernelBuilder &k, int64_t flagsOffset) {
+  const EPLayout &L = k.layout;
+  k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value dst) {
+    comm::StoreOp::create(k.b, comm::Ordering::release, comm::Scope::sys, k.i32(1),
+                          k.peer(k.add(k.i32(flagsOffset), k.mul(k.me, k.i32(4))), dst));
+  });
+  k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value src) {
+    Value cell = k.counter(flagsOffset, src);
+    comm::WaitFlagOp::create(k.b, k.i32T(), cell, comm::Predicate::eq, k.i32(1), comm::Scope::sys,
+                             /*timeout_ms=*/100000);
+    comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), cell);
+  });
+}
 
 void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape shape) {
   KernelBuilder k(func, L);
@@ -322,17 +342,24 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
   Value topkIdx = k.pointerParam(kTopkIdx);
   Value scalePacks = shape.scalePacks ? k.pointerParam(kScalePacks) : Value();
   Value weights = shape.weights ? k.pointerParam(kTopkWeights) : Value();
+  // The slot of every (token, master slot): written here, replayed by a
+  // cached dispatch (which has no count exchange).
+  Value dstSlots = k.pointerParam(kDstSlots);
   k.entryBarrier();
 
   // One warp per token: send it once to each destination rank.
   k.loop(k.globalWarp, numTokens, k.numWarps, [&](Value token) {
     auto r = k.route(topkIdx, token);
-    // Per-(destination rank, local expert) counts of this rank's tokens.
-    k.when(r.valid, [&] {
-      Value slot = k.add(k.mul(r.dst, k.i32(L.local)), k.remu(r.expert, k.i32(L.local)));
-      comm::RedOp::create(k.b, comm::AtomicKind::add, comm::Ordering::relaxed, comm::Scope::gpu,
-                          k.i32(1), k.counter(L.expertLocal, slot));
-    });
+    Value slotCell = k.add(k.mul(token, k.i32(L.topk)), k.lane);
+    if (!shape.cached) {
+      // Per-(destination rank, local expert) counts of this rank's tokens.
+      k.when(r.valid, [&] {
+        Value slot = k.add(k.mul(r.dst, k.i32(L.local)), k.remu(r.expert, k.i32(L.local)));
+        comm::RedOp::create(k.b, comm::AtomicKind::add, comm::Ordering::relaxed, comm::Scope::gpu,
+                            k.i32(1), k.counter(L.expertLocal, slot));
+      });
+      k.when(k.lt(k.lane, k.i32(L.topk)), [&] { k.storeI32(k.i32(-1), dstSlots, slotCell); });
+    }
     auto loop = scf::WhileOp::create(k.b, TypeRange{k.i32T()}, ValueRange{r.masters});
     {
       OpBuilder::InsertionGuard g(k.b);
@@ -345,8 +372,13 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
       Value master = k.cttz(pending);
       Value dst = k.shuffle(r.dst, master);
       Value mySlot = k.choose(k.eq(k.lane, master), k.i32T(), [&]() -> Value {
-        return comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add, comm::Ordering::relaxed,
-                                         comm::Scope::gpu, k.i32(1), k.counter(L.slots, dst));
+        if (shape.cached)
+          return k.loadI32(dstSlots, slotCell);
+        Value slot = comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
+                                               comm::Ordering::relaxed, comm::Scope::gpu, k.i32(1),
+                                               k.counter(L.slots, dst));
+        k.storeI32(slot, dstSlots, slotCell);
+        return slot;
       }, [&]() -> Value { return k.i32(0); });
       Value slot = k.shuffle(mySlot, master);
       // Record [me][slot] of the destination's receive region.
@@ -376,8 +408,19 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
     }
   });
 
-  // The rank's last block exchanges the counts.
   Value last = k.lastBlockOfRank(L.dispatchDone);
+  if (shape.cached) {
+    // The counts are the handle's: only say that everything was sent.
+    k.when(last, [&] {
+      k.when(k.eq(k.tid, k.i32(0)), [&] {
+        comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
+                              k.local(k.i32(L.dispatchDone)));
+      });
+      exchangeDoneFlags(k, L.dispatchFlags);
+    });
+    return;
+  }
+  // The rank's last block exchanges the counts.
   k.when(last, [&] {
     Value psumPerRank = k.pointerParam(kPsumPerRank);
     Value expertCounts = k.pointerParam(kExpertCounts);
@@ -407,6 +450,10 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
     k.when(k.eq(k.tid, k.i32(0)), [&] {
       comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
                             k.local(k.i32(L.dispatchDone)));
+    });
+    // The copy epilogue of the previous call is over: its row cursors can go back to zero.
+    k.loop(k.tid, k.i32(L.local), k.threads, [&](Value e) {
+      k.storeI32(k.i32(0), k.local(k.i32(L.expertCursor)), e);
     });
     // Every source's count (bounded acquire wait), reset for the next call.
     k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value src) {
@@ -452,8 +499,11 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
         Value count = k.loadI32(expertCounts, e);
         Value aligned = k.mul(k.divu(k.add(count, k.i32(L.alignment - 1)), k.i32(L.alignment)),
                               k.i32(L.alignment));
-        Value total = k.add(experts.getRegionIterArg(0), aligned);
-        k.storeI32(total, psumPerExpert, e);
+        Value start = experts.getRegionIterArg(0);
+        Value total = k.add(start, aligned);
+        // Plain: inclusive prefix of the aligned counts. Expanded: the end of
+        // the expert's real rows, start_e + count_e.
+        k.storeI32(shape.expanded ? k.add(start, count) : total, psumPerExpert, e);
         k.storeI32(aligned, hostCounts, k.add(e, k.i32(1)));
         scf::YieldOp::create(k.b, ValueRange{total});
       }
@@ -468,10 +518,28 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
   Value psum = k.pointerParam(kPsumPerRank);
   Value recvX = k.pointerParam(kRecvX);
   Value recvPacks = shape.scalePacks ? k.pointerParam(kRecvScalePacks) : Value();
-  Value recvIdx = k.pointerParam(kRecvTopkIdx);
+  Value recvIdx = shape.expanded ? Value() : k.pointerParam(kRecvTopkIdx);
   Value recvWeights = shape.weights ? k.pointerParam(kRecvTopkWeights) : Value();
   Value metadata = k.pointerParam(kRecvSrcMetadata);
+  Value expertCounts = k.pointerParam(kExpertCounts);
+  Value psumPerExpert = k.pointerParam(kPsumPerExpert);
   Value received = k.loadI32(psum, k.i32(L.ranks - 1));
+  int64_t metaColumns = L.topk + 2;
+
+  // Copies the record's hidden row and scale packs to output row `row`.
+  auto copyData = [&](Value record, Value row) {
+    k.copyRow(k.at(recvX, k.mul(k.wide(row), k.i64(L.rowBytes))), record, L.rowBytes);
+    if (shape.scalePacks) {
+      k.loop(k.lane, k.i32(L.packs), k.i32(32), [&](Value p) {
+        Value v = k.loadI32(k.at(record, k.i32(L.rowPad)), p);
+        k.storeI32(v, recvPacks, k.add(k.mul(row, k.i32(L.packs)), p));
+      });
+    }
+  };
+  auto recordWeight = [&](Value record, Value slot) {
+    return k.load(k.b.getF32Type(),
+                  k.at(record, k.add(k.i32(L.weightsOff), k.mul(slot, k.i32(4)))), 4);
+  };
 
   k.loop(k.globalWarp, received, k.numWarps, [&](Value row) {
     // Source rank: how many prefix sums are <= row (32 ranks per step).
@@ -493,42 +561,106 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
     Value slot = k.sub(row, before);
     Value index = k.add(k.mul(k.wide(src), k.i64(L.tmax)), k.wide(slot));
     Value record = k.local(k.add(k.i64(L.data), k.mul(index, k.i64(L.record))));
-    k.copyRow(k.at(recvX, k.mul(k.wide(row), k.i64(L.rowBytes))), record, L.rowBytes);
-    if (shape.scalePacks) {
-      k.loop(k.lane, k.i32(L.packs), k.i32(32), [&](Value p) {
-        Value v = k.loadI32(k.at(record, k.i32(L.rowPad)), p);
-        k.storeI32(v, recvPacks, k.add(k.mul(row, k.i32(L.packs)), p));
+
+    // Lane j < K: the slot's global expert id, and whether it lives here.
+    Value inTopk = k.lt(k.lane, k.i32(L.topk));
+    Value e = k.choose(inTopk, k.i32T(),
+                       [&]() -> Value { return k.loadI32(k.at(record, k.i32(L.idsOff)), k.lane); },
+                       [&]() -> Value { return k.i32(-1); });
+    Value mine = k.andi(k.cmp(arith::CmpIPredicate::sge, e, k.i32(0)),
+                        k.eq(k.divs(e, k.i32(L.local)), k.me));
+    Value localId = k.select(mine, k.rems(e, k.i32(L.local)), k.i32(-1));
+    Value metaRow = k.mul(row, k.i32(metaColumns));
+
+    if (!shape.expanded) {
+      copyData(record, row);
+      k.when(inTopk, [&] {
+        Value element = k.add(k.mul(row, k.i32(L.topk)), k.lane);
+        Type idxType = k.b.getIntegerType(L.idxBytes * 8);
+        Value out = localId;
+        if (L.idxBytes > 4)
+          out = arith::ExtSIOp::create(k.b, idxType, localId);
+        else if (L.idxBytes < 4)
+          out = arith::TruncIOp::create(k.b, idxType, localId);
+        k.store(out, k.at(recvIdx, k.mul(element, k.i32(L.idxBytes))), L.idxBytes);
+        if (shape.weights)
+          k.store(recordWeight(record, k.lane), k.at(recvWeights, k.mul(element, k.i32(4))), 4);
       });
-    }
-    k.when(k.lt(k.lane, k.i32(L.topk)), [&] {
-      Value element = k.add(k.mul(row, k.i32(L.topk)), k.lane);
-      Value e = k.loadI32(k.at(record, k.i32(L.idsOff)), k.lane);
-      Value mine = k.andi(k.cmp(arith::CmpIPredicate::sge, e, k.i32(0)),
-                          k.eq(k.divs(e, k.i32(L.local)), k.me));
-      Value localId = k.select(mine, k.rems(e, k.i32(L.local)), k.i32(-1));
-      Type idxType = k.b.getIntegerType(L.idxBytes * 8);
-      Value out = localId;
-      if (L.idxBytes > 4)
-        out = arith::ExtSIOp::create(k.b, idxType, localId);
-      else if (L.idxBytes < 4)
-        out = arith::TruncIOp::create(k.b, idxType, localId);
-      k.store(out, k.at(recvIdx, k.mul(element, k.i32(L.idxBytes))), L.idxBytes);
-      if (shape.weights) {
-        Value w = k.load(k.b.getF32Type(), k.at(record, k.add(k.i32(L.weightsOff), k.mul(k.lane, k.i32(4)))), 4);
-        k.store(w, k.at(recvWeights, k.mul(element, k.i32(4))), 4);
+    } else {
+      // One output row per local slot: the expert's start plus a cursor
+      // (or, cached, the row the handle recorded).
+      Value myRow = k.choose(mine, k.i32T(), [&]() -> Value {
+        if (shape.cached)
+          return k.loadI32(metadata, k.add(metaRow, k.add(k.lane, k.i32(2))));
+        Value start = k.sub(k.loadI32(psumPerExpert, localId), k.loadI32(expertCounts, localId));
+        Value offset = comm::AtomicRMWOp::create(
+            k.b, k.i32T(), comm::AtomicKind::add, comm::Ordering::relaxed, comm::Scope::gpu,
+            k.i32(1), k.counter(L.expertCursor, localId));
+        return k.add(start, offset);
+      }, [&]() -> Value { return k.i32(-1); });
+      if (!shape.cached)
+        k.when(inTopk, [&] { k.storeI32(myRow, metadata, k.add(metaRow, k.add(k.lane, k.i32(2)))); });
+      Value locals = k.ballot(mine);
+      auto rows = scf::WhileOp::create(k.b, TypeRange{k.i32T()}, ValueRange{locals});
+      {
+        OpBuilder::InsertionGuard g(k.b);
+        Block *beforeBlock = k.b.createBlock(&rows.getBefore(), {}, {k.i32T()}, {k.b.getLoc()});
+        Value pending = beforeBlock->getArgument(0);
+        scf::ConditionOp::create(k.b, k.cmp(arith::CmpIPredicate::ne, pending, k.i32(0)),
+                                 ValueRange{pending});
+        Block *after = k.b.createBlock(&rows.getAfter(), {}, {k.i32T()}, {k.b.getLoc()});
+        pending = after->getArgument(0);
+        Value j = k.cttz(pending);
+        Value out = k.shuffle(myRow, j);
+        copyData(record, out);
+        if (shape.weights)
+          k.when(k.eq(k.lane, k.i32(0)), [&] {
+            k.store(recordWeight(record, j), k.at(recvWeights, k.mul(out, k.i32(4))), 4);
+          });
+        scf::YieldOp::create(k.b, ValueRange{k.andi(pending, k.sub(pending, k.i32(1)))});
       }
-    });
-    // recv_src_metadata[row] = (src * Tmax + token, src * K + master, -1 ...).
-    Value token = k.load(k.i32T(), k.at(record, k.i32(L.tokenOff)), 4);
-    Value master = k.load(k.i32T(), k.at(record, k.i32(L.tokenOff + 4)), 4);
-    Value first = k.add(k.mul(src, k.i32(L.tmax)), token);
-    Value second = k.add(k.mul(src, k.i32(L.topk)), master);
-    k.loop(k.lane, k.i32(L.topk + 2), k.i32(32), [&](Value column) {
-      Value v = k.select(k.eq(column, k.i32(0)), first,
-                         k.select(k.eq(column, k.i32(1)), second, k.i32(-1)));
-      k.storeI32(v, metadata, k.add(k.mul(row, k.i32(L.topk + 2)), column));
-    });
+    }
+    if (!shape.cached) {
+      // recv_src_metadata[row][0..1] = (src * Tmax + token, src * K + master);
+      // plain layout: the expanded rows (columns 2..) are -1.
+      Value token = k.load(k.i32T(), k.at(record, k.i32(L.tokenOff)), 4);
+      Value master = k.load(k.i32T(), k.at(record, k.i32(L.tokenOff + 4)), 4);
+      k.when(k.eq(k.lane, k.i32(0)), [&] {
+        k.storeI32(k.add(k.mul(src, k.i32(L.tmax)), token), metadata, metaRow);
+        k.storeI32(k.add(k.mul(src, k.i32(L.topk)), master), metadata, k.add(metaRow, k.i32(1)));
+      });
+      if (!shape.expanded)
+        k.when(inTopk, [&] { k.storeI32(k.i32(-1), metadata, k.add(metaRow, k.add(k.lane, k.i32(2)))); });
+    }
   });
+
+  if (shape.zeroPadding) {
+    // Rows [start_e + count_e, start_e + align(count_e)) of each expert: zero.
+    k.loop(k.globalWarp, k.i32(L.local), k.numWarps, [&](Value e) {
+      Value count = k.loadI32(expertCounts, e);
+      Value end = k.loadI32(psumPerExpert, e);
+      Value aligned = k.mul(k.divu(k.add(count, k.i32(L.alignment - 1)), k.i32(L.alignment)),
+                            k.i32(L.alignment));
+      Value stop = k.add(k.sub(end, count), aligned);
+      k.loop(end, stop, k.i32(1), [&](Value row) {
+        Type vec = VectorType::get({4}, k.i32T());
+        Value zero = arith::ConstantOp::create(k.b, vec, DenseElementsAttr::get(cast<ShapedType>(vec), 0));
+        Value base = k.at(recvX, k.mul(k.wide(row), k.i64(L.rowBytes)));
+        k.loop(k.lane, k.i32(L.rowBytes / 16), k.i32(32), [&](Value chunk) {
+          k.store(zero, k.at(base, k.mul(chunk, k.i32(16))), 16);
+        });
+        if (shape.scalePacks)
+          k.loop(k.lane, k.i32(L.packs), k.i32(32), [&](Value p) {
+            k.storeI32(k.i32(0), recvPacks, k.add(k.mul(row, k.i32(L.packs)), p));
+          });
+        if (shape.weights)
+          k.when(k.eq(k.lane, k.i32(0)), [&] {
+            k.store(arith::ConstantFloatOp::create(k.b, k.b.getF32Type(), APFloat(0.0f)),
+                    k.at(recvWeights, k.mul(row, k.i32(4))), 4);
+          });
+      });
+    });
+  }
 }
 
 //===----------------------------------------------------------------------===//
@@ -538,6 +670,7 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
 struct CombineShape {
   bool weights;
   unsigned biases;
+  bool expanded;
 };
 
 void buildCombineSend(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape) {
@@ -550,7 +683,7 @@ void buildCombineSend(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape
   Value received = k.loadI32(k.pointerParam(kCPsumPerRank), k.i32(L.ranks - 1));
   k.entryBarrier();
 
-  // One warp per received row: back to its source, into [master slot][token].
+  // One warp per received token: back to its source, into [master slot][token].
   k.loop(k.globalWarp, received, k.numWarps, [&](Value row) {
     Value meta = k.at(metadata, k.mul(k.mul(row, k.i32(L.topk + 2)), k.i32(4)));
     Value gid = k.load(k.i32T(), meta, 4);
@@ -560,13 +693,54 @@ void buildCombineSend(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape
     Value master = k.remu(back, k.i32(L.topk));
     Value index = k.add(k.mul(k.wide(master), k.i64(L.tmax)), k.wide(token));
     Value record = k.peer(k.add(k.i64(L.data), k.mul(index, k.i64(L.combineRecord))), src);
-    k.copyRow(record, k.at(x, k.mul(k.wide(row), k.i64(L.hidden * 2))), L.hidden * 2);
-    if (shape.weights) {
-      k.when(k.lt(k.lane, k.i32(L.topk)), [&] {
-        Value w = k.load(k.b.getF32Type(),
-                         k.at(weights, k.mul(k.add(k.mul(row, k.i32(L.topk)), k.lane), k.i32(4))), 4);
-        k.store(w, k.at(record, k.add(k.i32(L.combineRow), k.mul(k.lane, k.i32(4)))), 4);
+    if (!shape.expanded) {
+      k.copyRow(record, k.at(x, k.mul(k.wide(row), k.i64(L.hidden * 2))), L.hidden * 2);
+      if (shape.weights) {
+        k.when(k.lt(k.lane, k.i32(L.topk)), [&] {
+          Value w = k.load(k.b.getF32Type(),
+                           k.at(weights, k.mul(k.add(k.mul(row, k.i32(L.topk)), k.lane), k.i32(4))), 4);
+          k.store(w, k.at(record, k.add(k.i32(L.combineRow), k.mul(k.lane, k.i32(4)))), 4);
+        });
+      }
+    } else {
+      // This rank's rows of the token (one per local slot, columns 2.. of
+      // the metadata) summed in fp32 from +0.0 in increasing slot order and
+      // rounded once: one row goes back.
+      Type f32 = k.b.getF32Type();
+      auto chunkF32 = VectorType::get({8}, f32);
+      auto chunkBF16 = VectorType::get({8}, k.b.getBF16Type());
+      k.loop(k.lane, k.i32(L.hidden / 8), k.i32(32), [&](Value chunk) {
+        Value offset = k.mul(chunk, k.i32(16));
+        Value zero = arith::ConstantOp::create(k.b, chunkF32, DenseElementsAttr::get(chunkF32, 0.0f));
+        auto slots = scf::ForOp::create(k.b, k.i32(0), k.i32(L.topk), k.i32(1), ValueRange{zero});
+        {
+          OpBuilder::InsertionGuard g(k.b);
+          k.b.setInsertionPointToStart(slots.getBody());
+          Value j = slots.getInductionVar();
+          Value sum = slots.getRegionIterArg(0);
+          Value expandedRow = k.loadI32(meta, k.add(j, k.i32(2)));
+          Value next = k.choose(k.cmp(arith::CmpIPredicate::sge, expandedRow, k.i32(0)), chunkF32,
+                                [&]() -> Value {
+            Value rowBase = k.at(x, k.mul(k.wide(expandedRow), k.i64(L.hidden * 2)));
+            Value v = k.load(chunkBF16, k.at(rowBase, offset), 16);
+            return arith::AddFOp::create(k.b, sum, arith::ExtFOp::create(k.b, chunkF32, v));
+          }, [&]() -> Value { return sum; });
+          scf::YieldOp::create(k.b, ValueRange{next});
+        }
+        Value rounded = arith::TruncFOp::create(k.b, chunkBF16, slots.getResult(0));
+        k.store(rounded, k.at(record, offset), 16);
       });
+      if (shape.weights) {
+        // Slot j's weight is that of its expanded row (1-D weights), else 0.
+        k.when(k.lt(k.lane, k.i32(L.topk)), [&] {
+          Value expandedRow = k.loadI32(meta, k.add(k.lane, k.i32(2)));
+          Value w = k.choose(k.cmp(arith::CmpIPredicate::sge, expandedRow, k.i32(0)), f32,
+                             [&]() -> Value {
+            return k.load(f32, k.at(weights, k.mul(expandedRow, k.i32(4))), 4);
+          }, [&]() -> Value { return arith::ConstantFloatOp::create(k.b, cast<FloatType>(f32), APFloat(0.0f)); });
+          k.store(w, k.at(record, k.add(k.i32(L.combineRow), k.mul(k.lane, k.i32(4)))), 4);
+        });
+      }
     }
   });
 
@@ -577,16 +751,7 @@ void buildCombineSend(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape
       comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
                             k.local(k.i32(L.combineDone)));
     });
-    k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value dst) {
-      comm::StoreOp::create(k.b, comm::Ordering::release, comm::Scope::sys, k.i32(1),
-                            k.peer(k.add(k.i32(L.combineFlags), k.mul(k.me, k.i32(4))), dst));
-    });
-    k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value src) {
-      Value cell = k.counter(L.combineFlags, src);
-      comm::WaitFlagOp::create(k.b, k.i32T(), cell, comm::Predicate::eq, k.i32(1), comm::Scope::sys,
-                               /*timeout_ms=*/100000);
-      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), cell);
-    });
+    exchangeDoneFlags(k, L.combineFlags);
   });
 }
 
@@ -688,14 +853,14 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
 
   if (auto dispatch = dyn_cast<ep::DispatchOp>(op)) {
     cfg = dispatch.getConfig();
-    if (cfg.isExpanded())
-      return op->emitError("ep-expand: the expanded layout is not generated yet");
-    if (dispatch.isCached())
-      return op->emitError("ep-expand: cached dispatch is not generated yet");
+    // A cached dispatch reads the handle's routing, which the runtime keeps as int64.
     unsigned idxBits =
-        cast<ShapedType>(dispatch.getTopkIdx().getType()).getElementTypeBitWidth();
+        dispatch.isCached()
+            ? 64
+            : cast<ShapedType>(dispatch.getTopkIdx().getType()).getElementTypeBitWidth();
     DispatchShape shape{static_cast<bool>(dispatch.getScalePacks()),
-                        static_cast<bool>(dispatch.getTopkWeights())};
+                        static_cast<bool>(dispatch.getTopkWeights()), cfg.isExpanded(),
+                        dispatch.isCached(), dispatch.getZeroPadding()};
     kernelNames = {name + "_send", name + "_copy"};
     fields = kDispatchFields;
     build = [=](gpu::GPUModuleOp module) {
@@ -707,13 +872,11 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
   } else {
     auto combine = cast<ep::CombineOp>(op);
     cfg = combine.getConfig();
-    if (cfg.isExpanded())
-      return op->emitError("ep-expand: the expanded layout is not generated yet");
     if (cfg.getHidden() % 8 != 0)
       return op->emitError("ep-expand: combine reduces 8 bf16 channels per step, so hidden (")
              << cfg.getHidden() << ") must be a multiple of 8";
     CombineShape shape{static_cast<bool>(combine.getTopkWeights()),
-                       static_cast<unsigned>(combine.getBiases().size())};
+                       static_cast<unsigned>(combine.getBiases().size()), cfg.isExpanded()};
     kernelNames = {name + "_send", name + "_reduce"};
     fields = kCombineFields;
     build = [=](gpu::GPUModuleOp module) {

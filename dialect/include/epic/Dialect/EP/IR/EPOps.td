@@ -88,6 +88,11 @@ def EP_DispatchOp : EP_Op<"dispatch", [AttrSizedOperandSegments,
     handle: there is no count exchange and the rows land in exactly the same
     places (bitwise-equal `recv_x`). This is the backward of combine.
 
+    **Zero padding.** With `zero_padding` (expanded layout only), the rows
+    between an expert's last received row and the next expert's start are
+    zeroed (data, scale packs, weight); otherwise their contents are
+    unspecified.
+
     The handle records everything `ep.combine` and a cached dispatch need.
     The number of received rows is data dependent; result token dimensions
     are normally dynamic and never exceed the configuration's worst case.
@@ -118,7 +123,8 @@ def EP_DispatchOp : EP_Op<"dispatch", [AttrSizedOperandSegments,
     Optional<EP_TopkIdxTensor>:$topk_idx,
     Optional<EP_ScalePackTensor>:$scale_packs,
     Optional<2DTensorOf<[F32]>>:$topk_weights,
-    Optional<EP_HandleType>:$cached_handle);
+    Optional<EP_HandleType>:$cached_handle,
+    UnitAttr:$zero_padding);
   let results = (outs
     EP_RowTensor:$recv_x,
     Optional<EP_ScalePackTensor>:$recv_scale_packs,
@@ -131,6 +137,7 @@ def EP_DispatchOp : EP_Op<"dispatch", [AttrSizedOperandSegments,
     (`scales` `(` $scale_packs^ `:` type($scale_packs) `)`)?
     (`weights` `(` $topk_weights^ `:` type($topk_weights) `)`)?
     (`cached` `(` $cached_handle^ `:` qualified(type($cached_handle)) `)`)?
+    (`zero_padding` $zero_padding^)?
     `config` $config attr-dict `:` type($x) `->`
     custom<DispatchResultTypes>(type($recv_x), type($recv_scale_packs),
         type($recv_topk_idx), type($recv_topk_weights), type($handle),
@@ -141,7 +148,8 @@ def EP_DispatchOp : EP_Op<"dispatch", [AttrSizedOperandSegments,
     // received-token dimension is dynamic.
     OpBuilder<(ins "ConfigAttr":$config, "::mlir::Value":$x,
                    "::mlir::Value":$topkIdx, "::mlir::Value":$scalePacks,
-                   "::mlir::Value":$topkWeights, "::mlir::Value":$cachedHandle)>
+                   "::mlir::Value":$topkWeights, "::mlir::Value":$cachedHandle,
+                   CArg<"bool", "false">:$zeroPadding)>
   ];
   let extraClassDeclaration = [{
     bool isCached() { return static_cast<bool>(getCachedHandle()); }
