@@ -99,19 +99,20 @@ __device__ __noinline__ void timeoutTrap(const char *what, int32_t rank, int64_t
   __trap();
 }
 
-/// The same for a flag in memory, where the waiter knows an address, not a rank.
+/// The same for a flag in memory: rank and peer when the caller named them.
 __device__ __noinline__ void flagTimeoutTrap(const void *flag, const char *relation,
-                                             int64_t expected, int64_t seen, int64_t timeoutNs) {
-  printf("epic: device wait timed out after %lld ms: block %d thread %d waited for the flag "
-         "at %p %s %lld (seen %lld)\n",
-         (long long)(timeoutNs / 1000000), (int)blockIdx.x, (int)threadIdx.x, flag, relation,
-         (long long)expected, (long long)seen);
+                                             int64_t expected, int64_t seen, int64_t timeoutNs,
+                                             int32_t rank, int32_t peer) {
+  printf("epic: device wait timed out after %lld ms: rank %d block %d thread %d waited for "
+         "peer %d: the flag at %p %s %lld (seen %lld)\n",
+         (long long)(timeoutNs / 1000000), (int)rank, (int)blockIdx.x, (int)threadIdx.x,
+         (int)peer, flag, relation, (long long)expected, (long long)seen);
   __trap();
 }
 
 template <typename T, typename Load>
 __device__ __forceinline__ T boundedFlagWait(const void *flag, Load load, int32_t pred, T value,
-                                             int64_t timeoutNs) {
+                                             int64_t timeoutNs, int32_t rank, int32_t peer) {
   T seen = load();
   if (holds(seen, pred, value))
     return seen;
@@ -121,7 +122,8 @@ __device__ __forceinline__ T boundedFlagWait(const void *flag, Load load, int32_
     if (holds(seen, pred, value))
       return seen;
     if (int64_t(nowNs() - start) > timeoutNs)
-      flagTimeoutTrap(flag, predicateName(pred), int64_t(value), int64_t(seen), timeoutNs);
+      flagTimeoutTrap(flag, predicateName(pred), int64_t(value), int64_t(seen), timeoutNs, rank,
+                      peer);
   }
 }
 
@@ -129,15 +131,19 @@ __device__ __forceinline__ T boundedFlagWait(const void *flag, Load load, int32_
 
 // Flag waits are backend independent: both shims define them.
 EPIC_SHIM_ATTR int32_t EPIC_NAME(wait_flag_i32)(void *flag, int32_t pred, int32_t value,
-                                                int32_t scope, int64_t timeoutNs) {
+                                                int32_t scope, int64_t timeoutNs, int32_t rank,
+                                                int32_t peer) {
   return epic_device::boundedFlagWait<int32_t>(
-      flag, [&] { return epic_device::loadAcquire32(flag, scope); }, pred, value, timeoutNs);
+      flag, [&] { return epic_device::loadAcquire32(flag, scope); }, pred, value, timeoutNs, rank,
+      peer);
 }
 
 EPIC_SHIM_ATTR int64_t EPIC_NAME(wait_flag_i64)(void *flag, int32_t pred, int64_t value,
-                                                int32_t scope, int64_t timeoutNs) {
+                                                int32_t scope, int64_t timeoutNs, int32_t rank,
+                                                int32_t peer) {
   return epic_device::boundedFlagWait<int64_t>(
-      flag, [&] { return epic_device::loadAcquire64(flag, scope); }, pred, value, timeoutNs);
+      flag, [&] { return epic_device::loadAcquire64(flag, scope); }, pred, value, timeoutNs, rank,
+      peer);
 }
 
 #endif // EPIC_RUNTIME_DEVICE_SHIMCOMMON_CUH

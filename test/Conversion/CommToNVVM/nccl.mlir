@@ -148,13 +148,15 @@ gpu.module @flags {
     // CHECK: %[[PRED:.*]] = llvm.mlir.constant(2 : i32) : i32
     // CHECK: %[[SCOPE:.*]] = llvm.mlir.constant(3 : i32) : i32
     // CHECK: %[[NS:.*]] = llvm.mlir.constant(250000000 : i64) : i64
-    // CHECK: llvm.call @__epic_nccl_wait_flag_i32(%[[GEN]], %[[PRED]], %[[V]], %[[SCOPE]], %[[NS]]) : (!llvm.ptr, i32, i32, i32, i64) -> i32
+    // Rank and peer of the report: -1 when not given.
+    // CHECK: %[[NONE:.*]] = llvm.mlir.constant(-1 : i32) : i32
+    // CHECK: llvm.call @__epic_nccl_wait_flag_i32(%[[GEN]], %[[PRED]], %[[V]], %[[SCOPE]], %[[NS]], %[[NONE]], %[[NONE]]) : (!llvm.ptr, i32, i32, i32, i64, i32, i32) -> i32
     %s = comm.wait_flag %g ge %v scope sys timeout_ms 250 : !llvm.ptr<1>, i32
     // pred 0 = eq, scope 2 = gpu (the constant 2 above), default 100 s.
     // CHECK: %[[EQ:.*]] = llvm.mlir.constant(0 : i32) : i32
     // CHECK: %[[DEF:.*]] = llvm.mlir.constant(100000000000 : i64) : i64
-    // CHECK: llvm.call @__epic_nccl_wait_flag_i64(%[[P]], %[[EQ]], %[[W]], %[[PRED]], %[[DEF]])
-    %t = comm.wait_flag %p eq %w scope gpu : !llvm.ptr, i64
+    // CHECK: llvm.call @__epic_nccl_wait_flag_i64(%[[P]], %[[EQ]], %[[W]], %[[PRED]], %[[DEF]], %[[V]], %[[NONE]])
+    %t = comm.wait_flag %p eq %w rank %v scope gpu : !llvm.ptr, i64
     gpu.return
   }
 }

@@ -138,7 +138,7 @@ func.func @f(%p: !llvm.ptr, %v: i32) {
 
 func.func @f(%p: !llvm.ptr, %v: i32) {
   // expected-error@+1 {{failed to verify that all of {value, seen} have same type}}
-  %s = "comm.wait_flag"(%p, %v) <{predicate = 2 : i32, scope = 3 : i32, timeout_ms = 10 : i64}> : (!llvm.ptr, i32) -> i64
+  %s = "comm.wait_flag"(%p, %v) <{operandSegmentSizes = array<i32: 1, 1, 0, 0>, predicate = 2 : i32, scope = 3 : i32, timeout_ms = 10 : i64}> : (!llvm.ptr, i32) -> i64
   return
 }
 

@@ -102,6 +102,9 @@ func.func @synchronization(%dc: !comm.dev_comm, %p: !llvm.ptr, %g: !llvm.ptr<1>,
   %seen = comm.wait_flag %p ge %v scope sys : !llvm.ptr, i32
   // CHECK: comm.wait_flag %[[G]] eq %[[W]] scope gpu timeout_ms 250 : !llvm.ptr<1>, i64
   %seen2 = comm.wait_flag %g eq %w scope gpu timeout_ms 250 : !llvm.ptr<1>, i64
+  // The waiting rank and the peer waited for name the wait in its timeout report.
+  // CHECK: comm.wait_flag %[[P]] ne %[[V]] rank %[[V]] peer %[[V]] scope sys : !llvm.ptr, i32
+  %seen3 = comm.wait_flag %p ne %v rank %v peer %v scope sys : !llvm.ptr, i32
   return
 }
 

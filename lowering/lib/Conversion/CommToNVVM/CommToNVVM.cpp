@@ -605,7 +605,8 @@ struct WaitFlagLowering : CommPattern<comm::WaitFlagOp> {
         op, backend, wide ? "wait_flag_i64" : "wait_flag_i32",
         {b.generic(adaptor.getPtr()), b.i32(static_cast<int32_t>(op.getPredicate())),
          adaptor.getValue(), b.i32(static_cast<int32_t>(op.getScope())),
-         b.i64(timeoutNs(op.getTimeoutMs()))});
+         b.i64(timeoutNs(op.getTimeoutMs())), b.orI32(adaptor.getRank(), -1),
+         b.orI32(adaptor.getPeer(), -1)});
     rewriter.replaceOp(op, seen);
     return success();
   }

@@ -327,8 +327,8 @@ void exchangeDoneFlags(KernelBuilder &k, int64_t flagsOffset) {
   });
   k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value src) {
     Value cell = k.counter(flagsOffset, src);
-    comm::WaitFlagOp::create(k.b, k.i32T(), cell, comm::Predicate::eq, k.i32(1), comm::Scope::sys,
-                             /*timeout_ms=*/100000);
+    comm::WaitFlagOp::create(k.b, k.i32T(), cell, comm::Predicate::eq, k.i32(1), k.me, src,
+                             comm::Scope::sys, /*timeout_ms=*/100000);
     comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), cell);
   });
 }
@@ -459,7 +459,7 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
     k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value src) {
       Value cell = k.counter(L.countsIn, src);
       Value seen = comm::WaitFlagOp::create(k.b, k.i32T(), cell, comm::Predicate::ne, k.i32(0),
-                                            comm::Scope::sys, /*timeout_ms=*/100000);
+                                            k.me, src, comm::Scope::sys, /*timeout_ms=*/100000);
       comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), cell);
       k.storeI32(k.sub(k.i32(-1), seen), psumPerRank, src);
     });

@@ -445,28 +445,32 @@ def Comm_AtomicRMWOp : Comm_Op<"atomic_rmw", [
 }
 
 def Comm_WaitFlagOp : Comm_Op<"wait_flag", [
-    AllTypesMatch<["value", "seen"]>,
+    AllTypesMatch<["value", "seen"]>, AttrSizedOperandSegments,
     MemoryEffects<[MemRead, MemWrite]>]> {
   let summary = "wait, with a bound, until a flag in memory satisfies a comparison";
   let description = [{
     Spins with acquire loads at `scope` on `*ptr` until `*ptr <pred> value`
     (signed comparison) holds and returns the value seen. Used for NVLink
     counters written by peers with `comm.store`/`comm.red`. Bounded: after
-    `timeout_ms` the lowered code prints the rank, the address, the expected
-    and the seen value, and traps.
+    `timeout_ms` the lowered code prints the waiting rank and the peer it
+    waited for (when given by `rank`/`peer`, which only serve this report),
+    the block and thread, the address, the expected and the seen value, and
+    traps.
 
     ```mlir
-    %seen = comm.wait_flag %p ge %n scope sys timeout_ms 1000 : !llvm.ptr, i32
+    %seen = comm.wait_flag %p ge %n rank %me peer %src scope sys timeout_ms 1000
+        : !llvm.ptr, i32
     ```
   }];
   let arguments = (ins LLVM_AnyPointer:$ptr, Comm_Predicate:$predicate,
-                       Comm_FlagValue:$value, Comm_Scope:$scope,
+                       Comm_FlagValue:$value, Optional<I32>:$rank, Optional<I32>:$peer,
+                       Comm_Scope:$scope,
                        DefaultValuedAttr<ConfinedAttr<I64Attr, [IntPositive]>,
                                          "100000">:$timeout_ms);
   let results = (outs Comm_FlagValue:$seen);
   let assemblyFormat = [{
-    $ptr $predicate $value `scope` $scope (`timeout_ms` $timeout_ms^)? attr-dict
-    `:` qualified(type($ptr)) `,` type($value)
+    $ptr $predicate $value (`rank` $rank^)? (`peer` $peer^)? `scope` $scope
+    (`timeout_ms` $timeout_ms^)? attr-dict `:` qualified(type($ptr)) `,` type($value)
   }];
 }
 
