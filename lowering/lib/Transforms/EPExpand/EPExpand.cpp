@@ -819,6 +819,14 @@ void buildCombineReduce(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sha
 // The pass
 //===----------------------------------------------------------------------===//
 
+/// After the kernels already in `module`, so they stay in launch order.
+OpBuilder kernelInsertionPoint(gpu::GPUModuleOp module) {
+  Block *body = module.getBody();
+  if (!body->empty() && body->back().hasTrait<OpTrait::IsTerminator>())
+    return OpBuilder(&body->back());
+  return OpBuilder::atBlockEnd(body);
+}
+
 /// The one ep op of an entry function, or a diagnostic.
 FailureOr<Operation *> entryOp(func::FuncOp func) {
   Operation *epOp = nullptr;
@@ -865,7 +873,7 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
     fields = kDispatchFields;
     build = [=](gpu::GPUModuleOp module) {
       EPLayout layout(cfg, idxBits);
-      OpBuilder b = OpBuilder::atBlockBegin(module.getBody());
+      OpBuilder b = kernelInsertionPoint(module);
       buildDispatchSend(createKernel(b, loc, kernelNames[0], true), layout, shape);
       buildDispatchCopy(createKernel(b, loc, kernelNames[1], false), layout, shape);
     };
@@ -882,7 +890,7 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
     build = [=](gpu::GPUModuleOp module) {
       // The routing comes from the handle (topk_idx of the dispatch); int64.
       EPLayout layout(cfg, 64);
-      OpBuilder b = OpBuilder::atBlockBegin(module.getBody());
+      OpBuilder b = kernelInsertionPoint(module);
       buildCombineSend(createKernel(b, loc, kernelNames[0], true), layout, shape);
       buildCombineReduce(createKernel(b, loc, kernelNames[1], false), layout, shape);
     };
