@@ -6,6 +6,7 @@
 //   comm_smoke virtual <cubin>          8 virtual ranks on one GPU
 //   comm_smoke nccl <cubin>             the NCCL backend with nranks = 1
 //   comm_smoke virtual-timeout <cubin>  a wait nobody satisfies must trap
+//   comm_smoke ep-nccl <cubin> <json>   ep-expand's dispatch + combine, NCCL, nranks = 1
 //
 // Every CUDA/NCCL call is checked; any mismatch prints what differed and
 // exits non-zero.
@@ -289,11 +290,179 @@ int runNccl(const char *cubin) {
   return failures;
 }
 
+// --- ep-expand's kernels on NCCL with one rank ------------------------------------
+
+/// The integer after `"key": ` in the metadata JSON (first occurrence).
+long long jsonInt(const std::string &json, const std::string &key) {
+  size_t at = json.find("\"" + key + "\": ");
+  if (at == std::string::npos) {
+    std::fprintf(stderr, "metadata has no %s\n", key.c_str());
+    std::exit(1);
+  }
+  return std::atoll(json.c_str() + at + key.size() + 4);
+}
+
+uint16_t toBF16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return uint16_t((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+int runEpNccl(const char *cubin, const char *metadataPath) {
+  const int T = 200, K = 4, E = 8, H = 1024, Tmax = 256, blocks = 4, threads = 256;
+  std::ifstream in(metadataPath);
+  std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // The parameter records' layout is ep-expand's (Passes.td); fail loudly if it moved.
+  const char *dispatchFields =
+      "\"x\",\n        \"scale_packs\",\n        \"topk_idx\",\n        \"topk_weights\",\n        "
+      "\"recv_x\"";
+  if (json.find(dispatchFields) == std::string::npos) {
+    std::fprintf(stderr, "unexpected dispatch parameter fields in %s\n", metadataPath);
+    return 1;
+  }
+  size_t windowBytes = (jsonInt(json, "window_bytes") + 4095) / 4096 * 4096;
+  std::printf("ep on nccl, nranks = 1: T=%d K=%d E=%d H=%d, window %zu bytes\n", T, K, E, H,
+              windowBytes);
+  CUmodule module = loadModule(cubin);
+  ncclUniqueId id;
+  CHECK_NCCL(ncclGetUniqueId(&id));
+  ncclComm_t comm;
+  CHECK_NCCL(ncclCommInitRank(&comm, 1, id, 0));
+  void *buffer;
+  CHECK_NCCL(ncclMemAlloc(&buffer, windowBytes));
+  CHECK_CUDA(cudaMemset(buffer, 0, windowBytes));
+  ncclWindow_t window;
+  CHECK_NCCL(ncclCommWindowRegister(comm, buffer, windowBytes, &window, NCCL_WIN_COLL_SYMMETRIC));
+  ncclDevCommRequirements reqs;
+  std::memset(&reqs, 0, sizeof reqs);
+  reqs.lsaBarrierCount = 64;
+  ncclDevComm devComm;
+  CHECK_NCCL(ncclDevCommCreate(comm, &reqs, &devComm));
+  ncclDevComm *devCommPtr = deviceCopy(devComm);
+
+  // Inputs: tokens pick K distinct experts, some slots masked, some tokens routed nowhere.
+  std::vector<uint16_t> x(T * H);
+  std::vector<int64_t> idx(T * K);
+  std::vector<float> w(T * K);
+  uint32_t seed = 12345;
+  auto rnd = [&] { return (seed = seed * 1664525u + 1013904223u) >> 8; };
+  for (int i = 0; i < T * H; ++i)
+    x[i] = toBF16(float(rnd() % 2000) / 1000.f + 0.001f);
+  int routed = 0;
+  std::vector<int> perExpert(E, 0);
+  for (int t = 0; t < T; ++t) {
+    int first = rnd() % E;
+    bool any = false;
+    for (int j = 0; j < K; ++j) {
+      bool masked = t % 11 == 0 || rnd() % 10 == 0;
+      idx[t * K + j] = masked ? -1 : (first + j) % E;
+      w[t * K + j] = float(rnd() % 1000) / 7.f;
+      if (!masked) {
+        any = true;
+        perExpert[(first + j) % E]++;
+      }
+    }
+    routed += any;
+  }
+  auto upload = [](const void *host, size_t bytes) {
+    void *p;
+    CHECK_CUDA(cudaMalloc(&p, bytes));
+    CHECK_CUDA(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice));
+    return p;
+  };
+  auto zeros = [](size_t bytes) {
+    void *p;
+    CHECK_CUDA(cudaMalloc(&p, bytes));
+    CHECK_CUDA(cudaMemset(p, 0xff, bytes)); // poisoned
+    return p;
+  };
+  void *dX = upload(x.data(), x.size() * 2), *dIdx = upload(idx.data(), idx.size() * 8),
+       *dW = upload(w.data(), w.size() * 4);
+  void *recvX = zeros(size_t(Tmax) * H * 2), *recvIdx = zeros(size_t(Tmax) * K * 8),
+       *recvW = zeros(size_t(Tmax) * K * 4), *meta = zeros(size_t(Tmax) * (K + 2) * 4),
+       *psumRank = zeros(4), *expertCounts = zeros(E * 4), *psumExpert = zeros(E * 4),
+       *hostCounts = zeros((1 + E) * 4), *slots = zeros(size_t(T) * K * 4);
+  // ep-expand's dispatch record: x, scale_packs, topk_idx, topk_weights, recv_x,
+  // recv_scale_packs, recv_topk_idx, recv_topk_weights, recv_src_metadata, psum per rank,
+  // per-expert counts, psum per expert, host counts, num_tokens, dst_buffer_slot_idx.
+  uint64_t record[16] = {(uint64_t)dX, 0, (uint64_t)dIdx, (uint64_t)dW, (uint64_t)recvX, 0,
+                         (uint64_t)recvIdx, (uint64_t)recvW, (uint64_t)meta, (uint64_t)psumRank,
+                         (uint64_t)expertCounts, (uint64_t)psumExpert, (uint64_t)hostCounts,
+                         (uint64_t)T, (uint64_t)slots, 0};
+  void *params = upload(record, sizeof record);
+  launch(kernel(module, "dispatch_send"), blocks, threads, {&devCommPtr, &window, &params});
+  launch(kernel(module, "dispatch_copy"), blocks, threads, {&devCommPtr, &window, &params});
+
+  std::vector<int32_t> counts(1 + E), metaHost(Tmax * (K + 2)), psum(1);
+  CHECK_CUDA(cudaMemcpy(counts.data(), hostCounts, counts.size() * 4, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(psum.data(), psumRank, 4, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(metaHost.data(), meta, metaHost.size() * 4, cudaMemcpyDeviceToHost));
+  bool ok = counts[0] == routed && psum[0] == routed;
+  for (int e = 0; e < E; ++e)
+    ok &= counts[1 + e] == perExpert[e];
+  expect(ok, "dispatch: received tokens and per-expert counts");
+  std::vector<uint16_t> rx(size_t(Tmax) * H);
+  std::vector<int64_t> ri(Tmax * K);
+  std::vector<float> rw(Tmax * K);
+  CHECK_CUDA(cudaMemcpy(rx.data(), recvX, rx.size() * 2, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(ri.data(), recvIdx, ri.size() * 8, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(rw.data(), recvW, rw.size() * 4, cudaMemcpyDeviceToHost));
+  ok = true;
+  std::vector<int> seen(T, 0);
+  for (int i = 0; i < routed && ok; ++i) {
+    int t = metaHost[i * (K + 2)];
+    ok = t >= 0 && t < T && !seen[t]++;
+    ok = ok && std::memcmp(&rx[size_t(i) * H], &x[size_t(t) * H], H * 2) == 0;
+    for (int j = 0; j < K && ok; ++j)
+      ok = ri[i * K + j] == idx[t * K + j] && rw[i * K + j] == w[t * K + j];
+  }
+  expect(ok, "dispatch: every routed token once, rows, ids and weights exact");
+
+  // Combine the received rows straight back: one contribution per token.
+  void *out = zeros(size_t(T) * H * 2), *outW = zeros(size_t(T) * K * 4);
+  uint64_t crecord[16] = {(uint64_t)recvX, (uint64_t)recvW, (uint64_t)meta, (uint64_t)psumRank,
+                          (uint64_t)dIdx, 0, 0, (uint64_t)out, (uint64_t)outW, (uint64_t)T};
+  void *cparams = upload(crecord, sizeof crecord);
+  launch(kernel(module, "combine_send"), blocks, threads, {&devCommPtr, &window, &cparams});
+  launch(kernel(module, "combine_reduce"), blocks, threads, {&devCommPtr, &window, &cparams});
+  std::vector<uint16_t> ox(size_t(T) * H);
+  std::vector<float> ow(T * K);
+  CHECK_CUDA(cudaMemcpy(ox.data(), out, ox.size() * 2, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(ow.data(), outW, ow.size() * 4, cudaMemcpyDeviceToHost));
+  ok = true;
+  bool okW = true;
+  for (int t = 0; t < T; ++t) {
+    bool any = false;
+    for (int j = 0; j < K; ++j) {
+      any |= idx[t * K + j] >= 0;
+      okW &= ow[t * K + j] == (idx[t * K + j] >= 0 ? w[t * K + j] : 0.f);
+    }
+    for (int h = 0; h < H && ok; ++h)
+      ok = ox[size_t(t) * H + h] == (any ? x[size_t(t) * H + h] : 0);
+  }
+  expect(ok, "combine: each token's row back (a single contribution, exact), zeros if unrouted");
+  expect(okW, "combine: combined_topk_weights");
+
+  CHECK_NCCL(ncclDevCommDestroy(comm, &devComm));
+  CHECK_NCCL(ncclCommWindowDeregister(comm, window));
+  CHECK_NCCL(ncclMemFree(buffer));
+  CHECK_NCCL(ncclCommDestroy(comm));
+  return failures;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
+  if (argc == 4 && std::string(argv[1]) == "ep-nccl") {
+    CHECK_CUDA(cudaSetDevice(0));
+    CHECK_CUDA(cudaFree(nullptr));
+    int result = runEpNccl(argv[2], argv[3]);
+    std::printf("ep-nccl: %s\n", result == 0 ? "passed" : "FAILED");
+    return result == 0 ? 0 : 1;
+  }
   if (argc != 3) {
-    std::fprintf(stderr, "usage: %s virtual|virtual-timeout|nccl <cubin>\n", argv[0]);
+    std::fprintf(stderr, "usage: %s virtual|virtual-timeout|nccl <cubin> | ep-nccl <cubin> <json>\n",
+                 argv[0]);
     return 2;
   }
   CHECK_CUDA(cudaSetDevice(0));

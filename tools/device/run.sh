@@ -28,6 +28,7 @@ run() {
 run /tmp/epic-gpu/comm_smoke virtual "$dev/kernels/comm_virtual.cubin"
 run /tmp/epic-gpu/comm_smoke nccl "$dev/kernels/comm_nccl.cubin"
 run /tmp/epic-gpu/comm_smoke virtual-timeout "$dev/kernels/comm_virtual.cubin"
+run /tmp/epic-gpu/comm_smoke ep-nccl "$dev/kernels/ep_nccl.cubin" "$dev/kernels/ep_nccl.json"
 run python3 test/gpu/ep_virtual.py "$dev/kernels/ep_virtual.cubin" "$dev/kernels/ep_virtual.json"
 echo "GPU tests: $([[ $status -eq 0 ]] && echo passed || echo FAILED)"
 exit $status
