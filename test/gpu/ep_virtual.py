@@ -69,6 +69,19 @@ def params_table(fields, records):
     return cp.asarray(table)
 
 
+def handle_buffers(tokens):
+    """What a non-cached dispatch writes besides the data: the handle and the counts."""
+    return {
+        "recv_src_metadata": cp.full((R * TMAX, K + 2), -7, cp.int32),
+        "psum_num_recv_tokens_per_rank": cp.zeros(R, cp.int32),
+        "num_recv_tokens_per_expert": cp.zeros(L, cp.int32),
+        "psum_num_recv_tokens_per_expert": cp.zeros(L, cp.int32),
+        "host_counts": cp.zeros(1 + L, cp.int32),
+        "num_tokens": tokens,
+        "dst_buffer_slot_idx": cp.full((tokens, K), -7, cp.int32),
+    }
+
+
 def launch(module, name, world, params, blocks_per_rank):
     kernel = module.get_function(name)
     kernel((R * blocks_per_rank,), (THREADS,),
@@ -112,12 +125,7 @@ def run(module, entries, fp8, blocks_per_rank, seed):
             "recv_x": cp.zeros((R * TMAX, H * xbytes), cp.uint8),
             "recv_topk_idx": cp.full((R * TMAX, K), -7, cp.int64),
             "recv_topk_weights": cp.zeros((R * TMAX, K), cp.float32),
-            "recv_src_metadata": cp.full((R * TMAX, K + 2), -7, cp.int32),
-            "psum_num_recv_tokens_per_rank": cp.zeros(R, cp.int32),
-            "num_recv_tokens_per_expert": cp.zeros(L, cp.int32),
-            "psum_num_recv_tokens_per_expert": cp.zeros(L, cp.int32),
-            "host_counts": cp.zeros(1 + L, cp.int32), "num_tokens": tokens[r],
-            "dst_buffer_slot_idx": cp.full((tokens[r], K), -7, cp.int32),
+            **handle_buffers(tokens[r]),
         }
         if fp8:
             a["scale_packs"] = cp.asarray(sfs[r])
@@ -251,12 +259,7 @@ def run_expanded(module, entries, blocks_per_rank, seed):
             "topk_weights": cp.asarray(ws[r]),
             "recv_x": cp.full((max_rows, H * 2), 0x5A, cp.uint8),  # poisoned: padding must be zeroed
             "recv_topk_weights": cp.full(max_rows, np.nan, cp.float32),
-            "recv_src_metadata": cp.full((R * TMAX, K + 2), -7, cp.int32),
-            "psum_num_recv_tokens_per_rank": cp.zeros(R, cp.int32),
-            "num_recv_tokens_per_expert": cp.zeros(L, cp.int32),
-            "psum_num_recv_tokens_per_expert": cp.zeros(L, cp.int32),
-            "host_counts": cp.zeros(1 + L, cp.int32), "num_tokens": tokens[r],
-            "dst_buffer_slot_idx": cp.full((tokens[r], K), -7, cp.int32),
+            **handle_buffers(tokens[r]),
         })
     params = params_table(d_entry["param_fields"], dev)
     launch(module, d_entry["kernels"][0], world, params, blocks_per_rank)

@@ -269,6 +269,17 @@ template <typename Op, int64_t Field> struct TeamFieldLowering : CommPattern<Op>
   }
 };
 
+/// A team as the ABI passes it: (ranks, rank, stride).
+struct TeamScalars {
+  Value ranks, rank, stride;
+};
+TeamScalars teamScalars(const Builder &b, Value team) {
+  Value ranks = b.extract(team, kTeamRanks);
+  Value rank = b.extract(team, kTeamRank);
+  Value stride = b.extract(team, kTeamStride);
+  return {ranks, rank, stride};
+}
+
 /// World rank of member `rank` of `team`: world + (rank - team.rank) * stride.
 Value teamToWorld(const Builder &b, Value team, Value rank) {
   Value world = b.extract(team, kTeamWorldRank);
@@ -310,9 +321,9 @@ struct PeerPtrLowering : CommPattern<comm::PeerPtrOp> {
     Value team = adaptor.getTeam(), window = adaptor.getWindow();
     Value pointer;
     if (backend == CommBackend::nccl) {
+      TeamScalars t = teamScalars(b, team);
       pointer = b.callShim(op, backend, "peer_ptr",
-                           {b.null(), window, adaptor.getOffset(), b.extract(team, kTeamRanks),
-                            b.extract(team, kTeamRank), b.extract(team, kTeamStride),
+                           {b.null(), window, adaptor.getOffset(), t.ranks, t.rank, t.stride,
                             adaptor.getPeer()});
     } else {
       pointer = virtualSlice(b, window, teamToWorld(b, team, adaptor.getPeer()),
@@ -351,11 +362,10 @@ struct PutLowering : CommPattern<comm::PutOp> {
   LogicalResult matchAndRewrite(comm::PutOp op, OpAdaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const override {
     Builder b{rewriter, op.getLoc()};
-    Value team = adaptor.getTeam();
+    TeamScalars t = teamScalars(b, adaptor.getTeam());
     b.callShim(op, backend, ("put_" + coopSuffix(op.getCoop())).str(),
                {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0),
-                b.extract(team, kTeamRanks), b.extract(team, kTeamRank),
-                b.extract(team, kTeamStride), adaptor.getPeer(), adaptor.getDstWindow(),
+                t.ranks, t.rank, t.stride, adaptor.getPeer(), adaptor.getDstWindow(),
                 adaptor.getDstOffset(), adaptor.getSrcWindow(), adaptor.getSrcOffset(),
                 adaptor.getBytes(), b.i32(signalMode(op.getSignal(), op.getSignalAdd())),
                 b.orI32(adaptor.getSignal(), 0), b.orI64(adaptor.getSignalAdd(), 0),
@@ -370,12 +380,11 @@ struct PutValueLowering : CommPattern<comm::PutValueOp> {
   LogicalResult matchAndRewrite(comm::PutValueOp op, OpAdaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const override {
     Builder b{rewriter, op.getLoc()};
-    Value team = adaptor.getTeam();
+    TeamScalars t = teamScalars(b, adaptor.getTeam());
     int64_t bytes = op.getValue().getType().getIntOrFloatBitWidth() / 8;
     b.callShim(op, backend, ("put_value_" + coopSuffix(op.getCoop())).str(),
                {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0),
-                b.extract(team, kTeamRanks), b.extract(team, kTeamRank),
-                b.extract(team, kTeamStride), adaptor.getPeer(), adaptor.getWindow(),
+                t.ranks, t.rank, t.stride, adaptor.getPeer(), adaptor.getWindow(),
                 adaptor.getOffset(), b.sext64(adaptor.getValue()), b.i32(bytes),
                 b.i32(signalMode(op.getSignal(), op.getSignalAdd())),
                 b.orI32(adaptor.getSignal(), 0), b.orI64(adaptor.getSignalAdd(), 0)});
@@ -389,11 +398,10 @@ struct SignalLowering : CommPattern<comm::SignalOp> {
   LogicalResult matchAndRewrite(comm::SignalOp op, OpAdaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const override {
     Builder b{rewriter, op.getLoc()};
-    Value team = adaptor.getTeam();
+    TeamScalars t = teamScalars(b, adaptor.getTeam());
     b.callShim(op, backend, ("signal_" + coopSuffix(op.getCoop())).str(),
                {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0),
-                b.extract(team, kTeamRanks), b.extract(team, kTeamRank),
-                b.extract(team, kTeamStride), adaptor.getPeer(), adaptor.getSignal(),
+                t.ranks, t.rank, t.stride, adaptor.getPeer(), adaptor.getSignal(),
                 b.i32(op.getSignalAdd() ? 2 : 1), b.orI64(adaptor.getSignalAdd(), 0)});
     rewriter.eraseOp(op);
     return success();

@@ -138,6 +138,8 @@ public:
     numWarps = mul(blocks, warpsPerBlock);
     if (func.getNumWorkgroupAttributions())
       sharedFlag = func.getWorkgroupAttributions()[0];
+    // The kernel body goes after this prologue, before gpu.return.
+    b.setInsertionPoint(func.getBody().front().getTerminator());
   }
 
   ImplicitLocOpBuilder b;
@@ -233,6 +235,20 @@ public:
   Value ctlz(Value v) { return LLVM::CountLeadingZerosOp::create(b, i32T(), v, false); }
   Value cttz(Value v) { return LLVM::CountTrailingZerosOp::create(b, i32T(), v, false); }
   Value popc(Value v) { return LLVM::CtPopOp::create(b, i32T(), v); }
+
+  /// For each set bit of the warp-uniform `mask`, lowest first: `body(lane)`
+  /// with the whole warp.
+  void forEachLane(Value mask, function_ref<void(Value)> body) {
+    auto loop = scf::WhileOp::create(b, TypeRange{i32T()}, ValueRange{mask});
+    OpBuilder::InsertionGuard guard(b);
+    Block *before = b.createBlock(&loop.getBefore(), {}, {i32T()}, {b.getLoc()});
+    Value pending = before->getArgument(0);
+    scf::ConditionOp::create(b, cmp(arith::CmpIPredicate::ne, pending, i32(0)), ValueRange{pending});
+    Block *after = b.createBlock(&loop.getAfter(), {}, {i32T()}, {b.getLoc()});
+    pending = after->getArgument(0);
+    body(cttz(pending));
+    scf::YieldOp::create(b, ValueRange{andi(pending, sub(pending, i32(1)))});
+  }
 
   /// The warp copies `bytes` (a multiple of 16) from `src` to `dst`.
   void copyRow(Value dst, Value src, int64_t bytes) {
@@ -335,8 +351,6 @@ void exchangeDoneFlags(KernelBuilder &k, int64_t flagsOffset) {
 
 void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape shape) {
   KernelBuilder k(func, L);
-  OpBuilder::InsertionGuard guard(k.b);
-  k.b.setInsertionPoint(func.getBody().front().getTerminator());
   Value numTokens = k.intParam(kDispatchNumTokens);
   Value x = k.pointerParam(kX);
   Value topkIdx = k.pointerParam(kTopkIdx);
@@ -360,16 +374,7 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
       });
       k.when(k.lt(k.lane, k.i32(L.topk)), [&] { k.storeI32(k.i32(-1), dstSlots, slotCell); });
     }
-    auto loop = scf::WhileOp::create(k.b, TypeRange{k.i32T()}, ValueRange{r.masters});
-    {
-      OpBuilder::InsertionGuard g(k.b);
-      Block *before = k.b.createBlock(&loop.getBefore(), {}, {k.i32T()}, {k.b.getLoc()});
-      Value pending = before->getArgument(0);
-      scf::ConditionOp::create(k.b, k.cmp(arith::CmpIPredicate::ne, pending, k.i32(0)),
-                               ValueRange{pending});
-      Block *after = k.b.createBlock(&loop.getAfter(), {}, {k.i32T()}, {k.b.getLoc()});
-      pending = after->getArgument(0);
-      Value master = k.cttz(pending);
+    k.forEachLane(r.masters, [&](Value master) {
       Value dst = k.shuffle(r.dst, master);
       Value mySlot = k.choose(k.eq(k.lane, master), k.i32T(), [&]() -> Value {
         if (shape.cached)
@@ -403,9 +408,7 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
         k.store(token, k.at(record, k.i32(L.tokenOff)), 4);
         k.store(master, k.at(record, k.i32(L.tokenOff + 4)), 4);
       });
-      Value rest = k.andi(pending, k.sub(pending, k.i32(1)));
-      scf::YieldOp::create(k.b, ValueRange{rest});
-    }
+    });
   });
 
   Value last = k.lastBlockOfRank(L.dispatchDone);
@@ -513,8 +516,6 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
 
 void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape shape) {
   KernelBuilder k(func, L);
-  OpBuilder::InsertionGuard guard(k.b);
-  k.b.setInsertionPoint(func.getBody().front().getTerminator());
   Value psum = k.pointerParam(kPsumPerRank);
   Value recvX = k.pointerParam(kRecvX);
   Value recvPacks = shape.scalePacks ? k.pointerParam(kRecvScalePacks) : Value();
@@ -600,25 +601,14 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
       }, [&]() -> Value { return k.i32(-1); });
       if (!shape.cached)
         k.when(inTopk, [&] { k.storeI32(myRow, metadata, k.add(metaRow, k.add(k.lane, k.i32(2)))); });
-      Value locals = k.ballot(mine);
-      auto rows = scf::WhileOp::create(k.b, TypeRange{k.i32T()}, ValueRange{locals});
-      {
-        OpBuilder::InsertionGuard g(k.b);
-        Block *beforeBlock = k.b.createBlock(&rows.getBefore(), {}, {k.i32T()}, {k.b.getLoc()});
-        Value pending = beforeBlock->getArgument(0);
-        scf::ConditionOp::create(k.b, k.cmp(arith::CmpIPredicate::ne, pending, k.i32(0)),
-                                 ValueRange{pending});
-        Block *after = k.b.createBlock(&rows.getAfter(), {}, {k.i32T()}, {k.b.getLoc()});
-        pending = after->getArgument(0);
-        Value j = k.cttz(pending);
+      k.forEachLane(k.ballot(mine), [&](Value j) {
         Value out = k.shuffle(myRow, j);
         copyData(record, out);
         if (shape.weights)
           k.when(k.eq(k.lane, k.i32(0)), [&] {
             k.store(recordWeight(record, j), k.at(recvWeights, k.mul(out, k.i32(4))), 4);
           });
-        scf::YieldOp::create(k.b, ValueRange{k.andi(pending, k.sub(pending, k.i32(1)))});
-      }
+      });
     }
     if (!shape.cached) {
       // recv_src_metadata[row][0..1] = (src * Tmax + token, src * K + master);
@@ -675,8 +665,6 @@ struct CombineShape {
 
 void buildCombineSend(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape) {
   KernelBuilder k(func, L);
-  OpBuilder::InsertionGuard guard(k.b);
-  k.b.setInsertionPoint(func.getBody().front().getTerminator());
   Value x = k.pointerParam(kCX);
   Value weights = shape.weights ? k.pointerParam(kCTopkWeights) : Value();
   Value metadata = k.pointerParam(kCSrcMetadata);
@@ -757,8 +745,6 @@ void buildCombineSend(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape
 
 void buildCombineReduce(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape) {
   KernelBuilder k(func, L);
-  OpBuilder::InsertionGuard guard(k.b);
-  k.b.setInsertionPoint(func.getBody().front().getTerminator());
   Value numTokens = k.intParam(kCNumTokens);
   Value topkIdx = k.pointerParam(kCTopkIdx);
   Value out = k.pointerParam(kCCombinedX);
