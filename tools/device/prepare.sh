@@ -14,6 +14,7 @@ for backend in virtual nccl; do
 done
 "$build/bin/epic-compile" test/gpu/ep_kernels.mlir --backend=virtual -o "$out/kernels/ep_virtual"
 "$build/bin/epic-compile" test/gpu/ep_nccl.mlir --backend=nccl -o "$out/kernels/ep_nccl"
+"$build/bin/epic-compile" test/Pipelines/ep-v3-to-ptx.mlir --backend=virtual -o "$out/kernels/ep_v3_virtual"
 # The device comm struct must match between the shim and the driver: carry the headers the
 # shim was compiled against (the device's NCCL wheel supplies the library).
 cp -r "$build/runtime/device/nccl-include" "$out/nccl-include"

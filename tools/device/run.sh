@@ -31,4 +31,9 @@ run /tmp/epic-gpu/comm_smoke virtual-timeout "$dev/kernels/comm_virtual.cubin"
 run /tmp/epic-gpu/comm_smoke ep-nccl "$dev/kernels/ep_nccl.cubin" "$dev/kernels/ep_nccl.json"
 run python3 test/gpu/ep_virtual.py "$dev/kernels/ep_virtual.cubin" "$dev/kernels/ep_virtual.json"
 echo "GPU tests: $([[ $status -eq 0 ]] && echo passed || echo FAILED)"
+if [[ "${EPIC_BENCH:-0}" == 1 ]]; then
+  echo "== bench: bench/ep_virtual_quick.py"
+  python3 bench/ep_virtual_quick.py "$dev/kernels/ep_v3_virtual.cubin" "$dev/kernels/ep_v3_virtual.json" \
+    2>&1 | tee "$out/ep_virtual_quick.log"
+fi
 exit $status
