@@ -117,3 +117,78 @@ func.func @combine(%y: tensor<?x1024xbf16>, %h: !ep.handle<#cfg>, %b: tensor<?x1
 func.func @untouched(%a: i32) -> i32 {
   return %a : i32
 }
+
+// -----
+
+// Expanded layout: rows come from a per-expert cursor (start_e + cursor_e++),
+// go to recv_src_metadata[:, 2 + slot], and zero_padding zeroes the rest of
+// each expert's aligned block.
+#exp = #ep.config<ranks = 4, experts = 16, topk = 4, hidden = 512, dtype = bf16,
+                  expert_alignment = 64, layout = expanded, max_tokens_per_rank = 128>
+
+// CHECK-LABEL: gpu.module @ep_kernels
+// CHECK: gpu.func @dispatch_exp_send(
+// The expanded prefix sums are start_e + count_e: the end of the real rows.
+// CHECK: arith.constant 63 : i32
+// CHECK: gpu.func @dispatch_exp_copy(
+// CHECK: arith.subi
+// CHECK: %[[CURSOR:.*]] = comm.atomic_rmw add relaxed scope gpu
+// CHECK-NEXT: arith.addi %{{.*}}, %[[CURSOR]] : i32
+// One output row per local slot, lowest slot first.
+// CHECK: scf.while
+// CHECK: llvm.intr.cttz
+// CHECK: gpu.shuffle idx
+// Zero padding: a warp per expert zeroes rows [end, start + aligned count).
+// CHECK: arith.constant dense<0> : vector<4xi32>
+func.func @dispatch_exp(%x: tensor<?x512xbf16>, %idx: tensor<?x4xi64>, %w: tensor<?x4xf32>)
+    -> (tensor<?x512xbf16>, tensor<?xf32>, !ep.handle<#exp>) {
+  %rx, %rw, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) weights(%w : tensor<?x4xf32>)
+      zero_padding config #exp
+      : tensor<?x512xbf16> -> tensor<?x512xbf16>, tensor<?xf32>, !ep.handle<#exp>
+  return %rx, %rw, %h : tensor<?x512xbf16>, tensor<?xf32>, !ep.handle<#exp>
+}
+
+// The expanded combine sums the rank's rows of a token (metadata columns 2..)
+// in fp32 from +0.0 and sends one bf16 row.
+// CHECK: gpu.func @combine_exp_send(
+// CHECK: arith.constant dense<0.000000e+00> : vector<8xf32>
+// CHECK: scf.for {{.*}} -> (vector<8xf32>)
+// CHECK: arith.cmpi sge
+// CHECK: arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
+// CHECK: comm.store release scope sys
+// CHECK: func.func @dispatch_exp(
+// CHECK-SAME: epic.entry = "dispatch"
+// CHECK: func.func @combine_exp(
+// CHECK-SAME: epic.entry = "combine"
+func.func @combine_exp(%y: tensor<?x512xbf16>, %h: !ep.handle<#exp>) -> tensor<?x512xbf16> {
+  %out = ep.combine %y, %h : tensor<?x512xbf16>, !ep.handle<#exp> -> tensor<?x512xbf16>
+  return %out : tensor<?x512xbf16>
+}
+
+// -----
+
+// Cached dispatch: slots from the handle's dst_buffer_slot_idx instead of
+// atomics, no count exchange (only done flags), rows where the handle says.
+#cfg = #ep.config<ranks = 4, experts = 16, topk = 4, hidden = 512, dtype = bf16,
+                  max_tokens_per_rank = 128>
+
+// CHECK-LABEL: gpu.module @ep_kernels
+// CHECK: gpu.func @cached_send(
+// CHECK: comm.barrier
+// CHECK: scf.while
+// CHECK-NOT: comm.atomic_rmw add relaxed
+// CHECK: comm.peer_ptr
+// Done flags instead of counts: release to every peer, acquire from every peer.
+// CHECK: comm.atomic_rmw add acq_rel scope sys
+// CHECK: comm.store release scope sys
+// CHECK: comm.wait_flag %{{.*}} eq %{{.*}} rank %{{.*}} peer %{{.*}} scope sys
+// CHECK-NOT: comm.wait_flag %{{.*}} ne
+// CHECK: gpu.func @cached_copy(
+// CHECK: func.func @cached(
+// CHECK-SAME: epic.kernels = ["cached_send", "cached_copy"]
+func.func @cached(%x: tensor<?x512xbf16>, %h: !ep.handle<#cfg>)
+    -> (tensor<?x512xbf16>, tensor<?x4xi64>, !ep.handle<#cfg>) {
+  %rx, %ri, %h2 = ep.dispatch %x cached(%h : !ep.handle<#cfg>) config #cfg
+      : tensor<?x512xbf16> -> tensor<?x512xbf16>, tensor<?x4xi64>, !ep.handle<#cfg>
+  return %rx, %ri, %h2 : tensor<?x512xbf16>, tensor<?x4xi64>, !ep.handle<#cfg>
+}
