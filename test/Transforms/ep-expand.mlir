@@ -12,8 +12,12 @@
 // CHECK: %[[PARAMS:.*]] = comm.rank_params %[[TABLE]] stride 128 via %[[DC]]
 // CHECK: %[[LSA:.*]] = comm.team lsa %[[DC]]
 // CHECK: %[[ME:.*]] = comm.team_rank %[[LSA]]
-// Remote buffers are free: entry barrier, one slot per block.
-// CHECK: comm.barrier %[[LSA]] via %[[DC]] index %{{.*}} coop block
+// Remote buffers are free: the entry barrier. Block b counts its arrival at
+// block b of every rank (release) and waits, bounded, for all of them.
+// CHECK: gpu.barrier
+// CHECK: comm.red add release scope sys %{{.*}}, %{{.*}} : i64, !llvm.ptr<1>
+// CHECK: comm.wait_flag %{{.*}} ge %{{.*}} rank %[[ME]] scope sys : !llvm.ptr<1>, i64
+// CHECK: gpu.barrier
 // One warp per token: ids grouped by destination rank, master = highest slot.
 // CHECK: scf.for
 // CHECK: arith.divsi %{{.*}}, %c8_i32
@@ -53,6 +57,7 @@
 // CHECK: func.func @dispatch(%{{.*}}: !comm.dev_comm, %{{.*}}: !comm.window, %{{.*}}: !llvm.ptr<1>, %[[GRID:.*]]: index)
 // CHECK-SAME: epic.entry = "dispatch"
 // CHECK-SAME: epic.kernels = ["dispatch_send", "dispatch_copy"]
+// CHECK-SAME: epic.max_blocks_per_rank = 1024
 // CHECK-SAME: epic.param_fields = ["x", "scale_packs", "topk_idx", "topk_weights", "recv_x", "recv_scale_packs", "recv_topk_idx", "recv_topk_weights", "recv_src_metadata", "psum_num_recv_tokens_per_rank", "num_recv_tokens_per_expert", "psum_num_recv_tokens_per_expert", "host_counts", "num_tokens", "dst_buffer_slot_idx"]
 // CHECK-SAME: epic.param_stride = 128
 // CHECK-SAME: epic.threads = 256
@@ -78,7 +83,7 @@ func.func @dispatch(%x: tensor<?x2048xf8E4M3FN>, %sf: tensor<?x16xf32>, %idx: te
 
 // CHECK-LABEL: gpu.module @ep_kernels
 // CHECK: gpu.func @combine_send(
-// CHECK: comm.barrier
+// CHECK: comm.red add release scope sys %{{.*}}, %{{.*}} : i64
 // Back to the source rank, into [master slot][token].
 // CHECK: arith.divui %{{.*}}, %c128_i32
 // CHECK: arith.remui %{{.*}}, %c128_i32
@@ -174,7 +179,7 @@ func.func @combine_exp(%y: tensor<?x512xbf16>, %h: !ep.handle<#exp>) -> tensor<?
 
 // CHECK-LABEL: gpu.module @ep_kernels
 // CHECK: gpu.func @cached_send(
-// CHECK: comm.barrier
+// CHECK: comm.wait_flag %{{.*}} ge
 // CHECK: scf.while
 // CHECK-NOT: comm.atomic_rmw add relaxed
 // CHECK: comm.peer_ptr

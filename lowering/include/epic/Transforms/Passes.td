@@ -27,8 +27,13 @@ def EPExpand : Pass<"ep-expand", "::mlir::ModuleOp"> {
     layout (`epic.window_bytes`) is fixed by the configuration. The same
     kernels serve both backends of `convert-comm-to-nvvm`.
 
+    **Entry barriers** (every send kernel starts with one, so remote buffers
+    are free): block b of each rank meets block b of every other rank through
+    monotonic arrival counters in the window (`comm.red` release, bounded
+    `comm.wait_flag` acquire), at most `epic.max_blocks_per_rank` blocks.
+
     **Dispatch** (`<name>_send`, `<name>_copy`), direct mode, DeepEP V2's
-    protocol: an entry barrier over the LSA team; then one warp per token:
+    protocol: an entry barrier; then one warp per token:
     lanes read the K expert ids, `nvvm.match.sync` groups them by
     destination rank, the highest lane of each group (the master slot) takes
     a slot in the destination's receive region `[source rank][Tmax][record]`

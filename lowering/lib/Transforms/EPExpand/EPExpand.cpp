@@ -34,6 +34,9 @@ int64_t align(int64_t value, int64_t alignment) {
 // Layout of the window and of the parameter records
 //===----------------------------------------------------------------------===//
 
+/// Entry barriers keep one arrival counter per block index of a rank.
+constexpr int64_t kMaxBlocksPerRank = 1024;
+
 /// Every byte offset the kernels use, fixed by the configuration. The window
 /// holds, in each rank's copy: counters (all zero between operations), then
 /// one data region shared by dispatch ([src rank][Tmax][record]) and combine
@@ -47,7 +50,7 @@ struct EPLayout {
   int64_t combineRow, combineRecord;
   // Counters.
   int64_t countsIn, expertIn, slots, expertLocal, expertCursor, dispatchDone, dispatchFlags,
-      combineDone, combineFlags;
+      combineDone, combineFlags, barrierArrivals, barrierEpochs;
   int64_t data, windowBytes;
 
   EPLayout(ep::ConfigAttr cfg, unsigned idxBits) {
@@ -86,6 +89,8 @@ struct EPLayout {
     dispatchFlags = take(ranks * 4);
     combineDone = take(4);
     combineFlags = take(ranks * 4);
+    barrierArrivals = take(kMaxBlocksPerRank * 8);
+    barrierEpochs = take(kMaxBlocksPerRank * 8);
     data = align(at, 4096);
     windowBytes = data + std::max(ranks * tmax * record, topk * tmax * combineRecord);
   }
@@ -303,8 +308,28 @@ public:
     return eq(memref::LoadOp::create(b, memref, ValueRange{zero}), i32(1));
   }
 
+  /// Block b of every rank meets block b of every other rank, so remote
+  /// buffers are free. Built from comm ops rather than comm.barrier so that
+  /// the wait is bounded on every backend (NCCL 2.28's LSA barrier is not):
+  /// thread 0 bumps its own epoch, adds 1 (release, system scope) to arrival
+  /// counter b of every rank and waits (bounded acquire) until its own counter
+  /// reaches ranks * epoch. Counters only grow, so nothing is reset.
   void entryBarrier() {
-    comm::BarrierOp::create(b, lsa, comm, block, comm::Coop::block, /*timeout_ms=*/100000);
+    Value slot = mul(wide(block), i64(8));
+    barrier(); // the block's earlier writes, before thread 0's release
+    when(eq(tid, i32(0)), [&] {
+      Value epochCell = local(add(i64(layout.barrierEpochs), slot));
+      Value epoch = add(load(i64T(), epochCell, 8), i64(1));
+      store(epoch, epochCell, 8);
+      loop(i32(0), i32(layout.ranks), i32(1), [&](Value peerRank) {
+        comm::RedOp::create(b, comm::AtomicKind::add, comm::Ordering::release, comm::Scope::sys,
+                            i64(1), peer(add(i64(layout.barrierArrivals), slot), peerRank));
+      });
+      comm::WaitFlagOp::create(b, i64T(), local(add(i64(layout.barrierArrivals), slot)),
+                               comm::Predicate::ge, mul(epoch, i64(layout.ranks)), me, Value(),
+                               comm::Scope::sys, /*timeout_ms=*/100000);
+    });
+    barrier(); // what thread 0 acquired, for the whole block
   }
 };
 
@@ -927,7 +952,7 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
   launch->setAttr("epic.param_fields", builder.getArrayAttr(fieldNames));
   launch->setAttr("epic.param_stride", builder.getI64IntegerAttr(kParamsStride));
   launch->setAttr("epic.window_bytes", builder.getI64IntegerAttr(layout.windowBytes));
-  launch->setAttr("epic.barriers", builder.getStringAttr("one LSA barrier slot per block of a rank"));
+  launch->setAttr("epic.max_blocks_per_rank", builder.getI64IntegerAttr(kMaxBlocksPerRank));
   func.erase();
   return success();
 }
