@@ -58,9 +58,12 @@ def main():
         results["lit"] = run(
             "lit", ["lit", "-sv", f"--xunit-xml-output={tmp / 'lit.xml'}", build / "test"],
             tmp / "lit.xml", env)
-        results["gtest"] = run(
-            "gtest", [build / "bin" / "epic-unit-tests", f"--gtest_output=xml:{tmp / 'gtest.xml'}"],
-            tmp / "gtest.xml", env)
+        gtest = [0, 0, 0]
+        for binary in ("epic-unit-tests", "epic-runtime-tests"):
+            xml = tmp / f"{binary}.xml"
+            counts = run(binary, [build / "bin" / binary, f"--gtest_output=xml:{xml}"], xml, env)
+            gtest = [g + c for g, c in zip(gtest, counts)]
+        results["gtest"] = tuple(gtest)
         results["pytest"] = run(
             "pytest", [sys.executable, "-m", "pytest", "-q", "test/python", f"--junitxml={tmp / 'pytest.xml'}"],
             tmp / "pytest.xml", env)
