@@ -1,0 +1,61 @@
+//===- EntryIR.h - the ep entry functions the runtime compiles -*- C++ -*-===//
+//
+// The runtime asks the compiler for kernels by writing the entry function of
+// one ep op (the form ep-expand takes, see lowering/include/epic/Transforms/
+// Passes.td) for the configuration at hand. The text is the cache key's main
+// part, so it is deterministic. Arguments are validated here, before any
+// compilation, with errors that name the bad argument.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef EPIC_RUNTIME_ENTRYIR_H
+#define EPIC_RUNTIME_ENTRYIR_H
+
+#include <string>
+
+namespace epic::runtime {
+
+/// The configuration every kernel is specialized on (#ep.config).
+struct EPSpec {
+  int ranks = 1;
+  int experts = 1;
+  int topk = 1;
+  int hidden = 0;
+  std::string dtype = "bf16"; ///< bf16, f16, f32, f8E4M3FN, f8E5M2
+  int scalePacks = 0;         ///< with FP8 only
+  int expertAlignment = 1;
+  bool expanded = false;
+  int maxTokensPerRank = 0;
+  int numSms = 0;
+
+  /// Throws std::invalid_argument naming the first bad field.
+  void validate() const;
+  /// `#ep.config<...>` with every parameter written out.
+  std::string configAttr() const;
+  /// Bytes of one element of `dtype`.
+  int elementBytes() const;
+  bool isFP8() const { return dtype == "f8E4M3FN" || dtype == "f8E5M2"; }
+};
+
+struct DispatchVariant {
+  bool weights = false;
+  bool cached = false;
+  bool zeroPadding = false;
+  int topkIdxBits = 64; ///< i64 (DeepEP's topk_idx_t); a cached dispatch reads int64
+};
+
+struct CombineVariant {
+  bool weights = false;
+  int biases = 0; ///< 0, 1 or 2
+};
+
+/// `func.func @<name>` holding one ep.dispatch (scale packs iff FP8).
+std::string dispatchEntryIR(const EPSpec &spec, const DispatchVariant &variant,
+                            const std::string &name);
+/// `func.func @<name>` holding one ep.combine.
+std::string combineEntryIR(const EPSpec &spec, const CombineVariant &variant,
+                           const std::string &name);
+
+} // namespace epic::runtime
+
+#endif // EPIC_RUNTIME_ENTRYIR_H

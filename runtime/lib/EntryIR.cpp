@@ -1,0 +1,161 @@
+//===- EntryIR.cpp - the ep entry functions the runtime compiles ----------===//
+
+#include "epic/runtime/EntryIR.h"
+
+#include <cstdint>
+#include <sstream>
+#include <stdexcept>
+
+using namespace epic::runtime;
+
+namespace {
+void require(bool ok, const std::string &message) {
+  if (!ok)
+    throw std::invalid_argument(message);
+}
+std::string dim(int n) { return std::to_string(n); }
+} // namespace
+
+int EPSpec::elementBytes() const {
+  if (dtype == "bf16" || dtype == "f16")
+    return 2;
+  if (dtype == "f32")
+    return 4;
+  if (isFP8())
+    return 1;
+  throw std::invalid_argument("dtype must be bf16, f16, f32, f8E4M3FN or f8E5M2, got \"" +
+                              dtype + "\"");
+}
+
+// The same rules as #ep.config's verifier, checked before anything compiles.
+void EPSpec::validate() const {
+  require(ranks >= 1 && ranks <= 1024, "num_ranks must be in [1, 1024], got " + dim(ranks));
+  require(experts >= 1 && experts <= 2048,
+          "num_experts must be in [1, 2048], got " + dim(experts));
+  require(experts % ranks == 0, "num_experts (" + dim(experts) +
+                                    ") must be divisible by the number of ranks (" +
+                                    dim(ranks) + ")");
+  require(experts / ranks <= 256,
+          "experts per rank must be at most 256, got " + dim(experts / ranks));
+  require(topk >= 1 && topk <= 32, "num_topk must be in [1, 32], got " + dim(topk));
+  require(topk <= experts,
+          "num_topk (" + dim(topk) + ") exceeds num_experts (" + dim(experts) + ")");
+  require(hidden >= 1, "hidden must be positive, got " + dim(hidden));
+  int bytes = elementBytes();
+  require(hidden * bytes % 16 == 0, "hidden (" + dim(hidden) + ") x " + dim(bytes) +
+                                        " bytes must be a multiple of 16");
+  require(hidden % 8 == 0, "hidden (" + dim(hidden) +
+                               ") must be a multiple of 8 (combine reduces 8 channels a step)");
+  require(!isFP8() || scalePacks > 0, "FP8 data needs scale packs (num_scale_packs > 0)");
+  require(isFP8() || scalePacks == 0,
+          "scale packs (" + dim(scalePacks) + ") are only allowed with FP8 data, not " + dtype);
+  require(expertAlignment >= 1, "expert_alignment must be at least 1, got " + dim(expertAlignment));
+  require(maxTokensPerRank >= 1,
+          "num_max_tokens_per_rank must be positive, got " + dim(maxTokensPerRank));
+  require(int64_t(ranks) * maxTokensPerRank <= INT32_MAX,
+          "num_ranks x num_max_tokens_per_rank overflows the int32 source ids");
+  require(numSms >= 0, "num_sms must not be negative, got " + dim(numSms));
+}
+
+std::string EPSpec::configAttr() const {
+  std::ostringstream os;
+  os << "#ep.config<ranks = " << ranks << ", experts = " << experts << ", topk = " << topk
+     << ", hidden = " << hidden << ", dtype = " << dtype << ", scale_packs = " << scalePacks
+     << ", expert_alignment = " << expertAlignment
+     << ", layout = " << (expanded ? "expanded" : "plain") << ", num_sms = " << numSms
+     << ", max_tokens_per_rank = " << maxTokensPerRank << ">";
+  return os.str();
+}
+
+std::string epic::runtime::dispatchEntryIR(const EPSpec &spec, const DispatchVariant &v,
+                                           const std::string &name) {
+  spec.validate();
+  require(v.topkIdxBits == 8 || v.topkIdxBits == 16 || v.topkIdxBits == 32 ||
+              v.topkIdxBits == 64,
+          "topk_idx must be an 8, 16, 32 or 64-bit integer, got " + dim(v.topkIdxBits) + " bits");
+  require(!v.zeroPadding || spec.expanded, "do_zero_padding needs do_expand");
+  require(!(v.cached && v.weights), "a cached dispatch takes no topk_weights");
+  // The configuration goes in an alias: written inline in the op, the
+  // attribute parser would take the `: type` after it as the attribute's type.
+  const std::string cfg = "#" + name + "_config";
+  const std::string k = dim(spec.topk), h = dim(spec.hidden), p = dim(spec.scalePacks);
+  const std::string x = "tensor<?x" + h + "x" + spec.dtype + ">";
+  const std::string idx = "tensor<?x" + k + "xi" + dim(v.cached ? 64 : v.topkIdxBits) + ">";
+  const std::string sf = "tensor<?x" + p + "xf32>";
+  const std::string w = "tensor<?x" + k + "xf32>";
+  const std::string handle = "!ep.handle<" + cfg + ">";
+
+  // Operands in the op's syntax order: topk, scales, weights, cached.
+  std::string args = "%x: " + x, operands, results = x, values = "%rx";
+  if (!v.cached) {
+    args += ", %idx: " + idx;
+    operands += " topk(%idx : " + idx + ")";
+  }
+  if (spec.isFP8()) {
+    args += ", %sf: " + sf;
+    operands += " scales(%sf : " + sf + ")";
+    results += ", " + sf;
+    values += ", %rsf";
+  }
+  if (v.weights) {
+    args += ", %w: " + w;
+    operands += " weights(%w : " + w + ")";
+  }
+  if (v.cached) {
+    args += ", %h: " + handle;
+    operands += " cached(%h : " + handle + ")";
+  }
+  if (!spec.expanded) {
+    results += ", " + idx;
+    values += ", %ri";
+  }
+  if (v.weights) {
+    results += ", " + (spec.expanded ? std::string("tensor<?xf32>") : w);
+    values += ", %rw";
+  }
+  results += ", " + handle;
+  values += ", %h2";
+  std::ostringstream os;
+  os << cfg << " = " << spec.configAttr() << "\n"
+     << "func.func @" << name << "(" << args << ") -> (" << results << ") {\n"
+     << "  " << values << " = ep.dispatch %x" << operands
+     << (v.zeroPadding ? " zero_padding" : "") << " config " << cfg << " : " << x << " -> "
+     << results << "\n"
+     << "  return " << values << " : " << results << "\n}\n";
+  return os.str();
+}
+
+std::string epic::runtime::combineEntryIR(const EPSpec &spec, const CombineVariant &v,
+                                          const std::string &name) {
+  spec.validate();
+  require(v.biases >= 0 && v.biases <= 2, "combine takes 0, 1 or 2 biases, got " + dim(v.biases));
+  const std::string cfg = "#" + name + "_config";
+  const std::string h = dim(spec.hidden), k = dim(spec.topk);
+  const std::string x = "tensor<?x" + h + "xbf16>";
+  const std::string w = spec.expanded ? "tensor<?xf32>" : "tensor<?x" + k + "xf32>";
+  const std::string handle = "!ep.handle<" + cfg + ">";
+  std::string args = "%y: " + x + ", %h: " + handle, operands, results = x, values = "%out";
+  if (v.weights) {
+    args += ", %w: " + w;
+    operands += " weights(%w : " + w + ")";
+    results += ", tensor<?x" + k + "xf32>";
+    values += ", %ow";
+  }
+  if (v.biases) {
+    std::string names = "%b0", types = x;
+    args += ", %b0: " + x;
+    if (v.biases == 2) {
+      args += ", %b1: " + x;
+      names += ", %b1";
+      types += ", " + x;
+    }
+    operands += " bias(" + names + " : " + types + ")";
+  }
+  std::ostringstream os;
+  os << cfg << " = " << spec.configAttr() << "\n"
+     << "func.func @" << name << "(" << args << ") -> (" << results << ") {\n"
+     << "  " << values << " = ep.combine %y, %h" << operands << " : " << x << ", " << handle
+     << " -> " << results << "\n"
+     << "  return " << values << " : " << results << "\n}\n";
+  return os.str();
+}

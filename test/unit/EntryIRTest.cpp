@@ -1,0 +1,101 @@
+//===- EntryIRTest.cpp - the runtime's entry IR parses, verifies, expands -===//
+
+#include "epic/InitAllDialects.h"
+#include "epic/Transforms/Passes.h"
+#include "epic/runtime/EntryIR.h"
+
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/Parser/Parser.h"
+#include "mlir/Pass/PassManager.h"
+
+#include <gtest/gtest.h>
+
+using namespace epic::runtime;
+
+namespace {
+
+/// Parses, verifies and ep-expands `ir`; returns the diagnostics ("" if fine).
+std::string expand(const std::string &ir) {
+  mlir::DialectRegistry registry;
+  epic::registerAllDialects(registry);
+  mlir::MLIRContext context(registry);
+  std::string diagnostics;
+  mlir::ScopedDiagnosticHandler handler(&context, [&](mlir::Diagnostic &d) {
+    diagnostics += d.str() + "\n";
+    return mlir::success();
+  });
+  auto module = mlir::parseSourceString<mlir::ModuleOp>(ir, &context);
+  if (!module)
+    return "parse failed: " + diagnostics;
+  mlir::PassManager pm(&context);
+  pm.addPass(epic::createEPExpand());
+  if (mlir::failed(pm.run(*module)))
+    return "ep-expand failed: " + diagnostics;
+  return diagnostics;
+}
+
+EPSpec v3(bool expanded) {
+  EPSpec s;
+  s.ranks = 8, s.experts = 256, s.topk = 8, s.hidden = 7168, s.dtype = "f8E4M3FN";
+  s.scalePacks = 56, s.expertAlignment = 128, s.expanded = expanded, s.maxTokensPerRank = 4096;
+  return s;
+}
+
+TEST(EntryIR, EveryVariantParsesVerifiesAndExpands) {
+  for (bool expanded : {false, true})
+    for (std::string dtype : {"bf16", "f8E4M3FN"})
+      for (bool weights : {false, true})
+        for (bool cached : {false, true}) {
+          if (cached && weights)
+            continue;
+          EPSpec spec = v3(expanded);
+          spec.dtype = dtype;
+          spec.scalePacks = dtype == "bf16" ? 0 : 56;
+          DispatchVariant d{weights, cached, expanded && !cached, 64};
+          std::string ir = dispatchEntryIR(spec, d, "dispatch");
+          EXPECT_EQ(expand(ir), "") << ir;
+        }
+  for (bool expanded : {false, true})
+    for (int biases : {0, 1, 2})
+      for (bool weights : {false, true}) {
+        std::string ir = combineEntryIR(v3(expanded), {weights, biases}, "combine");
+        EXPECT_EQ(expand(ir), "") << ir;
+      }
+}
+
+TEST(EntryIR, IsDeterministic) {
+  EXPECT_EQ(dispatchEntryIR(v3(false), {}, "d"), dispatchEntryIR(v3(false), {}, "d"));
+  EXPECT_NE(dispatchEntryIR(v3(false), {}, "d"), dispatchEntryIR(v3(true), {}, "d"));
+}
+
+TEST(EntryIR, BadArgumentsAreNamed) {
+  auto message = [](const EPSpec &spec, DispatchVariant v = {}) -> std::string {
+    try {
+      dispatchEntryIR(spec, v, "d");
+    } catch (const std::invalid_argument &e) {
+      return e.what();
+    }
+    return "";
+  };
+  EPSpec s = v3(false);
+  s.experts = 100;
+  EXPECT_NE(message(s).find("num_experts (100)"), std::string::npos);
+  s = v3(false);
+  s.topk = 40;
+  EXPECT_NE(message(s).find("num_topk"), std::string::npos);
+  s = v3(false);
+  s.dtype = "int8";
+  EXPECT_NE(message(s).find("dtype"), std::string::npos);
+  s = v3(false);
+  s.scalePacks = 0;
+  EXPECT_NE(message(s).find("scale packs"), std::string::npos);
+  s = v3(false);
+  s.maxTokensPerRank = 0;
+  EXPECT_NE(message(s).find("num_max_tokens_per_rank"), std::string::npos);
+  EXPECT_NE(message(v3(false), {false, false, true, 64}).find("do_zero_padding"),
+            std::string::npos);
+  EXPECT_NE(message(v3(false), {false, false, false, 12}).find("topk_idx"), std::string::npos);
+}
+
+} // namespace
