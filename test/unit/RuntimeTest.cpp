@@ -4,11 +4,14 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "epic/runtime/EntryIR.h"
 #include "epic/runtime/KernelCache.h"
+#include "epic/runtime/KernelProvider.h"
 #include "epic/runtime/Models.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -197,6 +200,63 @@ TEST_F(CacheTest, DefaultDirectoryFollowsTheEnvironment) {
   ::unsetenv("EPIC_CACHE_DIR");
   ::setenv("HOME", "/home/someone", 1);
   EXPECT_EQ(KernelCache::defaultDirectory(), "/home/someone/.cache/epic");
+}
+
+// --- Kernel provider: the cache in front of epic-compile ---------------------------
+
+EPSpec smallSpec() {
+  EPSpec s;
+  s.ranks = 2, s.experts = 8, s.topk = 2, s.hidden = 256, s.maxTokensPerRank = 16;
+  return s;
+}
+
+TEST_F(CacheTest, ProviderCompilesOnceThenLoads) {
+  KernelCache cache(dir.string());
+  KernelProvider provider(cache, {"virtual", "sm_90", ""});
+  std::string ir = dispatchEntryIR(smallSpec(), {}, "dispatch");
+  auto first = provider.get(ir);
+  EXPECT_EQ(first.source, KernelCache::Source::compiled);
+  EXPECT_FALSE(first.module->cubin.empty());
+  EXPECT_NE(first.module->metadataJson.find("\"dispatch_send\""), std::string::npos);
+  EXPECT_NE(first.module->ptx.find(".entry dispatch_copy"), std::string::npos);
+  EXPECT_EQ(provider.get(ir).source, KernelCache::Source::memory);
+  KernelCache again(dir.string());
+  KernelProvider fresh(again, {"virtual", "sm_90", "/nonexistent/epic-compile"});
+  auto warm = fresh.get(ir);
+  EXPECT_EQ(warm.source, KernelCache::Source::disk);
+  EXPECT_EQ(warm.module->cubin, first.module->cubin);
+  // The key covers the backend and the architecture.
+  KernelProvider nccl(cache, {"nccl", "sm_90", ""});
+  EXPECT_NE(nccl.keyFor(ir), provider.keyFor(ir));
+  EXPECT_NE(KernelProvider(cache, {"virtual", "sm_100", ""}).keyFor(ir), provider.keyFor(ir));
+  EXPECT_EQ(shimHash().size(), 64u);
+  std::string version = ncclVersion();
+  EXPECT_EQ(std::count(version.begin(), version.end(), '.'), 2) << version;
+}
+
+TEST_F(CacheTest, ProviderSaysWhatToDoWithoutACompiler) {
+  KernelCache cache(dir.string());
+  KernelProvider provider(cache, {"virtual", "sm_90", "/nonexistent/epic-compile"});
+  try {
+    provider.get(dispatchEntryIR(smallSpec(), {}, "dispatch"));
+    FAIL() << "a missing compiler went unnoticed";
+  } catch (const std::runtime_error &e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("is not in the kernel cache"), std::string::npos) << what;
+    EXPECT_NE(what.find("EPIC_COMPILE"), std::string::npos) << what;
+  }
+  EXPECT_THROW(KernelProvider(cache, {"gloo", "sm_90", ""}), std::invalid_argument);
+}
+
+TEST_F(CacheTest, ProviderReportsCompilerErrors) {
+  KernelCache cache(dir.string());
+  KernelProvider provider(cache, {"virtual", "sm_90", ""});
+  try {
+    provider.get("func.func @f() { ep.nonsense }");
+    FAIL() << "broken IR compiled";
+  } catch (const std::runtime_error &e) {
+    EXPECT_NE(std::string(e.what()).find("epic-compile failed"), std::string::npos) << e.what();
+  }
 }
 
 } // namespace

@@ -1,0 +1,61 @@
+//===- KernelProvider.h - kernels for an entry IR, cached -------*- C++ -*-===//
+//
+// Turns the entry IR of an ep op into a compiled module: from the kernel
+// cache, or — on a miss, where the compiler is installed — by running
+// epic-compile (the runtime links no LLVM). Cold compile and warm load times
+// are measured, and printed when EPIC_DEBUG is set.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef EPIC_RUNTIME_KERNELPROVIDER_H
+#define EPIC_RUNTIME_KERNELPROVIDER_H
+
+#include "epic/runtime/KernelCache.h"
+
+#include <string>
+
+namespace epic::runtime {
+
+struct CompileSettings {
+  std::string backend = "nccl"; ///< "nccl" or "virtual"
+  std::string arch = "sm_90";
+  /// epic-compile to run on a miss; empty: $EPIC_COMPILE, else the one this
+  /// build made (if any), else `epic-compile` on PATH.
+  std::string compiler;
+};
+
+/// The hash of the device shim sources and the NCCL version they were built
+/// for, fixed when the runtime was configured: part of every kernel key.
+std::string shimHash();
+/// "MAJOR.MINOR.PATCH" of the NCCL headers the runtime was built against.
+std::string ncclVersion();
+
+class KernelProvider {
+public:
+  KernelProvider(KernelCache &cache, CompileSettings settings);
+
+  struct Result {
+    const CompiledModule *module = nullptr;
+    KernelCache::Source source = KernelCache::Source::memory;
+    double seconds = 0; ///< compile (miss) or load time
+    std::string key;
+  };
+
+  /// The module for `ir`. Throws std::runtime_error when it is neither cached
+  /// nor compilable here, or when the compiler fails (with its diagnostics).
+  Result get(const std::string &ir);
+
+  std::string keyFor(const std::string &ir) const;
+  const CompileSettings &settings() const { return compileSettings; }
+
+private:
+  CompiledModule compile(const std::string &ir, const std::string &key) const;
+  std::string compilerPath() const;
+
+  KernelCache &cache;
+  CompileSettings compileSettings;
+};
+
+} // namespace epic::runtime
+
+#endif // EPIC_RUNTIME_KERNELPROVIDER_H
