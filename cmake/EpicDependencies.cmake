@@ -1,6 +1,7 @@
 # Finds everything epic builds against and fails with a message that says how to get it.
 
 # --- LLVM / MLIR 22 (Debian packages llvm-22-dev, libmlir-22-dev) -------------------------------
+if(NOT EPIC_RUNTIME_ONLY)
 set(EPIC_LLVM_ROOT "/usr/lib/llvm-22" CACHE PATH "Root of the LLVM/MLIR 22 installation")
 find_package(MLIR CONFIG
   HINTS "${EPIC_LLVM_ROOT}/lib/cmake/mlir")
@@ -18,6 +19,7 @@ include_directories(SYSTEM ${LLVM_INCLUDE_DIRS} ${MLIR_INCLUDE_DIRS})
 separate_arguments(EPIC_LLVM_DEFINITIONS NATIVE_COMMAND "${LLVM_DEFINITIONS}")
 add_definitions(${EPIC_LLVM_DEFINITIONS})
 set(EPIC_LLVM_TOOLS_DIR "${LLVM_TOOLS_BINARY_DIR}" CACHE PATH "FileCheck, not, llc, ...")
+endif()
 
 # --- CUDA toolkit 13 -----------------------------------------------------------------------------
 find_package(CUDAToolkit 13)
@@ -51,5 +53,10 @@ string(REGEX REPLACE ".*NCCL_MAJOR ([0-9]+).*NCCL_MINOR ([0-9]+).*NCCL_PATCH ([0
   EPIC_NCCL_VERSION "${_nccl_ver}")
 
 # --- Python and pybind11 (the extension module comes with the Python API) ------------------------
-find_package(Python3 COMPONENTS Interpreter Development.Module REQUIRED)
-find_package(pybind11 CONFIG REQUIRED)
+if(EPIC_RUNTIME_ONLY)
+  find_package(Python3 COMPONENTS Interpreter Development.Module)
+  find_package(pybind11 CONFIG)
+else()
+  find_package(Python3 COMPONENTS Interpreter Development.Module REQUIRED)
+  find_package(pybind11 CONFIG REQUIRED)
+endif()

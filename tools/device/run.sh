@@ -18,6 +18,12 @@ nvcc -O2 -std=c++17 -arch=sm_90 -I runtime/include -I "$dev/nccl-include" test/g
   -o /tmp/epic-gpu/comm_smoke -L "$nccl_home/lib" -l:libnccl.so.2 -lcuda \
   -Xlinker -rpath="$nccl_home/lib" || { echo "run.sh: building comm_smoke failed"; exit 1; }
 
+# The runtime, built here without LLVM/MLIR, against this machine's CUDA and NCCL.
+cmake -G Ninja -S . -B /tmp/epic-gpu/runtime -DEPIC_RUNTIME_ONLY=ON -DCMAKE_BUILD_TYPE=Release \
+  -DEPIC_NCCL_INCLUDE_DIR="$PWD/$dev/nccl-include" -DEPIC_NCCL_LIBRARY="$nccl_home/lib/libnccl.so.2" \
+  > /tmp/epic-gpu/cmake.log 2>&1 && cmake --build /tmp/epic-gpu/runtime > /tmp/epic-gpu/build.log 2>&1 \
+  || { echo "run.sh: building the runtime failed"; tail -30 /tmp/epic-gpu/cmake.log /tmp/epic-gpu/build.log; exit 1; }
+
 status=0
 run() {
   echo "== $*"
@@ -29,6 +35,7 @@ run /tmp/epic-gpu/comm_smoke virtual "$dev/kernels/comm_virtual.cubin"
 run /tmp/epic-gpu/comm_smoke nccl "$dev/kernels/comm_nccl.cubin"
 run /tmp/epic-gpu/comm_smoke virtual-timeout "$dev/kernels/comm_virtual.cubin"
 run /tmp/epic-gpu/comm_smoke ep-nccl "$dev/kernels/ep_nccl.cubin" "$dev/kernels/ep_nccl.json"
+EPIC_CACHE_DIR="$dev/cache" EPIC_DEBUG=1 run /tmp/epic-gpu/runtime/bin/epic-runtime-gpu-test
 run python3 test/gpu/ep_virtual.py "$dev/kernels/ep_virtual.cubin" "$dev/kernels/ep_virtual.json"
 echo "GPU tests: $([[ $status -eq 0 ]] && echo passed || echo FAILED)"
 if [[ "${EPIC_BENCH:-0}" == 1 ]]; then

@@ -1,0 +1,36 @@
+//===- Json.h - the JSON subset of epic-compile's metadata -----*- C++ -*-===//
+//
+// A small reader for the metadata the compiler writes (objects, arrays,
+// strings, numbers, booleans, null), so the runtime needs no JSON library.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef EPIC_RUNTIME_JSON_H
+#define EPIC_RUNTIME_JSON_H
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace epic::runtime {
+
+struct Json {
+  enum class Kind { null, boolean, number, string, array, object } kind = Kind::null;
+  bool boolean = false;
+  double number = 0;
+  std::string string;
+  std::vector<Json> array;
+  std::map<std::string, Json> object;
+
+  /// Throws std::runtime_error with the offset of the first syntax error.
+  static Json parse(const std::string &text);
+
+  /// Member `key` of an object; throws std::runtime_error naming it if absent.
+  const Json &at(const std::string &key) const;
+  int64_t integer() const;
+};
+
+} // namespace epic::runtime
+
+#endif // EPIC_RUNTIME_JSON_H

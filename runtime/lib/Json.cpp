@@ -1,0 +1,125 @@
+//===- Json.cpp - the JSON subset of epic-compile's metadata --------------===//
+
+#include "epic/runtime/Json.h"
+
+#include <cctype>
+#include <cstdlib>
+#include <stdexcept>
+
+using namespace epic::runtime;
+
+namespace {
+struct Reader {
+  const std::string &text;
+  size_t at = 0;
+
+  [[noreturn]] void fail(const std::string &what) {
+    throw std::runtime_error("metadata JSON: " + what + " at offset " + std::to_string(at));
+  }
+  void skip() {
+    while (at < text.size() && std::isspace(static_cast<unsigned char>(text[at])))
+      ++at;
+  }
+  bool take(char c) {
+    skip();
+    if (at < text.size() && text[at] == c) {
+      ++at;
+      return true;
+    }
+    return false;
+  }
+  void expect(char c) {
+    if (!take(c))
+      fail(std::string("expected '") + c + "'");
+  }
+  std::string str() {
+    expect('"');
+    std::string out;
+    while (at < text.size() && text[at] != '"') {
+      char c = text[at++];
+      if (c == '\\') {
+        if (at >= text.size())
+          fail("unterminated escape");
+        char e = text[at++];
+        switch (e) {
+        case 'n': out += '\n'; break;
+        case 't': out += '\t'; break;
+        case 'u': out += '?'; at += 4; break; // not produced by epic-compile
+        default: out += e;
+        }
+      } else {
+        out += c;
+      }
+    }
+    expect('"');
+    return out;
+  }
+  Json value() {
+    skip();
+    Json v;
+    if (at >= text.size())
+      fail("unexpected end");
+    char c = text[at];
+    if (c == '{') {
+      ++at;
+      v.kind = Json::Kind::object;
+      if (take('}'))
+        return v;
+      do {
+        std::string key = str();
+        expect(':');
+        v.object[key] = value();
+      } while (take(','));
+      expect('}');
+    } else if (c == '[') {
+      ++at;
+      v.kind = Json::Kind::array;
+      if (take(']'))
+        return v;
+      do
+        v.array.push_back(value());
+      while (take(','));
+      expect(']');
+    } else if (c == '"') {
+      v.kind = Json::Kind::string;
+      v.string = str();
+    } else if (text.compare(at, 4, "true") == 0 || text.compare(at, 5, "false") == 0) {
+      v.kind = Json::Kind::boolean;
+      v.boolean = text[at] == 't';
+      at += v.boolean ? 4 : 5;
+    } else if (text.compare(at, 4, "null") == 0) {
+      at += 4;
+    } else {
+      char *end = nullptr;
+      v.kind = Json::Kind::number;
+      v.number = std::strtod(text.c_str() + at, &end);
+      if (end == text.c_str() + at)
+        fail("unexpected character");
+      at = size_t(end - text.c_str());
+    }
+    return v;
+  }
+};
+} // namespace
+
+Json Json::parse(const std::string &text) {
+  Reader reader{text};
+  Json v = reader.value();
+  reader.skip();
+  if (reader.at != text.size())
+    reader.fail("trailing characters");
+  return v;
+}
+
+const Json &Json::at(const std::string &key) const {
+  auto it = object.find(key);
+  if (kind != Kind::object || it == object.end())
+    throw std::runtime_error("metadata JSON: no \"" + key + "\"");
+  return it->second;
+}
+
+int64_t Json::integer() const {
+  if (kind != Kind::number)
+    throw std::runtime_error("metadata JSON: expected a number");
+  return int64_t(number);
+}

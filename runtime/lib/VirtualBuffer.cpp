@@ -1,0 +1,189 @@
+//===- VirtualBuffer.cpp - R virtual ranks on one GPU ---------------------===//
+
+#include "epic/runtime/VirtualBuffer.h"
+
+#include "epic/device/VirtualWorld.h"
+#include "epic/runtime/Json.h"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+
+using namespace epic::runtime;
+
+namespace {
+void check(CUresult result, const char *what) {
+  if (result != CUDA_SUCCESS) {
+    const char *name = nullptr, *text = nullptr;
+    cuGetErrorName(result, &name);
+    cuGetErrorString(result, &text);
+    throw CudaError(std::string(what) + " failed: " + (name ? name : "?") + " (" +
+                    (text ? text : "") + ")");
+  }
+}
+void check(cudaError_t result, const char *what) {
+  if (result != cudaSuccess)
+    throw CudaError(std::string(what) + " failed: " + cudaGetErrorString(result));
+}
+
+constexpr int kSignals = 64, kCounters = 64, kBarriers = 1024, kParamStride = 128;
+} // namespace
+
+struct VirtualElasticBuffer::Loaded {
+  CUmodule module = nullptr;
+  std::vector<CUfunction> kernels;
+  std::vector<std::string> kernelNames;
+  std::vector<std::string> fields;
+  int64_t windowBytes = 0;
+  int threads = 256;
+  int maxBlocksPerRank = 0;
+  int64_t paramStride = 0;
+};
+
+VirtualElasticBuffer::VirtualElasticBuffer(int ranks, int64_t windowBytes,
+                                           KernelProvider &provider, int blocksPerRank)
+    : numRanks(ranks), bytesPerRank((windowBytes + 4095) / 4096 * 4096),
+      blocksPerRank(blocksPerRank), provider(provider) {
+  if (ranks < 1 || ranks > 1024)
+    throw std::invalid_argument("num_ranks must be in [1, 1024], got " + std::to_string(ranks));
+  if (windowBytes <= 0)
+    throw std::invalid_argument("num_bytes must be positive, got " + std::to_string(windowBytes));
+  if (blocksPerRank < 1)
+    throw std::invalid_argument("blocks per rank must be positive, got " +
+                                std::to_string(blocksPerRank));
+  if (provider.settings().backend != "virtual")
+    throw std::invalid_argument("a virtual world needs kernels compiled for backend=virtual, "
+                                "not " + provider.settings().backend);
+  check(cudaFree(nullptr), "cudaFree(0) (creating the CUDA context)");
+  check(cudaMalloc(&window, size_t(ranks) * bytesPerRank), "cudaMalloc(window)");
+  check(cudaMemset(window, 0, size_t(ranks) * bytesPerRank), "cudaMemset(window)");
+  check(cudaMalloc(&signals, sizeof(uint64_t) * ranks * kSignals), "cudaMalloc(signals)");
+  check(cudaMemset(signals, 0, sizeof(uint64_t) * ranks * kSignals), "cudaMemset(signals)");
+  check(cudaMalloc(&counters, sizeof(uint64_t) * ranks * kCounters), "cudaMalloc(counters)");
+  check(cudaMemset(counters, 0, sizeof(uint64_t) * ranks * kCounters), "cudaMemset(counters)");
+  check(cudaMalloc(&barriers, sizeof(uint64_t) * kBarriers), "cudaMalloc(barriers)");
+  check(cudaMemset(barriers, 0, sizeof(uint64_t) * kBarriers), "cudaMemset(barriers)");
+  EpicVirtualComm comm{};
+  comm.num_ranks = ranks;
+  comm.num_contexts = 1;
+  comm.num_signals = kSignals;
+  comm.num_counters = kCounters;
+  comm.num_barriers = kBarriers;
+  comm.signals = static_cast<uint64_t *>(signals);
+  comm.counters = static_cast<uint64_t *>(counters);
+  comm.barriers = static_cast<uint64_t *>(barriers);
+  EpicVirtualWindow desc{static_cast<char *>(window), uint64_t(bytesPerRank), ranks, 0};
+  check(cudaMalloc(&commDescriptor, sizeof comm), "cudaMalloc(comm descriptor)");
+  check(cudaMemcpy(commDescriptor, &comm, sizeof comm, cudaMemcpyHostToDevice), "cudaMemcpy");
+  check(cudaMalloc(&windowDescriptor, sizeof desc), "cudaMalloc(window descriptor)");
+  check(cudaMemcpy(windowDescriptor, &desc, sizeof desc, cudaMemcpyHostToDevice), "cudaMemcpy");
+  paramsBytes = size_t(ranks) * kParamStride;
+  check(cudaMalloc(&params, paramsBytes), "cudaMalloc(parameter records)");
+}
+
+VirtualElasticBuffer::~VirtualElasticBuffer() {
+  // Nothing may still run on the window when it goes.
+  cudaDeviceSynchronize();
+  for (auto &[key, loaded] : modules) {
+    if (loaded->module)
+      cuModuleUnload(loaded->module);
+    delete loaded;
+  }
+  for (void *p : {params, windowDescriptor, commDescriptor, barriers, counters, signals, window})
+    if (p)
+      cudaFree(p);
+}
+
+VirtualElasticBuffer::Loaded &VirtualElasticBuffer::load(const std::string &entryIR, Run &run) {
+  KernelProvider::Result result = provider.get(entryIR);
+  run.key = result.key;
+  run.source = result.source;
+  run.seconds = result.seconds;
+  if (auto it = modules.find(result.key); it != modules.end())
+    return *it->second;
+  Json meta = Json::parse(result.module->metadataJson);
+  const Json &entries = meta.at("entries");
+  if (entries.array.size() != 1)
+    throw std::runtime_error("kernels " + result.key + ": expected one entry function, found " +
+                             std::to_string(entries.array.size()));
+  const Json &entry = entries.array[0];
+  auto loaded = std::make_unique<Loaded>();
+  for (const Json &field : entry.at("param_fields").array)
+    loaded->fields.push_back(field.string);
+  for (const Json &name : entry.at("kernels").array)
+    loaded->kernelNames.push_back(name.string);
+  loaded->windowBytes = entry.at("window_bytes").integer();
+  loaded->threads = int(entry.at("threads").integer());
+  loaded->maxBlocksPerRank = int(entry.at("max_blocks_per_rank").integer());
+  loaded->paramStride = entry.at("param_stride").integer();
+  if (loaded->paramStride != kParamStride)
+    throw std::runtime_error("kernels " + result.key + ": parameter records of " +
+                             std::to_string(loaded->paramStride) + " bytes, the runtime writes " +
+                             std::to_string(kParamStride));
+  check(cuModuleLoadData(&loaded->module, result.module->cubin.data()), "cuModuleLoadData");
+  for (const std::string &name : loaded->kernelNames) {
+    CUfunction f;
+    check(cuModuleGetFunction(&f, loaded->module, name.c_str()),
+          ("cuModuleGetFunction(" + name + ")").c_str());
+    loaded->kernels.push_back(f);
+  }
+  Loaded *raw = loaded.release();
+  modules[result.key] = raw;
+  return *raw;
+}
+
+VirtualElasticBuffer::Run VirtualElasticBuffer::run(const std::string &entryIR,
+                                                    const std::vector<ParamRecord> &records,
+                                                    void *stream) {
+  Run run{};
+  Loaded &k = load(entryIR, run);
+  if (int(records.size()) != numRanks)
+    throw std::invalid_argument("expected one parameter record per rank (" +
+                                std::to_string(numRanks) + "), got " +
+                                std::to_string(records.size()));
+  if (k.windowBytes > bytesPerRank)
+    throw std::invalid_argument("the buffer has " + std::to_string(bytesPerRank) +
+                                " bytes per rank, these kernels need " +
+                                std::to_string(k.windowBytes) +
+                                ": create it with at least get_buffer_size_hint() bytes");
+  if (blocksPerRank > k.maxBlocksPerRank)
+    throw std::invalid_argument("blocks per rank (" + std::to_string(blocksPerRank) +
+                                ") exceeds the kernels' maximum " +
+                                std::to_string(k.maxBlocksPerRank));
+  // Every rank's blocks wait for each other: all must be resident at once.
+  int device = 0, sms = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  for (size_t i = 0; i < k.kernels.size(); ++i) {
+    int perSm = 0;
+    check(cuOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, k.kernels[i], k.threads, 0),
+          "cuOccupancyMaxActiveBlocksPerMultiprocessor");
+    if (int64_t(perSm) * sms < int64_t(numRanks) * blocksPerRank)
+      throw std::invalid_argument(
+          "a virtual world of " + std::to_string(numRanks) + " ranks x " +
+          std::to_string(blocksPerRank) + " blocks does not fit on this GPU at once (" +
+          k.kernelNames[i] + ": " + std::to_string(perSm) + " blocks per SM x " +
+          std::to_string(sms) + " SMs): use fewer blocks per rank");
+  }
+  std::vector<uint64_t> table(size_t(numRanks) * kParamStride / 8, 0);
+  for (int r = 0; r < numRanks; ++r)
+    for (const auto &[name, value] : records[r]) {
+      auto it = std::find(k.fields.begin(), k.fields.end(), name);
+      if (it == k.fields.end())
+        throw std::invalid_argument("rank " + std::to_string(r) + ": unknown parameter \"" +
+                                    name + "\" for kernels " + k.kernelNames[0]);
+      table[size_t(r) * kParamStride / 8 + size_t(it - k.fields.begin())] = value;
+    }
+  CUstream s = static_cast<CUstream>(stream);
+  check(cudaMemcpyAsync(params, table.data(), paramsBytes, cudaMemcpyHostToDevice,
+                        static_cast<cudaStream_t>(stream)),
+        "cudaMemcpyAsync(parameter records)");
+  void *args[] = {&commDescriptor, &windowDescriptor, &params};
+  for (size_t i = 0; i < k.kernels.size(); ++i)
+    check(cuLaunchKernel(k.kernels[i], unsigned(numRanks * blocksPerRank), 1, 1,
+                         unsigned(k.threads), 1, 1, 0, s, args, nullptr),
+          ("launching " + k.kernelNames[i]).c_str());
+  return run;
+}

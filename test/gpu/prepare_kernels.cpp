@@ -1,0 +1,28 @@
+//===- prepare_kernels.cpp - fill the kernel cache for the GPU tests ------===//
+//
+//   EPIC_CACHE_DIR=build/device/cache build/bin/epic-prepare-gpu-kernels
+//
+// Compiles (here, where epic-compile exists) every entry of RuntimePlan.h
+// for backend=virtual into the kernel cache that a GPU run carries.
+//
+//===----------------------------------------------------------------------===//
+
+#include "RuntimePlan.h"
+
+#include "epic/runtime/KernelProvider.h"
+
+#include <cstdio>
+
+int main() {
+  using namespace epic::runtime;
+  KernelCache cache;
+  KernelProvider provider(cache, {"virtual", "sm_90", ""});
+  for (int ranks : epic::test::planRanks())
+    for (const std::string &ir : {epic::test::planDispatch(ranks), epic::test::planCombine(ranks)}) {
+      auto result = provider.get(ir);
+      std::printf("%s %s (%.2f s)\n", result.key.c_str(),
+                  result.source == KernelCache::Source::compiled ? "compiled" : "cached",
+                  result.seconds);
+    }
+  return 0;
+}

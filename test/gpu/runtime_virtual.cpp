@@ -1,0 +1,261 @@
+//===- runtime_virtual.cpp - the C++ runtime on a virtual world -----------===//
+//
+// The ElasticBuffer path of the runtime on one GPU, R in {1, 2, 4, 8}: kernels
+// from the kernel cache (no compiler on the GPU machine), dispatch then
+// combine with two biases, checked against a C++ reference; then the
+// runtime's refusals (a window too small, a world that does not fit).
+//
+//===----------------------------------------------------------------------===//
+
+#include "RuntimePlan.h"
+
+#include "epic/runtime/VirtualBuffer.h"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <set>
+#include <vector>
+
+using namespace epic::runtime;
+
+namespace {
+
+int failures = 0;
+void expect(bool ok, const std::string &what) {
+  std::printf("  %-66s %s\n", what.c_str(), ok ? "ok" : "FAILED");
+  failures += !ok;
+}
+
+void cuda(cudaError_t e, const char *what) {
+  if (e != cudaSuccess)
+    throw CudaError(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+float bf16ToFloat(uint16_t b) {
+  uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t floatToBf16(float f) { // round to nearest even
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return uint16_t((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+template <typename T> T *upload(const std::vector<T> &host) {
+  T *p;
+  cuda(cudaMalloc(&p, std::max<size_t>(1, host.size()) * sizeof(T)), "cudaMalloc");
+  cuda(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
+  return p;
+}
+template <typename T> T *deviceArray(size_t n, int fill = 0) {
+  T *p;
+  cuda(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)), "cudaMalloc");
+  cuda(cudaMemset(p, fill, std::max<size_t>(1, n) * sizeof(T)), "cudaMemset");
+  return p;
+}
+template <typename T> std::vector<T> download(const T *p, size_t n) {
+  std::vector<T> host(n);
+  cuda(cudaMemcpy(host.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  return host;
+}
+uint64_t ptr(const void *p) { return reinterpret_cast<uint64_t>(p); }
+
+void runWorld(KernelProvider &provider, int R) {
+  EPSpec spec = epic::test::planSpec(R);
+  const int E = spec.experts, K = spec.topk, H = spec.hidden, Tmax = spec.maxTokensPerRank;
+  const int L = E / R;
+  std::mt19937 rng(1234 + R);
+  // Routing: K distinct experts per token, ~10% masked slots, some tokens routed nowhere.
+  std::vector<int> tokens(R);
+  std::vector<std::vector<int64_t>> idx(R);
+  std::vector<std::vector<float>> w(R);
+  std::vector<std::vector<uint16_t>> x(R), b0(R), b1(R);
+  for (int r = 0; r < R; ++r) {
+    tokens[r] = Tmax - 13 * r;
+    int T = tokens[r];
+    idx[r].resize(size_t(T) * K);
+    for (int t = 0; t < T; ++t) {
+      std::vector<int> experts(E);
+      for (int e = 0; e < E; ++e)
+        experts[e] = e;
+      std::shuffle(experts.begin(), experts.end(), rng);
+      for (int j = 0; j < K; ++j)
+        idx[r][t * K + j] = (t % 17 == 0 || rng() % 10 == 0) ? -1 : experts[j];
+    }
+    auto fill = [&](std::vector<uint16_t> &v) {
+      v.resize(size_t(T) * H);
+      for (auto &e : v)
+        e = floatToBf16(float(int(rng() % 4001) - 2000) / 512.f);
+    };
+    fill(x[r]), fill(b0[r]), fill(b1[r]);
+    w[r].resize(size_t(T) * K);
+    for (auto &e : w[r])
+      e = float(rng() % 1000) / 64.f;
+  }
+  const int64_t window = 4 << 20;
+  VirtualElasticBuffer buffer(R, window, provider, /*blocksPerRank=*/4);
+  std::printf("virtual world R=%d (E=%d K=%d H=%d Tmax=%d)\n", R, E, K, H, Tmax);
+
+  struct RankDev {
+    uint16_t *x, *recvX, *b0, *b1, *out;
+    int64_t *idx, *recvIdx;
+    float *w, *recvW, *outW;
+    int32_t *meta, *psumRank, *counts, *psumExpert, *host, *slots;
+  };
+  std::vector<RankDev> dev(R);
+  std::vector<ParamRecord> dispatch(R), combine(R);
+  for (int r = 0; r < R; ++r) {
+    RankDev &d = dev[r];
+    d.x = upload(x[r]), d.idx = upload(idx[r]), d.w = upload(w[r]);
+    d.b0 = upload(b0[r]), d.b1 = upload(b1[r]);
+    d.recvX = deviceArray<uint16_t>(size_t(R) * Tmax * H);
+    d.recvIdx = deviceArray<int64_t>(size_t(R) * Tmax * K);
+    d.recvW = deviceArray<float>(size_t(R) * Tmax * K);
+    d.meta = deviceArray<int32_t>(size_t(R) * Tmax * (K + 2), 0xff);
+    d.psumRank = deviceArray<int32_t>(R), d.counts = deviceArray<int32_t>(L);
+    d.psumExpert = deviceArray<int32_t>(L), d.host = deviceArray<int32_t>(1 + L);
+    d.slots = deviceArray<int32_t>(size_t(tokens[r]) * K);
+    d.out = deviceArray<uint16_t>(size_t(tokens[r]) * H, 0xff);
+    d.outW = deviceArray<float>(size_t(tokens[r]) * K, 0xff);
+    dispatch[r] = {{"x", ptr(d.x)}, {"topk_idx", ptr(d.idx)}, {"topk_weights", ptr(d.w)},
+                   {"recv_x", ptr(d.recvX)}, {"recv_topk_idx", ptr(d.recvIdx)},
+                   {"recv_topk_weights", ptr(d.recvW)}, {"recv_src_metadata", ptr(d.meta)},
+                   {"psum_num_recv_tokens_per_rank", ptr(d.psumRank)},
+                   {"num_recv_tokens_per_expert", ptr(d.counts)},
+                   {"psum_num_recv_tokens_per_expert", ptr(d.psumExpert)},
+                   {"host_counts", ptr(d.host)}, {"num_tokens", uint64_t(tokens[r])},
+                   {"dst_buffer_slot_idx", ptr(d.slots)}};
+    combine[r] = {{"x", ptr(d.recvX)}, {"topk_weights", ptr(d.recvW)},
+                  {"recv_src_metadata", ptr(d.meta)},
+                  {"psum_num_recv_tokens_per_rank", ptr(d.psumRank)}, {"topk_idx", ptr(d.idx)},
+                  {"bias0", ptr(d.b0)}, {"bias1", ptr(d.b1)}, {"combined_x", ptr(d.out)},
+                  {"combined_topk_weights", ptr(d.outW)}, {"num_tokens", uint64_t(tokens[r])}};
+  }
+  auto d1 = buffer.run(epic::test::planDispatch(R), dispatch);
+  cuda(cudaDeviceSynchronize(), "dispatch");
+  expect(d1.source != KernelCache::Source::compiled, "dispatch kernels came from the cache");
+
+  // Dispatch: rank d receives each token of each source once iff one of its
+  // experts lives on d; the row, local ids and weights arrive exactly.
+  bool okCounts = true, okRows = true;
+  for (int d = 0; d < R; ++d) {
+    auto host = download(dev[d].host, 1 + L);
+    int n = host[0];
+    std::set<int64_t> expected;
+    std::vector<int> perExpert(L, 0);
+    for (int s = 0; s < R; ++s)
+      for (int t = 0; t < tokens[s]; ++t) {
+        bool here = false;
+        for (int j = 0; j < K; ++j) {
+          int64_t e = idx[s][t * K + j];
+          if (e >= 0 && e / L == d) {
+            here = true;
+            perExpert[e % L]++;
+          }
+        }
+        if (here)
+          expected.insert(int64_t(s) * Tmax + t);
+      }
+    okCounts &= n == int(expected.size());
+    for (int e = 0; e < L; ++e)
+      okCounts &= host[1 + e] == perExpert[e];
+    auto meta = download(dev[d].meta, size_t(n) * (K + 2));
+    auto rx = download(dev[d].recvX, size_t(n) * H);
+    auto ri = download(dev[d].recvIdx, size_t(n) * K);
+    auto rw = download(dev[d].recvW, size_t(n) * K);
+    std::set<int64_t> seen;
+    for (int i = 0; i < n && okRows; ++i) {
+      int64_t gid = meta[i * (K + 2)];
+      int s = int(gid / Tmax), t = int(gid % Tmax);
+      okRows &= expected.count(gid) && seen.insert(gid).second;
+      okRows &= std::memcmp(&rx[size_t(i) * H], &x[s][size_t(t) * H], H * 2) == 0;
+      for (int j = 0; j < K; ++j) {
+        int64_t e = idx[s][t * K + j];
+        okRows &= ri[i * K + j] == ((e >= 0 && e / L == d) ? e % L : -1);
+        okRows &= rw[i * K + j] == w[s][t * K + j];
+      }
+    }
+  }
+  expect(okCounts, "dispatch: received tokens and per-expert counts");
+  expect(okRows, "dispatch: each token once per owning rank, rows/ids/weights exact");
+
+  // Combine the received rows straight back with two biases: token t of rank
+  // s gets bf16(((0 + b0) + b1) + x + x + ...) with one x per owning rank.
+  auto c1 = buffer.run(epic::test::planCombine(R), combine);
+  cuda(cudaDeviceSynchronize(), "combine");
+  bool okX = true, okW = true;
+  for (int s = 0; s < R; ++s) {
+    auto out = download(dev[s].out, size_t(tokens[s]) * H);
+    auto ow = download(dev[s].outW, size_t(tokens[s]) * K);
+    for (int t = 0; t < tokens[s]; ++t) {
+      std::set<int64_t> ranks;
+      for (int j = 0; j < K; ++j) {
+        int64_t e = idx[s][t * K + j];
+        if (e >= 0)
+          ranks.insert(e / L);
+        okW &= ow[t * K + j] == (e >= 0 ? w[s][t * K + j] : 0.f);
+      }
+      for (int h = 0; h < H && okX; ++h) {
+        float acc = 0.f;
+        acc += bf16ToFloat(b0[s][size_t(t) * H + h]);
+        acc += bf16ToFloat(b1[s][size_t(t) * H + h]);
+        for (size_t c = 0; c < ranks.size(); ++c)
+          acc += bf16ToFloat(x[s][size_t(t) * H + h]);
+        okX &= out[size_t(t) * H + h] == floatToBf16(acc);
+      }
+    }
+  }
+  expect(c1.source != KernelCache::Source::compiled, "combine kernels came from the cache");
+  expect(okX, "combine: fp32 from +0.0, biases first, one rounding: bitwise");
+  expect(okW, "combine: combined_topk_weights == topk_weights (0 where masked)");
+
+  // The runtime's refusals name what is wrong.
+  try {
+    VirtualElasticBuffer small(R, 4096, provider, 4);
+    small.run(epic::test::planDispatch(R), dispatch);
+    expect(false, "a window smaller than the kernels need is refused");
+  } catch (const std::invalid_argument &e) {
+    expect(std::string(e.what()).find("get_buffer_size_hint") != std::string::npos,
+           "a window smaller than the kernels need is refused");
+  }
+  try {
+    VirtualElasticBuffer huge(R, window, provider, 100000);
+    huge.run(epic::test::planDispatch(R), dispatch);
+    expect(false, "a world that does not fit on the GPU is refused");
+  } catch (const std::invalid_argument &e) {
+    std::string what = e.what();
+    expect(what.find("exceeds") != std::string::npos || what.find("does not fit") != std::string::npos,
+           "a world that does not fit on the GPU is refused");
+  }
+  try {
+    std::vector<ParamRecord> wrong = dispatch;
+    wrong[0]["recv_y"] = 0;
+    buffer.run(epic::test::planDispatch(R), wrong);
+    expect(false, "an unknown parameter is refused");
+  } catch (const std::invalid_argument &e) {
+    expect(std::string(e.what()).find("\"recv_y\"") != std::string::npos,
+           "an unknown parameter is refused, by name");
+  }
+}
+
+} // namespace
+
+int main() {
+  try {
+    KernelCache cache;
+    KernelProvider provider(cache, {"virtual", "sm_90", ""});
+    for (int R : epic::test::planRanks())
+      runWorld(provider, R);
+  } catch (const std::exception &e) {
+    std::printf("runtime_virtual: error: %s\n", e.what());
+    return 1;
+  }
+  std::printf("runtime_virtual: %s\n", failures ? "FAILED" : "passed");
+  return failures ? 1 : 0;
+}
