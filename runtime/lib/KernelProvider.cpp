@@ -115,7 +115,7 @@ KernelProvider::Result KernelProvider::get(const std::string &ir) {
   result.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (debug() && result.source != KernelCache::Source::memory)
-    std::fprintf(stderr, "epic: kernels %s %s in %.3f s (%s)\n", result.key.c_str(),
+    std::fprintf(stderr, "epic: kernels %s %s in %.6f s (%s)\n", result.key.c_str(),
                  result.source == KernelCache::Source::compiled ? "compiled" : "loaded from disk",
                  result.seconds, cache.entryDirectory(result.key).c_str());
   return result;
