@@ -32,10 +32,11 @@ std::string readAll(const fs::path &path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-bool debug() {
-  const char *value = std::getenv("EPIC_DEBUG");
+bool flag(const char *name) {
+  const char *value = std::getenv(name);
   return value && *value && std::string(value) != "0";
 }
+bool debug() { return flag("EPIC_DEBUG"); }
 } // namespace
 
 KernelProvider::KernelProvider(KernelCache &cache, CompileSettings settings)
@@ -114,6 +115,13 @@ KernelProvider::Result KernelProvider::get(const std::string &ir) {
   result.module = &cache.get(result.key, [&] { return compile(ir, result.key); }, &result.source);
   result.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (result.source != KernelCache::Source::memory) {
+    if (flag("EPIC_DUMP_IR"))
+      std::fprintf(stderr, "epic: entry IR of kernels %s:\n%s\n", result.key.c_str(), ir.c_str());
+    if (flag("EPIC_DUMP_PTX"))
+      std::fprintf(stderr, "epic: PTX of kernels %s:\n%s\n", result.key.c_str(),
+                   result.module->ptx.c_str());
+  }
   if (debug() && result.source != KernelCache::Source::memory)
     std::fprintf(stderr, "epic: kernels %s %s in %.6f s (%s)\n", result.key.c_str(),
                  result.source == KernelCache::Source::compiled ? "compiled" : "loaded from disk",

@@ -31,7 +31,8 @@ void check(cudaError_t result, const char *what) {
 constexpr int kSignals = 64, kCounters = 64, kBarriers = 1024, kParamStride = 128;
 } // namespace
 
-struct VirtualElasticBuffer::Loaded {
+namespace epic::runtime {
+struct Loaded {
   CUmodule module = nullptr;
   std::vector<CUfunction> kernels;
   std::vector<std::string> kernelNames;
@@ -41,6 +42,7 @@ struct VirtualElasticBuffer::Loaded {
   int maxBlocksPerRank = 0;
   int64_t paramStride = 0;
 };
+} // namespace epic::runtime
 
 VirtualElasticBuffer::VirtualElasticBuffer(int ranks, int64_t windowBytes,
                                            KernelProvider &provider, int blocksPerRank)
@@ -79,8 +81,6 @@ VirtualElasticBuffer::VirtualElasticBuffer(int ranks, int64_t windowBytes,
   check(cudaMemcpy(commDescriptor, &comm, sizeof comm, cudaMemcpyHostToDevice), "cudaMemcpy");
   check(cudaMalloc(&windowDescriptor, sizeof desc), "cudaMalloc(window descriptor)");
   check(cudaMemcpy(windowDescriptor, &desc, sizeof desc, cudaMemcpyHostToDevice), "cudaMemcpy");
-  paramsBytes = size_t(ranks) * kParamStride;
-  check(cudaMalloc(&params, paramsBytes), "cudaMalloc(parameter records)");
 }
 
 VirtualElasticBuffer::~VirtualElasticBuffer() {
@@ -91,12 +91,12 @@ VirtualElasticBuffer::~VirtualElasticBuffer() {
       cuModuleUnload(loaded->module);
     delete loaded;
   }
-  for (void *p : {params, windowDescriptor, commDescriptor, barriers, counters, signals, window})
+  for (void *p : {windowDescriptor, commDescriptor, barriers, counters, signals, window})
     if (p)
       cudaFree(p);
 }
 
-VirtualElasticBuffer::Loaded &VirtualElasticBuffer::load(const std::string &entryIR, Run &run) {
+Loaded &VirtualElasticBuffer::load(const std::string &entryIR, Run &run) {
   KernelProvider::Result result = provider.get(entryIR);
   run.key = result.key;
   run.source = result.source;
@@ -134,11 +134,29 @@ VirtualElasticBuffer::Loaded &VirtualElasticBuffer::load(const std::string &entr
   return *raw;
 }
 
-VirtualElasticBuffer::Run VirtualElasticBuffer::run(const std::string &entryIR,
-                                                    const std::vector<ParamRecord> &records,
-                                                    void *stream) {
-  Run run{};
-  Loaded &k = load(entryIR, run);
+VirtualElasticBuffer::Prepared::Prepared(Prepared &&other) noexcept
+    : run(std::move(other.run)), kernels(other.kernels), params(other.params) {
+  other.params = nullptr;
+}
+
+VirtualElasticBuffer::Prepared &
+VirtualElasticBuffer::Prepared::operator=(Prepared &&other) noexcept {
+  std::swap(run, other.run);
+  std::swap(kernels, other.kernels);
+  std::swap(params, other.params);
+  return *this;
+}
+
+VirtualElasticBuffer::Prepared::~Prepared() {
+  if (params)
+    cudaFree(params);
+}
+
+VirtualElasticBuffer::Prepared
+VirtualElasticBuffer::prepare(const std::string &entryIR, const std::vector<ParamRecord> &records) {
+  Prepared prepared;
+  Loaded &k = load(entryIR, prepared.run);
+  prepared.kernels = &k;
   if (int(records.size()) != numRanks)
     throw std::invalid_argument("expected one parameter record per rank (" +
                                 std::to_string(numRanks) + "), got " +
@@ -155,7 +173,8 @@ VirtualElasticBuffer::Run VirtualElasticBuffer::run(const std::string &entryIR,
   // Every rank's blocks wait for each other: all must be resident at once.
   int device = 0, sms = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+        "cudaDeviceGetAttribute");
   for (size_t i = 0; i < k.kernels.size(); ++i) {
     int perSm = 0;
     check(cuOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, k.kernels[i], k.threads, 0),
@@ -176,14 +195,31 @@ VirtualElasticBuffer::Run VirtualElasticBuffer::run(const std::string &entryIR,
                                     name + "\" for kernels " + k.kernelNames[0]);
       table[size_t(r) * kParamStride / 8 + size_t(it - k.fields.begin())] = value;
     }
-  CUstream s = static_cast<CUstream>(stream);
-  check(cudaMemcpyAsync(params, table.data(), paramsBytes, cudaMemcpyHostToDevice,
-                        static_cast<cudaStream_t>(stream)),
-        "cudaMemcpyAsync(parameter records)");
+  check(cudaMalloc(&prepared.params, table.size() * 8), "cudaMalloc(parameter records)");
+  check(cudaMemcpy(prepared.params, table.data(), table.size() * 8, cudaMemcpyHostToDevice),
+        "cudaMemcpy(parameter records)");
+  return prepared;
+}
+
+void VirtualElasticBuffer::launch(const Prepared &prepared, void *stream) {
+  if (!prepared.kernels || !prepared.params)
+    throw std::invalid_argument("launch() of an empty or moved-from prepared entry");
+  const Loaded &k = *prepared.kernels;
+  void *params = prepared.params;
   void *args[] = {&commDescriptor, &windowDescriptor, &params};
   for (size_t i = 0; i < k.kernels.size(); ++i)
     check(cuLaunchKernel(k.kernels[i], unsigned(numRanks * blocksPerRank), 1, 1,
-                         unsigned(k.threads), 1, 1, 0, s, args, nullptr),
+                         unsigned(k.threads), 1, 1, 0, static_cast<CUstream>(stream), args,
+                         nullptr),
           ("launching " + k.kernelNames[i]).c_str());
-  return run;
+}
+
+VirtualElasticBuffer::Run VirtualElasticBuffer::run(const std::string &entryIR,
+                                                    const std::vector<ParamRecord> &records,
+                                                    void *stream) {
+  Prepared prepared = prepare(entryIR, records);
+  launch(prepared, stream);
+  // The records are freed with `prepared`: wait for the kernels that read them.
+  check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+  return prepared.info();
 }

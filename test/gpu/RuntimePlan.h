@@ -36,6 +36,21 @@ inline std::string planCombine(int ranks) {
                                  "combine_r" + std::to_string(ranks));
 }
 
+/// DeepEP's V3 configuration (EP8, 256 experts, top-8, hidden 7168, FP8
+/// dispatch with 56 packs, BF16 combine): compile and load times.
+inline runtime::EPSpec v3Spec() {
+  runtime::EPSpec s;
+  s.ranks = 8, s.experts = 256, s.topk = 8, s.hidden = 7168, s.dtype = "f8E4M3FN";
+  s.scalePacks = 56, s.expertAlignment = 128, s.maxTokensPerRank = 4096;
+  return s;
+}
+inline std::string planV3Dispatch() {
+  return runtime::dispatchEntryIR(v3Spec(), {/*weights=*/true, false, false, 64}, "v3_dispatch");
+}
+inline std::string planV3Combine() {
+  return runtime::combineEntryIR(v3Spec(), {/*weights=*/true, /*biases=*/0}, "v3_combine");
+}
+
 inline const std::vector<int> &planRanks() {
   static const std::vector<int> ranks = {1, 2, 4, 8};
   return ranks;

@@ -24,5 +24,12 @@ int main() {
                   result.source == KernelCache::Source::compiled ? "compiled" : "cached",
                   result.seconds);
     }
+  for (const std::string &ir : {epic::test::planV3Dispatch(), epic::test::planV3Combine()}) {
+    auto result = provider.get(ir);
+    std::printf("V3 %s %s %s in %.3f s\n", ir.find("ep.dispatch") != std::string::npos ? "dispatch" : "combine",
+                result.key.c_str(),
+                result.source == KernelCache::Source::compiled ? "compiled (cold)" : "found in the cache",
+                result.seconds);
+  }
   return 0;
 }

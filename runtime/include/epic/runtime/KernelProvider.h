@@ -3,7 +3,9 @@
 // Turns the entry IR of an ep op into a compiled module: from the kernel
 // cache, or — on a miss, where the compiler is installed — by running
 // epic-compile (the runtime links no LLVM). Cold compile and warm load times
-// are measured, and printed when EPIC_DEBUG is set.
+// are measured, and printed when EPIC_DEBUG is set; EPIC_DUMP_IR and
+// EPIC_DUMP_PTX print the entry IR and the PTX of every module the first
+// time a process asks for it.
 //
 //===----------------------------------------------------------------------===//
 

@@ -30,6 +30,8 @@ struct CudaError : public std::runtime_error {
 /// fields are the entry's `param_fields` in the metadata).
 using ParamRecord = std::map<std::string, uint64_t>;
 
+struct Loaded;
+
 class VirtualElasticBuffer {
 public:
   /// `windowBytes` per rank (at least the entries' `window_bytes`);
@@ -46,10 +48,35 @@ public:
     double seconds; ///< compile or load time of the kernels
   };
 
-  /// Launches, in order, the kernels of the entry function in `entryIR`
-  /// (compiled for backend=virtual) on `stream`, with `records[r]` for rank
-  /// r. Validates before launching: one record per rank, known field names,
-  /// the window large enough, every rank's blocks resident at once.
+  /// A validated launch whose parameter records already live on the device:
+  /// launching it is kernel launches only, so it can be captured in a CUDA
+  /// graph and replayed (the records and tensors must stay valid).
+  class Prepared {
+  public:
+    Prepared() = default;
+    Prepared(Prepared &&other) noexcept;
+    Prepared &operator=(Prepared &&other) noexcept;
+    ~Prepared();
+    const Run &info() const { return run; }
+
+  private:
+    friend class VirtualElasticBuffer;
+    Run run{};
+    struct Loaded *kernels = nullptr;
+    void *params = nullptr;
+  };
+
+  /// Loads the kernels of the entry function in `entryIR` (compiled for
+  /// backend=virtual) and uploads `records[r]` for rank r. Validates: one
+  /// record per rank, known field names, the window large enough, every
+  /// rank's blocks resident at once.
+  Prepared prepare(const std::string &entryIR, const std::vector<ParamRecord> &records);
+
+  /// Launches a prepared entry's kernels, in order, on `stream` (no host
+  /// synchronization, no allocation: graph-capturable).
+  void launch(const Prepared &prepared, void *stream = nullptr);
+
+  /// prepare() + launch().
   Run run(const std::string &entryIR, const std::vector<ParamRecord> &records,
           void *stream = nullptr);
 
@@ -57,7 +84,6 @@ public:
   int64_t windowBytes() const { return bytesPerRank; }
 
 private:
-  struct Loaded;
   Loaded &load(const std::string &entryIR, Run &run);
 
   int numRanks;
@@ -65,8 +91,7 @@ private:
   int blocksPerRank;
   KernelProvider &provider;
   void *window = nullptr, *signals = nullptr, *counters = nullptr, *barriers = nullptr;
-  void *commDescriptor = nullptr, *windowDescriptor = nullptr, *params = nullptr;
-  size_t paramsBytes = 0;
+  void *commDescriptor = nullptr, *windowDescriptor = nullptr;
   std::map<std::string, Loaded *> modules;
 };
 
