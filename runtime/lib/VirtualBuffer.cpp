@@ -44,17 +44,31 @@ struct Loaded {
 };
 } // namespace epic::runtime
 
-VirtualElasticBuffer::VirtualElasticBuffer(int ranks, int64_t windowBytes,
-                                           KernelProvider &provider, int blocksPerRank)
-    : numRanks(ranks), bytesPerRank((windowBytes + 4095) / 4096 * 4096),
-      blocksPerRank(blocksPerRank), provider(provider) {
-  if (ranks < 1 || ranks > 1024)
-    throw std::invalid_argument("num_ranks must be in [1, 1024], got " + std::to_string(ranks));
+KernelHost::KernelHost(KernelProvider &provider, int servedRanks, int64_t windowBytes,
+                       int blocksPerRank)
+    : provider(provider), servedRanks(servedRanks),
+      bytesPerRank((windowBytes + 4095) / 4096 * 4096), blocksPerRank(blocksPerRank) {
+  if (servedRanks < 1 || servedRanks > 1024)
+    throw std::invalid_argument("num_ranks must be in [1, 1024], got " +
+                                std::to_string(servedRanks));
   if (windowBytes <= 0)
     throw std::invalid_argument("num_bytes must be positive, got " + std::to_string(windowBytes));
   if (blocksPerRank < 1)
     throw std::invalid_argument("blocks per rank must be positive, got " +
                                 std::to_string(blocksPerRank));
+}
+
+KernelHost::~KernelHost() {
+  for (auto &[key, loaded] : modules) {
+    if (loaded->module)
+      cuModuleUnload(loaded->module);
+    delete loaded;
+  }
+}
+
+VirtualElasticBuffer::VirtualElasticBuffer(int ranks, int64_t windowBytes,
+                                           KernelProvider &provider, int blocksPerRank)
+    : KernelHost(provider, ranks, windowBytes, blocksPerRank) {
   if (provider.settings().backend != "virtual")
     throw std::invalid_argument("a virtual world needs kernels compiled for backend=virtual, "
                                 "not " + provider.settings().backend);
@@ -77,26 +91,21 @@ VirtualElasticBuffer::VirtualElasticBuffer(int ranks, int64_t windowBytes,
   comm.counters = static_cast<uint64_t *>(counters);
   comm.barriers = static_cast<uint64_t *>(barriers);
   EpicVirtualWindow desc{static_cast<char *>(window), uint64_t(bytesPerRank), ranks, 0};
-  check(cudaMalloc(&commDescriptor, sizeof comm), "cudaMalloc(comm descriptor)");
-  check(cudaMemcpy(commDescriptor, &comm, sizeof comm, cudaMemcpyHostToDevice), "cudaMemcpy");
-  check(cudaMalloc(&windowDescriptor, sizeof desc), "cudaMalloc(window descriptor)");
-  check(cudaMemcpy(windowDescriptor, &desc, sizeof desc, cudaMemcpyHostToDevice), "cudaMemcpy");
+  check(cudaMalloc(&commArgument, sizeof comm), "cudaMalloc(comm descriptor)");
+  check(cudaMemcpy(commArgument, &comm, sizeof comm, cudaMemcpyHostToDevice), "cudaMemcpy");
+  check(cudaMalloc(&windowArgument, sizeof desc), "cudaMalloc(window descriptor)");
+  check(cudaMemcpy(windowArgument, &desc, sizeof desc, cudaMemcpyHostToDevice), "cudaMemcpy");
 }
 
 VirtualElasticBuffer::~VirtualElasticBuffer() {
   // Nothing may still run on the window when it goes.
   cudaDeviceSynchronize();
-  for (auto &[key, loaded] : modules) {
-    if (loaded->module)
-      cuModuleUnload(loaded->module);
-    delete loaded;
-  }
-  for (void *p : {windowDescriptor, commDescriptor, barriers, counters, signals, window})
+  for (void *p : {windowArgument, commArgument, barriers, counters, signals, window})
     if (p)
       cudaFree(p);
 }
 
-Loaded &VirtualElasticBuffer::load(const std::string &entryIR, Run &run) {
+Loaded &KernelHost::load(const std::string &entryIR, Run &run) {
   KernelProvider::Result result = provider.get(entryIR);
   run.key = result.key;
   run.source = result.source;
@@ -134,32 +143,32 @@ Loaded &VirtualElasticBuffer::load(const std::string &entryIR, Run &run) {
   return *raw;
 }
 
-VirtualElasticBuffer::Prepared::Prepared(Prepared &&other) noexcept
+KernelHost::Prepared::Prepared(Prepared &&other) noexcept
     : run(std::move(other.run)), kernels(other.kernels), params(other.params) {
   other.params = nullptr;
 }
 
-VirtualElasticBuffer::Prepared &
-VirtualElasticBuffer::Prepared::operator=(Prepared &&other) noexcept {
+KernelHost::Prepared &
+KernelHost::Prepared::operator=(Prepared &&other) noexcept {
   std::swap(run, other.run);
   std::swap(kernels, other.kernels);
   std::swap(params, other.params);
   return *this;
 }
 
-VirtualElasticBuffer::Prepared::~Prepared() {
+KernelHost::Prepared::~Prepared() {
   if (params)
     cudaFree(params);
 }
 
-VirtualElasticBuffer::Prepared
-VirtualElasticBuffer::prepare(const std::string &entryIR, const std::vector<ParamRecord> &records) {
+KernelHost::Prepared
+KernelHost::prepare(const std::string &entryIR, const std::vector<ParamRecord> &records) {
   Prepared prepared;
   Loaded &k = load(entryIR, prepared.run);
   prepared.kernels = &k;
-  if (int(records.size()) != numRanks)
+  if (int(records.size()) != servedRanks)
     throw std::invalid_argument("expected one parameter record per rank (" +
-                                std::to_string(numRanks) + "), got " +
+                                std::to_string(servedRanks) + "), got " +
                                 std::to_string(records.size()));
   if (k.windowBytes > bytesPerRank)
     throw std::invalid_argument("the buffer has " + std::to_string(bytesPerRank) +
@@ -179,15 +188,15 @@ VirtualElasticBuffer::prepare(const std::string &entryIR, const std::vector<Para
     int perSm = 0;
     check(cuOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, k.kernels[i], k.threads, 0),
           "cuOccupancyMaxActiveBlocksPerMultiprocessor");
-    if (int64_t(perSm) * sms < int64_t(numRanks) * blocksPerRank)
+    if (int64_t(perSm) * sms < int64_t(servedRanks) * blocksPerRank)
       throw std::invalid_argument(
-          "a virtual world of " + std::to_string(numRanks) + " ranks x " +
+          "a launch of " + std::to_string(servedRanks) + " ranks x " +
           std::to_string(blocksPerRank) + " blocks does not fit on this GPU at once (" +
           k.kernelNames[i] + ": " + std::to_string(perSm) + " blocks per SM x " +
           std::to_string(sms) + " SMs): use fewer blocks per rank");
   }
-  std::vector<uint64_t> table(size_t(numRanks) * kParamStride / 8, 0);
-  for (int r = 0; r < numRanks; ++r)
+  std::vector<uint64_t> table(size_t(servedRanks) * kParamStride / 8, 0);
+  for (int r = 0; r < servedRanks; ++r)
     for (const auto &[name, value] : records[r]) {
       auto it = std::find(k.fields.begin(), k.fields.end(), name);
       if (it == k.fields.end())
@@ -201,20 +210,21 @@ VirtualElasticBuffer::prepare(const std::string &entryIR, const std::vector<Para
   return prepared;
 }
 
-void VirtualElasticBuffer::launch(const Prepared &prepared, void *stream) {
+void KernelHost::launch(const Prepared &prepared, void *stream) {
   if (!prepared.kernels || !prepared.params)
     throw std::invalid_argument("launch() of an empty or moved-from prepared entry");
   const Loaded &k = *prepared.kernels;
   void *params = prepared.params;
-  void *args[] = {&commDescriptor, &windowDescriptor, &params};
+  void *comm = commArgument, *window = windowArgument;
+  void *args[] = {&comm, &window, &params};
   for (size_t i = 0; i < k.kernels.size(); ++i)
-    check(cuLaunchKernel(k.kernels[i], unsigned(numRanks * blocksPerRank), 1, 1,
+    check(cuLaunchKernel(k.kernels[i], unsigned(servedRanks * blocksPerRank), 1, 1,
                          unsigned(k.threads), 1, 1, 0, static_cast<CUstream>(stream), args,
                          nullptr),
           ("launching " + k.kernelNames[i]).c_str());
 }
 
-VirtualElasticBuffer::Run VirtualElasticBuffer::run(const std::string &entryIR,
+KernelHost::Run KernelHost::run(const std::string &entryIR,
                                                     const std::vector<ParamRecord> &records,
                                                     void *stream) {
   Prepared prepared = prepare(entryIR, records);

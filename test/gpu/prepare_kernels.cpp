@@ -3,7 +3,7 @@
 //   EPIC_CACHE_DIR=build/device/cache build/bin/epic-prepare-gpu-kernels
 //
 // Compiles (here, where epic-compile exists) every entry of RuntimePlan.h
-// for backend=virtual into the kernel cache that a GPU run carries.
+// for backend=virtual (and the one-rank entries for backend=nccl) into the kernel cache that a GPU run carries.
 //
 //===----------------------------------------------------------------------===//
 
@@ -24,6 +24,13 @@ int main() {
                   result.source == KernelCache::Source::compiled ? "compiled" : "cached",
                   result.seconds);
     }
+  // The NCCL backend runs one rank per process: one rank on one GPU.
+  KernelProvider nccl(cache, {"nccl", "sm_90", ""});
+  for (const std::string &ir : {epic::test::planDispatch(1), epic::test::planCombine(1)}) {
+    auto result = nccl.get(ir);
+    std::printf("nccl %s %s\n", result.key.c_str(),
+                result.source == KernelCache::Source::compiled ? "compiled" : "cached");
+  }
   for (const std::string &ir : {epic::test::planV3Dispatch(), epic::test::planV3Combine()}) {
     auto result = provider.get(ir);
     std::printf("V3 %s %s %s in %.3f s\n", ir.find("ep.dispatch") != std::string::npos ? "dispatch" : "combine",

@@ -1,6 +1,7 @@
 //===- runtime_virtual.cpp - the C++ runtime on a virtual world -----------===//
 //
-// The ElasticBuffer path of the runtime on one GPU, R in {1, 2, 4, 8}: kernels
+// The ElasticBuffer path of the runtime on one GPU: virtual worlds of R in
+// {1, 2, 4, 8} ranks, then one NCCL rank (real communicator and window). Kernels
 // from the kernel cache (no compiler on the GPU machine), dispatch then
 // combine with two biases, checked against a C++ reference; then the
 // runtime's refusals (a window too small, a world that does not fit).
@@ -9,6 +10,7 @@
 
 #include "RuntimePlan.h"
 
+#include "epic/runtime/NcclBuffer.h"
 #include "epic/runtime/VirtualBuffer.h"
 
 #include <cuda_runtime.h>
@@ -17,6 +19,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <random>
 #include <set>
 #include <vector>
@@ -67,7 +71,12 @@ template <typename T> std::vector<T> download(const T *p, size_t n) {
 }
 uint64_t ptr(const void *p) { return reinterpret_cast<uint64_t>(p); }
 
-void runWorld(KernelProvider &provider, int R) {
+/// Makes the ElasticBuffer under test: (window bytes, blocks per rank).
+using MakeBuffer = std::function<std::unique_ptr<KernelHost>(int64_t, int)>;
+
+/// Dispatch + combine of `R` ranks served by the buffers `make` returns: all
+/// R ranks in one virtual world, or (R = 1) one NCCL rank in this process.
+void runWorld(KernelProvider &provider, int R, const MakeBuffer &make, const char *what) {
   EPSpec spec = epic::test::planSpec(R);
   const int E = spec.experts, K = spec.topk, H = spec.hidden, Tmax = spec.maxTokensPerRank;
   const int L = E / R;
@@ -100,8 +109,9 @@ void runWorld(KernelProvider &provider, int R) {
       e = float(rng() % 1000) / 64.f;
   }
   const int64_t window = 4 << 20;
-  VirtualElasticBuffer buffer(R, window, provider, /*blocksPerRank=*/4);
-  std::printf("virtual world R=%d (E=%d K=%d H=%d Tmax=%d)\n", R, E, K, H, Tmax);
+  std::unique_ptr<KernelHost> owned = make(window, /*blocksPerRank=*/4);
+  KernelHost &buffer = *owned;
+  std::printf("%s R=%d (E=%d K=%d H=%d Tmax=%d)\n", what, R, E, K, H, Tmax);
 
   struct RankDev {
     uint16_t *x, *recvX, *b0, *b1, *out;
@@ -253,21 +263,21 @@ void runWorld(KernelProvider &provider, int R) {
 
   // The runtime's refusals name what is wrong.
   try {
-    VirtualElasticBuffer small(R, 4096, provider, 4);
-    small.run(epic::test::planDispatch(R), dispatch);
+    make(4096, 4)->run(epic::test::planDispatch(R), dispatch);
     expect(false, "a window smaller than the kernels need is refused");
   } catch (const std::invalid_argument &e) {
     expect(std::string(e.what()).find("get_buffer_size_hint") != std::string::npos,
            "a window smaller than the kernels need is refused");
   }
   try {
-    VirtualElasticBuffer huge(R, window, provider, 100000);
-    huge.run(epic::test::planDispatch(R), dispatch);
-    expect(false, "a world that does not fit on the GPU is refused");
+    make(window, 100000)->run(epic::test::planDispatch(R), dispatch);
+    expect(false, "a launch that does not fit on the GPU is refused");
   } catch (const std::invalid_argument &e) {
     std::string what = e.what();
     expect(what.find("exceeds") != std::string::npos || what.find("does not fit") != std::string::npos,
-           "a world that does not fit on the GPU is refused");
+           "a launch that does not fit on the GPU is refused");
+  } catch (const NcclError &e) { // 100000 LSA barriers may already be refused by NCCL
+    expect(true, std::string("a launch that does not fit is refused by NCCL"));
   }
   try {
     std::vector<ParamRecord> wrong = dispatch;
@@ -287,7 +297,28 @@ int main() {
     KernelCache cache;
     KernelProvider provider(cache, {"virtual", "sm_90", ""});
     for (int R : epic::test::planRanks())
-      runWorld(provider, R);
+      runWorld(provider, R, [&](int64_t window, int blocks) {
+        return std::make_unique<VirtualElasticBuffer>(R, window, provider, blocks);
+      }, "virtual world");
+
+    // The NCCL backend through the same runtime path: one rank, a real
+    // communicator, symmetric window and device communicator.
+    KernelProvider ncclProvider(cache, {"nccl", "sm_90", ""});
+    Communicator comm(1, 0, Communicator::newUniqueId());
+    runWorld(ncclProvider, 1, [&](int64_t window, int blocks) {
+      auto buffer = std::make_unique<NcclElasticBuffer>(comm, window, ncclProvider, blocks);
+      static bool described = false;
+      if (!described)
+        std::printf("  %s\n", buffer->info().describe().c_str()), described = true;
+      return buffer;
+    }, "NCCL");
+    try {
+      NcclElasticBuffer wrong(comm, 1 << 20, provider, 4);
+      expect(false, "an NCCL buffer refuses kernels compiled for backend=virtual");
+    } catch (const std::invalid_argument &e) {
+      expect(std::string(e.what()).find("backend=nccl") != std::string::npos,
+             "an NCCL buffer refuses kernels compiled for backend=virtual");
+    }
     // Warm load of the V3 kernels: the disk cache read, then the module load.
     epic::runtime::EPSpec v3 = epic::test::v3Spec();
     VirtualElasticBuffer world(v3.ranks, 480 << 20, provider, 16);

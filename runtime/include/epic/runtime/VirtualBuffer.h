@@ -1,10 +1,10 @@
 //===- VirtualBuffer.h - R virtual ranks on one GPU -------------*- C++ -*-===//
 //
-// The virtual world's ElasticBuffer state: one window of R equal slices, the
-// EpicVirtualComm descriptor (signals, counters, barrier counters) and the
-// kernels, all on one GPU. One launch serves every rank: the kernels find
-// their rank from the block index and their tensors in per-rank parameter
-// records. Runs what ep-expand made for backend=virtual.
+// The ElasticBuffer state that launches ep-expand's kernels. KernelHost is
+// the common part; the virtual world (R ranks on one GPU: one window of R
+// equal slices, the EpicVirtualComm descriptor, one launch for every rank)
+// is here, the NCCL one in NcclBuffer.h. The kernels find their tensors in
+// per-rank parameter records.
 //
 //===----------------------------------------------------------------------===//
 
@@ -32,15 +32,15 @@ using ParamRecord = std::map<std::string, uint64_t>;
 
 struct Loaded;
 
-class VirtualElasticBuffer {
+/// What the two ElasticBuffers share: loading the kernels of an entry from
+/// the provider, validating and uploading the per-rank parameter records, and
+/// launching. A launch serves `servedRanks` ranks (all R in the virtual
+/// world, one per process with NCCL) with `blocksPerRank` blocks each.
+class KernelHost {
 public:
-  /// `windowBytes` per rank (at least the entries' `window_bytes`);
-  /// `blocksPerRank` blocks of every kernel serve each rank.
-  VirtualElasticBuffer(int ranks, int64_t windowBytes, KernelProvider &provider,
-                       int blocksPerRank = 16);
-  ~VirtualElasticBuffer();
-  VirtualElasticBuffer(const VirtualElasticBuffer &) = delete;
-  VirtualElasticBuffer &operator=(const VirtualElasticBuffer &) = delete;
+  KernelHost(const KernelHost &) = delete;
+  KernelHost &operator=(const KernelHost &) = delete;
+  virtual ~KernelHost();
 
   struct Run {
     std::string key;
@@ -60,39 +60,56 @@ public:
     const Run &info() const { return run; }
 
   private:
-    friend class VirtualElasticBuffer;
+    friend class KernelHost;
     Run run{};
-    struct Loaded *kernels = nullptr;
+    Loaded *kernels = nullptr;
     void *params = nullptr;
   };
 
-  /// Loads the kernels of the entry function in `entryIR` (compiled for
-  /// backend=virtual) and uploads `records[r]` for rank r. Validates: one
-  /// record per rank, known field names, the window large enough, every
-  /// rank's blocks resident at once.
+  /// Loads the kernels of the entry function in `entryIR` and uploads
+  /// `records[i]` for the i-th rank this launch serves. Validates: one
+  /// record per served rank, known field names, the window large enough,
+  /// every block of the launch resident at once (they wait for each other
+  /// through the entry barriers).
   Prepared prepare(const std::string &entryIR, const std::vector<ParamRecord> &records);
 
   /// Launches a prepared entry's kernels, in order, on `stream` (no host
   /// synchronization, no allocation: graph-capturable).
   void launch(const Prepared &prepared, void *stream = nullptr);
 
-  /// prepare() + launch().
+  /// prepare() + launch() + waiting for the stream (the records are freed).
   Run run(const std::string &entryIR, const std::vector<ParamRecord> &records,
           void *stream = nullptr);
 
-  int ranks() const { return numRanks; }
   int64_t windowBytes() const { return bytesPerRank; }
+  int blocks() const { return blocksPerRank; }
 
-private:
+protected:
+  KernelHost(KernelProvider &provider, int servedRanks, int64_t windowBytes, int blocksPerRank);
   Loaded &load(const std::string &entryIR, Run &run);
 
-  int numRanks;
+  KernelProvider &provider;
+  int servedRanks;
   int64_t bytesPerRank;
   int blocksPerRank;
-  KernelProvider &provider;
-  void *window = nullptr, *signals = nullptr, *counters = nullptr, *barriers = nullptr;
-  void *commDescriptor = nullptr, *windowDescriptor = nullptr;
+  /// The kernels' first two arguments: the device communicator and window.
+  void *commArgument = nullptr, *windowArgument = nullptr;
   std::map<std::string, Loaded *> modules;
+};
+
+/// R virtual ranks on one GPU: one window of R equal slices and the
+/// EpicVirtualComm descriptor; one launch serves every rank.
+class VirtualElasticBuffer : public KernelHost {
+public:
+  /// `windowBytes` per rank (at least the entries' `window_bytes`);
+  /// `blocksPerRank` blocks of every kernel serve each rank.
+  VirtualElasticBuffer(int ranks, int64_t windowBytes, KernelProvider &provider,
+                       int blocksPerRank = 16);
+  ~VirtualElasticBuffer() override;
+  int ranks() const { return servedRanks; }
+
+private:
+  void *window = nullptr, *signals = nullptr, *counters = nullptr, *barriers = nullptr;
 };
 
 } // namespace epic::runtime

@@ -1,0 +1,170 @@
+//===- NcclBuffer.cpp - the NCCL communicator and ElasticBuffer -----------===//
+
+#include "epic/runtime/NcclBuffer.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <nccl_device.h>
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+using namespace epic::runtime;
+
+namespace {
+void check(ncclResult_t result, const char *what) {
+  if (result != ncclSuccess)
+    throw NcclError(std::string(what) + " failed: " + ncclGetErrorString(result) +
+                    " (NCCL_DEBUG=WARN says more)");
+}
+void check(cudaError_t result, const char *what) {
+  if (result != cudaSuccess)
+    throw CudaError(std::string(what) + " failed: " + cudaGetErrorString(result));
+}
+
+/// The device communicator the ep kernels need. The one place where NCCL
+/// versions differ: 2.28 takes a zeroed struct (GIN comes on with signals or
+/// ginForceEnable); 2.29+ requires NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER and
+/// selects GIN with ginConnectionType.
+ncclDevCommRequirements requirements(int lsaBarriers, int ginSignals) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 0)
+  ncclDevCommRequirements reqs = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
+  if (ginSignals)
+    reqs.ginConnectionType = NCCL_GIN_CONNECTION_FULL;
+#else
+  ncclDevCommRequirements reqs;
+  std::memset(&reqs, 0, sizeof reqs);
+#endif
+  reqs.lsaBarrierCount = lsaBarriers;
+  reqs.ginSignalCount = ginSignals;
+  return reqs;
+}
+} // namespace
+
+std::string DeviceApiInfo::describe() const {
+  std::ostringstream os;
+  os << "NCCL " << version / 10000 << "." << version / 100 % 100 << "." << version % 100
+     << ", rank " << rank << " of " << worldSize << ", LSA team " << lsaRank << " of "
+     << lsaSize << ", GIN " << (gin ? "available" : "not available");
+  return os.str();
+}
+
+void Communicator::checkVersion() {
+  int version = 0;
+  check(ncclGetVersion(&version), "ncclGetVersion");
+  if (version / 100 != NCCL_VERSION_CODE / 100)
+    throw NcclError("the loaded NCCL is " + std::to_string(version) + " but epic was built for " +
+                    std::to_string(NCCL_VERSION_CODE) +
+                    ": the device communicator's layout differs; rebuild epic against it");
+  if (NCCL_VERSION_CODE < NCCL_VERSION(2, 28, 9))
+    throw NcclError("NCCL " + std::to_string(NCCL_VERSION_CODE) +
+                    " has no usable device API: epic needs NCCL >= 2.28.9");
+}
+
+std::string Communicator::newUniqueId() {
+  ncclUniqueId id;
+  check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  return std::string(id.internal, sizeof id.internal);
+}
+
+Communicator::Communicator(int worldSize, int rank, const std::string &uniqueId) : owned(true) {
+  checkVersion();
+  if (worldSize < 1 || rank < 0 || rank >= worldSize)
+    throw std::invalid_argument("rank " + std::to_string(rank) + " of " +
+                                std::to_string(worldSize) + " is not a valid rank");
+  ncclUniqueId id;
+  if (uniqueId.size() != sizeof id.internal)
+    throw std::invalid_argument("unique_id must be " + std::to_string(sizeof id.internal) +
+                                " bytes, got " + std::to_string(uniqueId.size()));
+  std::memcpy(id.internal, uniqueId.data(), sizeof id.internal);
+  check(ncclCommInitRank(&comm, worldSize, id, rank), "ncclCommInitRank");
+}
+
+Communicator::Communicator(ncclComm_t comm) : comm(comm) {
+  checkVersion();
+  if (!comm)
+    throw std::invalid_argument("comm: a null ncclComm_t");
+}
+
+Communicator::~Communicator() {
+  if (owned && comm)
+    ncclCommDestroy(comm);
+}
+
+int Communicator::worldSize() const {
+  int n = 0;
+  check(ncclCommCount(comm, &n), "ncclCommCount");
+  return n;
+}
+
+int Communicator::rank() const {
+  int r = 0;
+  check(ncclCommUserRank(comm, &r), "ncclCommUserRank");
+  return r;
+}
+
+NcclElasticBuffer::NcclElasticBuffer(Communicator &comm, int64_t windowBytes,
+                                     KernelProvider &provider, int blocksPerRank)
+    : KernelHost(provider, /*servedRanks=*/1, windowBytes, blocksPerRank), comm(comm) {
+  if (provider.settings().backend != "nccl")
+    throw std::invalid_argument("an NCCL buffer needs kernels compiled for backend=nccl, not " +
+                                provider.settings().backend);
+  try {
+    acquire(blocksPerRank);
+  } catch (...) {
+    release(); // a failed constructor runs no destructor
+    throw;
+  }
+}
+
+void NcclElasticBuffer::acquire(int blocksPerRank) {
+  ncclComm_t c = comm.get();
+  check(ncclMemAlloc(&memory, size_t(bytesPerRank)), "ncclMemAlloc(window)");
+  check(cudaMemset(memory, 0, size_t(bytesPerRank)), "cudaMemset(window)");
+  ncclWindow_t w;
+  check(ncclCommWindowRegister(c, memory, size_t(bytesPerRank), &w, NCCL_WIN_COLL_SYMMETRIC),
+        "ncclCommWindowRegister");
+  window = w;
+  auto *dev = new ncclDevComm;
+  devCommHost = dev;
+  // The ep kernels synchronize through the window; comm.barrier users get
+  // one LSA barrier slot per block. No GIN: the kernels use LSA peers only.
+  ncclDevCommRequirements reqs = requirements(/*lsaBarriers=*/std::max(blocksPerRank, 64), 0);
+  check(ncclDevCommCreate(c, &reqs, dev), "ncclDevCommCreate");
+  devCommCreated = true;
+  apiInfo.version = NCCL_VERSION_CODE;
+  apiInfo.worldSize = ncclTeamWorld(c).nRanks;
+  apiInfo.rank = ncclTeamWorld(c).rank;
+  apiInfo.lsaSize = ncclTeamLsa(c).nRanks;
+  apiInfo.lsaRank = ncclTeamLsa(c).rank;
+  apiInfo.gin = false;
+  if (apiInfo.lsaSize != apiInfo.worldSize)
+    throw NcclError("the ep kernels reach every peer over NVLink (LSA), but only " +
+                    std::to_string(apiInfo.lsaSize) + " of " + std::to_string(apiInfo.worldSize) +
+                    " ranks are in this rank's LSA team (multi-node needs the hybrid mode)");
+  check(cudaMalloc(&commArgument, sizeof(ncclDevComm)), "cudaMalloc(device communicator)");
+  check(cudaMemcpy(commArgument, dev, sizeof(ncclDevComm), cudaMemcpyHostToDevice),
+        "cudaMemcpy(device communicator)");
+  windowArgument = window;
+}
+
+NcclElasticBuffer::~NcclElasticBuffer() { release(); }
+
+void NcclElasticBuffer::release() {
+  cudaDeviceSynchronize();
+  ncclComm_t c = comm.get();
+  if (devCommHost) {
+    if (devCommCreated)
+      ncclDevCommDestroy(c, static_cast<ncclDevComm *>(devCommHost));
+    delete static_cast<ncclDevComm *>(devCommHost);
+  }
+  if (commArgument)
+    cudaFree(commArgument);
+  if (window)
+    ncclCommWindowDeregister(c, static_cast<ncclWindow_t>(window));
+  if (memory)
+    ncclMemFree(memory);
+  devCommHost = commArgument = window = memory = nullptr;
+  devCommCreated = false;
+}
