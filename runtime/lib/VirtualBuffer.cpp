@@ -224,6 +224,66 @@ void KernelHost::launch(const Prepared &prepared, void *stream) {
           ("launching " + k.kernelNames[i]).c_str());
 }
 
+void KernelHost::checkWorld(const EPSpec &spec, size_t calls) const {
+  if (spec.ranks != worldSize())
+    throw std::invalid_argument("num_ranks is " + std::to_string(spec.ranks) +
+                                " but the buffer's world has " + std::to_string(worldSize()) +
+                                " ranks");
+  if (int(calls) != servedRanks)
+    throw std::invalid_argument("expected one call per rank this buffer serves (" +
+                                std::to_string(servedRanks) + "), got " + std::to_string(calls));
+}
+
+KernelHost::Prepared KernelHost::prepareDispatch(const EPSpec &spec,
+                                                 const DispatchVariant &variant,
+                                                 const std::vector<DispatchCall> &calls) {
+  checkWorld(spec, calls.size());
+  std::vector<ParamRecord> records;
+  for (const DispatchCall &call : calls)
+    records.push_back(dispatchRecord(spec, variant, call));
+  return prepare(dispatchEntryIR(spec, variant, kDispatchEntryName), records);
+}
+
+KernelHost::Prepared KernelHost::prepareCombine(const EPSpec &spec, const CombineVariant &variant,
+                                                const std::vector<CombineCall> &calls) {
+  checkWorld(spec, calls.size());
+  std::vector<ParamRecord> records;
+  for (const CombineCall &call : calls)
+    records.push_back(combineRecord(spec, variant, call));
+  return prepare(combineEntryIR(spec, variant, kCombineEntryName), records);
+}
+
+KernelHost::Run KernelHost::dispatch(const EPSpec &spec, const DispatchVariant &variant,
+                                     const std::vector<DispatchCall> &calls, void *stream,
+                                     bool checkRouting) {
+  Prepared prepared = prepareDispatch(spec, variant, calls);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture),
+        "cudaStreamIsCapturing");
+  if (checkRouting && capture == cudaStreamCaptureStatusNone)
+    for (const DispatchCall &call : calls) {
+      const DeviceTensor &idx = call.handle.topkIdx;
+      std::vector<int64_t> host(size_t(idx.shape[0]) * spec.topk);
+      check(cudaMemcpyAsync(host.data(), reinterpret_cast<const void *>(idx.data),
+                            host.size() * 8, cudaMemcpyDeviceToHost,
+                            static_cast<cudaStream_t>(stream)),
+            "reading topk_idx back");
+      check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+      checkTopkIndices(spec, host.data(), idx.shape[0]);
+    }
+  launch(prepared, stream);
+  check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+  return prepared.info();
+}
+
+KernelHost::Run KernelHost::combine(const EPSpec &spec, const CombineVariant &variant,
+                                    const std::vector<CombineCall> &calls, void *stream) {
+  Prepared prepared = prepareCombine(spec, variant, calls);
+  launch(prepared, stream);
+  check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+  return prepared.info();
+}
+
 KernelHost::Run KernelHost::run(const std::string &entryIR,
                                                     const std::vector<ParamRecord> &records,
                                                     void *stream) {

@@ -26,14 +26,18 @@ inline runtime::EPSpec planSpec(int ranks) {
   return s;
 }
 
+inline const runtime::DispatchVariant planDispatchVariant = {/*weights=*/true, false, false, 64};
+inline const runtime::CombineVariant planCombineVariant = {/*weights=*/true, /*biases=*/2};
+
+/// The entries the typed API (KernelHost::dispatch/combine) asks for.
 inline std::string planDispatch(int ranks) {
-  return runtime::dispatchEntryIR(planSpec(ranks), {/*weights=*/true, false, false, 64},
-                                  "dispatch_r" + std::to_string(ranks));
+  return runtime::dispatchEntryIR(planSpec(ranks), planDispatchVariant,
+                                  runtime::kDispatchEntryName);
 }
 
 inline std::string planCombine(int ranks) {
-  return runtime::combineEntryIR(planSpec(ranks), {/*weights=*/true, /*biases=*/2},
-                                 "combine_r" + std::to_string(ranks));
+  return runtime::combineEntryIR(planSpec(ranks), planCombineVariant,
+                                 runtime::kCombineEntryName);
 }
 
 /// DeepEP's V3 configuration (EP8, 256 experts, top-8, hidden 7168, FP8

@@ -120,35 +120,87 @@ void runWorld(KernelProvider &provider, int R, const MakeBuffer &make, const cha
     int32_t *meta, *psumRank, *counts, *psumExpert, *host, *slots;
   };
   std::vector<RankDev> dev(R);
+  std::vector<DispatchCall> dispatchCalls(R);
+  std::vector<CombineCall> combineCalls(R);
   std::vector<ParamRecord> dispatch(R), combine(R);
+  auto tensor = [](const void *p, const char *dtype, std::vector<int64_t> shape) {
+    return DeviceTensor{ptr(p), dtype, std::move(shape)};
+  };
+  const int64_t rows = receiveRows(spec);
   for (int r = 0; r < R; ++r) {
     RankDev &d = dev[r];
     d.x = upload(x[r]), d.idx = upload(idx[r]), d.w = upload(w[r]);
     d.b0 = upload(b0[r]), d.b1 = upload(b1[r]);
-    d.recvX = deviceArray<uint16_t>(size_t(R) * Tmax * H);
-    d.recvIdx = deviceArray<int64_t>(size_t(R) * Tmax * K);
-    d.recvW = deviceArray<float>(size_t(R) * Tmax * K);
+    d.recvX = deviceArray<uint16_t>(size_t(rows) * H);
+    d.recvIdx = deviceArray<int64_t>(size_t(rows) * K);
+    d.recvW = deviceArray<float>(size_t(rows) * K);
     d.meta = deviceArray<int32_t>(size_t(R) * Tmax * (K + 2), 0xff);
     d.psumRank = deviceArray<int32_t>(R), d.counts = deviceArray<int32_t>(L);
     d.psumExpert = deviceArray<int32_t>(L), d.host = deviceArray<int32_t>(1 + L);
     d.slots = deviceArray<int32_t>(size_t(tokens[r]) * K);
     d.out = deviceArray<uint16_t>(size_t(tokens[r]) * H, 0xff);
     d.outW = deviceArray<float>(size_t(tokens[r]) * K, 0xff);
-    dispatch[r] = {{"x", ptr(d.x)}, {"topk_idx", ptr(d.idx)}, {"topk_weights", ptr(d.w)},
-                   {"recv_x", ptr(d.recvX)}, {"recv_topk_idx", ptr(d.recvIdx)},
-                   {"recv_topk_weights", ptr(d.recvW)}, {"recv_src_metadata", ptr(d.meta)},
-                   {"psum_num_recv_tokens_per_rank", ptr(d.psumRank)},
-                   {"num_recv_tokens_per_expert", ptr(d.counts)},
-                   {"psum_num_recv_tokens_per_expert", ptr(d.psumExpert)},
-                   {"host_counts", ptr(d.host)}, {"num_tokens", uint64_t(tokens[r])},
-                   {"dst_buffer_slot_idx", ptr(d.slots)}};
-    combine[r] = {{"x", ptr(d.recvX)}, {"topk_weights", ptr(d.recvW)},
-                  {"recv_src_metadata", ptr(d.meta)},
-                  {"psum_num_recv_tokens_per_rank", ptr(d.psumRank)}, {"topk_idx", ptr(d.idx)},
-                  {"bias0", ptr(d.b0)}, {"bias1", ptr(d.b1)}, {"combined_x", ptr(d.out)},
-                  {"combined_topk_weights", ptr(d.outW)}, {"num_tokens", uint64_t(tokens[r])}};
+    const int64_t T = tokens[r];
+    Handle handle{tensor(d.idx, "i64", {T, K}), tensor(d.slots, "i32", {T, K}),
+                  tensor(d.meta, "i32", {int64_t(R) * Tmax, K + 2}),
+                  tensor(d.psumRank, "i32", {R}), tensor(d.counts, "i32", {L}),
+                  tensor(d.psumExpert, "i32", {L})};
+    DispatchCall &dc = dispatchCalls[r];
+    dc.x = tensor(d.x, "bf16", {T, H});
+    dc.topkWeights = tensor(d.w, "f32", {T, K});
+    dc.recvX = tensor(d.recvX, "bf16", {rows, H});
+    dc.recvTopkIdx = tensor(d.recvIdx, "i64", {rows, K});
+    dc.recvTopkWeights = tensor(d.recvW, "f32", {rows, K});
+    dc.hostCounts = tensor(d.host, "i32", {1 + L});
+    dc.handle = handle;
+    CombineCall &cc = combineCalls[r];
+    cc.x = tensor(d.recvX, "bf16", {rows, H});
+    cc.topkWeights = tensor(d.recvW, "f32", {rows, K});
+    cc.bias0 = tensor(d.b0, "bf16", {T, H});
+    cc.bias1 = tensor(d.b1, "bf16", {T, H});
+    cc.combinedX = tensor(d.out, "bf16", {T, H});
+    cc.combinedTopkWeights = tensor(d.outW, "f32", {T, K});
+    cc.handle = handle;
+    dispatch[r] = dispatchRecord(spec, epic::test::planDispatchVariant, dc);
+    combine[r] = combineRecord(spec, epic::test::planCombineVariant, cc);
   }
-  auto d1 = buffer.run(epic::test::planDispatch(R), dispatch);
+  // Bad calls are refused before anything runs, naming the argument.
+  auto refused = [&](const char *what, const char *needle, auto &&call) {
+    try {
+      call();
+      expect(false, what);
+    } catch (const std::invalid_argument &e) {
+      bool named = std::string(e.what()).find(needle) != std::string::npos;
+      if (!named)
+        std::printf("    (message: %s)\n", e.what());
+      expect(named, what);
+    }
+  };
+  {
+    auto bad = dispatchCalls;
+    std::vector<int64_t> wrongIdx = idx[R - 1];
+    wrongIdx[5] = E + 3;
+    int64_t *dWrong = upload(wrongIdx);
+    bad[R - 1].handle.topkIdx.data = ptr(dWrong);
+    refused("typed dispatch: a top-k index out of range is refused (topk_idx[1][1])",
+            "topk_idx[1][1]", [&] { buffer.dispatch(spec, epic::test::planDispatchVariant, bad); });
+    cudaFree(dWrong);
+    bad = dispatchCalls;
+    bad[0].x.dtype = "f16";
+    refused("typed dispatch: x of the wrong dtype is refused", "x must be bf16",
+            [&] { buffer.dispatch(spec, epic::test::planDispatchVariant, bad); });
+    bad = dispatchCalls;
+    bad[0].x.shape[0] = Tmax + 1;
+    refused("typed dispatch: more tokens than the buffer's maximum are refused",
+            "num_max_tokens_per_rank",
+            [&] { buffer.dispatch(spec, epic::test::planDispatchVariant, bad); });
+    EPSpec otherWorld = spec;
+    otherWorld.ranks = R + 1, otherWorld.experts = 8 * (R + 1);
+    refused("typed dispatch: a spec of another world size is refused", "num_ranks",
+            [&] { buffer.dispatch(otherWorld, epic::test::planDispatchVariant, dispatchCalls); });
+  }
+
+  auto d1 = buffer.dispatch(spec, epic::test::planDispatchVariant, dispatchCalls);
   cuda(cudaDeviceSynchronize(), "dispatch");
   expect(d1.source != KernelCache::Source::compiled, "dispatch kernels came from the cache");
 
@@ -198,7 +250,7 @@ void runWorld(KernelProvider &provider, int R, const MakeBuffer &make, const cha
 
   // Combine the received rows straight back with two biases: token t of rank
   // s gets bf16(((0 + b0) + b1) + x + x + ...) with one x per owning rank.
-  auto c1 = buffer.run(epic::test::planCombine(R), combine);
+  auto c1 = buffer.combine(spec, epic::test::planCombineVariant, combineCalls);
   cuda(cudaDeviceSynchronize(), "combine");
   bool okX = true, okW = true;
   for (int s = 0; s < R; ++s) {

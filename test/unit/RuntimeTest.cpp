@@ -1,9 +1,11 @@
 //===- RuntimeTest.cpp - the runtime's models and kernel cache ------------===//
 //
-// Linked without MLIR/LLVM: the runtime must not need them.
+// Linked without MLIR/LLVM: the runtime must not need them. Models, kernel
+// cache and provider, and the host-side checks of dispatch/combine calls.
 //
 //===----------------------------------------------------------------------===//
 
+#include "epic/runtime/Calls.h"
 #include "epic/runtime/EntryIR.h"
 #include "epic/runtime/KernelCache.h"
 #include "epic/runtime/KernelProvider.h"
@@ -260,3 +262,176 @@ TEST_F(CacheTest, ProviderReportsCompilerErrors) {
 }
 
 } // namespace
+
+// --- Calls: every bad argument is refused on the host, by name -------------------
+
+namespace {
+
+/// Plausible device addresses: distinct, 256-byte aligned.
+uint64_t fakeAddress(int i) { return 0x7f0000000000ull + uint64_t(i) * 0x100000; }
+
+struct CallFixture {
+  EPSpec spec;
+  DispatchVariant dispatchVariant{/*weights=*/true, false, false, 64};
+  CombineVariant combineVariant{/*weights=*/true, /*biases=*/1};
+  DispatchCall dispatch;
+  CombineCall combine;
+  int64_t T = 100;
+
+  explicit CallFixture(bool fp8 = false, bool expanded = false) {
+    spec.ranks = 4, spec.experts = 32, spec.topk = 8, spec.hidden = 1024;
+    spec.maxTokensPerRank = 128, spec.expanded = expanded, spec.expertAlignment = expanded ? 64 : 1;
+    if (fp8)
+      spec.dtype = "f8E4M3FN", spec.scalePacks = 8;
+    const int64_t K = spec.topk, H = spec.hidden, L = 8, R = 4, rows = receiveRows(spec);
+    int n = 0;
+    auto t = [&](const char *dtype, std::vector<int64_t> shape) {
+      return DeviceTensor{fakeAddress(++n), dtype, std::move(shape)};
+    };
+    Handle h{t("i64", {T, K}), t("i32", {T, K}), t("i32", {R * 128, K + 2}), t("i32", {R}),
+             t("i32", {L}), t("i32", {L})};
+    dispatch.x = t(spec.dtype.c_str(), {T, H});
+    if (fp8) {
+      dispatch.scalePacks = t("f32", {T, 8});
+      dispatch.recvScalePacks = t("f32", {rows, 8});
+    }
+    dispatch.topkWeights = t("f32", {T, K});
+    dispatch.recvX = t(spec.dtype.c_str(), {rows, H});
+    if (!expanded)
+      dispatch.recvTopkIdx = t("i64", {rows, K});
+    dispatch.recvTopkWeights = expanded ? t("f32", {rows}) : t("f32", {rows, K});
+    dispatch.hostCounts = t("i32", {1 + L});
+    dispatch.handle = h;
+    combine.x = t("bf16", {rows, H});
+    combine.topkWeights = expanded ? t("f32", {rows}) : t("f32", {rows, K});
+    combine.bias0 = t("bf16", {T, H});
+    combine.combinedX = t("bf16", {T, H});
+    combine.combinedTopkWeights = t("f32", {T, K});
+    combine.handle = h;
+  }
+  std::string dispatchError() {
+    try {
+      dispatchRecord(spec, dispatchVariant, dispatch);
+    } catch (const std::invalid_argument &e) {
+      return e.what();
+    }
+    return "";
+  }
+  std::string combineError() {
+    try {
+      combineRecord(spec, combineVariant, combine);
+    } catch (const std::invalid_argument &e) {
+      return e.what();
+    }
+    return "";
+  }
+};
+
+} // namespace
+
+TEST(Calls, ReceiveRowsFollowTheLayout) {
+  CallFixture plain, expanded(false, true);
+  EXPECT_EQ(receiveRows(plain.spec), 4 * 128);
+  // 512 tokens x min(8 topk, 8 local experts) pairs + 63 padding rows per expert, rounded to 64.
+  EXPECT_EQ(receiveRows(expanded.spec), (512 * 8 + 63 * 8 + 63) / 64 * 64);
+}
+
+TEST(Calls, GoodCallsBecomeTheKernelsRecords) {
+  for (bool fp8 : {false, true})
+    for (bool expanded : {false, true}) {
+      CallFixture f(fp8, expanded);
+      EXPECT_EQ(f.dispatchError(), "") << "fp8=" << fp8 << " expanded=" << expanded;
+      EXPECT_EQ(f.combineError(), "") << "fp8=" << fp8 << " expanded=" << expanded;
+    }
+  CallFixture f;
+  ParamRecord r = dispatchRecord(f.spec, f.dispatchVariant, f.dispatch);
+  EXPECT_EQ(r.at("num_tokens"), 100u);
+  EXPECT_EQ(r.at("x"), f.dispatch.x.data);
+  EXPECT_EQ(r.at("topk_idx"), f.dispatch.handle.topkIdx.data);
+  EXPECT_EQ(r.at("dst_buffer_slot_idx"), f.dispatch.handle.dstBufferSlotIdx.data);
+  EXPECT_EQ(r.at("scale_packs"), 0u);
+  ParamRecord c = combineRecord(f.spec, f.combineVariant, f.combine);
+  EXPECT_EQ(c.at("num_tokens"), 100u);
+  EXPECT_EQ(c.at("bias0"), f.combine.bias0.data);
+  EXPECT_EQ(c.at("bias1"), 0u);
+}
+
+TEST(Calls, TooManyTokens) {
+  CallFixture f;
+  f.dispatch.x.shape[0] = 129;
+  EXPECT_NE(f.dispatchError().find("x has 129 tokens, more than num_max_tokens_per_rank (128)"),
+            std::string::npos) << f.dispatchError();
+}
+
+TEST(Calls, WrongDtypes) {
+  CallFixture f;
+  f.dispatch.x.dtype = "f32";
+  EXPECT_NE(f.dispatchError().find("x must be bf16, got f32"), std::string::npos)
+      << f.dispatchError();
+  CallFixture g;
+  g.dispatch.handle.topkIdx.dtype = "i32";
+  EXPECT_NE(g.dispatchError().find("handle.topk_idx must be i64, got i32"), std::string::npos)
+      << g.dispatchError();
+  CallFixture h;
+  h.combine.x.dtype = "f8E4M3FN";
+  EXPECT_NE(h.combineError().find("x must be bf16"), std::string::npos) << h.combineError();
+}
+
+TEST(Calls, BufferTooSmallAndWrongShapes) {
+  CallFixture f;
+  f.dispatch.recvX.shape[0] = 100;
+  EXPECT_NE(f.dispatchError().find("recv_x has 100 rows but the buffer can receive 512"),
+            std::string::npos) << f.dispatchError();
+  CallFixture g;
+  g.dispatch.topkWeights.shape = {100, 4};
+  EXPECT_NE(g.dispatchError().find("topk_weights must have shape f32[100, 8], got f32[100, 4]"),
+            std::string::npos) << g.dispatchError();
+  CallFixture h;
+  h.combine.combinedX.shape = {99, 1024};
+  EXPECT_NE(h.combineError().find("combined_x must have shape bf16[100, 1024]"),
+            std::string::npos) << h.combineError();
+}
+
+TEST(Calls, MissingAndUnexpectedArguments) {
+  CallFixture f;
+  f.dispatch.topkWeights = {};
+  EXPECT_NE(f.dispatchError().find("topk_weights is required"), std::string::npos);
+  CallFixture fp8(true);
+  fp8.dispatch.scalePacks = {};
+  EXPECT_NE(fp8.dispatchError().find("x_scale_packs is required"), std::string::npos);
+  CallFixture g;
+  g.dispatch.scalePacks = g.dispatch.topkWeights;
+  EXPECT_NE(g.dispatchError().find("x_scale_packs was given but x is bf16, not FP8"),
+            std::string::npos) << g.dispatchError();
+  CallFixture h;
+  h.combine.bias1 = h.combine.bias0;
+  EXPECT_NE(h.combineError().find("bias_1 was given"), std::string::npos) << h.combineError();
+  CallFixture e(false, true);
+  e.dispatch.recvTopkIdx = e.dispatch.hostCounts;
+  EXPECT_NE(e.dispatchError().find("the expanded layout receives no top-k ids"),
+            std::string::npos) << e.dispatchError();
+}
+
+TEST(Calls, MisalignedRows) {
+  CallFixture f;
+  f.dispatch.x.data += 8;
+  EXPECT_NE(f.dispatchError().find("x must be 16-byte aligned"), std::string::npos)
+      << f.dispatchError();
+}
+
+TEST(Calls, TopkIndicesOutOfRange) {
+  CallFixture f;
+  std::vector<int64_t> idx(size_t(3) * 8, -1);
+  idx[0] = 31;
+  EXPECT_NO_THROW(checkTopkIndices(f.spec, idx.data(), 3));
+  idx[2 * 8 + 5] = 32;
+  try {
+    checkTopkIndices(f.spec, idx.data(), 3);
+    FAIL() << "expert 32 of 32 accepted";
+  } catch (const std::invalid_argument &e) {
+    EXPECT_NE(std::string(e.what()).find("topk_idx[2][5] = 32 is out of range"), std::string::npos)
+        << e.what();
+  }
+  idx[2 * 8 + 5] = -2;
+  EXPECT_THROW(checkTopkIndices(f.spec, idx.data(), 3), std::invalid_argument);
+}

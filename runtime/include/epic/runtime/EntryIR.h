@@ -49,6 +49,10 @@ struct CombineVariant {
   int biases = 0; ///< 0, 1 or 2
 };
 
+/// The entry names the typed API (KernelHost::dispatch/combine) uses.
+inline constexpr const char *kDispatchEntryName = "ep_dispatch";
+inline constexpr const char *kCombineEntryName = "ep_combine";
+
 /// `func.func @<name>` holding one ep.dispatch (scale packs iff FP8).
 std::string dispatchEntryIR(const EPSpec &spec, const DispatchVariant &variant,
                             const std::string &name);

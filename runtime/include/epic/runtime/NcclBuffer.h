@@ -67,6 +67,7 @@ public:
   ~NcclElasticBuffer() override;
 
   const DeviceApiInfo &info() const { return apiInfo; }
+  int worldSize() const override { return apiInfo.worldSize; }
 
 private:
   void acquire(int blocksPerRank);

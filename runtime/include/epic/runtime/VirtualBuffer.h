@@ -11,6 +11,7 @@
 #ifndef EPIC_RUNTIME_VIRTUALBUFFER_H
 #define EPIC_RUNTIME_VIRTUALBUFFER_H
 
+#include "epic/runtime/Calls.h"
 #include "epic/runtime/KernelProvider.h"
 
 #include <cstdint>
@@ -26,9 +27,6 @@ struct CudaError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// One rank's parameter record: field name -> pointer or integer (the
-/// fields are the entry's `param_fields` in the metadata).
-using ParamRecord = std::map<std::string, uint64_t>;
 
 struct Loaded;
 
@@ -81,10 +79,31 @@ public:
   Run run(const std::string &entryIR, const std::vector<ParamRecord> &records,
           void *stream = nullptr);
 
+  /// The typed entry points (DeepEP's dispatch / cached dispatch /
+  /// combine): `calls[i]` is the i-th served rank's call. Checks every
+  /// argument against `spec` (Calls.h) and the world, gets the kernels of
+  /// `spec` and `variant` (compiled once, then cached), launches them on
+  /// `stream` and waits for it. With `checkRouting`, topk_idx is first read
+  /// back and range-checked (skipped while `stream` is being captured: a
+  /// graph cannot synchronize). For graphs, use prepareDispatch + launch.
+  Run dispatch(const EPSpec &spec, const DispatchVariant &variant,
+               const std::vector<DispatchCall> &calls, void *stream = nullptr,
+               bool checkRouting = true);
+  Run combine(const EPSpec &spec, const CombineVariant &variant,
+              const std::vector<CombineCall> &calls, void *stream = nullptr);
+  Prepared prepareDispatch(const EPSpec &spec, const DispatchVariant &variant,
+                           const std::vector<DispatchCall> &calls);
+  Prepared prepareCombine(const EPSpec &spec, const CombineVariant &variant,
+                          const std::vector<CombineCall> &calls);
+
   int64_t windowBytes() const { return bytesPerRank; }
   int blocks() const { return blocksPerRank; }
+  /// Ranks of the whole EP world (all of them are served in the virtual
+  /// world; one per process with NCCL).
+  virtual int worldSize() const { return servedRanks; }
 
 protected:
+  void checkWorld(const EPSpec &spec, size_t calls) const;
   KernelHost(KernelProvider &provider, int servedRanks, int64_t windowBytes, int blocksPerRank);
   Loaded &load(const std::string &entryIR, Run &run);
 

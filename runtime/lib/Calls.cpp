@@ -1,0 +1,217 @@
+//===- Calls.cpp - typed dispatch/combine arguments, validated ------------===//
+
+#include "epic/runtime/Calls.h"
+
+#include <algorithm>
+#include <sstream>
+#include <stdexcept>
+
+using namespace epic::runtime;
+
+namespace {
+
+std::string shapeText(const std::vector<int64_t> &shape) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    os << (i ? ", " : "") << (shape[i] < 0 ? std::string("?") : std::to_string(shape[i]));
+  os << "]";
+  return os.str();
+}
+
+/// One argument's expectations. A negative dimension is free; `minRows`
+/// bounds dimension 0 from below where it is a capacity, not a size.
+struct Expect {
+  const char *name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  int64_t minRows = -1;
+};
+
+void fail(const std::string &message) { throw std::invalid_argument(message); }
+
+/// Checks a tensor that must be given; 16-byte aligned when rows are moved
+/// with 16-byte vectors (`vectorized`).
+void check(const DeviceTensor &t, const Expect &e, bool vectorized = false) {
+  if (!t.given())
+    fail(std::string(e.name) + " is required here but was not given (a null pointer)");
+  if (t.dtype != e.dtype)
+    fail(std::string(e.name) + " must be " + e.dtype + ", got " + t.dtype +
+         (e.dtype != "i32" && e.dtype != "i64" && e.dtype != "f32"
+              ? " (the buffer was configured for " + e.dtype + ")"
+              : ""));
+  bool ok = t.shape.size() == e.shape.size();
+  for (size_t i = 0; ok && i < e.shape.size(); ++i)
+    ok = e.shape[i] < 0 ? t.shape[i] >= 0 : t.shape[i] == e.shape[i];
+  if (!ok)
+    fail(std::string(e.name) + " must have shape " + e.dtype + shapeText(e.shape) + ", got " +
+         t.describe());
+  if (e.minRows >= 0 && t.shape[0] < e.minRows)
+    fail(std::string(e.name) + " has " + std::to_string(t.shape[0]) + " rows but the buffer can receive " +
+         std::to_string(e.minRows) + " (receive buffers are sized for the worst case)");
+  if (vectorized && t.data % 16)
+    fail(std::string(e.name) + " must be 16-byte aligned (rows move as 16-byte vectors)");
+  if (t.data % 4)
+    fail(std::string(e.name) + " must be 4-byte aligned");
+}
+
+void forbid(const DeviceTensor &t, const char *name, const std::string &why) {
+  if (t.given())
+    fail(std::string(name) + " was given but " + why);
+}
+
+void checkHandle(const EPSpec &s, const Handle &h, int64_t tokens) {
+  const int64_t R = s.ranks, L = s.experts / s.ranks, K = s.topk;
+  check(h.topkIdx, {"handle.topk_idx", "i64", {tokens, K}});
+  check(h.dstBufferSlotIdx, {"handle.dst_buffer_slot_idx", "i32", {tokens, K}});
+  check(h.recvSrcMetadata,
+        {"handle.recv_src_metadata", "i32", {R * s.maxTokensPerRank, K + 2}});
+  check(h.psumNumRecvTokensPerRank, {"handle.psum_num_recv_tokens_per_rank", "i32", {R}});
+  check(h.numRecvTokensPerExpert, {"handle.num_recv_tokens_per_expert", "i32", {L}});
+  check(h.psumNumRecvTokensPerExpert, {"handle.psum_num_recv_tokens_per_expert", "i32", {L}});
+}
+
+void putHandle(ParamRecord &r, const Handle &h) {
+  r["topk_idx"] = h.topkIdx.data;
+  r["recv_src_metadata"] = h.recvSrcMetadata.data;
+  r["psum_num_recv_tokens_per_rank"] = h.psumNumRecvTokensPerRank.data;
+}
+
+} // namespace
+
+std::string DeviceTensor::describe() const { return dtype + shapeText(shape); }
+
+int64_t epic::runtime::receiveRows(const EPSpec &s) {
+  const int64_t rows = int64_t(s.ranks) * s.maxTokensPerRank;
+  if (!s.expanded)
+    return rows;
+  const int64_t L = s.experts / s.ranks, A = s.expertAlignment;
+  const int64_t pairs = rows * std::min<int64_t>(s.topk, L) + (A - 1) * L;
+  return (pairs + A - 1) / A * A;
+}
+
+ParamRecord epic::runtime::dispatchRecord(const EPSpec &s, const DispatchVariant &v,
+                                          const DispatchCall &c) {
+  s.validate();
+  const int64_t H = s.hidden, K = s.topk, S = s.scalePacks, L = s.experts / s.ranks;
+  if (!c.x.given() || c.x.shape.size() != 2)
+    fail("x must be a [num_tokens, " + std::to_string(H) + "] tensor, got " +
+         (c.x.given() ? c.x.describe() : std::string("nothing")));
+  const int64_t T = c.x.shape[0];
+  if (T > s.maxTokensPerRank)
+    fail("x has " + std::to_string(T) + " tokens, more than num_max_tokens_per_rank (" +
+         std::to_string(s.maxTokensPerRank) + ") the buffer was sized for");
+  check(c.x, {"x", s.dtype, {T, H}}, true);
+  if (v.topkIdxBits != 64)
+    fail("the typed API takes topk_idx as int64 (DeepEP's topk_idx_t)");
+  checkHandle(s, c.handle, T);
+  if (s.isFP8()) {
+    check(c.scalePacks, {"x_scale_packs", "f32", {T, S}});
+  } else {
+    forbid(c.scalePacks, "x_scale_packs", "x is " + s.dtype + ", not FP8");
+  }
+  if (v.cached)
+    forbid(c.topkWeights, "topk_weights", "a cached dispatch sends no weights");
+  else if (v.weights)
+    check(c.topkWeights, {"topk_weights", "f32", {T, K}});
+  else
+    forbid(c.topkWeights, "topk_weights", "the dispatch was asked for without weights");
+
+  const int64_t rows = receiveRows(s);
+  check(c.recvX, {"recv_x", s.dtype, {-1, H}, rows}, true);
+  if (s.isFP8())
+    check(c.recvScalePacks, {"recv_x_scale_packs", "f32", {-1, S}, rows});
+  else
+    forbid(c.recvScalePacks, "recv_x_scale_packs", "x is not FP8");
+  if (!s.expanded)
+    check(c.recvTopkIdx, {"recv_topk_idx", "i64", {-1, K}, rows});
+  else
+    forbid(c.recvTopkIdx, "recv_topk_idx", "the expanded layout receives no top-k ids");
+  if (v.weights && !v.cached) {
+    if (s.expanded)
+      check(c.recvTopkWeights, {"recv_topk_weights", "f32", {-1}, rows});
+    else
+      check(c.recvTopkWeights, {"recv_topk_weights", "f32", {-1, K}, rows});
+  } else {
+    forbid(c.recvTopkWeights, "recv_topk_weights", "no weights are dispatched");
+  }
+  check(c.hostCounts, {"host_counts", "i32", {1 + L}});
+
+  ParamRecord r;
+  putHandle(r, c.handle);
+  r["x"] = c.x.data;
+  r["scale_packs"] = c.scalePacks.data;
+  r["topk_weights"] = c.topkWeights.data;
+  r["recv_x"] = c.recvX.data;
+  r["recv_scale_packs"] = c.recvScalePacks.data;
+  r["recv_topk_idx"] = c.recvTopkIdx.data;
+  r["recv_topk_weights"] = c.recvTopkWeights.data;
+  r["num_recv_tokens_per_expert"] = c.handle.numRecvTokensPerExpert.data;
+  r["psum_num_recv_tokens_per_expert"] = c.handle.psumNumRecvTokensPerExpert.data;
+  r["host_counts"] = c.hostCounts.data;
+  r["num_tokens"] = uint64_t(T);
+  r["dst_buffer_slot_idx"] = c.handle.dstBufferSlotIdx.data;
+  return r;
+}
+
+ParamRecord epic::runtime::combineRecord(const EPSpec &s, const CombineVariant &v,
+                                         const CombineCall &c) {
+  s.validate();
+  if (v.biases < 0 || v.biases > 2)
+    fail("combine takes 0, 1 or 2 biases, got " + std::to_string(v.biases));
+  const int64_t H = s.hidden, K = s.topk;
+  if (!c.handle.topkIdx.given() || c.handle.topkIdx.shape.size() != 2)
+    fail("handle.topk_idx must be the [num_tokens, " + std::to_string(K) +
+         "] routing of the dispatch");
+  const int64_t T = c.handle.topkIdx.shape[0];
+  if (T > s.maxTokensPerRank)
+    fail("the handle has " + std::to_string(T) + " tokens, more than num_max_tokens_per_rank (" +
+         std::to_string(s.maxTokensPerRank) + ")");
+  checkHandle(s, c.handle, T);
+  const int64_t rows = receiveRows(s);
+  check(c.x, {"x", "bf16", {-1, H}}, true);
+  if (c.x.shape[0] > rows)
+    fail("x has " + std::to_string(c.x.shape[0]) + " rows, more than a dispatch can receive (" +
+         std::to_string(rows) + ")");
+  if (v.weights) {
+    if (s.expanded)
+      check(c.topkWeights, {"topk_weights", "f32", {c.x.shape[0]}});
+    else
+      check(c.topkWeights, {"topk_weights", "f32", {c.x.shape[0], K}});
+    check(c.combinedTopkWeights, {"combined_topk_weights", "f32", {T, K}});
+  } else {
+    forbid(c.topkWeights, "topk_weights", "the combine was asked for without weights");
+    forbid(c.combinedTopkWeights, "combined_topk_weights", "no weights are combined");
+  }
+  if (v.biases >= 1)
+    check(c.bias0, {"bias_0", "bf16", {T, H}}, true);
+  else
+    forbid(c.bias0, "bias_0", "the combine was asked for without biases");
+  if (v.biases == 2)
+    check(c.bias1, {"bias_1", "bf16", {T, H}}, true);
+  else
+    forbid(c.bias1, "bias_1", "the combine was asked for with fewer than two biases");
+  check(c.combinedX, {"combined_x", "bf16", {T, H}}, true);
+
+  ParamRecord r;
+  putHandle(r, c.handle);
+  r["x"] = c.x.data;
+  r["topk_weights"] = c.topkWeights.data;
+  r["bias0"] = c.bias0.data;
+  r["bias1"] = c.bias1.data;
+  r["combined_x"] = c.combinedX.data;
+  r["combined_topk_weights"] = c.combinedTopkWeights.data;
+  r["num_tokens"] = uint64_t(T);
+  return r;
+}
+
+void epic::runtime::checkTopkIndices(const EPSpec &s, const int64_t *idx, int64_t tokens) {
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int j = 0; j < s.topk; ++j) {
+      int64_t e = idx[t * s.topk + j];
+      if (e < -1 || e >= s.experts)
+        fail("topk_idx[" + std::to_string(t) + "][" + std::to_string(j) + "] = " +
+             std::to_string(e) + " is out of range: expert ids are in [0, " +
+             std::to_string(s.experts) + "), -1 masks a slot");
+    }
+}
