@@ -1,17 +1,17 @@
-"""GPU check of ep-expand on one GPU: 8 virtual ranks, against epic.reference.
+"""GPU check of ep-expand on one GPU: R virtual ranks, against epic.reference.
 
 Runs the kernels that epic-compile made from test/gpu/ep_kernels.mlir
 (virtual backend) through CuPy: dispatch and combine, BF16 (weights, two
-biases) and FP8 (float32 scale packs, weights), the expanded layout (128-row
-alignment, zero padding) and its combine, and cached dispatches of both
-layouts, with uneven token counts, masked top-k slots and tokens routed
-nowhere. Dispatch must match the reference as
+biases, then one) and FP8 (float32 scale packs, weights, no bias), the
+expanded layout (128-row alignment with zero padding, and alignment 1) and
+its combine, and cached dispatches of every layout, with token counts at and
+below the maximum, masked top-k slots and tokens routed nowhere. Dispatch must match the reference as
 sets (the order inside a source rank's group is the order of slot atomics):
 after sorting by source id every row, pack, id, weight and metadata entry is
 bitwise equal, and the counts and prefix sums are exact. Combine must be
 bitwise equal to the reference's fixed-order fp32 sum.
 
-    python3 test/gpu/ep_virtual.py <kernels.cubin> <kernels.json>
+    python3 test/gpu/ep_virtual.py <kernels.cubin> <kernels.json> [ranks (default 8)]
 """
 import json
 import sys
@@ -89,6 +89,11 @@ def launch(module, name, world, params, blocks_per_rank):
     cp.cuda.runtime.deviceSynchronize()
 
 
+def token_counts(step):
+    """Rank 1 at num_max_tokens_per_rank, every other rank below it."""
+    return [TMAX if r == 1 else TMAX - step * (r + 1) for r in range(R)]
+
+
 def make_routing(rng, tokens):
     scores = rng.random((tokens, E))
     idx = np.argsort(-scores, axis=1)[:, :K].astype(np.int64)
@@ -102,7 +107,7 @@ def run(module, entries, fp8, blocks_per_rank, seed):
     print(f"{name}: {R} virtual ranks x {blocks_per_rank} blocks x {THREADS} threads, "
           f"E={E} K={K} H={H} Tmax={TMAX}")
     rng = np.random.default_rng(seed)
-    tokens = [TMAX - 37 * r for r in range(R)]
+    tokens = token_counts(37)
     idxs = [make_routing(rng, t) for t in tokens]
     ws = [rng.standard_normal((t, K)).astype(np.float32) for t in tokens]
     if fp8:
@@ -196,6 +201,16 @@ def run(module, entries, fp8, blocks_per_rank, seed):
     check(ok_w, "combine: combined_topk_weights equal the original weights")
     check(all(bits_equal(want[r].combined_topk_weights, np.where(idxs[r] >= 0, ws[r], 0)) for r in range(R)),
           "combine: (reference) weights round-trip to the dispatch's weights")
+    if biases:  # the same rows back with one bias
+        want1 = ref.combine(ys, results, topk_weights=back, bias=[(b[0],) for b in biases])
+        b1_entry = entries["combine_bf16_b1"]
+        for a in cdev:
+            a.pop("bias1")
+            a["combined_x"].fill(0x7FC1)
+        launch(module, b1_entry["kernels"][0], world, params_table(b1_entry["param_fields"], cdev), blocks_per_rank)
+        launch(module, b1_entry["kernels"][1], world, params_table(b1_entry["param_fields"], cdev), blocks_per_rank)
+        check(all(bits_equal(cp.asnumpy(cdev[r]["combined_x"]).view(ml_dtypes.bfloat16), want1[r].combined_x)
+                  for r in range(R)), "combine with one bias: bitwise equal to the reference")
     # Counters must be back to zero for the next call: run the same dispatch again.
     launch(module, d_entry["kernels"][0], world, params, blocks_per_rank)
     launch(module, d_entry["kernels"][1], world, params, blocks_per_rank)
@@ -206,11 +221,13 @@ def run(module, entries, fp8, blocks_per_rank, seed):
                    blocks_per_rank, rng, expand=False)
 
 
-def run_cached(module, entry, world, dev, first, idxs, tokens, blocks_per_rank, rng, expand):
+def run_cached(module, entry, world, dev, first, idxs, tokens, blocks_per_rank, rng, expand,
+               zero_padding=None):
     """Cached dispatch of new data with the handle of `first`: same rows, no count exchange."""
     xs = [rng.standard_normal((t, H)).astype(ml_dtypes.bfloat16) for t in tokens]
     want = ref.dispatch(xs, idxs, num_experts=E, num_max_tokens_per_rank=TMAX,
-                        expert_alignment=first[0].expert_alignment, expand=expand, zero_padding=expand)
+                        expert_alignment=first[0].expert_alignment, expand=expand,
+                        zero_padding=expand if zero_padding is None else zero_padding)
     cached = []
     for r in range(R):
         rows = first[r].recv_x.shape[0]
@@ -239,17 +256,17 @@ def run_cached(module, entry, world, dev, first, idxs, tokens, blocks_per_rank, 
     check(ok, f"cached {'expanded ' if expand else ''}dispatch: new rows land where the handle says")
 
 
-def run_expanded(module, entries, blocks_per_rank, seed):
-    A = 128
-    print(f"expanded: {R} virtual ranks x {blocks_per_rank} blocks, alignment {A}, zero padding")
+def run_expanded(module, entries, blocks_per_rank, seed, A=128, zero_padding=True, suffix=""):
+    print(f"expanded: {R} virtual ranks x {blocks_per_rank} blocks, alignment {A}"
+          f"{', zero padding' if zero_padding else ''}")
     rng = np.random.default_rng(seed)
-    tokens = [TMAX - 29 * r for r in range(R)]
+    tokens = token_counts(29)
     idxs = [make_routing(rng, t) for t in tokens]
     ws = [rng.standard_normal((t, K)).astype(np.float32) for t in tokens]
     xs = [rng.standard_normal((t, H)).astype(ml_dtypes.bfloat16) for t in tokens]
     expected = ref.dispatch(xs, idxs, ws, num_experts=E, num_max_tokens_per_rank=TMAX,
-                            expert_alignment=A, expand=True, zero_padding=True)
-    d_entry, c_entry = entries["dispatch_exp"], entries["combine_exp"]
+                            expert_alignment=A, expand=True, zero_padding=zero_padding)
+    d_entry, c_entry = entries[f"dispatch_exp{suffix}"], entries[f"combine_exp{suffix}"]
     world = VirtualWorld(max(d_entry["window_bytes"], c_entry["window_bytes"]))
     max_rows = -(-(R * TMAX * min(K, L) + (A - 1) * L) // A) * A
     dev = []
@@ -304,17 +321,22 @@ def run_expanded(module, entries, blocks_per_rank, seed):
               for r in range(R)), "expanded combine: per-rank fp32 sums, then the origin's, bitwise")
     check(all(bits_equal(cp.asnumpy(cdev[r]["combined_topk_weights"]), want[r].combined_topk_weights)
               for r in range(R)), "expanded combine: combined_topk_weights")
-    run_cached(module, entries["dispatch_exp_cached"], world, dev, results, idxs, tokens,
-               blocks_per_rank, rng, expand=True)
+    run_cached(module, entries[f"dispatch_exp{suffix}_cached"], world, dev, results, idxs, tokens,
+               blocks_per_rank, rng, expand=True, zero_padding=zero_padding)
 
 
 def main():
+    global R, E, L
     cubin, meta = sys.argv[1], sys.argv[2]
+    if len(sys.argv) > 3:  # the kernels compiled for another world size, 8 experts per rank
+        R = int(sys.argv[3])
+        E, L = 8 * R, 8
     entries = {e["name"]: e for e in json.load(open(meta))["entries"]}
     module = cp.RawModule(path=cubin)
     run(module, entries, fp8=False, blocks_per_rank=4, seed=1)
     run(module, entries, fp8=True, blocks_per_rank=3, seed=2)
     run_expanded(module, entries, blocks_per_rank=4, seed=3)
+    run_expanded(module, entries, blocks_per_rank=4, seed=4, A=1, zero_padding=False, suffix="1")
     print("ep virtual:", "passed" if failures == 0 else f"FAILED ({failures})")
     return 1 if failures else 0
 

@@ -13,6 +13,13 @@ for backend in virtual nccl; do
   "$build/bin/epic-compile" test/gpu/comm_kernels.mlir --backend=$backend -o "$out/kernels/comm_$backend"
 done
 "$build/bin/epic-compile" test/gpu/ep_kernels.mlir --backend=virtual -o "$out/kernels/ep_virtual"
+# The same entries for worlds of 1, 2 and 4 ranks (8 experts per rank).
+for ranks in 1 2 4; do
+  sed "s/ranks = 8, experts = 64/ranks = $ranks, experts = $((8 * ranks))/" test/gpu/ep_kernels.mlir \
+    > "$out/kernels/ep_kernels_r$ranks.mlir"
+  "$build/bin/epic-compile" "$out/kernels/ep_kernels_r$ranks.mlir" --backend=virtual \
+    -o "$out/kernels/ep_virtual_r$ranks"
+done
 "$build/bin/epic-compile" test/gpu/ep_nccl.mlir --backend=nccl -o "$out/kernels/ep_nccl"
 "$build/bin/epic-compile" test/Pipelines/ep-v3-to-ptx.mlir --backend=virtual -o "$out/kernels/ep_v3_virtual"
 # The kernel cache of the runtime's GPU test (the GPU machine has no compiler).

@@ -36,7 +36,10 @@ run /tmp/epic-gpu/comm_smoke nccl "$dev/kernels/comm_nccl.cubin"
 run /tmp/epic-gpu/comm_smoke virtual-timeout "$dev/kernels/comm_virtual.cubin"
 run /tmp/epic-gpu/comm_smoke ep-nccl "$dev/kernels/ep_nccl.cubin" "$dev/kernels/ep_nccl.json"
 EPIC_CACHE_DIR="$dev/cache" EPIC_DEBUG=1 run /tmp/epic-gpu/runtime/bin/epic-runtime-gpu-test
-run python3 test/gpu/ep_virtual.py "$dev/kernels/ep_virtual.cubin" "$dev/kernels/ep_virtual.json"
+for ranks in 1 2 4; do
+  run python3 test/gpu/ep_virtual.py "$dev/kernels/ep_virtual_r$ranks.cubin" "$dev/kernels/ep_virtual_r$ranks.json" $ranks
+done
+run python3 test/gpu/ep_virtual.py "$dev/kernels/ep_virtual.cubin" "$dev/kernels/ep_virtual.json" 8
 echo "GPU tests: $([[ $status -eq 0 ]] && echo passed || echo FAILED)"
 if [[ "${EPIC_BENCH:-0}" == 1 ]]; then
   echo "== bench: bench/ep_virtual_quick.py"
