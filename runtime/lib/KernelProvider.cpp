@@ -16,14 +16,15 @@
 using namespace epic::runtime;
 namespace fs = std::filesystem;
 
-#ifndef EPIC_SHIM_SOURCE_HASH
-#error "the build defines EPIC_SHIM_SOURCE_HASH"
+#include "KernelSourceHash.h" // generated: EPIC_KERNEL_SOURCE_HASH
+#ifndef EPIC_KERNEL_SOURCE_HASH
+#error "the build generates EPIC_KERNEL_SOURCE_HASH"
 #endif
 #ifndef EPIC_NCCL_VERSION_STRING
 #error "the build defines EPIC_NCCL_VERSION_STRING"
 #endif
 
-std::string epic::runtime::shimHash() { return EPIC_SHIM_SOURCE_HASH; }
+std::string epic::runtime::shimHash() { return EPIC_KERNEL_SOURCE_HASH; }
 std::string epic::runtime::ncclVersion() { return EPIC_NCCL_VERSION_STRING; }
 
 namespace {

@@ -42,11 +42,23 @@ ncclDevCommRequirements requirements(int lsaBarriers, int ginSignals) {
 }
 } // namespace
 
+static const char *ginTypeName(int type) {
+  switch (type) {
+  case 0: return "none";
+  case 2: return "proxy";
+  case 3: return "GDAKI";
+  case 4: return "GPI";
+  case 5: return "EFA";
+  default: return "unknown";
+  }
+}
+
 std::string DeviceApiInfo::describe() const {
   std::ostringstream os;
   os << "NCCL " << version / 10000 << "." << version / 100 % 100 << "." << version % 100
      << ", rank " << rank << " of " << worldSize << ", LSA team " << lsaRank << " of "
-     << lsaSize << ", GIN " << (gin ? "available" : "not available");
+     << lsaSize << ", GIN "
+     << (gin ? std::string("available (") + ginTypeName(ginType) + ")" : std::string("not available"));
   return os.str();
 }
 
@@ -92,6 +104,38 @@ Communicator::~Communicator() {
     ncclCommDestroy(comm);
 }
 
+const DeviceApiInfo &Communicator::deviceApi() {
+  if (queried)
+    return api;
+  api.version = NCCL_VERSION_CODE;
+  api.worldSize = ncclTeamWorld(comm).nRanks;
+  api.rank = ncclTeamWorld(comm).rank;
+  api.lsaSize = ncclTeamLsa(comm).nRanks;
+  api.lsaRank = ncclTeamLsa(comm).rank;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 0)
+  ncclCommProperties props = NCCL_COMM_PROPERTIES_INITIALIZER;
+  check(ncclCommQueryProperties(comm, &props), "ncclCommQueryProperties");
+  if (!props.deviceApiSupport)
+    throw NcclError("this communicator does not support the NCCL device API (" + api.describe() + ")");
+  api.ginType = int(props.ginType);
+#else
+  // 2.28 has no query: ask for a device communicator with one GIN signal and
+  // read the type NCCL chose (it fails, with a WARN, where there is no GIN).
+  if (api.worldSize > 1) {
+    ncclDevCommRequirements reqs = requirements(/*lsaBarriers=*/0, /*ginSignals=*/1);
+    reqs.ginContextCount = 1;
+    ncclDevComm probe;
+    if (ncclDevCommCreate(comm, &reqs, &probe) == ncclSuccess) {
+      api.ginType = probe.ginContextCount ? int(probe.ginTypes[0]) : 0;
+      check(ncclDevCommDestroy(comm, &probe), "ncclDevCommDestroy(GIN probe)");
+    }
+  }
+#endif
+  api.gin = api.ginType != 0;
+  queried = true;
+  return api;
+}
+
 int Communicator::worldSize() const {
   int n = 0;
   check(ncclCommCount(comm, &n), "ncclCommCount");
@@ -120,6 +164,11 @@ NcclElasticBuffer::NcclElasticBuffer(Communicator &comm, int64_t windowBytes,
 
 void NcclElasticBuffer::acquire(int blocksPerRank) {
   ncclComm_t c = comm.get();
+  apiInfo = comm.deviceApi();
+  if (apiInfo.lsaSize != apiInfo.worldSize)
+    throw NcclError("the ep kernels reach every peer over NVLink (LSA), but only " +
+                    std::to_string(apiInfo.lsaSize) + " of " + std::to_string(apiInfo.worldSize) +
+                    " ranks are in this rank's LSA team (multi-node needs the hybrid mode)");
   check(ncclMemAlloc(&memory, size_t(bytesPerRank)), "ncclMemAlloc(window)");
   check(cudaMemset(memory, 0, size_t(bytesPerRank)), "cudaMemset(window)");
   ncclWindow_t w;
@@ -133,16 +182,6 @@ void NcclElasticBuffer::acquire(int blocksPerRank) {
   ncclDevCommRequirements reqs = requirements(/*lsaBarriers=*/std::max(blocksPerRank, 64), 0);
   check(ncclDevCommCreate(c, &reqs, dev), "ncclDevCommCreate");
   devCommCreated = true;
-  apiInfo.version = NCCL_VERSION_CODE;
-  apiInfo.worldSize = ncclTeamWorld(c).nRanks;
-  apiInfo.rank = ncclTeamWorld(c).rank;
-  apiInfo.lsaSize = ncclTeamLsa(c).nRanks;
-  apiInfo.lsaRank = ncclTeamLsa(c).rank;
-  apiInfo.gin = false;
-  if (apiInfo.lsaSize != apiInfo.worldSize)
-    throw NcclError("the ep kernels reach every peer over NVLink (LSA), but only " +
-                    std::to_string(apiInfo.lsaSize) + " of " + std::to_string(apiInfo.worldSize) +
-                    " ranks are in this rank's LSA team (multi-node needs the hybrid mode)");
   check(cudaMalloc(&commArgument, sizeof(ncclDevComm)), "cudaMalloc(device communicator)");
   check(cudaMemcpy(commArgument, dev, sizeof(ncclDevComm), cudaMemcpyHostToDevice),
         "cudaMemcpy(device communicator)");

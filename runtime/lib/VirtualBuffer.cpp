@@ -41,6 +41,8 @@ struct Loaded {
   int threads = 256;
   int maxBlocksPerRank = 0;
   int64_t paramStride = 0;
+  bool cooperative = false;   ///< the blocks wait for each other
+  int dynamicSharedBytes = 0; ///< above 48 KiB needs an opt-in per function
 };
 } // namespace epic::runtime
 
@@ -127,16 +129,32 @@ Loaded &KernelHost::load(const std::string &entryIR, Run &run) {
   loaded->threads = int(entry.at("threads").integer());
   loaded->maxBlocksPerRank = int(entry.at("max_blocks_per_rank").integer());
   loaded->paramStride = entry.at("param_stride").integer();
+  // Optional launch attributes of the metadata.
+  if (entry.object.count("cooperative"))
+    loaded->cooperative = entry.at("cooperative").integer() != 0;
+  if (entry.object.count("dynamic_shared_bytes"))
+    loaded->dynamicSharedBytes = int(entry.at("dynamic_shared_bytes").integer());
   if (loaded->paramStride != kParamStride)
     throw std::runtime_error("kernels " + result.key + ": parameter records of " +
                              std::to_string(loaded->paramStride) + " bytes, the runtime writes " +
                              std::to_string(kParamStride));
   check(cuModuleLoadData(&loaded->module, result.module->cubin.data()), "cuModuleLoadData");
-  for (const std::string &name : loaded->kernelNames) {
-    CUfunction f;
-    check(cuModuleGetFunction(&f, loaded->module, name.c_str()),
-          ("cuModuleGetFunction(" + name + ")").c_str());
-    loaded->kernels.push_back(f);
+  try {
+    for (const std::string &name : loaded->kernelNames) {
+      CUfunction f;
+      check(cuModuleGetFunction(&f, loaded->module, name.c_str()),
+            ("cuModuleGetFunction(" + name + ")").c_str());
+      if (loaded->dynamicSharedBytes > 48 * 1024)
+        check(cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                 loaded->dynamicSharedBytes),
+              ("allowing " + std::to_string(loaded->dynamicSharedBytes) +
+               " bytes of dynamic shared memory for " + name)
+                  .c_str());
+      loaded->kernels.push_back(f);
+    }
+  } catch (...) {
+    cuModuleUnload(loaded->module);
+    throw;
   }
   Loaded *raw = loaded.release();
   modules[result.key] = raw;
@@ -186,7 +204,8 @@ KernelHost::prepare(const std::string &entryIR, const std::vector<ParamRecord> &
         "cudaDeviceGetAttribute");
   for (size_t i = 0; i < k.kernels.size(); ++i) {
     int perSm = 0;
-    check(cuOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, k.kernels[i], k.threads, 0),
+    check(cuOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, k.kernels[i], k.threads,
+                                                      size_t(k.dynamicSharedBytes)),
           "cuOccupancyMaxActiveBlocksPerMultiprocessor");
     if (int64_t(perSm) * sms < int64_t(servedRanks) * blocksPerRank)
       throw std::invalid_argument(
@@ -211,17 +230,43 @@ KernelHost::prepare(const std::string &entryIR, const std::vector<ParamRecord> &
 }
 
 void KernelHost::launch(const Prepared &prepared, void *stream) {
+  launch(prepared, stream, LaunchOptions{});
+}
+
+void *KernelHost::launch(const Prepared &prepared, void *stream, const LaunchOptions &options) {
   if (!prepared.kernels || !prepared.params)
     throw std::invalid_argument("launch() of an empty or moved-from prepared entry");
+  auto cudaStream = static_cast<cudaStream_t>(stream);
+  if (options.previousEvent)
+    check(cudaStreamWaitEvent(cudaStream, static_cast<cudaEvent_t>(options.previousEvent), 0),
+          "waiting for previous_event");
   const Loaded &k = *prepared.kernels;
   void *params = prepared.params;
   void *comm = commArgument, *window = windowArgument;
   void *args[] = {&comm, &window, &params};
+  CUlaunchAttribute attributes[1];
+  CUlaunchConfig config{};
+  config.gridDimX = unsigned(servedRanks * blocksPerRank), config.gridDimY = 1, config.gridDimZ = 1;
+  config.blockDimX = unsigned(k.threads), config.blockDimY = 1, config.blockDimZ = 1;
+  config.sharedMemBytes = unsigned(k.dynamicSharedBytes);
+  config.hStream = static_cast<CUstream>(stream);
+  config.attrs = attributes;
+  if (k.cooperative) {
+    attributes[config.numAttrs].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attributes[config.numAttrs++].value.cooperative = 1;
+  }
   for (size_t i = 0; i < k.kernels.size(); ++i)
-    check(cuLaunchKernel(k.kernels[i], unsigned(servedRanks * blocksPerRank), 1, 1,
-                         unsigned(k.threads), 1, 1, 0, static_cast<CUstream>(stream), args,
-                         nullptr),
+    check(cuLaunchKernelEx(&config, k.kernels[i], args, nullptr),
           ("launching " + k.kernelNames[i]).c_str());
+  if (!options.recordEvent)
+    return nullptr;
+  cudaEvent_t done;
+  check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+  if (cudaError_t e = cudaEventRecord(done, cudaStream); e != cudaSuccess) {
+    cudaEventDestroy(done);
+    check(e, "cudaEventRecord");
+  }
+  return done;
 }
 
 void KernelHost::checkWorld(const EPSpec &spec, size_t calls) const {

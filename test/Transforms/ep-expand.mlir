@@ -55,6 +55,7 @@
 // CHECK: arith.remsi %{{.*}}, %c8_i32
 // --- the launch function replaces the entry function ---
 // CHECK: func.func @dispatch(%{{.*}}: !comm.dev_comm, %{{.*}}: !comm.window, %{{.*}}: !llvm.ptr<1>, %[[GRID:.*]]: index)
+// CHECK-SAME: epic.cooperative = 1
 // CHECK-SAME: epic.entry = "dispatch"
 // CHECK-SAME: epic.kernels = ["dispatch_send", "dispatch_copy"]
 // CHECK-SAME: epic.max_blocks_per_rank = 1024

@@ -310,6 +310,32 @@ void runWorld(KernelProvider &provider, int R, const MakeBuffer &make, const cha
     expect(same, "CUDA graph: dispatch + combine captured once, 3 replays bitwise equal");
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
+
+    // Overlap: the comm stream waits for the compute stream's event (which
+    // follows the poisoning of the outputs); the compute stream waits for
+    // the event the combine returns, then reads the outputs.
+    cudaStream_t compute;
+    cuda(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), "cudaStreamCreate");
+    cudaEvent_t ready;
+    cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
+    for (int s = 0; s < R; ++s)
+      cuda(cudaMemsetAsync(dev[s].out, 0xff, size_t(tokens[s]) * H * 2, compute), "cudaMemsetAsync");
+    cuda(cudaEventRecord(ready, compute), "cudaEventRecord");
+    buffer.launch(d, stream, {/*previousEvent=*/ready, /*recordEvent=*/false});
+    void *done = buffer.launch(c, stream, {nullptr, /*recordEvent=*/true});
+    cuda(cudaStreamWaitEvent(compute, static_cast<cudaEvent_t>(done), 0), "cudaStreamWaitEvent");
+    std::vector<std::vector<uint16_t>> overlapped(R);
+    for (int s = 0; s < R; ++s) {
+      overlapped[s].resize(size_t(tokens[s]) * H);
+      cuda(cudaMemcpyAsync(overlapped[s].data(), dev[s].out, overlapped[s].size() * 2,
+                           cudaMemcpyDeviceToHost, compute), "cudaMemcpyAsync");
+    }
+    cuda(cudaStreamSynchronize(compute), "cudaStreamSynchronize");
+    expect(overlapped == reference,
+           "events: previous_event, returned event, compute stream reads the combine's output");
+    cudaEventDestroy(static_cast<cudaEvent_t>(done));
+    cudaEventDestroy(ready);
+    cudaStreamDestroy(compute);
     cudaStreamDestroy(stream);
   }
 

@@ -25,7 +25,9 @@ def EPExpand : Pass<"ep-expand", "::mlir::ModuleOp"> {
     per-rank parameter records (`comm.rank_params`): each record is 8-byte
     fields named by the launch function's `epic.param_fields`; the window's
     layout (`epic.window_bytes`) is fixed by the configuration. The same
-    kernels serve both backends of `convert-comm-to-nvvm`.
+    kernels serve both backends of `convert-comm-to-nvvm`. `epic.cooperative
+    = 1` asks the runtime for a cooperative launch: the blocks of one launch
+    wait for each other, so all of them must be resident at once.
 
     **Entry barriers** (every send kernel starts with one, so remote buffers
     are free): block b of each rank meets block b of every other rank through

@@ -953,6 +953,9 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
   launch->setAttr("epic.param_stride", builder.getI64IntegerAttr(kParamsStride));
   launch->setAttr("epic.window_bytes", builder.getI64IntegerAttr(layout.windowBytes));
   launch->setAttr("epic.max_blocks_per_rank", builder.getI64IntegerAttr(kMaxBlocksPerRank));
+  // The blocks of a launch wait for each other (entry barriers, the count
+  // exchange): the runtime must launch them cooperatively (all resident).
+  launch->setAttr("epic.cooperative", builder.getI64IntegerAttr(1));
   func.erase();
   return success();
 }

@@ -26,8 +26,8 @@ struct CompileSettings {
   std::string compiler;
 };
 
-/// The hash of the device shim sources and the NCCL version they were built
-/// for, fixed when the runtime was configured: part of every kernel key.
+/// The hash of the compiler's and the device shims' sources and the NCCL
+/// version, fixed when the runtime was built: part of every kernel key.
 std::string shimHash();
 /// "MAJOR.MINOR.PATCH" of the NCCL headers the runtime was built against.
 std::string ncclVersion();

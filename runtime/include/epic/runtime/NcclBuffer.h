@@ -30,6 +30,7 @@ struct DeviceApiInfo {
   int worldSize = 0, rank = 0;
   int lsaSize = 0, lsaRank = 0;
   bool gin = false;   ///< network one-sided operations available
+  int ginType = 0;    ///< NCCL's GIN type: 0 none, 2 proxy, 3 GDAKI, 4 GPI, 5 EFA
   std::string describe() const;
 };
 
@@ -50,6 +51,12 @@ public:
   ncclComm_t get() const { return comm; }
   int worldSize() const;
   int rank() const;
+  /// What the device API offers on this communicator: world and LSA team,
+  /// whether GIN is available and its type. Collective the first time (on
+  /// NCCL 2.28 GIN is probed by creating a device communicator with GIN
+  /// signals; a one-rank world skips the probe: it never needs the network).
+  const DeviceApiInfo &deviceApi();
+
   /// Throws NcclError if the library's major.minor differs from the headers'
   /// the runtime and the device shim were built with.
   static void checkVersion();
@@ -57,6 +64,8 @@ public:
 private:
   ncclComm_t comm = nullptr;
   bool owned = false;
+  bool queried = false;
+  DeviceApiInfo api;
 };
 
 class NcclElasticBuffer : public KernelHost {

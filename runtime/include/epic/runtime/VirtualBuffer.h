@@ -72,8 +72,19 @@ public:
   Prepared prepare(const std::string &entryIR, const std::vector<ParamRecord> &records);
 
   /// Launches a prepared entry's kernels, in order, on `stream` (no host
-  /// synchronization, no allocation: graph-capturable).
+  /// synchronization, no allocation: graph-capturable), with the launch
+  /// attributes the metadata asks for (cooperative, dynamic shared memory).
   void launch(const Prepared &prepared, void *stream = nullptr);
+
+  /// DeepEP's overlap controls: the stream first waits for `previousEvent`
+  /// (a cudaEvent_t, e.g. recorded on the compute stream); with
+  /// `recordEvent` an event is recorded after the kernels and returned (the
+  /// caller makes its compute stream wait on it, then cudaEventDestroy's it).
+  struct LaunchOptions {
+    void *previousEvent = nullptr;
+    bool recordEvent = false;
+  };
+  void *launch(const Prepared &prepared, void *stream, const LaunchOptions &options);
 
   /// prepare() + launch() + waiting for the stream (the records are freed).
   Run run(const std::string &entryIR, const std::vector<ParamRecord> &records,
