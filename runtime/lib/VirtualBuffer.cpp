@@ -9,6 +9,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 using namespace epic::runtime;
@@ -213,6 +215,17 @@ KernelHost::prepare(const std::string &entryIR, const std::vector<ParamRecord> &
           std::to_string(blocksPerRank) + " blocks does not fit on this GPU at once (" +
           k.kernelNames[i] + ": " + std::to_string(perSm) + " blocks per SM x " +
           std::to_string(sms) + " SMs): use fewer blocks per rank");
+  }
+  if (const char *debug = std::getenv("EPIC_DEBUG"); debug && *debug && std::string(debug) != "0") {
+    std::string names;
+    for (const std::string &name : k.kernelNames)
+      names += (names.empty() ? "" : ", ") + name;
+    std::fprintf(stderr,
+                 "epic: prepared %s: %d rank(s) x %d blocks x %d threads%s, window %lld of %lld "
+                 "bytes per rank\n",
+                 names.c_str(), servedRanks, blocksPerRank, k.threads,
+                 k.cooperative ? ", cooperative" : "", (long long)k.windowBytes,
+                 (long long)bytesPerRank);
   }
   std::vector<uint64_t> table(size_t(servedRanks) * kParamStride / 8, 0);
   for (int r = 0; r < servedRanks; ++r)
