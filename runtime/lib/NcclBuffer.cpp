@@ -186,9 +186,17 @@ void NcclElasticBuffer::acquire(int blocksPerRank) {
   check(cudaMemcpy(commArgument, dev, sizeof(ncclDevComm), cudaMemcpyHostToDevice),
         "cudaMemcpy(device communicator)");
   windowArgument = window;
+  check(cudaMalloc(&barrierWord, sizeof(int)), "cudaMalloc(barrier word)");
+  check(cudaMemset(barrierWord, 0, sizeof(int)), "cudaMemset(barrier word)");
 }
 
 NcclElasticBuffer::~NcclElasticBuffer() { release(); }
+
+void NcclElasticBuffer::barrier(void *stream) {
+  check(ncclAllReduce(barrierWord, barrierWord, 1, ncclInt32, ncclSum, comm.get(),
+                      static_cast<cudaStream_t>(stream)),
+        "ncclAllReduce(barrier)");
+}
 
 void NcclElasticBuffer::release() {
   cudaDeviceSynchronize();
@@ -200,6 +208,9 @@ void NcclElasticBuffer::release() {
   }
   if (commArgument)
     cudaFree(commArgument);
+  if (barrierWord)
+    cudaFree(barrierWord);
+  barrierWord = nullptr;
   if (window)
     ncclCommWindowDeregister(c, static_cast<ncclWindow_t>(window));
   if (memory)

@@ -77,6 +77,8 @@ public:
 
   const DeviceApiInfo &info() const { return apiInfo; }
   int worldSize() const override { return apiInfo.worldSize; }
+  /// A one-integer ncclAllReduce on `stream` (collective: every rank calls it).
+  void barrier(void *stream = nullptr) override;
 
 private:
   void acquire(int blocksPerRank);
@@ -88,6 +90,7 @@ private:
   void *memory = nullptr;
   void *window = nullptr;       ///< ncclWindow_t
   void *devCommHost = nullptr;  ///< ncclDevComm (host copy, for destruction)
+  int *barrierWord = nullptr;   ///< the barrier's all-reduce operand
 };
 
 } // namespace epic::runtime

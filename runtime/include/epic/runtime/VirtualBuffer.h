@@ -107,6 +107,10 @@ public:
   Prepared prepareCombine(const EPSpec &spec, const CombineVariant &variant,
                           const std::vector<CombineCall> &calls);
 
+  /// Every rank's work queued on `stream` before the barrier happens before
+  /// any rank's work queued after it (DeepEP's barrier). No host wait.
+  virtual void barrier(void *stream = nullptr) = 0;
+
   int64_t windowBytes() const { return bytesPerRank; }
   int blocks() const { return blocksPerRank; }
   /// Ranks of the whole EP world (all of them are served in the virtual
@@ -137,6 +141,9 @@ public:
                        int blocksPerRank = 16);
   ~VirtualElasticBuffer() override;
   int ranks() const { return servedRanks; }
+  /// Every rank's kernels are in the same launches on one stream: stream
+  /// order already is the barrier, so there is nothing to launch.
+  void barrier(void *stream = nullptr) override;
 
 private:
   void *window = nullptr, *signals = nullptr, *counters = nullptr, *barriers = nullptr;
