@@ -60,6 +60,14 @@ void forbid(const DeviceTensor &t, const char *name, const std::string &why) {
     fail(std::string(name) + " was given but " + why);
 }
 
+/// `holder` (the tensor that fixes the token count) holds `tokens` tokens.
+void checkTokens(const EPSpec &s, int64_t tokens, const std::string &holder) {
+  if (tokens > s.maxTokensPerRank)
+    fail(holder + " has " + std::to_string(tokens) +
+         " tokens, more than num_max_tokens_per_rank (" + std::to_string(s.maxTokensPerRank) +
+         ") the buffer was sized for");
+}
+
 void checkHandle(const EPSpec &s, const Handle &h, int64_t tokens) {
   const int64_t R = s.ranks, L = s.experts / s.ranks, K = s.topk;
   check(h.topkIdx, {"handle.topk_idx", "i64", {tokens, K}});
@@ -98,9 +106,7 @@ ParamRecord epic::runtime::dispatchRecord(const EPSpec &s, const DispatchVariant
     fail("x must be a [num_tokens, " + std::to_string(H) + "] tensor, got " +
          (c.x.given() ? c.x.describe() : std::string("nothing")));
   const int64_t T = c.x.shape[0];
-  if (T > s.maxTokensPerRank)
-    fail("x has " + std::to_string(T) + " tokens, more than num_max_tokens_per_rank (" +
-         std::to_string(s.maxTokensPerRank) + ") the buffer was sized for");
+  checkTokens(s, T, "x");
   check(c.x, {"x", s.dtype, {T, H}}, true);
   if (v.topkIdxBits != 64)
     fail("the typed API takes topk_idx as int64 (DeepEP's topk_idx_t)");
@@ -164,9 +170,7 @@ ParamRecord epic::runtime::combineRecord(const EPSpec &s, const CombineVariant &
     fail("handle.topk_idx must be the [num_tokens, " + std::to_string(K) +
          "] routing of the dispatch");
   const int64_t T = c.handle.topkIdx.shape[0];
-  if (T > s.maxTokensPerRank)
-    fail("the handle has " + std::to_string(T) + " tokens, more than num_max_tokens_per_rank (" +
-         std::to_string(s.maxTokensPerRank) + ")");
+  checkTokens(s, T, "handle.topk_idx");
   checkHandle(s, c.handle, T);
   const int64_t rows = receiveRows(s);
   check(c.x, {"x", "bf16", {-1, H}}, true);

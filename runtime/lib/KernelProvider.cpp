@@ -33,12 +33,13 @@ std::string readAll(const fs::path &path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-bool flag(const char *name) {
+bool debug() { return envFlag("EPIC_DEBUG"); }
+} // namespace
+
+bool epic::runtime::envFlag(const char *name) {
   const char *value = std::getenv(name);
   return value && *value && std::string(value) != "0";
 }
-bool debug() { return flag("EPIC_DEBUG"); }
-} // namespace
 
 KernelProvider::KernelProvider(KernelCache &cache, CompileSettings settings)
     : cache(cache), compileSettings(std::move(settings)) {
@@ -117,9 +118,9 @@ KernelProvider::Result KernelProvider::get(const std::string &ir) {
   result.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (result.source != KernelCache::Source::memory) {
-    if (flag("EPIC_DUMP_IR"))
+    if (envFlag("EPIC_DUMP_IR"))
       std::fprintf(stderr, "epic: entry IR of kernels %s:\n%s\n", result.key.c_str(), ir.c_str());
-    if (flag("EPIC_DUMP_PTX"))
+    if (envFlag("EPIC_DUMP_PTX"))
       std::fprintf(stderr, "epic: PTX of kernels %s:\n%s\n", result.key.c_str(),
                    result.module->ptx.c_str());
   }

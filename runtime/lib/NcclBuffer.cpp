@@ -2,7 +2,8 @@
 
 #include "epic/runtime/NcclBuffer.h"
 
-#include <cuda_runtime.h>
+#include "CudaCheck.h"
+
 #include <nccl.h>
 #include <nccl_device.h>
 
@@ -11,16 +12,13 @@
 #include <sstream>
 
 using namespace epic::runtime;
+using detail::check;
 
 namespace {
 void check(ncclResult_t result, const char *what) {
   if (result != ncclSuccess)
     throw NcclError(std::string(what) + " failed: " + ncclGetErrorString(result) +
                     " (NCCL_DEBUG=WARN says more)");
-}
-void check(cudaError_t result, const char *what) {
-  if (result != cudaSuccess)
-    throw CudaError(std::string(what) + " failed: " + cudaGetErrorString(result));
 }
 
 /// The device communicator the ep kernels need. The one place where NCCL

@@ -4,6 +4,9 @@
 
 #include "epic/device/VirtualWorld.h"
 #include "epic/runtime/Json.h"
+#include "epic/runtime/KernelProvider.h"
+
+#include "CudaCheck.h"
 
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -15,21 +18,9 @@
 
 using namespace epic::runtime;
 
-namespace {
-void check(CUresult result, const char *what) {
-  if (result != CUDA_SUCCESS) {
-    const char *name = nullptr, *text = nullptr;
-    cuGetErrorName(result, &name);
-    cuGetErrorString(result, &text);
-    throw CudaError(std::string(what) + " failed: " + (name ? name : "?") + " (" +
-                    (text ? text : "") + ")");
-  }
-}
-void check(cudaError_t result, const char *what) {
-  if (result != cudaSuccess)
-    throw CudaError(std::string(what) + " failed: " + cudaGetErrorString(result));
-}
+using detail::check;
 
+namespace {
 constexpr int kSignals = 64, kCounters = 64, kBarriers = 1024, kParamStride = 128;
 } // namespace
 
@@ -216,7 +207,7 @@ KernelHost::prepare(const std::string &entryIR, const std::vector<ParamRecord> &
           k.kernelNames[i] + ": " + std::to_string(perSm) + " blocks per SM x " +
           std::to_string(sms) + " SMs): use fewer blocks per rank");
   }
-  if (const char *debug = std::getenv("EPIC_DEBUG"); debug && *debug && std::string(debug) != "0") {
+  if (envFlag("EPIC_DEBUG")) {
     std::string names;
     for (const std::string &name : k.kernelNames)
       names += (names.empty() ? "" : ", ") + name;
@@ -311,35 +302,41 @@ KernelHost::Prepared KernelHost::prepareCombine(const EPSpec &spec, const Combin
   return prepare(combineEntryIR(spec, variant, kCombineEntryName), records);
 }
 
-KernelHost::Run KernelHost::dispatch(const EPSpec &spec, const DispatchVariant &variant,
-                                     const std::vector<DispatchCall> &calls, void *stream,
-                                     bool checkRouting) {
-  Prepared prepared = prepareDispatch(spec, variant, calls);
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  check(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture),
-        "cudaStreamIsCapturing");
-  if (checkRouting && capture == cudaStreamCaptureStatusNone)
-    for (const DispatchCall &call : calls) {
-      const DeviceTensor &idx = call.handle.topkIdx;
-      std::vector<int64_t> host(size_t(idx.shape[0]) * spec.topk);
-      check(cudaMemcpyAsync(host.data(), reinterpret_cast<const void *>(idx.data),
-                            host.size() * 8, cudaMemcpyDeviceToHost,
-                            static_cast<cudaStream_t>(stream)),
-            "reading topk_idx back");
-      check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
-      checkTopkIndices(spec, host.data(), idx.shape[0]);
-    }
+KernelHost::Run KernelHost::launchAndWait(const Prepared &prepared, void *stream) {
   launch(prepared, stream);
+  // The records are freed with `prepared`: wait for the kernels that read them.
   check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
   return prepared.info();
 }
 
+KernelHost::Run KernelHost::dispatch(const EPSpec &spec, const DispatchVariant &variant,
+                                     const std::vector<DispatchCall> &calls, void *stream,
+                                     bool checkRouting) {
+  Prepared prepared = prepareDispatch(spec, variant, calls);
+  auto cudaStream = static_cast<cudaStream_t>(stream);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(cudaStream, &capture), "cudaStreamIsCapturing");
+  if (checkRouting && capture == cudaStreamCaptureStatusNone) {
+    // Every rank's routing back in one synchronization.
+    std::vector<std::vector<int64_t>> routing;
+    for (const DispatchCall &call : calls) {
+      const DeviceTensor &idx = call.handle.topkIdx;
+      routing.emplace_back(size_t(idx.shape[0]) * spec.topk);
+      check(cudaMemcpyAsync(routing.back().data(), reinterpret_cast<const void *>(idx.data),
+                            routing.back().size() * sizeof(int64_t), cudaMemcpyDeviceToHost,
+                            cudaStream),
+            "reading topk_idx back");
+    }
+    check(cudaStreamSynchronize(cudaStream), "cudaStreamSynchronize");
+    for (size_t i = 0; i < calls.size(); ++i)
+      checkTopkIndices(spec, routing[i].data(), calls[i].handle.topkIdx.shape[0]);
+  }
+  return launchAndWait(prepared, stream);
+}
+
 KernelHost::Run KernelHost::combine(const EPSpec &spec, const CombineVariant &variant,
                                     const std::vector<CombineCall> &calls, void *stream) {
-  Prepared prepared = prepareCombine(spec, variant, calls);
-  launch(prepared, stream);
-  check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
-  return prepared.info();
+  return launchAndWait(prepareCombine(spec, variant, calls), stream);
 }
 
 // All R ranks run inside the same launches, queued on one stream: whatever
@@ -347,11 +344,6 @@ KernelHost::Run KernelHost::combine(const EPSpec &spec, const CombineVariant &va
 void VirtualElasticBuffer::barrier(void *) {}
 
 KernelHost::Run KernelHost::run(const std::string &entryIR,
-                                                    const std::vector<ParamRecord> &records,
-                                                    void *stream) {
-  Prepared prepared = prepare(entryIR, records);
-  launch(prepared, stream);
-  // The records are freed with `prepared`: wait for the kernels that read them.
-  check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
-  return prepared.info();
+                                const std::vector<ParamRecord> &records, void *stream) {
+  return launchAndWait(prepare(entryIR, records), stream);
 }

@@ -23,6 +23,7 @@
 #include <memory>
 #include <random>
 #include <set>
+#include <thread>
 #include <vector>
 
 using namespace epic::runtime;
@@ -70,6 +71,19 @@ template <typename T> std::vector<T> download(const T *p, size_t n) {
   return host;
 }
 uint64_t ptr(const void *p) { return reinterpret_cast<uint64_t>(p); }
+
+/// `call` must throw std::invalid_argument whose message contains `needle`.
+template <typename Call> void refused(const std::string &what, const char *needle, Call &&call) {
+  try {
+    call();
+    expect(false, what);
+  } catch (const std::invalid_argument &e) {
+    bool named = std::string(e.what()).find(needle) != std::string::npos;
+    if (!named)
+      std::printf("    (message: %s)\n", e.what());
+    expect(named, what);
+  }
+}
 
 /// Makes the ElasticBuffer under test: (window bytes, blocks per rank).
 using MakeBuffer = std::function<std::unique_ptr<KernelHost>(int64_t, int)>;
@@ -165,17 +179,6 @@ void runWorld(KernelProvider &provider, int R, const MakeBuffer &make, const cha
     combine[r] = combineRecord(spec, epic::test::planCombineVariant, cc);
   }
   // Bad calls are refused before anything runs, naming the argument.
-  auto refused = [&](const char *what, const char *needle, auto &&call) {
-    try {
-      call();
-      expect(false, what);
-    } catch (const std::invalid_argument &e) {
-      bool named = std::string(e.what()).find(needle) != std::string::npos;
-      if (!named)
-        std::printf("    (message: %s)\n", e.what());
-      expect(named, what);
-    }
-  };
   {
     auto bad = dispatchCalls;
     std::vector<int64_t> wrongIdx = idx[R - 1];
@@ -319,6 +322,10 @@ void runWorld(KernelProvider &provider, int R, const MakeBuffer &make, const cha
     cuda(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), "cudaStreamCreate");
     cudaEvent_t ready;
     cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
+    // The poisoning comes late (after a 50 ms host step): a comm stream that
+    // did not wait would combine first and the outputs would read poisoned.
+    cuda(cudaLaunchHostFunc(compute, [](void *) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); },
+                            nullptr), "cudaLaunchHostFunc");
     for (int s = 0; s < R; ++s)
       cuda(cudaMemsetAsync(dev[s].out, 0xff, size_t(tokens[s]) * H * 2, compute), "cudaMemsetAsync");
     cuda(cudaEventRecord(ready, compute), "cudaEventRecord");
@@ -341,13 +348,8 @@ void runWorld(KernelProvider &provider, int R, const MakeBuffer &make, const cha
   }
 
   // The runtime's refusals name what is wrong.
-  try {
-    make(4096, 4)->run(epic::test::planDispatch(R), dispatch);
-    expect(false, "a window smaller than the kernels need is refused");
-  } catch (const std::invalid_argument &e) {
-    expect(std::string(e.what()).find("get_buffer_size_hint") != std::string::npos,
-           "a window smaller than the kernels need is refused");
-  }
+  refused("a window smaller than the kernels need is refused", "get_buffer_size_hint",
+          [&] { make(4096, 4)->run(epic::test::planDispatch(R), dispatch); });
   try {
     make(window, 100000)->run(epic::test::planDispatch(R), dispatch);
     expect(false, "a launch that does not fit on the GPU is refused");
@@ -358,15 +360,10 @@ void runWorld(KernelProvider &provider, int R, const MakeBuffer &make, const cha
   } catch (const NcclError &e) { // 100000 LSA barriers may already be refused by NCCL
     expect(true, std::string("a launch that does not fit is refused by NCCL"));
   }
-  try {
-    std::vector<ParamRecord> wrong = dispatch;
-    wrong[0]["recv_y"] = 0;
-    buffer.run(epic::test::planDispatch(R), wrong);
-    expect(false, "an unknown parameter is refused");
-  } catch (const std::invalid_argument &e) {
-    expect(std::string(e.what()).find("\"recv_y\"") != std::string::npos,
-           "an unknown parameter is refused, by name");
-  }
+  std::vector<ParamRecord> wrong = dispatch;
+  wrong[0]["recv_y"] = 0;
+  refused("an unknown parameter is refused, by name", "\"recv_y\"",
+          [&] { buffer.run(epic::test::planDispatch(R), wrong); });
 }
 
 } // namespace
@@ -391,13 +388,8 @@ int main() {
         std::printf("  %s\n", buffer->info().describe().c_str()), described = true;
       return buffer;
     }, "NCCL");
-    try {
-      NcclElasticBuffer wrong(comm, 1 << 20, provider, 4);
-      expect(false, "an NCCL buffer refuses kernels compiled for backend=virtual");
-    } catch (const std::invalid_argument &e) {
-      expect(std::string(e.what()).find("backend=nccl") != std::string::npos,
-             "an NCCL buffer refuses kernels compiled for backend=virtual");
-    }
+    refused("an NCCL buffer refuses kernels compiled for backend=virtual", "backend=nccl",
+            [&] { NcclElasticBuffer wrong(comm, 1 << 20, provider, 4); });
     // Warm load of the V3 kernels: the disk cache read, then the module load.
     epic::runtime::EPSpec v3 = epic::test::v3Spec();
     VirtualElasticBuffer world(v3.ranks, 480 << 20, provider, 16);

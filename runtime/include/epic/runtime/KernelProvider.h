@@ -31,6 +31,9 @@ struct CompileSettings {
 std::string shimHash();
 /// "MAJOR.MINOR.PATCH" of the NCCL headers the runtime was built against.
 std::string ncclVersion();
+/// Whether the environment variable `name` is set to anything but "" or "0"
+/// (EPIC_DEBUG, EPIC_DUMP_IR, EPIC_DUMP_PTX).
+bool envFlag(const char *name);
 
 class KernelProvider {
 public:

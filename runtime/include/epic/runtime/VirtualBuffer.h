@@ -119,6 +119,8 @@ public:
 
 protected:
   void checkWorld(const EPSpec &spec, size_t calls) const;
+  /// launch() and wait for the stream (the prepared records die after).
+  Run launchAndWait(const Prepared &prepared, void *stream);
   KernelHost(KernelProvider &provider, int servedRanks, int64_t windowBytes, int blocksPerRank);
   Loaded &load(const std::string &entryIR, Run &run);
 
