@@ -18,6 +18,6 @@ config.environment["FILECHECK_OPTS"] = "--enable-var-scope --dump-input=fail"
 llvm_config.use_default_substitutions()
 llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
 llvm_config.add_tool_substitutions(
-    ["epic-opt", "epic-compile"], [config.epic_tools_dir])
+    ["epic-opt", "epic-compile", "epic-run"], [config.epic_tools_dir])
 llvm_config.add_tool_substitutions(
-    ["FileCheck", "not", "count"], [config.llvm_tools_dir])
+    ["FileCheck", "not", "count", "split-file"], [config.llvm_tools_dir])

@@ -1,7 +1,10 @@
-//===- CudaCheck.h - CUDA errors as exceptions (runtime-internal) -*- C++ -*-===//
+//===- CudaCheck.h - CUDA errors as exceptions, the driver API (runtime-internal) -*- C++ -*-===//
 //
 // Shared by the ElasticBuffer sources: a failed driver or runtime call
-// throws CudaError naming the call.
+// throws CudaError naming the call. The driver API is reached through the
+// CUDA runtime's entry-point query instead of linking libcuda, so programs
+// built on the runtime (epic-run, the Python extension) start and do their
+// host-side work (compiling, validating) on machines without a GPU driver.
 //
 //===----------------------------------------------------------------------===//
 
@@ -17,18 +20,59 @@
 
 namespace epic::runtime::detail {
 
-inline void check(CUresult result, const std::string &what) {
-  if (result != CUDA_SUCCESS) {
-    const char *name = nullptr, *text = nullptr;
-    cuGetErrorName(result, &name);
-    cuGetErrorString(result, &text);
-    throw CudaError(what + " failed: " + (name ? name : "?") + " (" + (text ? text : "") + ")");
-  }
-}
-
 inline void check(cudaError_t result, const std::string &what) {
   if (result != cudaSuccess)
     throw CudaError(what + " failed: " + cudaGetErrorString(result));
+}
+
+/// The driver functions the runtime calls, resolved once.
+struct DriverApi {
+  decltype(&::cuGetErrorName) getErrorName = nullptr;
+  decltype(&::cuGetErrorString) getErrorString = nullptr;
+  decltype(&::cuModuleLoadData) moduleLoadData = nullptr;
+  decltype(&::cuModuleUnload) moduleUnload = nullptr;
+  decltype(&::cuModuleGetFunction) moduleGetFunction = nullptr;
+  decltype(&::cuFuncSetAttribute) funcSetAttribute = nullptr;
+  decltype(&::cuOccupancyMaxActiveBlocksPerMultiprocessor) occupancy = nullptr;
+  decltype(&::cuLaunchKernelEx) launchKernelEx = nullptr;
+};
+
+/// Throws CudaError if the driver (or one of its functions) is unavailable.
+inline const DriverApi &driver() {
+  static const DriverApi api = [] {
+    DriverApi a;
+    auto resolve = [](const char *name, auto &slot) {
+      void *fn = nullptr;
+      cudaDriverEntryPointQueryResult found{};
+      cudaError_t e = cudaGetDriverEntryPointByVersion(name, &fn, CUDA_VERSION,
+                                                       cudaEnableDefault, &found);
+      if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || !fn)
+        throw CudaError(std::string("the CUDA driver does not provide ") + name + " (" +
+                        (e != cudaSuccess ? cudaGetErrorString(e) : "symbol not found") +
+                        "): is there a GPU and a driver for CUDA " +
+                        std::to_string(CUDA_VERSION / 1000) + "?");
+      slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(fn);
+    };
+    resolve("cuGetErrorName", a.getErrorName);
+    resolve("cuGetErrorString", a.getErrorString);
+    resolve("cuModuleLoadData", a.moduleLoadData);
+    resolve("cuModuleUnload", a.moduleUnload);
+    resolve("cuModuleGetFunction", a.moduleGetFunction);
+    resolve("cuFuncSetAttribute", a.funcSetAttribute);
+    resolve("cuOccupancyMaxActiveBlocksPerMultiprocessor", a.occupancy);
+    resolve("cuLaunchKernelEx", a.launchKernelEx);
+    return a;
+  }();
+  return api;
+}
+
+inline void check(CUresult result, const std::string &what) {
+  if (result != CUDA_SUCCESS) {
+    const char *name = nullptr, *text = nullptr;
+    driver().getErrorName(result, &name);
+    driver().getErrorString(result, &text);
+    throw CudaError(what + " failed: " + (name ? name : "?") + " (" + (text ? text : "") + ")");
+  }
 }
 
 } // namespace epic::runtime::detail

@@ -169,6 +169,39 @@ void KernelCache::store(const std::string &key, const CompiledModule &module) co
   }
 }
 
+std::optional<std::string> KernelCache::loadText(const std::string &kind,
+                                               const std::string &key) const {
+  requireKey(key);
+  fs::path path = fs::path(root) / kind / (key + ".json");
+  std::error_code error;
+  if (!fs::exists(path, error))
+    return std::nullopt;
+  return readFile(path);
+}
+
+void KernelCache::storeText(const std::string &kind, const std::string &key,
+                            const std::string &text) const {
+  requireKey(key);
+  fs::path dir = fs::path(root) / kind, tmp = fs::path(root) / "tmp";
+  std::error_code error;
+  fs::create_directories(dir, error);
+  fs::create_directories(tmp, error);
+  if (!fs::is_directory(dir) || !fs::is_directory(tmp))
+    throw std::runtime_error("cannot create " + dir.string() + ": " + error.message());
+  std::random_device random;
+  fs::path staging = tmp / (key + "." + std::to_string(::getpid()) + "." +
+                            std::to_string(random()) + ".json");
+  writeFile(staging, text);
+  // rename(2) of a file replaces the target atomically: readers see the old
+  // complete file or the new one (both are the same artifact).
+  if (std::rename(staging.c_str(), (dir / (key + ".json")).c_str()) != 0) {
+    int why = errno;
+    fs::remove(staging, error);
+    throw std::runtime_error("cannot move " + staging.string() + " into " + dir.string() + ": " +
+                             std::strerror(why));
+  }
+}
+
 const CompiledModule &KernelCache::get(const std::string &key,
                                        const std::function<CompiledModule()> &compile,
                                        Source *source) {

@@ -34,6 +34,19 @@ std::string readAll(const fs::path &path) {
 }
 
 bool debug() { return envFlag("EPIC_DEBUG"); }
+
+/// A private temporary directory for one compiler run, removed afterwards.
+struct WorkDirectory {
+  fs::path path;
+  explicit WorkDirectory(const std::string &name)
+      : path(fs::temp_directory_path() / (name + "-" + std::to_string(::getpid()))) {
+    fs::create_directories(path);
+  }
+  ~WorkDirectory() {
+    std::error_code e;
+    fs::remove_all(path, e);
+  }
+};
 } // namespace
 
 bool epic::runtime::envFlag(const char *name) {
@@ -66,31 +79,31 @@ std::string KernelProvider::compilerPath() const {
 }
 
 CompiledModule KernelProvider::compile(const std::string &ir, const std::string &key) const {
-  fs::path work = fs::temp_directory_path() /
-                  ("epic-compile-" + key + "-" + std::to_string(::getpid()));
-  fs::create_directories(work);
-  struct Cleanup {
-    fs::path path;
-    ~Cleanup() {
-      std::error_code e;
-      fs::remove_all(path, e);
-    }
-  } cleanup{work};
+  WorkDirectory scratch("epic-compile-" + key);
+  const fs::path &work = scratch.path;
   {
     std::ofstream(work / "entry.mlir") << ir;
   }
+  std::string output = (work / "kernels").string();
+  runCompiler({(work / "entry.mlir").string(), "--backend=" + compileSettings.backend,
+               "--chip=" + compileSettings.arch, "-o", output},
+              (work / "log").string(), "kernel " + key);
+  return {readAll(output + ".cubin"), readAll(output + ".ptx"), readAll(output + ".json")};
+}
+
+void KernelProvider::runCompiler(const std::vector<std::string> &arguments,
+                                 const std::string &log, const std::string &what) const {
   std::string compiler = compilerPath();
-  std::string input = (work / "entry.mlir").string(), output = (work / "kernels").string();
-  std::string backend = "--backend=" + compileSettings.backend;
-  std::string chip = "--chip=" + compileSettings.arch;
-  std::string log = (work / "log").string();
+  std::vector<char *> argv{const_cast<char *>(compiler.c_str())};
+  for (const std::string &argument : arguments)
+    argv.push_back(const_cast<char *>(argument.c_str()));
+  argv.push_back(nullptr);
   pid_t pid = ::fork();
   if (pid == 0) {
     std::FILE *out = std::freopen(log.c_str(), "w", stderr);
     (void)out;
     ::dup2(::fileno(stderr), ::fileno(stdout));
-    ::execlp(compiler.c_str(), compiler.c_str(), input.c_str(), backend.c_str(), chip.c_str(),
-             "-o", output.c_str(), (char *)nullptr);
+    ::execvp(compiler.c_str(), argv.data());
     std::fprintf(stderr, "cannot run %s: %s\n", compiler.c_str(), std::strerror(errno));
     std::_Exit(127);
   }
@@ -102,12 +115,36 @@ CompiledModule KernelProvider::compile(const std::string &ir, const std::string 
     std::string text = readAll(log);
     if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
       throw std::runtime_error(
-          "kernel " + key + " is not in the kernel cache " + cache.directory() +
+          what + " is not in the kernel cache " + cache.directory() +
           " and the compiler is not available here (" + text +
           "); fill the cache ahead of time where epic-compile exists, or set EPIC_COMPILE");
-    throw std::runtime_error("epic-compile failed for kernel " + key + ":\n" + text);
+    throw std::runtime_error("epic-compile failed for " + what + ":\n" + text);
   }
-  return {readAll(output + ".cubin"), readAll(output + ".ptx"), readAll(output + ".json")};
+}
+
+std::string KernelProvider::runPlan(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw std::runtime_error("cannot read the program " + path);
+  std::string program((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // The plan quotes source locations: the path is part of the key.
+  std::string key = kernelKey({path + "\n" + program, "run-plan", ncclVersion(), shimHash(), ""});
+  if (std::optional<std::string> plan = cache.loadText("plans", key)) {
+    if (debug())
+      std::fprintf(stderr, "epic: run plan of %s loaded from the cache (%s)\n", path.c_str(),
+                   key.c_str());
+    return *plan;
+  }
+  WorkDirectory scratch("epic-run-plan-" + key);
+  const fs::path &work = scratch.path;
+  std::string output = (work / "program").string();
+  runCompiler({path, "--run-plan", "-o", output}, (work / "log").string(),
+              "the run plan of " + path);
+  std::string plan = readAll(output + ".plan.json");
+  cache.storeText("plans", key, plan);
+  if (debug())
+    std::fprintf(stderr, "epic: run plan of %s compiled (%s)\n", path.c_str(), key.c_str());
+  return plan;
 }
 
 KernelProvider::Result KernelProvider::get(const std::string &ir) {

@@ -36,6 +36,10 @@ struct Loaded {
   int64_t paramStride = 0;
   bool cooperative = false;   ///< the blocks wait for each other
   int dynamicSharedBytes = 0; ///< above 48 KiB needs an opt-in per function
+  unsigned clusterDims[3] = {1, 1, 1}; ///< thread block clusters (x of the 1-D grid)
+  /// Programmatic dependent launch: a kernel may start while the previous
+  /// one on the stream finishes (it waits with griddepcontrol.wait).
+  bool programmatic = false;
 };
 } // namespace epic::runtime
 
@@ -56,7 +60,7 @@ KernelHost::KernelHost(KernelProvider &provider, int servedRanks, int64_t window
 KernelHost::~KernelHost() {
   for (auto &[key, loaded] : modules) {
     if (loaded->module)
-      cuModuleUnload(loaded->module);
+      detail::driver().moduleUnload(loaded->module);
     delete loaded;
   }
 }
@@ -127,18 +131,29 @@ Loaded &KernelHost::load(const std::string &entryIR, Run &run) {
     loaded->cooperative = entry.at("cooperative").integer() != 0;
   if (entry.object.count("dynamic_shared_bytes"))
     loaded->dynamicSharedBytes = int(entry.at("dynamic_shared_bytes").integer());
+  if (entry.object.count("cluster_dims")) {
+    const auto &dims = entry.at("cluster_dims").array;
+    if (dims.size() != 3 || dims[1].integer() != 1 || dims[2].integer() != 1 ||
+        dims[0].integer() < 1 || dims[0].integer() > 16)
+      throw std::runtime_error("kernels " + result.key +
+                               ": cluster_dims must be [x, 1, 1] with x in [1, 16] (the grid "
+                               "is one-dimensional)");
+    loaded->clusterDims[0] = unsigned(dims[0].integer());
+  }
+  if (entry.object.count("programmatic_launch"))
+    loaded->programmatic = entry.at("programmatic_launch").integer() != 0;
   if (loaded->paramStride != kParamStride)
     throw std::runtime_error("kernels " + result.key + ": parameter records of " +
                              std::to_string(loaded->paramStride) + " bytes, the runtime writes " +
                              std::to_string(kParamStride));
-  check(cuModuleLoadData(&loaded->module, result.module->cubin.data()), "cuModuleLoadData");
+  check(detail::driver().moduleLoadData(&loaded->module, result.module->cubin.data()), "cuModuleLoadData");
   try {
     for (const std::string &name : loaded->kernelNames) {
       CUfunction f;
-      check(cuModuleGetFunction(&f, loaded->module, name.c_str()),
+      check(detail::driver().moduleGetFunction(&f, loaded->module, name.c_str()),
             ("cuModuleGetFunction(" + name + ")").c_str());
       if (loaded->dynamicSharedBytes > 48 * 1024)
-        check(cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        check(detail::driver().funcSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                  loaded->dynamicSharedBytes),
               ("allowing " + std::to_string(loaded->dynamicSharedBytes) +
                " bytes of dynamic shared memory for " + name)
@@ -146,7 +161,7 @@ Loaded &KernelHost::load(const std::string &entryIR, Run &run) {
       loaded->kernels.push_back(f);
     }
   } catch (...) {
-    cuModuleUnload(loaded->module);
+    detail::driver().moduleUnload(loaded->module);
     throw;
   }
   Loaded *raw = loaded.release();
@@ -190,6 +205,12 @@ KernelHost::prepare(const std::string &entryIR, const std::vector<ParamRecord> &
     throw std::invalid_argument("blocks per rank (" + std::to_string(blocksPerRank) +
                                 ") exceeds the kernels' maximum " +
                                 std::to_string(k.maxBlocksPerRank));
+  if ((int64_t(servedRanks) * blocksPerRank) % k.clusterDims[0])
+    throw std::invalid_argument("the kernels run in clusters of " +
+                                std::to_string(k.clusterDims[0]) + " blocks: " +
+                                std::to_string(servedRanks) + " rank(s) x " +
+                                std::to_string(blocksPerRank) +
+                                " blocks per rank must be a multiple of it");
   // Every rank's blocks wait for each other: all must be resident at once.
   int device = 0, sms = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
@@ -197,7 +218,7 @@ KernelHost::prepare(const std::string &entryIR, const std::vector<ParamRecord> &
         "cudaDeviceGetAttribute");
   for (size_t i = 0; i < k.kernels.size(); ++i) {
     int perSm = 0;
-    check(cuOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, k.kernels[i], k.threads,
+    check(detail::driver().occupancy(&perSm, k.kernels[i], k.threads,
                                                       size_t(k.dynamicSharedBytes)),
           "cuOccupancyMaxActiveBlocksPerMultiprocessor");
     if (int64_t(perSm) * sms < int64_t(servedRanks) * blocksPerRank)
@@ -212,10 +233,13 @@ KernelHost::prepare(const std::string &entryIR, const std::vector<ParamRecord> &
     for (const std::string &name : k.kernelNames)
       names += (names.empty() ? "" : ", ") + name;
     std::fprintf(stderr,
-                 "epic: prepared %s: %d rank(s) x %d blocks x %d threads%s, window %lld of %lld "
-                 "bytes per rank\n",
+                 "epic: prepared %s: %d rank(s) x %d blocks x %d threads%s%s%s, window %lld of "
+                 "%lld bytes per rank\n",
                  names.c_str(), servedRanks, blocksPerRank, k.threads,
-                 k.cooperative ? ", cooperative" : "", (long long)k.windowBytes,
+                 k.cooperative ? ", cooperative" : "",
+                 k.clusterDims[0] > 1 ? (", clusters of " + std::to_string(k.clusterDims[0])).c_str()
+                                      : "",
+                 k.programmatic ? ", programmatic dependent launch" : "", (long long)k.windowBytes,
                  (long long)bytesPerRank);
   }
   std::vector<uint64_t> table(size_t(servedRanks) * kParamStride / 8, 0);
@@ -248,7 +272,7 @@ void *KernelHost::launch(const Prepared &prepared, void *stream, const LaunchOpt
   void *params = prepared.params;
   void *comm = commArgument, *window = windowArgument;
   void *args[] = {&comm, &window, &params};
-  CUlaunchAttribute attributes[1];
+  CUlaunchAttribute attributes[3];
   CUlaunchConfig config{};
   config.gridDimX = unsigned(servedRanks * blocksPerRank), config.gridDimY = 1, config.gridDimZ = 1;
   config.blockDimX = unsigned(k.threads), config.blockDimY = 1, config.blockDimZ = 1;
@@ -259,8 +283,18 @@ void *KernelHost::launch(const Prepared &prepared, void *stream, const LaunchOpt
     attributes[config.numAttrs].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
     attributes[config.numAttrs++].value.cooperative = 1;
   }
+  if (k.clusterDims[0] > 1) {
+    attributes[config.numAttrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attributes[config.numAttrs].value.clusterDim.x = k.clusterDims[0];
+    attributes[config.numAttrs].value.clusterDim.y = 1;
+    attributes[config.numAttrs++].value.clusterDim.z = 1;
+  }
+  if (k.programmatic) {
+    attributes[config.numAttrs].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attributes[config.numAttrs++].value.programmaticStreamSerializationAllowed = 1;
+  }
   for (size_t i = 0; i < k.kernels.size(); ++i)
-    check(cuLaunchKernelEx(&config, k.kernels[i], args, nullptr),
+    check(detail::driver().launchKernelEx(&config, k.kernels[i], args, nullptr),
           ("launching " + k.kernelNames[i]).c_str());
   if (!options.recordEvent)
     return nullptr;

@@ -281,16 +281,19 @@ void runWorld(KernelProvider &provider, int R, const MakeBuffer &make, const cha
   expect(okX, "combine: fp32 from +0.0, biases first, one rounding: bitwise");
   expect(okW, "combine: combined_topk_weights == topk_weights (0 where masked)");
 
-  // CUDA graphs: capture dispatch + combine once, replay: the same results
-  // (combine is deterministic; dispatch rows may be permuted within a source).
+  // The combine's output of the eager run: what every other way of
+  // launching must reproduce (combine is deterministic; dispatch rows may be
+  // permuted within a source).
+  auto eager = [&] {
+    std::vector<std::vector<uint16_t>> outs;
+    for (int s = 0; s < R; ++s)
+      outs.push_back(download(dev[s].out, size_t(tokens[s]) * H));
+    return outs;
+  };
+  const auto reference = eager();
+
+  // CUDA graphs: capture dispatch + combine once, replay: the same results.
   {
-    auto eager = [&] {
-      std::vector<std::vector<uint16_t>> outs;
-      for (int s = 0; s < R; ++s)
-        outs.push_back(download(dev[s].out, size_t(tokens[s]) * H));
-      return outs;
-    };
-    auto reference = eager();
     auto d = buffer.prepare(epic::test::planDispatch(R), dispatch);
     auto c = buffer.prepare(epic::test::planCombine(R), combine);
     cudaStream_t stream;
@@ -345,6 +348,35 @@ void runWorld(KernelProvider &provider, int R, const MakeBuffer &make, const cha
     cudaEventDestroy(ready);
     cudaStreamDestroy(compute);
     cudaStreamDestroy(stream);
+  }
+
+  // Launch attributes the metadata may ask for: the same kernels with
+  // clusters of 2 blocks and programmatic dependent launch, stored in the
+  // cache under entry IR of their own, give the same results.
+  {
+    auto withAttributes = [&](const std::string &ir) {
+      std::string variant = ir + "\n// launch attributes: clusters of 2, programmatic launch\n";
+      CompiledModule module = *provider.get(ir).module;
+      const std::string cooperative = "\"cooperative\": 1,";
+      size_t at = module.metadataJson.find(cooperative);
+      if (at == std::string::npos)
+        throw std::runtime_error("no cooperative attribute in the metadata of " + ir);
+      module.metadataJson.insert(at + cooperative.size(),
+                                 " \"cluster_dims\": [2, 1, 1], \"programmatic_launch\": 1,");
+      KernelCache(provider.cacheDirectory()).store(provider.keyFor(variant), module);
+      return variant;
+    };
+    std::string d2 = withAttributes(epic::test::planDispatch(R));
+    std::string c2 = withAttributes(epic::test::planCombine(R));
+    for (int s = 0; s < R; ++s)
+      cuda(cudaMemset(dev[s].out, 0xff, size_t(tokens[s]) * H * 2), "cudaMemset");
+    buffer.run(d2, dispatch);
+    buffer.run(c2, combine);
+    expect(eager() == reference,
+           "clusters of 2 + programmatic dependent launch: the same combine results");
+    if (R == 1) // 1 rank x 3 blocks: no whole clusters of 2
+      refused("clusters that do not divide the grid are refused", "clusters of 2",
+              [&] { make(window, 3)->run(d2, dispatch); });
   }
 
   // The runtime's refusals name what is wrong.

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}
 out="$build/device"
-cmake --build "$build" --target epic-compile epic-device-shims epic-prepare-gpu-kernels
+cmake --build "$build" --target epic-compile epic-device-shims epic-prepare-gpu-kernels epic-run
 rm -rf "$out" && mkdir -p "$out/kernels"
 for backend in virtual nccl; do
   "$build/bin/epic-compile" test/gpu/comm_kernels.mlir --backend=$backend -o "$out/kernels/comm_$backend"
@@ -24,6 +24,12 @@ done
 "$build/bin/epic-compile" test/Pipelines/ep-v3-to-ptx.mlir --backend=virtual -o "$out/kernels/ep_v3_virtual"
 # The kernel cache of the runtime's GPU test (the GPU machine has no compiler).
 EPIC_CACHE_DIR="$out/cache" "$build/bin/epic-prepare-gpu-kernels"
+# The run plans and kernels of the epic-run programs (examples/run, and one NCCL rank).
+for program in examples/run/*.mlir; do
+  "$build/bin/epic-run" "$program" --compile-only --cache-dir="$out/cache" > /dev/null
+done
+"$build/bin/epic-run" test/gpu/run_nccl_one_rank.mlir --backend=nccl --compile-only \
+  --cache-dir="$out/cache" > /dev/null
 # The device comm struct must match between the shim and the driver: carry the headers the
 # shim was compiled against (the device's NCCL wheel supplies the library).
 cp -r "$build/runtime/device/nccl-include" "$out/nccl-include"

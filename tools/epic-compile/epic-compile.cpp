@@ -6,6 +6,11 @@
 // names, argument types, registers, shared memory, spills, target, NCCL
 // version). A deployment fills its kernel cache this way ahead of time.
 //
+//   epic-compile program.mlir --run-plan -o out/program
+//
+// checks an epic-run program (see the run dialect) and writes its run plan,
+// out/program.plan.json (`-o -`: to stdout), which tools/epic-run executes.
+//
 //===----------------------------------------------------------------------===//
 
 #include "epic/Compiler.h"
@@ -29,6 +34,8 @@ static cl::opt<std::string> shimDir("shim-dir", cl::desc("device shim bitcode di
 static cl::opt<std::string> cudaPath("cuda-path", cl::desc("CUDA toolkit (ptxas)"));
 static cl::opt<bool> noCubin("no-cubin", cl::desc("write PTX and metadata only"));
 static cl::opt<bool> verbose("v", cl::desc("print ptxas' report"));
+static cl::opt<bool> runPlan("run-plan",
+                             cl::desc("write the run plan of an epic-run program (no kernels)"));
 
 static int write(const std::string &path, const std::string &data) {
   std::error_code error;
@@ -65,6 +72,14 @@ int main(int argc, char **argv) {
     prefix = (in == "-" ? llvm::StringRef("out") : in.rsplit('.').first).str();
   }
   try {
+    if (runPlan) {
+      std::string plan = epic::translateRunProgram((*input)->getBuffer().str(), inputFile);
+      if (prefix == "-") {
+        llvm::outs() << plan;
+        return 0;
+      }
+      return write(prefix + ".plan.json", plan);
+    }
     epic::CompileResult result =
         epic::compileModule((*input)->getBuffer().str(), options, inputFile);
     if (verbose)

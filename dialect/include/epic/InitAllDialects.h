@@ -6,7 +6,7 @@
 #include "mlir/IR/DialectRegistry.h"
 
 namespace epic {
-/// epic's own dialects (ep, comm).
+/// epic's own dialects (ep, comm, run).
 void registerEpicDialects(mlir::DialectRegistry &registry);
 /// epic's dialects plus every upstream dialect epic produces or consumes:
 /// func, arith, scf, cf, memref, tensor, vector, gpu, nvgpu, nvvm, llvm.

@@ -4,6 +4,7 @@
 
 #include "epic/Dialect/Comm/IR/CommDialect.h"
 #include "epic/Dialect/EP/IR/EPDialect.h"
+#include "epic/Dialect/Run/IR/RunDialect.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/ControlFlow/IR/ControlFlow.h"
@@ -21,7 +22,7 @@
 #include "mlir/Target/LLVMIR/Dialect/All.h"
 
 void epic::registerEpicDialects(mlir::DialectRegistry &registry) {
-  registry.insert<ep::EPDialect, comm::CommDialect>();
+  registry.insert<ep::EPDialect, comm::CommDialect, run::RunDialect>();
 }
 
 void epic::registerAllDialects(mlir::DialectRegistry &registry) {

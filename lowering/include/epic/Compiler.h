@@ -64,6 +64,13 @@ struct CompileError : public std::runtime_error {
 CompileResult compileModule(const std::string &source, const CompileOptions &options,
                             const std::string &sourceName = "<input>");
 
+/// Checks an epic-run program (a `func.func @main()` of run, ep, tensor.dim
+/// and index arith.constant ops, see the run dialect) and returns its run
+/// plan: JSON that tools/epic-run executes with the runtime, no MLIR needed.
+/// Throws CompileError with the diagnostics.
+std::string translateRunProgram(const std::string &source,
+                                const std::string &sourceName = "<input>");
+
 } // namespace epic
 
 #endif // EPIC_COMPILER_H

@@ -3,6 +3,7 @@
 #include "epic/Compiler.h"
 
 #include "epic/InitAllDialects.h"
+#include "epic/Support/SourceParser.h"
 #include "epic/Pipelines/EpicToPTX.h"
 #include "epic/Transforms/Passes.h"
 
@@ -12,6 +13,7 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Parser/Parser.h"
+#include "mlir/Support/DebugStringHelper.h"
 #include "mlir/Pass/PassManager.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/JSON.h"
@@ -26,13 +28,6 @@
 using namespace mlir;
 
 namespace {
-
-std::string typeString(Type type) {
-  std::string text;
-  llvm::raw_string_ostream os(text);
-  type.print(os);
-  return text;
-}
 
 /// An attribute of a launch function as JSON: integers, strings and arrays
 /// of them natively, anything else as its MLIR text.
@@ -162,14 +157,9 @@ epic::CompileResult epic::compileModule(const std::string &source, const Compile
   context.loadAllAvailableDialects();
 
   // Diagnostics go into the exception, with their source locations.
-  std::string diagnostics;
-  llvm::raw_string_ostream diagStream(diagnostics);
-  llvm::SourceMgr sourceMgr;
-  sourceMgr.AddNewSourceBuffer(llvm::MemoryBuffer::getMemBufferCopy(source, sourceName),
-                               llvm::SMLoc());
-  SourceMgrDiagnosticHandler handler(sourceMgr, &context, diagStream);
-
-  OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(sourceMgr, &context);
+  SourceParser parser(context, source, sourceName);
+  const std::string &diagnostics = parser.diagnostics();
+  OwningOpRef<ModuleOp> module = parser.parse();
   if (!module)
     throw CompileError("cannot parse " + sourceName + ":\n" + diagnostics);
 
@@ -199,7 +189,7 @@ epic::CompileResult epic::compileModule(const std::string &source, const Compile
     KernelInfo kernel;
     kernel.name = func.getName().str();
     for (Type type : func.getArgumentTypes())
-      kernel.argumentTypes.push_back(typeString(type));
+      kernel.argumentTypes.push_back(debugString(type));
     result.kernels.push_back(std::move(kernel));
   });
   if (result.kernels.empty())

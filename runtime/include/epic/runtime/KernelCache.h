@@ -77,6 +77,11 @@ public:
   /// (entries for one key are interchangeable) and ours is discarded.
   void store(const std::string &key, const CompiledModule &module) const;
 
+  /// Small text artifacts kept beside the kernels (run plans):
+  /// <root>/<kind>/<key>.json, written atomically like the kernels.
+  std::optional<std::string> loadText(const std::string &kind, const std::string &key) const;
+  void storeText(const std::string &kind, const std::string &key, const std::string &text) const;
+
   /// The entry's directory (whether or not it exists).
   std::string entryDirectory(const std::string &key) const;
 

@@ -15,6 +15,7 @@
 #include "epic/runtime/KernelCache.h"
 
 #include <string>
+#include <vector>
 
 namespace epic::runtime {
 
@@ -51,10 +52,20 @@ public:
   Result get(const std::string &ir);
 
   std::string keyFor(const std::string &ir) const;
+
+  /// The run plan of the epic-run program in the file `path` (see
+  /// RunProgram.h): from the cache (<cache>/plans), else made by the
+  /// compiler (`epic-compile --run-plan`) and stored. Throws like get().
+  std::string runPlan(const std::string &path);
   const CompileSettings &settings() const { return compileSettings; }
+  const std::string &cacheDirectory() const { return cache.directory(); }
 
 private:
   CompiledModule compile(const std::string &ir, const std::string &key) const;
+  /// Runs the compiler with `arguments`, its output into `log`; throws with
+  /// the log if it fails or cannot be started (naming `what`).
+  void runCompiler(const std::vector<std::string> &arguments, const std::string &log,
+                   const std::string &what) const;
   std::string compilerPath() const;
 
   KernelCache &cache;

@@ -1,0 +1,265 @@
+//===- RunPlan.cpp - an epic-run program as a run plan --------------------===//
+//
+// epic-run executes programs on machines without MLIR: the program is
+// checked and translated here, into a JSON list of steps over numbered
+// values, which the runtime (runtime/include/epic/runtime/RunProgram.h)
+// executes. Every ep op keeps its full configuration, so the runtime asks
+// for exactly the kernels the op would compile to.
+//
+//===----------------------------------------------------------------------===//
+
+#include "epic/Compiler.h"
+
+#include "epic/Dialect/EP/IR/EPDialect.h"
+#include "epic/Dialect/Run/IR/RunDialect.h"
+#include "epic/InitAllDialects.h"
+#include "epic/Support/SourceParser.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Tensor/IR/Tensor.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/Parser/Parser.h"
+#include "mlir/Support/DebugStringHelper.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/SourceMgr.h"
+
+using namespace mlir;
+namespace json = llvm::json;
+
+namespace {
+
+std::string locString(Location loc) {
+  if (auto file = dyn_cast<FileLineColLoc>(loc))
+    return (file.getFilename().strref() + ":" + std::to_string(file.getLine()) + ":" +
+            std::to_string(file.getColumn()))
+        .str();
+  return "<unknown>";
+}
+
+json::Object specJson(epic::ep::ConfigAttr config) {
+  return json::Object{{"ranks", config.getRanks()},
+                      {"experts", config.getExperts()},
+                      {"topk", config.getTopk()},
+                      {"hidden", config.getHidden()},
+                      {"dtype", debugString(config.getDtype())},
+                      {"scale_packs", config.getScalePacks()},
+                      {"expert_alignment", config.getExpertAlignment()},
+                      {"expanded", config.isExpanded()},
+                      {"max_tokens_per_rank", config.getMaxTokensPerRank()},
+                      {"num_sms", config.getNumSms()}};
+}
+
+/// Walks @main once, numbering values and writing one step per op.
+class Translator {
+public:
+  explicit Translator(func::FuncOp main) : main(main) {}
+
+  /// The plan, or failure after diagnostics at the offending ops.
+  FailureOr<json::Object> run() {
+    if (main.getNumArguments() || main.getNumResults())
+      return main.emitError("epic-run: @main takes no arguments and returns nothing (inputs "
+                            "come from run.tokens, run.random and run.routing)");
+    if (!main.getBody().hasOneBlock())
+      return main.emitError("epic-run: @main must be one block (no control flow)");
+    for (Operation &op : main.getBody().front())
+      if (failed(step(&op)))
+        return failure();
+    if (ranks < 0)
+      ranks = tokensRanks < 0 ? 1 : tokensRanks;
+    if (tokensRanks >= 0 && tokensRanks != ranks)
+      return tokensOp->emitError() << "epic-run: per_rank has " << tokensRanks
+                                   << " entries but the program's ep ops run on " << ranks
+                                   << " ranks";
+    return json::Object{{"epic_run_plan", 1},
+                        {"ranks", ranks},
+                        {"values", int64_t(ids.size())},
+                        {"steps", std::move(steps)}};
+  }
+
+private:
+  int64_t define(Value value) {
+    int64_t id = int64_t(ids.size());
+    ids[value] = id;
+    return id;
+  }
+  int64_t use(Value value) { return value ? ids.lookup(value) : -1; }
+
+  LogicalResult world(Operation *op, epic::ep::ConfigAttr config) {
+    if (ranks < 0) {
+      ranks = config.getRanks();
+      return success();
+    }
+    if (int64_t(config.getRanks()) != ranks)
+      return op->emitError() << "epic-run: every ep op of a program runs on one EP world; this "
+                                "one has "
+                             << config.getRanks() << " ranks, an earlier one " << ranks;
+    return success();
+  }
+
+  LogicalResult requireI64(Operation *op, Value value, StringRef what) {
+    if (!value)
+      return success();
+    Type element = cast<ShapedType>(value.getType()).getElementType();
+    if (!element.isInteger(64))
+      return op->emitError() << "epic-run: " << what
+                             << " must be i64 (the runtime's topk_idx_t), got " << element;
+    return success();
+  }
+
+  void add(Operation *op, StringRef kind, json::Object step) {
+    step["op"] = kind;
+    step["loc"] = locString(op->getLoc());
+    steps.push_back(std::move(step));
+  }
+
+  LogicalResult step(Operation *op) {
+    using namespace epic;
+    if (auto tokens = dyn_cast<run::TokensOp>(op)) {
+      if (tokensRanks >= 0)
+        return op->emitError("epic-run: a program has one run.tokens (the token count of "
+                             "each rank)");
+      tokensRanks = int64_t(tokens.getPerRank().size());
+      tokensOp = op;
+      json::Array counts;
+      for (int64_t count : tokens.getPerRank())
+        counts.push_back(count);
+      add(op, "tokens", json::Object{{"result", define(tokens)}, {"per_rank", std::move(counts)}});
+      return success();
+    }
+    if (auto random = dyn_cast<run::RandomOp>(op)) {
+      auto type = random.getResult().getType();
+      add(op, "random", json::Object{{"result", define(random)},
+           {"rows", use(random.getRows())},
+           {"distribution", run::stringifyDistribution(random.getDistribution()).str()},
+           {"scale", random.getScale().convertToDouble()},
+           {"seed", random.getSeed()},
+           {"dtype", debugString(type.getElementType())},
+           {"cols", type.getDimSize(1)}});
+      return success();
+    }
+    if (auto routing = dyn_cast<run::RoutingOp>(op)) {
+      add(op, "routing", json::Object{{"result", define(routing)},
+           {"rows", use(routing.getRows())},
+           {"experts", routing.getExperts()},
+           {"masked", routing.getMasked().convertToDouble()},
+           {"seed", routing.getSeed()},
+           {"topk", routing.getResult().getType().getDimSize(1)}});
+      return success();
+    }
+    if (auto print = dyn_cast<run::PrintOp>(op)) {
+      std::string what = "%" + std::to_string(use(print.getValue()));
+      if (Operation *producer = print.getValue().getDefiningOp()) {
+        what = producer->getName().getStringRef().str();
+        if (producer->getNumResults() > 1)
+          what += " result #" +
+                  std::to_string(cast<OpResult>(print.getValue()).getResultNumber());
+        what += " (" + locString(producer->getLoc()) + ")";
+      }
+      add(op, "print", json::Object{{"value", use(print.getValue())}, {"rows", print.getRows()},
+                        {"what", what}});
+      return success();
+    }
+    if (auto constant = dyn_cast<arith::ConstantOp>(op)) {
+      auto value = dyn_cast<IntegerAttr>(constant.getValue());
+      if (!value || !constant.getType().isIndex())
+        return op->emitError("epic-run: only index constants are supported (token counts, "
+                             "dimensions)");
+      add(op, "constant", json::Object{{"result", define(constant)}, {"value", value.getInt()}});
+      return success();
+    }
+    if (auto dim = dyn_cast<tensor::DimOp>(op)) {
+      std::optional<int64_t> index = dim.getConstantIndex();
+      if (!index)
+        return op->emitError("epic-run: tensor.dim needs a constant dimension index");
+      add(op, "dim", json::Object{{"result", define(dim)}, {"source", use(dim.getSource())}, {"dim", *index}});
+      return success();
+    }
+    if (auto dispatch = dyn_cast<ep::DispatchOp>(op)) {
+      ep::ConfigAttr config = dispatch.getConfig();
+      if (failed(world(op, config)) ||
+          failed(requireI64(op, dispatch.getTopkIdx(), "topk_idx")) ||
+          failed(requireI64(op, dispatch.getRecvTopkIdx(), "recv_topk_idx")))
+        return failure();
+      for (Value packs : {dispatch.getScalePacks(), dispatch.getRecvScalePacks()})
+        if (packs && !cast<ShapedType>(packs.getType()).getElementType().isF32())
+          return op->emitError("epic-run: scale packs must be f32 (the runtime passes "
+                               "float32 scales)");
+      json::Object step{{"spec", specJson(config)},
+                        {"cached", dispatch.isCached()},
+                        {"zero_padding", dispatch.getZeroPadding()},
+                        {"x", use(dispatch.getX())},
+                        {"topk_idx", use(dispatch.getTopkIdx())},
+                        {"scale_packs", use(dispatch.getScalePacks())},
+                        {"topk_weights", use(dispatch.getTopkWeights())},
+                        {"cached_handle", use(dispatch.getCachedHandle())}};
+      step["recv_x"] = define(dispatch.getRecvX());
+      step["recv_scale_packs"] =
+          dispatch.getRecvScalePacks() ? define(dispatch.getRecvScalePacks()) : -1;
+      step["recv_topk_idx"] = dispatch.getRecvTopkIdx() ? define(dispatch.getRecvTopkIdx()) : -1;
+      step["recv_topk_weights"] =
+          dispatch.getRecvTopkWeights() ? define(dispatch.getRecvTopkWeights()) : -1;
+      step["handle"] = define(dispatch.getHandle());
+      add(op, "dispatch", std::move(step));
+      return success();
+    }
+    if (auto combine = dyn_cast<ep::CombineOp>(op)) {
+      if (failed(world(op, combine.getConfig())))
+        return failure();
+      json::Array biases;
+      for (Value bias : combine.getBiases())
+        biases.push_back(use(bias));
+      json::Object step{{"spec", specJson(combine.getConfig())},
+                        {"x", use(combine.getX())},
+                        {"handle", use(combine.getHandle())},
+                        {"topk_weights", use(combine.getTopkWeights())},
+                        {"biases", std::move(biases)}};
+      step["combined_x"] = define(combine.getCombinedX());
+      step["combined_topk_weights"] =
+          combine.getCombinedTopkWeights() ? define(combine.getCombinedTopkWeights()) : -1;
+      add(op, "combine", std::move(step));
+      return success();
+    }
+    if (auto ret = dyn_cast<func::ReturnOp>(op))
+      return success();
+    return op->emitError() << "epic-run: '" << op->getName()
+                           << "' is not supported in a run program (it may use run.tokens, "
+                              "run.random, run.routing, run.print, ep.dispatch, ep.combine, "
+                              "tensor.dim and index arith.constant)";
+  }
+
+  func::FuncOp main;
+  llvm::DenseMap<Value, int64_t> ids;
+  json::Array steps;
+  int64_t ranks = -1, tokensRanks = -1;
+  Operation *tokensOp = nullptr;
+};
+
+} // namespace
+
+std::string epic::translateRunProgram(const std::string &source, const std::string &sourceName) {
+  DialectRegistry registry;
+  registerAllDialects(registry);
+  MLIRContext context(registry);
+  context.loadAllAvailableDialects();
+  context.printOpOnDiagnostic(false); // the location says which op
+
+  SourceParser parser(context, source, sourceName);
+  const std::string &diagnostics = parser.diagnostics();
+  OwningOpRef<ModuleOp> module = parser.parse();
+  if (!module)
+    throw CompileError("cannot parse " + sourceName + ":\n" + diagnostics);
+  auto main = module->lookupSymbol<func::FuncOp>("main");
+  if (!main)
+    throw CompileError(sourceName + ": an epic-run program needs a func.func @main");
+  FailureOr<json::Object> plan = Translator(main).run();
+  if (failed(plan))
+    throw CompileError(sourceName + " is not a valid epic-run program:\n" + diagnostics);
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  os << llvm::formatv("{0:2}", json::Value(std::move(*plan))) << "\n";
+  return text;
+}

@@ -1,0 +1,105 @@
+//===- Reference.h - DeepEP's dispatch/combine semantics on the host -*- C++ -*-===//
+//
+// Host tensors, the element conversions the tools need (bf16, f16, FP8) and
+// checkers that compare what the kernels produced with DeepEP V2's semantics
+// (../shared/reference/deepep-v2-semantics.md, executable in
+// python/epic/reference.py): dispatch rows, routing, weights, counts and
+// prefix sums independent of the arrival order the kernels choose; combine
+// bitwise against an fp32 sum in DeepEP's order. No CUDA: unit-tested on CPU.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef EPIC_RUNTIME_REFERENCE_H
+#define EPIC_RUNTIME_REFERENCE_H
+
+#include "epic/runtime/EntryIR.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace epic::runtime {
+
+/// Bytes of one element of `dtype` (bf16, f16, f32, f8E4M3FN, f8E5M2, i32,
+/// i64); throws std::invalid_argument for anything else.
+int dtypeBytes(const std::string &dtype);
+
+/// A row-major tensor in host memory.
+struct HostTensor {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> data;
+
+  HostTensor() = default;
+  HostTensor(std::string dtype, std::vector<int64_t> shape);
+  int64_t rows() const { return shape.empty() ? 0 : shape[0]; }
+  int64_t rowElements() const;
+  size_t rowBytes() const { return size_t(rowElements()) * dtypeBytes(dtype); }
+  const uint8_t *row(int64_t i) const { return data.data() + size_t(i) * rowBytes(); }
+  uint8_t *row(int64_t i) { return data.data() + size_t(i) * rowBytes(); }
+  /// Element `i` (flat index) as a double (integers exactly up to 2^53).
+  double at(int64_t i) const;
+  template <typename T> const T *as() const { return reinterpret_cast<const T *>(data.data()); }
+  template <typename T> T *as() { return reinterpret_cast<T *>(data.data()); }
+};
+
+/// Rounds to nearest even; FP8 saturates to the largest finite value.
+uint16_t floatToBf16(float value);
+float bf16ToFloat(uint16_t bits);
+uint16_t floatToF16(float value);
+float f16ToFloat(uint16_t bits);
+uint8_t floatToF8E4M3FN(float value);
+float f8E4M3FNToFloat(uint8_t bits);
+uint8_t floatToF8E5M2(float value);
+float f8E5M2ToFloat(uint8_t bits);
+/// `value` stored as one element of `dtype` at `out`.
+void storeElement(const std::string &dtype, double value, uint8_t *out);
+
+/// What one rank's dispatch took and produced, read back to the host.
+/// `recv*` tensors hold the received rows only (plain: the received tokens;
+/// expanded: every expert block with its padding); `meta` holds one row of
+/// K + 2 int32 per received token.
+struct DispatchRecord {
+  // Inputs of this rank (as the source).
+  HostTensor x, scalePacks, topkIdx, topkWeights;
+  // Outputs of this rank (as the destination).
+  HostTensor recvX, recvScalePacks, recvTopkIdx, recvTopkWeights;
+  std::vector<int32_t> meta;                       ///< [received tokens, K + 2]
+  std::vector<int32_t> psumRank;                   ///< [R]
+  std::vector<int32_t> numRecvPerExpert;           ///< [L], unaligned
+  std::vector<int32_t> psumRecvPerExpert;          ///< [L]
+  std::vector<int32_t> hostCounts;                 ///< [1 + L]: tokens, aligned counts
+};
+
+/// Checks a dispatch of every rank of the world (`ranks[d]` is rank d) with
+/// the routing in each rank's `topkIdx`. `weights`: topk weights were
+/// dispatched; `zeroPadding`: padding rows must be zero. Returns the
+/// problems found (empty: correct), at most `limit`, each naming the rank,
+/// the row and the field.
+std::vector<std::string> checkDispatch(const EPSpec &spec, bool weights, bool zeroPadding,
+                                       const std::vector<DispatchRecord> &ranks,
+                                       size_t limit = 8);
+
+/// What one rank's combine took and produced.
+struct CombineRecord {
+  HostTensor x;            ///< bf16 rows, aligned with this rank's dispatch output
+  HostTensor topkWeights;  ///< optional, like the dispatch's recv_topk_weights
+  std::vector<HostTensor> biases;
+  HostTensor combinedX, combinedTopkWeights;
+};
+
+/// Checks a combine of every rank against the fp32 reference (bitwise),
+/// given the dispatch (`handles`, their metadata and routing) it reverses.
+std::vector<std::string> checkCombine(const EPSpec &spec,
+                                      const std::vector<DispatchRecord> &handles,
+                                      const std::vector<CombineRecord> &ranks,
+                                      size_t limit = 8);
+
+/// The received rows of a dispatch in canonical order: sorted by source
+/// (rank, token); expanded: each expert block sorted the same way, padding
+/// left out. Indices into the record's recv tensors.
+std::vector<int64_t> canonicalRows(const EPSpec &spec, const DispatchRecord &record);
+
+} // namespace epic::runtime
+
+#endif // EPIC_RUNTIME_REFERENCE_H

@@ -1,0 +1,348 @@
+//===- RunProgram.cpp - executing a run plan on an ElasticBuffer ----------===//
+
+#include "epic/runtime/RunProgram.h"
+
+#include "epic/runtime/VirtualBuffer.h"
+
+#include "CudaCheck.h"
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <numeric>
+#include <stdexcept>
+
+using namespace epic::runtime;
+using detail::check;
+
+namespace {
+
+/// One rank's tensor: where it lives on the GPU and its host copy.
+struct RankTensor {
+  DeviceTensor device;
+  HostTensor host;
+};
+
+/// What a dispatch left: the handle on the GPU and its host copy (routing,
+/// metadata, counts), for combine, cached dispatches, printing and checks.
+struct HandleValue {
+  EPSpec spec;
+  std::vector<Handle> device;
+  std::vector<DispatchRecord> records;
+};
+
+struct Value {
+  std::vector<int64_t> index;     ///< per rank
+  std::vector<RankTensor> tensor; ///< per rank
+  std::shared_ptr<HandleValue> handle;
+  /// Received rows of this dispatch: printed in canonical order.
+  std::shared_ptr<HandleValue> receivedBy;
+};
+
+class Executor {
+public:
+  Executor(const RunPlan &plan, KernelHost &buffer, const RunOptions &options)
+      : plan(plan), buffer(buffer), options(options), values(size_t(plan.values)) {}
+  ~Executor() {
+    for (void *p : allocations)
+      cudaFree(p);
+  }
+
+  RunSummary run() {
+    std::vector<PlanKernel> kernels = plan.kernels();
+    size_t next = 0;
+    for (const RunStep &step : plan.steps) {
+      try {
+        if (step.op == "dispatch" || step.op == "combine") {
+          const PlanKernel &k = kernels.at(next++);
+          if (k.dispatch)
+            dispatch(step, k);
+          else
+            combine(step, k);
+        } else {
+          host(step);
+        }
+      } catch (const std::invalid_argument &e) {
+        throw std::invalid_argument(step.op + " at " + step.loc + ": " + e.what());
+      }
+    }
+    return summary;
+  }
+
+private:
+  int R() const { return plan.ranks; }
+  Value &at(int64_t id) { return values.at(size_t(id)); }
+
+  DeviceTensor allocate(const std::string &dtype, std::vector<int64_t> shape, int fill = 0) {
+    size_t bytes = size_t(dtypeBytes(dtype));
+    for (int64_t d : shape)
+      bytes *= size_t(d);
+    void *p = nullptr;
+    check(cudaMalloc(&p, std::max<size_t>(bytes, 16)), "cudaMalloc");
+    allocations.push_back(p);
+    check(cudaMemset(p, fill, std::max<size_t>(bytes, 16)), "cudaMemset");
+    return DeviceTensor{reinterpret_cast<uint64_t>(p), dtype, std::move(shape)};
+  }
+  RankTensor upload(HostTensor host) {
+    RankTensor t{allocate(host.dtype, host.shape), std::move(host)};
+    check(cudaMemcpy(reinterpret_cast<void *>(t.device.data), t.host.data.data(),
+                     t.host.data.size(), cudaMemcpyHostToDevice),
+          "cudaMemcpy (upload)");
+    return t;
+  }
+  /// The first `rows` rows of `device` (all of dimension 1..).
+  static HostTensor download(const DeviceTensor &device, int64_t rows) {
+    std::vector<int64_t> shape = device.shape;
+    shape[0] = rows;
+    HostTensor host(device.dtype, shape);
+    check(cudaMemcpy(host.data.data(), reinterpret_cast<void *>(device.data), host.data.size(),
+                     cudaMemcpyDeviceToHost),
+          "cudaMemcpy (download)");
+    return host;
+  }
+  static std::vector<int32_t> downloadInts(const DeviceTensor &device, int64_t count) {
+    std::vector<int32_t> out(size_t(std::max<int64_t>(count, 0)));
+    check(cudaMemcpy(out.data(), reinterpret_cast<void *>(device.data), out.size() * 4,
+                     cudaMemcpyDeviceToHost),
+          "cudaMemcpy (download)");
+    return out;
+  }
+  /// `tensor` cut to its first `rows` rows (same memory).
+  static RankTensor received(const DeviceTensor &device, int64_t rows) {
+    RankTensor t{device, download(device, rows)};
+    t.device.shape[0] = rows;
+    return t;
+  }
+
+  void host(const RunStep &step) {
+    if (step.op == "tokens") {
+      Value &v = at(step.integer("result"));
+      for (const Json &count : step.fields.at("per_rank").array)
+        v.index.push_back(count.integer());
+    } else if (step.op == "constant") {
+      at(step.integer("result")).index.assign(size_t(R()), step.integer("value"));
+    } else if (step.op == "dim") {
+      const Value &source = at(step.integer("source"));
+      Value &v = at(step.integer("result"));
+      for (const RankTensor &t : source.tensor)
+        v.index.push_back(t.device.shape.at(size_t(step.integer("dim"))));
+    } else if (step.op == "random" || step.op == "routing") {
+      const Value &rows = at(step.integer("rows"));
+      Value &v = at(step.integer("result"));
+      for (int r = 0; r < R(); ++r) {
+        HostTensor t = step.op == "random"
+                           ? randomTensor(step.fields.at("distribution").string,
+                                          step.fields.at("scale").number, step.integer("seed"),
+                                          r, rows.index[r], step.integer("cols"),
+                                          step.fields.at("dtype").string)
+                           : randomRouting(step.integer("experts"),
+                                           step.fields.at("masked").number, step.integer("seed"),
+                                           r, rows.index[r], step.integer("topk"));
+        v.tensor.push_back(upload(std::move(t)));
+      }
+    } else if (step.op == "print") {
+      print(step);
+    }
+  }
+
+  void print(const RunStep &step) {
+    const Value &v = at(step.integer("value"));
+    std::FILE *out = options.out;
+    std::fprintf(out, "%s at %s:\n", step.fields.at("what").string.c_str(), step.loc.c_str());
+    for (int r = 0; r < R(); ++r) {
+      std::fprintf(out, "  rank %d: ", r);
+      if (!v.index.empty()) {
+        std::fprintf(out, "%lld\n", (long long)v.index[r]);
+      } else if (v.handle) {
+        const DispatchRecord &rec = v.handle->records[r];
+        std::fprintf(out, "received %d tokens; per local expert (aligned):", rec.hostCounts[0]);
+        for (size_t e = 1; e < rec.hostCounts.size(); ++e)
+          std::fprintf(out, " %d", rec.hostCounts[e]);
+        std::fprintf(out, "\n");
+      } else {
+        const HostTensor &t = v.tensor[r].host;
+        std::vector<int64_t> rows;
+        if (v.receivedBy) {
+          rows = canonicalRows(v.receivedBy->spec, v.receivedBy->records[r]);
+        } else {
+          rows.resize(size_t(t.rows()));
+          std::iota(rows.begin(), rows.end(), 0);
+        }
+        printTensor(out, t, rows, step.integer("rows"));
+      }
+    }
+  }
+
+  void dispatch(const RunStep &step, const PlanKernel &k) {
+    const EPSpec &spec = k.spec;
+    const int64_t L = spec.experts / spec.ranks, K = spec.topk, H = spec.hidden;
+    const int64_t capacity = receiveRows(spec);
+    const bool cached = k.dispatchVariant.cached, weights = k.dispatchVariant.weights;
+    std::shared_ptr<HandleValue> handle;
+    if (cached) {
+      handle = at(step.integer("cached_handle")).handle;
+    } else {
+      handle = std::make_shared<HandleValue>();
+      handle->spec = spec;
+      handle->records.resize(static_cast<size_t>(R()));
+    }
+    auto optional = [&](const char *field) -> Value * {
+      int64_t id = step.integer(field);
+      return id < 0 ? nullptr : &at(id);
+    };
+    const Value &x = at(step.integer("x"));
+    Value *packs = optional("scale_packs"), *w = optional("topk_weights");
+    std::vector<DispatchCall> calls(static_cast<size_t>(R()));
+    for (int r = 0; r < R(); ++r) {
+      DispatchCall &c = calls[r];
+      const int64_t T = x.tensor[r].device.shape[0];
+      c.x = x.tensor[r].device;
+      if (packs)
+        c.scalePacks = packs->tensor[r].device;
+      if (w)
+        c.topkWeights = w->tensor[r].device;
+      if (cached) {
+        c.handle = handle->device[r];
+      } else {
+        const Value &idx = at(step.integer("topk_idx"));
+        c.handle = Handle{idx.tensor[r].device,
+                          allocate("i32", {T, K}),
+                          allocate("i32", {int64_t(spec.ranks) * spec.maxTokensPerRank, K + 2}),
+                          allocate("i32", {spec.ranks}),
+                          allocate("i32", {L}),
+                          allocate("i32", {L})};
+        handle->device.push_back(c.handle);
+      }
+      c.recvX = allocate(spec.dtype, {capacity, H});
+      if (spec.isFP8())
+        c.recvScalePacks = allocate("f32", {capacity, spec.scalePacks});
+      if (!spec.expanded)
+        c.recvTopkIdx = allocate("i64", {capacity, K});
+      if (weights)
+        c.recvTopkWeights = spec.expanded ? allocate("f32", {capacity})
+                                          : allocate("f32", {capacity, K});
+      c.hostCounts = allocate("i32", {1 + L});
+    }
+    buffer.dispatch(spec, k.dispatchVariant, calls);
+
+    // Read back the handle (an uncached dispatch wrote it) and the rows.
+    for (int r = 0; r < R() && !cached; ++r) {
+      DispatchRecord &rec = handle->records[r];
+      const Handle &h = handle->device[r];
+      rec.topkIdx = download(h.topkIdx, h.topkIdx.shape[0]);
+      rec.hostCounts = downloadInts(calls[r].hostCounts, 1 + L);
+      rec.meta = downloadInts(h.recvSrcMetadata, int64_t(rec.hostCounts[0]) * (K + 2));
+      rec.psumRank = downloadInts(h.psumNumRecvTokensPerRank, spec.ranks);
+      rec.numRecvPerExpert = downloadInts(h.numRecvTokensPerExpert, L);
+      rec.psumRecvPerExpert = downloadInts(h.psumNumRecvTokensPerExpert, L);
+    }
+    std::vector<DispatchRecord> checked(static_cast<size_t>(R()));
+    auto define = [&](const char *field, const DeviceTensor &device, int64_t rows) {
+      int64_t id = step.integer(field);
+      RankTensor t = received(device, rows);
+      if (id >= 0) {
+        Value &v = at(id);
+        v.receivedBy = handle;
+        v.tensor.push_back(t);
+      }
+      return t.host;
+    };
+    for (int r = 0; r < R(); ++r) {
+      DispatchRecord rec = handle->records[r]; // routing, metadata and counts
+      const DispatchCall &c = calls[r];
+      int64_t rows = rec.hostCounts[0];
+      if (spec.expanded)
+        rows = std::accumulate(rec.hostCounts.begin() + 1, rec.hostCounts.end(), int64_t(0));
+      rec.x = x.tensor[r].host;
+      if (packs)
+        rec.scalePacks = packs->tensor[r].host;
+      if (w)
+        rec.topkWeights = w->tensor[r].host;
+      rec.recvX = define("recv_x", c.recvX, rows);
+      if (c.recvScalePacks.given())
+        rec.recvScalePacks = define("recv_scale_packs", c.recvScalePacks, rows);
+      if (c.recvTopkIdx.given())
+        rec.recvTopkIdx = define("recv_topk_idx", c.recvTopkIdx, rows);
+      if (c.recvTopkWeights.given())
+        rec.recvTopkWeights = define("recv_topk_weights", c.recvTopkWeights, rows);
+      checked[r] = std::move(rec);
+    }
+    at(step.integer("handle")).handle = handle;
+    if (options.check)
+      report(step, checkDispatch(spec, weights, k.dispatchVariant.zeroPadding, checked));
+  }
+
+  void combine(const RunStep &step, const PlanKernel &k) {
+    const EPSpec &spec = k.spec;
+    const int64_t K = spec.topk, H = spec.hidden;
+    const Value &x = at(step.integer("x"));
+    std::shared_ptr<HandleValue> handle = at(step.integer("handle")).handle;
+    const int64_t weightsId = step.integer("topk_weights");
+    const auto &biasIds = step.fields.at("biases").array;
+    std::vector<CombineCall> calls(static_cast<size_t>(R()));
+    for (int r = 0; r < R(); ++r) {
+      CombineCall &c = calls[r];
+      const int64_t T = handle->device[r].topkIdx.shape[0];
+      c.x = x.tensor[r].device;
+      c.handle = handle->device[r];
+      if (weightsId >= 0) {
+        c.topkWeights = at(weightsId).tensor[r].device;
+        c.combinedTopkWeights = allocate("f32", {T, K});
+      }
+      if (biasIds.size() >= 1)
+        c.bias0 = at(biasIds[0].integer()).tensor[r].device;
+      if (biasIds.size() == 2)
+        c.bias1 = at(biasIds[1].integer()).tensor[r].device;
+      c.combinedX = allocate("bf16", {T, H});
+    }
+    buffer.combine(spec, k.combineVariant, calls);
+
+    std::vector<CombineRecord> checked(static_cast<size_t>(R()));
+    for (int r = 0; r < R(); ++r) {
+      const CombineCall &c = calls[r];
+      CombineRecord &rec = checked[r];
+      RankTensor out = received(c.combinedX, c.combinedX.shape[0]);
+      rec.combinedX = out.host;
+      at(step.integer("combined_x")).tensor.push_back(std::move(out));
+      if (weightsId >= 0) {
+        RankTensor ow = received(c.combinedTopkWeights, c.combinedTopkWeights.shape[0]);
+        rec.combinedTopkWeights = ow.host;
+        rec.topkWeights = at(weightsId).tensor[r].host;
+        if (int64_t id = step.integer("combined_topk_weights"); id >= 0)
+          at(id).tensor.push_back(std::move(ow));
+      }
+      rec.x = x.tensor[r].host;
+      for (const Json &id : biasIds)
+        rec.biases.push_back(at(id.integer()).tensor[r].host);
+    }
+    if (options.check)
+      report(step, checkCombine(spec, handle->records, checked));
+  }
+
+  void report(const RunStep &step, const std::vector<std::string> &problems) {
+    ++summary.checks;
+    summary.failures += !problems.empty();
+    std::fprintf(options.out, "check %s at %s: %s\n", step.op.c_str(), step.loc.c_str(),
+                 problems.empty() ? "ok" : "FAILED");
+    for (const std::string &problem : problems)
+      std::fprintf(options.out, "  %s\n", problem.c_str());
+  }
+
+  const RunPlan &plan;
+  KernelHost &buffer;
+  const RunOptions &options;
+  std::vector<Value> values;
+  std::vector<void *> allocations;
+  RunSummary summary;
+};
+
+} // namespace
+
+RunSummary epic::runtime::executePlan(const RunPlan &plan, KernelHost &buffer,
+                                      const RunOptions &options) {
+  if (buffer.worldSize() != plan.ranks)
+    throw std::invalid_argument("the program runs on " + std::to_string(plan.ranks) +
+                                " ranks but the buffer's world has " +
+                                std::to_string(buffer.worldSize()));
+  return Executor(plan, buffer, options).run();
+}

@@ -1,0 +1,403 @@
+//===- RunProgramTest.cpp - run plans, inputs and the host reference ------===//
+//
+// What epic-run does on the host, without a GPU: element conversions, the
+// deterministic inputs, the dispatch/combine checkers (they must accept any
+// arrival order and catch every wrong byte), run-plan parsing and caching.
+//
+//===----------------------------------------------------------------------===//
+
+#include "epic/runtime/KernelCache.h"
+#include "epic/runtime/KernelProvider.h"
+#include "epic/runtime/RunProgram.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+using namespace epic::runtime;
+namespace fs = std::filesystem;
+
+namespace {
+
+bool mentions(const std::vector<std::string> &problems, const std::string &needle) {
+  for (const std::string &p : problems)
+    if (p.find(needle) != std::string::npos)
+      return true;
+  return false;
+}
+
+// --- Elements ---------------------------------------------------------------------
+
+TEST(Elements, KnownEncodings) {
+  EXPECT_EQ(floatToBf16(1.0f), 0x3f80);
+  EXPECT_EQ(floatToBf16(1.0f + 1.0f / 256), 0x3f80); // tie to even
+  EXPECT_EQ(floatToF16(1.0f), 0x3c00);
+  EXPECT_EQ(floatToF16(65504.0f), 0x7bff);
+  EXPECT_EQ(floatToF16(1e6f), 0x7c00); // overflow: infinity
+  EXPECT_EQ(floatToF16(-0x1p-24f), 0x8001); // smallest subnormal
+  EXPECT_EQ(floatToF8E4M3FN(1.0f), 0x38);
+  EXPECT_EQ(floatToF8E4M3FN(448.0f), 0x7e);
+  EXPECT_EQ(floatToF8E4M3FN(1000.0f), 0x7e); // saturates
+  EXPECT_EQ(floatToF8E4M3FN(-0x1p-9f), 0x81);
+  EXPECT_EQ(floatToF8E5M2(1.0f), 0x3c);
+  EXPECT_EQ(floatToF8E5M2(1e6f), 0x7b); // saturates to 57344
+  for (int b = 0; b < 256; ++b) {
+    float e4 = f8E4M3FNToFloat(uint8_t(b)), e5 = f8E5M2ToFloat(uint8_t(b));
+    if (!std::isnan(e4))
+      EXPECT_EQ(floatToF8E4M3FN(e4), b == 0x80 ? 0x80 : b) << b;
+    if (!std::isnan(e5) && !std::isinf(e5))
+      EXPECT_EQ(floatToF8E5M2(e5), b) << b;
+  }
+  EXPECT_TRUE(std::isnan(f8E4M3FNToFloat(0x7f)));
+  EXPECT_THROW(dtypeBytes("f64"), std::invalid_argument);
+}
+
+// --- Inputs -----------------------------------------------------------------------
+
+TEST(Inputs, RoutingIsDeterministicDistinctAndMasked) {
+  HostTensor a = randomRouting(64, 0.25, 7, 3, 2000, 8);
+  HostTensor b = randomRouting(64, 0.25, 7, 3, 2000, 8);
+  EXPECT_EQ(a.data, b.data);
+  EXPECT_NE(a.data, randomRouting(64, 0.25, 7, 4, 2000, 8).data); // another rank
+  EXPECT_NE(a.data, randomRouting(64, 0.25, 8, 3, 2000, 8).data); // another seed
+  int64_t masked = 0;
+  std::set<int64_t> used;
+  for (int64_t t = 0; t < 2000; ++t) {
+    std::set<int64_t> row;
+    for (int j = 0; j < 8; ++j) {
+      int64_t e = a.as<int64_t>()[t * 8 + j];
+      ASSERT_GE(e, -1);
+      ASSERT_LT(e, 64);
+      if (e < 0) {
+        ++masked;
+        continue;
+      }
+      EXPECT_TRUE(row.insert(e).second) << "expert " << e << " twice in row " << t;
+      used.insert(e);
+    }
+  }
+  EXPECT_NEAR(double(masked) / 16000, 0.25, 0.02);
+  EXPECT_EQ(used.size(), 64u);
+  EXPECT_THROW(randomRouting(4, 0, 1, 0, 1, 5), std::invalid_argument);
+}
+
+TEST(Inputs, RandomValuesFollowTheirDistribution) {
+  HostTensor n = randomTensor("normal", 2.0, 1, 0, 1000, 64, "f32");
+  EXPECT_EQ(n.data, randomTensor("normal", 2.0, 1, 0, 1000, 64, "f32").data);
+  double sum = 0, squares = 0;
+  for (int64_t i = 0; i < 64000; ++i)
+    sum += n.at(i), squares += n.at(i) * n.at(i);
+  EXPECT_NEAR(sum / 64000, 0.0, 0.05);
+  EXPECT_NEAR(std::sqrt(squares / 64000), 2.0, 0.05);
+  HostTensor u = randomTensor("uniform", 3.0, 1, 0, 100, 10, "bf16");
+  for (int64_t i = 0; i < 1000; ++i) {
+    EXPECT_GE(u.at(i), 0.0);
+    EXPECT_LE(u.at(i), 3.0);
+  }
+  HostTensor f8 = randomTensor("normal", 1000.0, 1, 0, 10, 16, "f8E4M3FN");
+  for (int64_t i = 0; i < 160; ++i)
+    EXPECT_LE(std::fabs(f8.at(i)), 448.0); // saturated, never NaN
+  EXPECT_THROW(randomTensor("cauchy", 1, 1, 0, 1, 1, "f32"), std::invalid_argument);
+}
+
+// --- The checkers -----------------------------------------------------------------
+
+/// A tiny world whose dispatch outputs are built here in canonical order
+/// (sources ascending), the way DeepEP defines them.
+struct TinyWorld {
+  EPSpec spec;
+  std::vector<DispatchRecord> ranks;
+
+  TinyWorld(bool expanded, int alignment = 1) {
+    spec.ranks = 2, spec.experts = 4, spec.topk = 2, spec.hidden = 8;
+    spec.maxTokensPerRank = 3, spec.expanded = expanded, spec.expertAlignment = alignment;
+    const int R = 2, L = 2, K = 2, H = 8, Tmax = 3;
+    // Rank 0: 3 tokens, rank 1: 2 tokens. Experts 0,1 on rank 0, 2,3 on rank 1.
+    std::vector<std::vector<int64_t>> idx = {{0, 2, 1, -1, 3, 1}, {2, 3, -1, -1}};
+    ranks.resize(R);
+    for (int s = 0; s < R; ++s) {
+      int64_t T = int64_t(idx[s].size()) / K;
+      DispatchRecord &r = ranks[s];
+      r.topkIdx = HostTensor("i64", {T, K});
+      std::copy(idx[s].begin(), idx[s].end(), r.topkIdx.as<int64_t>());
+      r.x = HostTensor("bf16", {T, H});
+      r.topkWeights = HostTensor("f32", {T, K});
+      for (int64_t i = 0; i < T * H; ++i) // small integers: every sum is exact
+        r.x.as<uint16_t>()[i] = floatToBf16(float(1 + (s * 7 + i) % 5));
+      for (int64_t i = 0; i < T * K; ++i)
+        r.topkWeights.as<float>()[i] = 0.5f + float(s * 10 + i);
+    }
+    for (int d = 0; d < R; ++d) {
+      DispatchRecord &out = ranks[d];
+      std::vector<std::pair<int, int>> tokens; // canonical: (source, token)
+      std::vector<int32_t> perSource(R, 0), counts(L, 0);
+      for (int s = 0; s < R; ++s)
+        for (int t = 0; t < ranks[s].topkIdx.rows(); ++t) {
+          bool here = false;
+          for (int j = 0; j < K; ++j) {
+            int64_t e = ranks[s].topkIdx.as<int64_t>()[t * K + j];
+            if (e >= 0 && e / L == d)
+              here = true, counts[e % L]++;
+          }
+          if (here)
+            tokens.push_back({s, t}), perSource[s]++;
+        }
+      auto align = [&](int n) { return (n + alignment - 1) / alignment * alignment; };
+      const int n = int(tokens.size());
+      out.hostCounts = {n};
+      std::vector<int> starts(L, 0);
+      int psum = 0;
+      for (int e = 0; e < L; ++e) {
+        starts[e] = psum;
+        psum += align(counts[e]);
+        out.hostCounts.push_back(align(counts[e]));
+        out.numRecvPerExpert.push_back(counts[e]);
+        out.psumRecvPerExpert.push_back(expanded ? starts[e] + counts[e] : psum);
+      }
+      for (int s = 0, sum = 0; s < R; ++s)
+        out.psumRank.push_back(sum += perSource[s]);
+      const int rows = expanded ? psum : n;
+      out.recvX = HostTensor("bf16", {rows, H});
+      out.recvTopkIdx = HostTensor("i64", {rows, K});
+      out.recvTopkWeights = expanded ? HostTensor("f32", {rows}) : HostTensor("f32", {rows, K});
+      out.meta.assign(size_t(n) * (K + 2), -1);
+      std::vector<int> fill = starts;
+      for (int i = 0; i < n; ++i) {
+        auto [s, t] = tokens[i];
+        const DispatchRecord &src = ranks[s];
+        int master = -1;
+        for (int j = 0; j < K; ++j) {
+          int64_t e = src.topkIdx.as<int64_t>()[t * K + j];
+          bool here = e >= 0 && e / L == d;
+          if (here)
+            master = j;
+          if (!expanded) {
+            out.recvTopkIdx.as<int64_t>()[i * K + j] = here ? e % L : -1;
+            out.recvTopkWeights.as<float>()[i * K + j] = src.topkWeights.as<float>()[t * K + j];
+          } else if (here) {
+            int row = fill[e % L]++;
+            out.meta[i * (K + 2) + 2 + j] = row;
+            std::memcpy(out.recvX.row(row), src.x.row(t), out.recvX.rowBytes());
+            out.recvTopkWeights.as<float>()[row] = src.topkWeights.as<float>()[t * K + j];
+          }
+        }
+        out.meta[i * (K + 2)] = s * Tmax + t;
+        out.meta[i * (K + 2) + 1] = s * K + master;
+        if (!expanded)
+          std::memcpy(out.recvX.row(i), src.x.row(t), out.recvX.rowBytes());
+      }
+      if (expanded)
+        out.recvTopkIdx = HostTensor();
+    }
+  }
+
+  /// Combine of the received rows as they are (the identity expert).
+  std::vector<CombineRecord> identityCombine(std::vector<float> multiplicity) const {
+    std::vector<CombineRecord> out(2);
+    for (int s = 0; s < 2; ++s) {
+      out[s].x = ranks[s].recvX;
+      out[s].topkWeights = ranks[s].recvTopkWeights;
+      int64_t T = ranks[s].topkIdx.rows();
+      out[s].combinedX = HostTensor("bf16", {T, 8});
+      out[s].combinedTopkWeights = HostTensor("f32", {T, 2});
+      for (int64_t t = 0; t < T; ++t) {
+        float m = multiplicity[size_t(s * 3 + t)];
+        for (int h = 0; h < 8; ++h)
+          out[s].combinedX.as<uint16_t>()[t * 8 + h] =
+              floatToBf16(m * bf16ToFloat(ranks[s].x.as<uint16_t>()[t * 8 + h]));
+        for (int j = 0; j < 2; ++j)
+          out[s].combinedTopkWeights.as<float>()[t * 2 + j] =
+              ranks[s].topkIdx.as<int64_t>()[t * 2 + j] < 0
+                  ? 0.f
+                  : ranks[s].topkWeights.as<float>()[t * 2 + j];
+      }
+    }
+    return out;
+  }
+};
+
+TEST(Reference, PlainDispatchAcceptsAnyArrivalOrderAndCatchesWrongBytes) {
+  TinyWorld w(false);
+  EXPECT_TRUE(checkDispatch(w.spec, true, false, w.ranks).empty());
+  // Rank 1 received tokens 0 and 2 of rank 0 (group of source 0): swap them.
+  TinyWorld swapped(false);
+  DispatchRecord &r1 = swapped.ranks[1];
+  ASSERT_EQ(r1.hostCounts[0], 3);
+  for (int64_t k = 0; k < 4; ++k)
+    std::swap(r1.meta[k], r1.meta[4 + k]);
+  std::vector<uint8_t> row(r1.recvX.row(0), r1.recvX.row(0) + r1.recvX.rowBytes());
+  std::memcpy(r1.recvX.row(0), r1.recvX.row(1), r1.recvX.rowBytes());
+  std::memcpy(r1.recvX.row(1), row.data(), row.size());
+  for (int j = 0; j < 2; ++j) {
+    std::swap(r1.recvTopkIdx.as<int64_t>()[j], r1.recvTopkIdx.as<int64_t>()[2 + j]);
+    std::swap(r1.recvTopkWeights.as<float>()[j], r1.recvTopkWeights.as<float>()[2 + j]);
+  }
+  EXPECT_TRUE(checkDispatch(swapped.spec, true, false, swapped.ranks).empty());
+  std::vector<int64_t> canonical = canonicalRows(swapped.spec, r1);
+  EXPECT_EQ(canonical, (std::vector<int64_t>{1, 0, 2}));
+
+  TinyWorld bad(false);
+  bad.ranks[1].recvX.as<uint16_t>()[9] ^= 1;
+  auto problems = checkDispatch(bad.spec, true, false, bad.ranks);
+  EXPECT_TRUE(mentions(problems, "rank 1: recv_x[1] differs")) << problems.at(0);
+  bad = TinyWorld(false);
+  bad.ranks[0].hostCounts[0] = 1;
+  EXPECT_TRUE(mentions(checkDispatch(bad.spec, true, false, bad.ranks), "rank 0: received 1"));
+  bad = TinyWorld(false);
+  bad.ranks[0].meta[1] = 1; // master slot of rank 0's first token is 0
+  EXPECT_TRUE(mentions(checkDispatch(bad.spec, true, false, bad.ranks), "master slot"));
+  bad = TinyWorld(false);
+  bad.ranks[1].recvTopkWeights.as<float>()[0] = 9.f;
+  EXPECT_TRUE(mentions(checkDispatch(bad.spec, true, false, bad.ranks), "recv_topk_weights"));
+  EXPECT_TRUE(checkDispatch(bad.spec, false, false, bad.ranks).empty()); // weights not sent
+  bad = TinyWorld(false);
+  bad.ranks[1].psumRank[0] = 7;
+  EXPECT_TRUE(mentions(checkDispatch(bad.spec, true, false, bad.ranks),
+                       "psum_num_recv_tokens_per_rank[0]"));
+}
+
+TEST(Reference, ExpandedDispatchAndZeroPadding) {
+  TinyWorld w(true, 4);
+  EXPECT_TRUE(checkDispatch(w.spec, true, true, w.ranks).empty());
+  // Canonical rows: every expert block's used rows, padding left out; the
+  // handle alone (no rows read back) is enough.
+  DispatchRecord handleOnly = w.ranks[0];
+  handleOnly.recvX = HostTensor();
+  EXPECT_EQ(canonicalRows(w.spec, handleOnly), (std::vector<int64_t>{0, 4, 5}));
+  TinyWorld dirty(true, 4);
+  DispatchRecord &r0 = dirty.ranks[0];
+  // Local expert 0 of rank 0 received one row; rows 1..3 are its padding.
+  ASSERT_EQ(r0.numRecvPerExpert[0], 1);
+  r0.recvX.as<uint16_t>()[8 * 2] = floatToBf16(1.f);
+  EXPECT_TRUE(checkDispatch(dirty.spec, true, false, dirty.ranks).empty());
+  EXPECT_TRUE(mentions(checkDispatch(dirty.spec, true, true, dirty.ranks), "padding"));
+  TinyWorld bad(true, 4);
+  bad.ranks[1].meta[3] = 100; // slot 1 of rank 0's token 0: expert 2, here
+  EXPECT_TRUE(mentions(checkDispatch(bad.spec, true, false, bad.ranks), "outside local expert"));
+}
+
+TEST(Reference, CombineIsCheckedBitwise) {
+  // Multiplicity of each source token = the ranks that own one of its experts
+  // (plain), or its valid slots (expanded: each expert's row is summed).
+  TinyWorld plain(false);
+  std::vector<float> ranksOwning = {2, 1, 2, 1, 0};
+  EXPECT_TRUE(checkCombine(plain.spec, plain.ranks, plain.identityCombine(ranksOwning)).empty());
+  auto wrong = plain.identityCombine(ranksOwning);
+  wrong[1].combinedX.as<uint16_t>()[3] ^= 1;
+  auto problems = checkCombine(plain.spec, plain.ranks, wrong);
+  EXPECT_TRUE(mentions(problems, "rank 1: combined_x[0][3]")) << problems.at(0);
+  wrong = plain.identityCombine(ranksOwning);
+  wrong[0].combinedTopkWeights.as<float>()[3] = 1.f; // a masked slot must be 0
+  EXPECT_TRUE(mentions(checkCombine(plain.spec, plain.ranks, wrong), "combined_topk_weights"));
+
+  TinyWorld expanded(true, 4);
+  std::vector<float> slots = {2, 1, 2, 2, 0};
+  EXPECT_TRUE(
+      checkCombine(expanded.spec, expanded.ranks, expanded.identityCombine(slots)).empty());
+  EXPECT_FALSE(
+      checkCombine(expanded.spec, expanded.ranks, expanded.identityCombine(ranksOwning)).empty());
+}
+
+// --- Run plans --------------------------------------------------------------------
+
+std::string planWith(const std::string &steps, int values, int ranks = 2) {
+  return "{\"epic_run_plan\": 1, \"ranks\": " + std::to_string(ranks) +
+         ", \"values\": " + std::to_string(values) + ", \"steps\": [" + steps + "]}";
+}
+const char *kTokens = R"({"op": "tokens", "loc": "p.mlir:1:1", "result": 0, "per_rank": [4, 2]})";
+
+void expectPlanError(const std::string &text, const std::string &needle) {
+  try {
+    RunPlan::parse(text);
+    FAIL() << "accepted: " << text;
+  } catch (const std::runtime_error &e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(RunPlan, ParsesAndChecksValues) {
+  std::string random = R"({"op": "random", "loc": "p.mlir:2:1", "result": 1, "rows": 0,
+      "distribution": "normal", "scale": 1, "seed": 1, "dtype": "bf16", "cols": 64})";
+  RunPlan plan = RunPlan::parse(planWith(std::string(kTokens) + "," + random, 2));
+  EXPECT_EQ(plan.ranks, 2);
+  EXPECT_EQ(plan.steps.size(), 2u);
+  EXPECT_TRUE(plan.kernels().empty());
+
+  expectPlanError("[1, 2]", "not an epic run plan");
+  expectPlanError("{\"epic_run_plan\": 2}", "version 2");
+  expectPlanError(planWith(random, 2), "step 0 (random at p.mlir:2:1): rows uses value 0 before");
+  expectPlanError(planWith(std::string(kTokens) + "," + kTokens, 1), "a second time");
+  expectPlanError(planWith(kTokens, 1, 3), "per_rank has 2 entries for 3 ranks");
+  expectPlanError(planWith(R"({"op": "fly", "loc": "p.mlir:9:9"})", 0), "unknown op \"fly\"");
+  std::string print = R"({"op": "print", "loc": "p.mlir:3:1", "value": 0, "rows": 2})";
+  RunPlan::parse(planWith(std::string(kTokens) + "," + print, 1));
+  std::string badRows = R"({"op": "random", "loc": "p.mlir:2:1", "result": 1, "rows": 1,
+      "distribution": "normal", "scale": 1, "seed": 1, "dtype": "bf16", "cols": 64})";
+  expectPlanError(planWith(std::string(kTokens) + "," + random + "," +
+                               R"({"op": "random", "loc": "p.mlir:3:1", "result": 2, "rows": 1,
+      "distribution": "normal", "scale": 1, "seed": 1, "dtype": "bf16", "cols": 64})",
+                           3),
+                  "rows must be an index, value 1 is a tensor");
+}
+
+class RunPlanCache : public ::testing::Test {
+protected:
+  void SetUp() override {
+    dir = fs::temp_directory_path() / ("epic-run-plan-test-" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  void TearDown() override { fs::remove_all(dir); }
+  fs::path dir;
+};
+
+TEST_F(RunPlanCache, TextArtifactsAreStoredAtomically) {
+  KernelCache cache((dir / "cache").string());
+  std::string key(32, 'a');
+  EXPECT_FALSE(cache.loadText("plans", key));
+  cache.storeText("plans", key, "{}");
+  cache.storeText("plans", key, "{}"); // a second writer replaces it whole
+  EXPECT_EQ(*cache.loadText("plans", key), "{}");
+  EXPECT_THROW(cache.loadText("plans", "../x"), std::invalid_argument);
+}
+
+TEST_F(RunPlanCache, ProviderMakesThePlanOnceThenLoadsIt) {
+  std::string program = (dir / "p.mlir").string();
+  std::ofstream(program) << R"(#cfg = #ep.config<ranks = 2, experts = 8, topk = 2, hidden = 64,
+                  dtype = bf16, max_tokens_per_rank = 16>
+func.func @main() {
+  %t = run.tokens per_rank [16, 3]
+  %x = run.random normal seed 1 rows %t : tensor<?x64xbf16>
+  %i = run.routing experts 8 seed 2 rows %t : tensor<?x2xi64>
+  %rx, %ri, %h = ep.dispatch %x topk(%i : tensor<?x2xi64>) config #cfg
+      : tensor<?x64xbf16> -> tensor<?x64xbf16>, tensor<?x2xi64>, !ep.handle<#cfg>
+  %y = ep.combine %rx, %h : tensor<?x64xbf16>, !ep.handle<#cfg> -> tensor<?x64xbf16>
+  return
+})";
+  KernelCache cache((dir / "cache").string());
+  KernelProvider provider(cache, {"virtual", "sm_90", ""});
+  RunPlan plan = RunPlan::parse(provider.runPlan(program));
+  ASSERT_EQ(plan.kernels().size(), 2u);
+  EXPECT_TRUE(plan.kernels()[0].dispatch);
+  EXPECT_EQ(plan.kernels()[0].spec.hidden, 64);
+  EXPECT_NE(plan.kernels()[1].entryIR().find("ep.combine"), std::string::npos);
+  KernelProvider offline(cache, {"virtual", "sm_90", "/nonexistent/epic-compile"});
+  EXPECT_EQ(offline.runPlan(program), provider.runPlan(program));
+
+  std::string broken = (dir / "broken.mlir").string();
+  std::ofstream(broken) << "func.func @main() {\n  %t = run.tokens per_rank [-1]\n  return\n}\n";
+  try {
+    provider.runPlan(broken);
+    FAIL() << "a negative token count went through";
+  } catch (const std::runtime_error &e) {
+    EXPECT_NE(std::string(e.what()).find("per_rank[0] = -1 is negative"), std::string::npos)
+        << e.what();
+  }
+}
+
+} // namespace
