@@ -1,16 +1,30 @@
 """epic: MLIR compiler and runtime for MoE dispatch/combine (DeepEP V2 compatible).
 
-Kept import-light on purpose: submodules (and, later, the compiled ``epic._C``
-extension) are loaded on first use, never at package import.
+Kept import-light on purpose: submodules, torch and the compiled ``epic._C``
+extension are loaded on first use, never at package import.
 """
 
 import importlib
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "reference"]
+__all__ = [
+    "__version__",
+    "reference",
+    "buffer",
+    "autograd",
+    "ElasticBuffer",
+    "VirtualWorld",
+    "EPHandle",
+    "EventHandle",
+    "EventOverlap",
+    "topk_idx_t",
+]
 
-_LAZY_SUBMODULES = frozenset({"reference"})
+_LAZY_SUBMODULES = frozenset({"reference", "buffer", "autograd"})
+# DeepEP's names, from epic.buffer (loaded on first use).
+_FROM_BUFFER = frozenset({"ElasticBuffer", "VirtualWorld", "EPHandle", "EventHandle",
+                          "EventOverlap", "topk_idx_t"})
 
 
 def __getattr__(name):
@@ -18,8 +32,12 @@ def __getattr__(name):
         module = importlib.import_module(f".{name}", __name__)
         globals()[name] = module  # cache: later lookups bypass __getattr__
         return module
+    if name in _FROM_BUFFER:
+        value = getattr(importlib.import_module(".buffer", __name__), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | _LAZY_SUBMODULES)
+    return sorted(set(globals()) | _LAZY_SUBMODULES | _FROM_BUFFER)

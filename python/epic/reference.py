@@ -769,7 +769,7 @@ def per_token_cast_to_fp8(x, group=128, use_ue8m0=False):
         scale = np.exp2(np.ceil(np.log2(scale))).astype(np.float32)
     inv = (np.float32(FP8_E4M3_MAX) / amax) if not use_ue8m0 else (np.float32(1.0) / scale)
     q = np.clip(xg * inv[:, :, None], -FP8_E4M3_MAX, FP8_E4M3_MAX)
-    data = q.reshape(num_tokens, -1)[:, :hidden].astype(float8_e4m3fn)
+    data = q.reshape(num_tokens, num_groups * group)[:, :hidden].astype(float8_e4m3fn)
     if not use_ue8m0:
         return data, scale.astype(np.float32)
 

@@ -43,6 +43,32 @@ Topology Topology::nodes(int nodes, int perNode, bool hybrid) {
   return t;
 }
 
+int64_t epic::runtime::kernelWindowBytes(int numRanks, int64_t maxTokensPerRank, int64_t hidden,
+                                         int numTopk, bool fp8Dispatch) {
+  require(numRanks >= 1, "num_ranks must be positive, got " + std::to_string(numRanks));
+  const int64_t r = numRanks, k = numTopk == 0 ? 32 : numTopk, tm = maxTokensPerRank;
+  const int64_t local = 256, maxBlocks = 1024; // the most ep-expand allows
+  const int64_t packs = fp8Dispatch ? (hidden + 31) / 32 : 0; // as many as DeepEP sizes for
+  // Any dtype: the widest element (f32) bounds the row.
+  const int64_t row = align(hidden * (fp8Dispatch ? 1 : 4), 16);
+  const int64_t record = align(row + align(packs * 4, 16) + 8 * k + 8, 16);
+  const int64_t combineRecord = align(hidden * 2, 16) + align(k * 4, 16);
+  int64_t at = 0;
+  for (int64_t bytes : {r * 4, r * local * 4, r * 4, r * local * 4, local * 4, int64_t(4), r * 4,
+                        int64_t(4), r * 4, maxBlocks * 8, maxBlocks * 8})
+    at = align(at + bytes, 256);
+  return align(at, 4096) + std::max(r * tm * record, k * tm * combineRecord);
+}
+
+int64_t epic::runtime::elasticBufferBytes(const Topology &t, int64_t maxTokensPerRank,
+                                          int64_t hidden, int numTopk, bool fp8Dispatch,
+                                          bool allowMultipleReduction) {
+  int64_t deepep = bufferSizeHint(t, maxTokensPerRank, hidden, numTopk, fp8Dispatch,
+                                  allowMultipleReduction);
+  int64_t kernels = kernelWindowBytes(t.numRanks, maxTokensPerRank, hidden, numTopk, fp8Dispatch);
+  return std::max(deepep, align(kernels, 2 * kMiB));
+}
+
 int64_t epic::runtime::bufferSizeHint(const Topology &t, int64_t maxTokensPerRank,
                                       int64_t hidden, int numTopk, bool fp8Dispatch,
                                       bool allowMultipleReduction) {

@@ -170,7 +170,8 @@ Loaded &KernelHost::load(const std::string &entryIR, Run &run) {
 }
 
 KernelHost::Prepared::Prepared(Prepared &&other) noexcept
-    : run(std::move(other.run)), kernels(other.kernels), params(other.params) {
+    : run(std::move(other.run)), kernels(other.kernels), params(other.params),
+      blocks(other.blocks) {
   other.params = nullptr;
 }
 
@@ -179,6 +180,7 @@ KernelHost::Prepared::operator=(Prepared &&other) noexcept {
   std::swap(run, other.run);
   std::swap(kernels, other.kernels);
   std::swap(params, other.params);
+  std::swap(blocks, other.blocks);
   return *this;
 }
 
@@ -188,8 +190,17 @@ KernelHost::Prepared::~Prepared() {
 }
 
 KernelHost::Prepared
-KernelHost::prepare(const std::string &entryIR, const std::vector<ParamRecord> &records) {
+KernelHost::prepare(const std::string &entryIR, const std::vector<ParamRecord> &records,
+                    int blocks) {
+  if (blocks < 0 || blocks > blocksPerRank)
+    throw std::invalid_argument("num_sms (" + std::to_string(blocks) +
+                                " blocks per rank) must be in [1, " +
+                                std::to_string(blocksPerRank) +
+                                "], the most this buffer was created for (0: all of them)");
+  if (blocks == 0)
+    blocks = blocksPerRank;
   Prepared prepared;
+  prepared.blocks = blocks;
   Loaded &k = load(entryIR, prepared.run);
   prepared.kernels = &k;
   if (int(records.size()) != servedRanks)
@@ -201,15 +212,15 @@ KernelHost::prepare(const std::string &entryIR, const std::vector<ParamRecord> &
                                 " bytes per rank, these kernels need " +
                                 std::to_string(k.windowBytes) +
                                 ": create it with at least get_buffer_size_hint() bytes");
-  if (blocksPerRank > k.maxBlocksPerRank)
-    throw std::invalid_argument("blocks per rank (" + std::to_string(blocksPerRank) +
+  if (blocks > k.maxBlocksPerRank)
+    throw std::invalid_argument("blocks per rank (" + std::to_string(blocks) +
                                 ") exceeds the kernels' maximum " +
                                 std::to_string(k.maxBlocksPerRank));
-  if ((int64_t(servedRanks) * blocksPerRank) % k.clusterDims[0])
+  if ((int64_t(servedRanks) * blocks) % k.clusterDims[0])
     throw std::invalid_argument("the kernels run in clusters of " +
                                 std::to_string(k.clusterDims[0]) + " blocks: " +
                                 std::to_string(servedRanks) + " rank(s) x " +
-                                std::to_string(blocksPerRank) +
+                                std::to_string(blocks) +
                                 " blocks per rank must be a multiple of it");
   // Every rank's blocks wait for each other: all must be resident at once.
   int device = 0, sms = 0;
@@ -221,10 +232,10 @@ KernelHost::prepare(const std::string &entryIR, const std::vector<ParamRecord> &
     check(detail::driver().occupancy(&perSm, k.kernels[i], k.threads,
                                                       size_t(k.dynamicSharedBytes)),
           "cuOccupancyMaxActiveBlocksPerMultiprocessor");
-    if (int64_t(perSm) * sms < int64_t(servedRanks) * blocksPerRank)
+    if (int64_t(perSm) * sms < int64_t(servedRanks) * blocks)
       throw std::invalid_argument(
           "a launch of " + std::to_string(servedRanks) + " ranks x " +
-          std::to_string(blocksPerRank) + " blocks does not fit on this GPU at once (" +
+          std::to_string(blocks) + " blocks does not fit on this GPU at once (" +
           k.kernelNames[i] + ": " + std::to_string(perSm) + " blocks per SM x " +
           std::to_string(sms) + " SMs): use fewer blocks per rank");
   }
@@ -235,7 +246,7 @@ KernelHost::prepare(const std::string &entryIR, const std::vector<ParamRecord> &
     std::fprintf(stderr,
                  "epic: prepared %s: %d rank(s) x %d blocks x %d threads%s%s%s, window %lld of "
                  "%lld bytes per rank\n",
-                 names.c_str(), servedRanks, blocksPerRank, k.threads,
+                 names.c_str(), servedRanks, blocks, k.threads,
                  k.cooperative ? ", cooperative" : "",
                  k.clusterDims[0] > 1 ? (", clusters of " + std::to_string(k.clusterDims[0])).c_str()
                                       : "",
@@ -274,7 +285,7 @@ void *KernelHost::launch(const Prepared &prepared, void *stream, const LaunchOpt
   void *args[] = {&comm, &window, &params};
   CUlaunchAttribute attributes[3];
   CUlaunchConfig config{};
-  config.gridDimX = unsigned(servedRanks * blocksPerRank), config.gridDimY = 1, config.gridDimZ = 1;
+  config.gridDimX = unsigned(servedRanks * prepared.blocks), config.gridDimY = 1, config.gridDimZ = 1;
   config.blockDimX = unsigned(k.threads), config.blockDimY = 1, config.blockDimZ = 1;
   config.sharedMemBytes = unsigned(k.dynamicSharedBytes);
   config.hStream = static_cast<CUstream>(stream);
@@ -319,21 +330,23 @@ void KernelHost::checkWorld(const EPSpec &spec, size_t calls) const {
 
 KernelHost::Prepared KernelHost::prepareDispatch(const EPSpec &spec,
                                                  const DispatchVariant &variant,
-                                                 const std::vector<DispatchCall> &calls) {
+                                                 const std::vector<DispatchCall> &calls,
+                                                 int blocks) {
   checkWorld(spec, calls.size());
   std::vector<ParamRecord> records;
   for (const DispatchCall &call : calls)
     records.push_back(dispatchRecord(spec, variant, call));
-  return prepare(dispatchEntryIR(spec, variant, kDispatchEntryName), records);
+  return prepare(dispatchEntryIR(spec, variant, kDispatchEntryName), records, blocks);
 }
 
 KernelHost::Prepared KernelHost::prepareCombine(const EPSpec &spec, const CombineVariant &variant,
-                                                const std::vector<CombineCall> &calls) {
+                                                const std::vector<CombineCall> &calls,
+                                                int blocks) {
   checkWorld(spec, calls.size());
   std::vector<ParamRecord> records;
   for (const CombineCall &call : calls)
     records.push_back(combineRecord(spec, variant, call));
-  return prepare(combineEntryIR(spec, variant, kCombineEntryName), records);
+  return prepare(combineEntryIR(spec, variant, kCombineEntryName), records, blocks);
 }
 
 KernelHost::Run KernelHost::launchAndWait(const Prepared &prepared, void *stream) {
@@ -345,8 +358,8 @@ KernelHost::Run KernelHost::launchAndWait(const Prepared &prepared, void *stream
 
 KernelHost::Run KernelHost::dispatch(const EPSpec &spec, const DispatchVariant &variant,
                                      const std::vector<DispatchCall> &calls, void *stream,
-                                     bool checkRouting) {
-  Prepared prepared = prepareDispatch(spec, variant, calls);
+                                     bool checkRouting, int blocks) {
+  Prepared prepared = prepareDispatch(spec, variant, calls, blocks);
   auto cudaStream = static_cast<cudaStream_t>(stream);
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   check(cudaStreamIsCapturing(cudaStream, &capture), "cudaStreamIsCapturing");
@@ -369,8 +382,9 @@ KernelHost::Run KernelHost::dispatch(const EPSpec &spec, const DispatchVariant &
 }
 
 KernelHost::Run KernelHost::combine(const EPSpec &spec, const CombineVariant &variant,
-                                    const std::vector<CombineCall> &calls, void *stream) {
-  return launchAndWait(prepareCombine(spec, variant, calls), stream);
+                                    const std::vector<CombineCall> &calls, void *stream,
+                                    int blocks) {
+  return launchAndWait(prepareCombine(spec, variant, calls, blocks), stream);
 }
 
 // All R ranks run inside the same launches, queued on one stream: whatever

@@ -2,6 +2,7 @@
 // one rank): dispatch with weights, combine with one bias, checked.
 //   epic-run test/gpu/run_nccl_one_rank.mlir --backend=nccl --check
 // Here (no GPU) the plan and the NCCL-backend kernels are made:
+// RUN: rm -rf %t
 // RUN: epic-run %s --backend=nccl --compile-only --cache-dir=%t | FileCheck %s
 // CHECK: kernels of ep.dispatch at {{.*}}: compiled
 // CHECK: kernels of ep.combine at {{.*}}: compiled

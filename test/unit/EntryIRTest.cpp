@@ -3,6 +3,9 @@
 #include "epic/InitAllDialects.h"
 #include "epic/Transforms/Passes.h"
 #include "epic/runtime/EntryIR.h"
+#include "epic/runtime/Models.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/Diagnostics.h"
@@ -33,6 +36,24 @@ std::string expand(const std::string &ir) {
   if (mlir::failed(pm.run(*module)))
     return "ep-expand failed: " + diagnostics;
   return diagnostics;
+}
+
+/// The window bytes ep-expand assigns to the launch function of `ir`.
+int64_t windowBytesOf(const std::string &ir) {
+  mlir::DialectRegistry registry;
+  epic::registerAllDialects(registry);
+  mlir::MLIRContext context(registry);
+  auto module = mlir::parseSourceString<mlir::ModuleOp>(ir, &context);
+  mlir::PassManager pm(&context);
+  pm.addPass(epic::createEPExpand());
+  if (!module || mlir::failed(pm.run(*module)))
+    return -1;
+  int64_t bytes = -1;
+  module->walk([&](mlir::func::FuncOp f) {
+    if (auto attr = f->getAttrOfType<mlir::IntegerAttr>("epic.window_bytes"))
+      bytes = attr.getInt();
+  });
+  return bytes;
 }
 
 EPSpec v3(bool expanded) {
@@ -99,3 +120,27 @@ TEST(EntryIR, BadArgumentsAreNamed) {
 }
 
 } // namespace
+
+TEST(EntryIR, TheRuntimesWindowBoundCoversEveryLayoutEpExpandMakes) {
+  for (int ranks : {1, 2, 8})
+    for (int topk : {1, 8, 32})
+      for (int hidden : {256, 7168})
+        for (std::string dtype : {"bf16", "f32", "f8E4M3FN"})
+          for (int tmax : {1, 100, 4096})
+            for (bool expanded : {false, true}) {
+              EPSpec s;
+              s.ranks = ranks, s.experts = 32 * ranks, s.topk = topk, s.hidden = hidden;
+              s.dtype = dtype, s.scalePacks = dtype == "f8E4M3FN" ? hidden / 128 : 0;
+              s.expanded = expanded, s.maxTokensPerRank = tmax;
+              bool fp8 = s.isFP8();
+              int64_t bound = kernelWindowBytes(ranks, tmax, hidden, topk, fp8);
+              for (const std::string &ir :
+                   {dispatchEntryIR(s, {true, false, false, 64}, "d"),
+                    combineEntryIR(s, {true, 2}, "c")}) {
+                int64_t used = windowBytesOf(ir);
+                ASSERT_GT(used, 0) << ir;
+                EXPECT_GE(bound, used) << ir;
+                EXPECT_LE(bound, used * 2 + (1 << 20)) << "a loose bound wastes memory: " << ir;
+              }
+            }
+}

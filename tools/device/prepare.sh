@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}
 out="$build/device"
-cmake --build "$build" --target epic-compile epic-device-shims epic-prepare-gpu-kernels epic-run
+cmake --build "$build" --target epic-compile epic-device-shims epic-prepare-gpu-kernels epic-run \
+  epic_python_extension
 rm -rf "$out" && mkdir -p "$out/kernels"
 for backend in virtual nccl; do
   "$build/bin/epic-compile" test/gpu/comm_kernels.mlir --backend=$backend -o "$out/kernels/comm_$backend"
@@ -30,6 +31,10 @@ for program in examples/run/*.mlir; do
 done
 "$build/bin/epic-run" test/gpu/run_nccl_one_rank.mlir --backend=nccl --compile-only \
   --cache-dir="$out/cache" > /dev/null
+# The configurations the Python API's GPU tests use.
+PYTHONPATH=python EPIC_CACHE_DIR="$out/cache" python3 test/gpu/prepare_buffer_kernels.py
+python3 examples/quickstart.py --cache-dir "$out/cache" > /dev/null  # no GPU here: compiles only
+python3 examples/torch_distributed.py --compile-only --world-size 1 --cache-dir "$out/cache" > /dev/null
 # The device comm struct must match between the shim and the driver: carry the headers the
 # shim was compiled against (the device's NCCL wheel supplies the library).
 cp -r "$build/runtime/device/nccl-include" "$out/nccl-include"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine (run through the device tool with carry=["build/device"]): builds the GPU
 # test drivers against the machine's CUDA and NCCL, runs them, and leaves logs in $OUT.
-#   tools/device/run.sh
+#   tools/device/run.sh           # everything
+#   tools/device/run.sh python    # only the Python API's tests and examples (after the build)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 dev=build/device
@@ -19,8 +20,10 @@ nvcc -O2 -std=c++17 -arch=sm_90 -I runtime/include -I "$dev/nccl-include" test/g
   -Xlinker -rpath="$nccl_home/lib" || { echo "run.sh: building comm_smoke failed"; exit 1; }
 
 # The runtime, built here without LLVM/MLIR, against this machine's CUDA and NCCL.
+# The Python extension too (epic._C, into python/epic/), for this machine's Python.
 cmake -G Ninja -S . -B /tmp/epic-gpu/runtime -DEPIC_RUNTIME_ONLY=ON -DCMAKE_BUILD_TYPE=Release \
   -DEPIC_NCCL_INCLUDE_DIR="$PWD/$dev/nccl-include" -DEPIC_NCCL_LIBRARY="$nccl_home/lib/libnccl.so.2" \
+  -DPython3_EXECUTABLE="$(command -v python3)" -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" \
   > /tmp/epic-gpu/cmake.log 2>&1 && cmake --build /tmp/epic-gpu/runtime > /tmp/epic-gpu/build.log 2>&1 \
   || { echo "run.sh: building the runtime failed"; tail -30 /tmp/epic-gpu/cmake.log /tmp/epic-gpu/build.log; exit 1; }
 
@@ -31,6 +34,8 @@ run() {
   local rc=${PIPESTATUS[0]}
   [[ $rc -eq 0 ]] || status=1
 }
+only=${1:-all}
+if [[ $only == all ]]; then
 run /tmp/epic-gpu/comm_smoke virtual "$dev/kernels/comm_virtual.cubin"
 run /tmp/epic-gpu/comm_smoke nccl "$dev/kernels/comm_nccl.cubin"
 run /tmp/epic-gpu/comm_smoke virtual-timeout "$dev/kernels/comm_virtual.cubin"
@@ -41,10 +46,17 @@ for program in examples/run/*.mlir; do
 done
 run /tmp/epic-gpu/runtime/bin/epic-run test/gpu/run_nccl_one_rank.mlir --backend=nccl --check \
   --cache-dir="$dev/cache"
+fi
+EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run python3 -m pytest -q -p no:cacheprovider \
+  test/gpu/test_elastic_buffer.py
+EPIC_CACHE_DIR="$dev/cache" run python3 examples/quickstart.py
+EPIC_CACHE_DIR="$dev/cache" run torchrun --nproc-per-node 1 examples/torch_distributed.py
+if [[ $only == all ]]; then
 for ranks in 1 2 4; do
   run python3 test/gpu/ep_virtual.py "$dev/kernels/ep_virtual_r$ranks.cubin" "$dev/kernels/ep_virtual_r$ranks.json" $ranks
 done
 run python3 test/gpu/ep_virtual.py "$dev/kernels/ep_virtual.cubin" "$dev/kernels/ep_virtual.json" 8
+fi
 echo "GPU tests: $([[ $status -eq 0 ]] && echo passed || echo FAILED)"
 if [[ "${EPIC_BENCH:-0}" == 1 ]]; then
   echo "== bench: bench/ep_virtual_quick.py"

@@ -38,6 +38,21 @@ int64_t bufferSizeHint(const Topology &topology, int64_t maxTokensPerRank, int64
                        int numTopk = 0, bool fp8Dispatch = false,
                        bool allowMultipleReduction = true);
 
+/// Bytes of the symmetric window epic's dispatch/combine kernels use per rank
+/// (ep-expand's layout, lowering/lib/Transforms/EPExpand: counters, then the
+/// larger of R x Tmax dispatch records and K x Tmax combine records), an
+/// upper bound over experts, dtypes and layouts; `numTopk` 0 means 32 and FP8
+/// sizing allows ceil(hidden / 32) scale packs, as DeepEP's formula does.
+/// Unit tests check it against what ep-expand reports.
+int64_t kernelWindowBytes(int numRanks, int64_t maxTokensPerRank, int64_t hidden,
+                          int numTopk = 0, bool fp8Dispatch = false);
+
+/// What an ElasticBuffer of epic needs: DeepEP's bufferSizeHint, or more if
+/// the kernels' window needs more (2 MiB aligned).
+int64_t elasticBufferBytes(const Topology &topology, int64_t maxTokensPerRank, int64_t hidden,
+                           int numTopk = 0, bool fp8Dispatch = false,
+                           bool allowMultipleReduction = true);
+
 /// get_theoretical_num_sms. Bandwidths in GB/s (0 = unknown: rdmaGBs only
 /// matters with several nodes, nvlinkGBs must be positive); per-SM read and
 /// write rates default to DeepEP's 200 and 50 GB/s. Throws

@@ -56,20 +56,24 @@ public:
     Prepared &operator=(Prepared &&other) noexcept;
     ~Prepared();
     const Run &info() const { return run; }
+    int blocksPerRank() const { return blocks; }
 
   private:
     friend class KernelHost;
     Run run{};
     Loaded *kernels = nullptr;
     void *params = nullptr;
+    int blocks = 0;
   };
 
   /// Loads the kernels of the entry function in `entryIR` and uploads
   /// `records[i]` for the i-th rank this launch serves. Validates: one
   /// record per served rank, known field names, the window large enough,
   /// every block of the launch resident at once (they wait for each other
-  /// through the entry barriers).
-  Prepared prepare(const std::string &entryIR, const std::vector<ParamRecord> &records);
+  /// through the entry barriers). `blocks` per rank: 0 for the buffer's
+  /// number, else at most that (DeepEP's per-call num_sms).
+  Prepared prepare(const std::string &entryIR, const std::vector<ParamRecord> &records,
+                   int blocks = 0);
 
   /// Launches a prepared entry's kernels, in order, on `stream` (no host
   /// synchronization, no allocation: graph-capturable), with the launch
@@ -99,13 +103,13 @@ public:
   /// graph cannot synchronize). For graphs, use prepareDispatch + launch.
   Run dispatch(const EPSpec &spec, const DispatchVariant &variant,
                const std::vector<DispatchCall> &calls, void *stream = nullptr,
-               bool checkRouting = true);
+               bool checkRouting = true, int blocks = 0);
   Run combine(const EPSpec &spec, const CombineVariant &variant,
-              const std::vector<CombineCall> &calls, void *stream = nullptr);
+              const std::vector<CombineCall> &calls, void *stream = nullptr, int blocks = 0);
   Prepared prepareDispatch(const EPSpec &spec, const DispatchVariant &variant,
-                           const std::vector<DispatchCall> &calls);
+                           const std::vector<DispatchCall> &calls, int blocks = 0);
   Prepared prepareCombine(const EPSpec &spec, const CombineVariant &variant,
-                          const std::vector<CombineCall> &calls);
+                          const std::vector<CombineCall> &calls, int blocks = 0);
 
   /// Every rank's work queued on `stream` before the barrier happens before
   /// any rank's work queued after it (DeepEP's barrier). No host wait.

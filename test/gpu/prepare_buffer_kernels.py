@@ -1,0 +1,43 @@
+"""Fills the kernel cache with what test_elastic_buffer.py launches.
+
+Runs where the compiler is (tools/device/prepare.sh, EPIC_CACHE_DIR set): the
+GPU machine has no LLVM/MLIR, so every configuration the Python API tests
+use is compiled here, through the same epic._C.Runtime the ElasticBuffer
+asks. The set covers every variant of the tests' configurations.
+"""
+
+import itertools
+import sys
+import time
+
+import epic._C as C
+
+H, TMAX, K = 512, 96, 6
+LAYOUTS = [("bf16", False, 1, 0), ("f8E4M3FN", True, 128, H // 128), ("bf16", True, 4, 0)]
+
+
+def configs(ranks):
+    for dtype, expand, alignment, packs in LAYOUTS:
+        spec = dict(num_ranks=ranks, num_experts=8 * ranks, num_topk=K, hidden=H, dtype=dtype,
+                    num_scale_packs=packs, expert_alignment=alignment, do_expand=expand,
+                    num_max_tokens_per_rank=TMAX)
+        for zero_padding in ([False, True] if expand else [False]):
+            for weights, cached in ((False, False), (True, False), (False, True)):
+                yield spec, dict(weights=weights, cached=cached, zero_padding=zero_padding), "dispatch"
+        for weights, biases in itertools.product([False, True], [0, 1, 2]):
+            yield spec, dict(weights=weights, biases=biases), "combine"
+
+
+def main():
+    runtime = C.Runtime("virtual", "", "")
+    start, count = time.time(), 0
+    for ranks in (2, 8):
+        for spec, variant, kind in configs(ranks):
+            runtime.kernels(spec, variant, kind)
+            count += 1
+    print(f"prepare_buffer_kernels: {count} kernel sets in {runtime.cache_dir} "
+          f"({time.time() - start:.1f} s)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""The Python API on a GPU: epic.ElasticBuffer over virtual worlds, checked
+bitwise against epic.reference (the executable DeepEP semantics).
+
+Run on the H200 by tools/device/run.sh (PYTHONPATH=python); skipped without
+torch or a GPU.
+"""
+
+import dataclasses
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():  # pragma: no cover - CPU machines
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import epic  # noqa: E402
+from epic import _tensors as T  # noqa: E402
+from epic import reference as ref  # noqa: E402
+
+H = 512
+TMAX = 96
+
+
+to_numpy = T.torch_to_numpy
+to_torch = T.numpy_to_torch
+
+
+def synchronous_round_trip(buffer, xs, idxs, E):
+    """Reference outputs: a plain dispatch then combine, CPU-synchronized."""
+    recv_x, _, _, handles, _ = buffer.dispatch([to_torch(x) for x in xs],
+                                               [to_torch(i) for i in idxs], num_experts=E)
+    return buffer.combine(recv_x, handles)[0]
+
+
+def assert_same_bf16(got, want):
+    for r, (a, b) in enumerate(zip(got, want)):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"rank {r}"
+
+
+def inputs(R, E, K, seed, fp8=False):
+    rng = np.random.default_rng(seed)
+    tokens = [TMAX - 7 * r for r in range(R)]
+    tokens[R // 2] = 0  # a rank with nothing to send
+    idxs = []
+    for t in tokens:
+        idx = np.array([rng.permutation(E)[:K] for _ in range(t)], dtype=np.int64).reshape(t, K)
+        idx[rng.random(idx.shape) < 0.1] = -1
+        idxs.append(idx)
+    ws = [rng.standard_normal((t, K)).astype(np.float32) for t in tokens]
+    if fp8:
+        casts = [ref.per_token_cast_to_fp8(rng.standard_normal((t, H)).astype(np.float32))
+                 for t in tokens]
+        xs, sfs = [c[0] for c in casts], [c[1] for c in casts]
+    else:
+        xs, sfs = [rng.standard_normal((t, H)).astype(ref.bfloat16) for t in tokens], None
+    return rng, tokens, idxs, ws, xs, sfs
+
+
+def as_result(expected, recv_x, recv_sf, recv_idx, recv_w, handle):
+    """The kernel's output as a reference DispatchResult (rows in arrival order)."""
+    return dataclasses.replace(
+        expected,
+        recv_x=to_numpy(recv_x),
+        recv_scale_packs=to_numpy(recv_sf),
+        recv_topk_idx=to_numpy(recv_idx),
+        recv_topk_weights=to_numpy(recv_w),
+        recv_src_metadata=to_numpy(handle.recv_src_metadata),
+    )
+
+
+def same_bits(a, b):
+    return a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def check_dispatch(expected, got, handle):
+    s = ref.sort_by_source(got)
+    for field in ("recv_x", "recv_scale_packs", "recv_topk_idx", "recv_src_metadata"):
+        e = getattr(expected, field)
+        assert e is None or same_bits(getattr(s, field), e), field
+    if expected.recv_topk_weights is not None:
+        if expected.expand:
+            assert same_bits(s.recv_topk_weights, expected.recv_topk_weights)
+        else:
+            mine = expected.recv_topk_idx >= 0
+            assert same_bits(np.where(mine, s.recv_topk_weights, 0),
+                             np.where(mine, expected.recv_topk_weights, 0))
+    assert handle.num_recv_tokens_per_expert_list == expected.num_recv_tokens_per_expert_list
+    assert same_bits(to_numpy(handle.psum_num_recv_tokens_per_scaleup_rank),
+                     expected.psum_num_recv_tokens_per_scaleup_rank)
+    assert same_bits(to_numpy(handle.psum_num_recv_tokens_per_expert),
+                     expected.psum_num_recv_tokens_per_expert)
+    assert same_bits(to_numpy(handle.num_unaligned_recv_tokens_per_expert),
+                     expected.num_unaligned_recv_tokens_per_expert)
+
+
+@pytest.fixture(scope="module", params=[2, 8])
+def world(request):
+    R = request.param
+    buffer = epic.ElasticBuffer(epic.VirtualWorld(R), num_max_tokens_per_rank=TMAX, hidden=H,
+                                num_topk=6, use_fp8_dispatch=True, explicitly_destroy=True)
+    yield R, buffer
+    buffer.destroy()
+
+
+def test_plain_bf16_dispatch_then_combine_with_biases(world):
+    R, buffer = world
+    E, K = 8 * R, 6
+    rng, tokens, idxs, ws, xs, _ = inputs(R, E, K, seed=R)
+    expected = ref.dispatch(xs, idxs, ws, num_experts=E, num_max_tokens_per_rank=TMAX)
+    stats = [torch.zeros(E // R, dtype=torch.int32, device="cuda") for _ in range(R)]
+    recv_x, recv_idx, recv_w, handles, event = buffer.dispatch(
+        [to_torch(x) for x in xs], [to_torch(i) for i in idxs], [to_torch(w) for w in ws],
+        cumulative_local_expert_recv_stats=stats, num_experts=E)
+    got = []
+    for r in range(R):
+        assert recv_x[r].shape == (expected[r].num_recv_tokens, H)
+        got.append(as_result(expected[r], recv_x[r], None, recv_idx[r], recv_w[r], handles[r]))
+        check_dispatch(expected[r], got[r], handles[r])
+        assert same_bits(to_numpy(stats[r]), expected[r].num_unaligned_recv_tokens_per_expert)
+
+    # Expert outputs in each rank's arrival order, two biases, weights back.
+    ys = [rng.standard_normal((g.num_recv_tokens, H)).astype(ref.bfloat16) for g in got]
+    biases = [(rng.standard_normal((t, H)).astype(ref.bfloat16),
+               rng.standard_normal((t, H)).astype(ref.bfloat16)) for t in tokens]
+    want = ref.combine(ys, got, topk_weights=[g.recv_topk_weights for g in got], bias=biases)
+    out, out_w, _ = buffer.combine([to_torch(y) for y in ys], handles, topk_weights=recv_w,
+                                   bias=[tuple(to_torch(b) for b in pair) for pair in biases])
+    for r in range(R):
+        assert same_bits(to_numpy(out[r]), want[r].combined_x)
+        assert same_bits(to_numpy(out_w[r]), want[r].combined_topk_weights)
+        # combined_topk_weights reproduce the original weights (0 where masked)
+        assert same_bits(to_numpy(out_w[r]), np.where(idxs[r] >= 0, ws[r], 0).astype(np.float32))
+
+
+def test_fp8_expanded_zero_padding_and_cached_dispatch(world):
+    R, buffer = world
+    E, K = 8 * R, 6
+    rng, tokens, idxs, ws, xs, sfs = inputs(R, E, K, seed=10 + R, fp8=True)
+    expected = ref.dispatch(xs, idxs, ws, sfs, num_experts=E, num_max_tokens_per_rank=TMAX,
+                            expert_alignment=128, expand=True, zero_padding=True)
+    x_in = [(to_torch(x), to_torch(sf)) for x, sf in zip(xs, sfs)]
+    recv, recv_idx, recv_w, handles, _ = buffer.dispatch(
+        x_in, [to_torch(i) for i in idxs], [to_torch(w) for w in ws], num_experts=E,
+        expert_alignment=128, do_expand=True, do_zero_padding=True)
+    got = []
+    for r in range(R):
+        assert recv_idx[r] is None and recv_w[r].dim() == 1
+        data, sf = recv[r]
+        assert data.dtype == torch.float8_e4m3fn and data.shape[0] % 128 == 0
+        got.append(as_result(expected[r], data, sf, None, recv_w[r], handles[r]))
+        check_dispatch(expected[r], got[r], handles[r])
+
+    ys = [rng.standard_normal((g.recv_x.shape[0], H)).astype(ref.bfloat16) for g in got]
+    want = ref.combine(ys, got, topk_weights=[g.recv_topk_weights for g in got])
+    out, out_w, _ = buffer.combine([to_torch(y) for y in ys], handles, topk_weights=recv_w)
+    for r in range(R):
+        assert same_bits(to_numpy(out[r]), want[r].combined_x)
+        assert same_bits(to_numpy(out_w[r]), want[r].combined_topk_weights)
+
+    # Cached: same routing, no count exchange, rows land exactly where they did.
+    again, again_idx, again_w, again_handles, _ = buffer.dispatch(x_in, handle=handles,
+                                                                  do_expand=True,
+                                                                  do_zero_padding=True)
+    for r in range(R):
+        assert again_handles[r] is handles[r] and again_w[r] is None
+        assert same_bits(to_numpy(again[r][0]), to_numpy(recv[r][0]))
+        assert same_bits(to_numpy(again[r][1]), to_numpy(recv[r][1]))
+
+
+def test_async_events_and_previous_event(world):
+    R, buffer = world
+    E, K = 8 * R, 6
+    _, _, idxs, ws, xs, _ = inputs(R, E, K, seed=20 + R)
+    args = ([to_torch(x) for x in xs], [to_torch(i) for i in idxs])
+    sync_out = synchronous_round_trip(buffer, xs, idxs, E)
+    previous = epic.ElasticBuffer.capture()
+    recv_x, _, _, handles, event = buffer.dispatch(*args, num_experts=E, previous_event=previous,
+                                                   async_with_compute_stream=True,
+                                                   allocate_on_comm_stream=True)
+    assert isinstance(event, epic.EventOverlap) and event.event is not None
+    event.current_stream_wait()
+    out, _, event = buffer.combine(recv_x, handles, async_with_compute_stream=True)
+    with event:
+        pass
+    assert_same_bf16(out, sync_out)
+
+
+def test_without_cpu_sync_outputs_keep_the_worst_case(world):
+    R, buffer = world
+    E, K = 8 * R, 6
+    _, _, idxs, ws, xs, _ = inputs(R, E, K, seed=30 + R)
+    expected = ref.dispatch(xs, idxs, num_experts=E, num_max_tokens_per_rank=TMAX)
+    recv_x, recv_idx, _, handles, _ = buffer.dispatch([to_torch(x) for x in xs],
+                                                      [to_torch(i) for i in idxs],
+                                                      num_experts=E, do_cpu_sync=False,
+                                                      num_sms=1)
+    for r in range(R):
+        assert recv_x[r].shape == (R * TMAX, H)
+        assert handles[r].num_recv_tokens_per_expert_list == []
+        n = int(handles[r].psum_num_recv_tokens_per_scaleup_rank[-1])
+        assert n == expected[r].num_recv_tokens
+    out, _, _ = buffer.combine(recv_x, handles)  # worst-case rows, as DeepEP's
+    assert_same_bf16(out, synchronous_round_trip(buffer, xs, idxs, E))
+
+
+def test_bad_calls_are_refused_before_any_kernel(world):
+    R, buffer = world
+    E, K = 8 * R, 6
+    _, _, idxs, _, xs, _ = inputs(R, E, K, seed=40 + R)
+    x = [to_torch(v) for v in xs]
+    idx = [to_torch(i) for i in idxs]
+    bad = [i.clone() for i in idx]
+    bad[0][3, 2] = E + 5
+    with pytest.raises(ValueError, match=rf"topk_idx\[0\]\[3\]\[2\] = {E + 5} is out of range"):
+        buffer.dispatch(x, bad, num_experts=E)
+    with pytest.raises(ValueError, match=r"x\[0\]: must be a CUDA tensor"):
+        buffer.dispatch([v.cpu() for v in x], idx, num_experts=E)
+    too_many = [torch.zeros((TMAX + 1, H), dtype=torch.bfloat16, device="cuda")] * R
+    with pytest.raises(ValueError, match="more than num_max_tokens_per_rank"):
+        buffer.dispatch(too_many, [torch.zeros((TMAX + 1, K), dtype=torch.int64, device="cuda")] * R,
+                        num_experts=E)
+    with pytest.raises(TypeError, match=r"topk_idx\[0\]: must be int64"):
+        buffer.dispatch(x, [i.int() for i in idx], num_experts=E)
+    other = epic.ElasticBuffer(epic.VirtualWorld(R), num_max_tokens_per_rank=TMAX, hidden=H,
+                               explicitly_destroy=True)
+    recv_x, _, _, handles, _ = other.dispatch(x, idx, num_experts=E)
+    with pytest.raises(ValueError, match=r"handle\[0\]: comes from another ElasticBuffer"):
+        buffer.combine(recv_x, handles)
+    other.destroy()
+
+
+@pytest.mark.parametrize("do_expand", [False, True])
+def test_autograd_backward_of_dispatch_is_combine_and_back(world, do_expand):
+    """Gradients through dispatch -> per-expert scale -> combine, against the
+    same computation written with plain torch indexing (float32, exact here:
+    small integers in bf16)."""
+    from epic import autograd
+
+    R, buffer = world
+    E, K = 8 * R, 6
+    L = E // R
+    rng, tokens, idxs, ws, _, _ = inputs(R, E, K, seed=50 + R)
+    xs = [torch.from_numpy(rng.integers(-4, 5, (t, H)).astype(np.float32)).cuda()
+          .to(torch.bfloat16).requires_grad_() for t in tokens]
+    idx = [to_torch(i) for i in idxs]
+    kwargs = dict(do_expand=True, expert_alignment=4) if do_expand else {}
+    recv_x, _, handles = autograd.dispatch(buffer, xs, idx, num_experts=E, **kwargs)
+    # A toy expert: scale each received row (by its first local expert + 1).
+    ys = []
+    for r in range(R):
+        h = handles[r]
+        if do_expand:
+            counts = h.num_recv_tokens_per_expert_list
+            scale = torch.repeat_interleave(torch.arange(1, L + 1, device="cuda"),
+                                            torch.tensor(counts, device="cuda"))
+        else:
+            scale = torch.ones(h.num_recv_tokens, device="cuda")
+        ys.append(recv_x[r] * scale[:, None].to(torch.bfloat16))
+    out = autograd.combine(buffer, ys, handles)
+    loss = sum((o.float() * (r % 2 + 1)).sum() for r, o in enumerate(out))
+    loss.backward()
+    # d loss / d x[s][t] = (s % 2 + 1) * sum over the copies of t of their scale
+    # (every value stays a small integer: bf16 holds it exactly).
+    for s in range(R):
+        want = torch.zeros(tokens[s], dtype=torch.float32, device="cuda")
+        for t in range(tokens[s]):
+            experts = [e for e in idxs[s][t] if e >= 0]
+            if do_expand:
+                want[t] = sum(e % L + 1 for e in experts)
+            else:
+                want[t] = len({e // L for e in experts})
+        want = (s % 2 + 1) * want[:, None].expand(-1, H)
+        assert torch.equal(xs[s].grad.float(), want), f"rank {s}"

@@ -1,0 +1,233 @@
+"""epic.ElasticBuffer without a GPU: the API surface, DeepEP's models, and
+every argument check (numpy arrays stand in for tensors; a valid call ends at
+"must be a CUDA tensor", after every other check has passed)."""
+
+import dataclasses
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import epic
+from epic import buffer as B
+
+_C = pytest.importorskip("epic._C", reason="the runtime extension is built by ./install.sh")
+
+R, E, K, H, TMAX = 4, 32, 4, 256, 64
+
+
+@pytest.fixture
+def buf():
+    return epic.ElasticBuffer(epic.VirtualWorld(R), num_max_tokens_per_rank=TMAX, hidden=H,
+                              num_topk=K)
+
+
+def inputs(tokens=(10, 3, 0, 7), dtype=ml_dtypes.bfloat16):
+    rng = np.random.default_rng(0)
+    xs = [np.zeros((t, H), dtype) for t in tokens]
+    idxs = [np.stack([rng.permutation(E)[:K] for _ in range(t)]).astype(np.int64)
+            if t else np.zeros((0, K), np.int64) for t in tokens]
+    ws = [np.ones((t, K), np.float32) for t in tokens]
+    return xs, idxs, ws
+
+
+def test_exports_match_deepep():
+    for name in ("ElasticBuffer", "EPHandle", "EventOverlap", "EventHandle", "VirtualWorld"):
+        assert hasattr(epic, name)
+    fields = {f.name for f in dataclasses.fields(epic.EPHandle)}
+    for name in ("do_expand", "num_experts", "expert_alignment", "num_max_tokens_per_rank",
+                 "num_sms", "topk_idx", "num_recv_tokens", "num_expanded_tokens",
+                 "num_recv_tokens_per_expert_list", "psum_num_recv_tokens_per_scaleup_rank",
+                 "psum_num_recv_tokens_per_expert", "num_unaligned_recv_tokens_per_expert",
+                 "recv_src_metadata", "dst_buffer_slot_idx"):
+        assert name in fields
+
+
+def test_virtual_world_checks_its_size():
+    assert epic.VirtualWorld(8).size() == 8
+    with pytest.raises(ValueError, match=r"num_ranks: must be in \[1, 1024\], got 0"):
+        epic.VirtualWorld(0)
+    with pytest.raises(TypeError, match="num_ranks: expected an int"):
+        epic.VirtualWorld("8")
+
+
+def test_models_are_deepeps():
+    w8 = epic.VirtualWorld(8)
+    # DeepEP's worked example: H 7168, top-8, FP8, 8192 tokens, EP8 -> 900 MiB.
+    assert epic.ElasticBuffer.get_buffer_size_hint(w8, 8192, 7168, 8, True) == 900 << 20
+    b = epic.ElasticBuffer(w8, num_max_tokens_per_rank=4096, hidden=7168, num_topk=8,
+                           use_fp8_dispatch=True)
+    assert b.num_bytes % (2 << 20) == 0
+    assert b.get_theoretical_num_sms(256, 8) == 24  # DeepEP's README figure for EP8
+    assert b.get_theoretical_num_qps(24) == 9
+    assert b.get_logical_domain_size() == (1, 8)
+    with pytest.raises(ValueError, match="num_topk"):
+        epic.ElasticBuffer.get_buffer_size_hint(w8, 16, 7168, 33)
+
+
+def test_constructor_checks(buf):
+    assert buf.num_ranks == R and buf.num_bytes % (2 << 20) == 0
+    with pytest.raises(TypeError, match="group: expected a torch.distributed ProcessGroup"):
+        epic.ElasticBuffer(object(), num_bytes=2 << 20)
+    with pytest.raises(ValueError, match="num_bytes: must be a multiple of 2 MiB"):
+        epic.ElasticBuffer(epic.VirtualWorld(2), num_bytes=3 << 20)
+    with pytest.raises(ValueError, match="num_bytes: give it, or give num_max_tokens_per_rank"):
+        epic.ElasticBuffer(epic.VirtualWorld(2))
+    with pytest.raises(ValueError, match="num_cpu_bytes"):
+        epic.ElasticBuffer(epic.VirtualWorld(2), num_bytes=2 << 20, num_cpu_bytes=2 << 20)
+    with pytest.raises(ValueError, match="deterministic"):
+        epic.ElasticBuffer(epic.VirtualWorld(2), num_bytes=2 << 20, deterministic=True)
+
+
+def test_a_valid_call_stops_at_the_device_check(buf):
+    xs, idxs, ws = inputs()
+    with pytest.raises(ValueError, match=r"x\[0\]: must be a CUDA tensor, got bf16\[10, 256\] on cpu"):
+        buf.dispatch(xs, idxs, ws, num_experts=E)
+
+
+@pytest.mark.parametrize(
+    "mutate, error, pattern",
+    [
+        (lambda a: a.update(x=a["x"][0]), TypeError, r"x: in a virtual world of 4 ranks pass a list"),
+        (lambda a: a.update(x=a["x"][:3]), ValueError, r"x: expected one entry per rank \(4\), got 3"),
+        (lambda a: a["x"].__setitem__(1, a["x"][1].astype(np.float64)), TypeError,
+         r"x\[1\]: dtype must be bf16 or f16 or f32 or f8E4M3FN or f8E5M2"),
+        (lambda a: a["x"].__setitem__(1, a["x"][1].astype(np.float32)), TypeError,
+         r"x\[1\]: dtype f32 differs from rank 0's bf16"),
+        (lambda a: a["x"].__setitem__(0, a["x"][0][0]), ValueError, r"x\[0\]: expected a 2-D tensor"),
+        (lambda a: a["x"].__setitem__(0, np.zeros((10, 2 * H), ml_dtypes.bfloat16)[:, ::2]),
+         ValueError, r"x\[0\]: must be contiguous"),
+        (lambda a: a["x"].__setitem__(0, np.zeros((10, H + 8), ml_dtypes.bfloat16)), ValueError,
+         r"x\[1\]: hidden size 256 differs from rank 0's 264"),
+        (lambda a: a.update(x=[np.zeros((TMAX + 1, H), ml_dtypes.bfloat16)] * R,
+                            topk_idx=[np.zeros((TMAX + 1, K), np.int64)] * R), ValueError,
+         r"x\[0\]: 65 tokens, more than num_max_tokens_per_rank \(64\)"),
+        (lambda a: a["topk_idx"].__setitem__(2, a["topk_idx"][2].astype(np.int32)), TypeError,
+         r"topk_idx\[2\]: must be int64 \(epic.topk_idx_t\)"),
+        (lambda a: a["topk_idx"][3].__setitem__((4, 1), E), ValueError,
+         r"topk_idx\[3\]\[4\]\[1\] = 32 is out of range: expert ids are in \[0, 32\)"),
+        (lambda a: a["topk_idx"][0].__setitem__((0, 0), -2), ValueError,
+         r"topk_idx\[0\]\[0\]\[0\] = -2 is out of range"),
+        (lambda a: a["topk_idx"].__setitem__(1, a["topk_idx"][1][:2]), ValueError,
+         r"topk_idx\[1\]: 2 rows for 3 tokens in x\[1\]"),
+        (lambda a: a["topk_weights"].__setitem__(0, np.ones((10, 2), np.float32)), ValueError,
+         r"topk_weights\[0\]: must be \[10, 4\]"),
+        (lambda a: a["topk_weights"].__setitem__(0, None), ValueError,
+         "topk_weights: give them for every rank or for none"),
+        (lambda a: a.update(num_experts=30), ValueError, "num_experts: 30 is not divisible by the 4 ranks"),
+        (lambda a: a.update(num_experts=None), ValueError, "num_experts: required"),
+        (lambda a: a.update(topk_idx=None), ValueError, "topk_idx: required unless a cached handle"),
+        (lambda a: a.update(do_zero_padding=True), ValueError, "do_zero_padding: requires do_expand=True"),
+        (lambda a: a.update(expert_alignment=0), ValueError, r"expert_alignment: must be >= 1"),
+        (lambda a: a.update(num_qps=100), ValueError, r"num_qps: must be \[0, 17\]"),
+        (lambda a: a.update(use_tma_aligned_col_major_sf=True), ValueError,
+         "use_tma_aligned_col_major_sf: needs FP8 input"),
+        (lambda a: a.update(cumulative_local_expert_recv_stats=[np.zeros(3, np.int32)] * R),
+         ValueError, r"cumulative_local_expert_recv_stats\[0\]: must be \[8\]"),
+    ],
+)
+def test_bad_dispatch_arguments_are_named(buf, mutate, error, pattern):
+    xs, idxs, ws = inputs()
+    args = dict(x=xs, topk_idx=idxs, topk_weights=ws, num_experts=E)
+    mutate(args)
+    with pytest.raises(error, match=pattern):
+        buf.dispatch(**args)
+
+
+def test_fp8_input_is_a_data_and_scale_packs_tuple(buf):
+    xs, idxs, _ = inputs(dtype=ml_dtypes.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"x\[0\]: FP8 data needs its scale packs"):
+        buf.dispatch(xs, idxs, num_experts=E)
+    packs = [np.zeros((x.shape[0], 2), np.float32) for x in xs]
+    with pytest.raises(ValueError, match=r"x\[0\]: must be a CUDA tensor, got f8E4M3FN"):
+        buf.dispatch([(x, p) for x, p in zip(xs, packs)], idxs, num_experts=E)
+    with pytest.raises(TypeError, match=r"x\[0\]: scale packs must be 4-byte"):
+        buf.dispatch([(x, p.astype(np.float16)) for x, p in zip(xs, packs)], idxs, num_experts=E)
+    with pytest.raises(ValueError, match=r"x\[1\]: 3 scale packs, rank 0 has 2"):
+        bad = [packs[0]] + [np.zeros((p.shape[0], 3), np.float32) for p in packs[1:]]
+        buf.dispatch([(x, p) for x, p in zip(xs, bad)], idxs, num_experts=E)
+    bf16, _, _ = inputs()
+    with pytest.raises(ValueError, match=r"x\[0\]: scale packs come with FP8 data only"):
+        buf.dispatch([(x, p) for x, p in zip(bf16, packs)], idxs, num_experts=E)
+
+
+def fake_handle(buffer, rank, tokens=10, rows=12):
+    return epic.EPHandle(
+        do_expand=False, num_experts=E, expert_alignment=1, num_max_tokens_per_rank=TMAX,
+        num_sms=4, topk_idx=np.zeros((tokens, K), np.int64), num_recv_tokens=rows,
+        num_expanded_tokens=rows, num_recv_tokens_per_expert_list=[3] * (E // R),
+        psum_num_recv_tokens_per_scaleup_rank=None, psum_num_recv_tokens_per_expert=None,
+        num_unaligned_recv_tokens_per_expert=None, recv_src_metadata=None,
+        dst_buffer_slot_idx=None, _buffer=buffer, _rank=rank, _dtype="bf16", _hidden=H)
+
+
+def test_handles_are_checked(buf):
+    other = epic.ElasticBuffer(epic.VirtualWorld(R), num_bytes=2 << 20)
+    ys = [np.zeros((12, H), ml_dtypes.bfloat16)] * R
+    with pytest.raises(ValueError, match=r"handle\[0\]: comes from another ElasticBuffer"):
+        buf.combine(ys, [fake_handle(other, r) for r in range(R)])
+    with pytest.raises(ValueError, match=r"handle\[1\]: is rank 0's handle, passed for rank 1"):
+        buf.combine(ys, [fake_handle(buf, 0) for r in range(R)])
+    with pytest.raises(TypeError, match=r"handle\[2\]: expected an EPHandle"):
+        buf.combine(ys, [fake_handle(buf, 0), fake_handle(buf, 1), "h", fake_handle(buf, 3)])
+    with pytest.raises(ValueError, match="handle: required"):
+        buf.combine(ys, None)
+    handles = [fake_handle(buf, r) for r in range(R)]
+    xs, idxs, _ = inputs()
+    with pytest.raises(ValueError, match="topk_idx: must be None with a cached handle"):
+        buf.dispatch(xs, idxs, handle=handles)
+    with pytest.raises(ValueError, match="do_expand: True differs from the handle's False"):
+        buf.dispatch(xs, handle=handles, do_expand=True)
+
+
+def test_bad_combine_arguments_are_named(buf):
+    handles = [fake_handle(buf, r) for r in range(R)]
+    ys = [np.zeros((12, H), ml_dtypes.bfloat16)] * R
+    with pytest.raises(ValueError, match=r"x\[0\]: must be a CUDA tensor"):
+        buf.combine(ys, handles)
+    with pytest.raises(TypeError, match=r"x\[0\]: dtype must be bf16, got f32"):
+        buf.combine([y.astype(np.float32) for y in ys], handles)
+    with pytest.raises(ValueError, match=r"x\[0\]: expected bf16\[12, 256\] \(one row per row"):
+        buf.combine([np.zeros((11, H), ml_dtypes.bfloat16)] * R, handles)
+    with pytest.raises(ValueError, match=r"topk_weights\[0\]: must be \[12, 4\]"):
+        buf.combine(ys, handles, topk_weights=[np.zeros((12, 3), np.float32)] * R)
+    bias = np.zeros((10, H), ml_dtypes.bfloat16)
+    with pytest.raises(ValueError, match=r"bias\[0\]: at most two bias tensors, got 3"):
+        buf.combine(ys, handles, bias=[(bias, bias, bias)] * R)
+    with pytest.raises(ValueError, match=r"bias\[0\]\[0\]: must be bf16\[10, 256\]"):
+        buf.combine(ys, handles, bias=[np.zeros((9, H), ml_dtypes.bfloat16)] * R)
+
+
+def test_the_compiler_makes_the_kernels_of_a_configuration_without_a_gpu(tmp_path):
+    runtime = _C.Runtime("virtual", str(tmp_path), "")
+    spec = dict(num_ranks=8, num_experts=256, num_topk=8, hidden=7168, dtype="f8E4M3FN",
+                num_scale_packs=56, expert_alignment=128, do_expand=True,
+                num_max_tokens_per_rank=4096)
+    dispatch = runtime.kernels(spec, dict(weights=True, cached=False, zero_padding=False),
+                               "dispatch")
+    assert dispatch["source"] == "compiled" and dispatch["cubin_bytes"] > 0
+    assert "ep.dispatch" in dispatch["ir"] and ".entry ep_dispatch_send" in dispatch["ptx"]
+    again = runtime.kernels(spec, dict(weights=True, cached=False, zero_padding=False), "dispatch")
+    assert again["source"] == "memory" and again["key"] == dispatch["key"]
+    combine = runtime.kernels(spec, dict(weights=False, biases=2), "combine")
+    assert ".entry ep_combine_send" in combine["ptx"]
+    with pytest.raises(ValueError, match="kind must be"):
+        runtime.kernels(spec, {}, "gather")
+    with pytest.raises(ValueError, match="hidden"):
+        runtime.kernels(dict(spec, hidden=7), dict(weights=False, biases=0), "combine")
+
+
+def test_quickstart_without_a_gpu_compiles_and_says_so(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    if _C.cuda_device_count():
+        pytest.skip("a GPU is here: tools/device/run.sh runs the quickstart on it")
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    out = subprocess.run([sys.executable, os.path.join(root, "examples", "quickstart.py"),
+                          "--tokens", "64", "--cache-dir", str(tmp_path)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "no CUDA GPU here, so nothing runs" in out
+    assert "dispatch: entry IR" in out and "ep_dispatch_send (" in out
+    assert "combine: entry IR" in out and "ep_combine_reduce (" in out
