@@ -91,7 +91,8 @@ def main():
     dist.all_gather_object(oks, ok)
     if rank == 0:
         api = buffer._state.device_api
-        print(f"epic torch.distributed: {world} rank(s), NCCL {api['text'] if api else '?'}")
+        print(f"epic torch.distributed: {world} rank(s), {api['text'] if api else '?'}, "
+              f"communicator: {buffer.nccl_comm_source}")
         print(f"  rank 0 sent {counts[0]} tokens, received {handle.num_recv_tokens} "
               f"({handle.num_expanded_tokens} expanded rows)")
         print(f"  combine vs epic.reference on every rank (bitwise): "

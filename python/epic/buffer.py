@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import importlib
+import os
 from typing import Any
 
 from . import _tensors as T
@@ -153,6 +154,7 @@ class EPHandle:
     _dtype: str = ""
     _num_scale_packs: int = 0
     _hidden: int = 0
+    _row_order: Any = None  # deterministic buffers: received row -> row the kernels wrote
 
 
 def _is_int(v) -> bool:
@@ -224,11 +226,6 @@ class ElasticBuffer:
             raise ValueError(
                 "num_cpu_bytes: host-memory (Engram) storage is not supported by epic; pass 0"
             )
-        if deterministic:
-            raise ValueError(
-                "deterministic: sorting received tokens is not supported yet; the combine is "
-                "deterministic regardless (fixed reduction order)"
-            )
         if not allow_multiple_reduction:
             raise ValueError(
                 "allow_multiple_reduction: epic's combine reduces an expanded rank's rows "
@@ -295,9 +292,11 @@ class ElasticBuffer:
         if self.virtual:
             state = C.Buffer.virtual_world(runtime, self.num_ranks, self.num_bytes, sms)
         else:
-            unique_id = self._broadcast_unique_id(C)
-            state = C.Buffer.nccl(runtime, self.num_ranks, self.rank_idx, unique_id, 0,
+            comm_ptr = self._pytorch_comm()
+            unique_id = b"" if comm_ptr else self._broadcast_unique_id(C)
+            state = C.Buffer.nccl(runtime, self.num_ranks, self.rank_idx, unique_id, comm_ptr,
                                   self.num_bytes, sms)
+            self.nccl_comm_source = "pytorch" if comm_ptr else "new"
         self._state = state
         self._comm_stream = torch.cuda.Stream(priority=-1)
         if not self.virtual:
@@ -305,6 +304,24 @@ class ElasticBuffer:
             import torch.distributed as dist
 
             dist.barrier(group=self.group)
+
+    def _pytorch_comm(self) -> int:
+        """PyTorch's NCCL communicator of the group, if every rank can reuse it
+        (DeepEP does the same; EPIC_REUSE_NCCL_COMM=0 makes a new one)."""
+        import torch
+        import torch.distributed as dist
+
+        ptr = 0
+        if os.environ.get("EPIC_REUSE_NCCL_COMM", "1") != "0":
+            dist.barrier(group=self.group)  # PyTorch creates its communicator lazily
+            try:
+                backend = self.group._get_backend(torch.device("cuda", torch.cuda.current_device()))
+                ptr = int(backend._comm_ptr())
+            except (AttributeError, RuntimeError, TypeError):
+                ptr = 0
+        everyone = torch.tensor([1 if ptr else 0], device="cuda")
+        dist.all_reduce(everyone, op=dist.ReduceOp.MIN, group=self.group)
+        return ptr if int(everyone.item()) else 0
 
     def _broadcast_unique_id(self, C) -> bytes:
         import torch.distributed as dist
@@ -534,6 +551,9 @@ class ElasticBuffer:
             raise ValueError("do_zero_padding: requires do_expand=True")
         if do_cpu_sync is None:
             do_cpu_sync = not cached
+        if self.deterministic and not cached and not do_cpu_sync:
+            raise ValueError("do_cpu_sync: a deterministic buffer sorts the received rows, which "
+                             "needs their counts on the host; pass do_cpu_sync=True")
         L = num_experts // R
         weights = self._per_rank("topk_weights", topk_weights, optional=True)
         if cached and any(w is not None for w in weights):
@@ -702,15 +722,27 @@ class ElasticBuffer:
                     n = R * tmax
                     expanded_rows = rows
                 out_rows = expanded_rows if do_expand else n
-                recv_x = o["recv_x"][:out_rows]
+                full = o["_full"]
+                rows_of = {name: o[name][:out_rows] for name in
+                           ("recv_x", "recv_x_scale_packs", "recv_topk_idx", "recv_topk_weights")
+                           if name in o}
+                if "recv_topk_idx" in rows_of:
+                    rows_of["recv_topk_idx"] = o["recv_topk_idx"][:n]
+                order = handles[r]._row_order if cached else None
+                shown_meta = full["recv_src_metadata"][:n]
+                if self.deterministic and not cached:
+                    order, cached_order, shown_meta = _sort_received(full, n, out_rows, do_expand,
+                                                                     L, counts[r][1:])
+                if order is not None:  # the rows in canonical (source) order
+                    rows_of = {name: t.index_select(0, order) for name, t in rows_of.items()}
+                recv_x = rows_of["recv_x"]
                 if num_packs:
-                    sf = o["recv_x_scale_packs"][:out_rows]
+                    sf = rows_of["recv_x_scale_packs"]
                     if use_tma_aligned_col_major_sf:
                         sf = _tma_col_major(sf)
                     recv_x = (recv_x, sf)
-                recv_idx = o["recv_topk_idx"][:n] if not do_expand else None
-                recv_w = o["recv_topk_weights"][:out_rows] if variant["weights"] else None
-                full = o["_full"]
+                recv_idx = rows_of.get("recv_topk_idx")
+                recv_w = rows_of.get("recv_topk_weights")
                 if cached:
                     hd = handles[r]
                 else:
@@ -723,10 +755,11 @@ class ElasticBuffer:
                         psum_num_recv_tokens_per_scaleup_rank=full["psum_num_recv_tokens_per_rank"],
                         psum_num_recv_tokens_per_expert=full["psum_num_recv_tokens_per_expert"],
                         num_unaligned_recv_tokens_per_expert=full["num_recv_tokens_per_expert"],
-                        recv_src_metadata=full["recv_src_metadata"][:n],
+                        recv_src_metadata=shown_meta,
                         dst_buffer_slot_idx=full["dst_buffer_slot_idx"],
                         _buffer=self, _rank=r if self.virtual else self.rank_idx, _full=full,
                         _dtype=dtype, _num_scale_packs=num_packs or 0, _hidden=hidden,
+                        _row_order=cached_order if self.deterministic else None,
                     )
                 if stats[r] is not None:
                     stats[r].add_(full["num_recv_tokens_per_expert"])
@@ -864,6 +897,44 @@ def _check_topk_values(name, idx, num_experts):
         value = int(idx[where[0], where[1]])
     raise ValueError(f"{name}[{where[0]}][{where[1]}] = {value} is out of range: expert ids are in "
                      f"[0, {num_experts}), -1 masks a slot")
+
+
+def _sort_received(full, n, rows, expand, num_local, aligned_counts):
+    """Puts a rank's received rows in canonical order (by source rank, then
+    token; expanded: inside each expert block, padding last) and rewrites the
+    handle's metadata so that the kernels find every row where it now is.
+
+    Returns (order of the returned rows: new -> old, the order to apply to a
+    cached dispatch's rows, the metadata to show in the handle). Plain: the
+    metadata rows move with the data rows (combine pairs them by index); a
+    cached dispatch still writes rows in the first dispatch's slot order, so
+    its rows are reordered too. Expanded: the metadata rows stay in slot order
+    (a cached dispatch reads them by slot) and their row indices are remapped,
+    so a cached dispatch writes straight into the sorted rows.
+    """
+    import torch
+
+    meta = full["recv_src_metadata"]
+    gid = meta[:n, 0].long()
+    tokens = torch.argsort(gid)
+    if not expand:
+        meta[:n] = meta[:n].index_select(0, tokens)
+        return tokens, tokens, meta[:n]
+    device = meta.device
+    slots = meta[:n, 2:].long()
+    owner = torch.full((rows,), -1, dtype=torch.long, device=device)
+    used = slots >= 0
+    owner[slots[used]] = gid[:, None].expand_as(slots)[used]
+    expert = torch.repeat_interleave(torch.arange(num_local, device=device),
+                                     torch.tensor(aligned_counts, device=device), output_size=rows)
+    position = torch.arange(rows, device=device)
+    span = int(gid.max().item()) + 1 + rows if n else rows + 1
+    key = expert * span + torch.where(owner >= 0, owner, span - rows + position)
+    order = torch.argsort(key)
+    new_of_old = torch.empty_like(order)
+    new_of_old[order] = torch.arange(rows, device=device)
+    meta[:n, 2:] = torch.where(slots >= 0, new_of_old[slots.clamp(min=0)], slots).to(meta.dtype)
+    return order, None, meta[:n].index_select(0, tokens)
 
 
 def _tma_col_major(sf):

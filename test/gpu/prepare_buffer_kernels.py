@@ -13,7 +13,8 @@ import time
 import epic._C as C
 
 H, TMAX, K = 512, 96, 6
-LAYOUTS = [("bf16", False, 1, 0), ("f8E4M3FN", True, 128, H // 128), ("bf16", True, 4, 0)]
+LAYOUTS = [("bf16", False, 1, 0), ("f8E4M3FN", True, 128, H // 128), ("bf16", True, 4, 0),
+           ("f8E4M3FN", False, 1, H // 128)]
 
 
 def configs(ranks):

@@ -273,3 +273,47 @@ def test_autograd_backward_of_dispatch_is_combine_and_back(world, do_expand):
                 want[t] = len({e // L for e in experts})
         want = (s % 2 + 1) * want[:, None].expand(-1, H)
         assert torch.equal(xs[s].grad.float(), want), f"rank {s}"
+
+
+@pytest.mark.parametrize("do_expand", [False, True])
+def test_deterministic_buffers_return_rows_in_source_order(world, do_expand):
+    R, _ = world
+    E, K = 8 * R, 6
+    buffer = epic.ElasticBuffer(epic.VirtualWorld(R), num_max_tokens_per_rank=TMAX, hidden=H,
+                                num_topk=K, use_fp8_dispatch=True, deterministic=True,
+                                explicitly_destroy=True)
+    rng, tokens, idxs, ws, xs, sfs = inputs(R, E, K, seed=60 + R, fp8=True)
+    alignment = 128 if do_expand else 1
+    expected = ref.dispatch(xs, idxs, ws, sfs, num_experts=E, num_max_tokens_per_rank=TMAX,
+                            expert_alignment=alignment, expand=do_expand, zero_padding=do_expand)
+    x_in = [(to_torch(x), to_torch(sf)) for x, sf in zip(xs, sfs)]
+    # Padding rows are unspecified without zero padding: ask for it to compare them too.
+    kwargs = dict(num_experts=E, expert_alignment=alignment, do_expand=do_expand,
+                  do_zero_padding=do_expand)
+    recv, recv_idx, recv_w, handles, _ = buffer.dispatch(
+        x_in, [to_torch(i) for i in idxs], [to_torch(w) for w in ws], **kwargs,
+        use_tma_aligned_col_major_sf=True)
+    for r in range(R):
+        e = expected[r]
+        data, sf = recv[r]
+        # Already canonical: equal to the reference without sorting.
+        assert same_bits(to_numpy(data), e.recv_x)
+        assert sf.stride() == (1, (sf.shape[0] + 3) // 4 * 4)  # TMA-aligned column-major
+        assert same_bits(to_numpy(sf.contiguous()), e.recv_scale_packs)
+        assert same_bits(to_numpy(handles[r].recv_src_metadata), e.recv_src_metadata)
+        if not do_expand:
+            assert same_bits(to_numpy(recv_idx[r]), e.recv_topk_idx)
+    ys = [rng.standard_normal((e.recv_x.shape[0], H)).astype(ref.bfloat16) for e in expected]
+    want = ref.combine(ys, expected, topk_weights=[e.recv_topk_weights for e in expected])
+    out, out_w, _ = buffer.combine([to_torch(y) for y in ys], handles,
+                                   topk_weights=[w.contiguous() for w in recv_w])
+    for r in range(R):
+        assert same_bits(to_numpy(out[r]), want[r].combined_x)
+        assert same_bits(to_numpy(out_w[r]), want[r].combined_topk_weights)
+    again, _, _, _, _ = buffer.dispatch(x_in, handle=handles, do_expand=do_expand,
+                                        do_zero_padding=do_expand)
+    for r in range(R):
+        assert same_bits(to_numpy(again[r][0]), to_numpy(recv[r][0]))
+    buffer.barrier()
+    buffer.barrier(use_comm_stream=False, with_cpu_sync=True)
+    buffer.destroy()

@@ -75,8 +75,11 @@ def test_constructor_checks(buf):
         epic.ElasticBuffer(epic.VirtualWorld(2))
     with pytest.raises(ValueError, match="num_cpu_bytes"):
         epic.ElasticBuffer(epic.VirtualWorld(2), num_bytes=2 << 20, num_cpu_bytes=2 << 20)
-    with pytest.raises(ValueError, match="deterministic"):
-        epic.ElasticBuffer(epic.VirtualWorld(2), num_bytes=2 << 20, deterministic=True)
+    sorted_rows = epic.ElasticBuffer(epic.VirtualWorld(R), num_bytes=2 << 20, deterministic=True,
+                                     num_max_tokens_per_rank=TMAX)
+    xs, idxs, _ = inputs()
+    with pytest.raises(ValueError, match="do_cpu_sync: a deterministic buffer sorts"):
+        sorted_rows.dispatch(xs, idxs, num_experts=E, do_cpu_sync=False)
 
 
 def test_a_valid_call_stops_at_the_device_check(buf):

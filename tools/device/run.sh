@@ -51,6 +51,8 @@ EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run python3 -m pytest -q -p no:cac
   test/gpu/test_elastic_buffer.py
 EPIC_CACHE_DIR="$dev/cache" run python3 examples/quickstart.py
 EPIC_CACHE_DIR="$dev/cache" run torchrun --nproc-per-node 1 examples/torch_distributed.py
+EPIC_CACHE_DIR="$dev/cache" EPIC_REUSE_NCCL_COMM=0 run torchrun --nproc-per-node 1 \
+  examples/torch_distributed.py
 if [[ $only == all ]]; then
 for ranks in 1 2 4; do
   run python3 test/gpu/ep_virtual.py "$dev/kernels/ep_virtual_r$ranks.cubin" "$dev/kernels/ep_virtual_r$ranks.json" $ranks
