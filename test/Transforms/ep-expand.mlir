@@ -95,14 +95,29 @@ func.func @dispatch(%x: tensor<?x2048xf8E4M3FN>, %sf: tensor<?x16xf32>, %idx: te
 // CHECK: comm.store release scope sys
 // CHECK: comm.wait_flag %{{.*}} eq
 // CHECK: gpu.func @combine_reduce(
-// fp32 from +0.0, the bias first, then slots 0..K-1 where the slot is a master.
+// fp32 from +0.0, the bias first, then slots 0..K-1 (K = 4): the master
+// slots' rows are all loaded (a zero row for other slots) before the adds, which
+// follow in slot order.
 // CHECK: arith.constant dense<0.000000e+00> : vector<8xf32>
 // CHECK: llvm.load %{{.*}} {alignment = 16 : i64} : !llvm.ptr<1> -> vector<8xbf16>
 // CHECK: arith.extf %{{.*}} : vector<8xbf16> to vector<8xf32>
 // CHECK: arith.addf
-// CHECK: scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%{{.*}} = %{{.*}}) -> (vector<8xf32>)
 // CHECK: arith.shrui
-// CHECK: arith.addf
+// CHECK: %[[S0:.*]] = scf.if %{{.*}} -> (vector<8xbf16>)
+// CHECK-NOT: arith.addf
+// CHECK: arith.shrui
+// CHECK: %[[S1:.*]] = scf.if
+// CHECK-NOT: arith.addf
+// CHECK: arith.shrui
+// CHECK: %[[S2:.*]] = scf.if
+// CHECK-NOT: arith.addf
+// CHECK: arith.shrui
+// CHECK: %[[S3:.*]] = scf.if
+// CHECK-NOT: arith.addf
+// CHECK: %[[E0:.*]] = arith.extf %[[S0]]
+// CHECK: %[[A0:.*]] = arith.addf %{{.*}}, %[[E0]]
+// CHECK: %[[E1:.*]] = arith.extf %[[S1]]
+// CHECK: arith.addf %[[A0]], %[[E1]]
 // One rounding to bf16.
 // CHECK: arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
 // CHECK-LABEL: func.func @combine(
@@ -158,8 +173,8 @@ func.func @dispatch_exp(%x: tensor<?x512xbf16>, %idx: tensor<?x4xi64>, %w: tenso
 // in fp32 from +0.0 and sends one bf16 row.
 // CHECK: gpu.func @combine_exp_send(
 // CHECK: arith.constant dense<0.000000e+00> : vector<8xf32>
-// CHECK: scf.for {{.*}} -> (vector<8xf32>)
 // CHECK: arith.cmpi sge
+// CHECK: scf.if {{.*}} -> (vector<8xbf16>)
 // CHECK: arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
 // CHECK: comm.store release scope sys
 // CHECK: func.func @dispatch_exp(

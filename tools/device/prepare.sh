@@ -34,6 +34,7 @@ done
 # The configurations the Python API's GPU tests use.
 PYTHONPATH=python EPIC_CACHE_DIR="$out/cache" python3 test/gpu/prepare_buffer_kernels.py
 python3 examples/quickstart.py --cache-dir "$out/cache" > /dev/null  # no GPU here: compiles only
+EPIC_CACHE_DIR="$out/cache" python3 bench/ep_bench.py --compile-only
 python3 examples/torch_distributed.py --compile-only --world-size 1 --cache-dir "$out/cache" > /dev/null
 # The device comm struct must match between the shim and the driver: carry the headers the
 # shim was compiled against (the device's NCCL wheel supplies the library).

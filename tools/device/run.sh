@@ -3,6 +3,7 @@
 # test drivers against the machine's CUDA and NCCL, runs them, and leaves logs in $OUT.
 #   tools/device/run.sh           # everything
 #   tools/device/run.sh python    # only the Python API's tests and examples (after the build)
+#   tools/device/run.sh bench     # only bench/ep_bench.py (results into $OUT)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 dev=build/device
@@ -47,6 +48,10 @@ done
 run /tmp/epic-gpu/runtime/bin/epic-run test/gpu/run_nccl_one_rank.mlir --backend=nccl --check \
   --cache-dir="$dev/cache"
 fi
+if [[ $only == bench ]]; then
+  EPIC_CACHE_DIR="$dev/cache" python3 bench/ep_bench.py --out "$out" 2>&1 | tee "$out/ep_bench.log"
+  exit "${PIPESTATUS[0]}"
+fi
 EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run python3 -m pytest -q -p no:cacheprovider \
   test/gpu/test_elastic_buffer.py
 EPIC_CACHE_DIR="$dev/cache" run python3 examples/quickstart.py
@@ -61,8 +66,7 @@ run python3 test/gpu/ep_virtual.py "$dev/kernels/ep_virtual.cubin" "$dev/kernels
 fi
 echo "GPU tests: $([[ $status -eq 0 ]] && echo passed || echo FAILED)"
 if [[ "${EPIC_BENCH:-0}" == 1 ]]; then
-  echo "== bench: bench/ep_virtual_quick.py"
-  python3 bench/ep_virtual_quick.py "$dev/kernels/ep_v3_virtual.cubin" "$dev/kernels/ep_v3_virtual.json" \
-    2>&1 | tee "$out/ep_virtual_quick.log"
+  echo "== bench: bench/ep_bench.py"
+  EPIC_CACHE_DIR="$dev/cache" python3 bench/ep_bench.py --out "$out" 2>&1 | tee "$out/ep_bench.log"
 fi
 exit $status

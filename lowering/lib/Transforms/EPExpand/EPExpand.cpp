@@ -255,13 +255,58 @@ public:
     scf::YieldOp::create(b, ValueRange{andi(pending, sub(pending, i32(1)))});
   }
 
-  /// The warp copies `bytes` (a multiple of 16) from `src` to `dst`.
+  /// The warp copies `bytes` (a multiple of 16) from `src` to `dst`. Each
+  /// lane issues kCopyUnroll 16-byte loads before their stores: a store waits
+  /// for its load, so one load at a time would leave a row copy latency bound.
+  static constexpr int64_t kCopyUnroll = 4;
   void copyRow(Value dst, Value src, int64_t bytes) {
-    Type vec = VectorType::get({4}, i32T());
-    loop(lane, i32(bytes / 16), i32(32), [&](Value chunk) {
-      Value offset = mul(chunk, i32(16));
-      store(load(vec, at(src, offset), 16), at(dst, offset), 16);
+    auto vec = VectorType::get({4}, i32T());
+    const int64_t chunks = bytes / 16;
+    const bool whole = chunks % (32 * kCopyUnroll) == 0; // no lane runs past the end
+    loop(lane, i32(chunks), i32(32 * kCopyUnroll), [&](Value first) {
+      SmallVector<Value> offsets, inRange, values;
+      for (int64_t u = 0; u < kCopyUnroll; ++u) {
+        Value chunk = add(first, i32(32 * u));
+        Value offset = mul(chunk, i32(16));
+        Value ok = whole ? Value() : lt(chunk, i32(chunks));
+        auto read = [&]() -> Value { return load(vec, at(src, offset), 16); };
+        values.push_back(whole ? read() : choose(ok, vec, read, [&]() -> Value {
+          return arith::ConstantOp::create(b, vec, DenseElementsAttr::get(vec, 0));
+        }));
+        offsets.push_back(offset);
+        inRange.push_back(ok);
+      }
+      for (int64_t u = 0; u < kCopyUnroll; ++u) {
+        if (whole)
+          store(values[u], at(dst, offsets[u]), 16);
+        else
+          when(inRange[u], [&] { store(values[u], at(dst, offsets[u]), 16); });
+      }
     });
+  }
+
+  /// `acc` (8 x fp32) plus, in increasing j < n, the 8 bf16 channels at
+  /// `locate(j).second` wherever `locate(j).first` holds. The rows are loaded
+  /// kSumLoadsInFlight at a time before they are added, so their latencies
+  /// overlap; an absent row adds +0.0, which changes no bit (a sum that
+  /// starts from +0.0 is never -0.0), so the result is the in-order sum.
+  static constexpr int64_t kSumLoadsInFlight = 8;
+  Value sumRowsInOrder(Value acc, int64_t n,
+                       function_ref<std::pair<Value, Value>(int64_t)> locate) {
+    auto chunkF32 = VectorType::get({8}, b.getF32Type());
+    auto chunkBF16 = VectorType::get({8}, b.getBF16Type());
+    Value zero = arith::ConstantOp::create(b, chunkBF16, DenseElementsAttr::get(chunkBF16, 0.0f));
+    for (int64_t group = 0; group < n; group += kSumLoadsInFlight) {
+      SmallVector<Value> rows;
+      for (int64_t j = group; j < std::min(n, group + kSumLoadsInFlight); ++j) {
+        auto [present, ptr] = locate(j);
+        rows.push_back(choose(present, chunkBF16, [&]() -> Value { return load(chunkBF16, ptr, 16); },
+                              [&]() -> Value { return zero; }));
+      }
+      for (Value row : rows)
+        acc = arith::AddFOp::create(b, acc, arith::ExtFOp::create(b, chunkF32, row));
+    }
+    return acc;
   }
 
   /// The routing of token `t` in this warp: lane j < K holds expert id e_j
@@ -725,22 +770,13 @@ void buildCombineSend(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape
       k.loop(k.lane, k.i32(L.hidden / 8), k.i32(32), [&](Value chunk) {
         Value offset = k.mul(chunk, k.i32(16));
         Value zero = arith::ConstantOp::create(k.b, chunkF32, DenseElementsAttr::get(chunkF32, 0.0f));
-        auto slots = scf::ForOp::create(k.b, k.i32(0), k.i32(L.topk), k.i32(1), ValueRange{zero});
-        {
-          OpBuilder::InsertionGuard g(k.b);
-          k.b.setInsertionPointToStart(slots.getBody());
-          Value j = slots.getInductionVar();
-          Value sum = slots.getRegionIterArg(0);
-          Value expandedRow = k.loadI32(meta, k.add(j, k.i32(2)));
-          Value next = k.choose(k.cmp(arith::CmpIPredicate::sge, expandedRow, k.i32(0)), chunkF32,
-                                [&]() -> Value {
-            Value rowBase = k.at(x, k.mul(k.wide(expandedRow), k.i64(L.hidden * 2)));
-            Value v = k.load(chunkBF16, k.at(rowBase, offset), 16);
-            return arith::AddFOp::create(k.b, sum, arith::ExtFOp::create(k.b, chunkF32, v));
-          }, [&]() -> Value { return sum; });
-          scf::YieldOp::create(k.b, ValueRange{next});
-        }
-        Value rounded = arith::TruncFOp::create(k.b, chunkBF16, slots.getResult(0));
+        Value sum = k.sumRowsInOrder(zero, L.topk, [&](int64_t j) {
+          Value expandedRow = k.loadI32(meta, k.i32(2 + j));
+          Value rowBase = k.at(x, k.mul(k.wide(expandedRow), k.i64(L.hidden * 2)));
+          return std::make_pair(k.cmp(arith::CmpIPredicate::sge, expandedRow, k.i32(0)),
+                                k.at(rowBase, offset));
+        });
+        Value rounded = arith::TruncFOp::create(k.b, chunkBF16, sum);
         k.store(rounded, k.at(record, offset), 16);
       });
       if (shape.weights) {
@@ -793,23 +829,15 @@ void buildCombineReduce(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sha
         Value v = k.load(chunkBF16, k.at(k.at(bias, rowBytes), offset), 16);
         acc = arith::AddFOp::create(k.b, acc, arith::ExtFOp::create(k.b, chunkF32, v));
       }
-      auto slots = scf::ForOp::create(k.b, k.i32(0), k.i32(L.topk), k.i32(1), ValueRange{acc});
-      {
-        OpBuilder::InsertionGuard g(k.b);
-        k.b.setInsertionPointToStart(slots.getBody());
-        Value j = slots.getInductionVar();
-        Value sum = slots.getRegionIterArg(0);
+      acc = k.sumRowsInOrder(acc, L.topk, [&](int64_t j) {
         Value isMaster = k.cmp(arith::CmpIPredicate::ne,
-                               k.andi(arith::ShRUIOp::create(k.b, r.masters, j), k.i32(1)), k.i32(0));
-        Value next = k.choose(isMaster, chunkF32, [&]() -> Value {
-          Value index = k.add(k.mul(k.wide(j), k.i64(L.tmax)), k.wide(token));
-          Value record = k.local(k.add(k.i64(L.data), k.mul(index, k.i64(L.combineRecord))));
-          Value v = k.load(chunkBF16, k.at(record, offset), 16);
-          return arith::AddFOp::create(k.b, sum, arith::ExtFOp::create(k.b, chunkF32, v));
-        }, [&]() -> Value { return sum; });
-        scf::YieldOp::create(k.b, ValueRange{next});
-      }
-      Value rounded = arith::TruncFOp::create(k.b, chunkBF16, slots.getResult(0));
+                               k.andi(arith::ShRUIOp::create(k.b, r.masters, k.i32(j)), k.i32(1)),
+                               k.i32(0));
+        Value index = k.add(k.i64(j * L.tmax), k.wide(token));
+        Value record = k.local(k.add(k.i64(L.data), k.mul(index, k.i64(L.combineRecord))));
+        return std::make_pair(isMaster, k.at(record, offset));
+      });
+      Value rounded = arith::TruncFOp::create(k.b, chunkBF16, acc);
       k.store(rounded, k.at(k.at(out, rowBytes), offset), 16);
     });
     if (shape.weights) {

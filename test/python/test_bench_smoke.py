@@ -1,0 +1,30 @@
+"""bench/ep_bench.py cannot rot: its smoke mode runs in CI (no GPU: it compiles
+the kernels of a tiny configuration and checks its byte model on reference
+routing statistics)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+
+
+def test_bench_smoke_mode(tmp_path):
+    _C = pytest.importorskip("epic._C")
+    if _C.cuda_device_count():
+        pytest.skip("a GPU is here: tools/device/run.sh bench runs the real benchmark")
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "ep_bench.py"), "--smoke",
+                          "--out", str(tmp_path)], capture_output=True, text=True,
+                         env=dict(os.environ, EPIC_CACHE_DIR=str(tmp_path / "cache")))
+    assert out.returncode == 0, out.stderr
+    (report,) = [json.load(open(tmp_path / f)) for f in os.listdir(tmp_path) if f.endswith(".json")]
+    assert report["compile"]["cold_compile_s"] > 0 and report["compile"]["warm_load_s"] >= 0
+    stats, model = report["byte_model"]["stats"], report["byte_model"]["bytes"]
+    assert 0 < stats["recv_tokens"] <= stats["pairs"] <= stats["expanded_rows"]
+    # Every received token's row is sent once and written once at least.
+    row = report["args"]["hidden"] + 4 * (report["args"]["hidden"] // 128)
+    assert model["ep_dispatch_send"] >= 2 * stats["recv_tokens"] * row
+    assert model["logical_combine"] == stats["recv_tokens"] * (2 * report["args"]["hidden"] + 4 * 8)
