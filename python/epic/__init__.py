@@ -19,9 +19,11 @@ __all__ = [
     "EventHandle",
     "EventOverlap",
     "topk_idx_t",
+    "jit",
+    "language",
 ]
 
-_LAZY_SUBMODULES = frozenset({"reference", "buffer", "autograd"})
+_LAZY_SUBMODULES = frozenset({"reference", "buffer", "autograd", "language"})
 # DeepEP's names, from epic.buffer (loaded on first use).
 _FROM_BUFFER = frozenset({"ElasticBuffer", "VirtualWorld", "EPHandle", "EventHandle",
                           "EventOverlap", "topk_idx_t"})
@@ -32,6 +34,11 @@ def __getattr__(name):
         module = importlib.import_module(f".{name}", __name__)
         globals()[name] = module  # cache: later lookups bypass __getattr__
         return module
+    if name == "jit":  # the decorator of epic.dsl.jit
+        from .dsl.jit import jit as decorator
+
+        globals()["jit"] = decorator
+        return decorator
     if name in _FROM_BUFFER:
         value = getattr(importlib.import_module(".buffer", __name__), name)
         globals()[name] = value

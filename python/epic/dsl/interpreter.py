@@ -1,0 +1,312 @@
+"""Runs ``@epic.jit`` kernels on the CPU with numpy (``EPIC_INTERPRET=1``).
+
+Every (rank, program instance) pair of a launch is a thread, so a program may wait for a signal
+another rank's program sends, as on the GPU. Memory is numpy: a kernel argument array becomes a
+pointer to its bytes; symmetric windows (:class:`SymmetricMemory`) hold one byte array per rank,
+which ``el.peer_ptr`` reaches. Every wait and barrier is bounded: on expiry the launch fails with
+the rank, the program and what it waited for. All memory accesses are sequentially consistent
+here (one lock for atomics, the GIL for the rest), which every correct GPU schedule refines.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["SymmetricMemory", "Pointer", "launch", "current", "KernelError"]
+
+_FP8_MAX = {np.dtype(ml_dtypes.float8_e4m3fn): 448.0, np.dtype(ml_dtypes.float8_e5m2): 57344.0}
+
+
+class KernelError(RuntimeError):
+    """A kernel failed in the interpreter (names the rank and program instance)."""
+
+
+class _Aborted(KernelError):
+    """A program stopped because another one failed (not the cause)."""
+
+
+class Block(np.ndarray):
+    """A 1-D block value: a numpy array with Triton's ``.to(dtype)``."""
+
+    def to(self, dtype):
+        return cast(self, dtype)
+
+
+def block(values):
+    return np.asarray(values).view(Block)
+
+
+def cast(x, dtype):
+    dtype = np.dtype(dtype)
+    values = np.asarray(x)
+    if dtype in _FP8_MAX:  # saturate, as cvt.rn.satfinite does
+        values = np.clip(values.astype(np.float32), -_FP8_MAX[dtype], _FP8_MAX[dtype])
+    out = values.astype(dtype)
+    return block(out) if out.ndim else out[()]
+
+
+def reduce(op, x, axis):
+    values = np.asarray(x)
+    result = op(values, axis=axis)
+    return block(result) if np.ndim(result) else result[()]
+
+
+class SymmetricMemory:
+    """A symmetric window: `num_bytes` per rank, every rank's copy reachable by its peers."""
+
+    def __init__(self, num_ranks: int, num_bytes: int):
+        self.num_ranks, self.num_bytes = num_ranks, num_bytes
+        self.ranks = [np.zeros(num_bytes, dtype=np.uint8) for _ in range(num_ranks)]
+
+    def view(self, rank, dtype, count, offset_bytes=0):
+        """Rank `rank`'s window as `count` elements of `dtype` from `offset_bytes` (for checks)."""
+        size = np.dtype(dtype).itemsize
+        return self.ranks[rank][offset_bytes:offset_bytes + count * size].view(dtype)
+
+
+class Pointer:
+    """A typed pointer (or a block of them) into a byte array; arithmetic is in elements."""
+
+    def __init__(self, memory, offset, dtype, symmetric=None, rank=None):
+        self.memory = memory  # 1-D uint8
+        self.offset = offset  # bytes: int or int64 array
+        self.dtype = np.dtype(dtype)
+        self.symmetric, self.rank = symmetric, rank
+
+    def _moved(self, offset):
+        return Pointer(self.memory, offset, self.dtype, self.symmetric, self.rank)
+
+    def __add__(self, elements):
+        e = np.asarray(elements, dtype=np.int64)
+        return self._moved(self.offset + e * self.dtype.itemsize if e.ndim else
+                           self.offset + int(e) * self.dtype.itemsize)
+
+    __radd__ = __add__
+
+    def __sub__(self, elements):
+        return self + (-np.asarray(elements, dtype=np.int64))
+
+    def to(self, dtype):
+        """The same address seen as `dtype` (Triton's pointer cast)."""
+        return Pointer(self.memory, self.offset, dtype, self.symmetric, self.rank)
+
+    def _indices(self, where):
+        offsets = np.asarray(self.offset, dtype=np.int64)
+        if np.any(offsets % self.dtype.itemsize):
+            raise KernelError(f"{where}: address not aligned to {self.dtype.itemsize} bytes")
+        if np.any(offsets < 0) or np.any(offsets + self.dtype.itemsize > self.memory.size):
+            bad = offsets[(offsets < 0) | (offsets + self.dtype.itemsize > self.memory.size)]
+            raise KernelError(f"{where}: out of bounds: byte offset {int(bad.flat[0])} of a "
+                              f"{self.memory.size}-byte buffer")
+        return offsets // self.dtype.itemsize
+
+    def typed(self):
+        size = self.memory.size // self.dtype.itemsize * self.dtype.itemsize
+        return self.memory[:size].view(self.dtype)
+
+
+def pointer_to(array):
+    """A kernel argument: a numpy array (contiguous: its memory is shared, not copied) becomes a
+    pointer to its first element."""
+    if not isinstance(array, np.ndarray) or not array.flags["C_CONTIGUOUS"]:
+        raise TypeError("kernel arguments in the interpreter are contiguous numpy arrays, got "
+                        f"{type(array).__name__}")
+    return Pointer(array.reshape(-1).view(np.uint8), 0, array.dtype)
+
+
+_local = threading.local()
+_atomic = threading.RLock()
+
+
+def current():
+    context = getattr(_local, "context", None)
+    if context is None:
+        raise RuntimeError("epic.language functions run inside an @epic.jit kernel "
+                           "(launched as kernel[grid](...))")
+    return context
+
+
+class _Launch:
+    """What the threads of one launch share."""
+
+    def __init__(self, num_ranks, grid, timeout_s):
+        self.num_ranks, self.grid = num_ranks, grid
+        self.programs = int(np.prod(grid))
+        self.barrier = threading.Barrier(num_ranks * self.programs)
+        self.failed = threading.Event()
+        self.timeout_s = timeout_s
+
+
+class Context:
+    """One (rank, program instance): what the el.* functions act on."""
+
+    def __init__(self, launch, rank, program):
+        self.launch, self.rank, self.num_ranks = launch, rank, launch.num_ranks
+        self.program = program
+
+    def where(self):
+        return f"rank {self.rank}, program {self.program}"
+
+    # --- programs
+    def program_id(self, axis):
+        g = self.launch.grid
+        if not 0 <= axis < len(g):
+            raise KernelError(f"{self.where()}: program_id({axis}) of a {len(g)}-D grid")
+        index = self.program
+        for a in range(axis):
+            index //= g[a]
+        return index % g[axis]
+
+    def num_programs(self, axis):
+        return self.launch.grid[axis]
+
+    # --- memory
+    def load(self, pointer, mask, other, sem, scope):
+        _check_sem(sem, ("relaxed", "acquire"), "load")
+        if not isinstance(pointer, Pointer):
+            raise KernelError(f"{self.where()}: el.load of a {type(pointer).__name__}, not a pointer")
+        if mask is None:
+            values = pointer.typed()[pointer._indices(f"{self.where()}: el.load")]
+            return block(values.copy()) if np.ndim(values) else values[()]
+        m = np.broadcast_to(np.asarray(mask, dtype=bool), np.shape(pointer.offset))
+        out = np.full(m.shape, other, dtype=pointer.dtype)
+        if m.any():
+            masked = pointer._moved(np.asarray(pointer.offset)[m])
+            out[m] = pointer.typed()[masked._indices(f"{self.where()}: el.load")]
+        return block(out) if out.ndim else out[()]
+
+    def store(self, pointer, value, mask, sem, scope):
+        _check_sem(sem, ("relaxed", "release"), "store")
+        if not isinstance(pointer, Pointer):
+            raise KernelError(f"{self.where()}: el.store to a {type(pointer).__name__}, not a pointer")
+        offsets = np.asarray(pointer.offset)
+        values = np.broadcast_to(np.asarray(value).astype(pointer.dtype), offsets.shape)
+        if mask is not None:
+            m = np.broadcast_to(np.asarray(mask, dtype=bool), offsets.shape)
+            pointer, values = pointer._moved(offsets[m]), values[m]
+        pointer.typed()[pointer._indices(f"{self.where()}: el.store")] = values
+
+    def atomic_add(self, pointer, value, mask, sem, scope):
+        with _atomic:
+            old = self.load(pointer, mask, 0, "relaxed", scope)
+            offsets = np.asarray(pointer.offset)
+            if offsets.ndim == 0:
+                if mask is None or bool(mask):
+                    self.store(pointer, old + value, None, "relaxed", scope)
+                return old
+            # Lanes that hit the same word add in lane order.
+            values = np.broadcast_to(np.asarray(value).astype(pointer.dtype), offsets.shape)
+            live = np.ones(offsets.shape, bool) if mask is None else np.asarray(mask, bool)
+            olds = np.zeros(offsets.shape, pointer.dtype)
+            for i in np.nonzero(live)[0]:
+                p = pointer._moved(int(offsets[i]))
+                olds[i] = self.load(p, None, 0, "relaxed", scope)
+                self.store(p, olds[i] + values[i], None, "relaxed", scope)
+            return block(olds)
+
+    def atomic_cas(self, pointer, compare, value, sem, scope):
+        with _atomic:
+            old = self.load(pointer, None, 0, "relaxed", scope)
+            if np.ndim(old):
+                raise KernelError(f"{self.where()}: el.atomic_cas takes one address")
+            if old == compare:
+                self.store(pointer, value, None, "relaxed", scope)
+            return old
+
+    # --- communication
+    def peer_ptr(self, pointer, peer):
+        if not isinstance(pointer, Pointer) or pointer.symmetric is None:
+            raise KernelError(f"{self.where()}: el.peer_ptr needs a pointer into a symmetric "
+                              "window (epic.dsl.jit.SymmetricMemory)")
+        peer = int(peer)
+        if not 0 <= peer < self.num_ranks:
+            raise KernelError(f"{self.where()}: el.peer_ptr to rank {peer} of a world of "
+                              f"{self.num_ranks}")
+        memory = pointer.symmetric.ranks[peer]
+        return Pointer(memory, pointer.offset, pointer.dtype, pointer.symmetric, peer)
+
+    def put(self, dst, src, count, signal, signal_value):
+        count = int(count)
+        values = self.load(src + np.arange(count), None, 0, "relaxed", "sys")
+        self.store(dst + np.arange(count), values, None, "relaxed", "sys")
+        if signal is not None:
+            self.signal(signal, signal_value)
+
+    def signal(self, pointer, value):
+        self.atomic_add(pointer, value, None, "release", "sys")
+
+    def wait(self, pointer, value, timeout_ms):
+        deadline = time.monotonic() + timeout_ms / 1e3
+        while True:
+            current = self.load(pointer, None, 0, "acquire", "sys")
+            if current >= value:
+                return current
+            if self.launch.failed.is_set():
+                raise _Aborted(f"{self.where()}: stopped (another program failed)")
+            if time.monotonic() > deadline:
+                raise KernelError(f"{self.where()}: el.wait timed out after {timeout_ms} ms: the "
+                                  f"word at byte {pointer.offset} of rank {pointer.rank}'s window "
+                                  f"is {current}, waited for {value}")
+            time.sleep(0)
+
+    def flush(self):
+        pass  # puts complete when they return here
+
+    def fence(self, scope):
+        pass  # sequentially consistent here
+
+    def barrier(self, timeout_ms):
+        try:
+            self.launch.barrier.wait(timeout=min(timeout_ms / 1e3, self.launch.timeout_s))
+        except threading.BrokenBarrierError:
+            if self.launch.failed.is_set():
+                raise _Aborted(f"{self.where()}: stopped at el.barrier (another program "
+                               "failed)") from None
+            raise KernelError(f"{self.where()}: el.barrier timed out after {timeout_ms} ms: not "
+                              "every program of every rank arrived") from None
+
+
+def _check_sem(sem, allowed, what):
+    if sem not in allowed:
+        raise KernelError(f"el.{what}: sem must be one of {allowed}, got {sem!r}")
+
+
+def launch(fn, grid, per_rank_args, num_ranks, timeout_s=60.0):
+    """Runs `fn` for every (rank, program) of `grid`; `per_rank_args[r]` are rank r's
+    arguments. Raises the first failure, naming where it happened."""
+    shared = _Launch(num_ranks, grid, timeout_s)
+    errors = []
+
+    def body(rank, program):
+        _local.context = Context(shared, rank, program)
+        try:
+            fn(*per_rank_args[rank])
+        except BaseException as e:  # noqa: BLE001 - reported with its place
+            errors.append((rank, program, e))
+            shared.failed.set()
+            shared.barrier.abort()
+        finally:
+            _local.context = None
+
+    threads = [threading.Thread(target=body, args=(r, p), daemon=True)
+               for r in range(num_ranks) for p in range(shared.programs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s)
+    if any(t.is_alive() for t in threads):
+        shared.failed.set()
+        shared.barrier.abort()
+        raise KernelError(f"the launch did not finish within {timeout_s} s")
+    if errors:
+        # The original failure, not the aborts it caused elsewhere.
+        errors.sort(key=lambda e: isinstance(e[2], _Aborted))
+        rank, program, error = errors[0]
+        if isinstance(error, KernelError):
+            raise error
+        raise KernelError(f"rank {rank}, program {program}: {type(error).__name__}: {error}") \
+            from error

@@ -1,0 +1,144 @@
+"""``@epic.jit``: kernels written in Python with ``epic.language``, launched Triton-style.
+
+    import epic
+    import epic.language as el
+
+    @epic.jit
+    def scale(x_ptr, y_ptr, n, factor, BLOCK: el.constexpr):
+        offsets = el.program_id(0) * BLOCK + el.arange(0, BLOCK)
+        mask = offsets < n
+        el.store(y_ptr + offsets, el.load(x_ptr + offsets, mask=mask) * factor, mask=mask)
+
+    scale[(num_blocks,)](x, y, n, 2.0, BLOCK=256, world=epic.VirtualWorld(4))
+
+A launch runs the grid on every rank of the world. An argument given as a list with one entry per
+rank is per-rank; a :class:`SymmetricMemory` is every rank's window (``el.peer_ptr`` reaches the
+others); everything else is passed to every rank. ``EPIC_INTERPRET=1`` runs kernels on the CPU
+(:mod:`epic.dsl.interpreter`); the compiled path (AST -> comm/upstream IR -> PTX) is not built
+yet and says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+
+import numpy as np
+
+from .interpreter import KernelError, SymmetricMemory
+
+__all__ = ["jit", "JITFunction", "SymmetricMemory", "KernelError", "interpreting"]
+
+
+def interpreting() -> bool:
+    return os.environ.get("EPIC_INTERPRET", "") not in ("", "0")
+
+
+class JITFunction:
+    """A kernel: ``kernel[grid](*args, world=..., **constexprs)``."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.signature = inspect.signature(fn)
+        self.constexprs = {name for name, p in self.signature.parameters.items()
+                           if _is_constexpr(p.annotation)}
+        functools.update_wrapper(self, fn)
+
+    def __getitem__(self, grid):
+        return functools.partial(self.run, grid)
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"{self.fn.__name__} is an @epic.jit kernel: launch it as "
+                        f"{self.fn.__name__}[grid](...)")
+
+    def specialization_key(self, bound):
+        """What the compiled code depends on: every tensor's dtype and 16-byte alignment, every
+        constexpr's value, and whether an integer is 1 (Triton's specialization)."""
+        key = []
+        for name, value in bound.arguments.items():
+            if name in self.constexprs:
+                key.append((name, "constexpr", value))
+            elif isinstance(value, SymmetricMemory):
+                key.append((name, "window"))
+            elif isinstance(value, list):
+                key.append((name, "per-rank", self._value_key(value[0])))
+            else:
+                key.append((name, self._value_key(value)))
+        return tuple(key)
+
+    @staticmethod
+    def _value_key(value):
+        if hasattr(value, "dtype") and hasattr(value, "shape"):
+            address = (value.ctypes.data if isinstance(value, np.ndarray)
+                       else value.data_ptr() if hasattr(value, "data_ptr") else 0)
+            return ("tensor", str(value.dtype), address % 16 == 0)
+        if isinstance(value, bool):
+            return ("bool",)
+        if isinstance(value, int):
+            return ("int", value == 1)
+        if isinstance(value, float):
+            return ("float",)
+        raise TypeError(f"unsupported kernel argument of type {type(value).__name__}")
+
+    def run(self, grid, *args, world=None, num_warps=4, **kwargs):
+        from epic.buffer import VirtualWorld
+
+        if not isinstance(world, VirtualWorld):
+            raise TypeError(f"{self.fn.__name__}[grid](...): pass world=epic.VirtualWorld(R)")
+        grid = grid(kwargs) if callable(grid) else grid
+        grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
+        if not 1 <= len(grid) <= 3 or any(not isinstance(g, int) or g < 1 for g in grid):
+            raise ValueError(f"grid: 1 to 3 positive ints, got {grid}")
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{self.fn.__name__}: {e}") from None
+        bound.apply_defaults()
+        for name in self.constexprs:
+            value = bound.arguments[name]
+            if not isinstance(value, (int, float, bool, str, type(None))):
+                raise TypeError(f"{self.fn.__name__}: constexpr {name} must be a Python constant, "
+                                f"got {type(value).__name__}")
+        R = world.num_ranks
+        for name, value in bound.arguments.items():
+            if isinstance(value, list) and len(value) != R:
+                raise ValueError(f"{self.fn.__name__}: argument {name} has {len(value)} entries "
+                                 f"for {R} ranks")
+            if isinstance(value, SymmetricMemory) and value.num_ranks != R:
+                raise ValueError(f"{self.fn.__name__}: window {name} has {value.num_ranks} ranks, "
+                                 f"the world {R}")
+        self.specialization_key(bound)  # rejects unsupported arguments before running
+        if not interpreting():
+            raise NotImplementedError(
+                f"{self.fn.__name__}: compiling @epic.jit kernels for the GPU is not built yet; "
+                "run them with EPIC_INTERPRET=1 (the CPU interpreter)")
+        from . import interpreter
+
+        per_rank = []
+        for r in range(R):
+            values = []
+            for name, value in bound.arguments.items():
+                if isinstance(value, list):
+                    value = value[r]
+                if isinstance(value, SymmetricMemory):
+                    value = interpreter.Pointer(value.ranks[r], 0, np.uint8, value, r)
+                elif isinstance(value, np.ndarray):
+                    value = interpreter.pointer_to(value)
+                values.append(value)
+            per_rank.append(values)
+        interpreter.launch(self.fn, grid, per_rank, R)
+
+
+def _is_constexpr(annotation):
+    from epic import language
+
+    return annotation is language.constexpr or annotation == "el.constexpr" or \
+        annotation == "constexpr"
+
+
+def jit(fn=None, **options):
+    """Makes `fn` an epic kernel (see the module docstring)."""
+    if fn is None:
+        return lambda f: JITFunction(f)
+    return JITFunction(fn)

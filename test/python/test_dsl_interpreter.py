@@ -1,0 +1,165 @@
+"""The DSL on the CPU: epic.language under the interpreter (EPIC_INTERPRET=1), the @epic.jit
+launch rules, and the examples in examples/dsl against epic.reference."""
+
+import os
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import epic
+import epic.language as el
+from epic.dsl.interpreter import KernelError
+from epic.dsl.jit import SymmetricMemory
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+
+
+@pytest.fixture(autouse=True)
+def interpret(monkeypatch):
+    monkeypatch.setenv("EPIC_INTERPRET", "1")
+
+
+@epic.jit
+def scale(x_ptr, y_ptr, n, factor, BLOCK: el.constexpr):
+    offsets = el.program_id(0) * BLOCK + el.arange(0, BLOCK)
+    mask = offsets < n
+    el.store(y_ptr + offsets, el.load(x_ptr + offsets, mask=mask) * factor, mask=mask)
+
+
+def test_blocks_masks_and_per_rank_arguments():
+    xs = [np.arange(1000, dtype=np.float32) * (r + 1) for r in range(3)]
+    ys = [np.zeros(1000, np.float32) for _ in range(3)]
+    scale[(4,)](xs, ys, 1000, 2.0, BLOCK=256, world=epic.VirtualWorld(3))
+    for x, y in zip(xs, ys):
+        assert np.array_equal(y, 2 * x)  # the masked tail touched nothing out of bounds
+
+
+@epic.jit
+def ring(win, out, N: el.constexpr):
+    """Every rank puts its block into the next rank's window and signals; waits for its own."""
+    me, R = el.rank(), el.num_ranks()
+    data = (win + 8).to(el.int32)
+    offsets = el.arange(0, N)
+    el.store(data + N + offsets, me * 100 + offsets)  # the staging half
+    nxt = (me + 1) % R
+    el.put(el.peer_ptr(data, nxt), data + N, N, signal=el.peer_ptr(win.to(el.int64), nxt))
+    el.wait(win.to(el.int64), 1)
+    el.store(out + offsets, el.load(data + offsets))
+
+
+def test_one_sided_put_with_signal_and_wait():
+    R, N = 4, 8
+    win = SymmetricMemory(R, 8 + 2 * N * 4)
+    outs = [np.zeros(N, np.int32) for _ in range(R)]
+    ring[(1,)](win, outs, N=N, world=epic.VirtualWorld(R))
+    for r in range(R):
+        assert list(outs[r]) == [((r - 1) % R) * 100 + i for i in range(N)]
+
+
+@epic.jit
+def take_slots(win, out):
+    slot = el.atomic_add(el.peer_ptr(win.to(el.int32), 0), 1, scope="sys")
+    el.store(out + el.program_id(0), slot)
+
+
+def test_atomics_give_every_program_of_every_rank_its_own_slot():
+    R, P = 4, 5
+    win = SymmetricMemory(R, 4)
+    outs = [np.full(P, -1, np.int32) for _ in range(R)]
+    take_slots[(P,)](win, outs, world=epic.VirtualWorld(R))
+    assert sorted(np.concatenate(outs)) == list(range(R * P))
+    assert win.view(0, np.int32, 1)[0] == R * P
+
+
+@epic.jit
+def wait_forever(win):
+    el.wait(win.to(el.int64), 1, timeout_ms=50)
+
+
+def test_waits_are_bounded_and_name_the_rank():
+    with pytest.raises(KernelError, match=r"rank \d, program 0: el.wait timed out after 50 ms: "
+                                          r"the word at byte 0 of rank \d's window is 0, waited for 1"):
+        wait_forever[(1,)](SymmetricMemory(2, 8), world=epic.VirtualWorld(2))
+
+
+@epic.jit
+def out_of_bounds(x_ptr):
+    el.load(x_ptr + el.arange(0, 16))
+
+
+@epic.jit
+def not_a_window(x_ptr):
+    el.peer_ptr(x_ptr, 0)
+
+
+@epic.jit
+def fails_on_rank_one(win):
+    if el.rank() == 1:
+        raise ValueError("the failure")
+    el.barrier()
+
+
+def test_kernel_errors_say_where():
+    x = np.zeros(8, np.float32)
+    with pytest.raises(KernelError, match=r"rank 0, program 0: el.load: out of bounds: byte "
+                                          r"offset 32 of a 32-byte buffer"):
+        out_of_bounds[(1,)](x, world=epic.VirtualWorld(1))
+    with pytest.raises(KernelError, match="el.peer_ptr needs a pointer into a symmetric window"):
+        not_a_window[(1,)](x, world=epic.VirtualWorld(1))
+    # The first failure is reported, not the barrier the others were left at.
+    with pytest.raises(KernelError, match=r"rank 1, program \d: ValueError: the failure"):
+        fails_on_rank_one[(2,)](SymmetricMemory(3, 8), world=epic.VirtualWorld(3))
+
+
+def test_language_values():
+    assert np.array_equal(el.cumsum(np.array([1, 2, 3], np.int32)), [1, 3, 6])
+    with pytest.raises(ValueError, match="power of two"):
+        el.arange(0, 6)
+    saturated = el.cast(np.array([1000.0, -1000.0, 1.0], np.float32), el.float8e4nv)
+    assert saturated.dtype == np.dtype(ml_dtypes.float8_e4m3fn)
+    assert list(saturated.astype(np.float32)) == [448.0, -448.0, 1.0]
+    with pytest.raises(RuntimeError, match="inside an @epic.jit kernel"):
+        el.rank()
+
+
+def test_launch_rules(monkeypatch):
+    xs = [np.zeros(4, np.float32)] * 2
+    with pytest.raises(TypeError, match=r"launch it as scale\[grid\]"):
+        scale(xs, xs, 4, 1.0, BLOCK=4)
+    with pytest.raises(TypeError, match="pass world=epic.VirtualWorld"):
+        scale[(1,)](xs, xs, 4, 1.0, BLOCK=4)
+    with pytest.raises(ValueError, match="argument x_ptr has 2 entries for 3 ranks"):
+        scale[(1,)](xs, xs, 4, 1.0, BLOCK=4, world=epic.VirtualWorld(3))
+    with pytest.raises(ValueError, match="grid"):
+        scale[(0,)](xs, xs, 4, 1.0, BLOCK=4, world=epic.VirtualWorld(2))
+    with pytest.raises(TypeError, match="constexpr BLOCK must be a Python constant"):
+        scale[(1,)](xs, xs, 4, 1.0, BLOCK=np.zeros(1), world=epic.VirtualWorld(2))
+    monkeypatch.setenv("EPIC_INTERPRET", "0")
+    with pytest.raises(NotImplementedError, match="EPIC_INTERPRET=1"):
+        scale[(1,)](xs, xs, 4, 1.0, BLOCK=4, world=epic.VirtualWorld(2))
+
+
+def test_specialization_key_covers_dtypes_constexprs_and_alignment():
+    def key(*args, **kwargs):
+        return scale.specialization_key(scale.signature.bind(*args, **kwargs))
+
+    f32, f16 = np.zeros(64, np.float32), np.zeros(64, np.float16)
+    base = key(f32, f32, 64, 1.0, BLOCK=32)
+    assert key(f32, f32, 7, 2.0, BLOCK=32) == base
+    assert key(f16, f32, 64, 1.0, BLOCK=32) != base
+    assert key(f32, f32, 64, 1.0, BLOCK=64) != base
+    assert key(f32, f32, 1, 1.0, BLOCK=32) != base  # n == 1 specializes
+    aligned = np.zeros(80, np.float32)
+    offset = (16 - aligned.ctypes.data % 16) // 4 + 1  # one float past a 16-byte boundary
+    assert key(aligned[offset:offset + 64], f32, 64, 1.0, BLOCK=32) != base
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4, 8])
+def test_the_dsl_dispatch_combine_example_matches_the_reference(ranks):
+    sys.path.insert(0, os.path.join(ROOT, "examples", "dsl"))
+    import dispatch_combine
+
+    dispatch_ok, combine_ok = dispatch_combine.run(ranks, tokens=16, K=min(4, 4 * ranks))
+    assert dispatch_ok and combine_ok
