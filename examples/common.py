@@ -53,3 +53,16 @@ def to_torch(torch, a, device="cuda"):
 
 def to_numpy(torch, t):
     return torch_to_numpy(t)
+
+
+def init_distributed():
+    """torch.distributed on NCCL, one GPU per process (torchrun's LOCAL_RANK): (rank, world)."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    return rank, world

@@ -24,8 +24,8 @@ sys.path.insert(0, HERE)
 
 
 import epic  # noqa: E402
-from common import (ALIGNMENT, EXPERTS, HIDDEN, TOPK, V3_VARIANTS, make_inputs,  # noqa: E402
-                    to_numpy, to_torch, toy_expert_torch, v3_spec)
+from common import (ALIGNMENT, EXPERTS, HIDDEN, TOPK, V3_VARIANTS, init_distributed,  # noqa: E402
+                    make_inputs, to_numpy, to_torch, toy_expert_torch, v3_spec)
 from epic import reference as ref  # noqa: E402
 
 
@@ -54,9 +54,7 @@ def main():
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    rank, world = init_distributed()
     if EXPERTS % world:
         raise SystemExit(f"{EXPERTS} experts do not split over {world} ranks")
 

@@ -58,6 +58,9 @@ EPIC_CACHE_DIR="$dev/cache" run python3 examples/quickstart.py
 EPIC_CACHE_DIR="$dev/cache" run torchrun --nproc-per-node 1 examples/torch_distributed.py
 EPIC_CACHE_DIR="$dev/cache" EPIC_REUSE_NCCL_COMM=0 run torchrun --nproc-per-node 1 \
   examples/torch_distributed.py
+gpus=$(nvidia-smi -L | wc -l)
+EPIC_CACHE_DIR="$dev/cache" run torchrun --nproc-per-node "$gpus" test/gpu/distributed_check.py \
+  --slow-rank $((gpus - 1))
 if [[ $only == all ]]; then
 for ranks in 1 2 4; do
   run python3 test/gpu/ep_virtual.py "$dev/kernels/ep_virtual_r$ranks.cubin" "$dev/kernels/ep_virtual_r$ranks.json" $ranks
