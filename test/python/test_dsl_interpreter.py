@@ -163,3 +163,11 @@ def test_the_dsl_dispatch_combine_example_matches_the_reference(ranks):
 
     dispatch_ok, combine_ok = dispatch_combine.run(ranks, tokens=16, K=min(4, 4 * ranks))
     assert dispatch_ok and combine_ok
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_the_dsl_low_latency_dispatch_example_matches_the_reference(ranks):
+    sys.path.insert(0, os.path.join(ROOT, "examples", "dsl"))
+    import low_latency_dispatch
+
+    assert low_latency_dispatch.run(ranks, tokens=6, K=min(3, 2 * ranks), H=256, L=2)
