@@ -171,3 +171,13 @@ def test_the_dsl_low_latency_dispatch_example_matches_the_reference(ranks):
     import low_latency_dispatch
 
     assert low_latency_dispatch.run(ranks, tokens=6, K=min(3, 2 * ranks), H=256, L=2)
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_the_dsl_least_loaded_replica_example_balances_and_delivers_once(ranks):
+    sys.path.insert(0, os.path.join(ROOT, "examples", "dsl"))
+    import least_loaded_replica
+
+    ok, balanced, loads, primary = least_loaded_replica.run(ranks, tokens=24)
+    assert ok
+    assert balanced, (loads, primary)
