@@ -222,6 +222,9 @@ class ElasticBuffer:
         _check_int("num_cpu_bytes", num_cpu_bytes, 0)
         _check_int("num_allocated_qps", num_allocated_qps, 0)
         _check_int("num_sms", num_sms, 0)
+        if not isinstance(num_gpu_timeout_secs, (int, float)) or not 0 < num_gpu_timeout_secs <= 2e6:
+            raise ValueError("num_gpu_timeout_secs: must be a positive number of seconds, got "
+                             f"{num_gpu_timeout_secs!r}")
         if num_cpu_bytes:
             raise ValueError(
                 "num_cpu_bytes: host-memory (Engram) storage is not supported by epic; pass 0"
@@ -460,11 +463,13 @@ class ElasticBuffer:
             if h._rank != (r if self.virtual else self.rank_idx):
                 raise ValueError(f"{name}: is rank {h._rank}'s handle, passed for rank {r}")
 
-    @staticmethod
-    def _spec(ranks, experts, topk, hidden, dtype, packs, alignment, expand, tmax):
-        return dict(num_ranks=ranks, num_experts=experts, num_topk=topk, hidden=hidden,
+    def _spec(self, ranks, experts, topk, hidden, dtype, packs, alignment, expand, tmax):
+        spec = dict(num_ranks=ranks, num_experts=experts, num_topk=topk, hidden=hidden,
                     dtype=dtype, num_scale_packs=packs, expert_alignment=alignment,
                     do_expand=bool(expand), num_max_tokens_per_rank=tmax)
+        if self.num_gpu_timeout_secs != 100:  # DeepEP's default is the compiler's
+            spec["timeout_ms"] = int(self.num_gpu_timeout_secs * 1000)
+        return spec
 
     def _streams(self, previous_event, allocate_on_comm_stream):
         import torch

@@ -119,6 +119,7 @@ EPSpec specFrom(const py::dict &d) {
   s.expanded = d["do_expand"].cast<bool>();
   s.maxTokensPerRank = d["num_max_tokens_per_rank"].cast<int>();
   s.numSms = d.contains("num_sms") ? d["num_sms"].cast<int>() : 0;
+  s.timeoutMs = d.contains("timeout_ms") ? d["timeout_ms"].cast<int64_t>() : 0;
   s.validate();
   return s;
 }

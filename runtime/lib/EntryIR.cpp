@@ -14,6 +14,13 @@ void require(bool ok, const std::string &message) {
     throw std::invalid_argument(message);
 }
 std::string dim(int n) { return std::to_string(n); }
+
+/// The kernels' wait bound, when not the compiler's default.
+std::string timeoutAttr(const epic::runtime::EPSpec &spec) {
+  return spec.timeoutMs ? " attributes {epic.timeout_ms = " + std::to_string(spec.timeoutMs) +
+                              " : i64}"
+                        : "";
+}
 } // namespace
 
 int EPSpec::elementBytes() const {
@@ -55,6 +62,9 @@ void EPSpec::validate() const {
   require(int64_t(ranks) * maxTokensPerRank <= INT32_MAX,
           "num_ranks x num_max_tokens_per_rank overflows the int32 source ids");
   require(numSms >= 0, "num_sms must not be negative, got " + dim(numSms));
+  require(timeoutMs >= 0 && timeoutMs <= (int64_t(1) << 31),
+          "the GPU timeout must be in [1, 2^31] ms (0: the default), got " +
+              std::to_string(timeoutMs));
 }
 
 std::string EPSpec::configAttr() const {
@@ -117,7 +127,8 @@ std::string epic::runtime::dispatchEntryIR(const EPSpec &spec, const DispatchVar
   values += ", %h2";
   std::ostringstream os;
   os << cfg << " = " << spec.configAttr() << "\n"
-     << "func.func @" << name << "(" << args << ") -> (" << results << ") {\n"
+     << "func.func @" << name << "(" << args << ") -> (" << results << ")"
+     << timeoutAttr(spec) << " {\n"
      << "  " << values << " = ep.dispatch %x" << operands
      << (v.zeroPadding ? " zero_padding" : "") << " config " << cfg << " : " << x << " -> "
      << results << "\n"
@@ -153,7 +164,8 @@ std::string epic::runtime::combineEntryIR(const EPSpec &spec, const CombineVaria
   }
   std::ostringstream os;
   os << cfg << " = " << spec.configAttr() << "\n"
-     << "func.func @" << name << "(" << args << ") -> (" << results << ") {\n"
+     << "func.func @" << name << "(" << args << ") -> (" << results << ")"
+     << timeoutAttr(spec) << " {\n"
      << "  " << values << " = ep.combine %y, %h" << operands << " : " << x << ", " << handle
      << " -> " << results << "\n"
      << "  return " << values << " : " << results << "\n}\n";

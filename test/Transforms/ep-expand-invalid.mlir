@@ -23,3 +23,15 @@ func.func @two(%x: tensor<?x256xbf16>, %idx: tensor<?x4xi64>) {
       : tensor<?x256xbf16> -> tensor<?x256xbf16>, tensor<?x4xi64>, !ep.handle<#cfg>
   return
 }
+
+// -----
+
+#cfg = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 256, dtype = bf16,
+                  max_tokens_per_rank = 64>
+// expected-error@+1 {{ep-expand: epic.timeout_ms must be an integer in [1, 2^31] (milliseconds), got 0 : i64}}
+func.func @no_time(%x: tensor<?x256xbf16>, %idx: tensor<?x4xi64>)
+    -> (tensor<?x256xbf16>, tensor<?x4xi64>, !ep.handle<#cfg>) attributes {epic.timeout_ms = 0 : i64} {
+  %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) config #cfg
+      : tensor<?x256xbf16> -> tensor<?x256xbf16>, tensor<?x4xi64>, !ep.handle<#cfg>
+  return %rx, %ri, %h : tensor<?x256xbf16>, tensor<?x4xi64>, !ep.handle<#cfg>
+}

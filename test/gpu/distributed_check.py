@@ -48,6 +48,10 @@ def compile_only(args):
         spec = dict(num_ranks=args.world_size, num_experts=EXPERTS, num_topk=TOPK, hidden=HIDDEN,
                     dtype=dtype, num_scale_packs=HIDDEN // GROUP if dtype != "bf16" else 0,
                     expert_alignment=alignment, do_expand=expand, num_max_tokens_per_rank=TOKENS)
+        if dtype == "bf16":  # the missing-rank check: a 5 s bound
+            runtime.kernels(dict(spec, timeout_ms=5000),
+                            dict(weights=False, cached=False, zero_padding=False), "dispatch")
+            count += 1
         for weights, cached, zero in ((True, False, expand), (False, False, False),
                                       (False, True, expand), (False, True, False)):
             runtime.kernels(spec, dict(weights=weights, cached=cached, zero_padding=zero),
@@ -61,11 +65,38 @@ def compile_only(args):
     return 0
 
 
+def missing_rank(args, rank, world):
+    """Every rank but `args.missing_rank` dispatches; their kernels wait for it, time out after
+    5 s, print which rank waited for what, and trap; the process reports the CUDA error."""
+    import torch
+
+    buffer = epic.ElasticBuffer(torch.distributed.group.WORLD, num_max_tokens_per_rank=TOKENS,
+                                hidden=HIDDEN, num_topk=TOPK, num_gpu_timeout_secs=5)
+    counts, xs8, sfs, idxs, ws = make_inputs(world, TOKENS, seed=7)
+    xs16 = [ref.per_token_cast_back(x, sf) for x, sf in zip(xs8, sfs)]
+    if rank == args.missing_rank:
+        print(f"rank {rank}: not dispatching", flush=True)
+        time.sleep(20)
+        return 0
+    try:
+        buffer.dispatch(numpy_to_torch(xs16[rank]), numpy_to_torch(idxs[rank]),
+                        num_experts=EXPERTS)
+        torch.cuda.synchronize()
+    except Exception as e:  # the trap surfaces as a CUDA error
+        print(f"rank {rank}: dispatch failed as expected: {type(e).__name__}: {e}", flush=True)
+        os._exit(3)  # CUDA is unusable after a trap: leave without cleanup
+    print(f"rank {rank}: dispatch completed without rank {args.missing_rank}: WRONG", flush=True)
+    return 1
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--world-size", type=int, default=1)
     parser.add_argument("--slow-rank", type=int, default=-1)
+    parser.add_argument("--missing-rank", type=int, default=-1,
+                        help="this rank never dispatches: the others must fail with the bounded "
+                             "wait's diagnostic (a 5 s GPU timeout), not hang")
     args = parser.parse_args()
     if args.compile_only:
         return compile_only(args)
@@ -75,6 +106,8 @@ def main():
 
     rank, world = init_distributed()
     to_torch, to_numpy = numpy_to_torch, torch_to_numpy
+    if args.missing_rank >= 0:
+        return missing_rank(args, rank, world)
     buffer = epic.ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=TOKENS, hidden=HIDDEN,
                                 num_topk=TOPK, use_fp8_dispatch=True, explicitly_destroy=True)
     L = EXPERTS // world

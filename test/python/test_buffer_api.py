@@ -82,6 +82,15 @@ def test_constructor_checks(buf):
         sorted_rows.dispatch(xs, idxs, num_experts=E, do_cpu_sync=False)
 
 
+def test_the_gpu_timeout_reaches_the_kernel_configuration():
+    quick = epic.ElasticBuffer(epic.VirtualWorld(2), num_bytes=2 << 20, num_gpu_timeout_secs=5)
+    assert quick._spec(2, 8, 2, 256, "bf16", 0, 1, False, 16)["timeout_ms"] == 5000
+    default = epic.ElasticBuffer(epic.VirtualWorld(2), num_bytes=2 << 20)
+    assert "timeout_ms" not in default._spec(2, 8, 2, 256, "bf16", 0, 1, False, 16)
+    with pytest.raises(ValueError, match="num_gpu_timeout_secs: must be a positive number"):
+        epic.ElasticBuffer(epic.VirtualWorld(2), num_bytes=2 << 20, num_gpu_timeout_secs=0)
+
+
 def test_a_valid_call_stops_at_the_device_check(buf):
     xs, idxs, ws = inputs()
     with pytest.raises(ValueError, match=r"x\[0\]: must be a CUDA tensor, got bf16\[10, 256\] on cpu"):

@@ -144,3 +144,15 @@ TEST(EntryIR, TheRuntimesWindowBoundCoversEveryLayoutEpExpandMakes) {
               }
             }
 }
+
+TEST(EntryIR, TheGpuTimeoutReachesTheKernels) {
+  EPSpec s = v3(false);
+  s.timeoutMs = 5000;
+  std::string ir = dispatchEntryIR(s, {true, false, false, 64}, "d");
+  EXPECT_NE(ir.find("attributes {epic.timeout_ms = 5000 : i64}"), std::string::npos) << ir;
+  EXPECT_EQ(expand(ir), "") << ir;
+  EXPECT_EQ(dispatchEntryIR(v3(false), {true, false, false, 64}, "d").find("timeout"),
+            std::string::npos);
+  s.timeoutMs = -1;
+  EXPECT_THROW(s.validate(), std::invalid_argument);
+}

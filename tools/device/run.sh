@@ -61,6 +61,18 @@ EPIC_CACHE_DIR="$dev/cache" EPIC_REUSE_NCCL_COMM=0 run torchrun --nproc-per-node
 gpus=$(nvidia-smi -L | wc -l)
 EPIC_CACHE_DIR="$dev/cache" run torchrun --nproc-per-node "$gpus" test/gpu/distributed_check.py \
   --slow-rank $((gpus - 1))
+if [[ $gpus -ge 2 ]]; then  # a missing rank must end in the bounded wait's diagnostic, not a hang
+  echo "== missing rank: torchrun --nproc-per-node $gpus test/gpu/distributed_check.py --missing-rank 1"
+  EPIC_CACHE_DIR="$dev/cache" timeout 120 torchrun --nproc-per-node "$gpus" \
+    test/gpu/distributed_check.py --missing-rank 1 > "$out/missing-rank.log" 2>&1
+  if grep -q "device wait timed out" "$out/missing-rank.log" && \
+     grep -q "failed as expected" "$out/missing-rank.log"; then
+    echo "missing rank: diagnosed (bounded wait) ok" | tee -a "$out/gpu-tests.log"
+  else
+    echo "missing rank: FAILED (no diagnostic; see missing-rank.log)" | tee -a "$out/gpu-tests.log"
+    status=1
+  fi
+fi
 if [[ $only == all ]]; then
 for ranks in 1 2 4; do
   run python3 test/gpu/ep_virtual.py "$dev/kernels/ep_virtual_r$ranks.cubin" "$dev/kernels/ep_virtual_r$ranks.json" $ranks

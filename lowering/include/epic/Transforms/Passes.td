@@ -27,7 +27,11 @@ def EPExpand : Pass<"ep-expand", "::mlir::ModuleOp"> {
     layout (`epic.window_bytes`) is fixed by the configuration. The same
     kernels serve both backends of `convert-comm-to-nvvm`. `epic.cooperative
     = 1` asks the runtime for a cooperative launch: the blocks of one launch
-    wait for each other, so all of them must be resident at once.
+    wait for each other, so all of them must be resident at once. Every
+    device-side wait is bounded: 100 s, or the entry function's
+    `epic.timeout_ms` (DeepEP's `num_gpu_timeout_secs`, in milliseconds),
+    which the launch function repeats; on expiry the wait names the rank and
+    peer and traps.
 
     **Entry barriers** (every send kernel starts with one, so remote buffers
     are free): block b of each rank meets block b of every other rank through

@@ -36,6 +36,7 @@ int64_t align(int64_t value, int64_t alignment) {
 
 /// Entry barriers keep one arrival counter per block index of a rank.
 constexpr int64_t kMaxBlocksPerRank = 1024;
+constexpr int64_t kDefaultTimeoutMs = 100000;
 
 /// Every byte offset the kernels use, fixed by the configuration. The window
 /// holds, in each rank's copy: counters (all zero between operations), then
@@ -52,6 +53,9 @@ struct EPLayout {
   int64_t countsIn, expertIn, slots, expertLocal, expertCursor, dispatchDone, dispatchFlags,
       combineDone, combineFlags, barrierArrivals, barrierEpochs;
   int64_t data, windowBytes;
+  /// Bound of every device-side wait (DeepEP's num_gpu_timeout_secs); the
+  /// entry function's `epic.timeout_ms` overrides it.
+  int64_t timeoutMs = kDefaultTimeoutMs;
 
   EPLayout(ep::ConfigAttr cfg, unsigned idxBits) {
     ranks = cfg.getRanks();
@@ -372,7 +376,7 @@ public:
       });
       comm::WaitFlagOp::create(b, i64T(), local(add(i64(layout.barrierArrivals), slot)),
                                comm::Predicate::ge, mul(epoch, i64(layout.ranks)), me, Value(),
-                               comm::Scope::sys, /*timeout_ms=*/100000);
+                               comm::Scope::sys, layout.timeoutMs);
     });
     barrier(); // what thread 0 acquired, for the whole block
   }
@@ -414,7 +418,7 @@ void exchangeDoneFlags(KernelBuilder &k, int64_t flagsOffset) {
   k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value src) {
     Value cell = k.counter(flagsOffset, src);
     comm::WaitFlagOp::create(k.b, k.i32T(), cell, comm::Predicate::eq, k.i32(1), k.me, src,
-                             comm::Scope::sys, /*timeout_ms=*/100000);
+                             comm::Scope::sys, k.layout.timeoutMs);
     comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), cell);
   });
 }
@@ -532,7 +536,7 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
     k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value src) {
       Value cell = k.counter(L.countsIn, src);
       Value seen = comm::WaitFlagOp::create(k.b, k.i32T(), cell, comm::Predicate::ne, k.i32(0),
-                                            k.me, src, comm::Scope::sys, /*timeout_ms=*/100000);
+                                            k.me, src, comm::Scope::sys, L.timeoutMs);
       comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), cell);
       k.storeI32(k.sub(k.i32(-1), seen), psumPerRank, src);
     });
@@ -887,6 +891,15 @@ FailureOr<Operation *> entryOp(func::FuncOp func) {
 }
 
 LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
+  int64_t timeoutMs = kDefaultTimeoutMs;
+  if (Attribute attr = func->getAttr("epic.timeout_ms")) {
+    auto value = dyn_cast<IntegerAttr>(attr);
+    if (!value || value.getInt() < 1 || value.getInt() > (int64_t(1) << 31))
+      return func.emitError("ep-expand: epic.timeout_ms must be an integer in [1, 2^31] "
+                            "(milliseconds), got ")
+             << attr;
+    timeoutMs = value.getInt();
+  }
   OpBuilder builder(func);
   Location loc = op->getLoc();
   MLIRContext *ctx = func.getContext();
@@ -912,6 +925,7 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
     fields = kDispatchFields;
     build = [=](gpu::GPUModuleOp module) {
       EPLayout layout(cfg, idxBits);
+      layout.timeoutMs = timeoutMs;
       OpBuilder b = kernelInsertionPoint(module);
       buildDispatchSend(createKernel(b, loc, kernelNames[0], true), layout, shape);
       buildDispatchCopy(createKernel(b, loc, kernelNames[1], false), layout, shape);
@@ -929,6 +943,7 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
     build = [=](gpu::GPUModuleOp module) {
       // The routing comes from the handle (topk_idx of the dispatch); int64.
       EPLayout layout(cfg, 64);
+      layout.timeoutMs = timeoutMs;
       OpBuilder b = kernelInsertionPoint(module);
       buildCombineSend(createKernel(b, loc, kernelNames[0], true), layout, shape);
       buildCombineReduce(createKernel(b, loc, kernelNames[1], false), layout, shape);
@@ -984,6 +999,7 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
   // The blocks of a launch wait for each other (entry barriers, the count
   // exchange): the runtime must launch them cooperatively (all resident).
   launch->setAttr("epic.cooperative", builder.getI64IntegerAttr(1));
+  launch->setAttr("epic.timeout_ms", builder.getI64IntegerAttr(timeoutMs));
   func.erase();
   return success();
 }

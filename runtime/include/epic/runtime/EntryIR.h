@@ -27,6 +27,7 @@ struct EPSpec {
   bool expanded = false;
   int maxTokensPerRank = 0;
   int numSms = 0;
+  int64_t timeoutMs = 0; ///< bound of the kernels' waits; 0: the compiler's default (100 s)
 
   /// Throws std::invalid_argument naming the first bad field.
   void validate() const;
