@@ -3,9 +3,13 @@
 Triton-style: a kernel runs as a grid of program instances on every rank of an EP world; values
 are scalars or 1-D blocks (``el.arange(0, BLOCK)`` with ``BLOCK: el.constexpr``); memory is
 reached through pointers with masked loads and stores; communication maps one to one onto the
-``comm`` dialect: ``el.rank()``, ``el.num_ranks()``, ``el.peer_ptr``, ``el.put`` (with an optional
-signal), ``el.signal``, ``el.wait`` (bounded), ``el.flush``, ``el.barrier``, ``el.fence``,
-acquire loads and release stores, scoped atomics.
+``comm`` dialect: ``el.rank()`` / ``el.num_ranks()`` (``comm.team_rank`` / ``team_size`` of the
+world team), ``el.peer_ptr`` (``comm.peer_ptr``), ``el.put`` (``comm.put`` over a window, its
+signal a word of the destination's window), ``el.signal`` (``comm.red add release``),
+``el.wait`` (``comm.wait_flag``, bounded), ``el.flush``, ``el.barrier`` (``comm.barrier``),
+``el.fence``, acquire loads and release stores (``comm.load`` / ``comm.store``), scoped atomics
+(``comm.atomic_rmw``). Signals here are words in symmetric windows (NVLink/LSA style); NCCL's GIN
+signal slots will be a separate kind when the network path needs them.
 
 These functions are what a kernel calls. Under ``EPIC_INTERPRET=1`` they execute on the CPU with
 numpy (``epic.dsl.interpreter``): every (rank, program instance) pair is a thread, so waits
