@@ -416,7 +416,9 @@ def table(results, roofline):
     return "\n".join(lines)
 
 
-def plot(results, roofline, path):
+def plot(results, roofline, ranks, path):
+    """Logical GB/s per rank against SMs, for dispatch and combine: one line per
+    configuration, its plain-PyTorch baseline (dotted, same colour) and the copy roofline."""
     try:
         import matplotlib
 
@@ -430,9 +432,13 @@ def plot(results, roofline, path):
             c = res["config"]
             xs = [row["sms"] for row in res["sweep"]]
             ys = [row[f"{op}_logical_gbs_per_rank"] for row in res["sweep"]]
-            ax.plot(xs, ys, marker="o", label=f"T={c['tokens']} {'fp8' if c['fp8'] else 'bf16'} "
-                    f"{'exp' if c['expand'] else 'plain'}")
-        ax.axhline(roofline / 1e9 / 8, color="k", linestyle="--", label="copy roofline / 8 ranks")
+            label = f"T={c['tokens']} {'fp8' if c['fp8'] else 'bf16'} {'exp' if c['expand'] else 'plain'}"
+            line, = ax.plot(xs, ys, marker="o", label=label)
+            torch_gbs = res["bytes"][f"logical_{op}"] / ranks / res[f"pytorch_{op}_wall_s"] / 1e9
+            ax.axhline(torch_gbs, color=line.get_color(), linestyle=":", linewidth=1)
+        ax.axhline(roofline / 1e9 / ranks, color="k", linestyle="--",
+                   label=f"copy roofline / {ranks} ranks")
+        ax.plot([], [], color="gray", linestyle=":", label="PyTorch (same colour)")
         ax.set_xlabel("SMs (all virtual ranks)")
         ax.set_ylabel("logical GB/s per rank")
         ax.set_title(op)
@@ -482,6 +488,16 @@ def main():
         import torch
 
         report["gpu"] = torch.cuda.get_device_name()
+        device_sms = torch.cuda.get_device_properties(0).multi_processor_count
+        analytic = epic.ElasticBuffer(epic.VirtualWorld(args.ranks), num_bytes=2 << 20) \
+            .get_theoretical_num_sms(args.experts, args.topk)
+        report["analytic_sms_per_rank"] = analytic
+        if analytic * args.ranks <= device_sms:  # every virtual rank's blocks resident at once
+            args.sms = sorted(set(args.sms) | {analytic * args.ranks})
+        else:
+            report["analytic_note"] = (f"DeepEP's choice, {analytic} SMs per rank, needs "
+                                       f"{analytic * args.ranks} SMs for {args.ranks} virtual "
+                                       f"ranks; this GPU has {device_sms}")
         timer = Timer(torch, args.iterations)
         roofline = copy_roofline(torch)
         report["copy_roofline_bytes_per_s"] = roofline
@@ -490,8 +506,10 @@ def main():
         name = report["gpu"].split()[-1].lower() + ("-smoke" if args.smoke else "")
         os.makedirs(args.out, exist_ok=True)
         png = os.path.join(args.out, f"{name}-{report['date']}.png")
-        report["plot"] = png if plot(report["results"], roofline, png) else None
+        report["plot"] = png if plot(report["results"], roofline, args.ranks, png) else None
         print(table(report["results"], roofline))
+        if "analytic_note" in report:
+            print(report["analytic_note"])
         print(f"compile: {report['compile']}")
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"{name}-{report['date']}.json")
