@@ -55,8 +55,17 @@ def to_numpy(torch, t):
     return torch_to_numpy(t)
 
 
-def init_distributed():
-    """torch.distributed on NCCL, one GPU per process (torchrun's LOCAL_RANK): (rank, world)."""
+def add_compile_only_arguments(parser):
+    """--compile-only / --world-size: fill the kernel cache where the compiler is, for a GPU
+    machine that has none (the torchrun scripts share them)."""
+    parser.add_argument("--compile-only", action="store_true",
+                        help="compile the kernels of --world-size ranks into the cache and stop")
+    parser.add_argument("--world-size", type=int, default=1)
+
+
+def init_distributed(experts=EXPERTS):
+    """torch.distributed on NCCL, one GPU per process (torchrun's LOCAL_RANK): (rank, world).
+    The experts must split evenly over the ranks."""
     import os
 
     import torch
@@ -64,5 +73,7 @@ def init_distributed():
 
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
+    if experts % world:
+        raise SystemExit(f"{experts} experts do not split over {world} ranks")
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     return rank, world

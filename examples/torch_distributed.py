@@ -24,8 +24,9 @@ sys.path.insert(0, HERE)
 
 
 import epic  # noqa: E402
-from common import (ALIGNMENT, EXPERTS, HIDDEN, TOPK, V3_VARIANTS, init_distributed,  # noqa: E402
-                    make_inputs, to_numpy, to_torch, toy_expert_torch, v3_spec)
+from common import (ALIGNMENT, EXPERTS, HIDDEN, TOPK, V3_VARIANTS,  # noqa: E402
+                    add_compile_only_arguments, init_distributed, make_inputs, to_numpy,
+                    to_torch, toy_expert_torch, v3_spec)
 from epic import reference as ref  # noqa: E402
 
 
@@ -43,9 +44,7 @@ def compile_only(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=256, help="tokens per rank (at most)")
-    parser.add_argument("--compile-only", action="store_true",
-                        help="compile the kernels of --world-size ranks into the cache and stop")
-    parser.add_argument("--world-size", type=int, default=1)
+    add_compile_only_arguments(parser)
     parser.add_argument("--cache-dir", default=None)
     args = parser.parse_args()
     if args.compile_only:
@@ -54,9 +53,7 @@ def main():
     import torch
     import torch.distributed as dist
 
-    rank, world = init_distributed()
-    if EXPERTS % world:
-        raise SystemExit(f"{EXPERTS} experts do not split over {world} ranks")
+    rank, world = init_distributed(EXPERTS)
 
     counts, xs, sfs, idxs, ws = make_inputs(world, args.tokens)
     buffer = epic.ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=args.tokens,

@@ -27,7 +27,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
 import numpy as np  # noqa: E402
 
 import epic  # noqa: E402
-from common import GROUP, init_distributed, make_inputs, toy_expert_torch  # noqa: E402
+from common import (GROUP, add_compile_only_arguments, init_distributed, make_inputs,  # noqa: E402
+                    toy_expert_torch)
 from epic import reference as ref  # noqa: E402
 from epic._tensors import numpy_to_torch, torch_to_numpy  # noqa: E402
 
@@ -91,8 +92,7 @@ def missing_rank(args, rank, world):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--compile-only", action="store_true")
-    parser.add_argument("--world-size", type=int, default=1)
+    add_compile_only_arguments(parser)
     parser.add_argument("--slow-rank", type=int, default=-1)
     parser.add_argument("--missing-rank", type=int, default=-1,
                         help="this rank never dispatches: the others must fail with the bounded "
@@ -104,7 +104,7 @@ def main():
     import torch
     import torch.distributed as dist
 
-    rank, world = init_distributed()
+    rank, world = init_distributed(EXPERTS)
     to_torch, to_numpy = numpy_to_torch, torch_to_numpy
     if args.missing_rank >= 0:
         return missing_rank(args, rank, world)

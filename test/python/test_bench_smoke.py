@@ -28,3 +28,13 @@ def test_bench_smoke_mode(tmp_path):
     row = report["args"]["hidden"] + 4 * (report["args"]["hidden"] // 128)
     assert model["ep_dispatch_send"] >= 2 * stats["recv_tokens"] * row
     assert model["logical_combine"] == stats["recv_tokens"] * (2 * report["args"]["hidden"] + 4 * 8)
+
+
+def test_multi_gpu_bench_compiles_its_kernels(tmp_path):
+    pytest.importorskip("epic._C")
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "ep_multi_gpu.py"),
+                          "--compile-only", "--world-size", "2", "--tokens", "64"],
+                         capture_output=True, text=True,
+                         env=dict(os.environ, EPIC_CACHE_DIR=str(tmp_path / "cache")))
+    assert out.returncode == 0, out.stderr
+    assert "ep_multi_gpu: kernels for 2 ranks" in out.stdout

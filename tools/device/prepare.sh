@@ -36,9 +36,10 @@ PYTHONPATH=python EPIC_CACHE_DIR="$out/cache" python3 test/gpu/prepare_buffer_ke
 python3 examples/quickstart.py --cache-dir "$out/cache" > /dev/null  # no GPU here: compiles only
 EPIC_CACHE_DIR="$out/cache" python3 bench/ep_bench.py --compile-only
 python3 examples/torch_distributed.py --compile-only --world-size 1 --cache-dir "$out/cache" > /dev/null
-for ranks in 1 2 4 8; do  # the multi-process checks on as many GPUs as the machine has
+for ranks in 1 2 4 8; do  # the multi-process checks and bench on as many GPUs as the machine has
   EPIC_CACHE_DIR="$out/cache" python3 test/gpu/distributed_check.py --compile-only --world-size $ranks \
     > /dev/null
+  EPIC_CACHE_DIR="$out/cache" python3 bench/ep_multi_gpu.py --compile-only --world-size $ranks > /dev/null
 done
 # The device comm struct must match between the shim and the driver: carry the headers the
 # shim was compiled against (the device's NCCL wheel supplies the library).

@@ -4,6 +4,7 @@
 #   tools/device/run.sh           # everything
 #   tools/device/run.sh python    # only the Python API's tests and examples (after the build)
 #   tools/device/run.sh bench     # only bench/ep_bench.py (results into $OUT)
+#   tools/device/run.sh multi     # only bench/ep_multi_gpu.py on every GPU (results into $OUT)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 dev=build/device
@@ -47,6 +48,11 @@ for program in examples/run/*.mlir; do
 done
 run /tmp/epic-gpu/runtime/bin/epic-run test/gpu/run_nccl_one_rank.mlir --backend=nccl --check \
   --cache-dir="$dev/cache"
+fi
+if [[ $only == multi ]]; then
+  EPIC_CACHE_DIR="$dev/cache" torchrun --nproc-per-node "$(nvidia-smi -L | wc -l)" \
+    bench/ep_multi_gpu.py --out "$out" 2>&1 | tee "$out/ep_multi_gpu.log"
+  exit "${PIPESTATUS[0]}"
 fi
 if [[ $only == bench ]]; then
   EPIC_CACHE_DIR="$dev/cache" python3 bench/ep_bench.py --out "$out" 2>&1 | tee "$out/ep_bench.log"
