@@ -13,6 +13,8 @@ import epic.language as el
 from epic.dsl.interpreter import KernelError
 from epic.dsl.jit import SymmetricMemory
 
+from dsl_kernels import ring, scale
+
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
 
@@ -21,32 +23,12 @@ def interpret(monkeypatch):
     monkeypatch.setenv("EPIC_INTERPRET", "1")
 
 
-@epic.jit
-def scale(x_ptr, y_ptr, n, factor, BLOCK: el.constexpr):
-    offsets = el.program_id(0) * BLOCK + el.arange(0, BLOCK)
-    mask = offsets < n
-    el.store(y_ptr + offsets, el.load(x_ptr + offsets, mask=mask) * factor, mask=mask)
-
-
 def test_blocks_masks_and_per_rank_arguments():
     xs = [np.arange(1000, dtype=np.float32) * (r + 1) for r in range(3)]
     ys = [np.zeros(1000, np.float32) for _ in range(3)]
     scale[(4,)](xs, ys, 1000, 2.0, BLOCK=256, world=epic.VirtualWorld(3))
     for x, y in zip(xs, ys):
         assert np.array_equal(y, 2 * x)  # the masked tail touched nothing out of bounds
-
-
-@epic.jit
-def ring(win, out, N: el.constexpr):
-    """Every rank puts its block into the next rank's window and signals; waits for its own."""
-    me, R = el.rank(), el.num_ranks()
-    data = (win + 8).to(el.int32)
-    offsets = el.arange(0, N)
-    el.store(data + N + offsets, me * 100 + offsets)  # the staging half
-    nxt = (me + 1) % R
-    el.put(el.peer_ptr(data, nxt), data + N, N, signal=el.peer_ptr(win.to(el.int64), nxt))
-    el.wait(win.to(el.int64), 1)
-    el.store(out + offsets, el.load(data + offsets))
 
 
 def test_one_sided_put_with_signal_and_wait():

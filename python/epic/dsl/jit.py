@@ -14,8 +14,10 @@
 A launch runs the grid on every rank of the world. An argument given as a list with one entry per
 rank is per-rank; a :class:`SymmetricMemory` is every rank's window (``el.peer_ptr`` reaches the
 others); everything else is passed to every rank. ``EPIC_INTERPRET=1`` runs kernels on the CPU
-(:mod:`epic.dsl.interpreter`); the compiled path (AST -> comm/upstream IR -> PTX) is not built
-yet and says so.
+(:mod:`epic.dsl.interpreter`). ``kernel.compile(*args, **constexprs)`` translates a kernel
+(:mod:`epic.dsl.codegen`, through ``epic._ir``) into comm + upstream IR, PTX and a cubin
+(``.asm["ir" | "ptx" | "cubin"]``); launching compiled kernels on a GPU is the next step and
+a launch without ``EPIC_INTERPRET`` says so.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class JITFunction:
         self.signature = inspect.signature(fn)
         self.constexprs = {name for name, p in self.signature.parameters.items()
                            if _is_constexpr(p.annotation)}
+        self.cache = {}  # compiled kernels by specialization
         functools.update_wrapper(self, fn)
 
     def __getitem__(self, grid):
@@ -81,6 +84,52 @@ class JITFunction:
             return ("float",)
         raise TypeError(f"unsupported kernel argument of type {type(value).__name__}")
 
+    def argument_kinds(self, bound):
+        """What each non-constexpr argument is in the kernel's signature."""
+        from .codegen import mlir_type
+
+        kinds = []
+        for name, value in bound.arguments.items():
+            if name in self.constexprs:
+                continue
+            if isinstance(value, list):
+                value = value[0]
+            if isinstance(value, SymmetricMemory):
+                kinds.append((name, ("window",)))
+            elif hasattr(value, "dtype") and hasattr(value, "shape"):
+                dtype = value.dtype if isinstance(value, np.ndarray) else _torch_to_numpy(value.dtype)
+                kinds.append((name, ("pointer", mlir_type(dtype))))
+            elif isinstance(value, bool):
+                kinds.append((name, ("scalar", "i1")))
+            elif isinstance(value, int):
+                kinds.append((name, ("scalar", "i32" if -2**31 <= value < 2**31 else "i64")))
+            elif isinstance(value, float):
+                kinds.append((name, ("scalar", "f32")))
+            else:
+                raise TypeError(f"{self.fn.__name__}: unsupported argument {name} of type "
+                                f"{type(value).__name__}")
+        return kinds
+
+    def compile(self, *args, num_warps=4, backend="virtual", **kwargs):
+        """Compiles the kernel for these arguments' specialization (no GPU needed): a
+        :class:`CompiledKernel` whose ``asm`` holds the IR, the PTX and the cubin."""
+        from .codegen import generate
+
+        try:
+            from epic import _ir
+        except ImportError as e:
+            raise RuntimeError("the DSL compiler (epic._ir) is built where LLVM/MLIR are: "
+                               f"./install.sh ({e})") from None
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        key = (self.specialization_key(bound), num_warps, backend)
+        if key not in self.cache:
+            constexprs = {n: bound.arguments[n] for n in self.constexprs}
+            ir_text = generate(_ir, self.fn, self.argument_kinds(bound), constexprs, num_warps)
+            compiled = _ir.compile(ir_text, backend, True)
+            self.cache[key] = CompiledKernel(self.fn.__name__, ir_text, compiled, num_warps)
+        return self.cache[key]
+
     def run(self, grid, *args, world=None, num_warps=4, **kwargs):
         from epic.buffer import VirtualWorld
 
@@ -111,8 +160,9 @@ class JITFunction:
         self.specialization_key(bound)  # rejects unsupported arguments before running
         if not interpreting():
             raise NotImplementedError(
-                f"{self.fn.__name__}: compiling @epic.jit kernels for the GPU is not built yet; "
-                "run them with EPIC_INTERPRET=1 (the CPU interpreter)")
+                f"{self.fn.__name__}: launching compiled @epic.jit kernels on a GPU is not built "
+                "yet (kernel.compile(...) gives their IR, PTX and cubin); run them with "
+                "EPIC_INTERPRET=1 (the CPU interpreter)")
         from . import interpreter
 
         per_rank = []
@@ -128,6 +178,26 @@ class JITFunction:
                 values.append(value)
             per_rank.append(values)
         interpreter.launch(self.fn, grid, per_rank, R)
+
+
+class CompiledKernel:
+    """A compiled @epic.jit kernel: ``asm["ir"]`` (comm + upstream MLIR), ``asm["ptx"]``,
+    ``asm["cubin"]``, and the compiler's metadata (registers, shared memory, spills)."""
+
+    def __init__(self, name, ir_text, compiled, num_warps):
+        import json
+
+        self.name, self.num_warps = name, num_warps
+        self.asm = {"ir": ir_text, "ptx": compiled["ptx"], "cubin": compiled["cubin"]}
+        self.metadata = json.loads(compiled["metadata"])
+
+
+def _torch_to_numpy(dtype):
+    import ml_dtypes
+
+    name = str(dtype).replace("torch.", "")
+    return np.dtype({"bfloat16": ml_dtypes.bfloat16, "float8_e4m3fn": ml_dtypes.float8_e4m3fn}
+                    .get(name, name))
 
 
 def _is_constexpr(annotation):

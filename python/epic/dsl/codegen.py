@@ -1,0 +1,738 @@
+"""The DSL's code generator: an @epic.jit kernel's Python AST -> comm + upstream MLIR.
+
+Built through :mod:`epic._ir` (the C++ builder, as Triton's AST visitor uses its ``ir.cc``).
+Execution model of the generated kernel (one ``gpu.func`` per kernel):
+
+* a program instance is a thread block of ``T = 32 x num_warps`` threads; ``el.program_id``
+  is its block index on its rank (the virtual backend numbers blocks per rank);
+* a scalar is one value every thread holds alike;
+* a block of ``B`` elements (``el.arange(0, B)``) is spread over the threads: thread ``t`` holds
+  elements ``[t V, t V + V)`` in a ``vector<V x type>``, ``V = max(1, B / T)``; when ``B < T``
+  the threads past ``B`` hold nothing and every memory access of theirs is masked off;
+* a pointer is an ``!llvm.ptr<1>`` (a tensor argument) or a byte offset into the kernel's
+  symmetric window (``!comm.window``, ``el.peer_ptr`` reaching a peer's copy); a block of
+  pointers must be ``scalar + contiguous block`` (16-byte vector accesses per thread);
+* ``for`` over ``range`` becomes ``scf.for`` (variables reassigned in the body are carried),
+  ``if`` on a scalar ``scf.if``, ``el.static_range`` is unrolled here;
+* communication: ``el.rank``/``num_ranks`` are the world team's ``comm.team_rank``/``team_size``,
+  ``el.signal`` a release ``comm.red``, ``el.wait`` a bounded ``comm.wait_flag`` by thread 0
+  then a block barrier, ``el.put`` a ``comm.put`` of the block then a release signal,
+  ``el.barrier`` a ``comm.barrier`` of the world team.
+
+What the compiler does not handle yet raises :class:`CompileError` pointing at the kernel's
+source line (reductions across threads, gathers, atomics, ``cumsum`` are next).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+
+import numpy as np
+
+__all__ = ["CompileError", "generate"]
+
+_MLIR_TYPES = {
+    "float32": "f32", "float16": "f16", "bfloat16": "bf16", "float8_e4m3fn": "f8E4M3FN",
+    "int32": "i32", "int64": "i64", "uint8": "i8", "bool": "i1",
+}
+_FLOAT = {"f32", "f16", "bf16", "f8E4M3FN"}
+# The comm dialect's enums (dialect/include/epic/Dialect/Comm/IR/CommBase.td).
+_ORDERING = {"relaxed": 0, "acquire": 1, "release": 2, "acq_rel": 3, "sc": 4}
+_SCOPE = {"cta": 0, "block": 0, "cluster": 1, "gpu": 2, "sys": 3}
+
+
+class CompileError(Exception):
+    """A kernel the compiler cannot translate, with the source line."""
+
+
+def mlir_type(dtype) -> str:
+    name = np.dtype(dtype).name
+    if name not in _MLIR_TYPES:
+        raise CompileError(f"element type {name} is not supported by the compiler")
+    return _MLIR_TYPES[name]
+
+
+class Val:
+    """A DSL value: an IR value with its element type, block size (None: scalar) and, for
+    pointers, what they point at."""
+
+    def __init__(self, handle, dtype, block=None, pointer=None, window=False, peer=None,
+                 offsets=None):
+        self.handle, self.dtype, self.block = handle, dtype, block
+        self.pointer = pointer  # element type pointed at, for pointers
+        self.window = window    # a byte offset into the window (handle: i64 bytes)
+        self.peer = peer        # window pointers into a peer's copy: the peer rank (i32)
+        self.offsets = offsets  # pointer blocks: the element offsets (a contiguous block)
+        self.contiguous_base = None  # blocks `s + arange`: s (a scalar i32 Val)
+
+
+class Generator(ast.NodeVisitor):
+    def __init__(self, ir, fn, arg_kinds, constexprs, num_warps, name):
+        self.ir, self.fn = ir, fn
+        self.context = ir.Context()
+        self.module = ir.Module(self.context)
+        self.module.set_attr("gpu.container_module", "unit")
+        self.b = ir.Builder(self.context)
+        self.arg_kinds, self.constexprs = arg_kinds, constexprs
+        self.threads = 32 * num_warps
+        self.name = name
+        self.scope = {}
+        source = textwrap.dedent(inspect.getsource(fn))
+        self.tree = ast.parse(source)
+        self.file = inspect.getsourcefile(fn) or "<kernel>"
+        self.first_line = inspect.getsourcelines(fn)[1] - 1
+        self.line = 0
+        self.blocks = []  # where ops go: the innermost region's block last
+
+    def enter(self, block):
+        self.blocks.append(block)
+        self.b.set_insertion_point_to_end(block)
+
+    def leave(self):
+        self.blocks.pop()
+        self.b.set_insertion_point_to_end(self.blocks[-1])
+
+    # --- errors and locations
+    def error(self, message, node=None):
+        line = self.first_line + (node.lineno if node is not None else self.line)
+        return CompileError(f"{self.file}:{line}: {message}")
+
+    def visit(self, node):
+        if hasattr(node, "lineno"):
+            self.line = node.lineno
+            self.b.set_location(self.file, self.first_line + node.lineno, node.col_offset + 1)
+        return super().visit(node)
+
+    def generic_visit(self, node):
+        raise self.error(f"{type(node).__name__} is not supported in kernels", node)
+
+    # --- IR helpers
+    def op(self, name, operands=(), results=(), attributes=None, regions=0):
+        return self.b.create(name, [o.handle if isinstance(o, Val) else o for o in operands],
+                             list(results), attributes or {}, regions)
+
+    def const(self, value, dtype):
+        if dtype in _FLOAT:
+            text = f"{float(value)!r} : {dtype}"
+        else:
+            text = f"{int(value)} : {dtype}"
+        return Val(self.op("arith.constant", results=[dtype], attributes={"value": text}).result(0),
+                   dtype)
+
+    def vtype(self, v):
+        return f"vector<{self.lanes(v.block)}x{v.dtype}>" if v.block else v.dtype
+
+    def lanes(self, block):
+        return max(1, block // self.threads)
+
+    def index_cast(self, v, to):
+        return Val(self.op("arith.index_cast", [v], [to]).result(0), to)
+
+    def broadcast(self, v, block):
+        if v.block:
+            return v
+        out = Val(self.op("vector.broadcast", [v], [f"vector<{self.lanes(block)}x{v.dtype}>"])
+                  .result(0), v.dtype, block)
+        return out
+
+    def lift(self, value, like):
+        """A Python constant as a value of `like`'s element type."""
+        if isinstance(value, Val):
+            return value
+        if isinstance(value, (bool, int, float, np.number)):
+            dtype = like.dtype if like is not None else ("f32" if isinstance(value, float)
+                                                         else "i32")
+            if isinstance(value, float) and dtype not in _FLOAT:
+                dtype = "f32"
+            return self.const(value, dtype)
+        raise self.error(f"cannot use a {type(value).__name__} here")
+
+    # --- kernel
+    def generate(self):
+        func = self.tree.body[0]
+        if not isinstance(func, ast.FunctionDef):
+            raise self.error("a kernel is a function")
+        b = self.b
+        b.set_insertion_point_to_end(self.module.body)
+        kernels = self.op("gpu.module", attributes={"sym_name": '"dsl_kernels"'}, regions=1)
+        body = kernels.add_block(0)
+        b.set_insertion_point_to_end(body)
+        params, kinds = ["!comm.dev_comm"], []
+        for name, kind in self.arg_kinds:
+            if kind[0] == "window":
+                params.append("!comm.window")
+            elif kind[0] == "pointer":
+                params.append("!llvm.ptr<1>")
+            else:
+                params.append(kind[1])
+            kinds.append((name, kind))
+        signature = f"({', '.join(params)}) -> ()"
+        gfunc = self.op("gpu.func", attributes={"sym_name": f'"{self.name}"',
+                                                "function_type": signature, "gpu.kernel": "unit"},
+                        regions=1)
+        entry = gfunc.add_block(0, params)
+        self.enter(entry)
+        self.dev_comm = entry.arg(0)
+        self.window = None
+        for i, (name, kind) in enumerate(kinds, start=1):
+            if kind[0] == "window":
+                if self.window is not None:
+                    raise self.error("a kernel takes at most one symmetric window")
+                self.window = entry.arg(i)
+                self.scope[name] = Val(self.const(0, "i64").handle, "i8", pointer="i8",
+                                       window=True)
+            elif kind[0] == "pointer":
+                self.scope[name] = Val(entry.arg(i), "ptr", pointer=kind[1])
+            else:
+                self.scope[name] = Val(entry.arg(i), kind[1])
+        for name, value in self.constexprs.items():
+            self.scope[name] = value  # Python constants, folded where used
+        self.world = Val(self.op("comm.team", [self.dev_comm],
+                                 results=["!comm.team"], attributes={"kind": "0 : i32"})
+                         .result(0), "team")
+        self.tid = self.index_cast(Val(self.op("gpu.thread_id", results=["index"],
+                                               attributes={"dimension": "#gpu<dim x>"}).result(0),
+                                       "index"), "i32")
+        for statement in func.body:
+            self.visit(statement)
+        self.op("gpu.return")
+        self.module.verify()
+        return str(self.module)
+
+    # --- statements
+    def visit_Expr(self, node):
+        if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            return  # a docstring
+        self.visit(node.value)
+
+    def visit_Assign(self, node):
+        value = self.visit(node.value)
+        for target in node.targets:
+            self.assign(target, value)
+
+    def assign(self, target, value):
+        if isinstance(target, ast.Name):
+            self.scope[target.id] = value
+        elif isinstance(target, ast.Tuple) and isinstance(value, tuple):
+            for t, v in zip(target.elts, value):
+                self.assign(t, v)
+        else:
+            raise self.error("only names (and tuples of names) can be assigned", target)
+
+    def visit_AugAssign(self, node):
+        current = self.visit(ast.Name(id=node.target.id, ctx=ast.Load()))
+        self.scope[node.target.id] = self.binary(node.op, current, self.visit(node.value), node)
+
+    def visit_Pass(self, node):
+        pass
+
+    def assigned_names(self, statements):
+        names = []
+        for statement in statements:
+            for n in ast.walk(statement):
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and n.id not in names:
+                    names.append(n.id)
+        return names
+
+    def visit_For(self, node):
+        call = node.iter
+        if not (isinstance(call, ast.Call) and isinstance(call.func, (ast.Name, ast.Attribute))):
+            raise self.error("a kernel loops over range(...) or el.static_range(...)", node)
+        fname = call.func.attr if isinstance(call.func, ast.Attribute) else call.func.id
+        bounds = [self.visit(a) for a in call.args]
+        if fname == "static_range":
+            if not all(isinstance(v, int) for v in bounds):
+                raise self.error("el.static_range takes constants", node)
+            for i in range(*bounds):
+                self.scope[node.target.id] = i
+                for statement in node.body:
+                    self.visit(statement)
+            return
+        if fname != "range":
+            raise self.error("a kernel loops over range(...) or el.static_range(...)", node)
+        if len(bounds) == 1:
+            bounds = [0] + bounds
+        if len(bounds) == 2:
+            bounds.append(1)
+        lb, ub, step = (self.index_cast(self.lift(v, None), "index") for v in bounds)
+        carried = [n for n in self.assigned_names(node.body)
+                   if n in self.scope and isinstance(self.scope[n], Val)]
+        inits = [self.scope[n] for n in carried]
+        loop = self.op("scf.for", [lb, ub, step] + inits, [self.vtype(v) for v in inits],
+                       regions=1)
+        body = loop.add_block(0, ["index"] + [self.vtype(v) for v in inits])
+        outer = dict(self.scope)
+        self.enter(body)
+        self.scope[node.target.id] = self.index_cast(Val(body.arg(0), "index"), "i32")
+        for i, n in enumerate(carried):
+            self.scope[n] = self.like(inits[i], body.arg(i + 1))
+        for statement in node.body:
+            self.visit(statement)
+        self.op("scf.yield", [self.scope[n] for n in carried])
+        self.leave()
+        self.scope = outer
+        for i, n in enumerate(carried):
+            self.scope[n] = self.like(inits[i], loop.result(i))
+
+    def like(self, v, handle):
+        out = Val(handle, v.dtype, v.block, v.pointer, v.window, v.peer, v.offsets)
+        return out
+
+    def visit_If(self, node):
+        condition = self.visit(node.test)
+        if isinstance(condition, (bool, int, np.bool_)):
+            for statement in node.body if condition else node.orelse:
+                self.visit(statement)
+            return
+        if condition.block:
+            raise self.error("if needs a scalar condition (use el.where for blocks)", node)
+        if condition.dtype != "i1":
+            condition = self.compare(ast.NotEq(), condition, self.lift(0, condition), node)
+        changed = [n for n in self.assigned_names(node.body + node.orelse)
+                   if n in self.scope and isinstance(self.scope[n], Val)]
+        before = dict(self.scope)
+        results = [self.vtype(self.scope[n]) for n in changed]
+        branch = self.op("scf.if", [condition], results, regions=2)
+        outcome = []
+        for region, statements in ((0, node.body), (1, node.orelse)):
+            self.enter(branch.add_block(region))
+            self.scope = dict(before)
+            for statement in statements:
+                self.visit(statement)
+            for n in changed:
+                if self.vtype(self.scope[n]) != self.vtype(before[n]):
+                    raise self.error(f"{n} changes type in a branch", node)
+            self.op("scf.yield", [self.scope[n] for n in changed])
+            self.leave()
+            outcome.append(self.scope)
+        self.scope = before
+        for i, n in enumerate(changed):
+            self.scope[n] = self.like(before[n], branch.result(i))
+
+    # --- expressions
+    def visit_Constant(self, node):
+        return node.value
+
+    def visit_Name(self, node):
+        if node.id in self.scope:
+            return self.scope[node.id]
+        glob = self.fn.__globals__
+        if node.id in glob:
+            return glob[node.id]
+        import builtins
+
+        if hasattr(builtins, node.id):
+            return getattr(builtins, node.id)
+        raise self.error(f"unknown name {node.id}", node)
+
+    def visit_Attribute(self, node):
+        base = self.visit(node.value)
+        if isinstance(base, Val):
+            if node.attr == "to":
+                return ("method-to", base)
+            raise self.error(f"values have no attribute {node.attr}", node)
+        try:
+            return getattr(base, node.attr)
+        except AttributeError:
+            raise self.error(f"unknown attribute {node.attr}", node) from None
+
+    def visit_Tuple(self, node):
+        return tuple(self.visit(e) for e in node.elts)
+
+    def visit_UnaryOp(self, node):
+        v = self.visit(node.operand)
+        if isinstance(node.op, ast.USub):
+            if not isinstance(v, Val):
+                return -v
+            return self.binary(ast.Sub(), self.lift(0, v), v, node)
+        if isinstance(node.op, ast.Not) and not isinstance(v, Val):
+            return not v
+        raise self.error(f"{type(node.op).__name__} is not supported", node)
+
+    def visit_BinOp(self, node):
+        return self.binary(node.op, self.visit(node.left), self.visit(node.right), node)
+
+    def visit_BoolOp(self, node):
+        values = [self.visit(v) for v in node.values]
+        if not any(isinstance(v, Val) for v in values):
+            return all(values) if isinstance(node.op, ast.And) else any(values)
+        raise self.error("and/or on values: use & and |", node)
+
+    def visit_Compare(self, node):
+        if len(node.ops) != 1:
+            raise self.error("chained comparisons are not supported", node)
+        return self.compare(node.ops[0], self.visit(node.left), self.visit(node.comparators[0]),
+                            node)
+
+    def unify(self, a, b, node):
+        if not isinstance(a, Val) and not isinstance(b, Val):
+            return a, b
+        a, b = self.lift(a, b if isinstance(b, Val) else None), self.lift(b, a)
+        if a.dtype != b.dtype:
+            raise self.error(f"mixed element types {a.dtype} and {b.dtype}: cast one with "
+                             ".to(...)", node)
+        block = a.block or b.block
+        if a.block and b.block and a.block != b.block:
+            raise self.error(f"blocks of {a.block} and {b.block} elements", node)
+        if block:
+            a, b = self.broadcast(a, block), self.broadcast(b, block)
+        return a, b
+
+    def binary(self, op, a, b, node):
+        if isinstance(a, Val) and a.pointer:
+            return self.offset_pointer(a, b, op, node)
+        if not isinstance(a, Val) and not isinstance(b, Val):
+            return _fold(op, a, b)
+        # `s + arange` stays contiguous through adding or subtracting scalars.
+        a_base = a.contiguous_base if isinstance(a, Val) and a.block else None
+        b_base = b.contiguous_base if isinstance(b, Val) and b.block else None
+        a_scalar = not (isinstance(a, Val) and a.block)
+        b_scalar = not (isinstance(b, Val) and b.block)
+        base = None
+        if isinstance(op, (ast.Add, ast.Sub)) and a_base is not None and b_scalar:
+            base = self.binary(op, a_base, b, node)
+        elif isinstance(op, ast.Add) and b_base is not None and a_scalar:
+            base = self.binary(op, a, b_base, node)
+        x, y = self.unify(a, b, node)
+        floating = x.dtype in _FLOAT
+        names = {ast.Add: ("addf", "addi"), ast.Sub: ("subf", "subi"), ast.Mult: ("mulf", "muli"),
+                 ast.Div: ("divf", None), ast.FloorDiv: (None, "divsi"), ast.Mod: (None, "remsi"),
+                 ast.BitAnd: (None, "andi"), ast.BitOr: (None, "ori"), ast.BitXor: (None, "xori")}
+        pair = names.get(type(op))
+        name = pair and pair[0 if floating else 1]
+        if not name:
+            raise self.error(f"{type(op).__name__} is not supported on {x.dtype}", node)
+        out = Val(self.op(f"arith.{name}", [x, y], [self.vtype(x)]).result(0), x.dtype, x.block)
+        out.contiguous_base = base
+        return out
+
+    def compare(self, op, a, b, node):
+        if not isinstance(a, Val) and not isinstance(b, Val):
+            return _fold(op, a, b)
+        a, b = self.unify(a, b, node)
+        floating = a.dtype in _FLOAT
+        # arith's CmpFPredicate / CmpIPredicate values (olt, slt, ...).
+        predicates = {ast.Lt: (4, 2), ast.LtE: (5, 3), ast.Gt: (2, 4), ast.GtE: (3, 5),
+                      ast.Eq: (1, 0), ast.NotEq: (6, 1)}
+        predicate = predicates[type(op)][0 if floating else 1]
+        name = "arith.cmpf" if floating else "arith.cmpi"
+        attr = f"{predicate} : i64"
+        result = f"vector<{self.lanes(a.block)}xi1>" if a.block else "i1"
+        return Val(self.op(name, [a, b], [result], {"predicate": attr}).result(0), "i1", a.block)
+
+    def offset_pointer(self, p, offset, op, node):
+        if not isinstance(op, ast.Add):
+            raise self.error("pointers move by adding element offsets", node)
+        if p.offsets is not None:
+            raise self.error("a block of pointers cannot move again", node)
+        if isinstance(offset, Val) and offset.block:
+            if offset.contiguous_base is None:
+                raise self.error("pointer blocks must be scalar + el.arange(...) (gathers are "
+                                 "not supported by the compiler yet)", node)
+            moved = self.offset_pointer(p, offset.contiguous_base, op, node)
+            return Val(moved.handle, moved.dtype, offset.block, p.pointer, p.window, p.peer,
+                       offsets=offset)
+        offset = self.lift(offset, None)
+        if p.window:  # byte offsets into the window
+            size = np.dtype(_np_of(p.pointer)).itemsize
+            scaled = self.binary(ast.Mult(), self.widen(offset), self.const(size, "i64"), node)
+            return Val(self.op("arith.addi", [p, scaled], ["i64"]).result(0), "i64",
+                       pointer=p.pointer, window=True, peer=p.peer)
+        gep = self.op("llvm.getelementptr", [p, self.widen(offset)], ["!llvm.ptr<1>"],
+                      {"rawConstantIndices": "array<i32: -2147483648>",
+                       "elem_type": _llvm_elem(p.pointer), "noWrapFlags": "0 : i32"})
+        return Val(gep.result(0), "ptr", pointer=p.pointer)
+
+    def widen(self, v):
+        if v.dtype == "i64":
+            return v
+        return Val(self.op("arith.extsi", [v], ["i64"]).result(0), "i64")
+
+    def address(self, p, node):
+        """The scalar !llvm.ptr<1> of a pointer (the first element of this thread's part)."""
+        base = p
+        if p.offsets is not None:  # + this thread's first lane of the block
+            lane0 = self.binary(ast.Mult(), self.tid, self.const(self.lanes(p.block), "i32"), node)
+            base = self.offset_pointer(Val(p.handle, p.dtype, None, p.pointer, p.window, p.peer),
+                                       lane0, ast.Add(), node)
+        if base.window:
+            if base.peer is not None:
+                return self.op("comm.peer_ptr", [self.window, base, self.world, base.peer],
+                               ["!llvm.ptr<1>"]).result(0)
+            return self.op("comm.local_ptr", [self.window, base], ["!llvm.ptr<1>"]).result(0)
+        return base.handle
+
+    def active(self, block):
+        """Threads that hold elements of a block of `block` (all but the tail when B < T)."""
+        if block >= self.threads:
+            return None
+        return self.compare(ast.Lt(), self.tid, self.const(block, "i32"), None)
+
+    def visit_Call(self, node):
+        fn = self.visit(node.func)
+        args = [self.visit(a) for a in node.args]
+        kwargs = {k.arg: self.visit(k.value) for k in node.keywords}
+        if isinstance(fn, tuple) and fn[0] == "method-to":
+            value = fn[1]
+            if value.pointer:  # the same address seen as another element type
+                if value.offsets is not None:
+                    raise self.error("cast the pointer before adding a block of offsets", node)
+                return Val(value.handle, value.dtype, None, mlir_type(args[0]), value.window,
+                           value.peer)
+            return self.cast(value, args[0], node)
+        if fn in (range,):
+            raise self.error("range(...) belongs in a for loop", node)
+        module = getattr(fn, "__module__", "")
+        if module != "epic.language":
+            if fn in (min, max) and not any(isinstance(a, Val) for a in args):
+                return fn(*args)
+            raise self.error(f"calls to {getattr(fn, '__name__', fn)} are not supported in "
+                             "kernels", node)
+        handler = getattr(self, f"el_{fn.__name__}", None)
+        if handler is None:
+            raise self.error(f"el.{fn.__name__} is not supported by the compiler yet", node)
+        return handler(node, *args, **kwargs)
+
+    # --- the language
+    def el_program_id(self, node, axis=0):
+        dims = "xyz"[axis]
+        return self.index_cast(Val(self.op("gpu.block_id", results=["index"],
+                                           attributes={"dimension": f"#gpu<dim {dims}>"}).result(0),
+                                   "index"), "i32")
+
+    def el_num_programs(self, node, axis=0):
+        dims = "xyz"[axis]
+        return self.index_cast(Val(self.op("gpu.grid_dim", results=["index"],
+                                           attributes={"dimension": f"#gpu<dim {dims}>"}).result(0),
+                                   "index"), "i32")
+
+    def el_arange(self, node, start, end):
+        n = end - start
+        if not isinstance(n, int) or n <= 0 or n & (n - 1):
+            raise self.error("el.arange needs constant bounds and a power-of-two size", node)
+        lanes = self.lanes(n)
+        first = self.binary(ast.Mult(), self.tid, self.const(lanes, "i32"), node)
+        if start:
+            first = self.binary(ast.Add(), first, self.const(start, "i32"), node)
+        steps = self.op("arith.constant", results=[f"vector<{lanes}xi32>"],
+                        attributes={"value": f"dense<[{', '.join(map(str, range(lanes)))}]> : "
+                                             f"vector<{lanes}xi32>"}).result(0)
+        out = Val(self.op("arith.addi", [self.broadcast(first, n), steps],
+                          [f"vector<{lanes}xi32>"]).result(0), "i32", n)
+        out.contiguous_base = self.const(start, "i32")
+        return out
+
+    def el_rank(self, node):
+        return Val(self.op("comm.team_rank", [self.world], ["i32"]).result(0), "i32")
+
+    def el_num_ranks(self, node):
+        return Val(self.op("comm.team_size", [self.world], ["i32"]).result(0), "i32")
+
+    def el_peer_ptr(self, node, p, peer):
+        if not (isinstance(p, Val) and p.window) or p.offsets is not None:
+            raise self.error("el.peer_ptr takes a scalar pointer into the window", node)
+        peer = self.lift(peer, None)
+        return Val(p.handle, p.dtype, None, p.pointer, True, peer)
+
+    def el_load(self, node, p, mask=None, other=0, sem="relaxed", scope="gpu"):
+        if not (isinstance(p, Val) and p.pointer):
+            raise self.error("el.load takes a pointer", node)
+        element = p.pointer
+        if sem != "relaxed" or p.offsets is None:
+            if p.offsets is not None:
+                raise self.error("acquire loads take a scalar pointer", node)
+            if sem == "relaxed":
+                return Val(self.op("llvm.load", [self.address(p, node)], [element],
+                                   {"alignment": f"{_align(1, element)} : i64"}).result(0), element)
+            attrs = {"ordering": f"{_ORDERING[sem]} : i32", "scope": f"{_SCOPE[scope]} : i32"}
+            return Val(self.op("comm.load", [self.address(p, node)], [element], attrs).result(0),
+                       element)
+        lanes, ptr = self.lanes(p.block), self.address(p, node)
+        vtype = f"vector<{lanes}x{element}>"
+        live = self.combine_masks(mask, p.block, node)
+        if live is None:
+            return Val(self.op("llvm.load", [ptr], [vtype], {"alignment": f"{_align(lanes, element)} : i64"})
+                       .result(0), element, p.block)
+        passthru = self.broadcast(self.lift(other, Val(None, element)), p.block)
+        return Val(self.op("llvm.intr.masked.load", [ptr, live, passthru], [vtype],
+                           {"alignment": f"{_align(1, element)} : i32"}).result(0),
+                   element, p.block)
+
+    def combine_masks(self, mask, block, node):
+        active = self.active(block)
+        if active is not None:
+            active = self.broadcast(active, block)
+        if mask is None:
+            return active
+        if not isinstance(mask, Val) or not mask.block:
+            raise self.error("masks are blocks of comparisons", node)
+        if active is None:
+            return mask
+        return self.binary(ast.BitAnd(), mask, active, node)
+
+    def el_store(self, node, p, value, mask=None, sem="relaxed", scope="gpu"):
+        if not (isinstance(p, Val) and p.pointer):
+            raise self.error("el.store takes a pointer", node)
+        element = p.pointer
+        value = self.lift(value, Val(None, element))
+        if value.dtype != element:
+            raise self.error(f"storing {value.dtype} through a pointer to {element}", node)
+        if p.offsets is None:
+            if value.block:
+                raise self.error("a block stored through a scalar pointer", node)
+            attrs = {"ordering": f"{_ORDERING[sem]} : i32", "scope": f"{_SCOPE[scope]} : i32"}
+            self.op("comm.store", [value, self.address(p, node)], [], attrs)
+            return None
+        value = self.broadcast(value, p.block)
+        ptr = self.address(p, node)
+        live = self.combine_masks(mask, p.block, node)
+        if live is None:
+            self.op("llvm.store", [value, ptr], [],
+                    {"alignment": f"{_align(self.lanes(p.block), element)} : i64"})
+        else:
+            self.op("llvm.intr.masked.store", [value, ptr, live], [],
+                    {"alignment": f"{_align(1, element)} : i32"})
+        return None
+
+    def cast(self, v, dtype, node):
+        target = mlir_type(dtype)
+        if v.dtype == target:
+            return v
+        src, dst = v.dtype, target
+        if src in _FLOAT and dst in _FLOAT:
+            wider = _bits(dst) > _bits(src)
+            name = "arith.extf" if wider else "arith.truncf"
+        elif src in _FLOAT:
+            name = "arith.fptosi"
+        elif dst in _FLOAT:
+            name = "arith.sitofp"
+        else:
+            name = "arith.extsi" if _bits(dst) > _bits(src) else "arith.trunci"
+        out_type = f"vector<{self.lanes(v.block)}x{dst}>" if v.block else dst
+        return Val(self.op(name, [v], [out_type]).result(0), dst, v.block)
+
+    def el_cast(self, node, v, dtype):
+        return self.cast(v, dtype, node)
+
+    def el_where(self, node, condition, a, b):
+        a, b = self.unify(a, b, node)
+        block = condition.block or a.block
+        if block:
+            condition = self.broadcast(condition, block)
+            a, b = self.broadcast(a, block), self.broadcast(b, block)
+        return Val(self.op("arith.select", [condition, a, b], [self.vtype(a)]).result(0),
+                   a.dtype, a.block)
+
+    def el_full(self, node, shape, value, dtype):
+        block = shape[0] if isinstance(shape, tuple) else shape
+        return self.broadcast(self.const(value, mlir_type(dtype)), block)
+
+    def el_zeros(self, node, shape, dtype):
+        return self.el_full(node, shape, 0, dtype)
+
+    def el_fence(self, node, scope="sys"):
+        self.op("comm.fence", [], [], {"ordering": f"{_ORDERING['acq_rel']} : i32",
+                                       "scope": f"{_SCOPE[scope]} : i32"})
+
+    def el_barrier(self, node, timeout_ms=10000):
+        block = self.el_program_id(node)
+        self.op("comm.barrier", [self.world, self.dev_comm, block], [],
+                {"coop": "2 : i32", "timeout_ms": f"{int(timeout_ms)} : i64"})
+
+    def thread0(self, node, body):
+        """`body()` on thread 0 only, then a block barrier (what it did, the block sees)."""
+        first = self.compare(ast.Eq(), self.tid, self.const(0, "i32"), node)
+        branch = self.op("scf.if", [first], [], regions=2)
+        self.enter(branch.add_block(0))
+        body()
+        self.op("scf.yield")
+        self.leave()
+        self.enter(branch.add_block(1))
+        self.op("scf.yield")
+        self.leave()
+        self.op("gpu.barrier")
+
+    def el_put(self, node, dst, src, count, signal=None, signal_value=1):
+        """The block copies `count` elements of its window to a peer's (comm.put, LSA or GIN),
+        then, with `signal`, adds `signal_value` to that word on the peer (release)."""
+        for name, p in (("dst", dst), ("src", src)):
+            if not (isinstance(p, Val) and p.window and p.offsets is None):
+                raise self.error(f"el.put: {name} must be a scalar pointer into the window", node)
+        if dst.peer is None or src.peer is not None:
+            raise self.error("el.put copies from this rank's window to a peer's (el.peer_ptr)", node)
+        size = np.dtype(_np_of(src.pointer)).itemsize
+        nbytes = self.binary(ast.Mult(), self.widen(self.lift(count, None)),
+                             self.const(size, "i64"), node)
+        self.op("comm.put", [nbytes, self.window, src, self.window, dst, self.world, dst.peer,
+                             self.dev_comm], [],
+                {"coop": "2 : i32",
+                 "operandSegmentSizes": "array<i32: 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0>"})
+        self.el_flush(node)  # the data is out before the signal says so
+        if signal is not None:
+            self.el_signal(node, signal, signal_value)
+
+    def el_flush(self, node):
+        self.op("comm.flush", [self.dev_comm], [], {"coop": "2 : i32"})
+
+    def el_signal(self, node, p, value=1):
+        if not (isinstance(p, Val) and p.window and p.offsets is None):
+            raise self.error("el.signal takes a scalar pointer into the window", node)
+        amount = self.lift(value, Val(None, p.pointer))
+        self.thread0(node, lambda: self.op(
+            "comm.red", [amount, self.address(p, node)], [],
+            {"kind": "0 : i32", "ordering": f"{_ORDERING['release']} : i32",
+             "scope": f"{_SCOPE['sys']} : i32"}))
+
+    def el_wait(self, node, p, value, timeout_ms=10000):
+        if not (isinstance(p, Val) and p.window and p.offsets is None):
+            raise self.error("el.wait takes a scalar pointer into the window", node)
+        expected = self.lift(value, Val(None, p.pointer))
+        rank = self.el_rank(node)
+        self.thread0(node, lambda: self.op(
+            "comm.wait_flag", [self.address(p, node), expected, rank], [p.pointer],
+            {"predicate": "2 : i32", "scope": f"{_SCOPE['sys']} : i32",
+             "timeout_ms": f"{int(timeout_ms)} : i64",
+             "operandSegmentSizes": "array<i32: 1, 1, 1, 0>"}))
+        return None
+
+
+def _fold(op, a, b):
+    """Constants (constexprs, literals) fold in Python."""
+    import operator
+
+    table = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+             ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+             ast.BitAnd: operator.and_, ast.BitOr: operator.or_, ast.BitXor: operator.xor,
+             ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
+             ast.Eq: operator.eq, ast.NotEq: operator.ne}
+    return table[type(op)](a, b)
+
+
+def _np_of(mlir):
+    import ml_dtypes
+
+    return {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16,
+            "f8E4M3FN": ml_dtypes.float8_e4m3fn, "i32": np.int32, "i64": np.int64,
+            "i8": np.uint8, "i1": np.bool_}[mlir]
+
+
+def _bits(mlir):
+    return {"f32": 32, "f16": 16, "bf16": 16, "f8E4M3FN": 8, "i32": 32, "i64": 64, "i8": 8,
+            "i1": 1}[mlir]
+
+
+def _llvm_elem(mlir):
+    return {"f8E4M3FN": "i8", "i1": "i8"}.get(mlir, mlir)
+
+
+def _align(lanes, mlir):
+    size = max(1, _bits(mlir) // 8) * lanes
+    return min(16, size & -size)
+
+
+def generate(ir, fn, arg_kinds, constexprs, num_warps=4, name=None):
+    """The kernel's IR (text): `arg_kinds` = [(name, ("pointer", elem) | ("scalar", type) |
+    ("window",))] of the non-constexpr arguments; `constexprs` their values."""
+    return Generator(ir, fn, arg_kinds, constexprs, num_warps, name or fn.__name__).generate()

@@ -1,0 +1,101 @@
+"""The DSL's compiler front end: @epic.jit kernels -> comm + upstream MLIR (built through
+epic._ir) -> PTX and cubin, checked on the IR text; errors point at the kernel's source line."""
+
+import numpy as np
+import pytest
+
+import epic
+import epic.language as el
+from epic.dsl.codegen import CompileError
+from epic.dsl.jit import SymmetricMemory
+
+from dsl_kernels import ring, scale
+
+pytest.importorskip("epic._ir", reason="the DSL compiler is built where LLVM/MLIR are")
+
+
+def test_blocks_become_per_thread_vectors_with_masked_accesses():
+    x = np.zeros(1000, np.float32)
+    k = scale.compile(x, x, 1000, 2.0, BLOCK=1024)  # 128 threads: 8 elements each
+    ir = k.asm["ir"]
+    assert "gpu.func @scale(%arg0: !comm.dev_comm, %arg1: !llvm.ptr<1>, %arg2: !llvm.ptr<1>, " \
+           "%arg3: i32, %arg4: f32) kernel" in ir
+    assert "arith.constant dense<[0, 1, 2, 3, 4, 5, 6, 7]> : vector<8xi32>" in ir
+    assert "llvm.intr.masked.load" in ir and "llvm.intr.masked.store" in ir
+    assert "arith.mulf" in ir and "vector.broadcast %arg4 : f32 to vector<8xf32>" in ir
+    assert ".entry scale" in k.asm["ptx"] and len(k.asm["cubin"]) > 0
+    assert k.metadata["kernels"][0]["spill_store_bytes"] == 0
+    # Compiled once per specialization.
+    assert scale.compile(x, x, 7, 3.0, BLOCK=1024) is k
+    assert scale.compile(x, x, 7, 3.0, BLOCK=256) is not k
+    small = scale.compile(x, x, 7, 3.0, BLOCK=64)  # fewer elements than threads
+    assert "arith.cmpi slt" in small.asm["ir"] and "vector<1xf32>" in small.asm["ir"]
+
+
+@pytest.mark.parametrize("backend", ["virtual", "nccl"])
+def test_communication_maps_onto_the_comm_dialect(backend):
+    k = ring.compile(SymmetricMemory(2, 4096), np.zeros(64, np.int32), N=64, backend=backend)
+    ir = k.asm["ir"]
+    assert "%arg1: !comm.window" in ir
+    for text in ("comm.team world", "comm.team_rank", "comm.team_size", "comm.local_ptr",
+                 "comm.peer_ptr", "bytes from %arg1", "coop block", "comm.flush",
+                 "comm.red add release scope sys", "comm.wait_flag", "timeout_ms 10000"):
+        assert text in ir, text
+    assert ".entry ring" in k.asm["ptx"]
+
+
+@epic.jit
+def accumulate(x_ptr, out_ptr, n, BLOCK: el.constexpr):
+    acc = el.zeros((BLOCK,), el.float32)
+    for i in range(0, n, BLOCK):
+        offsets = i + el.arange(0, BLOCK)
+        acc += el.load(x_ptr + offsets, mask=offsets < n, other=0.0)
+    if el.program_id(0) == 0:
+        el.store(out_ptr + el.arange(0, BLOCK), acc)
+    for j in el.static_range(2):
+        el.store(out_ptr + BLOCK * (j + 1) + el.arange(0, BLOCK), acc * 2.0)
+
+
+def test_loops_carry_values_and_branches_and_static_loops_unroll():
+    x = np.zeros(4096, np.float32)
+    ir = accumulate.compile(x, x, 4096, BLOCK=256).asm["ir"]
+    assert "iter_args" in ir and "-> (vector<2xf32>)" in ir
+    assert "scf.if" in ir
+    assert ir.count("llvm.store") == 3  # the branch's and the two unrolled ones
+
+
+@epic.jit
+def reduces(x_ptr, out_ptr, BLOCK: el.constexpr):
+    el.store(out_ptr, el.sum(el.load(x_ptr + el.arange(0, BLOCK))))
+
+
+@epic.jit
+def gathers(x_ptr, idx_ptr, BLOCK: el.constexpr):
+    rows = el.load(idx_ptr + el.arange(0, BLOCK))
+    el.load(x_ptr + rows)
+
+
+@epic.jit
+def mixes(x_ptr, BLOCK: el.constexpr):
+    v = el.load(x_ptr + el.arange(0, BLOCK))
+    el.store(x_ptr + el.arange(0, BLOCK), v + el.arange(0, BLOCK))
+
+
+@epic.jit
+def spins(x_ptr):
+    while True:
+        pass
+
+
+def test_what_the_compiler_cannot_do_points_at_the_line():
+    x = np.zeros(64, np.float32)
+    i = np.zeros(64, np.int32)
+    with pytest.raises(CompileError, match=r"test_dsl_compiler.py:\d+: el.sum is not supported "
+                                           r"by the compiler yet"):
+        reduces.compile(x, x, BLOCK=64)
+    with pytest.raises(CompileError, match="gathers are not supported by the compiler yet"):
+        gathers.compile(x, i, BLOCK=64)
+    with pytest.raises(CompileError, match="mixed element types f32 and i32"):
+        mixes.compile(x, BLOCK=64)
+    with pytest.raises(CompileError, match="While is not supported in kernels"):
+        spins.compile(x)
