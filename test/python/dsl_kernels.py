@@ -23,3 +23,10 @@ def ring(win, out, N: el.constexpr):
     el.put(el.peer_ptr(data, nxt), data + N, N, signal=el.peer_ptr(win.to(el.int64), nxt))
     el.wait(win.to(el.int64), 1)
     el.store(out + offsets, el.load(data + offsets))
+
+
+@epic.jit
+def take_slots(win, out):
+    """Every program of every rank takes a slot from a counter on rank 0."""
+    slot = el.atomic_add(el.peer_ptr(win.to(el.int32), 0), 1, scope="sys")
+    el.store(out + el.program_id(0), slot)

@@ -9,7 +9,7 @@ import epic.language as el
 from epic.dsl.codegen import CompileError
 from epic.dsl.jit import SymmetricMemory
 
-from dsl_kernels import ring, scale
+from dsl_kernels import ring, scale, take_slots
 
 pytest.importorskip("epic._ir", reason="the DSL compiler is built where LLVM/MLIR are")
 
@@ -66,7 +66,35 @@ def test_loops_carry_values_and_branches_and_static_loops_unroll():
 
 @epic.jit
 def reduces(x_ptr, out_ptr, BLOCK: el.constexpr):
-    el.store(out_ptr, el.sum(el.load(x_ptr + el.arange(0, BLOCK))))
+    el.store(out_ptr, el.cumsum(el.load(x_ptr + el.arange(0, BLOCK))))
+
+
+@epic.jit
+def row_stats(x_ptr, out_ptr, BLOCK: el.constexpr):
+    row = el.load(x_ptr + el.program_id(0) * BLOCK + el.arange(0, BLOCK))
+    el.store(out_ptr + 3 * el.program_id(0), el.sum(row))
+    el.store(out_ptr + 3 * el.program_id(0) + 1, el.max(row))
+    el.store(out_ptr + 3 * el.program_id(0) + 2, el.min(row))
+
+
+@pytest.mark.parametrize("block", [64, 1024])
+def test_reductions_go_through_the_thread_the_warp_and_shared_memory(block):
+    x = np.zeros(4096, np.float32)
+    k = row_stats.compile(x, x, BLOCK=block)
+    ir = k.asm["ir"]
+    for text in ("vector.reduction <add>", "vector.reduction <maximumf>",
+                 "vector.reduction <minimumf>", "gpu.shuffle  xor", "#gpu.address_space<workgroup>",
+                 "memref.get_global @epic_scratch2"):
+        assert text in ir, text
+    if block < 128:  # threads past the block contribute the identity (-inf for max)
+        assert "0xFF800000" in ir
+    assert ".entry row_stats" in k.asm["ptx"]
+
+
+def test_atomics_run_once_per_program_and_broadcast_the_old_value():
+    ir = take_slots.compile(SymmetricMemory(2, 64), np.zeros(8, np.int32)).asm["ir"]
+    assert "comm.atomic_rmw add relaxed scope sys" in ir
+    assert ir.count("gpu.barrier") >= 2 and "memref<1xi32, #gpu.address_space<workgroup>>" in ir
 
 
 @epic.jit
@@ -78,7 +106,7 @@ def gathers(x_ptr, idx_ptr, BLOCK: el.constexpr):
 @epic.jit
 def mixes(x_ptr, BLOCK: el.constexpr):
     v = el.load(x_ptr + el.arange(0, BLOCK))
-    el.store(x_ptr + el.arange(0, BLOCK), v + el.arange(0, BLOCK))
+    el.store(x_ptr + el.arange(0, BLOCK), (v > 0) + el.arange(0, BLOCK))
 
 
 @epic.jit
@@ -90,12 +118,57 @@ def spins(x_ptr):
 def test_what_the_compiler_cannot_do_points_at_the_line():
     x = np.zeros(64, np.float32)
     i = np.zeros(64, np.int32)
-    with pytest.raises(CompileError, match=r"test_dsl_compiler.py:\d+: el.sum is not supported "
+    with pytest.raises(CompileError, match=r"test_dsl_compiler.py:\d+: el.cumsum is not supported "
                                            r"by the compiler yet"):
         reduces.compile(x, x, BLOCK=64)
     with pytest.raises(CompileError, match="gathers are not supported by the compiler yet"):
         gathers.compile(x, i, BLOCK=64)
-    with pytest.raises(CompileError, match="mixed element types f32 and i32"):
+    with pytest.raises(CompileError, match="mixed element types i1 and i32"):
         mixes.compile(x, BLOCK=64)
     with pytest.raises(CompileError, match="While is not supported in kernels"):
         spins.compile(x)
+
+
+def test_the_dsl_examples_compile():
+    """The schemes of examples/dsl: every kernel of the dispatch + combine and the replica
+    dispatch compiles to PTX; the low-latency dispatch stops at its FP8 cast, named."""
+    import os
+    import sys
+
+    from epic import reference as ref
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples", "dsl"))
+    import dispatch_combine as dc
+    import least_loaded_replica as lr
+    import low_latency_dispatch as ll
+
+    R, K, H, T, L = 4, 4, 64, 24, 4
+    layout = dc.Layout(R, K, H, T)
+    win = SymmetricMemory(R, layout.bytes)
+    x = np.zeros((T, H), ref.bfloat16)
+    idx, w = np.zeros((T, K), np.int64), np.zeros((T, K), np.float32)
+    where = dict(ROWS=layout.rows, META=layout.meta, LOCAL=layout.local, WEIGHTS=layout.weights)
+    rows = R * T
+    kernels = [
+        dc.dispatch_send.compile(x, idx, w, T, win, H=H, K=K, BK=4, BH=32, L=L, TMAX=T, **where),
+        dc.dispatch_copy.compile(win, np.zeros((rows, H), ref.bfloat16),
+                                 np.zeros((rows, K + 2), np.int32), np.zeros((rows, K), np.int64),
+                                 np.zeros((rows, K), np.float32), np.zeros(1, np.int32),
+                                 H=H, K=K, BK=4, BM=8, BH=32, **where),
+        dc.combine_send.compile(x, np.zeros((T, K + 2), np.int32), T, win, H=H, K=K, BH=32,
+                                TMAX=T, COMBINE=layout.combine),
+        dc.combine_reduce.compile(idx, x, T, win, H=H, K=K, BK=4, BH=32, L=L, TMAX=T,
+                                  COMBINE=layout.combine),
+        lr.replica_dispatch.compile(x, idx, T, SymmetricMemory(R, lr.Layout(64, H).bytes), H=H,
+                                    K=K, L=L, BH=32, ROWS=16, INFO=16 + 64 * H * 2, CAPACITY=64),
+    ]
+    for k in kernels:
+        assert f".entry {k.name}" in k.asm["ptx"]
+        assert k.metadata["kernels"][0]["spill_store_bytes"] == 0
+    low = ll.Layout(R, L, 256, 8)
+    with pytest.raises(CompileError, match="low_latency_dispatch.py:\\d+: FP8 conversions are not "
+                                           "supported by the compiler yet"):
+        ll.ll_dispatch.compile(np.zeros((8, 256), ref.bfloat16), idx[:8], 8,
+                               SymmetricMemory(R, low.bytes), np.zeros(L * R, np.int64), H=256,
+                               K=K, L=L, TMAX=8, ARRIVED=low.arrived, EXPECTED=low.expected,
+                               ROWS=low.rows, SCALES=low.scales, SOURCES=low.sources)

@@ -13,7 +13,7 @@ import epic.language as el
 from epic.dsl.interpreter import KernelError
 from epic.dsl.jit import SymmetricMemory
 
-from dsl_kernels import ring, scale
+from dsl_kernels import ring, scale, take_slots
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
@@ -38,12 +38,6 @@ def test_one_sided_put_with_signal_and_wait():
     ring[(1,)](win, outs, N=N, world=epic.VirtualWorld(R))
     for r in range(R):
         assert list(outs[r]) == [((r - 1) % R) * 100 + i for i in range(N)]
-
-
-@epic.jit
-def take_slots(win, out):
-    slot = el.atomic_add(el.peer_ptr(win.to(el.int32), 0), 1, scope="sys")
-    el.store(out + el.program_id(0), slot)
 
 
 def test_atomics_give_every_program_of_every_rank_its_own_slot():

@@ -114,7 +114,10 @@ class Generator(ast.NodeVisitor):
                              list(results), attributes or {}, regions)
 
     def const(self, value, dtype):
-        if dtype in _FLOAT:
+        if dtype in _FLOAT and not np.isfinite(value):  # MLIR spells these as bit patterns
+            bits = np.array(value, dtype=_np_of(dtype)).view(f"u{np.dtype(_np_of(dtype)).itemsize}")
+            text = f"{hex(int(bits))} : {dtype}"
+        elif dtype in _FLOAT:
             text = f"{float(value)!r} : {dtype}"
         else:
             text = f"{int(value)} : {dtype}"
@@ -169,9 +172,11 @@ class Generator(ast.NodeVisitor):
                 params.append(kind[1])
             kinds.append((name, kind))
         signature = f"({', '.join(params)}) -> ()"
+        self.scratch = 0  # workgroup buffers made so far (one per cross-warp reduction)
         gfunc = self.op("gpu.func", attributes={"sym_name": f'"{self.name}"',
                                                 "function_type": signature, "gpu.kernel": "unit"},
                         regions=1)
+        self.kernel_func = gfunc
         entry = gfunc.add_block(0, params)
         self.enter(entry)
         self.dev_comm = entry.arg(0)
@@ -229,12 +234,28 @@ class Generator(ast.NodeVisitor):
         pass
 
     def assigned_names(self, statements):
+        """Names the statements assign (loop targets excluded: they are the loops' own)."""
+        targets = {n.target.id for statement in statements for n in ast.walk(statement)
+                   if isinstance(n, ast.For) and isinstance(n.target, ast.Name)}
         names = []
         for statement in statements:
             for n in ast.walk(statement):
-                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and n.id not in names:
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and \
+                        n.id not in names and n.id not in targets:
                     names.append(n.id)
         return names
+
+    def lift_reassigned(self, names):
+        """Python constants that a loop or a branch reassigns become values (i32, f32, i1), so
+        they can be carried; the region must keep their type."""
+        for n in names:
+            v = self.scope.get(n)
+            if isinstance(v, (bool, np.bool_)):
+                self.scope[n] = self.const(int(v), "i1")
+            elif isinstance(v, (int, np.integer)):
+                self.scope[n] = self.const(int(v), "i32")
+            elif isinstance(v, (float, np.floating)):
+                self.scope[n] = self.const(float(v), "f32")
 
     def visit_For(self, node):
         call = node.iter
@@ -257,6 +278,7 @@ class Generator(ast.NodeVisitor):
         if len(bounds) == 2:
             bounds.append(1)
         lb, ub, step = (self.index_cast(self.lift(v, None), "index") for v in bounds)
+        self.lift_reassigned(self.assigned_names(node.body))
         carried = [n for n in self.assigned_names(node.body)
                    if n in self.scope and isinstance(self.scope[n], Val)]
         inits = [self.scope[n] for n in carried]
@@ -270,6 +292,11 @@ class Generator(ast.NodeVisitor):
             self.scope[n] = self.like(inits[i], body.arg(i + 1))
         for statement in node.body:
             self.visit(statement)
+        for i, n in enumerate(carried):
+            self.scope[n] = self.lift(self.scope[n], inits[i])
+            if self.vtype(self.scope[n]) != self.vtype(inits[i]):
+                raise self.error(f"{n} changes type in the loop ({self.vtype(inits[i])} before, "
+                                 f"{self.vtype(self.scope[n])} after)", node)
         self.op("scf.yield", [self.scope[n] for n in carried])
         self.leave()
         self.scope = outer
@@ -290,6 +317,30 @@ class Generator(ast.NodeVisitor):
             raise self.error("if needs a scalar condition (use el.where for blocks)", node)
         if condition.dtype != "i1":
             condition = self.compare(ast.NotEq(), condition, self.lift(0, condition), node)
+        # Python constants the branches reassign become values of the type the branches give
+        # them: a first pass over the branches (then erased) learns those types.
+        constants = {n: self.scope[n] for n in self.assigned_names(node.body + node.orelse)
+                     if n in self.scope and isinstance(self.scope[n], (int, float, bool, np.number))}
+        if constants:
+            learned = {}
+            probe = self.op("scf.if", [condition], [], regions=2)
+            saved = dict(self.scope)
+            for region, statements in ((0, node.body), (1, node.orelse)):
+                self.enter(probe.add_block(region))
+                self.scope = dict(saved)
+                for statement in statements:
+                    self.visit(statement)
+                for n in constants:
+                    if isinstance(self.scope.get(n), Val):
+                        learned.setdefault(n, self.scope[n].dtype)
+                self.op("scf.yield")
+                self.leave()
+            probe.erase()
+            self.scope = saved
+            for n, value in constants.items():
+                if n in learned:
+                    self.scope[n] = self.const(value, learned[n])
+        self.lift_reassigned(self.assigned_names(node.body + node.orelse))
         changed = [n for n in self.assigned_names(node.body + node.orelse)
                    if n in self.scope and isinstance(self.scope[n], Val)]
         before = dict(self.scope)
@@ -302,8 +353,10 @@ class Generator(ast.NodeVisitor):
             for statement in statements:
                 self.visit(statement)
             for n in changed:
+                self.scope[n] = self.lift(self.scope[n], before[n])
                 if self.vtype(self.scope[n]) != self.vtype(before[n]):
-                    raise self.error(f"{n} changes type in a branch", node)
+                    raise self.error(f"{n} changes type in a branch ({self.vtype(before[n])} "
+                                     f"before, {self.vtype(self.scope[n])} after)", node)
             self.op("scf.yield", [self.scope[n] for n in changed])
             self.leave()
             outcome.append(self.scope)
@@ -355,10 +408,26 @@ class Generator(ast.NodeVisitor):
         return self.binary(node.op, self.visit(node.left), self.visit(node.right), node)
 
     def visit_BoolOp(self, node):
+        """`and` / `or` of scalars (both sides are evaluated: kernels have no side effects in
+        conditions)."""
         values = [self.visit(v) for v in node.values]
         if not any(isinstance(v, Val) for v in values):
             return all(values) if isinstance(node.op, ast.And) else any(values)
-        raise self.error("and/or on values: use & and |", node)
+        result = None
+        for v in values:
+            if isinstance(v, Val) and v.block:
+                raise self.error("and/or take scalars (use & and | on blocks)", node)
+            v = self.truth(v, node)
+            result = v if result is None else self.binary(
+                ast.BitAnd() if isinstance(node.op, ast.And) else ast.BitOr(), result, v, node)
+        return result
+
+    def truth(self, v, node):
+        if not isinstance(v, Val):
+            return self.const(int(bool(v)), "i1")
+        if v.dtype == "i1":
+            return v
+        return self.compare(ast.NotEq(), v, self.lift(0, v), node)
 
     def visit_Compare(self, node):
         if len(node.ops) != 1:
@@ -370,15 +439,30 @@ class Generator(ast.NodeVisitor):
         if not isinstance(a, Val) and not isinstance(b, Val):
             return a, b
         a, b = self.lift(a, b if isinstance(b, Val) else None), self.lift(b, a)
-        if a.dtype != b.dtype:
-            raise self.error(f"mixed element types {a.dtype} and {b.dtype}: cast one with "
-                             ".to(...)", node)
+        if a.dtype != b.dtype:  # Triton's promotion: the wider integer, the float, the wider float
+            target = self.promoted(a.dtype, b.dtype)
+            if target is None:
+                raise self.error(f"mixed element types {a.dtype} and {b.dtype}: cast one with "
+                                 ".to(...)", node)
+            a, b = self.cast(a, _np_of(target), node), self.cast(b, _np_of(target), node)
         block = a.block or b.block
         if a.block and b.block and a.block != b.block:
             raise self.error(f"blocks of {a.block} and {b.block} elements", node)
         if block:
             a, b = self.broadcast(a, block), self.broadcast(b, block)
         return a, b
+
+    @staticmethod
+    def promoted(x, y):
+        """The common element type of a binary operation, or None (i1 and bool stay apart)."""
+        if "i1" in (x, y):
+            return None
+        fx, fy = x in _FLOAT, y in _FLOAT
+        if fx and fy:
+            return x if _bits(x) > _bits(y) else y if _bits(y) > _bits(x) else "f32"
+        if fx or fy:
+            return x if fx else y
+        return x if _bits(x) >= _bits(y) else y
 
     def binary(self, op, a, b, node):
         if isinstance(a, Val) and a.pointer:
@@ -399,7 +483,8 @@ class Generator(ast.NodeVisitor):
         floating = x.dtype in _FLOAT
         names = {ast.Add: ("addf", "addi"), ast.Sub: ("subf", "subi"), ast.Mult: ("mulf", "muli"),
                  ast.Div: ("divf", None), ast.FloorDiv: (None, "divsi"), ast.Mod: (None, "remsi"),
-                 ast.BitAnd: (None, "andi"), ast.BitOr: (None, "ori"), ast.BitXor: (None, "xori")}
+                 ast.BitAnd: (None, "andi"), ast.BitOr: (None, "ori"), ast.BitXor: (None, "xori"),
+                 ast.LShift: (None, "shli"), ast.RShift: (None, "shrsi")}
         pair = names.get(type(op))
         name = pair and pair[0 if floating else 1]
         if not name:
@@ -534,6 +619,8 @@ class Generator(ast.NodeVisitor):
         if not (isinstance(p, Val) and p.window) or p.offsets is not None:
             raise self.error("el.peer_ptr takes a scalar pointer into the window", node)
         peer = self.lift(peer, None)
+        if peer.dtype != "i32":  # ranks are i32 in the comm dialect
+            peer = self.cast(peer, np.int32, node)
         return Val(p.handle, p.dtype, None, p.pointer, True, peer)
 
     def el_load(self, node, p, mask=None, other=0, sem="relaxed", scope="gpu"):
@@ -577,11 +664,17 @@ class Generator(ast.NodeVisitor):
             raise self.error("el.store takes a pointer", node)
         element = p.pointer
         value = self.lift(value, Val(None, element))
-        if value.dtype != element:
-            raise self.error(f"storing {value.dtype} through a pointer to {element}", node)
+        if value.dtype != element:  # stores convert to the pointer's element type
+            value = self.cast(value, _np_of(element), node)
         if p.offsets is None:
             if value.block:
                 raise self.error("a block stored through a scalar pointer", node)
+            if sem == "relaxed":  # every thread stores the same value: one store in effect
+                self.op("llvm.store", [value, self.address(p, node)], [],
+                        {"alignment": f"{_align(1, element)} : i64"})
+                return None
+            if element not in ("i32", "i64"):
+                raise self.error(f"release stores of {element}: i32 and i64 are supported", node)
             attrs = {"ordering": f"{_ORDERING[sem]} : i32", "scope": f"{_SCOPE[scope]} : i32"}
             self.op("comm.store", [value, self.address(p, node)], [], attrs)
             return None
@@ -600,6 +693,9 @@ class Generator(ast.NodeVisitor):
         target = mlir_type(dtype)
         if v.dtype == target:
             return v
+        if "f8E4M3FN" in (v.dtype, target):
+            raise self.error("FP8 conversions are not supported by the compiler yet (they need "
+                             "the NVVM cvt instructions); the interpreter runs them", node)
         src, dst = v.dtype, target
         if src in _FLOAT and dst in _FLOAT:
             wider = _bits(dst) > _bits(src)
@@ -607,14 +703,16 @@ class Generator(ast.NodeVisitor):
         elif src in _FLOAT:
             name = "arith.fptosi"
         elif dst in _FLOAT:
-            name = "arith.sitofp"
+            name = "arith.uitofp" if src == "i1" else "arith.sitofp"
+        elif src == "i1":  # true is 1
+            name = "arith.extui"
         else:
             name = "arith.extsi" if _bits(dst) > _bits(src) else "arith.trunci"
         out_type = f"vector<{self.lanes(v.block)}x{dst}>" if v.block else dst
         return Val(self.op(name, [v], [out_type]).result(0), dst, v.block)
 
     def el_cast(self, node, v, dtype):
-        return self.cast(v, dtype, node)
+        return self.cast(self.lift(v, Val(None, mlir_type(dtype))), dtype, node)
 
     def el_where(self, node, condition, a, b):
         a, b = self.unify(a, b, node)
@@ -632,6 +730,111 @@ class Generator(ast.NodeVisitor):
     def el_zeros(self, node, shape, dtype):
         return self.el_full(node, shape, 0, dtype)
 
+    # --- reductions: in the thread, across the warp (shuffles), across warps (shared memory)
+    _REDUCE = {"sum": ("add", "addf", "addi"), "max": ("maximumf", "maximumf", "maxsi"),
+               "min": ("minimumf", "minimumf", "minsi")}
+
+    def reduce(self, node, x, what):
+        if not isinstance(x, Val) or not x.block:
+            return x  # a scalar is its own reduction
+        floating = x.dtype in _FLOAT
+        vector_kind, fop, iop = self._REDUCE[what]
+        combine_op = f"arith.{fop if floating else iop}"
+        if what != "sum" and not floating:
+            vector_kind = "maxsi" if what == "max" else "minsi"
+        identity = {"sum": 0, "max": float("-inf") if floating else -(1 << 31),
+                    "min": float("inf") if floating else (1 << 31) - 1}[what]
+        if x.dtype not in ("f32", "i32"):
+            raise self.error(f"el.{what} of {x.dtype} blocks: cast to f32 or i32 first", node)
+        active = self.active(x.block)
+        if active is not None:  # threads past the block contribute the identity
+            x = self.el_where(node, active, x, self.const(identity, x.dtype))
+        attrs = {"kind": f"#vector.kind<{vector_kind}>"}
+        value = Val(self.op("vector.reduction", [x], [x.dtype], attrs).result(0), x.dtype)
+
+        def combine(a, b):
+            return Val(self.op(combine_op, [a, b], [x.dtype]).result(0), x.dtype)
+
+        width = self.const(32, "i32")
+        for offset in (16, 8, 4, 2, 1):
+            other = self.op("gpu.shuffle", [value, self.const(offset, "i32"), width],
+                            [x.dtype, "i1"], {"mode": "#gpu<shuffle_mode xor>"}).result(0)
+            value = combine(value, Val(other, x.dtype))
+        warps = self.threads // 32
+        if warps == 1:
+            return value
+        buffer = self.workgroup_buffer(warps, x.dtype)
+        warp = self.index_cast(self.binary(ast.FloorDiv(), self.tid, 32, node), "index")
+        lane = self.binary(ast.Mod(), self.tid, 32, node)
+        self.when(self.compare(ast.Eq(), lane, 0, node),
+                  lambda: self.op("memref.store", [value, buffer, warp]))
+        self.op("gpu.barrier")
+        total = None
+        for w in range(warps):  # every thread adds the warps' partials in warp order
+            index = Val(self.op("arith.constant", results=["index"],
+                                attributes={"value": f"{w} : index"}).result(0), "index")
+            part = Val(self.op("memref.load", [buffer, index], [x.dtype]).result(0), x.dtype)
+            total = part if total is None else combine(total, part)
+        self.op("gpu.barrier")  # the buffer may be reused
+        return total
+
+    def workgroup_buffer(self, count, dtype):
+        """A fresh `count`-element shared-memory buffer (a workgroup memref.global)."""
+        name = f"epic_scratch{self.scratch}"
+        self.scratch += 1
+        mtype = f"memref<{count}x{dtype}, #gpu.address_space<workgroup>>"
+        self.b.set_insertion_point_before(self.kernel_func)
+        self.op("memref.global", attributes={"sym_name": f'"{name}"',
+                                             "sym_visibility": '"private"', "type": mtype})
+        self.b.set_insertion_point_to_end(self.blocks[-1])
+        return Val(self.op("memref.get_global", results=[mtype],
+                           attributes={"name": f"@{name}"}).result(0), "memref")
+
+    def when(self, condition, body):
+        branch = self.op("scf.if", [condition], [], regions=2)
+        self.enter(branch.add_block(0))
+        body()
+        self.op("scf.yield")
+        self.leave()
+        self.enter(branch.add_block(1))
+        self.op("scf.yield")
+        self.leave()
+
+    def el_atomic_add(self, node, p, value, mask=None, sem="relaxed", scope="gpu"):
+        """One atomic per program instance (thread 0), its old value broadcast to the block."""
+        if not (isinstance(p, Val) and p.pointer) or p.offsets is not None or mask is not None:
+            raise self.error("el.atomic_add takes a scalar pointer (blocks of atomics are not "
+                             "supported by the compiler yet)", node)
+        if p.pointer not in ("i32", "i64"):
+            raise self.error(f"el.atomic_add on {p.pointer}: i32 and i64 are supported", node)
+        amount = self.lift(value, Val(None, p.pointer))
+        return self.on_thread0(node, p.pointer, lambda: self.op(
+            "comm.atomic_rmw", [amount, self.address(p, node)], [p.pointer],
+            {"kind": "0 : i32", "ordering": f"{_ORDERING[sem]} : i32",
+             "scope": f"{_SCOPE[scope]} : i32"}).result(0))
+
+    def on_thread0(self, node, dtype, compute):
+        """`compute()` on thread 0 only; the value it returns reaches the whole block (through
+        shared memory, between two block barriers)."""
+        buffer = self.workgroup_buffer(1, dtype)
+        zero = Val(self.op("arith.constant", results=["index"],
+                           attributes={"value": "0 : index"}).result(0), "index")
+        self.when(self.compare(ast.Eq(), self.tid, 0, node),
+                  lambda: self.op("memref.store", [compute(), buffer, zero]))
+        self.op("gpu.barrier")
+        value = Val(self.op("memref.load", [buffer, zero], [dtype]).result(0), dtype)
+        self.op("gpu.barrier")  # read by all before a next use writes it again
+        return value
+
+    def el_sum(self, node, x, axis=0):
+        return self.reduce(node, x, "sum")
+
+    def el_max(self, node, x, axis=0):
+        return self.reduce(node, x, "max")
+
+    def el_min(self, node, x, axis=0):
+        return self.reduce(node, x, "min")
+
     def el_fence(self, node, scope="sys"):
         self.op("comm.fence", [], [], {"ordering": f"{_ORDERING['acq_rel']} : i32",
                                        "scope": f"{_SCOPE[scope]} : i32"})
@@ -643,15 +846,7 @@ class Generator(ast.NodeVisitor):
 
     def thread0(self, node, body):
         """`body()` on thread 0 only, then a block barrier (what it did, the block sees)."""
-        first = self.compare(ast.Eq(), self.tid, self.const(0, "i32"), node)
-        branch = self.op("scf.if", [first], [], regions=2)
-        self.enter(branch.add_block(0))
-        body()
-        self.op("scf.yield")
-        self.leave()
-        self.enter(branch.add_block(1))
-        self.op("scf.yield")
-        self.leave()
+        self.when(self.compare(ast.Eq(), self.tid, self.const(0, "i32"), node), body)
         self.op("gpu.barrier")
 
     def el_put(self, node, dst, src, count, signal=None, signal_value=1):
@@ -686,17 +881,16 @@ class Generator(ast.NodeVisitor):
              "scope": f"{_SCOPE['sys']} : i32"}))
 
     def el_wait(self, node, p, value, timeout_ms=10000):
+        """Thread 0 waits (bounded); the value it saw reaches the whole block."""
         if not (isinstance(p, Val) and p.window and p.offsets is None):
             raise self.error("el.wait takes a scalar pointer into the window", node)
         expected = self.lift(value, Val(None, p.pointer))
         rank = self.el_rank(node)
-        self.thread0(node, lambda: self.op(
+        return self.on_thread0(node, p.pointer, lambda: self.op(
             "comm.wait_flag", [self.address(p, node), expected, rank], [p.pointer],
             {"predicate": "2 : i32", "scope": f"{_SCOPE['sys']} : i32",
              "timeout_ms": f"{int(timeout_ms)} : i64",
-             "operandSegmentSizes": "array<i32: 1, 1, 1, 0>"}))
-        return None
-
+             "operandSegmentSizes": "array<i32: 1, 1, 1, 0>"}).result(0))
 
 def _fold(op, a, b):
     """Constants (constexprs, literals) fold in Python."""
@@ -705,6 +899,7 @@ def _fold(op, a, b):
     table = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
              ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
              ast.BitAnd: operator.and_, ast.BitOr: operator.or_, ast.BitXor: operator.xor,
+             ast.LShift: operator.lshift, ast.RShift: operator.rshift, ast.Pow: operator.pow,
              ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
              ast.Eq: operator.eq, ast.NotEq: operator.ne}
     return table[type(op)](a, b)
