@@ -129,9 +129,30 @@ def test_what_the_compiler_cannot_do_points_at_the_line():
         spins.compile(x)
 
 
+@epic.jit
+def fp8_round_trip(x_ptr, q_ptr, y_ptr, BLOCK: el.constexpr):
+    offsets = el.arange(0, BLOCK)
+    q = el.load(x_ptr + offsets).to(el.float32).to(el.float8e4nv)
+    el.store(q_ptr + offsets, q)
+    el.store(y_ptr + offsets, el.load(q_ptr + offsets).to(el.float32))
+
+
+@pytest.mark.parametrize("block", [64, 1024])
+def test_fp8_conversions_use_the_hardware_instructions(block):
+    import ml_dtypes
+
+    k = fp8_round_trip.compile(np.zeros(block, ml_dtypes.bfloat16),
+                               np.zeros(block, ml_dtypes.float8_e4m3fn),
+                               np.zeros(block, np.float32), BLOCK=block)
+    ir, ptx = k.asm["ir"], k.asm["ptx"]
+    assert "nvvm.convert.f32x2.to.f8x2" in ir and "satfinite" in ir
+    assert "nvvm.convert.f8x2.to.f16x2" in ir and "vector<" in ir
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx and "cvt.rn.f16x2.e4m3x2" in ptx
+
+
 def test_the_dsl_examples_compile():
     """The schemes of examples/dsl: every kernel of the dispatch + combine and the replica
-    dispatch compiles to PTX; the low-latency dispatch stops at its FP8 cast, named."""
+    dispatch and the low-latency dispatch with its fused FP8 quantization compile to PTX."""
     import os
     import sys
 
@@ -162,13 +183,12 @@ def test_the_dsl_examples_compile():
         lr.replica_dispatch.compile(x, idx, T, SymmetricMemory(R, lr.Layout(64, H).bytes), H=H,
                                     K=K, L=L, BH=32, ROWS=16, INFO=16 + 64 * H * 2, CAPACITY=64),
     ]
+    low = ll.Layout(R, L, 256, 8)
+    kernels.append(ll.ll_dispatch.compile(
+        np.zeros((8, 256), ref.bfloat16), idx[:8], 8, SymmetricMemory(R, low.bytes),
+        np.zeros(L * R, np.int64), H=256, K=K, L=L, TMAX=8, ARRIVED=low.arrived,
+        EXPECTED=low.expected, ROWS=low.rows, SCALES=low.scales, SOURCES=low.sources))
     for k in kernels:
         assert f".entry {k.name}" in k.asm["ptx"]
         assert k.metadata["kernels"][0]["spill_store_bytes"] == 0
-    low = ll.Layout(R, L, 256, 8)
-    with pytest.raises(CompileError, match="low_latency_dispatch.py:\\d+: FP8 conversions are not "
-                                           "supported by the compiler yet"):
-        ll.ll_dispatch.compile(np.zeros((8, 256), ref.bfloat16), idx[:8], 8,
-                               SymmetricMemory(R, low.bytes), np.zeros(L * R, np.int64), H=256,
-                               K=K, L=L, TMAX=8, ARRIVED=low.arrived, EXPECTED=low.expected,
-                               ROWS=low.rows, SCALES=low.scales, SOURCES=low.sources)
+    assert "cvt.rn.satfinite.e4m3x2.f32" in kernels[-1].asm["ptx"]  # the fused quantization

@@ -19,8 +19,14 @@ Execution model of the generated kernel (one ``gpu.func`` per kernel):
   then a block barrier, ``el.put`` a ``comm.put`` of the block then a release signal,
   ``el.barrier`` a ``comm.barrier`` of the world team.
 
+* reductions: in the thread (``vector.reduction``), across the warp (``gpu.shuffle xor``), across
+  warps (shared memory, in warp order); atomics and waits run on thread 0 and their value reaches
+  the block through shared memory;
+* FP8 e4m3 values live in ``i8`` (LLVM has no FP8 type); casts use the hardware's
+  ``cvt.rn.satfinite.e4m3x2.f32`` / ``cvt.rn.f16x2.e4m3x2`` (``nvvm.convert.*``).
+
 What the compiler does not handle yet raises :class:`CompileError` pointing at the kernel's
-source line (reductions across threads, gathers, atomics, ``cumsum`` are next).
+source line (``cumsum``, gathers, ``atomic_cas`` and blocks of atomics are next).
 """
 
 from __future__ import annotations
@@ -114,6 +120,11 @@ class Generator(ast.NodeVisitor):
                              list(results), attributes or {}, regions)
 
     def const(self, value, dtype):
+        if dtype == "f8E4M3FN":  # FP8 lives in i8 (LLVM has no FP8 type): its bit pattern
+            bits = int(np.array(value, dtype=np.float32).astype(_np_of(dtype)).view(np.uint8))
+            return Val(self.op("arith.constant", results=["i8"],
+                               attributes={"value": f"{bits - 256 if bits > 127 else bits} : i8"})
+                       .result(0), dtype)
         if dtype in _FLOAT and not np.isfinite(value):  # MLIR spells these as bit patterns
             bits = np.array(value, dtype=_np_of(dtype)).view(f"u{np.dtype(_np_of(dtype)).itemsize}")
             text = f"{hex(int(bits))} : {dtype}"
@@ -125,7 +136,8 @@ class Generator(ast.NodeVisitor):
                    dtype)
 
     def vtype(self, v):
-        return f"vector<{self.lanes(v.block)}x{v.dtype}>" if v.block else v.dtype
+        t = _ir_type(v.dtype)
+        return f"vector<{self.lanes(v.block)}x{t}>" if v.block else t
 
     def lanes(self, block):
         return max(1, block // self.threads)
@@ -136,8 +148,9 @@ class Generator(ast.NodeVisitor):
     def broadcast(self, v, block):
         if v.block:
             return v
-        out = Val(self.op("vector.broadcast", [v], [f"vector<{self.lanes(block)}x{v.dtype}>"])
-                  .result(0), v.dtype, block)
+        out = Val(self.op("vector.broadcast", [v],
+                          [f"vector<{self.lanes(block)}x{_ir_type(v.dtype)}>"]).result(0),
+                  v.dtype, block)
         return out
 
     def lift(self, value, like):
@@ -480,6 +493,8 @@ class Generator(ast.NodeVisitor):
         elif isinstance(op, ast.Add) and b_base is not None and a_scalar:
             base = self.binary(op, a, b_base, node)
         x, y = self.unify(a, b, node)
+        if x.dtype == "f8E4M3FN":
+            raise self.error("arithmetic on FP8 values: cast them to f32 first", node)
         floating = x.dtype in _FLOAT
         names = {ast.Add: ("addf", "addi"), ast.Sub: ("subf", "subi"), ast.Mult: ("mulf", "muli"),
                  ast.Div: ("divf", None), ast.FloorDiv: (None, "divsi"), ast.Mod: (None, "remsi"),
@@ -497,6 +512,8 @@ class Generator(ast.NodeVisitor):
         if not isinstance(a, Val) and not isinstance(b, Val):
             return _fold(op, a, b)
         a, b = self.unify(a, b, node)
+        if a.dtype == "f8E4M3FN":
+            raise self.error("comparisons of FP8 values: cast them to f32 first", node)
         floating = a.dtype in _FLOAT
         # arith's CmpFPredicate / CmpIPredicate values (olt, slt, ...).
         predicates = {ast.Lt: (4, 2), ast.LtE: (5, 3), ast.Gt: (2, 4), ast.GtE: (3, 5),
@@ -631,13 +648,13 @@ class Generator(ast.NodeVisitor):
             if p.offsets is not None:
                 raise self.error("acquire loads take a scalar pointer", node)
             if sem == "relaxed":
-                return Val(self.op("llvm.load", [self.address(p, node)], [element],
+                return Val(self.op("llvm.load", [self.address(p, node)], [_ir_type(element)],
                                    {"alignment": f"{_align(1, element)} : i64"}).result(0), element)
             attrs = {"ordering": f"{_ORDERING[sem]} : i32", "scope": f"{_SCOPE[scope]} : i32"}
             return Val(self.op("comm.load", [self.address(p, node)], [element], attrs).result(0),
                        element)
         lanes, ptr = self.lanes(p.block), self.address(p, node)
-        vtype = f"vector<{lanes}x{element}>"
+        vtype = f"vector<{lanes}x{_ir_type(element)}>"
         live = self.combine_masks(mask, p.block, node)
         if live is None:
             return Val(self.op("llvm.load", [ptr], [vtype], {"alignment": f"{_align(lanes, element)} : i64"})
@@ -693,9 +710,10 @@ class Generator(ast.NodeVisitor):
         target = mlir_type(dtype)
         if v.dtype == target:
             return v
-        if "f8E4M3FN" in (v.dtype, target):
-            raise self.error("FP8 conversions are not supported by the compiler yet (they need "
-                             "the NVVM cvt instructions); the interpreter runs them", node)
+        if target == "f8E4M3FN":
+            return self.to_fp8(self.cast(v, np.float32, node) if v.dtype != "f32" else v)
+        if v.dtype == "f8E4M3FN":
+            return self.cast(self.from_fp8(v), dtype, node)
         src, dst = v.dtype, target
         if src in _FLOAT and dst in _FLOAT:
             wider = _bits(dst) > _bits(src)
@@ -710,6 +728,57 @@ class Generator(ast.NodeVisitor):
             name = "arith.extsi" if _bits(dst) > _bits(src) else "arith.trunci"
         out_type = f"vector<{self.lanes(v.block)}x{dst}>" if v.block else dst
         return Val(self.op(name, [v], [out_type]).result(0), dst, v.block)
+
+    def lanes_of(self, v):
+        """The elements this thread holds, as scalars."""
+        if not v.block:
+            return [v.handle]
+        return [self.op("vector.extract", [v], [_ir_type(v.dtype)],
+                        {"static_position": f"array<i64: {i}>"}).result(0)
+                for i in range(self.lanes(v.block))]
+
+    def assemble(self, elements, dtype, block):
+        """A value of `block` (or a scalar) from this thread's elements."""
+        if not block:
+            return Val(elements[0], dtype)
+        t = _ir_type(dtype)
+        out = self.op("arith.constant", results=[f"vector<{len(elements)}x{t}>"],
+                      attributes={"value": f"dense<0{'.0' if t in _FLOAT else ''}> : "
+                                           f"vector<{len(elements)}x{t}>"}).result(0)
+        for i, e in enumerate(elements):
+            out = self.op("vector.insert", [e, out], [f"vector<{len(elements)}x{t}>"],
+                          {"static_position": f"array<i64: {i}>"}).result(0)
+        return Val(out, dtype, block)
+
+    def to_fp8(self, v):
+        """f32 -> FP8 e4m3, round to nearest, saturating (cvt.rn.satfinite.e4m3x2.f32)."""
+        xs = self.lanes_of(v)
+        zero = self.const(0.0, "f32").handle
+        out = []
+        for i in range(0, len(xs), 2):
+            hi = xs[i + 1] if i + 1 < len(xs) else zero
+            pair = self.op("nvvm.convert.f32x2.to.f8x2", [hi, xs[i]], ["vector<2xi8>"],
+                           {"rnd": "#nvvm.fp_rnd_mode<rn>", "sat": "#nvvm.sat_mode<satfinite>",
+                            "dstTy": "f8E4M3FN"}).result(0)
+            for j in range(min(2, len(xs) - i)):  # element 0 is the low byte: xs[i]
+                out.append(self.op("vector.extract", [pair], ["i8"],
+                                   {"static_position": f"array<i64: {j}>"}).result(0))
+        return self.assemble(out, "f8E4M3FN", v.block)
+
+    def from_fp8(self, v):
+        """FP8 e4m3 -> f32 (exact: through f16x2, cvt.rn.f16x2.e4m3x2)."""
+        xs = self.lanes_of(v)
+        zero = self.const(0.0, "f8E4M3FN").handle
+        out = []
+        for i in range(0, len(xs), 2):
+            pair = self.assemble([xs[i], xs[i + 1] if i + 1 < len(xs) else zero], "i8", 2).handle
+            half = self.op("nvvm.convert.f8x2.to.f16x2", [pair], ["vector<2xf16>"],
+                           {"srcType": "f8E4M3FN"}).result(0)
+            wide = self.op("arith.extf", [half], ["vector<2xf32>"]).result(0)
+            for j in range(min(2, len(xs) - i)):
+                out.append(self.op("vector.extract", [wide], ["f32"],
+                                   {"static_position": f"array<i64: {j}>"}).result(0))
+        return self.assemble(out, "f32", v.block)
 
     def el_cast(self, node, v, dtype):
         return self.cast(self.lift(v, Val(None, mlir_type(dtype))), dtype, node)
@@ -782,7 +851,7 @@ class Generator(ast.NodeVisitor):
         """A fresh `count`-element shared-memory buffer (a workgroup memref.global)."""
         name = f"epic_scratch{self.scratch}"
         self.scratch += 1
-        mtype = f"memref<{count}x{dtype}, #gpu.address_space<workgroup>>"
+        mtype = f"memref<{count}x{_ir_type(dtype)}, #gpu.address_space<workgroup>>"
         self.b.set_insertion_point_before(self.kernel_func)
         self.op("memref.global", attributes={"sym_name": f'"{name}"',
                                              "sym_visibility": '"private"', "type": mtype})
@@ -903,6 +972,11 @@ def _fold(op, a, b):
              ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
              ast.Eq: operator.eq, ast.NotEq: operator.ne}
     return table[type(op)](a, b)
+
+
+def _ir_type(dtype):
+    """The IR type that holds values of `dtype` (FP8 in i8: LLVM has no FP8 type)."""
+    return "i8" if dtype == "f8E4M3FN" else dtype
 
 
 def _np_of(mlir):
