@@ -235,7 +235,18 @@ PYBIND11_MODULE(_C, m) {
             return out;
           },
           py::arg("spec"), py::arg("variant"), py::arg("kind"),
-          "Compiles (or loads) the kernels of one op; no GPU needed.");
+          "Compiles (or loads) the kernels of one op; no GPU needed.")
+      .def(
+          "kernels_for_ir",
+          [](Runtime &r, const std::string &ir) {
+            KernelProvider::Result result = r.provider.get(ir);
+            py::dict out;
+            out["key"] = result.key;
+            out["source"] = sourceName(result.source);
+            out["seconds"] = result.seconds;
+            return out;
+          },
+          py::arg("ir"), "Compiles (or loads) the kernels of entry IR into the kernel cache.");
 
   py::class_<KernelHost::Prepared>(m, "Prepared")
       .def_property_readonly("key", [](const KernelHost::Prepared &p) { return p.info().key; })
@@ -306,6 +317,13 @@ PYBIND11_MODULE(_C, m) {
                                           callsFrom(calls, kCombineFields), blocks);
           },
           py::arg("spec"), py::arg("variant"), py::arg("calls"), py::arg("blocks_per_rank") = 0)
+      .def(
+          "prepare_entry",
+          [](Buffer &b, const std::string &ir, const std::vector<ParamRecord> &records,
+             int blocks) { return b.host->prepare(ir, records, blocks); },
+          py::arg("ir"), py::arg("records"), py::arg("blocks_per_rank") = 0,
+          "Kernels of any entry IR with a launch function (e.g. an @epic.jit kernel's), one "
+          "parameter record per served rank (field name -> 64-bit value).")
       .def(
           "launch",
           [](Buffer &b, const KernelHost::Prepared &prepared, uintptr_t stream) {

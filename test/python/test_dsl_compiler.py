@@ -192,3 +192,30 @@ def test_the_dsl_examples_compile():
         assert f".entry {k.name}" in k.asm["ptx"]
         assert k.metadata["kernels"][0]["spill_store_bytes"] == 0
     assert "cvt.rn.satfinite.e4m3x2.f32" in kernels[-1].asm["ptx"]  # the fused quantization
+
+
+def test_the_runtime_abi_reads_arguments_from_per_rank_records():
+    import json
+
+    k = ring.compile(SymmetricMemory(2, 4096), np.zeros(64, np.int32), N=64, abi="runtime")
+    ir = k.asm["ir"]
+    assert "comm.rank_params %arg2 stride 128 via %arg0" in ir
+    assert "gpu.launch_func  @dsl_kernels::@ring" in ir
+    (entry,) = k.metadata["entries"]
+    assert entry["name"] == "ring_launch" and entry["kernels"] == ["ring"]
+    assert entry["param_fields"] == ["out"] and entry["param_stride"] == 128
+    assert entry["threads"] == 128 and entry["cooperative"] == 1
+    assert json.dumps(entry)
+
+
+def test_a_gpu_launch_compiles_for_the_runtime_then_needs_the_device(monkeypatch):
+    monkeypatch.setenv("EPIC_INTERPRET", "0")
+    _C = pytest.importorskip("epic._C")
+    if _C.cuda_device_count():
+        pytest.skip("a GPU is here: the GPU suite launches compiled kernels")
+    buffer = epic.ElasticBuffer(epic.VirtualWorld(2), num_bytes=2 << 20)
+    x = [np.zeros(64, np.float32)] * 2
+    with pytest.raises(RuntimeError, match="no CUDA device here"):
+        scale[(1,)](x, x, 64, 1.0, BLOCK=64, buffer=buffer)
+    with pytest.raises(TypeError, match="buffer must be an epic.ElasticBuffer"):
+        scale[(1,)](x, x, 64, 1.0, BLOCK=64, buffer="gpu")

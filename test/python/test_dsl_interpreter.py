@@ -113,7 +113,7 @@ def test_launch_rules(monkeypatch):
     with pytest.raises(TypeError, match="constexpr BLOCK must be a Python constant"):
         scale[(1,)](xs, xs, 4, 1.0, BLOCK=np.zeros(1), world=epic.VirtualWorld(2))
     monkeypatch.setenv("EPIC_INTERPRET", "0")
-    with pytest.raises(NotImplementedError, match="EPIC_INTERPRET=1"):
+    with pytest.raises(TypeError, match="on a GPU a kernel runs on an epic.ElasticBuffer"):
         scale[(1,)](xs, xs, 4, 1.0, BLOCK=4, world=epic.VirtualWorld(2))
 
 

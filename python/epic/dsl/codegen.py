@@ -44,6 +44,7 @@ _MLIR_TYPES = {
     "int32": "i32", "int64": "i64", "uint8": "i8", "bool": "i1",
 }
 _FLOAT = {"f32", "f16", "bf16", "f8E4M3FN"}
+_RECORD_BYTES = 128  # the runtime's parameter record (runtime/lib/VirtualBuffer.cpp)
 # The comm dialect's enums (dialect/include/epic/Dialect/Comm/IR/CommBase.td).
 _ORDERING = {"relaxed": 0, "acquire": 1, "release": 2, "acq_rel": 3, "sc": 4}
 _SCOPE = {"cta": 0, "block": 0, "cluster": 1, "gpu": 2, "sys": 3}
@@ -75,7 +76,8 @@ class Val:
 
 
 class Generator(ast.NodeVisitor):
-    def __init__(self, ir, fn, arg_kinds, constexprs, num_warps, name):
+    def __init__(self, ir, fn, arg_kinds, constexprs, num_warps, name, abi="direct"):
+        self.abi = abi
         self.ir, self.fn = ir, fn
         self.context = ir.Context()
         self.module = ir.Module(self.context)
@@ -85,7 +87,11 @@ class Generator(ast.NodeVisitor):
         self.threads = 32 * num_warps
         self.name = name
         self.scope = {}
-        source = textwrap.dedent(inspect.getsource(fn))
+        try:
+            source = textwrap.dedent(inspect.getsource(fn))
+        except OSError:
+            raise CompileError(f"{fn.__name__}: its source is not available (kernels are compiled "
+                               "from their source file: define them in a module)") from None
         self.tree = ast.parse(source)
         self.file = inspect.getsourcefile(fn) or "<kernel>"
         self.first_line = inspect.getsourcelines(fn)[1] - 1
@@ -175,15 +181,17 @@ class Generator(ast.NodeVisitor):
         kernels = self.op("gpu.module", attributes={"sym_name": '"dsl_kernels"'}, regions=1)
         body = kernels.add_block(0)
         b.set_insertion_point_to_end(body)
-        params, kinds = ["!comm.dev_comm"], []
-        for name, kind in self.arg_kinds:
-            if kind[0] == "window":
-                params.append("!comm.window")
-            elif kind[0] == "pointer":
-                params.append("!llvm.ptr<1>")
-            else:
-                params.append(kind[1])
-            kinds.append((name, kind))
+        kinds = list(self.arg_kinds)
+        if self.abi == "runtime":  # the runtime's: device communicator, window, parameter table
+            params = ["!comm.dev_comm", "!comm.window", "!llvm.ptr<1>"]
+            fields = [n for n, k in kinds if k[0] != "window"]
+            if len(fields) > _RECORD_BYTES // 8:
+                raise self.error(f"a kernel launched by the runtime takes at most "
+                                 f"{_RECORD_BYTES // 8} arguments besides its window")
+        else:  # every argument a kernel parameter (for inspection and direct launches)
+            params = ["!comm.dev_comm"] + [
+                "!comm.window" if k[0] == "window" else "!llvm.ptr<1>" if k[0] == "pointer"
+                else k[1] for _, k in kinds]
         signature = f"({', '.join(params)}) -> ()"
         self.scratch = 0  # workgroup buffers made so far (one per cross-warp reduction)
         gfunc = self.op("gpu.func", attributes={"sym_name": f'"{self.name}"',
@@ -193,18 +201,41 @@ class Generator(ast.NodeVisitor):
         entry = gfunc.add_block(0, params)
         self.enter(entry)
         self.dev_comm = entry.arg(0)
-        self.window = None
-        for i, (name, kind) in enumerate(kinds, start=1):
-            if kind[0] == "window":
-                if self.window is not None:
-                    raise self.error("a kernel takes at most one symmetric window")
-                self.window = entry.arg(i)
-                self.scope[name] = Val(self.const(0, "i64").handle, "i8", pointer="i8",
-                                       window=True)
-            elif kind[0] == "pointer":
-                self.scope[name] = Val(entry.arg(i), "ptr", pointer=kind[1])
-            else:
-                self.scope[name] = Val(entry.arg(i), kind[1])
+        self.window = entry.arg(1) if self.abi == "runtime" else None
+        if self.abi == "runtime":
+            record = self.op("comm.rank_params", [entry.arg(2), self.dev_comm], ["!llvm.ptr<1>"],
+                             {"stride": f"{_RECORD_BYTES} : i64"}).result(0)
+            field = 0
+            for name, kind in kinds:
+                if kind[0] == "window":
+                    self.scope[name] = Val(self.const(0, "i64").handle, "i8", pointer="i8",
+                                           window=True)
+                    continue
+                slot = self.op("llvm.getelementptr", [record], ["!llvm.ptr<1>"],
+                               {"rawConstantIndices": f"array<i32: {field}>", "elem_type": "i64",
+                                "noWrapFlags": "0 : i32"}).result(0)
+                field += 1
+                loaded = "!llvm.ptr<1>" if kind[0] == "pointer" else \
+                    ("i32" if kind[1] == "i1" else kind[1])
+                value = self.op("llvm.load", [slot], [loaded], {"alignment": "8 : i64"}).result(0)
+                if kind[0] == "pointer":
+                    self.scope[name] = Val(value, "ptr", pointer=kind[1])
+                elif kind[1] == "i1":
+                    self.scope[name] = self.truth(Val(value, "i32"), None)
+                else:
+                    self.scope[name] = Val(value, kind[1])
+        else:
+            for i, (name, kind) in enumerate(kinds, start=1):
+                if kind[0] == "window":
+                    if self.window is not None:
+                        raise self.error("a kernel takes at most one symmetric window")
+                    self.window = entry.arg(i)
+                    self.scope[name] = Val(self.const(0, "i64").handle, "i8", pointer="i8",
+                                           window=True)
+                elif kind[0] == "pointer":
+                    self.scope[name] = Val(entry.arg(i), "ptr", pointer=kind[1])
+                else:
+                    self.scope[name] = Val(entry.arg(i), kind[1])
         for name, value in self.constexprs.items():
             self.scope[name] = value  # Python constants, folded where used
         self.world = Val(self.op("comm.team", [self.dev_comm],
@@ -216,8 +247,36 @@ class Generator(ast.NodeVisitor):
         for statement in func.body:
             self.visit(statement)
         self.op("gpu.return")
+        if self.abi == "runtime":
+            self.launch_function(kinds)
         self.module.verify()
         return str(self.module)
+
+    def launch_function(self, kinds):
+        """What the runtime reads (compileModule's metadata "entries"): kernel, threads, the
+        parameter fields in record order; like ep-expand's launch functions."""
+        self.b.set_insertion_point_to_end(self.module.body)
+        params = ["!comm.dev_comm", "!comm.window", "!llvm.ptr<1>", "index"]
+        fields = ", ".join(f'"{n}"' for n, k in kinds if k[0] != "window")
+        launch = self.op("func.func", attributes={
+            "sym_name": f'"{self.name}_launch"', "function_type": f"({', '.join(params)}) -> ()",
+            "epic.entry": '"dsl"', "epic.kernels": f'["{self.name}"]',
+            "epic.threads": f"{self.threads} : i64", "epic.param_fields": f"[{fields}]",
+            "epic.param_stride": f"{_RECORD_BYTES} : i64", "epic.window_bytes": "0 : i64",
+            "epic.max_blocks_per_rank": "1024 : i64",
+            # Blocks may wait for each other (barriers, signals): all resident at once.
+            "epic.cooperative": "1 : i64"}, regions=1)
+        body = launch.add_block(0, params)
+        self.b.set_insertion_point_to_end(body)
+        one = self.op("arith.constant", results=["index"], attributes={"value": "1 : index"})
+        threads = self.op("arith.constant", results=["index"],
+                          attributes={"value": f"{self.threads} : index"})
+        self.op("gpu.launch_func", [body.arg(3), one.result(0), one.result(0), threads.result(0),
+                                    one.result(0), one.result(0), body.arg(0), body.arg(1),
+                                    body.arg(2)], [],
+                {"kernel": f"@dsl_kernels::@{self.name}",
+                 "operandSegmentSizes": "array<i32: 0, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 3, 0>"})
+        self.op("func.return")
 
     # --- statements
     def visit_Expr(self, node):
@@ -1001,7 +1060,10 @@ def _align(lanes, mlir):
     return min(16, size & -size)
 
 
-def generate(ir, fn, arg_kinds, constexprs, num_warps=4, name=None):
+def generate(ir, fn, arg_kinds, constexprs, num_warps=4, name=None, abi="direct"):
     """The kernel's IR (text): `arg_kinds` = [(name, ("pointer", elem) | ("scalar", type) |
-    ("window",))] of the non-constexpr arguments; `constexprs` their values."""
-    return Generator(ir, fn, arg_kinds, constexprs, num_warps, name or fn.__name__).generate()
+    ("window",))] of the non-constexpr arguments; `constexprs` their values. `abi`: "direct"
+    (every argument a kernel parameter) or "runtime" (the runtime's (device communicator,
+    window, per-rank parameter records) and a launch function with its metadata)."""
+    return Generator(ir, fn, arg_kinds, constexprs, num_warps, name or fn.__name__,
+                     abi).generate()

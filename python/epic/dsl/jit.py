@@ -62,7 +62,7 @@ class JITFunction:
         for name, value in bound.arguments.items():
             if name in self.constexprs:
                 key.append((name, "constexpr", value))
-            elif isinstance(value, SymmetricMemory):
+            elif isinstance(value, SymmetricMemory) or _is_buffer(value):
                 key.append((name, "window"))
             elif isinstance(value, list):
                 key.append((name, "per-rank", self._value_key(value[0])))
@@ -94,7 +94,7 @@ class JITFunction:
                 continue
             if isinstance(value, list):
                 value = value[0]
-            if isinstance(value, SymmetricMemory):
+            if isinstance(value, SymmetricMemory) or _is_buffer(value):
                 kinds.append((name, ("window",)))
             elif hasattr(value, "dtype") and hasattr(value, "shape"):
                 dtype = value.dtype if isinstance(value, np.ndarray) else _torch_to_numpy(value.dtype)
@@ -110,7 +110,7 @@ class JITFunction:
                                 f"{type(value).__name__}")
         return kinds
 
-    def compile(self, *args, num_warps=4, backend="virtual", **kwargs):
+    def compile(self, *args, num_warps=4, backend="virtual", abi="direct", **kwargs):
         """Compiles the kernel for these arguments' specialization (no GPU needed): a
         :class:`CompiledKernel` whose ``asm`` holds the IR, the PTX and the cubin."""
         from .codegen import generate
@@ -122,19 +122,29 @@ class JITFunction:
                                f"./install.sh ({e})") from None
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        key = (self.specialization_key(bound), num_warps, backend)
+        key = (self.specialization_key(bound), num_warps, backend, abi)
         if key not in self.cache:
             constexprs = {n: bound.arguments[n] for n in self.constexprs}
-            ir_text = generate(_ir, self.fn, self.argument_kinds(bound), constexprs, num_warps)
+            ir_text = generate(_ir, self.fn, self.argument_kinds(bound), constexprs, num_warps,
+                               abi=abi)
             compiled = _ir.compile(ir_text, backend, True)
             self.cache[key] = CompiledKernel(self.fn.__name__, ir_text, compiled, num_warps)
         return self.cache[key]
 
-    def run(self, grid, *args, world=None, num_warps=4, **kwargs):
+    def run(self, grid, *args, world=None, num_warps=4, buffer=None, **kwargs):
         from epic.buffer import VirtualWorld
 
+        buffers = [v for v in list(args) + list(kwargs.values()) if _is_buffer(v)]
+        if buffer is not None and not _is_buffer(buffer):
+            raise TypeError(f"{self.fn.__name__}: buffer must be an epic.ElasticBuffer, got "
+                            f"{type(buffer).__name__}")
+        if not interpreting() and (buffers or buffer is not None):
+            return self.launch(grid, buffer if buffer is not None else buffers[0], args, kwargs,
+                               num_warps)
         if not isinstance(world, VirtualWorld):
-            raise TypeError(f"{self.fn.__name__}[grid](...): pass world=epic.VirtualWorld(R)")
+            raise TypeError(f"{self.fn.__name__}[grid](...): pass world=epic.VirtualWorld(R) "
+                            "(interpreter), or buffer=epic.ElasticBuffer (GPU; it is also the "
+                            "window of kernels that take one)")
         grid = grid(kwargs) if callable(grid) else grid
         grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
         if not 1 <= len(grid) <= 3 or any(not isinstance(g, int) or g < 1 for g in grid):
@@ -159,10 +169,9 @@ class JITFunction:
                                  f"the world {R}")
         self.specialization_key(bound)  # rejects unsupported arguments before running
         if not interpreting():
-            raise NotImplementedError(
-                f"{self.fn.__name__}: launching compiled @epic.jit kernels on a GPU is not built "
-                "yet (kernel.compile(...) gives their IR, PTX and cubin); run them with "
-                "EPIC_INTERPRET=1 (the CPU interpreter)")
+            raise TypeError(
+                f"{self.fn.__name__}: on a GPU a kernel runs on an epic.ElasticBuffer: pass "
+                "buffer=... (EPIC_INTERPRET=1 runs kernels on the CPU instead)")
         from . import interpreter
 
         per_rank = []
@@ -180,6 +189,49 @@ class JITFunction:
         interpreter.launch(self.fn, grid, per_rank, R)
 
 
+    def launch(self, grid, buffer, args, kwargs, num_warps):
+        """Compiled: the kernel on `buffer`'s GPU(s), every rank it serves, on the current torch
+        stream. The buffer is the kernel's window; per-rank arguments are lists (virtual world)."""
+        import struct
+
+        grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
+        if len(grid) != 1 or not isinstance(grid[0], int) or grid[0] < 1:
+            raise ValueError(f"grid: compiled kernels take a 1-D grid of positive size, got {grid}")
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        ranks = buffer.num_ranks if buffer.virtual else 1
+        compiled = self.compile(*args, num_warps=num_warps,
+                                backend="virtual" if buffer.virtual else "nccl", abi="runtime",
+                                **kwargs)
+        state = buffer._runtime()  # the GPU side exists from here
+        import torch
+
+        records = [{} for _ in range(ranks)]
+        for name, value in bound.arguments.items():
+            if name in self.constexprs or _is_buffer(value):
+                continue
+            values = value if isinstance(value, list) else [value] * ranks
+            if len(values) != ranks:
+                raise ValueError(f"{self.fn.__name__}: argument {name} has {len(values)} entries "
+                                 f"for {ranks} ranks")
+            for r, v in enumerate(values):
+                if hasattr(v, "data_ptr"):
+                    if not v.is_cuda:
+                        raise ValueError(f"{self.fn.__name__}: argument {name} must be a CUDA "
+                                         "tensor")
+                    records[r][name] = v.data_ptr()
+                elif isinstance(v, float):
+                    records[r][name] = struct.unpack("<I", struct.pack("<f", v))[0]
+                elif isinstance(v, (bool, int)):
+                    records[r][name] = int(v) & (2**64 - 1)
+                else:
+                    raise TypeError(f"{self.fn.__name__}: argument {name}: a tensor, an int or "
+                                    f"a float, got {type(v).__name__}")
+        prepared = state.prepare_entry(compiled.asm["ir"], records, grid[0])
+        state.launch(prepared, torch.cuda.current_stream().cuda_stream)
+        buffer._in_flight.append(prepared)  # its records live until the kernels ran
+        return compiled
+
 class CompiledKernel:
     """A compiled @epic.jit kernel: ``asm["ir"]`` (comm + upstream MLIR), ``asm["ptx"]``,
     ``asm["cubin"]``, and the compiler's metadata (registers, shared memory, spills)."""
@@ -190,6 +242,12 @@ class CompiledKernel:
         self.name, self.num_warps = name, num_warps
         self.asm = {"ir": ir_text, "ptx": compiled["ptx"], "cubin": compiled["cubin"]}
         self.metadata = json.loads(compiled["metadata"])
+
+
+def _is_buffer(value):
+    from epic.buffer import ElasticBuffer
+
+    return isinstance(value, ElasticBuffer)
 
 
 def _torch_to_numpy(dtype):
