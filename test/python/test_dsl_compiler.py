@@ -219,3 +219,22 @@ def test_a_gpu_launch_compiles_for_the_runtime_then_needs_the_device(monkeypatch
         scale[(1,)](x, x, 64, 1.0, BLOCK=64, buffer=buffer)
     with pytest.raises(TypeError, match="buffer must be an epic.ElasticBuffer"):
         scale[(1,)](x, x, 64, 1.0, BLOCK=64, buffer="gpu")
+
+
+def test_the_ir_is_cached_on_disk_for_machines_without_the_compiler(monkeypatch, tmp_path):
+    import sys
+
+    monkeypatch.setenv("EPIC_CACHE_DIR", str(tmp_path))
+    x = np.zeros(256, np.float32)
+    fresh = epic.jit(scale.fn)  # no in-memory cache yet
+    k = fresh.compile(x, x, 256, 2.0, BLOCK=256)
+    (cached,) = (tmp_path / "dsl").glob("scale-*.json")
+    # Without epic._ir (a GPU machine), a new process finds the same IR on disk...
+    monkeypatch.setitem(sys.modules, "epic._ir", None)
+    monkeypatch.delattr(epic, "_ir", raising=False)
+    again = epic.jit(scale.fn).compile(x, x, 256, 2.0, BLOCK=256)
+    assert again.asm["ir"] == k.asm["ir"] and "ptx" not in again.asm
+    # ...and says what to do for a specialization nobody compiled.
+    with pytest.raises(RuntimeError, match="not in the DSL cache"):
+        epic.jit(scale.fn).compile(x, x, 256, 2.0, BLOCK=128)
+    assert cached.exists()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import os
 
 import numpy as np
@@ -73,9 +74,12 @@ class JITFunction:
     @staticmethod
     def _value_key(value):
         if hasattr(value, "dtype") and hasattr(value, "shape"):
-            address = (value.ctypes.data if isinstance(value, np.ndarray)
-                       else value.data_ptr() if hasattr(value, "data_ptr") else 0)
-            return ("tensor", str(value.dtype), address % 16 == 0)
+            from .codegen import mlir_type
+
+            numpy = isinstance(value, np.ndarray)
+            address = value.ctypes.data if numpy else value.data_ptr()
+            dtype = mlir_type(value.dtype if numpy else _torch_to_numpy(value.dtype))
+            return ("tensor", dtype, address % 16 == 0)
         if isinstance(value, bool):
             return ("bool",)
         if isinstance(value, int):
@@ -112,24 +116,58 @@ class JITFunction:
 
     def compile(self, *args, num_warps=4, backend="virtual", abi="direct", **kwargs):
         """Compiles the kernel for these arguments' specialization (no GPU needed): a
-        :class:`CompiledKernel` whose ``asm`` holds the IR, the PTX and the cubin."""
-        from .codegen import generate
+        :class:`CompiledKernel` whose ``asm`` holds the IR, the PTX and the cubin.
 
-        try:
-            from epic import _ir
-        except ImportError as e:
-            raise RuntimeError("the DSL compiler (epic._ir) is built where LLVM/MLIR are: "
-                               f"./install.sh ({e})") from None
+        The IR is also kept on disk (``$EPIC_CACHE_DIR/dsl``, keyed by the kernel's source, the
+        specialization and the code generator), and with ``abi="runtime"`` its kernels go into
+        the runtime's kernel cache: a GPU machine without the compiler (no ``epic._ir``) finds
+        both there."""
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
         key = (self.specialization_key(bound), num_warps, backend, abi)
-        if key not in self.cache:
+        if key in self.cache:
+            return self.cache[key]
+        path = self._disk_path(key)
+        try:
+            from epic import _ir
+        except ImportError:
+            _ir = None
+        if _ir is None:
+            if not os.path.exists(path):
+                raise RuntimeError(
+                    f"{self.fn.__name__}: this specialization is not in the DSL cache ({path}) "
+                    "and the compiler (epic._ir, built where LLVM/MLIR are) is not here: compile "
+                    "it there with the same EPIC_CACHE_DIR (kernel.compile(...))")
+            with open(path) as f:
+                compiled = CompiledKernel(self.fn.__name__, json.load(f)["ir"], None, num_warps)
+        else:
+            from .codegen import generate
+
             constexprs = {n: bound.arguments[n] for n in self.constexprs}
             ir_text = generate(_ir, self.fn, self.argument_kinds(bound), constexprs, num_warps,
                                abi=abi)
-            compiled = _ir.compile(ir_text, backend, True)
-            self.cache[key] = CompiledKernel(self.fn.__name__, ir_text, compiled, num_warps)
-        return self.cache[key]
+            compiled = CompiledKernel(self.fn.__name__, ir_text,
+                                      _ir.compile(ir_text, backend, True), num_warps)
+            _write_atomically(path, json.dumps({"ir": ir_text}))
+            if abi == "runtime":  # the runtime finds the kernels by the IR's key
+                from epic import _C
+
+                _C.Runtime(backend, "", "").kernels_for_ir(ir_text)
+        self.cache[key] = compiled
+        return compiled
+
+    def _disk_path(self, key):
+        import hashlib
+
+        from . import codegen
+
+        digest = hashlib.sha256()
+        for part in (inspect.getsource(self.fn), repr(key), inspect.getsource(codegen)):
+            digest.update(part.encode())
+            digest.update(b"\0")
+        root = os.environ.get("EPIC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                                  "epic")
+        return os.path.join(root, "dsl", f"{self.fn.__name__}-{digest.hexdigest()[:32]}.json")
 
     def run(self, grid, *args, world=None, num_warps=4, buffer=None, **kwargs):
         from epic.buffer import VirtualWorld
@@ -237,11 +275,23 @@ class CompiledKernel:
     ``asm["cubin"]``, and the compiler's metadata (registers, shared memory, spills)."""
 
     def __init__(self, name, ir_text, compiled, num_warps):
-        import json
-
         self.name, self.num_warps = name, num_warps
-        self.asm = {"ir": ir_text, "ptx": compiled["ptx"], "cubin": compiled["cubin"]}
-        self.metadata = json.loads(compiled["metadata"])
+        self.asm = {"ir": ir_text}
+        self.metadata = {}
+        if compiled is not None:  # None: the IR came from the disk cache (no compiler here)
+            self.asm.update(ptx=compiled["ptx"], cubin=compiled["cubin"])
+            self.metadata = json.loads(compiled["metadata"])
+
+
+def _write_atomically(path, text):
+    """Written whole or not at all (a temporary file renamed), so processes can share it."""
+    import tempfile
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(temporary, path)
 
 
 def _is_buffer(value):
