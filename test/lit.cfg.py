@@ -21,3 +21,8 @@ llvm_config.add_tool_substitutions(
     ["epic-opt", "epic-compile", "epic-run"], [config.epic_tools_dir])
 llvm_config.add_tool_substitutions(
     ["FileCheck", "not", "count", "split-file"], [config.llvm_tools_dir])
+
+# The DSL's tests (test/DSL/*.py) run kernels through `python -m epic.dsl` with the source tree's
+# package (epic._ir is built into python/epic).
+config.substitutions.append(("%python", config.python_executable))
+config.environment["PYTHONPATH"] = os.path.join(config.epic_src_root, "python")

@@ -30,3 +30,30 @@ def take_slots(win, out):
     """Every program of every rank takes a slot from a counter on rank 0."""
     slot = el.atomic_add(el.peer_ptr(win.to(el.int32), 0), 1, scope="sys")
     el.store(out + el.program_id(0), slot)
+
+
+@epic.jit
+def exclusive_offsets(counts_ptr, out_ptr, n, BLOCK: el.constexpr):
+    """Where each expert's rows start: the exclusive prefix sum of the counts."""
+    i = el.arange(0, BLOCK)
+    counts = el.load(counts_ptr + i, mask=i < n, other=0)
+    el.store(out_ptr + i, el.cumsum(counts) - counts, mask=i < n)
+
+
+@epic.jit
+def claim_once(win, owner):
+    """The first program of any rank to swap 0 -> its id owns the word on rank 0."""
+    me = el.rank() * el.num_programs(0) + el.program_id(0)
+    old = el.atomic_cas(el.peer_ptr(win.to(el.int32), 0), 0, me + 1, sem="acq_rel", scope="sys")
+    el.store(owner + el.program_id(0), old)
+
+
+@epic.jit
+def halvings(x_ptr, out_ptr, limit):
+    """How many halvings bring x under the limit (a data-dependent while loop)."""
+    v = el.load(x_ptr)
+    steps = 0
+    while v > limit:
+        v = v // 2
+        steps += 1
+    el.store(out_ptr, steps)

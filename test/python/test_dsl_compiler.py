@@ -1,6 +1,7 @@
 """The DSL's compiler front end: @epic.jit kernels -> comm + upstream MLIR (built through
 epic._ir) -> PTX and cubin, checked on the IR text; errors point at the kernel's source line."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -118,14 +119,14 @@ def spins(x_ptr):
 def test_what_the_compiler_cannot_do_points_at_the_line():
     x = np.zeros(64, np.float32)
     i = np.zeros(64, np.int32)
-    with pytest.raises(CompileError, match=r"test_dsl_compiler.py:\d+: el.cumsum is not supported "
-                                           r"by the compiler yet"):
-        reduces.compile(x, x, BLOCK=64)
+    with pytest.raises(CompileError, match=r"test_dsl_compiler.py:\d+: el.cumsum of bf16 blocks: "
+                                           r"cast to f32 or i32 first"):
+        reduces.compile(x.astype(ml_dtypes.bfloat16), x, BLOCK=64)
     with pytest.raises(CompileError, match="gathers are not supported by the compiler yet"):
         gathers.compile(x, i, BLOCK=64)
     with pytest.raises(CompileError, match="mixed element types i1 and i32"):
         mixes.compile(x, BLOCK=64)
-    with pytest.raises(CompileError, match="While is not supported in kernels"):
+    with pytest.raises(CompileError, match="while True never ends"):
         spins.compile(x)
 
 
@@ -238,3 +239,33 @@ def test_the_ir_is_cached_on_disk_for_machines_without_the_compiler(monkeypatch,
     with pytest.raises(RuntimeError, match="not in the DSL cache"):
         epic.jit(scale.fn).compile(x, x, 256, 2.0, BLOCK=128)
     assert cached.exists()
+
+
+@pytest.mark.parametrize("block", [8, 512])
+def test_cumsum_cas_and_while_compile(block):
+    from dsl_kernels import claim_once, exclusive_offsets, halvings
+
+    c = np.zeros(block, np.int32)
+    k = exclusive_offsets.compile(c, c, 5, BLOCK=block)
+    ir = k.asm["ir"]
+    assert ir.count("gpu.shuffle  up") == 6  # 5 steps of the warp scan + the exclusive shift
+    assert "memref<4xi32, #gpu.address_space<workgroup>>" in ir  # the 4 warps' totals
+    assert k.metadata["kernels"][0]["spill_store_bytes"] == 0
+    k = claim_once.compile(SymmetricMemory(2, 64), c)
+    assert "comm.atomic_cas acq_rel scope sys" in k.asm["ir"]
+    assert "atom.acq_rel.sys.cas.b32" in k.asm["ptx"]
+    ir = halvings.compile(c, c, 10).asm["ir"]
+    assert "scf.while" in ir and "scf.condition" in ir
+
+
+@epic.jit
+def while_on_a_block(x_ptr):
+    v = el.load(x_ptr + el.arange(0, 4))
+    while v > 0:
+        v = v - 1
+
+
+def test_while_needs_a_scalar_condition():
+    x = np.zeros(4, np.int32)
+    with pytest.raises(CompileError, match="while needs a scalar condition"):
+        while_on_a_block.compile(x)

@@ -123,7 +123,11 @@ def test_specialization_key_covers_dtypes_constexprs_and_alignment():
 
     f32, f16 = np.zeros(64, np.float32), np.zeros(64, np.float16)
     base = key(f32, f32, 64, 1.0, BLOCK=32)
-    assert key(f32, f32, 7, 2.0, BLOCK=32) == base
+    assert key(f32, f32, 48, 2.0, BLOCK=32) == base
+    assert key(f32, f32, 7, 2.0, BLOCK=32) != base  # multiples of 16 specialize
+    assert key(f32, f32, [64, 32], 1.0, BLOCK=32) == key(f32, f32, 64, 1.0, BLOCK=32)[:2] + \
+        (("n", "per-rank", ("int", "i32", False, True)),) + base[3:]
+    assert key(f32, f32, [64, 8], 1.0, BLOCK=32)[2][2][3] is False  # all ranks or none
     assert key(f16, f32, 64, 1.0, BLOCK=32) != base
     assert key(f32, f32, 64, 1.0, BLOCK=64) != base
     assert key(f32, f32, 1, 1.0, BLOCK=32) != base  # n == 1 specializes
@@ -157,3 +161,24 @@ def test_the_dsl_least_loaded_replica_example_balances_and_delivers_once(ranks):
     ok, balanced, loads, primary = least_loaded_replica.run(ranks, tokens=24)
     assert ok
     assert balanced, (loads, primary)
+
+
+def test_cumsum_cas_and_while_loops():
+    from dsl_kernels import claim_once, exclusive_offsets, halvings
+
+    counts = [np.array([3, 0, 5, 1, 2], np.int32)] * 2
+    outs = [np.full(5, -1, np.int32) for _ in range(2)]
+    exclusive_offsets[(1,)](counts, outs, 5, BLOCK=8, world=epic.VirtualWorld(2))
+    assert all(list(o) == [0, 3, 3, 8, 9] for o in outs)
+
+    R, P = 3, 4
+    win = SymmetricMemory(R, 4)
+    owners = [np.full(P, -1, np.int32) for _ in range(R)]
+    claim_once[(P,)](win, owners, world=epic.VirtualWorld(R))
+    olds = np.concatenate(owners)
+    winner = win.view(0, np.int32, 1)[0]
+    assert 1 <= winner <= R * P and (olds == 0).sum() == 1 and set(olds) == {0, winner}
+
+    x, out = [np.array([1000], np.int32)], [np.zeros(1, np.int32)]
+    halvings[(1,)](x, out, 10, world=epic.VirtualWorld(1))
+    assert out[0][0] == 7  # 1000 500 250 125 62 31 15 7

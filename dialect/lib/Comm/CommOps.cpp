@@ -207,5 +207,10 @@ void AtomicRMWOp::getEffects(Effects &effects) {
                  getOrdering());
 }
 
+void AtomicCASOp::getEffects(Effects &effects) {
+  addFlagEffects(effects, getPtrMutable(), /*reads=*/true, /*writes=*/true,
+                 getOrdering());
+}
+
 #define GET_OP_CLASSES
 #include "epic/Dialect/Comm/IR/CommOps.cpp.inc"

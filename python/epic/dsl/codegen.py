@@ -13,20 +13,21 @@ Execution model of the generated kernel (one ``gpu.func`` per kernel):
   symmetric window (``!comm.window``, ``el.peer_ptr`` reaching a peer's copy); a block of
   pointers must be ``scalar + contiguous block`` (16-byte vector accesses per thread);
 * ``for`` over ``range`` becomes ``scf.for`` (variables reassigned in the body are carried),
-  ``if`` on a scalar ``scf.if``, ``el.static_range`` is unrolled here;
+  ``while`` ``scf.while``, ``if`` on a scalar ``scf.if``, ``el.static_range`` is unrolled here;
 * communication: ``el.rank``/``num_ranks`` are the world team's ``comm.team_rank``/``team_size``,
   ``el.signal`` a release ``comm.red``, ``el.wait`` a bounded ``comm.wait_flag`` by thread 0
   then a block barrier, ``el.put`` a ``comm.put`` of the block then a release signal,
   ``el.barrier`` a ``comm.barrier`` of the world team.
 
 * reductions: in the thread (``vector.reduction``), across the warp (``gpu.shuffle xor``), across
-  warps (shared memory, in warp order); atomics and waits run on thread 0 and their value reaches
-  the block through shared memory;
+  warps (shared memory, in warp order); ``el.cumsum`` the same way with ``gpu.shuffle up``;
+  atomics (``comm.atomic_rmw``/``comm.atomic_cas``) and waits run on thread 0 and their value
+  reaches the block through shared memory;
 * FP8 e4m3 values live in ``i8`` (LLVM has no FP8 type); casts use the hardware's
   ``cvt.rn.satfinite.e4m3x2.f32`` / ``cvt.rn.f16x2.e4m3x2`` (``nvvm.convert.*``).
 
 What the compiler does not handle yet raises :class:`CompileError` pointing at the kernel's
-source line (``cumsum``, gathers, ``atomic_cas`` and blocks of atomics are next).
+source line (gathers and blocks of atomics are next).
 """
 
 from __future__ import annotations
@@ -73,6 +74,34 @@ class Val:
         self.peer = peer        # window pointers into a peer's copy: the peer rank (i32)
         self.offsets = offsets  # pointer blocks: the element offsets (a contiguous block)
         self.contiguous_base = None  # blocks `s + arange`: s (a scalar i32 Val)
+        # A power of two known to divide the value (integers), or the address's known byte
+        # alignment (pointers): what lets block accesses be 16-byte vectors (Triton's
+        # divisibility analysis, reduced to what the kernels' address arithmetic needs).
+        self.divisor = 1
+
+
+_MAX_DIVISOR = 1 << 16
+
+
+def lowbit(n) -> int:
+    """The largest power of two dividing the integer n (0: any, capped)."""
+    n = int(n)
+    return _MAX_DIVISOR if n == 0 else min(_MAX_DIVISOR, n & -n)
+
+
+def divisor_of(v) -> int:
+    if isinstance(v, Val):
+        return v.divisor
+    if isinstance(v, (bool, np.bool_)):
+        return 1
+    if isinstance(v, (int, np.integer)):
+        return lowbit(v)
+    return 1
+
+
+def with_divisor(v, divisor):
+    v.divisor = max(1, min(_MAX_DIVISOR, int(divisor)))
+    return v
 
 
 class Generator(ast.NodeVisitor):
@@ -138,8 +167,11 @@ class Generator(ast.NodeVisitor):
             text = f"{float(value)!r} : {dtype}"
         else:
             text = f"{int(value)} : {dtype}"
-        return Val(self.op("arith.constant", results=[dtype], attributes={"value": text}).result(0),
-                   dtype)
+        out = Val(self.op("arith.constant", results=[dtype], attributes={"value": text}).result(0),
+                  dtype)
+        if dtype not in _FLOAT and dtype != "i1":
+            with_divisor(out, lowbit(value))
+        return out
 
     def vtype(self, v):
         t = _ir_type(v.dtype)
@@ -149,7 +181,7 @@ class Generator(ast.NodeVisitor):
         return max(1, block // self.threads)
 
     def index_cast(self, v, to):
-        return Val(self.op("arith.index_cast", [v], [to]).result(0), to)
+        return with_divisor(Val(self.op("arith.index_cast", [v], [to]).result(0), to), v.divisor)
 
     def broadcast(self, v, block):
         if v.block:
@@ -208,8 +240,7 @@ class Generator(ast.NodeVisitor):
             field = 0
             for name, kind in kinds:
                 if kind[0] == "window":
-                    self.scope[name] = Val(self.const(0, "i64").handle, "i8", pointer="i8",
-                                           window=True)
+                    self.scope[name] = self.window_base()
                     continue
                 slot = self.op("llvm.getelementptr", [record], ["!llvm.ptr<1>"],
                                {"rawConstantIndices": f"array<i32: {field}>", "elem_type": "i64",
@@ -219,23 +250,26 @@ class Generator(ast.NodeVisitor):
                     ("i32" if kind[1] == "i1" else kind[1])
                 value = self.op("llvm.load", [slot], [loaded], {"alignment": "8 : i64"}).result(0)
                 if kind[0] == "pointer":
-                    self.scope[name] = Val(value, "ptr", pointer=kind[1])
+                    self.scope[name] = with_divisor(Val(value, "ptr", pointer=kind[1]),
+                                                    self.argument_alignment(kind))
                 elif kind[1] == "i1":
                     self.scope[name] = self.truth(Val(value, "i32"), None)
                 else:
-                    self.scope[name] = Val(value, kind[1])
+                    self.scope[name] = with_divisor(Val(value, kind[1]),
+                                                    self.argument_alignment(kind))
         else:
             for i, (name, kind) in enumerate(kinds, start=1):
                 if kind[0] == "window":
                     if self.window is not None:
                         raise self.error("a kernel takes at most one symmetric window")
                     self.window = entry.arg(i)
-                    self.scope[name] = Val(self.const(0, "i64").handle, "i8", pointer="i8",
-                                           window=True)
+                    self.scope[name] = self.window_base()
                 elif kind[0] == "pointer":
-                    self.scope[name] = Val(entry.arg(i), "ptr", pointer=kind[1])
+                    self.scope[name] = with_divisor(Val(entry.arg(i), "ptr", pointer=kind[1]),
+                                                    self.argument_alignment(kind))
                 else:
-                    self.scope[name] = Val(entry.arg(i), kind[1])
+                    self.scope[name] = with_divisor(Val(entry.arg(i), kind[1]),
+                                                    self.argument_alignment(kind))
         for name, value in self.constexprs.items():
             self.scope[name] = value  # Python constants, folded where used
         self.world = Val(self.op("comm.team", [self.dev_comm],
@@ -251,6 +285,19 @@ class Generator(ast.NodeVisitor):
             self.launch_function(kinds)
         self.module.verify()
         return str(self.module)
+
+    def window_base(self):
+        """Byte 0 of the window (windows start on pages: the runtime rounds every rank's window
+        to 4096 bytes, NCCL registers whole pages)."""
+        return with_divisor(Val(self.const(0, "i64").handle, "i8", pointer="i8", window=True),
+                            4096)
+
+    def argument_alignment(self, kind):
+        """What a tensor argument's address or an integer's value is known to be a multiple of
+        (the specialization: tensors 16-byte aligned, integers multiples of 16)."""
+        if kind[0] == "pointer":
+            return 16 if len(kind) > 2 and kind[2] else max(1, _bits(kind[1]) // 8)
+        return 16 if len(kind) > 2 and kind[2] and kind[1] in ("i32", "i64") else 1
 
     def launch_function(self, kinds):
         """What the runtime reads (compileModule's metadata "entries"): kernel, threads, the
@@ -359,9 +406,16 @@ class Generator(ast.NodeVisitor):
         body = loop.add_block(0, ["index"] + [self.vtype(v) for v in inits])
         outer = dict(self.scope)
         self.enter(body)
-        self.scope[node.target.id] = self.index_cast(Val(body.arg(0), "index"), "i32")
+        induction = with_divisor(Val(body.arg(0), "index"),
+                                 min(divisor_of(bounds[0]), divisor_of(bounds[2])))
+        self.scope[node.target.id] = self.index_cast(induction, "i32")
         for i, n in enumerate(carried):
             self.scope[n] = self.like(inits[i], body.arg(i + 1))
+        self.loop_body(node, carried, inits, loop, outer)
+
+    def loop_body(self, node, carried, inits, loop, outer):
+        """The body of a loop whose entry block is current: yields the carried names (their
+        types may not change), then the loop's results replace them outside."""
         for statement in node.body:
             self.visit(statement)
         for i, n in enumerate(carried):
@@ -378,6 +432,39 @@ class Generator(ast.NodeVisitor):
     def like(self, v, handle):
         out = Val(handle, v.dtype, v.block, v.pointer, v.window, v.peer, v.offsets)
         return out
+
+    def visit_While(self, node):
+        """`while` on a scalar condition -> scf.while; variables the body reassigns are carried
+        (the condition is evaluated in the `before` region on the carried values)."""
+        if node.orelse:
+            raise self.error("while ... else is not supported in kernels", node)
+        self.lift_reassigned(self.assigned_names(node.body))
+        carried = [n for n in self.assigned_names(node.body)
+                   if n in self.scope and isinstance(self.scope[n], Val)]
+        inits = [self.scope[n] for n in carried]
+        types = [self.vtype(v) for v in inits]
+        loop = self.op("scf.while", inits, types, regions=2)
+        outer = dict(self.scope)
+        self.enter(loop.add_block(0, types))
+        for i, n in enumerate(carried):
+            self.scope[n] = self.like(inits[i], self.blocks[-1].arg(i))
+        condition = self.visit(node.test)
+        if isinstance(condition, (bool, int, np.bool_)):
+            if condition:
+                raise self.error("while True never ends: kernels have no break, loop on a "
+                                 "condition the body changes", node)
+            condition = self.const(False, "i1")
+        if condition.block:
+            raise self.error("while needs a scalar condition", node)
+        if condition.dtype != "i1":
+            condition = self.compare(ast.NotEq(), condition, self.lift(0, condition), node)
+        self.op("scf.condition", [condition] + [self.scope[n] for n in carried])
+        self.leave()
+        self.scope = dict(outer)
+        self.enter(loop.add_block(1, types))
+        for i, n in enumerate(carried):
+            self.scope[n] = self.like(inits[i], self.blocks[-1].arg(i))
+        self.loop_body(node, carried, inits, loop, outer)
 
     def visit_If(self, node):
         condition = self.visit(node.test)
@@ -565,6 +652,14 @@ class Generator(ast.NodeVisitor):
             raise self.error(f"{type(op).__name__} is not supported on {x.dtype}", node)
         out = Val(self.op(f"arith.{name}", [x, y], [self.vtype(x)]).result(0), x.dtype, x.block)
         out.contiguous_base = base
+        if not floating:
+            da, db = divisor_of(a), divisor_of(b)
+            if isinstance(op, (ast.Add, ast.Sub)):
+                with_divisor(out, min(da, db))
+            elif isinstance(op, ast.Mult):
+                with_divisor(out, da * db)
+            elif isinstance(op, ast.LShift) and isinstance(b, int) and 0 <= b < 31:
+                with_divisor(out, da << b)
         return out
 
     def compare(self, op, a, b, node):
@@ -593,23 +688,24 @@ class Generator(ast.NodeVisitor):
                 raise self.error("pointer blocks must be scalar + el.arange(...) (gathers are "
                                  "not supported by the compiler yet)", node)
             moved = self.offset_pointer(p, offset.contiguous_base, op, node)
-            return Val(moved.handle, moved.dtype, offset.block, p.pointer, p.window, p.peer,
-                       offsets=offset)
+            return with_divisor(Val(moved.handle, moved.dtype, offset.block, p.pointer, p.window,
+                                    p.peer, offsets=offset), moved.divisor)
         offset = self.lift(offset, None)
+        size = np.dtype(_np_of(p.pointer)).itemsize
+        alignment = min(p.divisor, divisor_of(offset) * size)
         if p.window:  # byte offsets into the window
-            size = np.dtype(_np_of(p.pointer)).itemsize
             scaled = self.binary(ast.Mult(), self.widen(offset), self.const(size, "i64"), node)
-            return Val(self.op("arith.addi", [p, scaled], ["i64"]).result(0), "i64",
-                       pointer=p.pointer, window=True, peer=p.peer)
+            return with_divisor(Val(self.op("arith.addi", [p, scaled], ["i64"]).result(0), "i64",
+                                    pointer=p.pointer, window=True, peer=p.peer), alignment)
         gep = self.op("llvm.getelementptr", [p, self.widen(offset)], ["!llvm.ptr<1>"],
                       {"rawConstantIndices": "array<i32: -2147483648>",
                        "elem_type": _llvm_elem(p.pointer), "noWrapFlags": "0 : i32"})
-        return Val(gep.result(0), "ptr", pointer=p.pointer)
+        return with_divisor(Val(gep.result(0), "ptr", pointer=p.pointer), alignment)
 
     def widen(self, v):
         if v.dtype == "i64":
             return v
-        return Val(self.op("arith.extsi", [v], ["i64"]).result(0), "i64")
+        return with_divisor(Val(self.op("arith.extsi", [v], ["i64"]).result(0), "i64"), v.divisor)
 
     def address(self, p, node):
         """The scalar !llvm.ptr<1> of a pointer (the first element of this thread's part)."""
@@ -640,8 +736,8 @@ class Generator(ast.NodeVisitor):
             if value.pointer:  # the same address seen as another element type
                 if value.offsets is not None:
                     raise self.error("cast the pointer before adding a block of offsets", node)
-                return Val(value.handle, value.dtype, None, mlir_type(args[0]), value.window,
-                           value.peer)
+                return with_divisor(Val(value.handle, value.dtype, None, mlir_type(args[0]),
+                                        value.window, value.peer), value.divisor)
             return self.cast(value, args[0], node)
         if fn in (range,):
             raise self.error("range(...) belongs in a for loop", node)
@@ -697,7 +793,7 @@ class Generator(ast.NodeVisitor):
         peer = self.lift(peer, None)
         if peer.dtype != "i32":  # ranks are i32 in the comm dialect
             peer = self.cast(peer, np.int32, node)
-        return Val(p.handle, p.dtype, None, p.pointer, True, peer)
+        return with_divisor(Val(p.handle, p.dtype, None, p.pointer, True, peer), p.divisor)
 
     def el_load(self, node, p, mask=None, other=0, sem="relaxed", scope="gpu"):
         if not (isinstance(p, Val) and p.pointer):
@@ -715,13 +811,41 @@ class Generator(ast.NodeVisitor):
         lanes, ptr = self.lanes(p.block), self.address(p, node)
         vtype = f"vector<{lanes}x{_ir_type(element)}>"
         live = self.combine_masks(mask, p.block, node)
+        aligned = self.block_alignment(p)
+
+        def whole():
+            return self.op("llvm.load", [ptr], [vtype], {"alignment": f"{aligned} : i64"}).result(0)
+
         if live is None:
-            return Val(self.op("llvm.load", [ptr], [vtype], {"alignment": f"{_align(lanes, element)} : i64"})
-                       .result(0), element, p.block)
+            return Val(whole(), element, p.block)
         passthru = self.broadcast(self.lift(other, Val(None, element)), p.block)
-        return Val(self.op("llvm.intr.masked.load", [ptr, live, passthru], [vtype],
-                           {"alignment": f"{_align(1, element)} : i32"}).result(0),
-                   element, p.block)
+
+        def masked():
+            return self.op("llvm.intr.masked.load", [ptr, live, passthru], [vtype],
+                           {"alignment": f"{_align(1, element)} : i32"}).result(0)
+
+        return Val(self.unless_all_live(live, lanes, whole, masked, vtype), element, p.block)
+
+    def block_alignment(self, p):
+        """The alignment of this thread's part of a pointer block: its `lanes` contiguous
+        elements start at the moved pointer + tid x lanes elements."""
+        lanes, size = self.lanes(p.block), max(1, _bits(p.pointer) // 8)
+        return max(size, min(p.divisor, lanes * size))
+
+    def unless_all_live(self, live, lanes, whole, masked, vtype=None):
+        """`whole()` (a plain, vectorizable access) where all of this thread's lanes are live,
+        `masked()` (LLVM scalarizes masked accesses on NVPTX) only at a block's ragged edge."""
+        if lanes == 1:
+            return masked()
+        every = self.op("vector.reduction", [live], ["i1"],
+                        {"kind": "#vector.kind<and>"}).result(0)
+        branch = self.op("scf.if", [every], [vtype] if vtype else [], regions=2)
+        for region, body in ((0, whole), (1, masked)):
+            self.enter(branch.add_block(region))
+            result = body()
+            self.op("scf.yield", [result] if vtype else [])
+            self.leave()
+        return branch.result(0) if vtype else None
 
     def combine_masks(self, mask, block, node):
         active = self.active(block)
@@ -757,12 +881,19 @@ class Generator(ast.NodeVisitor):
         value = self.broadcast(value, p.block)
         ptr = self.address(p, node)
         live = self.combine_masks(mask, p.block, node)
-        if live is None:
-            self.op("llvm.store", [value, ptr], [],
-                    {"alignment": f"{_align(self.lanes(p.block), element)} : i64"})
-        else:
+        aligned = self.block_alignment(p)
+
+        def whole():
+            self.op("llvm.store", [value, ptr], [], {"alignment": f"{aligned} : i64"})
+
+        def masked():
             self.op("llvm.intr.masked.store", [value, ptr, live], [],
                     {"alignment": f"{_align(1, element)} : i32"})
+
+        if live is None:
+            whole()
+        else:
+            self.unless_all_live(live, self.lanes(p.block), whole, masked)
         return None
 
     def cast(self, v, dtype, node):
@@ -786,7 +917,10 @@ class Generator(ast.NodeVisitor):
         else:
             name = "arith.extsi" if _bits(dst) > _bits(src) else "arith.trunci"
         out_type = f"vector<{self.lanes(v.block)}x{dst}>" if v.block else dst
-        return Val(self.op(name, [v], [out_type]).result(0), dst, v.block)
+        out = Val(self.op(name, [v], [out_type]).result(0), dst, v.block)
+        if name in ("arith.extsi", "arith.trunci"):  # a multiple of d stays one
+            with_divisor(out, min(v.divisor, 1 << (_bits(dst) - 1)))
+        return out
 
     def lanes_of(self, v):
         """The elements this thread holds, as scalars."""
@@ -941,6 +1075,23 @@ class Generator(ast.NodeVisitor):
             {"kind": "0 : i32", "ordering": f"{_ORDERING[sem]} : i32",
              "scope": f"{_SCOPE[scope]} : i32"}).result(0))
 
+    def el_atomic_cas(self, node, p, compare, value, sem="relaxed", scope="gpu"):
+        """One compare-and-swap per program instance (thread 0, comm.atomic_cas), the old value
+        broadcast to the block: the swap happened iff it equals `compare`."""
+        if not (isinstance(p, Val) and p.pointer) or p.offsets is not None:
+            raise self.error("el.atomic_cas takes a scalar pointer", node)
+        if p.pointer not in ("i32", "i64"):
+            raise self.error(f"el.atomic_cas on {p.pointer}: i32 and i64 are supported", node)
+        like = Val(None, p.pointer)
+        expected, desired = self.lift(compare, like), self.lift(value, like)
+        for name, v in (("compare", expected), ("value", desired)):
+            if v.block or v.dtype != p.pointer:
+                raise self.error(f"el.atomic_cas: {name} must be a {p.pointer} scalar, got "
+                                 f"{self.vtype(v)}", node)
+        return self.on_thread0(node, p.pointer, lambda: self.op(
+            "comm.atomic_cas", [self.address(p, node), expected, desired], [p.pointer],
+            {"ordering": f"{_ORDERING[sem]} : i32", "scope": f"{_SCOPE[scope]} : i32"}).result(0))
+
     def on_thread0(self, node, dtype, compute):
         """`compute()` on thread 0 only; the value it returns reaches the whole block (through
         shared memory, between two block barriers)."""
@@ -962,6 +1113,60 @@ class Generator(ast.NodeVisitor):
 
     def el_min(self, node, x, axis=0):
         return self.reduce(node, x, "min")
+
+    def el_cumsum(self, node, x, axis=0):
+        """Inclusive prefix sum of a block: along this thread's elements, then the threads'
+        totals across the warp (gpu.shuffle up), then the warps' totals through shared memory.
+        Integer sums are exact; float sums associate per thread, warp and block (not strictly
+        left to right)."""
+        if not isinstance(x, Val) or not x.block:
+            return x
+        if x.dtype not in ("f32", "i32"):
+            raise self.error(f"el.cumsum of {x.dtype} blocks: cast to f32 or i32 first", node)
+        active = self.active(x.block)
+        if active is not None:  # threads past the block add nothing
+            x = self.el_where(node, active, x, self.const(0, x.dtype))
+        add = "arith.addf" if x.dtype in _FLOAT else "arith.addi"
+
+        def plus(a, b):
+            return self.op(add, [a, b], [x.dtype]).result(0)
+
+        running = []
+        for element in self.lanes_of(x):
+            running.append(element if not running else plus(running[-1], element))
+        total, zero = running[-1], self.const(0, x.dtype).handle
+        width = self.const(32, "i32")
+
+        def shuffle_up(value, offset):
+            shuffle = self.op("gpu.shuffle", [value, self.const(offset, "i32"), width],
+                              [x.dtype, "i1"], {"mode": "#gpu<shuffle_mode up>"})
+            # Lanes below `offset` get no value (valid = false): they add nothing.
+            return self.op("arith.select", [shuffle.result(1), shuffle.result(0), zero],
+                           [x.dtype]).result(0)
+
+        inclusive = total  # of the threads' totals across the warp
+        for offset in (1, 2, 4, 8, 16):
+            inclusive = plus(inclusive, shuffle_up(inclusive, offset))
+        before = shuffle_up(inclusive, 1)  # the totals of the warp's earlier threads
+        warps = self.threads // 32
+        if warps > 1:
+            buffer = self.workgroup_buffer(warps, x.dtype)
+            warp = self.binary(ast.FloorDiv(), self.tid, 32, node)
+            lane = self.binary(ast.Mod(), self.tid, 32, node)
+            self.when(self.compare(ast.Eq(), lane, 31, node), lambda: self.op(
+                "memref.store", [inclusive, buffer, self.index_cast(warp, "index")]))
+            self.op("gpu.barrier")
+            earlier = zero
+            for w in range(warps - 1):  # the totals of earlier warps, in warp order
+                index = Val(self.op("arith.constant", results=["index"],
+                                    attributes={"value": f"{w} : index"}).result(0), "index")
+                part = self.op("memref.load", [buffer, index], [x.dtype]).result(0)
+                counts = self.compare(ast.Lt(), self.const(w, "i32"), warp, node)
+                earlier = plus(earlier, self.op("arith.select", [counts, part, zero],
+                                                [x.dtype]).result(0))
+            self.op("gpu.barrier")  # the buffer may be reused
+            before = plus(earlier, before)
+        return self.assemble([plus(before, r) for r in running], x.dtype, x.block)
 
     def el_fence(self, node, scope="sys"):
         self.op("comm.fence", [], [], {"ordering": f"{_ORDERING['acq_rel']} : i32",

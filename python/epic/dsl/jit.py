@@ -58,7 +58,8 @@ class JITFunction:
 
     def specialization_key(self, bound):
         """What the compiled code depends on: every tensor's dtype and 16-byte alignment, every
-        constexpr's value, and whether an integer is 1 (Triton's specialization)."""
+        constexpr's value, and whether an integer is 1 or a multiple of 16 (Triton's
+        specialization; per-rank lists specialize on what holds on every rank)."""
         key = []
         for name, value in bound.arguments.items():
             if name in self.constexprs:
@@ -66,7 +67,13 @@ class JITFunction:
             elif isinstance(value, SymmetricMemory) or _is_buffer(value):
                 key.append((name, "window"))
             elif isinstance(value, list):
-                key.append((name, "per-rank", self._value_key(value[0])))
+                keys = [self._value_key(v) for v in value] or [None]
+                if any(k[:2] != keys[0][:2] for k in keys):
+                    raise TypeError(f"{self.fn.__name__}: argument {name} has entries of "
+                                    f"different kinds across ranks ({keys[0][:2]}, ...)")
+                merged = keys[0][:2] + tuple(all(k[i] for k in keys)
+                                             for i in range(2, len(keys[0])))
+                key.append((name, "per-rank", merged))
             else:
                 key.append((name, self._value_key(value)))
         return tuple(key)
@@ -81,37 +88,29 @@ class JITFunction:
             dtype = mlir_type(value.dtype if numpy else _torch_to_numpy(value.dtype))
             return ("tensor", dtype, address % 16 == 0)
         if isinstance(value, bool):
-            return ("bool",)
+            return ("bool", "i1")
         if isinstance(value, int):
-            return ("int", value == 1)
+            return ("int", "i32" if -2**31 <= value < 2**31 else "i64", value == 1,
+                    value % 16 == 0)
         if isinstance(value, float):
-            return ("float",)
+            return ("float", "f32")
         raise TypeError(f"unsupported kernel argument of type {type(value).__name__}")
 
     def argument_kinds(self, bound):
         """What each non-constexpr argument is in the kernel's signature."""
-        from .codegen import mlir_type
-
         kinds = []
-        for name, value in bound.arguments.items():
-            if name in self.constexprs:
+        for (name, *key) in self.specialization_key(bound):
+            if key[0] == "constexpr":
                 continue
-            if isinstance(value, list):
-                value = value[0]
-            if isinstance(value, SymmetricMemory) or _is_buffer(value):
+            value = key[-1] if key[0] == "per-rank" else key[0]
+            if value == "window":
                 kinds.append((name, ("window",)))
-            elif hasattr(value, "dtype") and hasattr(value, "shape"):
-                dtype = value.dtype if isinstance(value, np.ndarray) else _torch_to_numpy(value.dtype)
-                kinds.append((name, ("pointer", mlir_type(dtype))))
-            elif isinstance(value, bool):
-                kinds.append((name, ("scalar", "i1")))
-            elif isinstance(value, int):
-                kinds.append((name, ("scalar", "i32" if -2**31 <= value < 2**31 else "i64")))
-            elif isinstance(value, float):
-                kinds.append((name, ("scalar", "f32")))
+            elif value[0] == "tensor":  # (pointer, element type, 16-byte aligned)
+                kinds.append((name, ("pointer", value[1], value[2])))
+            elif value[0] == "int":  # (scalar, type, a multiple of 16)
+                kinds.append((name, ("scalar", value[1], value[3])))
             else:
-                raise TypeError(f"{self.fn.__name__}: unsupported argument {name} of type "
-                                f"{type(value).__name__}")
+                kinds.append((name, ("scalar", value[1], False)))
         return kinds
 
     def compile(self, *args, num_warps=4, backend="virtual", abi="direct", **kwargs):

@@ -144,6 +144,10 @@ gpu.module @flags {
     // sc: a leading fence.sc, then acq_rel.
     // CHECK: llvm.inline_asm has_side_effects "fence.sc.sys; atom.acq_rel.sys.exch.b64 $0, [$1], $2;", "=l,l,l,~{memory}"
     %x = comm.atomic_rmw exch sc scope sys %w, %p : i64, !llvm.ptr
+    // CHECK: llvm.inline_asm has_side_effects "atom.acquire.sys.cas.b32 $0, [$1], $2, $3;", "=r,l,r,r,~{memory}" %[[P]], %[[V]], %[[V]] : (!llvm.ptr, i32, i32) -> i32
+    %c = comm.atomic_cas acquire scope sys %p, %v, %v : !llvm.ptr, i32
+    // CHECK: llvm.inline_asm has_side_effects "atom.relaxed.gpu.cas.b64 $0, [$1], $2, $3;", "=l,l,l,l,~{memory}"
+    %c2 = comm.atomic_cas relaxed scope gpu %p, %w, %w : !llvm.ptr, i64
     // pred 2 = ge, scope 3 = sys, 250 ms.
     // CHECK: %[[PRED:.*]] = llvm.mlir.constant(2 : i32) : i32
     // CHECK: %[[SCOPE:.*]] = llvm.mlir.constant(3 : i32) : i32

@@ -136,6 +136,14 @@ func.func @f(%p: !llvm.ptr, %v: i32) {
 
 // -----
 
+func.func @f(%p: !llvm.ptr, %v: i32, %w: i64) {
+  // expected-error@+1 {{failed to verify that all of {compare, value, old} have same type}}
+  %old = "comm.atomic_cas"(%p, %v, %w) <{ordering = 0 : i32, scope = 2 : i32}> : (!llvm.ptr, i32, i64) -> i32
+  return
+}
+
+// -----
+
 func.func @f(%p: !llvm.ptr, %v: i32) {
   // expected-error@+1 {{failed to verify that all of {value, seen} have same type}}
   %s = "comm.wait_flag"(%p, %v) <{operandSegmentSizes = array<i32: 1, 1, 0, 0>, predicate = 2 : i32, scope = 3 : i32, timeout_ms = 10 : i64}> : (!llvm.ptr, i32) -> i64

@@ -98,6 +98,8 @@ func.func @synchronization(%dc: !comm.dev_comm, %p: !llvm.ptr, %g: !llvm.ptr<1>,
   %old = comm.atomic_rmw add acq_rel scope gpu %v, %p : i32, !llvm.ptr
   // CHECK: comm.atomic_rmw exch relaxed scope sys %[[W]], %[[G]] : i64, !llvm.ptr<1>
   %old2 = comm.atomic_rmw exch relaxed scope sys %w, %g : i64, !llvm.ptr<1>
+  // CHECK: comm.atomic_cas acq_rel scope sys %[[P]], %[[V]], %[[V]] : !llvm.ptr, i32
+  %old3 = comm.atomic_cas acq_rel scope sys %p, %v, %v : !llvm.ptr, i32
   // CHECK: comm.wait_flag %[[P]] ge %[[V]] scope sys : !llvm.ptr, i32
   %seen = comm.wait_flag %p ge %v scope sys : !llvm.ptr, i32
   // CHECK: comm.wait_flag %[[G]] eq %[[W]] scope gpu timeout_ms 250 : !llvm.ptr<1>, i64

@@ -560,6 +560,25 @@ std::string atomicInstruction(StringRef opcode, comm::AtomicKind kind, comm::Ord
       .str();
 }
 
+/// `instruction $0, [$1], $2[, $3]` returning the old value: the address operand first, then
+/// the values (all of `type`, 32 or 64 bits).
+Value atomicAsm(ConversionPatternRewriter &rewriter, Location loc, Type type,
+                const std::string &instruction, ValueRange operands) {
+  bool wide = type.getIntOrFloatBitWidth() == 64;
+  std::string constraints = wide ? "=l,l" : "=r,l";
+  std::string text = instruction + " $0, [$1]";
+  for (unsigned i = 1; i < operands.size(); ++i) {
+    constraints += wide ? ",l" : ",r";
+    text += ", $" + std::to_string(i + 1);
+  }
+  auto asmOp = LLVM::InlineAsmOp::create(rewriter, loc, TypeRange{type}, operands, text + ";",
+                                         constraints + ",~{memory}", /*has_side_effects=*/true,
+                                         /*is_align_stack=*/false,
+                                         LLVM::tailcallkind::TailCallKind::None,
+                                         LLVM::AsmDialectAttr(), ArrayAttr());
+  return asmOp.getResult(0);
+}
+
 struct RedLowering : CommPattern<comm::RedOp> {
   using CommPattern::CommPattern;
   LogicalResult matchAndRewrite(comm::RedOp op, OpAdaptor adaptor,
@@ -591,14 +610,27 @@ struct AtomicRMWLowering : CommPattern<comm::AtomicRMWOp> {
     std::string prefix;
     std::string instruction =
         atomicInstruction("atom", op.getKind(), op.getOrdering(), op.getScope(), bits, prefix);
-    std::string constraints = bits == 64 ? "=l,l,l,~{memory}" : "=r,l,r,~{memory}";
-    auto asmOp = LLVM::InlineAsmOp::create(
-        rewriter, op.getLoc(), TypeRange{type},
-        ValueRange{b.generic(adaptor.getPtr()), adaptor.getValue()},
-        prefix + instruction + " $0, [$1], $2;", constraints, /*has_side_effects=*/true,
-        /*is_align_stack=*/false, LLVM::tailcallkind::TailCallKind::None,
-        LLVM::AsmDialectAttr(), ArrayAttr());
-    rewriter.replaceOp(op, asmOp.getResult(0));
+    rewriter.replaceOp(op, atomicAsm(rewriter, op.getLoc(), type, prefix + instruction,
+                                     {b.generic(adaptor.getPtr()), adaptor.getValue()}));
+    return success();
+  }
+};
+
+struct AtomicCASLowering : CommPattern<comm::AtomicCASOp> {
+  using CommPattern::CommPattern;
+  LogicalResult matchAndRewrite(comm::AtomicCASOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    Builder b{rewriter, op.getLoc()};
+    Type type = op.getValue().getType();
+    unsigned bits = type.getIntOrFloatBitWidth();
+    std::string prefix;
+    // atomicInstruction spells "<op>.<order>.<scope>.exch.b<bits>"; cas has the same shape.
+    std::string instruction = atomicInstruction("atom", comm::AtomicKind::exch,
+                                                op.getOrdering(), op.getScope(), bits, prefix);
+    instruction.replace(instruction.rfind(".exch."), 6, ".cas.");
+    rewriter.replaceOp(op, atomicAsm(rewriter, op.getLoc(), type, prefix + instruction,
+                                     {b.generic(adaptor.getPtr()), adaptor.getCompare(),
+                                      adaptor.getValue()}));
     return success();
   }
 };
@@ -779,7 +811,8 @@ void epic::populateCommToNVVMConversionPatterns(TypeConverter &converter,
                LocalPtrLowering, PeerPtrLowering, RankParamsLowering, PutLowering, PutValueLowering,
                SignalLowering, WaitSignalLowering, ReadSignalLowering, ResetSignalLowering,
                FlushLowering, BarrierLowering, FenceLowering, LoadLowering, StoreLowering,
-               RedLowering, AtomicRMWLowering, WaitFlagLowering>(converter, ctx, backend);
+               RedLowering, AtomicRMWLowering, AtomicCASLowering,
+               WaitFlagLowering>(converter, ctx, backend);
   patterns.add<LaunchFuncOperands, GPUFuncSignature>(converter, ctx);
   populateFunctionOpInterfaceTypeConversionPattern<func::FuncOp>(patterns, converter);
   populateCallOpTypeConversionPattern(patterns, converter);

@@ -444,6 +444,29 @@ def Comm_AtomicRMWOp : Comm_Op<"atomic_rmw", [
   }];
 }
 
+def Comm_AtomicCASOp : Comm_Op<"atomic_cas", [
+    AllTypesMatch<["compare", "value", "old"]>,
+    DeclareOpInterfaceMethods<MemoryEffectsOpInterface>]> {
+  let summary = "scoped atomic compare-and-swap returning the old value";
+  let description = [{
+    Atomically reads `*ptr` and, where it equals `compare`, writes `value`
+    (PTX `atom.<ordering>.<scope>.cas.b32|b64`); returns the value read, so
+    the swap happened iff `old == compare`. Claims of a slot shared by peers
+    (a receive slot, a lock, a "first writer wins" flag) are built on it.
+
+    ```mlir
+    %old = comm.atomic_cas acq_rel scope sys %p, %expected, %desired : !llvm.ptr, i32
+    ```
+  }];
+  let arguments = (ins Comm_Ordering:$ordering, Comm_Scope:$scope,
+                       LLVM_AnyPointer:$ptr, Comm_FlagValue:$compare,
+                       Comm_FlagValue:$value);
+  let results = (outs Comm_FlagValue:$old);
+  let assemblyFormat = [{
+    $ordering `scope` $scope $ptr `,` $compare `,` $value attr-dict `:` qualified(type($ptr)) `,` type($value)
+  }];
+}
+
 def Comm_WaitFlagOp : Comm_Op<"wait_flag", [
     AllTypesMatch<["value", "seen"]>, AttrSizedOperandSegments,
     MemoryEffects<[MemRead, MemWrite]>]> {

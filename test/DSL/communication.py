@@ -1,0 +1,63 @@
+# The DSL's communication maps 1:1 onto the comm dialect: peer pointers, put + flush + release
+# signal, bounded waits and atomics by thread 0 (their value reaches the block through shared
+# memory), the world barrier.
+# RUN: %python -m epic.dsl %s ring --arg win=window --arg out='*i32' --arg N=64 \
+# RUN:     | epic-opt | FileCheck %s
+# RUN: %python -m epic.dsl %s claim --arg win=window --arg owner='*i32' | FileCheck %s --check-prefix=CAS
+# RUN: %python -m epic.dsl %s ring --arg win=window --arg out='*i32' --arg N=64 --backend nccl \
+# RUN:     --emit ptx | FileCheck %s --check-prefix=NCCL
+
+import epic
+import epic.language as el
+
+
+@epic.jit
+def ring(win, out, N: el.constexpr):
+    me, R = el.rank(), el.num_ranks()
+    data = (win + 8).to(el.int32)
+    offsets = el.arange(0, N)
+    el.store(data + N + offsets, me * 100 + offsets)
+    nxt = (me + 1) % R
+    el.put(el.peer_ptr(data, nxt), data + N, N, signal=el.peer_ptr(win.to(el.int64), nxt))
+    el.wait(win.to(el.int64), 1)
+    el.store(out + offsets, el.load(data + offsets))
+    el.barrier()
+
+
+@epic.jit
+def claim(win, owner):
+    old = el.atomic_cas(el.peer_ptr(win.to(el.int32), 0), 0, el.rank() + 1, sem="acq_rel",
+                        scope="sys")
+    el.store(owner, old)
+
+# CHECK-LABEL: gpu.func @ring(
+# CHECK-SAME:      %[[DEV:.*]]: !comm.dev_comm, %[[WIN:.*]]: !comm.window, %[[OUT:.*]]: !llvm.ptr<1>) kernel
+# CHECK:         %[[WORLD:.*]] = comm.team world %[[DEV]]
+# CHECK:         %[[ME:.*]] = comm.team_rank %[[WORLD]]
+# CHECK:         %[[R:.*]] = comm.team_size %[[WORLD]]
+# CHECK:         comm.local_ptr %[[WIN]]
+# CHECK:         %[[NEXT:.*]] = arith.remsi %{{.*}}, %[[R]] : i32
+# CHECK:         comm.put %{{.*}} bytes from %[[WIN]][%{{.*}}] to %[[WIN]][%{{.*}}] of %[[WORLD]] peer %[[NEXT]] via %[[DEV]] coop block
+# CHECK-NEXT:    comm.flush via %[[DEV]] coop block
+# CHECK:         scf.if
+# CHECK:           %[[SIG:.*]] = comm.peer_ptr %[[WIN]][%{{.*}}], %[[WORLD]], %[[NEXT]]
+# CHECK:           comm.red add release scope sys %{{.*}}, %[[SIG]] : i64
+# CHECK:         gpu.barrier
+# CHECK:         scf.if
+# CHECK:           %[[FLAG:.*]] = comm.local_ptr %[[WIN]]
+# CHECK:           %[[SEEN:.*]] = comm.wait_flag %[[FLAG]] ge %{{.*}} rank %{{.*}} scope sys timeout_ms 10000 : !llvm.ptr<1>, i64
+# CHECK:           memref.store %[[SEEN]]
+# CHECK:         gpu.barrier
+# CHECK:         comm.barrier %[[WORLD]] via %[[DEV]] index %{{.*}} coop block timeout_ms 10000
+
+# CAS-LABEL: gpu.func @claim(
+# CAS:         scf.if
+# CAS:           %[[P:.*]] = comm.peer_ptr
+# CAS:           %[[OLD:.*]] = comm.atomic_cas acq_rel scope sys %[[P]], %{{.*}}, %{{.*}} : !llvm.ptr<1>, i32
+# CAS:           memref.store %[[OLD]]
+# CAS:         gpu.barrier
+# CAS:         %[[SEEN:.*]] = memref.load
+# CAS:         llvm.store %[[SEEN]], %{{.*}} {alignment = 4 : i64} : i32, !llvm.ptr<1>
+
+# NCCL-LABEL: .entry ring(
+# NCCL:         red.release.sys.add.u64
