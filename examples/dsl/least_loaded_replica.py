@@ -1,7 +1,10 @@
 """A dispatch the built-in ops do not offer: each token goes to the least-loaded replica of its
 expert.
 
-    EPIC_INTERPRET=1 python examples/dsl/least_loaded_replica.py [--ranks 4] [--tokens 32]
+    python examples/dsl/least_loaded_replica.py [--ranks 4] [--tokens 32]
+
+On the GPU if there is one (a virtual world on one GPU), else (or with EPIC_INTERPRET=1) in the
+CPU interpreter.
 
 Hot experts are replicated: expert e lives on REPLICAS ranks, (e // L + i * R / REPLICAS) mod R.
 For every (token, expert) pair the sender reads the replicas' load counters (acquire loads of
@@ -27,7 +30,7 @@ import numpy as np  # noqa: E402
 import epic  # noqa: E402
 import epic.language as el  # noqa: E402
 from epic import reference as ref  # noqa: E402
-from epic.dsl.jit import SymmetricMemory  # noqa: E402
+from epic.dsl.target import Target  # noqa: E402
 
 REPLICAS = 2
 
@@ -74,7 +77,7 @@ def replica_dispatch(x_ptr, idx_ptr, num_tokens, win, H: el.constexpr, K: el.con
                     el.store(info + 2, e, sem="release")
 
 
-def run(R=4, tokens=32, K=2, H=64, L=4, programs=2, seed=0):
+def run(R=4, tokens=32, K=2, H=64, L=4, programs=2, seed=0, target=None):
     if R % REPLICAS:
         raise ValueError(f"{R} ranks do not hold {REPLICAS} replicas evenly")
     E = L * R
@@ -87,19 +90,22 @@ def run(R=4, tokens=32, K=2, H=64, L=4, programs=2, seed=0):
                      np.int64).reshape(t, K) for t in counts]
     capacity = sum(counts) * K
     layout = Layout(capacity, H)
-    win = SymmetricMemory(R, layout.bytes)
-    replica_dispatch[(programs,)](xs, idxs, counts, win, H=H, K=K, L=L, BH=min(H, 32),
+    target = target or Target.choose(R, layout.bytes)
+    replica_dispatch[(programs,)]([target.tensor(x) for x in xs], [target.tensor(i) for i in idxs],
+                                  counts, target.window, H=H, K=K, L=L, BH=min(H & -H, 1024),
                                   ROWS=layout.rows, INFO=layout.info, CAPACITY=capacity,
-                                  world=epic.VirtualWorld(R))
+                                  **target.launch)
     arrived = {}
     ok = True
     loads = []
     for d in range(R):
-        n = int(win.view(d, np.int32, 1)[0])
+        n = int(target.window_view(d, np.int32, 1)[0])
         ok &= 0 <= n <= capacity
+        if not 0 <= n <= capacity:
+            continue
         loads.append(n)
-        info = win.view(d, np.int32, n * 3, layout.info).reshape(n, 3)
-        rows = win.view(d, ref.bfloat16, n * H, layout.rows).reshape(n, H)
+        info = target.window_view(d, np.int32, n * 3, layout.info).reshape(n, 3)
+        rows = target.window_view(d, ref.bfloat16, n * H, layout.rows).reshape(n, H)
         for i, (s, t, e) in enumerate(info):
             replicas = {(e // L + k * (R // REPLICAS)) % R for k in range(REPLICAS)}
             ok &= d in replicas and (s, t, e) not in arrived
@@ -108,7 +114,7 @@ def run(R=4, tokens=32, K=2, H=64, L=4, programs=2, seed=0):
     wanted = {(s, t, int(e)) for s in range(R) for t in range(counts[s]) for e in idxs[s][t]}
     ok &= set(arrived) == wanted
     primary = np.bincount([e // L for s in range(R) for e in idxs[s].reshape(-1)], minlength=R)
-    balanced = max(loads) < primary.max()
+    balanced = bool(loads) and max(loads) < primary.max()
     return ok, balanced, loads, primary.tolist()
 
 
@@ -117,10 +123,10 @@ def main():
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=32)
     args = parser.parse_args()
-    if not epic.dsl.jit.interpreting():
-        print("the DSL's GPU compiler is not built yet: run with EPIC_INTERPRET=1")
-        return 2
-    ok, balanced, loads, primary = run(args.ranks, args.tokens)
+    target = Target.choose(args.ranks, Layout(sum(args.tokens - (r % 3) for r in range(args.ranks))
+                                              * 2, 64).bytes)
+    print(f"running on the {target.name}")
+    ok, balanced, loads, primary = run(args.ranks, args.tokens, target=target)
     print(f"DSL least-loaded replica dispatch: every (token, expert) once on a replica: "
           f"{'ok' if ok else 'MISMATCH'}")
     print(f"  rows per rank {loads}, with fixed primary replicas {primary}: "

@@ -1,6 +1,9 @@
 """Low-latency decode dispatch in the DSL: fixed receive slots, FP8 quantization fused into the send.
 
-    EPIC_INTERPRET=1 python examples/dsl/low_latency_dispatch.py [--ranks 4] [--tokens 8]
+    python examples/dsl/low_latency_dispatch.py [--ranks 4] [--tokens 8]
+
+On the GPU if there is one (a virtual world on one GPU), else (or with EPIC_INTERPRET=1) in the
+CPU interpreter.
 
 Decoding sends few tokens and cannot afford a count exchange or a CPU sync: every (local
 expert, source rank) pair owns a fixed region of `tokens` rows in the destination's window, so a
@@ -28,7 +31,7 @@ import numpy as np  # noqa: E402
 import epic  # noqa: E402
 import epic.language as el  # noqa: E402
 from epic import reference as ref  # noqa: E402
-from epic.dsl.jit import SymmetricMemory  # noqa: E402
+from epic.dsl.target import Target  # noqa: E402
 
 GROUP = 128
 
@@ -97,7 +100,7 @@ def ll_dispatch(x_ptr, idx_ptr, num_tokens, win, recv_count, H: el.constexpr, K:
         el.store((win + EXPECTED).to(el.int64) + region, 0)
 
 
-def run(R=4, tokens=8, K=4, H=256, L=4, programs=2, seed=0):
+def run(R=4, tokens=8, K=4, H=256, L=4, programs=2, seed=0, target=None):
     E = L * R
     rng = np.random.default_rng(seed)
     counts = [tokens - (r % 3) for r in range(R)]
@@ -108,34 +111,38 @@ def run(R=4, tokens=8, K=4, H=256, L=4, programs=2, seed=0):
         idx[rng.random(idx.shape) < 0.1] = -1
         idxs.append(idx)
     layout = Layout(R, L, H, tokens)
-    win = SymmetricMemory(R, layout.bytes)
+    target = target or Target.choose(R, layout.bytes)
     sentinel = -1
-    recv_count = [np.zeros(L * R, np.int64) for _ in range(R)]
+    recv_count = [target.zeros(L * R, np.int64) for _ in range(R)]
     for r in range(R):  # slots nobody writes read as "no token"
-        win.view(r, np.int32, L * R * tokens, layout.sources)[:] = sentinel
-    ll_dispatch[(programs,)](xs, idxs, counts, win, recv_count, H=H, K=K, L=L, TMAX=tokens,
+        target.fill_window(r, np.int32, L * R * tokens, layout.sources, sentinel)
+    ll_dispatch[(programs,)]([target.tensor(x) for x in xs], [target.tensor(i) for i in idxs],
+                             counts, target.window, recv_count, H=H, K=K, L=L, TMAX=tokens,
                              ARRIVED=layout.arrived, EXPECTED=layout.expected, ROWS=layout.rows,
-                             SCALES=layout.scales, SOURCES=layout.sources,
-                             world=epic.VirtualWorld(R))
+                             SCALES=layout.scales, SOURCES=layout.sources, **target.launch)
+    target.synchronize()
 
     ok = True
     for d in range(R):
-        rows = win.view(d, np.uint8, L * R * tokens * H, layout.rows).reshape(L, R, tokens, H)
-        sources = win.view(d, np.int32, L * R * tokens, layout.sources).reshape(L, R, tokens)
-        scales = win.view(d, np.float32, L * R * tokens * (H // GROUP),
-                          layout.scales).reshape(L, R, tokens, H // GROUP)
+        rows = target.window_view(d, np.uint8, L * R * tokens * H,
+                                  layout.rows).reshape(L, R, tokens, H)
+        sources = target.window_view(d, np.int32, L * R * tokens,
+                                     layout.sources).reshape(L, R, tokens)
+        scales = target.window_view(d, np.float32, L * R * tokens * (H // GROUP),
+                                    layout.scales).reshape(L, R, tokens, H // GROUP)
+        received = target.numpy(recv_count[d])
         for local in range(L):
             for s in range(R):
                 routed = [t for t in range(counts[s]) if d * L + local in idxs[s][t]]
                 region = local * R + s
-                ok &= int(recv_count[d][region]) == len(routed)
+                ok &= int(received[region]) == len(routed)
                 got = [int(v) for v in sources[local, s] if v != sentinel]
                 ok &= got == routed
                 if routed:
                     data, sf = ref.per_token_cast_to_fp8(xs[s][routed].astype(np.float32))
                     ok &= rows[local, s, routed].tobytes() == data.view(np.uint8).tobytes()
                     ok &= np.array_equal(scales[local, s, routed], sf)
-        ok &= not win.view(d, np.int64, 2 * L * R).any()  # counters back to zero
+        ok &= not target.window_view(d, np.int64, 2 * L * R).any()  # counters back to zero
     return ok
 
 
@@ -144,10 +151,9 @@ def main():
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=8)
     args = parser.parse_args()
-    if not epic.dsl.jit.interpreting():
-        print("the DSL's GPU compiler is not built yet: run with EPIC_INTERPRET=1")
-        return 2
-    ok = run(args.ranks, args.tokens)
+    target = Target.choose(args.ranks, Layout(args.ranks, 4, 256, args.tokens).bytes)
+    print(f"running on the {target.name}")
+    ok = run(args.ranks, args.tokens, target=target)
     print(f"DSL low-latency dispatch (fixed slots, fused FP8) vs epic.reference: "
           f"{'ok' if ok else 'MISMATCH'}")
     return 0 if ok else 1

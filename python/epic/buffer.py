@@ -385,6 +385,30 @@ class ElasticBuffer:
         self._runtime()
         return self._comm_stream
 
+    def window_tensor(self, rank: int | None = None):
+        """epic: a rank's symmetric window as a CUDA ``uint8`` tensor that aliases it (no copy):
+        the bytes @epic.jit kernels address from window offset 0. Any rank of a virtual world;
+        this process's own rank with torch.distributed. Valid until :meth:`destroy`."""
+        if self.virtual:
+            _check_int("rank", 0 if rank is None else rank, 0, self.num_ranks - 1)
+        state = self._runtime()
+        import torch
+
+        if self.virtual:
+            served = 0 if rank is None else rank
+        else:
+            if rank not in (None, self.rank_idx):
+                raise ValueError(f"rank: a process reads its own window ({self.rank_idx}), "
+                                 f"got {rank}")
+            served = 0
+
+        class _Window:  # the CUDA array interface: torch wraps the memory without copying
+            __cuda_array_interface__ = {"shape": (state.window_bytes,), "typestr": "|u1",
+                                        "data": (state.window_address(served), False),
+                                        "version": 3, "strides": None}
+
+        return torch.as_tensor(_Window(), device="cuda")
+
     def barrier(self, use_comm_stream: bool = True, with_cpu_sync: bool = False,
                 sequential: bool = True):
         import torch

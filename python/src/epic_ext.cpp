@@ -286,6 +286,13 @@ PYBIND11_MODULE(_C, m) {
           py::arg("comm_ptr"), py::arg("num_bytes"), py::arg("blocks_per_rank"))
       .def_property_readonly("world_size", [](Buffer &b) { return b.host->worldSize(); })
       .def_property_readonly("window_bytes", [](Buffer &b) { return b.host->windowBytes(); })
+      .def(
+          "window_address",
+          [](Buffer &b, int servedRank) {
+            return reinterpret_cast<uintptr_t>(b.host->windowMemory(servedRank));
+          },
+          py::arg("served_rank"),
+          "Device address of a served rank's window (virtual world: rank r; NCCL: 0).")
       .def_property_readonly("blocks_per_rank", [](Buffer &b) { return b.host->blocks(); })
       .def_property_readonly("device_api",
                              [](Buffer &b) -> py::object {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 #include <sstream>
+#include <stdexcept>
 
 using namespace epic::runtime;
 using detail::check;
@@ -189,6 +190,13 @@ void NcclElasticBuffer::acquire(int blocksPerRank) {
 }
 
 NcclElasticBuffer::~NcclElasticBuffer() { release(); }
+
+void *NcclElasticBuffer::windowMemory(int servedRank) const {
+  if (servedRank != 0)
+    throw std::out_of_range("window of served rank " + std::to_string(servedRank) +
+                            ": an NCCL buffer serves one rank (0)");
+  return memory;
+}
 
 void NcclElasticBuffer::barrier(void *stream) {
   check(ncclAllReduce(barrierWord, barrierWord, 1, ncclInt32, ncclSum, comm.get(),

@@ -391,6 +391,13 @@ KernelHost::Run KernelHost::combine(const EPSpec &spec, const CombineVariant &va
 // any rank queued before is finished before any rank's later work starts.
 void VirtualElasticBuffer::barrier(void *) {}
 
+void *VirtualElasticBuffer::windowMemory(int servedRank) const {
+  if (servedRank < 0 || servedRank >= servedRanks)
+    throw std::out_of_range("window of rank " + std::to_string(servedRank) + ": the world has " +
+                            std::to_string(servedRanks) + " ranks");
+  return static_cast<char *>(window) + int64_t(servedRank) * bytesPerRank;
+}
+
 KernelHost::Run KernelHost::run(const std::string &entryIR,
                                 const std::vector<ParamRecord> &records, void *stream) {
   return launchAndWait(prepare(entryIR, records), stream);

@@ -39,7 +39,11 @@ def claim(win, owner):
 # CHECK:         %[[NEXT:.*]] = arith.remsi %{{.*}}, %[[R]] : i32
 # CHECK:         comm.put %{{.*}} bytes from %[[WIN]][%{{.*}}] to %[[WIN]][%{{.*}}] of %[[WORLD]] peer %[[NEXT]] via %[[DEV]] coop block
 # CHECK-NEXT:    comm.flush via %[[DEV]] coop block
-# CHECK:         scf.if
+# The whole block's writes happen before thread 0's release: a block barrier first.
+# CHECK:         gpu.barrier
+# CHECK-NEXT:    arith.constant 0 : i32
+# CHECK-NEXT:    %[[T0:.*]] = arith.cmpi eq, %{{.*}}, %{{.*}} : i32
+# CHECK-NEXT:    scf.if %[[T0]]
 # CHECK:           %[[SIG:.*]] = comm.peer_ptr %[[WIN]][%{{.*}}], %[[WORLD]], %[[NEXT]]
 # CHECK:           comm.red add release scope sys %{{.*}}, %[[SIG]] : i64
 # CHECK:         gpu.barrier

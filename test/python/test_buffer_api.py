@@ -243,3 +243,12 @@ def test_quickstart_without_a_gpu_compiles_and_says_so(tmp_path):
     assert "no CUDA GPU here, so nothing runs" in out
     assert "dispatch: entry IR" in out and "ep_dispatch_send (" in out
     assert "combine: entry IR" in out and "ep_combine_reduce (" in out
+
+
+def test_window_tensor_checks_the_rank_then_needs_the_device():
+    buf = epic.ElasticBuffer(epic.VirtualWorld(2), num_bytes=2 << 20)
+    with pytest.raises(ValueError, match=r"rank: must be \[0, 1\], got 2"):
+        buf.window_tensor(2)
+    if _C.cuda_device_count() == 0:
+        with pytest.raises(RuntimeError, match="no CUDA device here"):
+            buf.window_tensor(1)

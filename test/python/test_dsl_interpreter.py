@@ -182,3 +182,22 @@ def test_cumsum_cas_and_while_loops():
     x, out = [np.array([1000], np.int32)], [np.zeros(1, np.int32)]
     halvings[(1,)](x, out, 10, world=epic.VirtualWorld(1))
     assert out[0][0] == 7  # 1000 500 250 125 62 31 15 7
+
+
+def test_prepared_launches_and_targets_run_in_the_interpreter():
+    from epic.dsl.target import Target
+
+    target = Target(3, 64, gpu=False)
+    assert "interpreter" in target.name and target.launch["world"].num_ranks == 3
+    xs = [target.tensor(np.arange(1000, dtype=np.float32) * (r + 1)) for r in range(3)]
+    assert all(x.ctypes.data % 256 == 0 for x in xs)  # as CUDA allocates: same specialization
+    ys = [target.zeros(1000, np.float32) for _ in range(3)]
+    prepared = scale.prepare[(4,)](xs, ys, 1000, 2.0, BLOCK=256, **target.launch)
+    assert not ys[0].any()  # prepared, not run
+    prepared()
+    assert all(np.array_equal(target.numpy(y), 2 * x) for x, y in zip(xs, ys))
+    target.fill_window(1, np.int32, 4, 16, -1)
+    assert list(target.window_view(1, np.int32, 4, 16)) == [-1] * 4
+    assert not target.window_view(0, np.int32, 4, 16).any()
+    with pytest.raises(TypeError, match="buffer must be an epic.ElasticBuffer"):
+        scale.prepare[(1,)](xs, ys, 1000, 2.0, BLOCK=256, buffer="gpu")

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}
 out="$build/device"
-cmake --build "$build" --target epic-compile epic-device-shims epic-prepare-gpu-kernels epic-run \
+cmake --build "$build" --target epic-compile epic-device-shims epic-prepare-gpu-kernels epic-run epic_python_ir \
   epic_python_extension
 rm -rf "$out" && mkdir -p "$out/kernels"
 for backend in virtual nccl; do
@@ -35,6 +35,14 @@ done
 PYTHONPATH=python EPIC_CACHE_DIR="$out/cache" python3 test/gpu/prepare_buffer_kernels.py
 python3 examples/quickstart.py --cache-dir "$out/cache" > /dev/null  # no GPU here: compiles only
 EPIC_CACHE_DIR="$out/cache" python3 bench/ep_bench.py --compile-only
+# The DSL's GPU tests, examples and bench: run in the interpreter here, every launch compiled for
+# the GPU on the way (the same data, hence the same specializations as the GPU run).
+EPIC_INTERPRET=1 EPIC_DSL_PRECOMPILE=1 EPIC_CACHE_DIR="$out/cache" PYTHONPATH=python \
+  python3 -m pytest -q -p no:cacheprovider test/gpu/test_dsl.py > /dev/null
+for example in examples/dsl/*.py; do
+  EPIC_INTERPRET=1 EPIC_DSL_PRECOMPILE=1 EPIC_CACHE_DIR="$out/cache" python3 "$example" > /dev/null
+done
+EPIC_CACHE_DIR="$out/cache" python3 bench/dsl_bench.py --compile-only
 python3 examples/torch_distributed.py --compile-only --world-size 1 --cache-dir "$out/cache" > /dev/null
 for ranks in 1 2 4 8; do  # the multi-process checks and bench on as many GPUs as the machine has
   EPIC_CACHE_DIR="$out/cache" python3 test/gpu/distributed_check.py --compile-only --world-size $ranks \

@@ -3,7 +3,8 @@
 # test drivers against the machine's CUDA and NCCL, runs them, and leaves logs in $OUT.
 #   tools/device/run.sh           # everything
 #   tools/device/run.sh python    # only the Python API's tests and examples (after the build)
-#   tools/device/run.sh bench     # only bench/ep_bench.py (results into $OUT)
+#   tools/device/run.sh bench     # bench/ep_bench.py and bench/dsl_bench.py (results into $OUT)
+#   tools/device/run.sh dsl       # only the DSL's GPU tests and examples (after the build)
 #   tools/device/run.sh multi     # only bench/ep_multi_gpu.py on every GPU (results into $OUT)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -56,7 +57,19 @@ if [[ $only == multi ]]; then
 fi
 if [[ $only == bench ]]; then
   EPIC_CACHE_DIR="$dev/cache" python3 bench/ep_bench.py --out "$out" 2>&1 | tee "$out/ep_bench.log"
-  exit "${PIPESTATUS[0]}"
+  rc=${PIPESTATUS[0]}
+  EPIC_CACHE_DIR="$dev/cache" python3 bench/dsl_bench.py --out "$out" 2>&1 | tee "$out/dsl_bench.log"
+  exit $(( rc | PIPESTATUS[0] ))
+fi
+# The DSL: kernels compiled here by prepare.sh (DSL + kernel caches), launched by the runtime.
+EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run python3 -m pytest -q -p no:cacheprovider \
+  test/gpu/test_dsl.py
+for example in examples/dsl/*.py; do
+  EPIC_CACHE_DIR="$dev/cache" run python3 "$example"
+done
+if [[ $only == dsl ]]; then
+  echo "DSL GPU tests: $([[ $status -eq 0 ]] && echo passed || echo FAILED)"
+  exit $status
 fi
 EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run python3 -m pytest -q -p no:cacheprovider \
   test/gpu/test_elastic_buffer.py

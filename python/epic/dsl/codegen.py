@@ -49,6 +49,7 @@ _RECORD_BYTES = 128  # the runtime's parameter record (runtime/lib/VirtualBuffer
 # The comm dialect's enums (dialect/include/epic/Dialect/Comm/IR/CommBase.td).
 _ORDERING = {"relaxed": 0, "acquire": 1, "release": 2, "acq_rel": 3, "sc": 4}
 _SCOPE = {"cta": 0, "block": 0, "cluster": 1, "gpu": 2, "sys": 3}
+_RELEASING = ("release", "acq_rel", "sc")
 
 
 class CompileError(Exception):
@@ -876,7 +877,9 @@ class Generator(ast.NodeVisitor):
             if element not in ("i32", "i64"):
                 raise self.error(f"release stores of {element}: i32 and i64 are supported", node)
             attrs = {"ordering": f"{_ORDERING[sem]} : i32", "scope": f"{_SCOPE[scope]} : i32"}
-            self.op("comm.store", [value, self.address(p, node)], [], attrs)
+            # One release store for the block, after everything its threads wrote.
+            self.thread0(node, lambda: self.op("comm.store", [value, self.address(p, node)], [],
+                                               attrs), release=sem in _RELEASING)
             return None
         value = self.broadcast(value, p.block)
         ptr = self.address(p, node)
@@ -1073,7 +1076,7 @@ class Generator(ast.NodeVisitor):
         return self.on_thread0(node, p.pointer, lambda: self.op(
             "comm.atomic_rmw", [amount, self.address(p, node)], [p.pointer],
             {"kind": "0 : i32", "ordering": f"{_ORDERING[sem]} : i32",
-             "scope": f"{_SCOPE[scope]} : i32"}).result(0))
+             "scope": f"{_SCOPE[scope]} : i32"}).result(0), sem)
 
     def el_atomic_cas(self, node, p, compare, value, sem="relaxed", scope="gpu"):
         """One compare-and-swap per program instance (thread 0, comm.atomic_cas), the old value
@@ -1090,11 +1093,15 @@ class Generator(ast.NodeVisitor):
                                  f"{self.vtype(v)}", node)
         return self.on_thread0(node, p.pointer, lambda: self.op(
             "comm.atomic_cas", [self.address(p, node), expected, desired], [p.pointer],
-            {"ordering": f"{_ORDERING[sem]} : i32", "scope": f"{_SCOPE[scope]} : i32"}).result(0))
+            {"ordering": f"{_ORDERING[sem]} : i32", "scope": f"{_SCOPE[scope]} : i32"}).result(0),
+            sem)
 
-    def on_thread0(self, node, dtype, compute):
+    def on_thread0(self, node, dtype, compute, sem="relaxed"):
         """`compute()` on thread 0 only; the value it returns reaches the whole block (through
-        shared memory, between two block barriers)."""
+        shared memory, between two block barriers). A releasing `sem` waits for the block first
+        (see thread0)."""
+        if sem in _RELEASING:
+            self.op("gpu.barrier")
         buffer = self.workgroup_buffer(1, dtype)
         zero = Val(self.op("arith.constant", results=["index"],
                            attributes={"value": "0 : index"}).result(0), "index")
@@ -1177,8 +1184,12 @@ class Generator(ast.NodeVisitor):
         self.op("comm.barrier", [self.world, self.dev_comm, block], [],
                 {"coop": "2 : i32", "timeout_ms": f"{int(timeout_ms)} : i64"})
 
-    def thread0(self, node, body):
-        """`body()` on thread 0 only, then a block barrier (what it did, the block sees)."""
+    def thread0(self, node, body, release=False):
+        """`body()` on thread 0 only, then a block barrier (what it did, the block sees). With
+        `release`, a block barrier first: then thread 0's release covers what every thread of
+        the block wrote before (barrier, then one release: PTX causality is transitive)."""
+        if release:
+            self.op("gpu.barrier")
         self.when(self.compare(ast.Eq(), self.tid, self.const(0, "i32"), node), body)
         self.op("gpu.barrier")
 
@@ -1211,7 +1222,7 @@ class Generator(ast.NodeVisitor):
         self.thread0(node, lambda: self.op(
             "comm.red", [amount, self.address(p, node)], [],
             {"kind": "0 : i32", "ordering": f"{_ORDERING['release']} : i32",
-             "scope": f"{_SCOPE['sys']} : i32"}))
+             "scope": f"{_SCOPE['sys']} : i32"}), release=True)
 
     def el_wait(self, node, p, value, timeout_ms=10000):
         """Thread 0 waits (bounded); the value it saw reaches the whole block."""

@@ -52,6 +52,14 @@ class JITFunction:
     def __getitem__(self, grid):
         return functools.partial(self.run, grid)
 
+    @property
+    def prepare(self):
+        """``kernel.prepare[grid](*args, buffer=...)``: everything of a launch but the launch
+        (compiled, arguments checked, parameter records on the device), as a
+        :class:`PreparedLaunch`; calling it queues the kernel with no host work, so it can be
+        captured in a CUDA graph and replayed. In the interpreter, calling it runs the kernel."""
+        return _Preparer(self)
+
     def __call__(self, *args, **kwargs):
         raise TypeError(f"{self.fn.__name__} is an @epic.jit kernel: launch it as "
                         f"{self.fn.__name__}[grid](...)")
@@ -176,8 +184,11 @@ class JITFunction:
             raise TypeError(f"{self.fn.__name__}: buffer must be an epic.ElasticBuffer, got "
                             f"{type(buffer).__name__}")
         if not interpreting() and (buffers or buffer is not None):
-            return self.launch(grid, buffer if buffer is not None else buffers[0], args, kwargs,
-                               num_warps)
+            prepared = self.prepare_launch(grid, buffer if buffer is not None else buffers[0],
+                                           args, kwargs, num_warps)
+            prepared()
+            prepared.buffer._in_flight.append(prepared)  # its records live until the kernels ran
+            return prepared.compiled
         if not isinstance(world, VirtualWorld):
             raise TypeError(f"{self.fn.__name__}[grid](...): pass world=epic.VirtualWorld(R) "
                             "(interpreter), or buffer=epic.ElasticBuffer (GPU; it is also the "
@@ -209,6 +220,10 @@ class JITFunction:
             raise TypeError(
                 f"{self.fn.__name__}: on a GPU a kernel runs on an epic.ElasticBuffer: pass "
                 "buffer=... (EPIC_INTERPRET=1 runs kernels on the CPU instead)")
+        if os.environ.get("EPIC_DSL_PRECOMPILE", "") not in ("", "0"):
+            # Also compile what a GPU launch with these arguments needs (runtime ABI, virtual
+            # world), so a machine without the compiler finds it in the caches.
+            self.compile(*args, num_warps=num_warps, backend="virtual", abi="runtime", **kwargs)
         from . import interpreter
 
         per_rank = []
@@ -225,10 +240,9 @@ class JITFunction:
             per_rank.append(values)
         interpreter.launch(self.fn, grid, per_rank, R)
 
-
-    def launch(self, grid, buffer, args, kwargs, num_warps):
-        """Compiled: the kernel on `buffer`'s GPU(s), every rank it serves, on the current torch
-        stream. The buffer is the kernel's window; per-rank arguments are lists (virtual world)."""
+    def prepare_launch(self, grid, buffer, args, kwargs, num_warps):
+        """Compiled: the kernel on `buffer`'s GPU(s), every rank it serves, ready to queue. The
+        buffer is the kernel's window; per-rank arguments are lists (virtual world)."""
         import struct
 
         grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
@@ -241,8 +255,6 @@ class JITFunction:
                                 backend="virtual" if buffer.virtual else "nccl", abi="runtime",
                                 **kwargs)
         state = buffer._runtime()  # the GPU side exists from here
-        import torch
-
         records = [{} for _ in range(ranks)]
         for name, value in bound.arguments.items():
             if name in self.constexprs or _is_buffer(value):
@@ -264,10 +276,48 @@ class JITFunction:
                 else:
                     raise TypeError(f"{self.fn.__name__}: argument {name}: a tensor, an int or "
                                     f"a float, got {type(v).__name__}")
-        prepared = state.prepare_entry(compiled.asm["ir"], records, grid[0])
-        state.launch(prepared, torch.cuda.current_stream().cuda_stream)
-        buffer._in_flight.append(prepared)  # its records live until the kernels ran
-        return compiled
+        return PreparedLaunch(compiled, buffer, state.prepare_entry(compiled.asm["ir"], records,
+                                                                    grid[0]))
+
+
+class PreparedLaunch:
+    """A launch of a compiled kernel on an ElasticBuffer with its parameter records already on
+    the device: ``prepared(stream=None)`` queues it on `stream` (default: torch's current) with
+    no host work (graph-capturable; replays reuse the same arguments). Keep it alive as long as
+    launches or graphs of it may run."""
+
+    def __init__(self, compiled, buffer, prepared=None, interpret=None):
+        self.compiled, self.buffer, self._prepared, self._interpret = compiled, buffer, \
+            prepared, interpret
+
+    def __call__(self, stream=None):
+        if self._interpret is not None:
+            return self._interpret()
+        import torch
+
+        stream = stream if stream is not None else torch.cuda.current_stream()
+        self.buffer._runtime().launch(self._prepared, getattr(stream, "cuda_stream", stream))
+        return None
+
+
+class _Preparer:
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        def prepare(*args, world=None, num_warps=4, buffer=None, **kwargs):
+            kernel = self.kernel
+            if buffer is not None and not _is_buffer(buffer):
+                raise TypeError(f"{kernel.fn.__name__}: buffer must be an epic.ElasticBuffer, "
+                                f"got {type(buffer).__name__}")
+            if not interpreting():
+                if buffer is None:
+                    raise TypeError(f"{kernel.fn.__name__}.prepare[grid](...): pass buffer="
+                                    "epic.ElasticBuffer (EPIC_INTERPRET=1 runs on the CPU)")
+                return kernel.prepare_launch(grid, buffer, args, kwargs, num_warps)
+            return PreparedLaunch(None, buffer, interpret=functools.partial(
+                kernel.run, grid, *args, world=world, num_warps=num_warps, **kwargs))
+        return prepare
 
 class CompiledKernel:
     """A compiled @epic.jit kernel: ``asm["ir"]`` (comm + upstream MLIR), ``asm["ptx"]``,

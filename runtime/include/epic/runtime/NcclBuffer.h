@@ -79,6 +79,7 @@ public:
   int worldSize() const override { return apiInfo.worldSize; }
   /// A one-integer ncclAllReduce on `stream` (collective: every rank calls it).
   void barrier(void *stream = nullptr) override;
+  void *windowMemory(int servedRank) const override;
 
 private:
   void acquire(int blocksPerRank);

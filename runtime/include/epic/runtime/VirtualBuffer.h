@@ -116,6 +116,9 @@ public:
   virtual void barrier(void *stream = nullptr) = 0;
 
   int64_t windowBytes() const { return bytesPerRank; }
+  /// The device memory of the `servedRank`-th served rank's window (what its
+  /// kernels see at window offset 0), for inspection and tests.
+  virtual void *windowMemory(int servedRank) const = 0;
   int blocks() const { return blocksPerRank; }
   /// Ranks of the whole EP world (all of them are served in the virtual
   /// world; one per process with NCCL).
@@ -150,6 +153,7 @@ public:
   /// Every rank's kernels are in the same launches on one stream: stream
   /// order already is the barrier, so there is nothing to launch.
   void barrier(void *stream = nullptr) override;
+  void *windowMemory(int servedRank) const override;
 
 private:
   void *window = nullptr, *signals = nullptr, *counters = nullptr, *barriers = nullptr;
