@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 
@@ -217,12 +216,7 @@ def main():
               f"{r[f'{side}_combine_logical_gbs_per_rank']:10.1f}")
     print(f"DSL / built-in time: dispatch {r['dsl_over_builtin_dispatch']:.2f}x, combine "
           f"{r['dsl_over_builtin_combine']:.2f}x; results equal: {r['equal']}")
-    os.makedirs(args.out, exist_ok=True)
-    name = report["gpu"].split()[-1].lower()
-    path = os.path.join(args.out, f"dsl-{name}-{report['date']}.json")
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1)
-    print(f"wrote {path}")
+    ep_bench.write_report(report, args.out, "dsl-")
     return 0 if r["equal"] else 1
 
 

@@ -236,6 +236,17 @@ class Timer:
                            f"{ {n: len(v) for n, v in found.items()} } records")
 
 
+def write_report(report, out_dir, prefix=""):
+    """bench/results/<prefix><gpu>-<date>.json (the other benches' reports too)."""
+    os.makedirs(out_dir, exist_ok=True)
+    name = report["gpu"].split()[-1].lower()
+    path = os.path.join(out_dir, f"{prefix}{name}-{report['date']}.json")
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"wrote {path}")
+    return path
+
+
 def copy_roofline(torch):
     src = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)

@@ -892,6 +892,74 @@ class ElasticBuffer:
         return (self._ranks_out([o["combined_x"] for o in outs]),
                 self._ranks_out([o.get("combined_topk_weights") for o in outs]), event)
 
+    # --- the expert GEMM -------------------------------------------------------------------
+
+    def grouped_gemm(self, x, weights, handle, out_dtype=None, num_sms: int = 0):
+        """epic: the MoE expert GEMM on an expanded dispatch's rows (``ep.grouped_gemm``).
+
+        ``x`` is the dispatch's ``recv_x`` (bf16 or f16, ``[rows, hidden]``), ``weights`` the
+        local experts' matrices ``[E / R, hidden, N]`` (same dtype, N contiguous), ``handle``
+        the dispatch's (``do_expand=True``). Each expert's rows are multiplied by its matrix
+        with fp32 accumulation and rounded once to ``out_dtype`` (default: ``x``'s; bf16, f16
+        or float32); padding rows are zero. On Hopper: TMA loads and wgmma, a persistent kernel
+        over (expert, 64-row, 128-column) tiles; ``hidden`` must be a multiple of 64 and N of
+        128. Runs on the current stream. Returns the output (a list in a virtual world).
+        """
+        if handle is None:
+            raise ValueError("handle: required (the EPHandle of the expanded dispatch)")
+        handles = self._per_rank("handle", handle)
+        self._check_handle(handles)
+        xs = self._per_rank("x", x)
+        ws = self._per_rank("weights", weights)
+        _check_int("num_sms", num_sms, 0)
+        h0 = handles[0]
+        if not h0.do_expand:
+            raise ValueError("handle: grouped_gemm needs an expanded dispatch (do_expand=True): "
+                             "one row per (token, local expert) pair, grouped by expert")
+        L = h0.num_experts // self.num_ranks
+        for r, (xr, wr, hd) in enumerate(zip(xs, ws, handles)):
+            sfx = f"[{r}]" if self.virtual else ""
+            self._tensor(f"x{sfx}", xr, ("bf16", "f16"), 2)
+            if T.dtype_name(xr) != hd._dtype:
+                raise TypeError(f"x{sfx}: the dispatch moved {hd._dtype} rows, got "
+                                f"{T.describe(xr)}")
+            if tuple(xr.shape) != (hd.num_expanded_tokens, hd._hidden):
+                raise ValueError(f"x{sfx}: expected {hd._dtype}[{hd.num_expanded_tokens}, "
+                                 f"{hd._hidden}] (the dispatch's recv_x), got {T.describe(xr)}")
+            self._tensor(f"weights{sfx}", wr, (hd._dtype,), 3)
+            if tuple(wr.shape[:2]) != (L, hd._hidden):
+                raise ValueError(f"weights{sfx}: expected {hd._dtype}[{L}, {hd._hidden}, N], got "
+                                 f"{T.describe(wr)}")
+            if tuple(wr.shape) != tuple(ws[0].shape):
+                raise ValueError(f"weights{sfx}: every rank's weights have the same shape")
+        out_name = T.dtype_name(xs[0]) if out_dtype is None else {
+            "bfloat16": "bf16", "bf16": "bf16", "float16": "f16", "f16": "f16",
+            "float32": "f32", "f32": "f32"}.get(str(out_dtype).replace("torch.", ""))
+        if out_name is None:
+            raise TypeError(f"out_dtype: bf16, f16 or float32, got {out_dtype!r}")
+        self._check_device([(f"x[{r}]", t) for r, t in enumerate(xs)]
+                           + [(f"weights[{r}]", t) for r, t in enumerate(ws)])
+
+        import torch
+
+        state = self._runtime()
+        spec = self._spec(self.num_ranks, h0.num_experts, h0.topk_idx.shape[1], h0._hidden,
+                          h0._dtype, 0, h0.expert_alignment, True, h0.num_max_tokens_per_rank)
+        torch_type = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+        outs, calls = [], []
+        for r, hd in enumerate(handles):
+            out = torch.zeros((xs[r].shape[0], ws[r].shape[2]), dtype=torch_type[out_name],
+                              device=xs[r].device)
+            outs.append(out)
+            calls.append(dict(x=T.to_runtime(xs[r]), weights=T.to_runtime(ws[r]),
+                              out=T.to_runtime(out),
+                              psum_num_recv_tokens_per_expert=T.to_runtime(
+                                  hd._full["psum_num_recv_tokens_per_expert"])))
+        prepared = state.prepare_grouped_gemm(spec, calls, num_sms)
+        state.launch(prepared, torch.cuda.current_stream().cuda_stream)
+        self._in_flight.append(prepared)
+        return self._ranks_out(outs)
+
     def __del__(self):
         if not getattr(self, "explicitly_destroy", True):
             try:

@@ -42,6 +42,7 @@ __all__ = [
     "dispatch_layout",
     "dispatch",
     "combine",
+    "grouped_gemm",
     "sort_by_source",
     "per_token_cast_to_fp8",
     "per_token_cast_back",
@@ -725,6 +726,45 @@ def combine(ys, handles, topk_weights=None, bias=None, expand=None):
                     _accumulate(acc, tok[sel], values)
         out.append(CombineResult(combined_x=_to_bf16(acc), combined_topk_weights=weights))
     return out
+
+
+# --------------------------------------------------------------------------
+# The expert GEMM on the expanded layout (ep.grouped_gemm)
+# --------------------------------------------------------------------------
+
+
+def grouped_gemm(result, weights, out_dtype=bfloat16, fill=0.0):
+    """``ep.grouped_gemm``: every local expert's rows of an expanded dispatch result times that
+    expert's weights.
+
+    Args:
+        result: the :class:`DispatchResult` of an expanded dispatch (its ``recv_x`` are the rows).
+        weights: ``[E/R, H, N]`` array (bf16 or f16), ``weights[e]`` expert ``e``'s matrix.
+        out_dtype: the result's element type (bf16, f16 or float32).
+        fill: the value of rows outside every expert's range (the op leaves them unspecified;
+            tests compare only the experts' rows).
+
+    Returns ``[rows, N]``: rows ``[start_e, start_e + count_e)`` are ``lhs @ weights[e]`` with the
+    products summed in float32 (exactly, here in float64, then rounded to float32) and rounded
+    once to ``out_dtype``. The GPU's sum order differs: compare with a tolerance, not bitwise.
+    """
+    if not result.expand:
+        raise ValueError("grouped_gemm: needs an expanded dispatch result (one row per (token, "
+                         "local expert) pair)")
+    lhs = np.asarray(result.recv_x)
+    weights = np.asarray(weights)
+    L, H = result.num_local_experts, lhs.shape[1]
+    if weights.ndim != 3 or weights.shape[:2] != (L, H):
+        raise ValueError(f"grouped_gemm: weights must be [{L}, {H}, N], got "
+                         f"{list(weights.shape)}")
+    out = np.full((lhs.shape[0], weights.shape[2]), fill, np.float32)
+    starts = result.expert_starts()
+    counts = result.num_unaligned_recv_tokens_per_expert
+    for e in range(L):
+        lo, hi = int(starts[e]), int(starts[e]) + int(counts[e])
+        if hi > lo:
+            out[lo:hi] = (lhs[lo:hi].astype(np.float64) @ weights[e].astype(np.float64))
+    return out.astype(out_dtype)
 
 
 # --------------------------------------------------------------------------

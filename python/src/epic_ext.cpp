@@ -189,7 +189,7 @@ struct Runtime {
   KernelCache cache;
   KernelProvider provider;
   Runtime(const std::string &backend, const std::string &cacheDir, const std::string &compiler)
-      : cache(cacheDir), provider(cache, CompileSettings{backend, "sm_90", compiler}) {}
+      : cache(cacheDir), provider(cache, CompileSettings{backend, "sm_90a", compiler}) {}
 };
 
 /// An ElasticBuffer of either kind, with what it depends on kept alive.
@@ -220,8 +220,13 @@ PYBIND11_MODULE(_C, m) {
               ir = dispatchEntryIR(s, dispatchVariantFrom(variant), kDispatchEntryName);
             } else if (kind == "combine") {
               ir = combineEntryIR(s, combineVariantFrom(variant), kCombineEntryName);
+            } else if (kind == "grouped_gemm") {
+              ir = groupedGemmEntryIR(s, variant["n"].cast<int64_t>(),
+                                      variant["out_dtype"].cast<std::string>(),
+                                      kGroupedGemmEntryName);
             } else {
-              invalid("kind must be \"dispatch\" or \"combine\", got \"" + kind + "\"");
+              invalid("kind must be \"dispatch\", \"combine\" or \"grouped_gemm\", got \"" +
+                      kind + "\"");
             }
             KernelProvider::Result result = r.provider.get(ir);
             py::dict out;
@@ -324,6 +329,20 @@ PYBIND11_MODULE(_C, m) {
                                           callsFrom(calls, kCombineFields), blocks);
           },
           py::arg("spec"), py::arg("variant"), py::arg("calls"), py::arg("blocks_per_rank") = 0)
+      .def(
+          "prepare_grouped_gemm",
+          [](Buffer &b, const py::dict &spec, const py::list &calls, int blocks) {
+            std::vector<GroupedGemmCall> out;
+            for (const py::handle &item : calls) {
+              auto call = item.cast<py::dict>();
+              out.push_back(GroupedGemmCall{field(call, "x"), field(call, "weights"),
+                                            field(call, "out"),
+                                            field(call, "psum_num_recv_tokens_per_expert")});
+            }
+            return b.host->prepareGroupedGemm(specFrom(spec), out, blocks);
+          },
+          py::arg("spec"), py::arg("calls"), py::arg("blocks_per_rank") = 0,
+          "ep.grouped_gemm of each rank's expanded rows (TMA descriptors encoded per call).")
       .def(
           "prepare_entry",
           [](Buffer &b, const std::string &ir, const std::vector<ParamRecord> &records,

@@ -209,6 +209,35 @@ ParamRecord epic::runtime::combineRecord(const EPSpec &s, const CombineVariant &
   return r;
 }
 
+ParamRecord epic::runtime::groupedGemmRecord(const EPSpec &s, const GroupedGemmCall &c) {
+  s.validate();
+  if (!s.expanded)
+    fail("grouped_gemm needs an expanded dispatch (one row per (token, local expert) pair)");
+  if (s.dtype != "bf16" && s.dtype != "f16")
+    fail("grouped_gemm multiplies bf16 or f16 rows; the buffer dispatches " + s.dtype);
+  const int64_t H = s.hidden, L = s.experts / s.ranks;
+  check(c.x, {"x", s.dtype, {-1, H}}, true);
+  if (c.x.shape[0] > receiveRows(s))
+    fail("x has " + std::to_string(c.x.shape[0]) + " rows, more than a dispatch can receive (" +
+         std::to_string(receiveRows(s)) + ")");
+  if (c.weights.shape.size() != 3 || c.weights.shape[0] != L || c.weights.shape[1] != H)
+    fail("weights must have shape " + s.dtype + "[" + std::to_string(L) + ", " +
+         std::to_string(H) + ", N], got " + c.weights.describe());
+  const int64_t N = c.weights.shape[2];
+  check(c.weights, {"weights", s.dtype, {L, H, N}}, true);
+  if (c.out.dtype != "bf16" && c.out.dtype != "f16" && c.out.dtype != "f32")
+    fail("out must be bf16, f16 or f32, got " + c.out.dtype);
+  check(c.out, {"out", c.out.dtype, {c.x.shape[0], N}}, true);
+  check(c.psumNumRecvTokensPerExpert, {"handle.psum_num_recv_tokens_per_expert", "i32", {L}});
+  ParamRecord r;
+  r["x"] = c.x.data;
+  r["weights"] = c.weights.data;
+  r["out"] = c.out.data;
+  r["psum_num_recv_tokens_per_expert"] = c.psumNumRecvTokensPerExpert.data;
+  r["num_rows"] = uint64_t(c.x.shape[0]);
+  return r;
+}
+
 void epic::runtime::checkTopkIndices(const EPSpec &s, const int64_t *idx, int64_t tokens) {
   for (int64_t t = 0; t < tokens; ++t)
     for (int j = 0; j < s.topk; ++j) {

@@ -35,6 +35,7 @@ struct DriverApi {
   decltype(&::cuFuncSetAttribute) funcSetAttribute = nullptr;
   decltype(&::cuOccupancyMaxActiveBlocksPerMultiprocessor) occupancy = nullptr;
   decltype(&::cuLaunchKernelEx) launchKernelEx = nullptr;
+  decltype(&::cuTensorMapEncodeTiled) tensorMapEncodeTiled = nullptr;
 };
 
 /// Throws CudaError if the driver (or one of its functions) is unavailable.
@@ -61,6 +62,7 @@ inline const DriverApi &driver() {
     resolve("cuFuncSetAttribute", a.funcSetAttribute);
     resolve("cuOccupancyMaxActiveBlocksPerMultiprocessor", a.occupancy);
     resolve("cuLaunchKernelEx", a.launchKernelEx);
+    resolve("cuTensorMapEncodeTiled", a.tensorMapEncodeTiled);
     return a;
   }();
   return api;

@@ -136,6 +136,32 @@ std::string epic::runtime::dispatchEntryIR(const EPSpec &spec, const DispatchVar
   return os.str();
 }
 
+std::string epic::runtime::groupedGemmEntryIR(const EPSpec &spec, int64_t n,
+                                              const std::string &outDtype,
+                                              const std::string &name) {
+  spec.validate();
+  require(spec.expanded, "grouped_gemm needs the expanded layout");
+  require(spec.dtype == "bf16" || spec.dtype == "f16",
+          "grouped_gemm multiplies bf16 or f16 rows, got " + spec.dtype);
+  require(n > 0, "grouped_gemm's N must be positive, got " + std::to_string(n));
+  require(outDtype == "bf16" || outDtype == "f16" || outDtype == "f32",
+          "grouped_gemm's output must be bf16, f16 or f32, got " + outDtype);
+  const std::string cfg = "#" + name + "_config";
+  const std::string h = dim(spec.hidden), l = dim(spec.experts / spec.ranks);
+  const std::string x = "tensor<?x" + h + "x" + spec.dtype + ">";
+  const std::string w = "tensor<" + l + "x" + h + "x" + std::to_string(n) + "x" + spec.dtype + ">";
+  const std::string y = "tensor<?x" + std::to_string(n) + "x" + outDtype + ">";
+  const std::string handle = "!ep.handle<" + cfg + ">";
+  std::ostringstream os;
+  os << cfg << " = " << spec.configAttr() << "\n"
+     << "func.func @" << name << "(%x: " << x << ", %w: " << w << ", %h: " << handle << ") -> "
+     << y << timeoutAttr(spec) << " {\n"
+     << "  %y = ep.grouped_gemm %x, %w layout(%h : " << handle << ") : " << x << ", " << w
+     << " -> " << y << "\n"
+     << "  return %y : " << y << "\n}\n";
+  return os.str();
+}
+
 std::string epic::runtime::combineEntryIR(const EPSpec &spec, const CombineVariant &v,
                                           const std::string &name) {
   spec.validate();

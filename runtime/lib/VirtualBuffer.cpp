@@ -25,6 +25,14 @@ constexpr int kSignals = 64, kCounters = 64, kBarriers = 1024, kParamStride = 12
 } // namespace
 
 namespace epic::runtime {
+/// A TMA descriptor the kernels read (metadata `tensor_maps`): a 2-D
+/// row-major tensor whose address is record field `field`, with `rows` rows
+/// (a constant, or the value of record field `rowsField`) of `cols` elements.
+struct TensorMapSpec {
+  std::string field, rowsField;
+  int64_t rows = 0, cols = 0, elemBytes = 2, boxRows = 64, boxCols = 64, swizzle = 128;
+};
+
 struct Loaded {
   CUmodule module = nullptr;
   std::vector<CUfunction> kernels;
@@ -40,8 +48,58 @@ struct Loaded {
   /// Programmatic dependent launch: a kernel may start while the previous
   /// one on the stream finishes (it waits with griddepcontrol.wait).
   bool programmatic = false;
+  /// Encoded per call into the parameter memory; record field "tensor_maps"
+  /// points at the rank's maps (128 bytes each, in this order).
+  std::vector<TensorMapSpec> tensorMaps;
 };
 } // namespace epic::runtime
+
+namespace {
+constexpr int64_t kTensorMapBytes = 128; // sizeof(CUtensorMap), 64-byte aligned
+
+/// Encodes `spec` for one rank's record into `out` (128 bytes).
+void encodeTensorMap(const TensorMapSpec &spec, const ParamRecord &record, int rank,
+                     const std::string &kernel, void *out) {
+  auto field = [&](const std::string &name) -> uint64_t {
+    auto it = record.find(name);
+    if (it == record.end() || !it->second)
+      throw std::invalid_argument("rank " + std::to_string(rank) + ": " + kernel +
+                                  " needs parameter \"" + name + "\" for a TMA descriptor");
+    return it->second;
+  };
+  const uint64_t address = field(spec.field);
+  const int64_t rows = spec.rowsField.empty() ? spec.rows : int64_t(record.count(spec.rowsField)
+                                                                         ? record.at(spec.rowsField)
+                                                                         : 0);
+  if (address % 16)
+    throw std::invalid_argument("rank " + std::to_string(rank) + ": " + spec.field +
+                                " must be 16-byte aligned for the TMA loads of " + kernel);
+  if ((spec.cols * spec.elemBytes) % 16)
+    throw std::invalid_argument(spec.field + ": rows of " +
+                                std::to_string(spec.cols * spec.elemBytes) +
+                                " bytes; TMA needs a multiple of 16");
+  CUtensorMapDataType type = spec.elemBytes == 4   ? CU_TENSOR_MAP_DATA_TYPE_UINT32
+                             : spec.elemBytes == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                                   : CU_TENSOR_MAP_DATA_TYPE_UINT16;
+  CUtensorMapSwizzle swizzle = spec.swizzle == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
+                               : spec.swizzle == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                               : spec.swizzle == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
+                                                    : CU_TENSOR_MAP_SWIZZLE_NONE;
+  // An empty tensor still needs a valid map (no tile reads it): one row.
+  cuuint64_t dims[2] = {cuuint64_t(spec.cols), cuuint64_t(std::max<int64_t>(rows, 1))};
+  cuuint64_t strides[1] = {cuuint64_t(spec.cols * spec.elemBytes)};
+  cuuint32_t box[2] = {cuuint32_t(spec.boxCols), cuuint32_t(spec.boxRows)};
+  cuuint32_t elementStrides[2] = {1, 1};
+  detail::check(detail::driver().tensorMapEncodeTiled(
+                    static_cast<CUtensorMap *>(out), type, 2,
+                    reinterpret_cast<void *>(address), dims, strides, box, elementStrides,
+                    CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+                ("cuTensorMapEncodeTiled(" + spec.field + " of rank " + std::to_string(rank) +
+                 ", " + std::to_string(rows) + " x " + std::to_string(spec.cols) + ")")
+                    .c_str());
+}
+} // namespace
 
 KernelHost::KernelHost(KernelProvider &provider, int servedRanks, int64_t windowBytes,
                        int blocksPerRank)
@@ -142,6 +200,27 @@ Loaded &KernelHost::load(const std::string &entryIR, Run &run) {
   }
   if (entry.object.count("programmatic_launch"))
     loaded->programmatic = entry.at("programmatic_launch").integer() != 0;
+  if (entry.object.count("tensor_maps")) {
+    for (const Json &map : entry.at("tensor_maps").array) {
+      TensorMapSpec spec;
+      spec.field = map.at("field").string;
+      const Json &rows = map.at("rows");
+      if (rows.kind == Json::Kind::string)
+        spec.rowsField = rows.string;
+      else
+        spec.rows = rows.integer();
+      spec.cols = map.at("cols").integer();
+      spec.elemBytes = map.at("elem_bytes").integer();
+      spec.boxRows = map.at("box_rows").integer();
+      spec.boxCols = map.at("box_cols").integer();
+      spec.swizzle = map.at("swizzle").integer();
+      loaded->tensorMaps.push_back(spec);
+    }
+    if (std::find(loaded->fields.begin(), loaded->fields.end(), "tensor_maps") ==
+        loaded->fields.end())
+      throw std::runtime_error("kernels " + result.key +
+                               ": tensor_maps metadata without a \"tensor_maps\" parameter");
+  }
   if (loaded->paramStride != kParamStride)
     throw std::runtime_error("kernels " + result.key + ": parameter records of " +
                              std::to_string(loaded->paramStride) + " bytes, the runtime writes " +
@@ -227,7 +306,7 @@ KernelHost::prepare(const std::string &entryIR, const std::vector<ParamRecord> &
   check(cudaGetDevice(&device), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
         "cudaDeviceGetAttribute");
-  for (size_t i = 0; i < k.kernels.size(); ++i) {
+  for (size_t i = 0; k.cooperative && i < k.kernels.size(); ++i) {
     int perSm = 0;
     check(detail::driver().occupancy(&perSm, k.kernels[i], k.threads,
                                                       size_t(k.dynamicSharedBytes)),
@@ -262,8 +341,29 @@ KernelHost::prepare(const std::string &entryIR, const std::vector<ParamRecord> &
                                     name + "\" for kernels " + k.kernelNames[0]);
       table[size_t(r) * kParamStride / 8 + size_t(it - k.fields.begin())] = value;
     }
-  check(cudaMalloc(&prepared.params, table.size() * 8), "cudaMalloc(parameter records)");
-  check(cudaMemcpy(prepared.params, table.data(), table.size() * 8, cudaMemcpyHostToDevice),
+  // TMA descriptors follow the records, one group of maps per rank.
+  const size_t tableBytes = table.size() * 8;
+  const size_t mapsOffset = (tableBytes + kTensorMapBytes - 1) / kTensorMapBytes * kTensorMapBytes;
+  const size_t mapsPerRank = k.tensorMaps.size();
+  const size_t totalBytes = mapsPerRank ? mapsOffset + servedRanks * mapsPerRank * kTensorMapBytes
+                                        : tableBytes;
+  check(cudaMalloc(&prepared.params, totalBytes), "cudaMalloc(parameter records)");
+  std::vector<unsigned char> host(totalBytes, 0);
+  if (mapsPerRank) {
+    const size_t field = size_t(std::find(k.fields.begin(), k.fields.end(), "tensor_maps") -
+                                k.fields.begin());
+    for (int r = 0; r < servedRanks; ++r) {
+      size_t at = mapsOffset + size_t(r) * mapsPerRank * kTensorMapBytes;
+      table[size_t(r) * kParamStride / 8 + field] =
+          reinterpret_cast<uint64_t>(prepared.params) + at;
+      for (const TensorMapSpec &spec : k.tensorMaps) {
+        encodeTensorMap(spec, records[r], r, k.kernelNames[0], host.data() + at);
+        at += kTensorMapBytes;
+      }
+    }
+  }
+  std::memcpy(host.data(), table.data(), tableBytes);
+  check(cudaMemcpy(prepared.params, host.data(), totalBytes, cudaMemcpyHostToDevice),
         "cudaMemcpy(parameter records)");
   return prepared;
 }
@@ -347,6 +447,29 @@ KernelHost::Prepared KernelHost::prepareCombine(const EPSpec &spec, const Combin
   for (const CombineCall &call : calls)
     records.push_back(combineRecord(spec, variant, call));
   return prepare(combineEntryIR(spec, variant, kCombineEntryName), records, blocks);
+}
+
+KernelHost::Prepared KernelHost::prepareGroupedGemm(const EPSpec &spec,
+                                                    const std::vector<GroupedGemmCall> &calls,
+                                                    int blocks) {
+  checkWorld(spec, calls.size());
+  std::vector<ParamRecord> records;
+  for (const GroupedGemmCall &call : calls)
+    records.push_back(groupedGemmRecord(spec, call));
+  const GroupedGemmCall &first = calls.front();
+  for (size_t r = 1; r < calls.size(); ++r)
+    if (calls[r].weights.shape != first.weights.shape || calls[r].out.dtype != first.out.dtype)
+      throw std::invalid_argument("grouped_gemm: rank " + std::to_string(r) +
+                                  "'s weights or output type differ from rank 0's");
+  return prepare(groupedGemmEntryIR(spec, first.weights.shape[2], first.out.dtype,
+                                    kGroupedGemmEntryName),
+                 records, blocks);
+}
+
+KernelHost::Run KernelHost::groupedGemm(const EPSpec &spec,
+                                        const std::vector<GroupedGemmCall> &calls, void *stream,
+                                        int blocks) {
+  return launchAndWait(prepareGroupedGemm(spec, calls, blocks), stream);
 }
 
 KernelHost::Run KernelHost::launchAndWait(const Prepared &prepared, void *stream) {

@@ -1,7 +1,7 @@
 // The whole pipeline, comm + upstream ops -> PTX -> ptxas, for both backends:
 // the shim is linked and inlined (no calls left), the orderings and scopes
 // reach the PTX, the data path uses 16-byte vector accesses, and ptxas
-// accepts the result for sm_90 without spilling.
+// accepts the result for sm_90a without spilling.
 //
 // RUN: epic-compile %s --backend=virtual -o %t.virtual
 // RUN: FileCheck %s --check-prefixes=PTX,VIRTUAL < %t.virtual.ptx
@@ -12,7 +12,7 @@
 // RUN: epic-opt %s --epic-to-ptx="backend=virtual" | FileCheck %s --check-prefix=BINARY
 
 // PTX: .version 8.2
-// PTX: .target sm_90
+// PTX: .target sm_90a
 // PTX-LABEL: .visible .entry ring_put(
 // Every block of a rank copies its part of the rank's slice into the next
 // rank's slice with 16-byte vector accesses...
@@ -38,7 +38,7 @@
 // JSON: "nccl_version": "{{[0-9]+\.[0-9]+\.[0-9]+}}"
 
 // BINARY: gpu.binary @kernels
-// BINARY-SAME: #nvvm.target<O = 3, chip = "sm_90", features = "+ptx82", link = ["{{.*}}epic_shim_virtual.bc"]>
+// BINARY-SAME: #nvvm.target<O = 3, chip = "sm_90a", features = "+ptx82", link = ["{{.*}}epic_shim_virtual.bc"]>
 
 module attributes {gpu.container_module} {
   gpu.module @kernels {

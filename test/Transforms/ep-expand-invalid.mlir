@@ -15,7 +15,7 @@ func.func @not_alone(%x: tensor<?x256xbf16>, %idx: tensor<?x4xi64>) -> tensor<?x
 
 #cfg = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 256, dtype = bf16,
                   max_tokens_per_rank = 64>
-// expected-error@+1 {{ep-expand: expected one ep.dispatch or ep.combine per function, found a second one}}
+// expected-error@+1 {{ep-expand: expected one ep.dispatch, ep.combine or ep.grouped_gemm per function, found a second one}}
 func.func @two(%x: tensor<?x256xbf16>, %idx: tensor<?x4xi64>) {
   %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) config #cfg
       : tensor<?x256xbf16> -> tensor<?x256xbf16>, tensor<?x4xi64>, !ep.handle<#cfg>
@@ -34,4 +34,28 @@ func.func @no_time(%x: tensor<?x256xbf16>, %idx: tensor<?x4xi64>)
   %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) config #cfg
       : tensor<?x256xbf16> -> tensor<?x256xbf16>, tensor<?x4xi64>, !ep.handle<#cfg>
   return %rx, %ri, %h : tensor<?x256xbf16>, tensor<?x4xi64>, !ep.handle<#cfg>
+}
+
+// -----
+
+#cfg = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 1000, dtype = bf16,
+                  layout = expanded, max_tokens_per_rank = 64>
+func.func @gemm_k(%x: tensor<?x1000xbf16>, %w: tensor<8x1000x256xbf16>, %h: !ep.handle<#cfg>)
+    -> tensor<?x256xbf16> {
+  // expected-error@+1 {{ep-expand: the grouped GEMM steps through K (hidden = 1000) in tiles of 64: it must be a multiple}}
+  %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#cfg>)
+      : tensor<?x1000xbf16>, tensor<8x1000x256xbf16> -> tensor<?x256xbf16>
+  return %y : tensor<?x256xbf16>
+}
+
+// -----
+
+#cfg = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 1024, dtype = bf16,
+                  layout = expanded, max_tokens_per_rank = 64>
+func.func @gemm_n(%x: tensor<?x1024xbf16>, %w: tensor<8x1024x200xbf16>, %h: !ep.handle<#cfg>)
+    -> tensor<?x200xbf16> {
+  // expected-error@+1 {{ep-expand: the grouped GEMM's output tiles are 128 columns wide: N (200) must be a multiple}}
+  %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#cfg>)
+      : tensor<?x1024xbf16>, tensor<8x1024x200xbf16> -> tensor<?x200xbf16>
+  return %y : tensor<?x200xbf16>
 }

@@ -252,3 +252,28 @@ def test_window_tensor_checks_the_rank_then_needs_the_device():
     if _C.cuda_device_count() == 0:
         with pytest.raises(RuntimeError, match="no CUDA device here"):
             buf.window_tensor(1)
+
+
+def test_grouped_gemm_checks_its_arguments_before_the_device(buf):
+    import dataclasses
+
+    L = E // R
+    xs = [np.zeros((12, H), ml_dtypes.bfloat16)] * R
+    ws = [np.zeros((L, H, 128), ml_dtypes.bfloat16)] * R
+    with pytest.raises(ValueError, match="handle: required"):
+        buf.grouped_gemm(xs, ws, None)
+    plain = [fake_handle(buf, r) for r in range(R)]
+    with pytest.raises(ValueError, match=r"needs an expanded dispatch \(do_expand=True\)"):
+        buf.grouped_gemm(xs, ws, plain)
+    handles = [dataclasses.replace(h, do_expand=True) for h in plain]
+    with pytest.raises(ValueError, match=r"x\[0\]: expected bf16\[12, 256\] \(the dispatch's "
+                                         r"recv_x\), got bf16\[11, 256\]"):
+        buf.grouped_gemm([x[:11] for x in xs], ws, handles)
+    with pytest.raises(TypeError, match=r"weights\[0\]: dtype must be bf16, got f32"):
+        buf.grouped_gemm(xs, [w.astype(np.float32) for w in ws], handles)
+    with pytest.raises(ValueError, match=rf"weights\[0\]: expected bf16\[{L}, 256, N\]"):
+        buf.grouped_gemm(xs, [w[:1] for w in ws], handles)
+    with pytest.raises(TypeError, match="out_dtype: bf16, f16 or float32"):
+        buf.grouped_gemm(xs, ws, handles, out_dtype="int8")
+    with pytest.raises(ValueError, match=r"x\[0\]: must be a CUDA tensor"):
+        buf.grouped_gemm(xs, ws, handles, out_dtype="float32")

@@ -947,3 +947,26 @@ def test_combine_errors_name_the_argument():
     n_exp = expd[0].recv_x.shape[0]
     with pytest.raises(ValueError, match=rf"topk_weights\[0\]: expected float32 array of shape \[{n_exp}\]"):
         ref.combine([r.recv_x for r in expd], expd, topk_weights=[np.zeros((1, 1), np.float32)] * 2)
+
+
+def test_grouped_gemm_multiplies_each_experts_rows_by_its_weights():
+    R, E, K, H, N, T = 2, 4, 2, 32, 16, 12
+    rng = np.random.default_rng(7)
+    xs = [rng.standard_normal((T, H)).astype(ref.bfloat16) for _ in range(R)]
+    idxs = [np.array([rng.permutation(E)[:K] for _ in range(T)], np.int64) for _ in range(R)]
+    results = ref.dispatch(xs, idxs, num_experts=E, num_max_tokens_per_rank=T, expand=True,
+                           expert_alignment=8)
+    w = rng.standard_normal((E // R, H, N)).astype(ref.bfloat16)
+    for res in results:
+        y = ref.grouped_gemm(res, w, out_dtype=np.float32, fill=np.nan)
+        starts, counts = res.expert_starts(), res.num_unaligned_recv_tokens_per_expert
+        for e in range(E // R):
+            rows = slice(int(starts[e]), int(starts[e] + counts[e]))
+            want = res.recv_x[rows].astype(np.float32) @ w[e].astype(np.float32)
+            assert np.allclose(y[rows], want, rtol=1e-5, atol=1e-4)
+            pad = slice(int(starts[e] + counts[e]), int(starts[e]) + res.num_recv_tokens_per_expert_list[e])
+            assert np.isnan(y[pad]).all()  # padding: not an expert's row
+    with pytest.raises(ValueError, match="needs an expanded dispatch result"):
+        ref.grouped_gemm(ref.dispatch(xs, idxs, num_experts=E)[0], w)
+    with pytest.raises(ValueError, match=r"weights must be \[2, 32, N\]"):
+        ref.grouped_gemm(results[0], w[:1])

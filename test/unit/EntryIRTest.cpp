@@ -85,6 +85,28 @@ TEST(EntryIR, EveryVariantParsesVerifiesAndExpands) {
       }
 }
 
+TEST(EntryIR, GroupedGemmExpandsWithItsTensorMaps) {
+  EPSpec spec = v3(true);
+  spec.dtype = "bf16", spec.scalePacks = 0;
+  for (std::string out : {"bf16", "f32"}) {
+    std::string ir = groupedGemmEntryIR(spec, 2048, out, "gemm");
+    EXPECT_EQ(expand(ir), "") << ir;
+    EXPECT_NE(ir.find("ep.grouped_gemm %x, %w layout(%h"), std::string::npos) << ir;
+  }
+  auto message = [](const EPSpec &s, const std::string &out) -> std::string {
+    try {
+      groupedGemmEntryIR(s, 2048, out, "g");
+    } catch (const std::invalid_argument &e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(message(v3(true), "bf16").find("bf16 or f16 rows, got f8E4M3FN"), std::string::npos);
+  EXPECT_NE(message(spec, "i32").find("output must be bf16, f16 or f32"), std::string::npos);
+  spec.expanded = false;
+  EXPECT_NE(message(spec, "bf16").find("needs the expanded layout"), std::string::npos);
+}
+
 TEST(EntryIR, IsDeterministic) {
   EXPECT_EQ(dispatchEntryIR(v3(false), {}, "d"), dispatchEntryIR(v3(false), {}, "d"));
   EXPECT_NE(dispatchEntryIR(v3(false), {}, "d"), dispatchEntryIR(v3(true), {}, "d"));

@@ -435,3 +435,51 @@ TEST(Calls, TopkIndicesOutOfRange) {
   idx[2 * 8 + 5] = -2;
   EXPECT_THROW(checkTopkIndices(f.spec, idx.data(), 3), std::invalid_argument);
 }
+
+TEST(Calls, GroupedGemmArgumentsAreCheckedByName) {
+  CallFixture f(false, true);
+  const int64_t rows = receiveRows(f.spec);
+  GroupedGemmCall g{{fakeAddress(40), "bf16", {rows, 1024}},
+                    {fakeAddress(41), "bf16", {8, 1024, 256}},
+                    {fakeAddress(42), "bf16", {rows, 256}},
+                    {fakeAddress(43), "i32", {8}}};
+  auto error = [&](const EPSpec &spec, const GroupedGemmCall &call) -> std::string {
+    try {
+      groupedGemmRecord(spec, call);
+    } catch (const std::invalid_argument &e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error(f.spec, g), "");
+  ParamRecord r = groupedGemmRecord(f.spec, g);
+  EXPECT_EQ(r.at("num_rows"), uint64_t(rows));
+  EXPECT_EQ(r.at("weights"), g.weights.data);
+  EXPECT_EQ(r.count("tensor_maps"), 0u); // the runtime's, encoded per call
+
+  CallFixture plain;
+  EXPECT_NE(error(plain.spec, g).find("needs an expanded dispatch"), std::string::npos);
+  GroupedGemmCall bad = g;
+  bad.weights.shape = {4, 1024, 256};
+  EXPECT_NE(error(f.spec, bad).find("weights must have shape bf16[8, 1024, N], got bf16[4, 1024, 256]"),
+            std::string::npos);
+  bad = g;
+  bad.out.shape = {rows, 128};
+  EXPECT_NE(error(f.spec, bad).find("out must have shape bf16[" + std::to_string(rows) +
+                                     ", 256], got bf16[" + std::to_string(rows) + ", 128]"),
+            std::string::npos)
+      << error(f.spec, bad);
+  bad = g;
+  bad.out.dtype = "i32";
+  EXPECT_NE(error(f.spec, bad).find("out must be bf16, f16 or f32"), std::string::npos);
+  bad = g;
+  bad.x.data += 8;
+  EXPECT_NE(error(f.spec, bad).find("x must be 16-byte aligned"), std::string::npos);
+  bad = g;
+  bad.x.shape[0] = rows + 1;
+  EXPECT_NE(error(f.spec, bad).find("more than a dispatch can receive"), std::string::npos);
+  bad = g;
+  bad.psumNumRecvTokensPerExpert = {};
+  EXPECT_NE(error(f.spec, bad).find("handle.psum_num_recv_tokens_per_expert is required"),
+            std::string::npos);
+}

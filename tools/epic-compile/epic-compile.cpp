@@ -1,6 +1,6 @@
 //===- epic-compile.cpp - epic IR to PTX, cubin and metadata --------------===//
 //
-//   epic-compile kernels.mlir -o out/kernels [--backend=virtual] [--chip=sm_90]
+//   epic-compile kernels.mlir -o out/kernels [--backend=virtual] [--chip=sm_90a]
 //
 // writes out/kernels.ptx, out/kernels.cubin and out/kernels.json (kernel
 // names, argument types, registers, shared memory, spills, target, NCCL
@@ -27,7 +27,7 @@ static cl::opt<std::string> inputFile(cl::Positional, cl::desc("<input .mlir>"),
 static cl::opt<std::string> outputPrefix("o", cl::desc("output prefix (default: the input's)"),
                                          cl::value_desc("prefix"));
 static cl::opt<std::string> backend("backend", cl::desc("nccl or virtual"), cl::init("nccl"));
-static cl::opt<std::string> chip("chip", cl::desc("GPU architecture"), cl::init("sm_90"));
+static cl::opt<std::string> chip("chip", cl::desc("GPU architecture"), cl::init("sm_90a"));
 static cl::opt<std::string> features("features", cl::desc("PTX features"), cl::init("+ptx82"));
 static cl::opt<unsigned> optLevel("O", cl::desc("optimization level"), cl::init(3));
 static cl::opt<std::string> shimDir("shim-dir", cl::desc("device shim bitcode directory"));

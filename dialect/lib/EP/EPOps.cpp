@@ -287,6 +287,35 @@ static void printDispatchResultTypes(OpAsmPrinter &printer, Operation *,
 // CombineOp
 //===----------------------------------------------------------------------===//
 
+LogicalResult GroupedGemmOp::verify() {
+  ConfigAttr cfg = getConfig();
+  ShapeChecker check{*this};
+  if (!cfg.isExpanded())
+    return emitOpError("needs the expanded layout (one row per (token, local expert) pair, "
+                       "grouped by expert); the handle's configuration is plain");
+  ShapedType lhs = shaped(getLhs()), rhs = shaped(getRhs()), out = shaped(getResult());
+  int64_t hidden = cfg.getHidden(), local = cfg.getNumLocalExperts();
+  if (failed(check.staticDim("lhs", lhs, 1, hidden, "hidden")) ||
+      failed(check.maxDim("lhs", lhs, 0, cfg.getMaxOutputRows(), "rows")))
+    return failure();
+  if (cfg.getDtype() != lhs.getElementType())
+    return emitOpError("lhs element type ")
+           << lhs.getElementType() << " differs from the dispatch's " << cfg.getDtype()
+           << (isa<Float8E4M3FNType, Float8E5M2Type>(cfg.getDtype())
+                   ? " (FP8 rows with scale packs are not supported yet: dispatch in BF16)"
+                   : "");
+  if (failed(check.staticDim("rhs", rhs, 0, local, "local experts")) ||
+      failed(check.staticDim("rhs", rhs, 1, hidden, "hidden")))
+    return failure();
+  if (rhs.isDynamicDim(2))
+    return emitOpError("rhs dimension 2 (N) must be static");
+  if (failed(check.elementType("rhs", rhs, lhs.getElementType())) ||
+      failed(check.staticDim("result", out, 1, rhs.getDimSize(2), "N")) ||
+      failed(check.sameDim("lhs", lhs, "result", out, "the row count")))
+    return failure();
+  return success();
+}
+
 LogicalResult CombineOp::verify() {
   ConfigAttr cfg = getConfig();
   ShapeChecker check{*this};

@@ -19,7 +19,7 @@ namespace epic {
 
 struct CompileOptions {
   std::string backend = "nccl"; ///< "nccl" or "virtual"
-  std::string chip = "sm_90";
+  std::string chip = "sm_90a"; // wgmma and TMA need the arch-specific target
   std::string features = "+ptx82";
   unsigned optLevel = 3;
   std::string shimDir;  ///< empty: the shims this build made

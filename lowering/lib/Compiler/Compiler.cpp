@@ -42,6 +42,15 @@ std::string attributeJson(Attribute attr) {
     for (auto [i, element] : llvm::enumerate(array))
       out += (i ? ", " : "") + attributeJson(element);
     return out + "]";
+  } else if (auto dict = dyn_cast<DictionaryAttr>(attr)) {
+    std::string out = "{";
+    for (auto [i, entry] : llvm::enumerate(dict)) {
+      std::string key;
+      llvm::raw_string_ostream ks(key);
+      ks << llvm::json::Value(entry.getName().str());
+      out += (i ? ", " : "") + key + ": " + attributeJson(entry.getValue());
+    }
+    return out + "}";
   } else {
     llvm::raw_string_ostream os(text);
     attr.print(os);

@@ -523,3 +523,66 @@ func.func @f(%y: tensor<?x128xbf16>, %h: !ep.handle<#c>) {
       : (tensor<?x128xbf16>, !ep.handle<#c>) -> (tensor<?x128xbf16>, tensor<?x4xf32>)
   return
 }
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x128xbf16>, %w: tensor<8x128x256xbf16>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{needs the expanded layout (one row per (token, local expert) pair, grouped by expert); the handle's configuration is plain}}
+  %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#c>) : tensor<?x128xbf16>, tensor<8x128x256xbf16> -> tensor<?x256xbf16>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, layout = expanded, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x128xbf16>, %w: tensor<4x128x256xbf16>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{rhs dimension 0 (local experts) must be 8, got 4}}
+  %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#c>) : tensor<?x128xbf16>, tensor<4x128x256xbf16> -> tensor<?x256xbf16>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, layout = expanded, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x128xbf16>, %w: tensor<8x64x256xbf16>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{rhs dimension 1 (hidden) must be 128, got 64}}
+  %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#c>) : tensor<?x128xbf16>, tensor<8x64x256xbf16> -> tensor<?x256xbf16>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, layout = expanded, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x128xbf16>, %w: tensor<8x128x256xbf16>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{result dimension 1 (N) must be 256, got 128}}
+  %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#c>) : tensor<?x128xbf16>, tensor<8x128x256xbf16> -> tensor<?x128xbf16>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, layout = expanded, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x128xbf16>, %w: tensor<8x128x256xf16>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{rhs element type must be 'bf16', got 'f16'}}
+  %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#c>) : tensor<?x128xbf16>, tensor<8x128x256xf16> -> tensor<?x256xbf16>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = f8E4M3FN, scale_packs = 1, layout = expanded, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x128xbf16>, %w: tensor<8x128x256xbf16>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{lhs element type 'bf16' differs from the dispatch's 'f8E4M3FN' (FP8 rows with scale packs are not supported yet: dispatch in BF16)}}
+  %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#c>) : tensor<?x128xbf16>, tensor<8x128x256xbf16> -> tensor<?x256xbf16>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, layout = expanded, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<10x128xbf16>, %w: tensor<8x128x256xbf16>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{lhs and result disagree on the row count: 10 vs 12}}
+  %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#c>) : tensor<10x128xbf16>, tensor<8x128x256xbf16> -> tensor<12x256xbf16>
+  return
+}

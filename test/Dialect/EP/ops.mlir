@@ -147,3 +147,16 @@ func.func @single_rank(%x: tensor<1x8xbf16>, %idx: tensor<1x1xi8>) {
   %y = ep.combine %rx, %h : tensor<?x8xbf16>, !ep.handle<#one> -> tensor<1x8xbf16>
   return
 }
+
+// CHECK-LABEL: func.func @grouped_gemm
+// CHECK-SAME: (%[[X:.*]]: tensor<?x1024xbf16>, %[[W:.*]]: tensor<8x1024x512xbf16>, %[[H:.*]]: !ep.handle<#[[$EXP]]>)
+func.func @grouped_gemm(%x: tensor<?x1024xbf16>, %w: tensor<8x1024x512xbf16>,
+                        %h: !ep.handle<#exp>) -> (tensor<?x512xbf16>, tensor<?x512xf32>) {
+  // CHECK: ep.grouped_gemm %[[X]], %[[W]] layout(%[[H]] : !ep.handle<#[[$EXP]]>) : tensor<?x1024xbf16>, tensor<8x1024x512xbf16> -> tensor<?x512xbf16>
+  %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#exp>)
+      : tensor<?x1024xbf16>, tensor<8x1024x512xbf16> -> tensor<?x512xbf16>
+  // CHECK: ep.grouped_gemm {{.*}} -> tensor<?x512xf32>
+  %z = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#exp>)
+      : tensor<?x1024xbf16>, tensor<8x1024x512xbf16> -> tensor<?x512xf32>
+  return %y, %z : tensor<?x512xbf16>, tensor<?x512xf32>
+}

@@ -19,7 +19,7 @@ struct EpicToPTXOptions : public mlir::PassPipelineOptions<EpicToPTXOptions> {
       llvm::cl::values(clEnumValN(CommBackend::nccl, "nccl", "the NCCL device API"),
                        clEnumValN(CommBackend::virtual_, "virtual", "R ranks on one GPU"))};
   Option<std::string> chip{*this, "chip", llvm::cl::desc("GPU architecture"),
-                           llvm::cl::init("sm_90")};
+                           llvm::cl::init("sm_90a")};
   // The NCCL shim's GDAKI path uses st.mmio, which needs PTX ISA 8.2.
   Option<std::string> features{*this, "features", llvm::cl::desc("PTX features"),
                                llvm::cl::init("+ptx82")};

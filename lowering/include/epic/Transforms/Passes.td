@@ -8,7 +8,8 @@ include "mlir/Pass/PassBase.td"
 def EPExpand : Pass<"ep-expand", "::mlir::ModuleOp"> {
   let summary = "expand ep ops into communication kernels and their launches";
   let description = [{
-    Rewrites every function that holds one `ep.dispatch` or `ep.combine`
+    Rewrites every function that holds one `ep.dispatch`, `ep.combine` or
+    `ep.grouped_gemm`
     (and nothing else but its `return`: the entry form the runtime generates
     per configuration) into
 
@@ -79,6 +80,19 @@ def EPExpand : Pass<"ep-expand", "::mlir::ModuleOp"> {
     record at the row the handle's prefix sums (plain) or
     `recv_src_metadata` (expanded) give: bitwise the same rows.
 
+    **Grouped GEMM** (`<name>_gemm`, sm_90a): one persistent kernel of one
+    warpgroup per block; block b of a rank takes tiles b, b + B, ... of
+    (local expert, 64-row tile of its rows, 128-column tile of N), the experts'
+    row ranges read from the handle's per-expert prefix sums. K advances in
+    steps of 64 through a ring of 4 shared-memory stages filled by TMA
+    (`nvgpu.tma.async.load`, 128-byte swizzle, an `nvgpu.mbarrier` transaction
+    per stage) and consumed by `nvgpu.warpgroup.mma` (wgmma m64n128k16, B
+    N-contiguous); the epilogue goes through shared memory and stores only the
+    tile's expert rows. The launch function asks for 99 KiB of dynamic shared
+    memory and two TMA descriptors (`epic.tensor_maps`: tensor field, rows,
+    columns, box, swizzle) that the runtime encodes per call into the
+    parameter memory (record field `tensor_maps`). Not cooperative.
+
     Not generated yet: hybrid (RDMA + NVLink) mode and GIN puts for peers
     outside the LSA team, Hopper bulk copies (`cp.async.bulk`) staged in
     shared memory instead of 16-byte vector copies, and `num_sms`-specific
@@ -111,6 +125,7 @@ def EPExpand : Pass<"ep-expand", "::mlir::ModuleOp"> {
                            "::mlir::arith::ArithDialect", "::mlir::LLVM::LLVMDialect",
                            "::mlir::NVVM::NVVMDialect", "::mlir::memref::MemRefDialect",
                            "::mlir::vector::VectorDialect",
+                           "::mlir::nvgpu::NVGPUDialect",
                            "::epic::comm::CommDialect"];
 }
 

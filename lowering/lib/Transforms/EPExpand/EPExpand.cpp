@@ -8,6 +8,8 @@
 
 #include "epic/Transforms/Passes.h"
 
+#include "GroupedGemm.h"
+
 #include "epic/Dialect/Comm/IR/CommDialect.h"
 #include "epic/Dialect/EP/IR/EPDialect.h"
 
@@ -874,10 +876,10 @@ OpBuilder kernelInsertionPoint(gpu::GPUModuleOp module) {
 FailureOr<Operation *> entryOp(func::FuncOp func) {
   Operation *epOp = nullptr;
   for (Operation &op : func.getBody().front()) {
-    if (isa<ep::DispatchOp, ep::CombineOp>(op)) {
+    if (isa<ep::DispatchOp, ep::CombineOp, ep::GroupedGemmOp>(op)) {
       if (epOp)
-        return func.emitError("ep-expand: expected one ep.dispatch or ep.combine per function, "
-                              "found a second one"),
+        return func.emitError("ep-expand: expected one ep.dispatch, ep.combine or "
+                              "ep.grouped_gemm per function, found a second one"),
                failure();
       epOp = &op;
     } else if (!isa<func::ReturnOp>(op)) {
@@ -910,8 +912,34 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
   ArrayRef<const char *const> fields;
   ep::ConfigAttr cfg;
   std::function<void(gpu::GPUModuleOp)> build;
+  SmallVector<NamedAttribute> extraMetadata;
+  bool cooperative = true;
+  int64_t windowBytes = -1; // the configuration's layout unless set
 
-  if (auto dispatch = dyn_cast<ep::DispatchOp>(op)) {
+  if (auto gemm = dyn_cast<ep::GroupedGemmOp>(op)) {
+    cfg = gemm.getConfig();
+    auto lhs = cast<ShapedType>(gemm.getLhs().getType());
+    auto rhs = cast<ShapedType>(gemm.getRhs().getType());
+    epic::detail::GroupedGemmShape shape{
+        cfg.getHidden(), rhs.getDimSize(2), cfg.getNumLocalExperts(), cfg.getExpertAlignment(),
+        lhs.getElementType(), cast<ShapedType>(gemm.getResult().getType()).getElementType()};
+    if (failed(epic::detail::checkGroupedGemmShape(op, shape)))
+      return failure();
+    kernelNames = {name + "_gemm"};
+    fields = epic::detail::kGroupedGemmFields;
+    threads = epic::detail::kGemmThreads; // one warpgroup
+    cooperative = false;                  // blocks never wait for each other
+    windowBytes = 0;
+    extraMetadata.push_back(builder.getNamedAttr(
+        "epic.dynamic_shared_bytes",
+        builder.getI64IntegerAttr(epic::detail::kGemmDynamicSharedBytes)));
+    extraMetadata.push_back(builder.getNamedAttr(
+        "epic.tensor_maps", epic::detail::groupedGemmTensorMaps(builder, shape)));
+    build = [=](gpu::GPUModuleOp module) {
+      OpBuilder b = kernelInsertionPoint(module);
+      epic::detail::buildGroupedGemmKernel(createKernel(b, loc, kernelNames[0], false), shape);
+    };
+  } else if (auto dispatch = dyn_cast<ep::DispatchOp>(op)) {
     cfg = dispatch.getConfig();
     // A cached dispatch reads the handle's routing, which the runtime keeps as int64.
     unsigned idxBits =
@@ -988,18 +1016,23 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
   SmallVector<Attribute> kernelAttrs;
   for (const std::string &kernel : kernelNames)
     kernelAttrs.push_back(builder.getStringAttr(kernel));
-  launch->setAttr("epic.entry", builder.getStringAttr(isa<ep::DispatchOp>(op) ? "dispatch" : "combine"));
+  launch->setAttr("epic.entry", builder.getStringAttr(isa<ep::DispatchOp>(op)   ? "dispatch"
+                                                     : isa<ep::CombineOp>(op) ? "combine"
+                                                                              : "grouped_gemm"));
   launch->setAttr("epic.config", cfg);
   launch->setAttr("epic.kernels", builder.getArrayAttr(kernelAttrs));
   launch->setAttr("epic.threads", builder.getI64IntegerAttr(threads));
   launch->setAttr("epic.param_fields", builder.getArrayAttr(fieldNames));
   launch->setAttr("epic.param_stride", builder.getI64IntegerAttr(kParamsStride));
-  launch->setAttr("epic.window_bytes", builder.getI64IntegerAttr(layout.windowBytes));
+  launch->setAttr("epic.window_bytes",
+                  builder.getI64IntegerAttr(windowBytes >= 0 ? windowBytes : layout.windowBytes));
   launch->setAttr("epic.max_blocks_per_rank", builder.getI64IntegerAttr(kMaxBlocksPerRank));
   // The blocks of a launch wait for each other (entry barriers, the count
   // exchange): the runtime must launch them cooperatively (all resident).
-  launch->setAttr("epic.cooperative", builder.getI64IntegerAttr(1));
+  launch->setAttr("epic.cooperative", builder.getI64IntegerAttr(cooperative ? 1 : 0));
   launch->setAttr("epic.timeout_ms", builder.getI64IntegerAttr(timeoutMs));
+  for (NamedAttribute attr : extraMetadata)
+    launch->setAttr(attr.getName(), attr.getValue());
   func.erase();
   return success();
 }
@@ -1017,7 +1050,9 @@ struct EPExpandPass : public epic::impl::EPExpandBase<EPExpandPass> {
     bool failed = false;
     getOperation().walk([&](func::FuncOp func) {
       bool hasEP = false;
-      func.walk([&](Operation *op) { hasEP |= isa<ep::DispatchOp, ep::CombineOp>(op); });
+      func.walk([&](Operation *op) {
+        hasEP |= isa<ep::DispatchOp, ep::CombineOp, ep::GroupedGemmOp>(op);
+      });
       if (!hasEP)
         return;
       FailureOr<Operation *> op = entryOp(func);

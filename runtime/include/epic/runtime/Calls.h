@@ -66,6 +66,15 @@ struct CombineCall {
   Handle handle;            ///< of the dispatch that received `x`
 };
 
+/// ep.grouped_gemm on an expanded dispatch's rows: out[i] = x[i] @ weights[e]
+/// for every expert e's rows i (the handle's per-expert prefix sums).
+struct GroupedGemmCall {
+  DeviceTensor x;       ///< [rows, H] of the dispatch's dtype (bf16 / f16), 16-byte aligned
+  DeviceTensor weights; ///< [L, H, N], same dtype, N contiguous
+  DeviceTensor out;     ///< [rows, N], bf16 / f16 / f32
+  DeviceTensor psumNumRecvTokensPerExpert; ///< i32 [L], the handle's
+};
+
 /// Rows a receive buffer needs: R * Tmax (plain), or every (token, local
 /// expert) pair plus each expert's alignment padding (expanded).
 int64_t receiveRows(const EPSpec &spec);
@@ -76,6 +85,9 @@ ParamRecord dispatchRecord(const EPSpec &spec, const DispatchVariant &variant,
                            const DispatchCall &call);
 ParamRecord combineRecord(const EPSpec &spec, const CombineVariant &variant,
                           const CombineCall &call);
+/// The grouped GEMM's record (x, weights, out, the prefix sums, num_rows); its
+/// "tensor_maps" field is the runtime's (KernelHost::prepare encodes them).
+ParamRecord groupedGemmRecord(const EPSpec &spec, const GroupedGemmCall &call);
 
 /// Checks routing read back from the GPU: every entry in [-1, experts).
 /// `tokens` rows of spec.topk entries; throws naming topk_idx[t][j].

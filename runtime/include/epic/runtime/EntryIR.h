@@ -57,6 +57,12 @@ inline constexpr const char *kCombineEntryName = "ep_combine";
 /// `func.func @<name>` holding one ep.dispatch (scale packs iff FP8).
 std::string dispatchEntryIR(const EPSpec &spec, const DispatchVariant &variant,
                             const std::string &name);
+/// `func.func @<name>` holding one ep.grouped_gemm of an expanded dispatch's
+/// rows by [L, hidden, n] weights into `outDtype` (bf16, f16 or f32).
+std::string groupedGemmEntryIR(const EPSpec &spec, int64_t n, const std::string &outDtype,
+                               const std::string &name);
+inline constexpr const char *kGroupedGemmEntryName = "ep_grouped_gemm";
+
 /// `func.func @<name>` holding one ep.combine.
 std::string combineEntryIR(const EPSpec &spec, const CombineVariant &variant,
                            const std::string &name);

@@ -110,6 +110,12 @@ public:
                            const std::vector<DispatchCall> &calls, int blocks = 0);
   Prepared prepareCombine(const EPSpec &spec, const CombineVariant &variant,
                           const std::vector<CombineCall> &calls, int blocks = 0);
+  /// ep.grouped_gemm of each served rank's expanded rows (Hopper: TMA +
+  /// wgmma; the runtime encodes the TMA descriptors per call).
+  Run groupedGemm(const EPSpec &spec, const std::vector<GroupedGemmCall> &calls,
+                  void *stream = nullptr, int blocks = 0);
+  Prepared prepareGroupedGemm(const EPSpec &spec, const std::vector<GroupedGemmCall> &calls,
+                              int blocks = 0);
 
   /// Every rank's work queued on `stream` before the barrier happens before
   /// any rank's work queued after it (DeepEP's barrier). No host wait.

@@ -227,4 +227,66 @@ def EP_CombineOp : EP_Op<"combine", [AttrSizedOperandSegments]> {
   let hasCanonicalizer = 1;
 }
 
+//===----------------------------------------------------------------------===//
+// ep.grouped_gemm
+//===----------------------------------------------------------------------===//
+
+def EP_GroupedGemmOp : EP_Op<"grouped_gemm", [Pure]> {
+  let summary = "the MoE expert GEMM on a dispatch's expanded layout";
+  let description = [{
+    Multiplies every local expert's rows of an expanded-layout dispatch
+    result by that expert's weight matrix. `handle` is the dispatch's: it
+    says where each expert's rows are. With `L = experts / ranks` local
+    experts, expert `e` owns rows `[start_e, start_e + count_e)` of `lhs`
+    (`start_e` the exclusive prefix sum of the counts rounded up to
+    `expert_alignment`, `count_e` the rows it received), and
+
+    ```
+    result[i, n] = round(sum_k lhs[i, k] * rhs[e, k, n])   for start_e <= i < start_e + count_e
+    ```
+
+    with the products summed in fp32 and rounded once to the result's element
+    type. Rows outside every expert's range (alignment padding, and the rows
+    past the last expert in a worst-case-sized `lhs`) are not written: their
+    contents are unspecified, as in the dispatch without `zero_padding`; the
+    combine never reads them.
+
+    `lhs` holds the dispatched rows (`[rows, hidden]`, BF16 or F16: an FP8
+    dispatch's rows with their scale packs are the next step), `rhs` the
+    experts' weights (`[L, hidden, N]`, the same element type, N contiguous:
+    the layout of `torch.stack([w_e for e in experts])` with `w_e : [hidden,
+    N]`), `result` is `[rows, N]` in BF16, F16 or F32.
+
+    On Hopper `ep-expand` lowers it to a persistent kernel: TMA loads of
+    64 x 64 tiles into a multi-stage shared-memory ring (mbarrier
+    transactions), `wgmma` through the NVGPU dialect, a tile scheduler over
+    (expert, 64-row tile, 128-column tile). The compiler can fuse it with
+    the dispatch before it and the combine after it (`ep-fuse-dispatch-gemm`,
+    `ep-fuse-gemm-combine`).
+
+    ```mlir
+    #cfg = #ep.config<ranks = 8, experts = 256, topk = 8, hidden = 7168,
+                      dtype = bf16, layout = expanded, expert_alignment = 128,
+                      max_tokens_per_rank = 4096>
+    %y = ep.grouped_gemm %recv_x, %w layout(%handle : !ep.handle<#cfg>)
+        : tensor<?x7168xbf16>, tensor<32x7168x2048xbf16> -> tensor<?x2048xbf16>
+    ```
+  }];
+  let arguments = (ins
+    2DTensorOf<[BF16, F16]>:$lhs,
+    3DTensorOf<[BF16, F16]>:$rhs,
+    EP_HandleType:$handle);
+  let results = (outs 2DTensorOf<[BF16, F16, F32]>:$result);
+  let assemblyFormat = [{
+    $lhs `,` $rhs `layout` `(` $handle `:` qualified(type($handle)) `)` attr-dict
+    `:` type($lhs) `,` type($rhs) `->` type($result)
+  }];
+  let extraClassDeclaration = [{
+    ConfigAttr getConfig() {
+      return ::mlir::cast<HandleType>(getHandle().getType()).getConfig();
+    }
+  }];
+  let hasVerifier = 1;
+}
+
 #endif // EPIC_DIALECT_EP_IR_EPOPS_TD

@@ -1,0 +1,158 @@
+"""ep.grouped_gemm (TMA + wgmma, persistent) against torch's cuBLAS matmuls per expert, on the
+rows of a real expanded dispatch, same process, one GPU (a virtual EP world).
+
+    python bench/gemm_bench.py                 # V3: EP8, 256 experts, top-8, hidden 7168, N 2048
+    python bench/gemm_bench.py --compile-only  # fill the kernel cache (tools/device/prepare.sh)
+
+METHOD: the floor is the FLOPs (2 x rows x hidden x N over every rank's expert rows) at the
+GPU's dense BF16 rate; both sides are timed as kernel time from the profiler (CUPTI), medians of
+--iterations after L2 flushes: epic's one launch for all ranks, and the sum of every kernel
+torch runs for the per-expert `torch.mm(x[rows_e], w[e], out=...)` loop (so its launch gaps do
+not count against it). Results are compared first (fp32 outputs, rtol 1e-3). Writes
+bench/results/gemm-<gpu>-<date>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+
+import ep_bench  # noqa: E402
+import epic  # noqa: E402
+from epic import _C  # noqa: E402
+
+KERNEL = "ep_grouped_gemm_gemm"
+ALIGNMENT = 128
+
+
+def spec_of(args):
+    return dict(num_ranks=args.ranks, num_experts=args.experts, num_topk=args.topk,
+                hidden=args.hidden, dtype="bf16", num_scale_packs=0, expert_alignment=ALIGNMENT,
+                do_expand=True, num_max_tokens_per_rank=args.tokens)
+
+
+def compile_only(args):
+    runtime = _C.Runtime("virtual", "", "")
+    spec = spec_of(args)
+    keys = [runtime.kernels(spec, dict(weights=True, cached=False, zero_padding=False),
+                            "dispatch")["key"]]
+    for out in ("bf16", "f32"):
+        keys.append(runtime.kernels(spec, dict(n=args.n, out_dtype=out), "grouped_gemm")["key"])
+    print(f"gemm_bench: {len(keys)} kernel sets in {runtime.cache_dir}")
+
+
+def all_kernels_time(torch, timer, fn):
+    """Median over iterations of the summed device time of every kernel `fn` runs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    totals = []
+    for _ in range(timer.iterations):
+        timer.flush()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.events() if e.device_time_total > 0
+                   and "fill" not in e.name.lower()]
+        totals.append(sum(e.device_time_total for e in kernels) / 1e6)
+    return statistics.median(totals)
+
+
+def run(args):
+    import torch
+
+    R, T, H, E, K, N = args.ranks, args.tokens, args.hidden, args.experts, args.topk, args.n
+    L = E // R
+    timer = ep_bench.Timer(torch, args.iterations)
+    xs, _, idxs, ws = ep_bench.make_inputs(torch, R, T, H, E, K, False, seed=7)
+    buffer = epic.ElasticBuffer(epic.VirtualWorld(R), num_max_tokens_per_rank=T, hidden=H,
+                                num_topk=K, explicitly_destroy=True)
+    recv, _, _, handles, _ = buffer.dispatch(xs, idxs, ws, num_experts=E, do_expand=True,
+                                             expert_alignment=ALIGNMENT)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    weights = [(torch.randn((L, H, N), generator=g, device="cuda") / H ** 0.5)
+               .to(torch.bfloat16) for _ in range(R)]
+    ranges = []
+    for h in handles:
+        psum, previous, rows = h.psum_num_recv_tokens_per_expert.tolist(), 0, []
+        for e in range(L):
+            start = (previous + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+            rows.append((start, psum[e]))
+            previous = psum[e]
+        ranges.append(rows)
+    outs_torch = [torch.zeros((x.shape[0], N), dtype=torch.bfloat16, device="cuda")
+                  for x in recv]
+
+    def torch_gemm():
+        for r in range(R):
+            for e, (start, end) in enumerate(ranges[r]):
+                if end > start:
+                    torch.mm(recv[r][start:end], weights[r][e], out=outs_torch[r][start:end])
+
+    def epic_gemm():
+        return buffer.grouped_gemm(recv, weights, handles)
+
+    # Equal first (fp32 output against fp32 math on the same bf16 inputs).
+    got = buffer.grouped_gemm(recv, weights, handles, out_dtype=torch.float32)
+    torch.cuda.synchronize()
+    worst, equal = 0.0, True
+    for r in range(R):
+        for e, (start, end) in enumerate(ranges[r]):
+            if end > start:
+                want = recv[r][start:end].float() @ weights[r][e].float()
+                error = ((got[r][start:end] - want).abs().max() / want.abs().max()).item()
+                worst = max(worst, error)
+                equal &= error < 1e-3
+    rows = sum(end - start for rr in ranges for start, end in rr)
+    flops = 2.0 * rows * H * N
+
+    t_epic = timer.kernels(epic_gemm, (KERNEL,))[KERNEL]
+    t_torch = all_kernels_time(torch, timer, torch_gemm)
+    w_epic, w_torch = timer.wall(epic_gemm), timer.wall(torch_gemm)
+    buffer.destroy()
+    return dict(rows=rows, flops=flops, equal=bool(equal), max_relative_error=worst,
+                epic_kernel_s=t_epic, cublas_kernels_s=t_torch, epic_wall_s=w_epic,
+                torch_wall_s=w_torch, epic_tflops=flops / t_epic / 1e12,
+                cublas_tflops=flops / t_torch / 1e12, epic_over_cublas=t_torch / t_epic)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=1024, help="tokens per rank")
+    parser.add_argument("--hidden", type=int, default=7168)
+    parser.add_argument("--experts", type=int, default=256)
+    parser.add_argument("--topk", type=int, default=8)
+    parser.add_argument("--n", type=int, default=2048, help="columns of every expert's matrix")
+    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--compile-only", action="store_true")
+    args = parser.parse_args()
+    if args.compile_only or _C.cuda_device_count() == 0:
+        compile_only(args)
+        return 0
+    import torch
+
+    result = run(args)
+    report = dict(date=datetime.date.today().isoformat(), args=vars(args),
+                  gpu=torch.cuda.get_device_name(), result=result)
+    print(f"grouped GEMM, {result['rows']} rows x {args.hidden} x {args.n} over {args.ranks} "
+          f"virtual ranks ({result['flops'] / 1e12:.2f} TFLOP):")
+    print(f"  epic   {result['epic_kernel_s'] * 1e3:8.3f} ms  {result['epic_tflops']:7.1f} TFLOPS "
+          f"(wall {result['epic_wall_s'] * 1e3:.3f} ms)")
+    print(f"  cuBLAS {result['cublas_kernels_s'] * 1e3:8.3f} ms  {result['cublas_tflops']:7.1f} "
+          f"TFLOPS (wall {result['torch_wall_s'] * 1e3:.3f} ms, per-expert torch.mm)")
+    print(f"  epic / cuBLAS throughput: {result['epic_over_cublas']:.2f}; results equal: "
+          f"{result['equal']} (max relative error {result['max_relative_error']:.2e})")
+    ep_bench.write_report(report, args.out, "gemm-")
+    return 0 if result["equal"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

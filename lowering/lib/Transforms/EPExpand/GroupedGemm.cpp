@@ -1,0 +1,322 @@
+//===- GroupedGemm.cpp - ep.grouped_gemm's Hopper kernel -------------------===//
+//
+// A persistent grouped GEMM over a dispatch's expanded layout:
+//
+//   * tiles: (local expert e, 64-row tile of e's rows, 128-column tile of N),
+//     numbered expert by expert; block b of a rank takes tiles b, b + B, ...
+//     (the expert ranges come from the handle's per-expert prefix sums);
+//   * per tile, K in steps of 64 through a ring of 4 shared-memory stages:
+//     thread 0 issues the TMA loads of a stage (a 64 x 64 lhs box, two 64 x 64
+//     weight boxes, 128-byte swizzle) with an mbarrier transaction; the
+//     warpgroup waits for the stage's phase and runs wgmma m64n128k16 x 4
+//     (NVGPU's warpgroup.mma, fp32 accumulators in registers), then the stage
+//     is refilled with the step 4 ahead;
+//   * epilogue: accumulators to shared memory (warpgroup.mma.store), then
+//     16-byte stores of the rows that belong to the expert, converted to the
+//     result type. Rows of the next expert that a tile's loads covered are
+//     computed and dropped; rows past the lhs are TMA's zero fill.
+//
+// The stage and parity of step g (counted over all tiles of the block) are
+// g % 4 and (g / 4) % 2, so the ring continues across tiles.
+//
+//===----------------------------------------------------------------------===//
+
+#include "GroupedGemm.h"
+
+#include "epic/Dialect/Comm/IR/CommDialect.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/NVGPU/IR/NVGPUDialect.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+#include "mlir/IR/ImplicitLocOpBuilder.h"
+
+using namespace mlir;
+namespace comm = epic::comm;
+using namespace epic::detail;
+
+const char *const epic::detail::kGroupedGemmFields[6] = {
+    "x", "weights", "out", "psum_num_recv_tokens_per_expert", "tensor_maps", "num_rows"};
+
+LogicalResult epic::detail::checkGroupedGemmShape(Operation *op, const GroupedGemmShape &s) {
+  if (s.hidden % kGemmTileK != 0)
+    return op->emitError("ep-expand: the grouped GEMM steps through K (hidden = ")
+           << s.hidden << ") in tiles of " << kGemmTileK << ": it must be a multiple";
+  if (s.n % kGemmTileN != 0)
+    return op->emitError("ep-expand: the grouped GEMM's output tiles are ")
+           << kGemmTileN << " columns wide: N (" << s.n << ") must be a multiple";
+  if (s.alignment < 1)
+    return op->emitError("ep-expand: expert_alignment must be positive");
+  return success();
+}
+
+ArrayAttr epic::detail::groupedGemmTensorMaps(Builder &b, const GroupedGemmShape &s) {
+  auto map = [&](StringRef field, Attribute rows, int64_t cols) {
+    NamedAttribute entries[] = {
+        b.getNamedAttr("field", b.getStringAttr(field)),
+        b.getNamedAttr("rows", rows),
+        b.getNamedAttr("cols", b.getI64IntegerAttr(cols)),
+        b.getNamedAttr("elem_bytes", b.getI64IntegerAttr(2)),
+        b.getNamedAttr("box_rows", b.getI64IntegerAttr(64)),
+        b.getNamedAttr("box_cols", b.getI64IntegerAttr(64)),
+        b.getNamedAttr("swizzle", b.getI64IntegerAttr(128)),
+    };
+    return b.getDictionaryAttr(entries);
+  };
+  // lhs: [num_rows, hidden]; weights as [L * hidden, N] (N contiguous).
+  return b.getArrayAttr({map("x", b.getStringAttr("num_rows"), s.hidden),
+                         map("weights", b.getI64IntegerAttr(s.localExperts * s.hidden), s.n)});
+}
+
+namespace {
+
+struct GemmBuilder {
+  ImplicitLocOpBuilder &b;
+  const GroupedGemmShape &shape;
+  MLIRContext *ctx;
+  Attribute workgroup;
+
+  GemmBuilder(ImplicitLocOpBuilder &b, const GroupedGemmShape &shape)
+      : b(b), shape(shape), ctx(b.getContext()),
+        workgroup(gpu::AddressSpaceAttr::get(b.getContext(), gpu::AddressSpace::Workgroup)) {}
+
+  // --- index arithmetic -----------------------------------------------------
+  Value idx(int64_t v) { return arith::ConstantIndexOp::create(b, v); }
+  Value add(Value x, Value y) { return arith::AddIOp::create(b, x, y); }
+  Value sub(Value x, Value y) { return arith::SubIOp::create(b, x, y); }
+  Value mul(Value x, Value y) { return arith::MulIOp::create(b, x, y); }
+  Value divu(Value x, Value y) { return arith::DivUIOp::create(b, x, y); }
+  Value remu(Value x, Value y) { return arith::RemUIOp::create(b, x, y); }
+  Value ult(Value x, Value y) { return arith::CmpIOp::create(b, arith::CmpIPredicate::ult, x, y); }
+  Value ule(Value x, Value y) { return arith::CmpIOp::create(b, arith::CmpIPredicate::ule, x, y); }
+  Value select(Value c, Value x, Value y) { return arith::SelectOp::create(b, c, x, y); }
+  Value andi(Value x, Value y) { return arith::AndIOp::create(b, x, y); }
+  /// Rounds `x` up to a multiple of `a`.
+  Value alignUp(Value x, int64_t a) { return a == 1 ? x : mul(divu(add(x, idx(a - 1)), idx(a)), idx(a)); }
+  Value ceilDiv(Value x, int64_t d) { return divu(add(x, idx(d - 1)), idx(d)); }
+
+  // --- types ----------------------------------------------------------------
+  Type ptrT(unsigned space = 1) { return LLVM::LLVMPointerType::get(ctx, space); }
+  MemRefType smem(ArrayRef<int64_t> shape, Type element) {
+    return MemRefType::get(shape, element, MemRefLayoutAttrInterface(), workgroup);
+  }
+  nvgpu::MBarrierGroupType barriersT() {
+    return nvgpu::MBarrierGroupType::get(ctx, workgroup, kGemmStages);
+  }
+  nvgpu::TensorMapDescriptorType mapT() {
+    return nvgpu::TensorMapDescriptorType::get(
+        ctx, smemSpaceless(smem({64, 64}, shape.inType)), nvgpu::TensorMapSwizzleKind::SWIZZLE_128B,
+        nvgpu::TensorMapL2PromoKind::L2PROMO_NONE, nvgpu::TensorMapOOBKind::OOB_ZERO,
+        nvgpu::TensorMapInterleaveKind::INTERLEAVE_NONE);
+  }
+  nvgpu::WarpgroupAccumulatorType accT() {
+    return nvgpu::WarpgroupAccumulatorType::get(
+        ctx, VectorType::get({kGemmTileM, kGemmTileN}, b.getF32Type()));
+  }
+
+  // --- memory ---------------------------------------------------------------
+  Value gep(Value base, Value bytes) {
+    return LLVM::GEPOp::create(b, base.getType(), b.getI8Type(), base, ValueRange{bytes});
+  }
+  Value i64(Value index) { return arith::IndexCastOp::create(b, b.getI64Type(), index); }
+  Value field(Value record, int64_t index, Type type) {
+    Value at = gep(record, i64(idx(index * 8)));
+    return LLVM::LoadOp::create(b, type, at, 8);
+  }
+  /// A typed view of `bytes` of dynamic shared memory at `offset`.
+  Value view(Value dynamic, Value offset, MemRefType type) {
+    return memref::ViewOp::create(b, type, dynamic, offset, ValueRange{});
+  }
+
+  // --- control flow ---------------------------------------------------------
+  /// for (iv = lb; iv < ub; iv += step) with carried values; `body` returns
+  /// the next values.
+  ValueRange loop(Value lb, Value ub, Value step, ValueRange init,
+                  function_ref<SmallVector<Value>(Value, ValueRange)> body) {
+    auto op = scf::ForOp::create(b, lb, ub, step, init);
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(op.getBody());
+    SmallVector<Value> next = body(op.getInductionVar(), op.getRegionIterArgs());
+    scf::YieldOp::create(b, next);
+    return op.getResults();
+  }
+  void when(Value cond, function_ref<void()> body) {
+    auto op = scf::IfOp::create(b, cond, /*withElseRegion=*/false);
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(op.thenBlock());
+    body();
+  }
+
+  void build(gpu::GPUFuncOp func) {
+    const int64_t kSteps = shape.hidden / kGemmTileK;
+    const int64_t nTiles = shape.n / kGemmTileN;
+    const int64_t L = shape.localExperts;
+    Value comm = func.getArgument(0), table = func.getArgument(2);
+
+    Value record = comm::RankParamsOp::create(b, table, /*stride=*/128, comm);
+    Value out = field(record, 2, ptrT());
+    Value psum = field(record, 3, ptrT());
+    Value maps = LLVM::AddrSpaceCastOp::create(b, ptrT(0), field(record, 4, ptrT()));
+    // The runtime encodes the two descriptors 128 bytes apart (epic.tensor_maps).
+    Value lhsMap = UnrealizedConversionCastOp::create(b, mapT(), maps).getResult(0);
+    Value rhsMap =
+        UnrealizedConversionCastOp::create(b, mapT(), gep(maps, i64(idx(128)))).getResult(0);
+
+    Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
+    Value block = gpu::BlockIdOp::create(b, gpu::Dimension::x);
+    Value blocks = gpu::GridDimOp::create(b, gpu::Dimension::x);
+    Value leader = arith::CmpIOp::create(b, arith::CmpIPredicate::eq, tid, idx(0));
+
+    // Stages start on a 1024-byte boundary (128-byte swizzle atoms).
+    Value dynamic = gpu::DynamicSharedMemoryOp::create(
+        b, MemRefType::get({ShapedType::kDynamic}, b.getI8Type(), MemRefLayoutAttrInterface(),
+                           workgroup));
+    Value address = memref::ExtractAlignedPointerAsIndexOp::create(b, dynamic);
+    Value pad = remu(sub(idx(1024), remu(address, idx(1024))), idx(1024));
+
+    Value bars = nvgpu::MBarrierCreateOp::create(b, barriersT());
+    for (int64_t s = 0; s < kGemmStages; ++s)
+      nvgpu::MBarrierInitOp::create(b, bars, idx(1), idx(s), leader);
+    nvgpu::TmaPrefetchOp::create(b, lhsMap, leader);
+    nvgpu::TmaPrefetchOp::create(b, rhsMap, leader);
+    gpu::BarrierOp::create(b);
+
+    // The expert of a row range: [alignUp(psum[e - 1]), psum[e]).
+    auto expertEnd = [&](Value e) {
+      Value at = gep(psum, i64(mul(e, idx(4))));
+      Value end = LLVM::LoadOp::create(b, b.getI32Type(), at, 4);
+      return Value(arith::IndexCastUIOp::create(b, b.getIndexType(), end));
+    };
+    auto tilesOf = [&](Value start, Value end) {
+      return mul(ceilDiv(sub(end, start), kGemmTileM), idx(nTiles));
+    };
+    // Total tiles of this rank.
+    Value total = loop(idx(0), idx(L), idx(1), ValueRange{idx(0), idx(0)},
+                       [&](Value e, ValueRange carried) -> SmallVector<Value> {
+                         Value start = alignUp(carried[1], shape.alignment);
+                         Value end = expertEnd(e);
+                         return {add(carried[0], tilesOf(start, end)), end};
+                       })[0];
+
+    auto stageOffset = [&](Value step) {
+      return add(pad, mul(remu(step, idx(kGemmStages)), idx(kGemmStageBytes)));
+    };
+    constexpr int64_t lhsBytes = kGemmTileM * kGemmTileK * 2, halfBytes = 64 * 64 * 2;
+    // Thread 0 loads step `k` of a tile into the stage of global step `g`.
+    auto issue = [&](Value g, Value k, Value row0, Value weightRow0, Value col0) {
+      Value stage = remu(g, idx(kGemmStages));
+      Value offset = stageOffset(g);
+      MemRefType box = smem({64, 64}, shape.inType);
+      nvgpu::MBarrierArriveExpectTxOp::create(b, bars, idx(kGemmStageBytes), stage, leader);
+      Value kCol = mul(k, idx(kGemmTileK));
+      nvgpu::TmaAsyncLoadOp::create(b, view(dynamic, offset, box), bars, lhsMap,
+                                    ValueRange{kCol, row0}, stage, Value(), leader);
+      Value wRow = add(weightRow0, kCol);
+      for (int64_t half = 0; half < 2; ++half)
+        nvgpu::TmaAsyncLoadOp::create(
+            b, view(dynamic, add(offset, idx(lhsBytes + half * halfBytes)), box), bars, rhsMap,
+            ValueRange{add(col0, idx(half * 64)), wRow}, stage, Value(), leader);
+    };
+
+    loop(block, total, blocks, ValueRange{idx(0)},
+         [&](Value tile, ValueRange carried) -> SmallVector<Value> {
+      Value g0 = carried[0];
+      // The tile's expert: scan the experts' tile counts. Carried: tiles
+      // before e, the previous expert's end, then the chosen expert, its start,
+      // its end and the tiles before it.
+      ValueRange found = loop(
+          idx(0), idx(L), idx(1), ValueRange{idx(0), idx(0), idx(0), idx(0), idx(0), idx(0)},
+          [&](Value e, ValueRange c) -> SmallVector<Value> {
+            Value start = alignUp(c[1], shape.alignment);
+            Value end = expertEnd(e);
+            Value after = add(c[0], tilesOf(start, end));
+            Value mine = andi(ule(c[0], tile), ult(tile, after));
+            return {after, end, select(mine, e, c[2]), select(mine, start, c[3]),
+                    select(mine, end, c[4]), select(mine, c[0], c[5])};
+          });
+      Value expert = found[2], start = found[3], end = found[4];
+      Value local = sub(tile, found[5]);
+      Value row0 = add(start, mul(divu(local, idx(nTiles)), idx(kGemmTileM)));
+      Value col0 = mul(remu(local, idx(nTiles)), idx(kGemmTileN));
+      Value weightRow0 = mul(expert, idx(shape.hidden));
+
+      // Fill the ring, then: wait for a stage, multiply, refill it 4 steps ahead.
+      for (int64_t i = 0; i < std::min(kGemmStages, kSteps); ++i)
+        issue(add(g0, idx(i)), idx(i), row0, weightRow0, col0);
+      Value init = nvgpu::WarpgroupMmaInitAccumulatorOp::create(b, accT());
+      Value acc = loop(idx(0), idx(kSteps), idx(1), ValueRange{init},
+                       [&](Value k, ValueRange c) -> SmallVector<Value> {
+        Value g = add(g0, k);
+        Value stage = remu(g, idx(kGemmStages));
+        Value parity = arith::IndexCastOp::create(
+            b, b.getI1Type(), remu(divu(g, idx(kGemmStages)), idx(2)));
+        nvgpu::MBarrierTryWaitParityOp::create(b, bars, parity, idx(10000000), stage);
+        Value offset = stageOffset(g);
+        MemRefType lhsTile = smem({kGemmTileM, kGemmTileK}, shape.inType);
+        MemRefType rhsTile = smem({kGemmTileK, kGemmTileN}, shape.inType);
+        Value dA = nvgpu::WarpgroupGenerateDescriptorOp::create(
+            b, nvgpu::WarpgroupMatrixDescriptorType::get(ctx, smemSpaceless(lhsTile)),
+            view(dynamic, offset, lhsTile), lhsMap);
+        Value dB = nvgpu::WarpgroupGenerateDescriptorOp::create(
+            b, nvgpu::WarpgroupMatrixDescriptorType::get(ctx, smemSpaceless(rhsTile)),
+            view(dynamic, add(offset, idx(lhsBytes)), rhsTile), rhsMap);
+        // waitGroup 0: the stage is read before it is refilled.
+        Value d = nvgpu::WarpgroupMmaOp::create(b, accT(), dA, dB, b.getI64IntegerAttr(0),
+                                                UnitAttr(), b.getUnitAttr(), c[0]);
+        gpu::BarrierOp::create(b); // every warp is done with the stage
+        when(ult(add(k, idx(kGemmStages)), idx(kSteps)), [&] {
+          issue(add(g, idx(kGemmStages)), add(k, idx(kGemmStages)), row0, weightRow0, col0);
+        });
+        return {d};
+      })[0];
+
+      // Epilogue: through shared memory (the ring is idle: every load was
+      // consumed), 8 columns per thread and step, only the expert's rows.
+      MemRefType accTile = smem({kGemmTileM, kGemmTileN}, b.getF32Type());
+      Value staged = view(dynamic, pad, accTile);
+      nvgpu::WarpgroupMmaStoreOp::create(b, acc, staged);
+      gpu::BarrierOp::create(b);
+      const int64_t outBytes = shape.outType.getIntOrFloatBitWidth() / 8;
+      auto chunkF32 = VectorType::get({8}, b.getF32Type());
+      auto chunkOut = VectorType::get({8}, shape.outType);
+      constexpr int64_t chunksPerRow = kGemmTileN / 8;
+      for (int64_t it = 0; it < kGemmTileM * chunksPerRow / kGemmThreads; ++it) {
+        Value chunk = add(idx(it * kGemmThreads), tid);
+        Value r = divu(chunk, idx(chunksPerRow));
+        Value c = mul(remu(chunk, idx(chunksPerRow)), idx(8));
+        Value v = vector::LoadOp::create(b, chunkF32, staged, ValueRange{r, c});
+        if (shape.outType != b.getF32Type())
+          v = arith::TruncFOp::create(b, chunkOut, v);
+        Value row = add(row0, r);
+        when(ult(row, end), [&] {
+          Value element = add(mul(row, idx(shape.n)), add(col0, c));
+          Value at = gep(out, i64(mul(element, idx(outBytes))));
+          LLVM::StoreOp::create(b, v, at, 16);
+        });
+      }
+      gpu::BarrierOp::create(b);
+      // The next tile's TMA writes (async proxy) follow these generic accesses.
+      NVVM::FenceProxyOp::create(b, NVVM::ProxyKind::async_shared,
+                                 NVVM::SharedSpaceAttr::get(ctx, NVVM::SharedSpace::shared_cta));
+      return {add(g0, idx(kSteps))};
+    });
+  }
+
+  /// The descriptor types name the tile's shape in address space 3 (as the
+  /// upstream NVGPU tests spell it).
+  MemRefType smemSpaceless(MemRefType tile) {
+    return MemRefType::get(tile.getShape(), tile.getElementType(), MemRefLayoutAttrInterface(),
+                           IntegerAttr::get(IntegerType::get(ctx, 64), 3));
+  }
+};
+
+} // namespace
+
+void epic::detail::buildGroupedGemmKernel(gpu::GPUFuncOp func, const GroupedGemmShape &shape) {
+  ImplicitLocOpBuilder b(func.getLoc(), func.getContext());
+  b.setInsertionPoint(func.getBody().front().getTerminator());
+  GemmBuilder(b, shape).build(func);
+}

@@ -1,0 +1,53 @@
+//===- GroupedGemm.h - ep.grouped_gemm's Hopper kernel ----------*- C++ -*-===//
+//
+// ep-expand's builder of the grouped GEMM kernel (TMA + wgmma through the
+// NVGPU dialect), kept apart from the communication kernels of EPExpand.cpp.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef EPIC_LOWERING_TRANSFORMS_EPEXPAND_GROUPEDGEMM_H
+#define EPIC_LOWERING_TRANSFORMS_EPEXPAND_GROUPEDGEMM_H
+
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/IR/BuiltinAttributes.h"
+
+namespace epic::detail {
+
+/// Everything the kernel is specialized on.
+struct GroupedGemmShape {
+  int64_t hidden;      ///< K of the GEMM (the dispatch's hidden size)
+  int64_t n;           ///< columns of every expert's weight matrix
+  int64_t localExperts;
+  int64_t alignment;   ///< the dispatch's expert_alignment (where expert rows start)
+  mlir::Type inType;   ///< bf16 or f16 (lhs and weights)
+  mlir::Type outType;  ///< bf16, f16 or f32
+};
+
+/// Tile and pipeline of the kernel: one warpgroup computes 64 x 128 output
+/// tiles over K in steps of 64, through a ring of kStages shared-memory stages.
+constexpr int64_t kGemmTileM = 64, kGemmTileN = 128, kGemmTileK = 64, kGemmStages = 4;
+constexpr int64_t kGemmThreads = 128;
+/// A stage: the 64 x 64 lhs tile, then the 64 x 128 weight tile as two 64 x 64
+/// halves (128-byte swizzle: a TMA box row is at most 128 bytes).
+constexpr int64_t kGemmStageBytes = (kGemmTileM * kGemmTileK + kGemmTileK * kGemmTileN) * 2;
+/// The stages plus slack to align them to 1024 bytes (128-byte swizzle atoms).
+constexpr int64_t kGemmDynamicSharedBytes = kGemmStages * kGemmStageBytes + 1024;
+
+/// Fields of the kernel's per-rank parameter record, in order.
+extern const char *const kGroupedGemmFields[6];
+
+/// Checks what the kernel supports (tile multiples, element types); emits the
+/// diagnostic on `op`.
+mlir::LogicalResult checkGroupedGemmShape(mlir::Operation *op, const GroupedGemmShape &shape);
+
+/// Fills `func` (ep-expand's kernel signature: device communicator, window,
+/// parameter table) with the persistent grouped GEMM.
+void buildGroupedGemmKernel(mlir::gpu::GPUFuncOp func, const GroupedGemmShape &shape);
+
+/// The launch metadata the runtime needs to encode the kernel's two TMA
+/// descriptors (`epic.tensor_maps`).
+mlir::ArrayAttr groupedGemmTensorMaps(mlir::Builder &b, const GroupedGemmShape &shape);
+
+} // namespace epic::detail
+
+#endif // EPIC_LOWERING_TRANSFORMS_EPEXPAND_GROUPEDGEMM_H

@@ -1,0 +1,60 @@
+// ep-expand of ep.grouped_gemm: one persistent kernel of one warpgroup. The
+// launch function asks for 99 KiB of dynamic shared memory (4 stages of
+// 24 KiB + alignment slack) and two TMA descriptors the runtime encodes per
+// call; the kernel loads stages with TMA (mbarrier transactions), multiplies
+// with wgmma (NVGPU's warpgroup.mma, B transposed: N is contiguous) and
+// stores only the rows of each tile's expert.
+// RUN: epic-opt %s --ep-expand | FileCheck %s
+
+#cfg = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 1024, dtype = bf16,
+                  expert_alignment = 128, layout = expanded, max_tokens_per_rank = 256>
+
+// CHECK-LABEL: gpu.func @gemm_gemm(
+// CHECK-SAME:      %[[COMM:.*]]: !comm.dev_comm, %{{.*}}: !comm.window, %[[TABLE:.*]]: !llvm.ptr<1>) kernel
+// CHECK:         %[[RECORD:.*]] = comm.rank_params %[[TABLE]] stride 128 via %[[COMM]]
+// The descriptors: record field 4, 128 bytes apart.
+// CHECK:         %[[MAPS:.*]] = llvm.addrspacecast %{{.*}} : !llvm.ptr<1> to !llvm.ptr
+// CHECK:         %[[LHS:.*]] = builtin.unrealized_conversion_cast %[[MAPS]] : !llvm.ptr to !nvgpu.tensormap.descriptor<tensor = memref<64x64xbf16, 3>, swizzle = swizzle_128b, l2promo = none, oob = zero, interleave = none>
+// CHECK:         %[[RHSPTR:.*]] = llvm.getelementptr %[[MAPS]]
+// CHECK:         %[[RHS:.*]] = builtin.unrealized_conversion_cast %[[RHSPTR]]
+// CHECK:         %[[SMEM:.*]] = gpu.dynamic_shared_memory
+// CHECK:         %[[BARS:.*]] = nvgpu.mbarrier.create -> <memorySpace = #gpu.address_space<workgroup>, num_barriers = 4>
+// CHECK-COUNT-4: nvgpu.mbarrier.init %[[BARS]]
+// CHECK:         nvgpu.tma.prefetch.descriptor %[[LHS]]
+// CHECK:         nvgpu.tma.prefetch.descriptor %[[RHS]]
+// Tiles of this rank: the experts' row counts from the handle's prefix sums.
+// CHECK:         %[[TOTAL:.*]]:2 = scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args
+// CHECK:         scf.for %[[TILE:.*]] = %{{.*}} to %[[TOTAL]]#0 step %{{.*}} iter_args
+// Prologue: 4 stages, each an expect_tx of 24576 bytes and three TMA boxes.
+// CHECK:           nvgpu.mbarrier.arrive.expect_tx %[[BARS]][%{{.*}}], %{{.*}}
+// CHECK:           nvgpu.tma.async.load %[[LHS]]
+// CHECK:           nvgpu.tma.async.load %[[RHS]]
+// CHECK:           nvgpu.tma.async.load %[[RHS]]
+// CHECK:           %[[INIT:.*]] = nvgpu.warpgroup.mma.init.accumulator -> <fragmented = vector<64x128xf32>>
+// CHECK:           %[[ACC:.*]] = scf.for %{{.*}} iter_args(%[[C:.*]] = %[[INIT]])
+// CHECK:             nvgpu.mbarrier.try_wait.parity %[[BARS]]
+// CHECK:             %[[DA:.*]] = nvgpu.warpgroup.generate.descriptor %{{.*}}, %[[LHS]] : memref<64x64xbf16, #gpu.address_space<workgroup>>
+// CHECK:             %[[DB:.*]] = nvgpu.warpgroup.generate.descriptor %{{.*}}, %[[RHS]] : memref<64x128xbf16, #gpu.address_space<workgroup>>
+// CHECK:             %[[D:.*]] = nvgpu.warpgroup.mma %[[DA]], %[[DB]], %[[C]] {transposeB, waitGroup = 0 : i64}
+// CHECK:             gpu.barrier
+// The stage is refilled with the step 4 ahead, if there is one.
+// CHECK:             scf.if
+// CHECK:               nvgpu.tma.async.load %[[LHS]]
+// CHECK:             scf.yield %[[D]]
+// CHECK:           nvgpu.warpgroup.mma.store %[[ACC]], %{{.*}} : <fragmented = vector<64x128xf32>> to memref<64x128xf32, #gpu.address_space<workgroup>>
+// Only the expert's rows are stored, 8 columns per thread and step.
+// CHECK-COUNT-8:   arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
+// CHECK:           nvvm.fence.proxy
+// CHECK-LABEL: func.func @gemm(
+// CHECK-SAME:      epic.cooperative = 0
+// CHECK-SAME:      epic.dynamic_shared_bytes = 99328
+// CHECK-SAME:      epic.entry = "grouped_gemm"
+// CHECK-SAME:      epic.param_fields = ["x", "weights", "out", "psum_num_recv_tokens_per_expert", "tensor_maps", "num_rows"]
+// CHECK-SAME:      epic.tensor_maps = [{box_cols = 64 : i64, box_rows = 64 : i64, cols = 1024 : i64, elem_bytes = 2 : i64, field = "x", rows = "num_rows", swizzle = 128 : i64}, {box_cols = 64 : i64, box_rows = 64 : i64, cols = 512 : i64, elem_bytes = 2 : i64, field = "weights", rows = 8192 : i64, swizzle = 128 : i64}]
+// CHECK-SAME:      epic.threads = 128
+func.func @gemm(%x: tensor<?x1024xbf16>, %w: tensor<8x1024x512xbf16>, %h: !ep.handle<#cfg>)
+    -> tensor<?x512xbf16> {
+  %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#cfg>)
+      : tensor<?x1024xbf16>, tensor<8x1024x512xbf16> -> tensor<?x512xbf16>
+  return %y : tensor<?x512xbf16>
+}

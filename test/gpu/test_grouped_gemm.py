@@ -1,0 +1,124 @@
+"""ep.grouped_gemm on the H200: epic's TMA + wgmma kernel against torch (cuBLAS) per expert,
+on the rows of real expanded dispatches in virtual worlds.
+
+Run by tools/device/run.sh; the kernels come from the cache tools/device/prepare.sh fills
+(`python test/gpu/test_grouped_gemm.py --prepare` there).
+"""
+
+import sys
+
+import pytest
+
+# Configurations: (ranks, experts, hidden, N, tokens per rank, expert alignment).
+CONFIGS = [(2, 16, 1024, 256, 96, 64), (8, 64, 1024, 512, 64, 128), (8, 256, 7168, 2048, 48, 128)]
+TOPK = 6
+
+
+def spec_of(ranks, experts, hidden, tokens, alignment):
+    return dict(num_ranks=ranks, num_experts=experts, num_topk=TOPK, hidden=hidden, dtype="bf16",
+                num_scale_packs=0, expert_alignment=alignment, do_expand=True,
+                num_max_tokens_per_rank=tokens)
+
+
+def prepare():
+    """Compiles every kernel this file launches into $EPIC_CACHE_DIR (no GPU needed)."""
+    import epic._C as C
+
+    runtime = C.Runtime("virtual", "", "")
+    count = 0
+    for ranks, experts, hidden, n, tokens, alignment in CONFIGS:
+        spec = spec_of(ranks, experts, hidden, tokens, alignment)
+        runtime.kernels(spec, dict(weights=False, cached=False, zero_padding=False), "dispatch")
+        runtime.kernels(spec, dict(weights=False, biases=0), "combine")
+        for out in ("bf16", "f32"):
+            runtime.kernels(spec, dict(n=n, out_dtype=out), "grouped_gemm")
+            count += 1
+    # test_grouped_gemm_output_feeds_the_combine: a square expert GEMM on CONFIGS[0].
+    ranks, experts, hidden, n, tokens, alignment = CONFIGS[0]
+    runtime.kernels(spec_of(ranks, experts, hidden, tokens, alignment),
+                    dict(n=hidden, out_dtype="bf16"), "grouped_gemm")
+    count += 1
+    print(f"test_grouped_gemm: {count} grouped GEMM kernel sets in {runtime.cache_dir}")
+
+
+if __name__ == "__main__" and "--prepare" in sys.argv:
+    sys.exit(prepare())
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():  # pragma: no cover - CPU machines
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import epic  # noqa: E402
+
+
+def expert_rows(handle, L, alignment):
+    """[(start, end)] of each local expert's rows in the expanded layout."""
+    psum = handle.psum_num_recv_tokens_per_expert.tolist()
+    rows, previous = [], 0
+    for e in range(L):
+        start = (previous + alignment - 1) // alignment * alignment
+        rows.append((start, psum[e]))
+        previous = psum[e]
+    return rows
+
+
+@pytest.mark.parametrize("ranks, experts, hidden, n, tokens, alignment", CONFIGS)
+def test_grouped_gemm_matches_torch_per_expert(ranks, experts, hidden, n, tokens, alignment):
+    g = torch.Generator(device="cuda").manual_seed(hidden + ranks)
+    buffer = epic.ElasticBuffer(epic.VirtualWorld(ranks), num_max_tokens_per_rank=tokens,
+                                hidden=hidden, num_topk=TOPK, explicitly_destroy=True)
+    L = experts // ranks
+    xs = [torch.randn((tokens - r, hidden), generator=g, device="cuda").to(torch.bfloat16)
+          for r in range(ranks)]
+    idxs = [torch.rand((tokens - r, experts), generator=g, device="cuda").topk(TOPK).indices
+            for r in range(ranks)]
+    recv, _, _, handles, _ = buffer.dispatch(xs, idxs, num_experts=experts, do_expand=True,
+                                             expert_alignment=alignment)
+    ws = [(torch.randn((L, hidden, n), generator=g, device="cuda") / hidden ** 0.5)
+          .to(torch.bfloat16) for _ in range(ranks)]
+    out32 = buffer.grouped_gemm(recv, ws, handles, out_dtype=torch.float32)
+    out16 = buffer.grouped_gemm(recv, ws, handles)
+    torch.cuda.synchronize()
+    for r in range(ranks):
+        assert out16[r].dtype == torch.bfloat16 and out16[r].shape == (recv[r].shape[0], n)
+        covered = torch.zeros(recv[r].shape[0], dtype=torch.bool, device="cuda")
+        for e, (start, end) in enumerate(expert_rows(handles[r], L, alignment)):
+            if end == start:
+                continue
+            want = recv[r][start:end].float() @ ws[r][e].float()
+            torch.testing.assert_close(out32[r][start:end], want, rtol=1e-4, atol=1e-3,
+                                       msg=lambda m: f"rank {r} expert {e}: {m}")
+            torch.testing.assert_close(out16[r][start:end], want.to(torch.bfloat16),
+                                       rtol=1.6e-2, atol=1e-2)
+            covered[start:end] = True
+        # Padding rows are not an expert's: the API returns them zero.
+        assert not out32[r][~covered].any()
+    buffer.destroy()
+
+
+def test_grouped_gemm_output_feeds_the_combine():
+    """dispatch -> grouped GEMM -> combine, unfused, against torch doing the same math."""
+    ranks, experts, hidden, n, tokens, alignment = CONFIGS[0]
+    g = torch.Generator(device="cuda").manual_seed(5)
+    buffer = epic.ElasticBuffer(epic.VirtualWorld(ranks), num_max_tokens_per_rank=tokens,
+                                hidden=hidden, num_topk=TOPK, explicitly_destroy=True)
+    L = experts // ranks
+    xs = [torch.randn((tokens, hidden), generator=g, device="cuda").to(torch.bfloat16)
+          for _ in range(ranks)]
+    idxs = [torch.rand((tokens, experts), generator=g, device="cuda").topk(TOPK).indices
+            for _ in range(ranks)]
+    # A square expert GEMM (N = hidden) so that its output can be combined.
+    ws = [(torch.randn((L, hidden, hidden), generator=g, device="cuda") / hidden ** 0.5)
+          .to(torch.bfloat16) for _ in range(ranks)]
+    recv, _, _, handles, _ = buffer.dispatch(xs, idxs, num_experts=experts, do_expand=True,
+                                             expert_alignment=alignment)
+    ys = buffer.grouped_gemm(recv, ws, handles)
+    combined, _, _ = buffer.combine(ys, handles)
+    torch.cuda.synchronize()
+    for r in range(ranks):
+        want = torch.zeros((tokens, hidden), device="cuda")
+        for t in range(tokens):
+            for e in idxs[r][t].tolist():
+                want[t] += (xs[r][t].float() @ ws[e // L][e % L].float()).to(torch.bfloat16).float()
+        torch.testing.assert_close(combined[r].float(), want, rtol=2e-2, atol=2e-2)
+    buffer.destroy()
