@@ -21,7 +21,7 @@ using namespace epic::runtime;
 using detail::check;
 
 namespace {
-constexpr int kSignals = 64, kCounters = 64, kBarriers = 1024, kParamStride = 128;
+constexpr int kSignals = 64, kCounters = 64, kBarriers = 1024;
 } // namespace
 
 namespace epic::runtime {
@@ -221,10 +221,12 @@ Loaded &KernelHost::load(const std::string &entryIR, Run &run) {
       throw std::runtime_error("kernels " + result.key +
                                ": tensor_maps metadata without a \"tensor_maps\" parameter");
   }
-  if (loaded->paramStride != kParamStride)
+  // Records are 8-byte fields; fused entries have more of them than 128 bytes hold.
+  if (loaded->paramStride % 8 || loaded->paramStride < int64_t(8 * loaded->fields.size()) ||
+      loaded->paramStride > 4096)
     throw std::runtime_error("kernels " + result.key + ": parameter records of " +
-                             std::to_string(loaded->paramStride) + " bytes, the runtime writes " +
-                             std::to_string(kParamStride));
+                             std::to_string(loaded->paramStride) + " bytes cannot hold " +
+                             std::to_string(loaded->fields.size()) + " 8-byte fields");
   check(detail::driver().moduleLoadData(&loaded->module, result.module->cubin.data()), "cuModuleLoadData");
   try {
     for (const std::string &name : loaded->kernelNames) {
@@ -332,14 +334,14 @@ KernelHost::prepare(const std::string &entryIR, const std::vector<ParamRecord> &
                  k.programmatic ? ", programmatic dependent launch" : "", (long long)k.windowBytes,
                  (long long)bytesPerRank);
   }
-  std::vector<uint64_t> table(size_t(servedRanks) * kParamStride / 8, 0);
+  std::vector<uint64_t> table(size_t(servedRanks) * k.paramStride / 8, 0);
   for (int r = 0; r < servedRanks; ++r)
     for (const auto &[name, value] : records[r]) {
       auto it = std::find(k.fields.begin(), k.fields.end(), name);
       if (it == k.fields.end())
         throw std::invalid_argument("rank " + std::to_string(r) + ": unknown parameter \"" +
                                     name + "\" for kernels " + k.kernelNames[0]);
-      table[size_t(r) * kParamStride / 8 + size_t(it - k.fields.begin())] = value;
+      table[size_t(r) * k.paramStride / 8 + size_t(it - k.fields.begin())] = value;
     }
   // TMA descriptors follow the records, one group of maps per rank.
   const size_t tableBytes = table.size() * 8;
@@ -354,7 +356,7 @@ KernelHost::prepare(const std::string &entryIR, const std::vector<ParamRecord> &
                                 k.fields.begin());
     for (int r = 0; r < servedRanks; ++r) {
       size_t at = mapsOffset + size_t(r) * mapsPerRank * kTensorMapBytes;
-      table[size_t(r) * kParamStride / 8 + field] =
+      table[size_t(r) * k.paramStride / 8 + field] =
           reinterpret_cast<uint64_t>(prepared.params) + at;
       for (const TensorMapSpec &spec : k.tensorMaps) {
         encodeTensorMap(spec, records[r], r, k.kernelNames[0], host.data() + at);

@@ -283,6 +283,26 @@ static void printDispatchResultTypes(OpAsmPrinter &printer, Operation *,
       printer << ", " << t;
 }
 
+/// ep.dispatch_gemm's results: recv_x, recv_topk_weights iff weights were
+/// given, the GEMM's result, the handle.
+static ParseResult parseDispatchGemmResultTypes(OpAsmParser &parser, Type &recvX,
+                                                Type &recvWeights, Type &result, Type &handle,
+                                                Type topkWeightsType) {
+  if (parser.parseType(recvX) ||
+      (topkWeightsType && (parser.parseComma() || parser.parseType(recvWeights))))
+    return failure();
+  return failure(parser.parseComma() || parser.parseType(result) || parser.parseComma() ||
+                 parser.parseType(handle));
+}
+
+static void printDispatchGemmResultTypes(OpAsmPrinter &printer, Operation *, Type recvX,
+                                         Type recvWeights, Type result, Type handle, Type) {
+  printer << recvX;
+  for (Type t : {recvWeights, result, handle})
+    if (t)
+      printer << ", " << t;
+}
+
 //===----------------------------------------------------------------------===//
 // CombineOp
 //===----------------------------------------------------------------------===//
@@ -313,6 +333,46 @@ LogicalResult GroupedGemmOp::verify() {
       failed(check.staticDim("result", out, 1, rhs.getDimSize(2), "N")) ||
       failed(check.sameDim("lhs", lhs, "result", out, "the row count")))
     return failure();
+  return success();
+}
+
+LogicalResult DispatchGemmOp::verify() {
+  ConfigAttr cfg = getConfig();
+  ShapeChecker check{*this};
+  if (!cfg.isExpanded())
+    return emitOpError("fuses an expanded dispatch: the configuration's layout is plain");
+  if (cfg.isFP8())
+    return emitOpError("multiplies BF16 or F16 rows; the configuration dispatches ")
+           << cfg.getDtype();
+  int64_t hidden = cfg.getHidden(), k = cfg.getTopk(), local = cfg.getNumLocalExperts();
+  ShapedType x = shaped(getX()), rows = shaped(getRecvX()), w = shaped(getExperts()),
+             out = shaped(getResult());
+  if (failed(check.elementType("x", x, cfg.getDtype())) ||
+      failed(check.staticDim("x", x, 1, hidden, "hidden")) ||
+      failed(check.maxDim("x", x, 0, cfg.getMaxTokensPerRank(), "tokens")) ||
+      failed(check.staticDim("topk_idx", shaped(getTopkIdx()), 1, k, "top-k")) ||
+      failed(check.sameDim("x", x, "topk_idx", shaped(getTopkIdx()), "the token count")))
+    return failure();
+  if (Value tw = getTopkWeights())
+    if (failed(check.staticDim("topk_weights", shaped(tw), 1, k, "top-k")) ||
+        failed(check.sameDim("x", x, "topk_weights", shaped(tw), "the token count")))
+      return failure();
+  if (static_cast<bool>(getRecvTopkWeights()) != static_cast<bool>(getTopkWeights()))
+    return emitOpError("has a recv_topk_weights result iff it has weights");
+  if (failed(check.elementType("recv_x", rows, cfg.getDtype())) ||
+      failed(check.staticDim("recv_x", rows, 1, hidden, "hidden")) ||
+      failed(check.maxDim("recv_x", rows, 0, cfg.getMaxOutputRows(), "rows")) ||
+      failed(check.elementType("experts", w, cfg.getDtype())) ||
+      failed(check.staticDim("experts", w, 0, local, "local experts")) ||
+      failed(check.staticDim("experts", w, 1, hidden, "hidden")))
+    return failure();
+  if (w.isDynamicDim(2))
+    return emitOpError("experts dimension 2 (N) must be static");
+  if (failed(check.staticDim("result", out, 1, w.getDimSize(2), "N")) ||
+      failed(check.sameDim("recv_x", rows, "result", out, "the row count")))
+    return failure();
+  if (cast<HandleType>(getHandle().getType()).getConfig() != cfg)
+    return emitOpError("handle type must carry the op's configuration");
   return success();
 }
 

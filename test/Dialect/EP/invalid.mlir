@@ -586,3 +586,23 @@ func.func @f(%x: tensor<10x128xbf16>, %w: tensor<8x128x256xbf16>, %h: !ep.handle
   %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#c>) : tensor<10x128xbf16>, tensor<8x128x256xbf16> -> tensor<12x256xbf16>
   return
 }
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x128xbf16>, %idx: tensor<?x4xi64>, %e: tensor<8x128x256xbf16>) {
+  // expected-error@+1 {{fuses an expanded dispatch: the configuration's layout is plain}}
+  %rx, %y, %h = ep.dispatch_gemm %x topk(%idx : tensor<?x4xi64>) experts(%e : tensor<8x128x256xbf16>) config #c
+      : tensor<?x128xbf16> -> tensor<?x128xbf16>, tensor<?x256xbf16>, !ep.handle<#c>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, layout = expanded, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x128xbf16>, %idx: tensor<?x4xi64>, %e: tensor<8x128x256xbf16>) {
+  // expected-error@+1 {{result dimension 1 (N) must be 256, got 128}}
+  %rx, %y, %h = ep.dispatch_gemm %x topk(%idx : tensor<?x4xi64>) experts(%e : tensor<8x128x256xbf16>) config #c
+      : tensor<?x128xbf16> -> tensor<?x128xbf16>, tensor<?x128xbf16>, !ep.handle<#c>
+  return
+}

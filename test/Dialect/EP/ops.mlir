@@ -160,3 +160,17 @@ func.func @grouped_gemm(%x: tensor<?x1024xbf16>, %w: tensor<8x1024x512xbf16>,
       : tensor<?x1024xbf16>, tensor<8x1024x512xbf16> -> tensor<?x512xf32>
   return %y, %z : tensor<?x512xbf16>, tensor<?x512xf32>
 }
+
+// CHECK-LABEL: func.func @dispatch_gemm
+func.func @dispatch_gemm(%x: tensor<?x1024xbf16>, %idx: tensor<?x6xi64>, %w: tensor<?x6xf32>,
+                         %e: tensor<8x1024x512xbf16>) {
+  // CHECK: ep.dispatch_gemm %{{.*}} topk(%{{.*}} : tensor<?x6xi64>) weights(%{{.*}} : tensor<?x6xf32>) experts(%{{.*}} : tensor<8x1024x512xbf16>) zero_padding config #[[$EXP]] : tensor<?x1024xbf16> -> tensor<?x1024xbf16>, tensor<?xf32>, tensor<?x512xbf16>, !ep.handle<#[[$EXP]]>
+  %rx, %rw, %y, %h = ep.dispatch_gemm %x topk(%idx : tensor<?x6xi64>) weights(%w : tensor<?x6xf32>)
+      experts(%e : tensor<8x1024x512xbf16>) zero_padding config #exp
+      : tensor<?x1024xbf16> -> tensor<?x1024xbf16>, tensor<?xf32>, tensor<?x512xbf16>, !ep.handle<#exp>
+  // CHECK: ep.dispatch_gemm %{{.*}} topk(%{{.*}} : tensor<?x6xi64>) experts(%{{.*}} : tensor<8x1024x512xbf16>) config #[[$EXP]] : tensor<?x1024xbf16> -> tensor<?x1024xbf16>, tensor<?x512xf32>, !ep.handle<#[[$EXP]]>
+  %rx2, %y2, %h2 = ep.dispatch_gemm %x topk(%idx : tensor<?x6xi64>)
+      experts(%e : tensor<8x1024x512xbf16>) config #exp
+      : tensor<?x1024xbf16> -> tensor<?x1024xbf16>, tensor<?x512xf32>, !ep.handle<#exp>
+  return
+}

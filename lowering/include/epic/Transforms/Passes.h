@@ -4,8 +4,10 @@
 #define EPIC_TRANSFORMS_PASSES_H
 
 #include "epic/Dialect/Comm/IR/CommDialect.h"
+#include "epic/Dialect/EP/IR/EPDialect.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"

@@ -129,4 +129,45 @@ def EPExpand : Pass<"ep-expand", "::mlir::ModuleOp"> {
                            "::epic::comm::CommDialect"];
 }
 
+def EPFuseDispatchGemm : Pass<"ep-fuse-dispatch-gemm", "::mlir::func::FuncOp"> {
+  let summary = "fuse an expanded dispatch with the expert GEMM on its rows";
+  let description = [{
+    Rewrites `ep.dispatch` (expanded layout, BF16/F16, not cached) followed by
+    an `ep.grouped_gemm` of its `recv_x` on its handle into one
+    `ep.dispatch_gemm`, whose schedule lets every GEMM tile wait only for the
+    rows it reads instead of the whole dispatch.
+
+    **Schedule** (what `ep-expand` generates for `ep.dispatch_gemm`): the
+    dispatch's send kernel as before (records into the peers' windows, count
+    exchange, prefix sums), then **one cooperative kernel with two roles**
+    rather than two kernels on two streams (one launch, nothing for the
+    runtime to coordinate, and the roles share the tile counters in the
+    window): a quarter of the blocks (at least one) *copy* — they place each
+    received (token, local expert) pair at its row of the expert's range and
+    then add 1 (release) to the counter of that row's 64-row tile,
+    `tile_done[e][row / 64]`; the other blocks run the persistent grouped GEMM,
+    and before the TMA loads of a tile, thread 0 waits (bounded acquire,
+    `comm.wait_flag`) until the tile's counter reaches the rows the tile
+    covers, `min(64, count_e - 64 m)`. Tiles of experts whose rows are placed
+    start while the others are still being copied. The last of the tile's
+    N / 128 column tiles resets its counter (a second counter counts them),
+    so the counters are zero again after every call.
+
+    Fusion is refused, with a remark that says why, when the rows feed
+    something else than one `ep.grouped_gemm` on the same handle, when the
+    dispatch is cached or FP8, or when the expert weights are not available
+    where the fused op must go.
+
+    ```mlir
+    // before
+    %rx, %rw, %h = ep.dispatch %x topk(%idx : ...) weights(%w : ...) config #cfg : ...
+    %y = ep.grouped_gemm %rx, %W layout(%h : !ep.handle<#cfg>) : ...
+    // after
+    %rx, %rw, %y, %h = ep.dispatch_gemm %x topk(%idx : ...) weights(%w : ...)
+        experts(%W : ...) config #cfg : ...
+    ```
+  }];
+  let dependentDialects = ["::epic::ep::EPDialect"];
+}
+
 #endif // EPIC_TRANSFORMS_PASSES_TD

@@ -14,6 +14,7 @@
 #include "epic/Dialect/EP/IR/EPDialect.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/IRMapping.h"
 #include "mlir/IR/ImplicitLocOpBuilder.h"
 #include "mlir/IR/SymbolTable.h"
 
@@ -58,6 +59,8 @@ struct EPLayout {
   /// Bound of every device-side wait (DeepEP's num_gpu_timeout_secs); the
   /// entry function's `epic.timeout_ms` overrides it.
   int64_t timeoutMs = kDefaultTimeoutMs;
+  /// Bytes per rank of the parameter table (more for fused entries' fields).
+  int64_t paramStride = 128;
 
   EPLayout(ep::ConfigAttr cfg, unsigned idxBits) {
     ranks = cfg.getRanks();
@@ -123,6 +126,14 @@ enum CombineField {
 };
 constexpr int64_t kParamsStride = 128;
 static_assert(kNumDispatchFields * 8 <= kParamsStride && kNumCombineFields * 8 <= kParamsStride);
+/// ep.dispatch_gemm: the dispatch's fields, then the GEMM's.
+const char *const kDispatchGemmFields[] = {
+    "x", "scale_packs", "topk_idx", "topk_weights", "recv_x", "recv_scale_packs",
+    "recv_topk_idx", "recv_topk_weights", "recv_src_metadata",
+    "psum_num_recv_tokens_per_rank", "num_recv_tokens_per_expert",
+    "psum_num_recv_tokens_per_expert", "host_counts", "num_tokens", "dst_buffer_slot_idx",
+    "experts", "gemm_out", "tensor_maps"};
+constexpr int64_t kFusedParamsStride = 256;
 
 //===----------------------------------------------------------------------===//
 // Kernel builder
@@ -135,7 +146,7 @@ public:
     b.setInsertionPointToStart(&func.getBody().front());
     comm = func.getArgument(0);
     window = func.getArgument(1);
-    params = comm::RankParamsOp::create(b, func.getArgument(2), kParamsStride, comm);
+    params = comm::RankParamsOp::create(b, func.getArgument(2), layout.paramStride, comm);
     lsa = comm::TeamOp::create(b, comm::TeamType::get(b.getContext()), comm::TeamKind::lsa, comm);
     me = comm::TeamRankOp::create(b, b.getI32Type(), lsa);
     tid = index(gpu::ThreadIdOp::create(b, gpu::Dimension::x));
@@ -406,6 +417,9 @@ gpu::GPUFuncOp createKernel(OpBuilder &builder, Location loc, StringRef name, bo
 
 struct DispatchShape {
   bool scalePacks, weights, expanded, cached, zeroPadding;
+  /// Fused with the grouped GEMM (ep.dispatch_gemm): window offset of the
+  /// per-(expert, 64-row tile) arrival counters the copy bumps, or -1.
+  int64_t tileDone = -1, maxTiles = 0;
 };
 
 /// Each peer gets flag 1 (release) from the rank's last block, which then
@@ -684,6 +698,20 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
           k.when(k.eq(k.lane, k.i32(0)), [&] {
             k.store(recordWeight(record, j), k.at(recvWeights, k.mul(out, k.i32(4))), 4);
           });
+        if (shape.tileDone >= 0) {
+          // The row is in place: count it in its 64-row tile of the expert
+          // (every lane's stores, then one release by lane 0).
+          Value expert = k.shuffle(localId, j);
+          Value start = k.sub(k.loadI32(psumPerExpert, expert), k.loadI32(expertCounts, expert));
+          Value tile = k.add(k.mul(expert, k.i32(shape.maxTiles)),
+                             k.divu(k.sub(out, start), k.i32(64)));
+          comm::FenceOp::create(k.b, comm::Ordering::acq_rel, comm::Scope::gpu);
+          NVVM::SyncWarpOp::create(k.b, k.fullMask());
+          k.when(k.eq(k.lane, k.i32(0)), [&] {
+            comm::RedOp::create(k.b, comm::AtomicKind::add, comm::Ordering::release,
+                                comm::Scope::gpu, k.i32(1), k.counter(shape.tileDone, tile));
+          });
+        }
       });
     }
     if (!shape.cached) {
@@ -865,6 +893,77 @@ void buildCombineReduce(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sha
 //===----------------------------------------------------------------------===//
 
 /// After the kernels already in `module`, so they stay in launch order.
+//===----------------------------------------------------------------------===//
+// Dispatch fused with the grouped GEMM
+//===----------------------------------------------------------------------===//
+
+/// Copies the body of `from` (a kernel with ep-expand's signature) before
+/// `b`'s insertion point, its arguments mapped to `to`'s, with its block
+/// index and count replaced by `block`/`blocks`.
+void inlineKernelBody(OpBuilder &b, gpu::GPUFuncOp from, gpu::GPUFuncOp to, Value block,
+                      Value blocks) {
+  IRMapping map;
+  for (auto [a, c] : llvm::zip(from.getArguments(), to.getArguments()))
+    map.map(a, c);
+  Block *start = b.getInsertionBlock();
+  for (Operation &op : from.getBody().front().without_terminator())
+    b.clone(op, map);
+  start->walk([&](Operation *op) {
+    if (auto id = dyn_cast<gpu::BlockIdOp>(op); id && id.getDimension() == gpu::Dimension::x) {
+      id.replaceAllUsesWith(block);
+      id.erase();
+    } else if (auto dim = dyn_cast<gpu::GridDimOp>(op);
+               dim && dim.getDimension() == gpu::Dimension::x) {
+      dim.replaceAllUsesWith(blocks);
+      dim.erase();
+    }
+  });
+}
+
+/// `<name>_copy_gemm`: a quarter of the blocks (at least one) run the
+/// dispatch's copy, counting placed rows per 64-row tile; the others run the
+/// grouped GEMM, each tile waiting for its count. One block does both, in
+/// that order. Built as two kernels, then merged into one.
+void buildCopyGemmKernel(OpBuilder &builder, Location loc, StringRef name, const EPLayout &L,
+                         DispatchShape shape, const epic::detail::GroupedGemmShape &gemm) {
+  gpu::GPUFuncOp copy = createKernel(builder, loc, (name + "_copy_role").str(), false);
+  buildDispatchCopy(copy, L, shape);
+  gpu::GPUFuncOp compute = createKernel(builder, loc, (name + "_gemm_role").str(), false);
+  epic::detail::buildGroupedGemmKernel(compute, gemm);
+  gpu::GPUFuncOp kernel = createKernel(builder, loc, name, false);
+
+  OpBuilder b(kernel.getBody().front().getTerminator());
+  Value block = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
+  Value blocks = gpu::GridDimOp::create(b, loc, gpu::Dimension::x);
+  Value one = arith::ConstantIndexOp::create(b, loc, 1);
+  Value four = arith::ConstantIndexOp::create(b, loc, 4);
+  Value quarter = arith::DivUIOp::create(b, loc, blocks, four);
+  Value copiers = arith::MaxUIOp::create(b, loc, quarter, one);
+  Value alone = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::eq, blocks, one);
+  Value isCopier = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ult, block, copiers);
+  auto copyRole = scf::IfOp::create(b, loc, isCopier, /*withElseRegion=*/false);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPoint(copyRole.thenBlock()->getTerminator());
+    inlineKernelBody(b, copy, kernel, block, copiers);
+  }
+  Value computes = arith::OrIOp::create(b, loc, alone, arith::XOrIOp::create(
+      b, loc, isCopier, arith::ConstantIntOp::create(b, loc, 1, 1)));
+  auto gemmRole = scf::IfOp::create(b, loc, computes, /*withElseRegion=*/false);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPoint(gemmRole.thenBlock()->getTerminator());
+    Value zero = arith::ConstantIndexOp::create(b, loc, 0);
+    Value gemmBlock = arith::SelectOp::create(b, loc, alone, zero,
+                                              arith::SubIOp::create(b, loc, block, copiers));
+    Value gemmBlocks = arith::SelectOp::create(b, loc, alone, one,
+                                               arith::SubIOp::create(b, loc, blocks, copiers));
+    inlineKernelBody(b, compute, kernel, gemmBlock, gemmBlocks);
+  }
+  copy.erase();
+  compute.erase();
+}
+
 OpBuilder kernelInsertionPoint(gpu::GPUModuleOp module) {
   Block *body = module.getBody();
   if (!body->empty() && body->back().hasTrait<OpTrait::IsTerminator>())
@@ -876,7 +975,7 @@ OpBuilder kernelInsertionPoint(gpu::GPUModuleOp module) {
 FailureOr<Operation *> entryOp(func::FuncOp func) {
   Operation *epOp = nullptr;
   for (Operation &op : func.getBody().front()) {
-    if (isa<ep::DispatchOp, ep::CombineOp, ep::GroupedGemmOp>(op)) {
+    if (isa<ep::DispatchOp, ep::CombineOp, ep::GroupedGemmOp, ep::DispatchGemmOp>(op)) {
       if (epOp)
         return func.emitError("ep-expand: expected one ep.dispatch, ep.combine or "
                               "ep.grouped_gemm per function, found a second one"),
@@ -915,6 +1014,7 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
   SmallVector<NamedAttribute> extraMetadata;
   bool cooperative = true;
   int64_t windowBytes = -1; // the configuration's layout unless set
+  int64_t paramStride = kParamsStride;
 
   if (auto gemm = dyn_cast<ep::GroupedGemmOp>(op)) {
     cfg = gemm.getConfig();
@@ -934,10 +1034,53 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
         "epic.dynamic_shared_bytes",
         builder.getI64IntegerAttr(epic::detail::kGemmDynamicSharedBytes)));
     extraMetadata.push_back(builder.getNamedAttr(
-        "epic.tensor_maps", epic::detail::groupedGemmTensorMaps(builder, shape)));
+        "epic.tensor_maps", epic::detail::groupedGemmTensorMaps(builder, shape, "x", "weights",
+                                                                builder.getStringAttr("num_rows"))));
     build = [=](gpu::GPUModuleOp module) {
       OpBuilder b = kernelInsertionPoint(module);
       epic::detail::buildGroupedGemmKernel(createKernel(b, loc, kernelNames[0], false), shape);
+    };
+  } else if (auto fused = dyn_cast<ep::DispatchGemmOp>(op)) {
+    cfg = fused.getConfig();
+    auto experts = cast<ShapedType>(fused.getExperts().getType());
+    epic::detail::GroupedGemmShape gemm{
+        cfg.getHidden(), experts.getDimSize(2), cfg.getNumLocalExperts(),
+        cfg.getExpertAlignment(), cfg.getDtype(),
+        cast<ShapedType>(fused.getResult().getType()).getElementType()};
+    if (failed(epic::detail::checkGroupedGemmShape(op, gemm)))
+      return failure();
+    unsigned idxBits = cast<ShapedType>(fused.getTopkIdx().getType()).getElementTypeBitWidth();
+    EPLayout layout(cfg, idxBits);
+    // The tile counters follow the dispatch's window: [L][max tiles] twice.
+    int64_t maxTiles = (cfg.getRanks() * cfg.getMaxTokensPerRank() + 63) / 64;
+    int64_t counters = align(int64_t(cfg.getNumLocalExperts()) * maxTiles * 4, 256);
+    int64_t tileDone = align(layout.windowBytes, 256);
+    windowBytes = tileDone + 2 * counters;
+    paramStride = kFusedParamsStride;
+    gemm.paramStride = paramStride;
+    gemm.outField = kNumDispatchFields + 1, gemm.psumField = kPsumPerExpert;
+    gemm.mapsField = kNumDispatchFields + 2;
+    gemm.tileDone = tileDone, gemm.tileConsumed = tileDone + counters, gemm.maxTiles = maxTiles;
+    gemm.timeoutMs = timeoutMs;
+    DispatchShape shape{false, static_cast<bool>(fused.getTopkWeights()), true, false,
+                        fused.getZeroPadding(), tileDone, maxTiles};
+    kernelNames = {name + "_send", name + "_copy_gemm"};
+    fields = kDispatchGemmFields;
+    threads = epic::detail::kGemmThreads;
+    extraMetadata.push_back(builder.getNamedAttr(
+        "epic.dynamic_shared_bytes",
+        builder.getI64IntegerAttr(epic::detail::kGemmDynamicSharedBytes)));
+    extraMetadata.push_back(builder.getNamedAttr(
+        "epic.tensor_maps",
+        epic::detail::groupedGemmTensorMaps(builder, gemm, "recv_x", "experts",
+                                            builder.getI64IntegerAttr(cfg.getMaxOutputRows()))));
+    build = [=](gpu::GPUModuleOp module) {
+      EPLayout fusedLayout(cfg, idxBits);
+      fusedLayout.timeoutMs = timeoutMs;
+      fusedLayout.paramStride = kFusedParamsStride;
+      OpBuilder b = kernelInsertionPoint(module);
+      buildDispatchSend(createKernel(b, loc, kernelNames[0], true), fusedLayout, shape);
+      buildCopyGemmKernel(b, loc, kernelNames[1], fusedLayout, shape, gemm);
     };
   } else if (auto dispatch = dyn_cast<ep::DispatchOp>(op)) {
     cfg = dispatch.getConfig();
@@ -1018,12 +1161,14 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
     kernelAttrs.push_back(builder.getStringAttr(kernel));
   launch->setAttr("epic.entry", builder.getStringAttr(isa<ep::DispatchOp>(op)   ? "dispatch"
                                                      : isa<ep::CombineOp>(op) ? "combine"
-                                                                              : "grouped_gemm"));
+                                                     : isa<ep::GroupedGemmOp>(op)
+                                                         ? "grouped_gemm"
+                                                         : "dispatch_gemm"));
   launch->setAttr("epic.config", cfg);
   launch->setAttr("epic.kernels", builder.getArrayAttr(kernelAttrs));
   launch->setAttr("epic.threads", builder.getI64IntegerAttr(threads));
   launch->setAttr("epic.param_fields", builder.getArrayAttr(fieldNames));
-  launch->setAttr("epic.param_stride", builder.getI64IntegerAttr(kParamsStride));
+  launch->setAttr("epic.param_stride", builder.getI64IntegerAttr(paramStride));
   launch->setAttr("epic.window_bytes",
                   builder.getI64IntegerAttr(windowBytes >= 0 ? windowBytes : layout.windowBytes));
   launch->setAttr("epic.max_blocks_per_rank", builder.getI64IntegerAttr(kMaxBlocksPerRank));
@@ -1051,7 +1196,7 @@ struct EPExpandPass : public epic::impl::EPExpandBase<EPExpandPass> {
     getOperation().walk([&](func::FuncOp func) {
       bool hasEP = false;
       func.walk([&](Operation *op) {
-        hasEP |= isa<ep::DispatchOp, ep::CombineOp, ep::GroupedGemmOp>(op);
+        hasEP |= isa<ep::DispatchOp, ep::CombineOp, ep::GroupedGemmOp, ep::DispatchGemmOp>(op);
       });
       if (!hasEP)
         return;

@@ -53,7 +53,9 @@ LogicalResult epic::detail::checkGroupedGemmShape(Operation *op, const GroupedGe
   return success();
 }
 
-ArrayAttr epic::detail::groupedGemmTensorMaps(Builder &b, const GroupedGemmShape &s) {
+ArrayAttr epic::detail::groupedGemmTensorMaps(Builder &b, const GroupedGemmShape &s,
+                                              StringRef lhsField, StringRef weightsField,
+                                              Attribute rows) {
   auto map = [&](StringRef field, Attribute rows, int64_t cols) {
     NamedAttribute entries[] = {
         b.getNamedAttr("field", b.getStringAttr(field)),
@@ -67,8 +69,8 @@ ArrayAttr epic::detail::groupedGemmTensorMaps(Builder &b, const GroupedGemmShape
     return b.getDictionaryAttr(entries);
   };
   // lhs: [num_rows, hidden]; weights as [L * hidden, N] (N contiguous).
-  return b.getArrayAttr({map("x", b.getStringAttr("num_rows"), s.hidden),
-                         map("weights", b.getI64IntegerAttr(s.localExperts * s.hidden), s.n)});
+  return b.getArrayAttr({map(lhsField, rows, s.hidden),
+                         map(weightsField, b.getI64IntegerAttr(s.localExperts * s.hidden), s.n)});
 }
 
 namespace {
@@ -154,12 +156,13 @@ struct GemmBuilder {
     const int64_t kSteps = shape.hidden / kGemmTileK;
     const int64_t nTiles = shape.n / kGemmTileN;
     const int64_t L = shape.localExperts;
-    Value comm = func.getArgument(0), table = func.getArgument(2);
+    Value comm = func.getArgument(0), window = func.getArgument(1), table = func.getArgument(2);
 
-    Value record = comm::RankParamsOp::create(b, table, /*stride=*/128, comm);
-    Value out = field(record, 2, ptrT());
-    Value psum = field(record, 3, ptrT());
-    Value maps = LLVM::AddrSpaceCastOp::create(b, ptrT(0), field(record, 4, ptrT()));
+    Value record = comm::RankParamsOp::create(b, table, shape.paramStride, comm);
+    Value out = field(record, shape.outField, ptrT());
+    Value psum = field(record, shape.psumField, ptrT());
+    Value maps =
+        LLVM::AddrSpaceCastOp::create(b, ptrT(0), field(record, shape.mapsField, ptrT()));
     // The runtime encodes the two descriptors 128 bytes apart (epic.tensor_maps).
     Value lhsMap = UnrealizedConversionCastOp::create(b, mapT(), maps).getResult(0);
     Value rhsMap =
@@ -243,6 +246,30 @@ struct GemmBuilder {
       Value col0 = mul(remu(local, idx(nTiles)), idx(kGemmTileN));
       Value weightRow0 = mul(expert, idx(shape.hidden));
 
+      // Fused: wait until the copy role has placed every row of this tile.
+      Value mt = divu(local, idx(nTiles));
+      auto tileCounter = [&](int64_t base) {
+        Value slot = add(mul(expert, idx(shape.maxTiles)), mt);
+        return comm::LocalPtrOp::create(b, ptrT(), window,
+                                        i64(add(idx(base), mul(slot, idx(4)))));
+      };
+      if (shape.tileDone >= 0) {
+        when(leader, [&] {
+          Value left = sub(end, row0);
+          Value rows = select(ult(left, idx(kGemmTileM)), left, idx(kGemmTileM));
+          Value needed = arith::IndexCastOp::create(b, b.getI32Type(), rows);
+          Value me = comm::TeamRankOp::create(
+              b, b.getI32Type(),
+              comm::TeamOp::create(b, comm::TeamType::get(ctx), comm::TeamKind::world, comm));
+          comm::WaitFlagOp::create(b, b.getI32Type(), tileCounter(shape.tileDone),
+                                   comm::Predicate::ge, needed, me, Value(), comm::Scope::gpu,
+                                   shape.timeoutMs);
+          // The rows were written by generic stores; TMA reads through the async proxy.
+          NVVM::FenceProxyOp::create(b, NVVM::ProxyKind::async_global, NVVM::SharedSpaceAttr());
+        });
+        gpu::BarrierOp::create(b);
+      }
+
       // Fill the ring, then: wait for a stage, multiply, refill it 4 steps ahead.
       for (int64_t i = 0; i < std::min(kGemmStages, kSteps); ++i)
         issue(add(g0, idx(i)), idx(i), row0, weightRow0, col0);
@@ -295,6 +322,22 @@ struct GemmBuilder {
           Value element = add(mul(row, idx(shape.n)), add(col0, c));
           Value at = gep(out, i64(mul(element, idx(outBytes))));
           LLVM::StoreOp::create(b, v, at, 16);
+        });
+      }
+      if (shape.tileDone >= 0) {
+        // The last of the row tile's column tiles resets both counters.
+        when(leader, [&] {
+          Value before = comm::AtomicRMWOp::create(
+              b, b.getI32Type(), comm::AtomicKind::add, comm::Ordering::relaxed,
+              comm::Scope::gpu, arith::ConstantIntOp::create(b, 1, 32),
+              tileCounter(shape.tileConsumed));
+          Value last = arith::CmpIOp::create(b, arith::CmpIPredicate::eq, before,
+                                             arith::ConstantIntOp::create(b, nTiles - 1, 32));
+          when(last, [&] {
+            Value zero = arith::ConstantIntOp::create(b, 0, 32);
+            LLVM::StoreOp::create(b, zero, tileCounter(shape.tileDone), 4);
+            LLVM::StoreOp::create(b, zero, tileCounter(shape.tileConsumed), 4);
+          });
         });
       }
       gpu::BarrierOp::create(b);

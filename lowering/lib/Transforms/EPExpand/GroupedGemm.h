@@ -21,6 +21,14 @@ struct GroupedGemmShape {
   int64_t alignment;   ///< the dispatch's expert_alignment (where expert rows start)
   mlir::Type inType;   ///< bf16 or f16 (lhs and weights)
   mlir::Type outType;  ///< bf16, f16 or f32
+  /// Where the kernel's inputs are in the rank's parameter record.
+  int64_t paramStride = 128;
+  int64_t outField = 2, psumField = 3, mapsField = 4;
+  /// Fused behind the dispatch's copy (ep.dispatch_gemm): window offsets of
+  /// the per-(expert, 64-row tile) arrival counters and of the counters of
+  /// column tiles done with them, or -1; `maxTiles` row tiles per expert.
+  int64_t tileDone = -1, tileConsumed = -1, maxTiles = 0;
+  int64_t timeoutMs = 100000;
 };
 
 /// Tile and pipeline of the kernel: one warpgroup computes 64 x 128 output
@@ -46,7 +54,11 @@ void buildGroupedGemmKernel(mlir::gpu::GPUFuncOp func, const GroupedGemmShape &s
 
 /// The launch metadata the runtime needs to encode the kernel's two TMA
 /// descriptors (`epic.tensor_maps`).
-mlir::ArrayAttr groupedGemmTensorMaps(mlir::Builder &b, const GroupedGemmShape &shape);
+/// `lhsField`/`weightsField`: the record fields of the two tensors; `rows`:
+/// the lhs row count, a record field name or a constant.
+mlir::ArrayAttr groupedGemmTensorMaps(mlir::Builder &b, const GroupedGemmShape &shape,
+                                      llvm::StringRef lhsField, llvm::StringRef weightsField,
+                                      mlir::Attribute rows);
 
 } // namespace epic::detail
 

@@ -289,4 +289,54 @@ def EP_GroupedGemmOp : EP_Op<"grouped_gemm", [Pure]> {
   let hasVerifier = 1;
 }
 
+//===----------------------------------------------------------------------===//
+// ep.dispatch_gemm
+//===----------------------------------------------------------------------===//
+
+def EP_DispatchGemmOp : EP_Op<"dispatch_gemm", []> {
+  let summary = "an expanded dispatch fused with the expert GEMM on its rows";
+  let description = [{
+    What `ep-fuse-dispatch-gemm` makes of an `ep.dispatch` (expanded layout,
+    BF16/F16, not cached) whose rows feed an `ep.grouped_gemm` on its handle:
+    the same results as the two ops one after the other (`recv_x`,
+    `recv_topk_weights`, the handle, and `result` = the GEMM's output), but
+    one schedule. `ep-expand` lowers it to the dispatch's send kernel, then
+    one cooperative kernel with two roles: copy blocks place each received
+    row in its expert's range and count it in that row's 64-row tile
+    (release), GEMM blocks wait (bounded acquire) for the tile they are about
+    to load and for nothing else. GEMM tiles of early experts run while later
+    rows are still being placed; an expert with few rows never waits for a
+    large one.
+
+    ```mlir
+    %rx, %rw, %y, %h = ep.dispatch_gemm %x topk(%idx : tensor<?x8xi64>)
+        weights(%w : tensor<?x8xf32>) experts(%W : tensor<32x7168x2048xbf16>)
+        config #cfg : tensor<?x7168xbf16>
+        -> tensor<?x7168xbf16>, tensor<?xf32>, tensor<?x2048xbf16>, !ep.handle<#cfg>
+    ```
+  }];
+  let arguments = (ins
+    EP_ConfigAttr:$config,
+    2DTensorOf<[BF16, F16]>:$x,
+    EP_TopkIdxTensor:$topk_idx,
+    Optional<2DTensorOf<[F32]>>:$topk_weights,
+    3DTensorOf<[BF16, F16]>:$experts,
+    UnitAttr:$zero_padding);
+  let results = (outs
+    2DTensorOf<[BF16, F16]>:$recv_x,
+    Optional<1DTensorOf<[F32]>>:$recv_topk_weights,
+    2DTensorOf<[BF16, F16, F32]>:$result,
+    EP_HandleType:$handle);
+  let assemblyFormat = [{
+    $x `topk` `(` $topk_idx `:` type($topk_idx) `)`
+    (`weights` `(` $topk_weights^ `:` type($topk_weights) `)`)?
+    `experts` `(` $experts `:` type($experts) `)`
+    (`zero_padding` $zero_padding^)?
+    `config` $config attr-dict `:` type($x) `->`
+    custom<DispatchGemmResultTypes>(type($recv_x), type($recv_topk_weights), type($result),
+        type($handle), ref(type($topk_weights)))
+  }];
+  let hasVerifier = 1;
+}
+
 #endif // EPIC_DIALECT_EP_IR_EPOPS_TD

@@ -1,0 +1,72 @@
+// ep-expand of ep.dispatch_gemm (what ep-fuse-dispatch-gemm makes): the
+// dispatch's send kernel, then one cooperative kernel whose first quarter of
+// blocks copies rows into the expanded layout and counts them per 64-row tile
+// (fence, warp sync, one release add per row), while the other blocks run the
+// grouped GEMM, each tile's loads preceded by a bounded acquire wait for that
+// tile's count (and a proxy fence: TMA reads what generic stores wrote).
+// RUN: epic-opt %s --ep-expand | FileCheck %s
+// RUN: epic-compile %s --backend=virtual -o %t
+// RUN: FileCheck %s --check-prefix=JSON < %t.json
+
+#cfg = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 1024, dtype = bf16,
+                  expert_alignment = 128, layout = expanded, max_tokens_per_rank = 256>
+
+// CHECK-LABEL: gpu.func @moe_send(
+// CHECK:         comm.rank_params %{{.*}} stride 256
+
+// CHECK-LABEL: gpu.func @moe_copy_gemm(
+// CHECK-SAME:      %[[COMM:.*]]: !comm.dev_comm, %[[WIN:.*]]: !comm.window, %{{.*}}: !llvm.ptr<1>) kernel
+// CHECK:         %[[BLOCK:.*]] = gpu.block_id x
+// CHECK:         %[[BLOCKS:.*]] = gpu.grid_dim x
+// CHECK:         %[[QUARTER:.*]] = arith.divui %[[BLOCKS]], %{{.*}} : index
+// CHECK:         %[[COPIERS:.*]] = arith.maxui %[[QUARTER]], %{{.*}} : index
+// CHECK:         %[[ISCOPY:.*]] = arith.cmpi ult, %[[BLOCK]], %[[COPIERS]] : index
+// The copy role: a row is placed, then counted in its tile (the counters follow
+// the dispatch's window, at 4313088).
+// CHECK:         scf.if %[[ISCOPY]] {
+// CHECK:           comm.atomic_rmw add relaxed scope gpu
+// CHECK:           comm.fence acq_rel scope gpu
+// CHECK:           nvvm.bar.warp.sync
+// CHECK:           scf.if
+// CHECK:             arith.constant 4313088 : i32
+// CHECK:             %[[DONE:.*]] = comm.local_ptr %[[WIN]][%{{.*}}] : !llvm.ptr<1>
+// CHECK:             comm.red add release scope gpu %{{.*}}, %[[DONE]] : i32, !llvm.ptr<1>
+// The GEMM role: the tile's rows must be in place before its TMA loads.
+// CHECK:         scf.if %{{.*}} {
+// CHECK:           nvgpu.mbarrier.create
+// CHECK:           scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args
+// CHECK:             scf.if %{{.*}} {
+// CHECK:               %[[NEED:.*]] = arith.index_cast %{{.*}} : index to i32
+// CHECK:               arith.constant 4313088 : index
+// CHECK:               %[[TILE:.*]] = comm.local_ptr %[[WIN]][%{{.*}}] : !llvm.ptr<1>
+// CHECK-NEXT:          comm.wait_flag %[[TILE]] ge %[[NEED]] rank %{{.*}} scope gpu : !llvm.ptr<1>, i32
+// CHECK-NEXT:          nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.global>}
+// CHECK:             gpu.barrier
+// CHECK:             nvgpu.mbarrier.arrive.expect_tx
+// CHECK:             nvgpu.tma.async.load
+// CHECK:             nvgpu.warpgroup.mma
+// After the tile: the last column tile resets the tile's counters.
+// CHECK:             comm.atomic_rmw add relaxed scope gpu
+// CHECK:             arith.cmpi eq, %{{.*}}, %c3_i32
+// CHECK-LABEL: func.func @moe(
+// CHECK-SAME:      epic.cooperative = 1
+// CHECK-SAME:      epic.entry = "dispatch_gemm"
+// CHECK-SAME:      epic.kernels = ["moe_send", "moe_copy_gemm"]
+// CHECK-SAME:      "psum_num_recv_tokens_per_expert", "host_counts", "num_tokens", "dst_buffer_slot_idx", "experts", "gemm_out", "tensor_maps"]
+// CHECK-SAME:      epic.param_stride = 256
+// CHECK-SAME:      field = "recv_x", rows = 9216
+// CHECK-SAME:      field = "experts", rows = 8192
+// CHECK-SAME:      epic.threads = 128
+
+// JSON: "name": "moe_send"
+// JSON: "spill_store_bytes": 0
+// JSON: "name": "moe_copy_gemm"
+// JSON: "spill_store_bytes": 0
+func.func @moe(%x: tensor<?x1024xbf16>, %idx: tensor<?x4xi64>, %w: tensor<?x4xf32>,
+               %experts: tensor<8x1024x512xbf16>)
+    -> (tensor<?x1024xbf16>, tensor<?xf32>, tensor<?x512xbf16>, !ep.handle<#cfg>) {
+  %rx, %rw, %y, %h = ep.dispatch_gemm %x topk(%idx : tensor<?x4xi64>) weights(%w : tensor<?x4xf32>)
+      experts(%experts : tensor<8x1024x512xbf16>) config #cfg
+      : tensor<?x1024xbf16> -> tensor<?x1024xbf16>, tensor<?xf32>, tensor<?x512xbf16>, !ep.handle<#cfg>
+  return %rx, %rw, %y, %h : tensor<?x1024xbf16>, tensor<?xf32>, tensor<?x512xbf16>, !ep.handle<#cfg>
+}
