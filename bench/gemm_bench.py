@@ -1,5 +1,6 @@
 """ep.grouped_gemm (TMA + wgmma, persistent) against torch's cuBLAS matmuls per expert, on the
-rows of a real expanded dispatch, same process, one GPU (a virtual EP world).
+rows of a real expanded dispatch, and dispatch -> GEMM in two steps against the fused
+schedule (ep-fuse-dispatch-gemm); same process, one GPU (a virtual EP world).
 
     python bench/gemm_bench.py                 # V3: EP8, 256 experts, top-8, hidden 7168, N 2048
     python bench/gemm_bench.py --compile-only  # fill the kernel cache (tools/device/prepare.sh)
@@ -44,6 +45,8 @@ def compile_only(args):
                             "dispatch")["key"]]
     for out in ("bf16", "f32"):
         keys.append(runtime.kernels(spec, dict(n=args.n, out_dtype=out), "grouped_gemm")["key"])
+    keys.append(runtime.kernels(spec, dict(weights=True, cached=False, zero_padding=False,
+                                           n=args.n, out_dtype="bf16"), "dispatch_gemm")["key"])
     print(f"gemm_bench: {len(keys)} kernel sets in {runtime.cache_dir}")
 
 
@@ -115,8 +118,33 @@ def run(args):
     t_epic = timer.kernels(epic_gemm, (KERNEL,))[KERNEL]
     t_torch = all_kernels_time(torch, timer, torch_gemm)
     w_epic, w_torch = timer.wall(epic_gemm), timer.wall(torch_gemm)
+
+    # Dispatch then GEMM: two steps, and fused (ep-fuse-dispatch-gemm). The same rows in the
+    # same places are not guaranteed (arrival order), the same multiset per expert is: the
+    # fused output is checked against the grouped GEMM of its own rows (bitwise).
+    def two_steps():
+        rx, _, _, hs, _ = buffer.dispatch(xs, idxs, ws, num_experts=E, do_expand=True,
+                                          expert_alignment=ALIGNMENT)
+        return buffer.grouped_gemm(rx, weights, hs)
+
+    def fused():
+        return buffer.dispatch_gemm(xs, idxs, weights, topk_weights=ws, num_experts=E,
+                                    expert_alignment=ALIGNMENT)
+
+    frx, _, fout, fhandles, _ = fused()
+    again = buffer.grouped_gemm(frx, weights, fhandles)
+    torch.cuda.synchronize()
+    fused_equal = all(torch.equal(a.view(torch.int16), b.view(torch.int16))
+                      for a, b in zip(fout, again))
+    two_names = ("ep_dispatch_send", "ep_dispatch_copy", KERNEL)
+    fused_names = ("ep_dispatch_gemm_send", "ep_dispatch_gemm_copy_gemm")
+    t_two = sum(timer.kernels(two_steps, two_names).values())
+    t_fused = sum(timer.kernels(fused, fused_names).values())
+    w_two, w_fused = timer.wall(two_steps), timer.wall(fused)
     buffer.destroy()
     return dict(rows=rows, flops=flops, equal=bool(equal), max_relative_error=worst,
+                fused_equal=bool(fused_equal), two_steps_kernel_s=t_two, fused_kernel_s=t_fused,
+                two_steps_wall_s=w_two, fused_wall_s=w_fused, fused_speedup=t_two / t_fused,
                 epic_kernel_s=t_epic, cublas_kernels_s=t_torch, epic_wall_s=w_epic,
                 torch_wall_s=w_torch, epic_tflops=flops / t_epic / 1e12,
                 cublas_tflops=flops / t_torch / 1e12, epic_over_cublas=t_torch / t_epic)
@@ -150,8 +178,13 @@ def main():
           f"TFLOPS (wall {result['torch_wall_s'] * 1e3:.3f} ms, per-expert torch.mm)")
     print(f"  epic / cuBLAS throughput: {result['epic_over_cublas']:.2f}; results equal: "
           f"{result['equal']} (max relative error {result['max_relative_error']:.2e})")
+    print(f"dispatch -> GEMM: two steps {result['two_steps_kernel_s'] * 1e3:.3f} ms, fused "
+          f"{result['fused_kernel_s'] * 1e3:.3f} ms (kernels; wall "
+          f"{result['two_steps_wall_s'] * 1e3:.3f} / {result['fused_wall_s'] * 1e3:.3f} ms): "
+          f"{result['fused_speedup']:.2f}x; fused output bitwise the GEMM of its rows: "
+          f"{result['fused_equal']}")
     ep_bench.write_report(report, args.out, "gemm-")
-    return 0 if result["equal"] else 1
+    return 0 if result["equal"] and result["fused_equal"] else 1
 
 
 if __name__ == "__main__":

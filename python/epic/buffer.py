@@ -528,12 +528,13 @@ class ElasticBuffer:
                  previous_event_before_epilogue=None, async_with_compute_stream: bool = False,
                  allocate_on_comm_stream: bool = False, handle=None, do_handle_copy: bool = True,
                  do_cpu_sync=None, do_expand: bool = False, do_zero_padding: bool = False,
-                 use_tma_aligned_col_major_sf: bool = False):
+                 use_tma_aligned_col_major_sf: bool = False, _gemm=None):
         """Sends every token to the ranks that own its top-k experts (§1.4).
 
         Returns ``(recv_x, recv_topk_idx, recv_topk_weights, handle, event)``;
         ``recv_x`` is a ``(data, scale_packs)`` tuple for FP8 input.
         """
+        # _gemm: (per-rank expert weights, output dtype name), from dispatch_gemm.
         R = self.num_ranks
         cached = handle is not None
         xs = self._per_rank("x", x)
@@ -684,6 +685,8 @@ class ElasticBuffer:
         spec = self._spec(R, num_experts, num_topk, hidden, dtype, num_packs or 0, alignment,
                           do_expand, tmax)
         variant = dict(weights=weights[0] is not None, cached=cached, zero_padding=do_zero_padding)
+        if _gemm is not None:
+            variant.update(n=int(_gemm[0][0].shape[2]), out_dtype=_gemm[1])
         rows = _C().receive_rows(spec)
         compute, comm, alloc = self._streams(previous_event, allocate_on_comm_stream)
         device = data[0].device
@@ -702,6 +705,10 @@ class ElasticBuffer:
                 if variant["weights"]:
                     shape = (rows,) if do_expand else (rows, K)
                     o["recv_topk_weights"] = torch.empty(shape, dtype=torch.float32, device=device)
+                if _gemm is not None:  # padding rows of the GEMM's output stay zero
+                    o["gemm_out"] = torch.zeros((rows, variant["n"]), device=device, dtype={
+                        "bf16": torch.bfloat16, "f16": torch.float16,
+                        "f32": torch.float32}[variant["out_dtype"]])
                 if cached:
                     full = handles[r]._full
                 else:
@@ -726,8 +733,13 @@ class ElasticBuffer:
                 call["x"] = T.to_runtime(data[r])
                 call["x_scale_packs"] = T.to_runtime(packs[r], "f32") if packs[r] is not None else None
                 call["topk_weights"] = T.to_runtime(weights[r])
+                if _gemm is not None:
+                    call["experts"] = T.to_runtime(_gemm[0][r])
                 calls.append(call)
-        prepared = state.prepare_dispatch(spec, variant, calls, num_sms)
+        if _gemm is not None:
+            prepared = state.prepare_dispatch_gemm(spec, variant, calls, num_sms)
+        else:
+            prepared = state.prepare_dispatch(spec, variant, calls, num_sms)
         if previous_event_before_epilogue is not None:
             comm.wait_event(previous_event_before_epilogue.event)
         state.launch(prepared, comm.cuda_stream)
@@ -753,8 +765,8 @@ class ElasticBuffer:
                 out_rows = expanded_rows if do_expand else n
                 full = o["_full"]
                 rows_of = {name: o[name][:out_rows] for name in
-                           ("recv_x", "recv_x_scale_packs", "recv_topk_idx", "recv_topk_weights")
-                           if name in o}
+                           ("recv_x", "recv_x_scale_packs", "recv_topk_idx", "recv_topk_weights",
+                            "gemm_out") if name in o}
                 if "recv_topk_idx" in rows_of:
                     rows_of["recv_topk_idx"] = o["recv_topk_idx"][:n]
                 order = handles[r]._row_order if cached else None
@@ -792,7 +804,7 @@ class ElasticBuffer:
                     )
                 if stats[r] is not None:
                     stats[r].add_(full["num_recv_tokens_per_expert"])
-                results.append((recv_x, recv_idx, recv_w))
+                results.append((recv_x, recv_idx, recv_w, rows_of.get("gemm_out")))
                 new_handles.append(hd)
         keep = [t for o in outputs for t in o.values() if T.is_torch(t)]
         event = self._finish(compute, comm, prepared, async_with_compute_stream, keep)
@@ -802,7 +814,43 @@ class ElasticBuffer:
             self._ranks_out([r[2] for r in results]),
             self._ranks_out(new_handles),
             event,
-        )
+        ) + ((self._ranks_out([r[3] for r in results]),) if _gemm is not None else ())
+
+    def dispatch_gemm(self, x, topk_idx, experts, topk_weights=None, num_experts=None,
+                      expert_alignment=None, out_dtype=None, num_sms: int = 0,
+                      do_zero_padding: bool = False, do_cpu_sync: bool = True):
+        """epic: an expanded dispatch fused with the expert GEMM on its rows: the compiler's
+        ``ep-fuse-dispatch-gemm`` schedule, where each GEMM tile starts as soon as its rows are
+        in place instead of after the whole dispatch.
+
+        ``experts``: every rank's local expert weights ``[E / R, hidden, N]`` (the dispatch's
+        dtype, bf16 or f16; N a multiple of 128, hidden of 64). Returns ``(recv_x,
+        recv_topk_weights, gemm_out, handle, event)``, the same as ``dispatch(...,
+        do_expand=True)`` followed by :meth:`grouped_gemm` (``gemm_out`` rows follow
+        ``recv_x``'s; padding rows are zero).
+        """
+        ws = self._per_rank("experts", experts)
+        xs = self._per_rank("x", x)
+        out_name = None
+        for r, (xr, wr) in enumerate(zip(xs, ws)):
+            sfx = f"[{r}]" if self.virtual else ""
+            if isinstance(xr, tuple):
+                raise TypeError(f"x{sfx}: the fused dispatch + GEMM takes bf16 or f16 rows, not "
+                                "FP8 with scale packs")
+            dtype = self._tensor(f"x{sfx}", xr, ("bf16", "f16"), 2)
+            self._tensor(f"experts{sfx}", wr, (dtype,), 3)
+            if tuple(wr.shape) != tuple(ws[0].shape):
+                raise ValueError(f"experts{sfx}: every rank's experts have the same shape")
+            out_name = dtype if out_dtype is None else {
+                "bfloat16": "bf16", "bf16": "bf16", "float16": "f16", "f16": "f16",
+                "float32": "f32", "f32": "f32"}.get(str(out_dtype).replace("torch.", ""))
+            if out_name is None:
+                raise TypeError(f"out_dtype: bf16, f16 or float32, got {out_dtype!r}")
+        recv_x, _, recv_w, handle, event, gemm_out = self.dispatch(
+            x, topk_idx, topk_weights, num_experts=num_experts,
+            expert_alignment=expert_alignment, num_sms=num_sms, do_cpu_sync=do_cpu_sync,
+            do_expand=True, do_zero_padding=do_zero_padding, _gemm=(ws, out_name))
+        return recv_x, recv_w, gemm_out, handle, event
 
     # --- combine ---------------------------------------------------------------------------
 

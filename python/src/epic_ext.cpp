@@ -220,6 +220,11 @@ PYBIND11_MODULE(_C, m) {
               ir = dispatchEntryIR(s, dispatchVariantFrom(variant), kDispatchEntryName);
             } else if (kind == "combine") {
               ir = combineEntryIR(s, combineVariantFrom(variant), kCombineEntryName);
+            } else if (kind == "dispatch_gemm") {
+              ir = dispatchGemmEntryIR(s, dispatchVariantFrom(variant),
+                                       variant["n"].cast<int64_t>(),
+                                       variant["out_dtype"].cast<std::string>(),
+                                       kDispatchGemmEntryName);
             } else if (kind == "grouped_gemm") {
               ir = groupedGemmEntryIR(s, variant["n"].cast<int64_t>(),
                                       variant["out_dtype"].cast<std::string>(),
@@ -329,6 +334,22 @@ PYBIND11_MODULE(_C, m) {
                                           callsFrom(calls, kCombineFields), blocks);
           },
           py::arg("spec"), py::arg("variant"), py::arg("calls"), py::arg("blocks_per_rank") = 0)
+      .def(
+          "prepare_dispatch_gemm",
+          [](Buffer &b, const py::dict &spec, const py::dict &variant, const py::list &calls,
+             int blocks) {
+            std::vector<DispatchCall> dispatches = callsFrom(calls, kDispatchFields);
+            std::vector<DispatchGemmCall> out;
+            for (size_t i = 0; i < dispatches.size(); ++i) {
+              auto call = calls[i].cast<py::dict>();
+              out.push_back(DispatchGemmCall{dispatches[i], field(call, "experts"),
+                                             field(call, "gemm_out")});
+            }
+            return b.host->prepareDispatchGemm(specFrom(spec), dispatchVariantFrom(variant), out,
+                                               blocks);
+          },
+          py::arg("spec"), py::arg("variant"), py::arg("calls"), py::arg("blocks_per_rank") = 0,
+          "An expanded dispatch fused with the expert GEMM on its rows (ep.dispatch_gemm).")
       .def(
           "prepare_grouped_gemm",
           [](Buffer &b, const py::dict &spec, const py::list &calls, int blocks) {

@@ -238,6 +238,23 @@ ParamRecord epic::runtime::groupedGemmRecord(const EPSpec &s, const GroupedGemmC
   return r;
 }
 
+ParamRecord epic::runtime::dispatchGemmRecord(const EPSpec &s, const DispatchVariant &v,
+                                              const DispatchGemmCall &c) {
+  ParamRecord r = dispatchRecord(s, v, c.dispatch);
+  const int64_t H = s.hidden, L = s.experts / s.ranks;
+  if (c.experts.shape.size() != 3 || c.experts.shape[0] != L || c.experts.shape[1] != H)
+    fail("experts must have shape " + s.dtype + "[" + std::to_string(L) + ", " +
+         std::to_string(H) + ", N], got " + c.experts.describe());
+  const int64_t N = c.experts.shape[2];
+  check(c.experts, {"experts", s.dtype, {L, H, N}}, true);
+  if (c.gemmOut.dtype != "bf16" && c.gemmOut.dtype != "f16" && c.gemmOut.dtype != "f32")
+    fail("gemm_out must be bf16, f16 or f32, got " + c.gemmOut.dtype);
+  check(c.gemmOut, {"gemm_out", c.gemmOut.dtype, {c.dispatch.recvX.shape[0], N}}, true);
+  r["experts"] = c.experts.data;
+  r["gemm_out"] = c.gemmOut.data;
+  return r;
+}
+
 void epic::runtime::checkTopkIndices(const EPSpec &s, const int64_t *idx, int64_t tokens) {
   for (int64_t t = 0; t < tokens; ++t)
     for (int j = 0; j < s.topk; ++j) {

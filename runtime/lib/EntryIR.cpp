@@ -162,6 +162,48 @@ std::string epic::runtime::groupedGemmEntryIR(const EPSpec &spec, int64_t n,
   return os.str();
 }
 
+std::string epic::runtime::dispatchGemmEntryIR(const EPSpec &spec, const DispatchVariant &v,
+                                               int64_t n, const std::string &outDtype,
+                                               const std::string &name) {
+  spec.validate();
+  require(spec.expanded, "the fused dispatch + GEMM needs the expanded layout");
+  require(!v.cached, "the fused dispatch + GEMM routes tokens: it cannot be a cached dispatch");
+  require(spec.dtype == "bf16" || spec.dtype == "f16",
+          "the fused dispatch + GEMM multiplies bf16 or f16 rows, got " + spec.dtype);
+  require(n > 0, "the expert GEMM's N must be positive, got " + std::to_string(n));
+  require(outDtype == "bf16" || outDtype == "f16" || outDtype == "f32",
+          "the expert GEMM's output must be bf16, f16 or f32, got " + outDtype);
+  const std::string cfg = "#" + name + "_config";
+  const std::string k = dim(spec.topk), h = dim(spec.hidden), l = dim(spec.experts / spec.ranks);
+  const std::string x = "tensor<?x" + h + "x" + spec.dtype + ">";
+  const std::string idx = "tensor<?x" + k + "xi" + dim(v.topkIdxBits) + ">";
+  const std::string w = "tensor<?x" + k + "xf32>";
+  const std::string e = "tensor<" + l + "x" + h + "x" + std::to_string(n) + "x" + spec.dtype + ">";
+  const std::string y = "tensor<?x" + std::to_string(n) + "x" + outDtype + ">";
+  const std::string handle = "!ep.handle<" + cfg + ">";
+  std::string args = "%x: " + x + ", %idx: " + idx, operands = " topk(%idx : " + idx + ")";
+  std::string dispatched = "%rx", types = x;
+  if (v.weights) {
+    args += ", %w: " + w;
+    operands += " weights(%w : " + w + ")";
+    dispatched += ", %rw";
+    types += ", tensor<?xf32>";
+  }
+  if (v.zeroPadding)
+    operands += " zero_padding";
+  std::ostringstream os;
+  os << cfg << " = " << spec.configAttr() << "\n"
+     << "func.func @" << name << "(" << args << ", %e: " << e << ") -> (" << types << ", " << y
+     << ", " << handle << ")" << timeoutAttr(spec) << " {\n"
+     << "  " << dispatched << ", %h = ep.dispatch %x" << operands << " config " << cfg << " : "
+     << x << " -> " << types << ", " << handle << "\n"
+     << "  %y = ep.grouped_gemm %rx, %e layout(%h : " << handle << ") : " << x << ", " << e
+     << " -> " << y << "\n"
+     << "  return " << dispatched << ", %y, %h : " << types << ", " << y << ", " << handle
+     << "\n}\n";
+  return os.str();
+}
+
 std::string epic::runtime::combineEntryIR(const EPSpec &spec, const CombineVariant &v,
                                           const std::string &name) {
   spec.validate();

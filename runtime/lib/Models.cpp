@@ -57,7 +57,12 @@ int64_t epic::runtime::kernelWindowBytes(int numRanks, int64_t maxTokensPerRank,
   for (int64_t bytes : {r * 4, r * local * 4, r * 4, r * local * 4, local * 4, int64_t(4), r * 4,
                         int64_t(4), r * 4, maxBlocks * 8, maxBlocks * 8})
     at = align(at + bytes, 256);
-  return align(at, 4096) + std::max(r * tm * record, k * tm * combineRecord);
+  const int64_t data = align(at, 4096) + std::max(r * tm * record, k * tm * combineRecord);
+  if (fp8Dispatch) // the fused dispatch + GEMM multiplies bf16 / f16 rows only
+    return data;
+  // ep.dispatch_gemm's counters follow: [local experts][64-row tiles] twice.
+  const int64_t tileCounters = align(local * ((r * tm + 63) / 64) * 4, 256);
+  return align(data, 256) + 2 * tileCounters;
 }
 
 int64_t epic::runtime::elasticBufferBytes(const Topology &t, int64_t maxTokensPerRank,

@@ -468,6 +468,25 @@ KernelHost::Prepared KernelHost::prepareGroupedGemm(const EPSpec &spec,
                  records, blocks);
 }
 
+KernelHost::Prepared KernelHost::prepareDispatchGemm(const EPSpec &spec,
+                                                     const DispatchVariant &variant,
+                                                     const std::vector<DispatchGemmCall> &calls,
+                                                     int blocks) {
+  checkWorld(spec, calls.size());
+  std::vector<ParamRecord> records;
+  for (const DispatchGemmCall &call : calls)
+    records.push_back(dispatchGemmRecord(spec, variant, call));
+  const DispatchGemmCall &first = calls.front();
+  for (size_t r = 1; r < calls.size(); ++r)
+    if (calls[r].experts.shape != first.experts.shape ||
+        calls[r].gemmOut.dtype != first.gemmOut.dtype)
+      throw std::invalid_argument("dispatch_gemm: rank " + std::to_string(r) +
+                                  "'s experts or output type differ from rank 0's");
+  return prepare(dispatchGemmEntryIR(spec, variant, first.experts.shape[2], first.gemmOut.dtype,
+                                     kDispatchGemmEntryName),
+                 records, blocks);
+}
+
 KernelHost::Run KernelHost::groupedGemm(const EPSpec &spec,
                                         const std::vector<GroupedGemmCall> &calls, void *stream,
                                         int blocks) {

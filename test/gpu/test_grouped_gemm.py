@@ -33,6 +33,13 @@ def prepare():
         for out in ("bf16", "f32"):
             runtime.kernels(spec, dict(n=n, out_dtype=out), "grouped_gemm")
             count += 1
+    # The fused dispatch + GEMM (ep-fuse-dispatch-gemm), with and without weights.
+    for ranks, experts, hidden, n, tokens, alignment in CONFIGS[:2]:
+        spec = spec_of(ranks, experts, hidden, tokens, alignment)
+        for weights in (False, True):
+            runtime.kernels(spec, dict(weights=weights, cached=False, zero_padding=False, n=n,
+                                       out_dtype="bf16"), "dispatch_gemm")
+            count += 1
     # test_grouped_gemm_output_feeds_the_combine: a square expert GEMM on CONFIGS[0].
     ranks, experts, hidden, n, tokens, alignment = CONFIGS[0]
     runtime.kernels(spec_of(ranks, experts, hidden, tokens, alignment),
@@ -121,4 +128,41 @@ def test_grouped_gemm_output_feeds_the_combine():
             for e in idxs[r][t].tolist():
                 want[t] += (xs[r][t].float() @ ws[e // L][e % L].float()).to(torch.bfloat16).float()
         torch.testing.assert_close(combined[r].float(), want, rtol=2e-2, atol=2e-2)
+    buffer.destroy()
+
+
+@pytest.mark.parametrize("ranks, experts, hidden, n, tokens, alignment", CONFIGS[:2])
+@pytest.mark.parametrize("weights", [False, True])
+def test_fused_dispatch_gemm_equals_the_two_steps(ranks, experts, hidden, n, tokens, alignment,
+                                                  weights):
+    """ep.dispatch_gemm (copy role + GEMM role waiting per tile) gives the rows, weights and
+    handle of the expanded dispatch, and bitwise the grouped GEMM of those rows."""
+    g = torch.Generator(device="cuda").manual_seed(17 + ranks)
+    buffer = epic.ElasticBuffer(epic.VirtualWorld(ranks), num_max_tokens_per_rank=tokens,
+                                hidden=hidden, num_topk=TOPK, explicitly_destroy=True)
+    L = experts // ranks
+    xs = [torch.randn((tokens - r, hidden), generator=g, device="cuda").to(torch.bfloat16)
+          for r in range(ranks)]
+    idxs = [torch.rand((tokens - r, experts), generator=g, device="cuda").topk(TOPK).indices
+            for r in range(ranks)]
+    ws = [torch.rand((tokens - r, TOPK), generator=g, device="cuda") for r in range(ranks)] \
+        if weights else None
+    experts_w = [(torch.randn((L, hidden, n), generator=g, device="cuda") / hidden ** 0.5)
+                 .to(torch.bfloat16) for _ in range(ranks)]
+    recv, recv_w, fused, handles, _ = buffer.dispatch_gemm(
+        xs, idxs, experts_w, topk_weights=ws, num_experts=experts, expert_alignment=alignment)
+    # The same dispatch unfused: the same multiset of rows per expert.
+    plain, _, plain_w, plain_handles, _ = buffer.dispatch(
+        xs, idxs, ws, num_experts=experts, do_expand=True, expert_alignment=alignment)
+    separate = buffer.grouped_gemm(recv, experts_w, handles)
+    torch.cuda.synchronize()
+    for r in range(ranks):
+        assert handles[r].num_recv_tokens_per_expert_list == \
+            plain_handles[r].num_recv_tokens_per_expert_list
+        assert torch.equal(fused[r].view(torch.int16), separate[r].view(torch.int16)), \
+            f"rank {r}: the fused GEMM differs from the grouped GEMM of the same rows"
+        for e, (start, end) in enumerate(expert_rows(handles[r], L, alignment)):
+            mine = recv[r][start:end].view(torch.int16).sort(0).values
+            theirs = plain[r][start:end].view(torch.int16).sort(0).values
+            assert torch.equal(mine, theirs), f"rank {r} expert {e}: rows differ"
     buffer.destroy()

@@ -277,3 +277,20 @@ def test_grouped_gemm_checks_its_arguments_before_the_device(buf):
         buf.grouped_gemm(xs, ws, handles, out_dtype="int8")
     with pytest.raises(ValueError, match=r"x\[0\]: must be a CUDA tensor"):
         buf.grouped_gemm(xs, ws, handles, out_dtype="float32")
+
+
+def test_dispatch_gemm_checks_its_arguments_before_the_device(buf):
+    xs, idxs, _ = inputs()
+    L = E // R
+    ws = [np.zeros((L, H, 128), ml_dtypes.bfloat16)] * R
+    with pytest.raises(TypeError, match=r"x\[0\]: the fused dispatch \+ GEMM takes bf16 or f16"):
+        buf.dispatch_gemm([(x, None) for x in xs], idxs, ws, num_experts=E)
+    with pytest.raises(TypeError, match=r"experts\[0\]: dtype must be bf16, got f32"):
+        buf.dispatch_gemm(xs, idxs, [w.astype(np.float32) for w in ws], num_experts=E)
+    with pytest.raises(ValueError, match=r"experts\[1\]: every rank's experts have the same shape"):
+        buf.dispatch_gemm(xs, idxs, [ws[0], np.zeros((L, H, 256), ml_dtypes.bfloat16)] + ws[2:],
+                          num_experts=E)
+    with pytest.raises(TypeError, match="out_dtype: bf16, f16 or float32"):
+        buf.dispatch_gemm(xs, idxs, ws, num_experts=E, out_dtype="int8")
+    with pytest.raises(ValueError, match=r"x\[0\]: must be a CUDA tensor"):
+        buf.dispatch_gemm(xs, idxs, ws, num_experts=E)

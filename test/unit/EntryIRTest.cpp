@@ -45,6 +45,7 @@ int64_t windowBytesOf(const std::string &ir) {
   mlir::MLIRContext context(registry);
   auto module = mlir::parseSourceString<mlir::ModuleOp>(ir, &context);
   mlir::PassManager pm(&context);
+  pm.addNestedPass<mlir::func::FuncOp>(epic::createEPFuseDispatchGemm());
   pm.addPass(epic::createEPExpand());
   if (!module || mlir::failed(pm.run(*module)))
     return -1;
@@ -107,6 +108,32 @@ TEST(EntryIR, GroupedGemmExpandsWithItsTensorMaps) {
   EXPECT_NE(message(spec, "bf16").find("needs the expanded layout"), std::string::npos);
 }
 
+TEST(EntryIR, DispatchGemmIsFusedThenExpanded) {
+  EPSpec spec = v3(true);
+  spec.dtype = "bf16", spec.scalePacks = 0;
+  for (bool weights : {false, true}) {
+    std::string ir = dispatchGemmEntryIR(spec, {weights, false, true, 64}, 2048, "bf16", "moe");
+    mlir::DialectRegistry registry;
+    epic::registerAllDialects(registry);
+    mlir::MLIRContext context(registry);
+    auto module = mlir::parseSourceString<mlir::ModuleOp>(ir, &context);
+    ASSERT_TRUE(module) << ir;
+    mlir::PassManager pm(&context);
+    pm.addNestedPass<mlir::func::FuncOp>(epic::createEPFuseDispatchGemm());
+    pm.addPass(epic::createEPExpand());
+    ASSERT_TRUE(mlir::succeeded(pm.run(*module))) << ir;
+    std::string entry;
+    module->walk([&](mlir::func::FuncOp f) {
+      if (auto attr = f->getAttrOfType<mlir::StringAttr>("epic.entry"))
+        entry = attr.getValue().str();
+    });
+    EXPECT_EQ(entry, "dispatch_gemm") << "the compiler fuses the pair";
+  }
+  EXPECT_THROW(dispatchGemmEntryIR(v3(true), {}, 2048, "bf16", "g"), std::invalid_argument);
+  EXPECT_THROW(dispatchGemmEntryIR(spec, {false, true, false, 64}, 2048, "bf16", "g"),
+               std::invalid_argument);
+}
+
 TEST(EntryIR, IsDeterministic) {
   EXPECT_EQ(dispatchEntryIR(v3(false), {}, "d"), dispatchEntryIR(v3(false), {}, "d"));
   EXPECT_NE(dispatchEntryIR(v3(false), {}, "d"), dispatchEntryIR(v3(true), {}, "d"));
@@ -156,9 +183,11 @@ TEST(EntryIR, TheRuntimesWindowBoundCoversEveryLayoutEpExpandMakes) {
               s.expanded = expanded, s.maxTokensPerRank = tmax;
               bool fp8 = s.isFP8();
               int64_t bound = kernelWindowBytes(ranks, tmax, hidden, topk, fp8);
-              for (const std::string &ir :
-                   {dispatchEntryIR(s, {true, false, false, 64}, "d"),
-                    combineEntryIR(s, {true, 2}, "c")}) {
+              std::vector<std::string> irs = {dispatchEntryIR(s, {true, false, false, 64}, "d"),
+                                              combineEntryIR(s, {true, 2}, "c")};
+              if (expanded && dtype == "bf16") // and fused with the expert GEMM
+                irs.push_back(dispatchGemmEntryIR(s, {true, false, false, 64}, 128, "bf16", "dg"));
+              for (const std::string &ir : irs) {
                 int64_t used = windowBytesOf(ir);
                 ASSERT_GT(used, 0) << ir;
                 EXPECT_GE(bound, used) << ir;

@@ -173,7 +173,10 @@ epic::CompileResult epic::compileModule(const std::string &source, const Compile
     throw CompileError("cannot parse " + sourceName + ":\n" + diagnostics);
 
   // ep ops become kernels first, so their names and signatures can be read.
+  // ep ops the compiler can fuse become one op (a dispatch feeding the expert
+  // GEMM), then every ep op becomes kernels.
   PassManager expand(&context);
+  expand.addNestedPass<func::FuncOp>(createEPFuseDispatchGemm());
   expand.addPass(createEPExpand());
   if (failed(expand.run(*module)))
     throw CompileError("expanding the ep ops of " + sourceName + " failed:\n" + diagnostics);

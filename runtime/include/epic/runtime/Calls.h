@@ -75,6 +75,13 @@ struct GroupedGemmCall {
   DeviceTensor psumNumRecvTokensPerExpert; ///< i32 [L], the handle's
 };
 
+/// An expanded dispatch fused with the expert GEMM on its rows.
+struct DispatchGemmCall {
+  DispatchCall dispatch;
+  DeviceTensor experts; ///< [L, H, N] of the dispatch's dtype
+  DeviceTensor gemmOut; ///< [rows of recv_x, N], bf16 / f16 / f32
+};
+
 /// Rows a receive buffer needs: R * Tmax (plain), or every (token, local
 /// expert) pair plus each expert's alignment padding (expanded).
 int64_t receiveRows(const EPSpec &spec);
@@ -88,6 +95,9 @@ ParamRecord combineRecord(const EPSpec &spec, const CombineVariant &variant,
 /// The grouped GEMM's record (x, weights, out, the prefix sums, num_rows); its
 /// "tensor_maps" field is the runtime's (KernelHost::prepare encodes them).
 ParamRecord groupedGemmRecord(const EPSpec &spec, const GroupedGemmCall &call);
+/// The fused entry's record: the dispatch's, then "experts" and "gemm_out".
+ParamRecord dispatchGemmRecord(const EPSpec &spec, const DispatchVariant &variant,
+                               const DispatchGemmCall &call);
 
 /// Checks routing read back from the GPU: every entry in [-1, experts).
 /// `tokens` rows of spec.topk entries; throws naming topk_idx[t][j].

@@ -63,6 +63,12 @@ std::string groupedGemmEntryIR(const EPSpec &spec, int64_t n, const std::string 
                                const std::string &name);
 inline constexpr const char *kGroupedGemmEntryName = "ep_grouped_gemm";
 
+/// `func.func @<name>` holding an expanded ep.dispatch whose rows feed an
+/// ep.grouped_gemm: the compiler fuses the pair (ep-fuse-dispatch-gemm).
+std::string dispatchGemmEntryIR(const EPSpec &spec, const DispatchVariant &variant, int64_t n,
+                                const std::string &outDtype, const std::string &name);
+inline constexpr const char *kDispatchGemmEntryName = "ep_dispatch_gemm";
+
 /// `func.func @<name>` holding one ep.combine.
 std::string combineEntryIR(const EPSpec &spec, const CombineVariant &variant,
                            const std::string &name);

@@ -116,6 +116,10 @@ public:
                   void *stream = nullptr, int blocks = 0);
   Prepared prepareGroupedGemm(const EPSpec &spec, const std::vector<GroupedGemmCall> &calls,
                               int blocks = 0);
+  /// An expanded dispatch and the expert GEMM on its rows, fused by the
+  /// compiler (ep-fuse-dispatch-gemm): GEMM tiles start as their rows land.
+  Prepared prepareDispatchGemm(const EPSpec &spec, const DispatchVariant &variant,
+                               const std::vector<DispatchGemmCall> &calls, int blocks = 0);
 
   /// Every rank's work queued on `stream` before the barrier happens before
   /// any rank's work queued after it (DeepEP's barrier). No host wait.
