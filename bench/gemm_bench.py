@@ -47,6 +47,12 @@ def compile_only(args):
         keys.append(runtime.kernels(spec, dict(n=args.n, out_dtype=out), "grouped_gemm")["key"])
     keys.append(runtime.kernels(spec, dict(weights=True, cached=False, zero_padding=False,
                                            n=args.n, out_dtype="bf16"), "dispatch_gemm")["key"])
+    # dispatch -> GEMM -> combine: a square expert GEMM (the combine sends hidden-wide rows).
+    keys.append(runtime.kernels(spec, dict(n=args.hidden, out_dtype="bf16"), "grouped_gemm")["key"])
+    keys.append(runtime.kernels(spec, dict(weights=False, biases=0), "combine")["key"])
+    keys.append(runtime.kernels(spec, dict(weights=True, cached=False, zero_padding=False,
+                                           n=args.hidden, out_dtype="bf16"), "dispatch_gemm")["key"])
+    keys.append(runtime.kernels(spec, dict(biases=0), "gemm_combine")["key"])
     print(f"gemm_bench: {len(keys)} kernel sets in {runtime.cache_dir}")
 
 
@@ -141,12 +147,51 @@ def run(args):
     t_two = sum(timer.kernels(two_steps, two_names).values())
     t_fused = sum(timer.kernels(fused, fused_names).values())
     w_two, w_fused = timer.wall(two_steps), timer.wall(fused)
+
+    # dispatch -> GEMM -> combine with a square expert GEMM (N = hidden: the combine sends
+    # hidden-wide rows): the three steps one after another, against each fusion (the compiler
+    # fuses one pair per GEMM). Combined results must be bitwise equal across the three.
+    square = [(torch.randn((L, H, H), generator=g, device="cuda") / H ** 0.5)
+              .to(torch.bfloat16) for _ in range(R)]
+
+    def three_steps():
+        rx, _, _, hs, _ = buffer.dispatch(xs, idxs, ws, num_experts=E, do_expand=True,
+                                          expert_alignment=ALIGNMENT)
+        return buffer.combine(buffer.grouped_gemm(rx, square, hs), hs)[0]
+
+    def fused_dispatch_gemm():
+        _, _, y, hs, _ = buffer.dispatch_gemm(xs, idxs, square, topk_weights=ws, num_experts=E,
+                                              expert_alignment=ALIGNMENT)
+        return buffer.combine(y, hs)[0]
+
+    def fused_gemm_combine():
+        rx, _, _, hs, _ = buffer.dispatch(xs, idxs, ws, num_experts=E, do_expand=True,
+                                          expert_alignment=ALIGNMENT)
+        return buffer.gemm_combine(rx, square, hs)[1]
+
+    outs = [three_steps(), fused_dispatch_gemm(), fused_gemm_combine()]
+    torch.cuda.synchronize()
+    layer_equal = all(torch.equal(a.view(torch.int16), b.view(torch.int16))
+                      for other in outs[1:] for a, b in zip(outs[0], other))
+    three_names = ("ep_dispatch_send", "ep_dispatch_copy", KERNEL, "ep_combine_send",
+                   "ep_combine_reduce")
+    t_three = sum(timer.kernels(three_steps, three_names).values())
+    t_front = sum(timer.kernels(fused_dispatch_gemm, fused_names + three_names[3:]).values())
+    t_back = sum(timer.kernels(fused_gemm_combine, three_names[:2] + (
+        "ep_gemm_combine_gemm_send", "ep_gemm_combine_reduce")).values())
+    w_three, w_front, w_back = (timer.wall(three_steps), timer.wall(fused_dispatch_gemm),
+                                timer.wall(fused_gemm_combine))
     buffer.destroy()
     return dict(rows=rows, flops=flops, equal=bool(equal), max_relative_error=worst,
                 fused_equal=bool(fused_equal), two_steps_kernel_s=t_two, fused_kernel_s=t_fused,
                 two_steps_wall_s=w_two, fused_wall_s=w_fused, fused_speedup=t_two / t_fused,
                 epic_kernel_s=t_epic, cublas_kernels_s=t_torch, epic_wall_s=w_epic,
-                torch_wall_s=w_torch, epic_tflops=flops / t_epic / 1e12,
+                torch_wall_s=w_torch, layer_equal=bool(layer_equal),
+                three_steps_kernel_s=t_three, fused_dispatch_gemm_layer_kernel_s=t_front,
+                fused_gemm_combine_layer_kernel_s=t_back, three_steps_wall_s=w_three,
+                fused_dispatch_gemm_layer_wall_s=w_front, fused_gemm_combine_layer_wall_s=w_back,
+                layer_speedup_dispatch_gemm=t_three / t_front,
+                layer_speedup_gemm_combine=t_three / t_back, epic_tflops=flops / t_epic / 1e12,
                 cublas_tflops=flops / t_torch / 1e12, epic_over_cublas=t_torch / t_epic)
 
 
@@ -183,8 +228,18 @@ def main():
           f"{result['two_steps_wall_s'] * 1e3:.3f} / {result['fused_wall_s'] * 1e3:.3f} ms): "
           f"{result['fused_speedup']:.2f}x; fused output bitwise the GEMM of its rows: "
           f"{result['fused_equal']}")
+    print(f"dispatch -> GEMM (N = hidden) -> combine: three steps "
+          f"{result['three_steps_kernel_s'] * 1e3:.3f} ms; fused dispatch+GEMM "
+          f"{result['fused_dispatch_gemm_layer_kernel_s'] * 1e3:.3f} ms "
+          f"({result['layer_speedup_dispatch_gemm']:.2f}x); fused GEMM+combine "
+          f"{result['fused_gemm_combine_layer_kernel_s'] * 1e3:.3f} ms "
+          f"({result['layer_speedup_gemm_combine']:.2f}x) (kernels; wall "
+          f"{result['three_steps_wall_s'] * 1e3:.3f} / "
+          f"{result['fused_dispatch_gemm_layer_wall_s'] * 1e3:.3f} / "
+          f"{result['fused_gemm_combine_layer_wall_s'] * 1e3:.3f} ms); combined outputs bitwise "
+          f"equal: {result['layer_equal']}")
     ep_bench.write_report(report, args.out, "gemm-")
-    return 0 if result["equal"] and result["fused_equal"] else 1
+    return 0 if result["equal"] and result["fused_equal"] and result["layer_equal"] else 1
 
 
 if __name__ == "__main__":

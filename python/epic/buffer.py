@@ -856,11 +856,14 @@ class ElasticBuffer:
 
     def combine(self, x, handle, topk_weights=None, bias=None, num_sms: int = 0, num_qps: int = 0,
                 previous_event=None, previous_event_before_epilogue=None,
-                async_with_compute_stream: bool = False, allocate_on_comm_stream: bool = False):
+                async_with_compute_stream: bool = False, allocate_on_comm_stream: bool = False,
+                _gemm=None):
         """Sends expert outputs back and sums them at their source (§1.5).
 
         Returns ``(combined_x, combined_topk_weights, event)``.
         """
+        # _gemm: (per-rank GEMM inputs, per-rank expert weights), from gemm_combine; x is then
+        # the GEMM's output, written by the fused kernel.
         if handle is None:
             raise ValueError("handle: required (the EPHandle of the dispatch being reversed)")
         handles = self._per_rank("handle", handle)
@@ -931,7 +934,13 @@ class ElasticBuffer:
                 for i, t in enumerate(terms[r]):
                     call[f"bias_{i}"] = T.to_runtime(t)
                 calls.append(call)
-        prepared = state.prepare_combine(spec, variant, calls, num_sms)
+        if _gemm is not None:
+            for r, call in enumerate(calls):
+                call["lhs"] = T.to_runtime(_gemm[0][r])
+                call["weights"] = T.to_runtime(_gemm[1][r])
+            prepared = state.prepare_gemm_combine(spec, variant["biases"], calls, num_sms)
+        else:
+            prepared = state.prepare_combine(spec, variant, calls, num_sms)
         if previous_event_before_epilogue is not None:
             comm.wait_event(previous_event_before_epilogue.event)
         state.launch(prepared, comm.cuda_stream)
@@ -939,6 +948,71 @@ class ElasticBuffer:
         event = self._finish(compute, comm, prepared, async_with_compute_stream, keep)
         return (self._ranks_out([o["combined_x"] for o in outs]),
                 self._ranks_out([o.get("combined_topk_weights") for o in outs]), event)
+
+    def _expert_gemm_inputs(self, op, x, weights, handle, square=False):
+        """Checks an expert GEMM's per-rank inputs: rows of an expanded dispatch and the local
+        experts' matrices ``[E / R, hidden, N]`` (N = hidden when ``square``: the combine
+        sends hidden-wide rows). Returns (handles, xs, ws); raises naming the argument."""
+        if handle is None:
+            raise ValueError("handle: required (the EPHandle of the expanded dispatch)")
+        handles = self._per_rank("handle", handle)
+        self._check_handle(handles)
+        xs = self._per_rank("x", x)
+        ws = self._per_rank("weights", weights)
+        if not handles[0].do_expand:
+            raise ValueError(f"handle: {op} needs an expanded dispatch (do_expand=True): "
+                             "one row per (token, local expert) pair, grouped by expert")
+        L = handles[0].num_experts // self.num_ranks
+        for r, (xr, wr, hd) in enumerate(zip(xs, ws, handles)):
+            sfx = f"[{r}]" if self.virtual else ""
+            self._tensor(f"x{sfx}", xr, ("bf16", "f16"), 2)
+            if T.dtype_name(xr) != hd._dtype:
+                raise TypeError(f"x{sfx}: the dispatch moved {hd._dtype} rows, got "
+                                f"{T.describe(xr)}")
+            if tuple(xr.shape) != (hd.num_expanded_tokens, hd._hidden):
+                raise ValueError(f"x{sfx}: expected {hd._dtype}[{hd.num_expanded_tokens}, "
+                                 f"{hd._hidden}] (the dispatch's recv_x), got {T.describe(xr)}")
+            self._tensor(f"weights{sfx}", wr, (hd._dtype,), 3)
+            if square and tuple(wr.shape) != (L, hd._hidden, hd._hidden):
+                raise ValueError(f"weights{sfx}: expected {hd._dtype}[{L}, {hd._hidden}, "
+                                 f"{hd._hidden}] (the combine sends hidden-wide rows), got "
+                                 f"{T.describe(wr)}")
+            if tuple(wr.shape[:2]) != (L, hd._hidden):
+                raise ValueError(f"weights{sfx}: expected {hd._dtype}[{L}, {hd._hidden}, N], got "
+                                 f"{T.describe(wr)}")
+            if tuple(wr.shape) != tuple(ws[0].shape):
+                raise ValueError(f"weights{sfx}: every rank's weights have the same shape")
+        return handles, xs, ws
+
+    def gemm_combine(self, x, weights, handle, bias=None, num_sms: int = 0,
+                     previous_event=None, async_with_compute_stream: bool = False,
+                     allocate_on_comm_stream: bool = False):
+        """epic: the expert GEMM fused with the combine of its output: the compiler's
+        ``ep-fuse-gemm-combine`` schedule, where each token is sent back to its source as soon
+        as the GEMM tiles holding its rows are written, overlapping the send of early tiles with
+        the computation of later ones.
+
+        ``x`` is an expanded dispatch's ``recv_x`` (bf16 or f16), ``weights`` every rank's
+        local expert matrices ``[E / R, hidden, hidden]`` (same dtype: the combine sends
+        hidden-wide rows), ``handle`` the dispatch's. Returns ``(y, combined_x, event)``: ``y``
+        is :meth:`grouped_gemm`'s bf16 output (padding rows zero) and ``combined_x`` bitwise
+        what :meth:`combine` of ``y`` with the same biases returns. Combine weights are not
+        taken (DeepEP applies them in the expert's epilogue, which is this GEMM's).
+        """
+        handles, xs, ws = self._expert_gemm_inputs("gemm_combine", x, weights, handle,
+                                                   square=True)
+        self._check_device([(f"x[{r}]", t) for r, t in enumerate(xs)]
+                           + [(f"weights[{r}]", t) for r, t in enumerate(ws)])
+
+        import torch
+
+        ys = [torch.zeros((xr.shape[0], xr.shape[1]), dtype=torch.bfloat16, device=xr.device)
+              for xr in xs]
+        combined, _, event = self.combine(
+            self._ranks_out(ys), handle, bias=bias, num_sms=num_sms,
+            previous_event=previous_event, async_with_compute_stream=async_with_compute_stream,
+            allocate_on_comm_stream=allocate_on_comm_stream, _gemm=(xs, ws))
+        return self._ranks_out(ys), combined, event
 
     # --- the expert GEMM -------------------------------------------------------------------
 
@@ -953,33 +1027,9 @@ class ElasticBuffer:
         over (expert, 64-row, 128-column) tiles; ``hidden`` must be a multiple of 64 and N of
         128. Runs on the current stream. Returns the output (a list in a virtual world).
         """
-        if handle is None:
-            raise ValueError("handle: required (the EPHandle of the expanded dispatch)")
-        handles = self._per_rank("handle", handle)
-        self._check_handle(handles)
-        xs = self._per_rank("x", x)
-        ws = self._per_rank("weights", weights)
         _check_int("num_sms", num_sms, 0)
+        handles, xs, ws = self._expert_gemm_inputs("grouped_gemm", x, weights, handle)
         h0 = handles[0]
-        if not h0.do_expand:
-            raise ValueError("handle: grouped_gemm needs an expanded dispatch (do_expand=True): "
-                             "one row per (token, local expert) pair, grouped by expert")
-        L = h0.num_experts // self.num_ranks
-        for r, (xr, wr, hd) in enumerate(zip(xs, ws, handles)):
-            sfx = f"[{r}]" if self.virtual else ""
-            self._tensor(f"x{sfx}", xr, ("bf16", "f16"), 2)
-            if T.dtype_name(xr) != hd._dtype:
-                raise TypeError(f"x{sfx}: the dispatch moved {hd._dtype} rows, got "
-                                f"{T.describe(xr)}")
-            if tuple(xr.shape) != (hd.num_expanded_tokens, hd._hidden):
-                raise ValueError(f"x{sfx}: expected {hd._dtype}[{hd.num_expanded_tokens}, "
-                                 f"{hd._hidden}] (the dispatch's recv_x), got {T.describe(xr)}")
-            self._tensor(f"weights{sfx}", wr, (hd._dtype,), 3)
-            if tuple(wr.shape[:2]) != (L, hd._hidden):
-                raise ValueError(f"weights{sfx}: expected {hd._dtype}[{L}, {hd._hidden}, N], got "
-                                 f"{T.describe(wr)}")
-            if tuple(wr.shape) != tuple(ws[0].shape):
-                raise ValueError(f"weights{sfx}: every rank's weights have the same shape")
         out_name = T.dtype_name(xs[0]) if out_dtype is None else {
             "bfloat16": "bf16", "bf16": "bf16", "float16": "f16", "f16": "f16",
             "float32": "f32", "f32": "f32"}.get(str(out_dtype).replace("torch.", ""))

@@ -225,6 +225,8 @@ PYBIND11_MODULE(_C, m) {
                                        variant["n"].cast<int64_t>(),
                                        variant["out_dtype"].cast<std::string>(),
                                        kDispatchGemmEntryName);
+            } else if (kind == "gemm_combine") {
+              ir = gemmCombineEntryIR(s, variant["biases"].cast<int>(), kGemmCombineEntryName);
             } else if (kind == "grouped_gemm") {
               ir = groupedGemmEntryIR(s, variant["n"].cast<int64_t>(),
                                       variant["out_dtype"].cast<std::string>(),
@@ -350,6 +352,20 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("spec"), py::arg("variant"), py::arg("calls"), py::arg("blocks_per_rank") = 0,
           "An expanded dispatch fused with the expert GEMM on its rows (ep.dispatch_gemm).")
+      .def(
+          "prepare_gemm_combine",
+          [](Buffer &b, const py::dict &spec, int biases, const py::list &calls, int blocks) {
+            std::vector<CombineCall> combines = callsFrom(calls, kCombineFields);
+            std::vector<GemmCombineCall> out;
+            for (size_t i = 0; i < combines.size(); ++i) {
+              auto call = calls[i].cast<py::dict>();
+              out.push_back(GemmCombineCall{combines[i], field(call, "lhs"),
+                                            field(call, "weights")});
+            }
+            return b.host->prepareGemmCombine(specFrom(spec), biases, out, blocks);
+          },
+          py::arg("spec"), py::arg("biases"), py::arg("calls"), py::arg("blocks_per_rank") = 0,
+          "The expert GEMM fused with the combine of its output (ep.gemm_combine).")
       .def(
           "prepare_grouped_gemm",
           [](Buffer &b, const py::dict &spec, const py::list &calls, int blocks) {

@@ -255,6 +255,22 @@ ParamRecord epic::runtime::dispatchGemmRecord(const EPSpec &s, const DispatchVar
   return r;
 }
 
+ParamRecord epic::runtime::gemmCombineRecord(const EPSpec &s, int biases,
+                                             const GemmCombineCall &c) {
+  ParamRecord r = combineRecord(s, CombineVariant{false, biases}, c.combine);
+  GroupedGemmCall gemm{c.lhs, c.weights, c.combine.x, c.combine.handle.psumNumRecvTokensPerExpert};
+  ParamRecord g = groupedGemmRecord(s, gemm);
+  if (c.weights.shape.size() == 3 && c.weights.shape[2] != s.hidden)
+    fail("weights must be [" + std::to_string(s.experts / s.ranks) + ", " +
+         std::to_string(s.hidden) + ", " + std::to_string(s.hidden) +
+         "]: the combine sends hidden-wide rows, got " + c.weights.describe());
+  r["lhs"] = g.at("x");
+  r["weights"] = g.at("weights");
+  r["psum_num_recv_tokens_per_expert"] = g.at("psum_num_recv_tokens_per_expert");
+  r["num_rows"] = g.at("num_rows");
+  return r;
+}
+
 void epic::runtime::checkTopkIndices(const EPSpec &s, const int64_t *idx, int64_t tokens) {
   for (int64_t t = 0; t < tokens; ++t)
     for (int j = 0; j < s.topk; ++j) {

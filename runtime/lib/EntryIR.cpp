@@ -204,6 +204,42 @@ std::string epic::runtime::dispatchGemmEntryIR(const EPSpec &spec, const Dispatc
   return os.str();
 }
 
+std::string epic::runtime::gemmCombineEntryIR(const EPSpec &spec, int biases,
+                                              const std::string &name) {
+  spec.validate();
+  require(spec.expanded, "the fused GEMM + combine needs the expanded layout");
+  require(spec.dtype == "bf16" || spec.dtype == "f16",
+          "the fused GEMM + combine multiplies bf16 or f16 rows, got " + spec.dtype);
+  require(biases >= 0 && biases <= 2, "combine takes 0, 1 or 2 biases, got " + dim(biases));
+  const std::string cfg = "#" + name + "_config";
+  const std::string h = dim(spec.hidden), l = dim(spec.experts / spec.ranks);
+  const std::string x = "tensor<?x" + h + "x" + spec.dtype + ">";
+  const std::string w = "tensor<" + l + "x" + h + "x" + h + "x" + spec.dtype + ">";
+  const std::string y = "tensor<?x" + h + "xbf16>";
+  const std::string handle = "!ep.handle<" + cfg + ">";
+  std::string args = "%x: " + x + ", %w: " + w + ", %h: " + handle, bias;
+  if (biases) {
+    std::string names = "%b0", types = y;
+    args += ", %b0: " + y;
+    if (biases == 2) {
+      args += ", %b1: " + y;
+      names += ", %b1";
+      types += ", " + y;
+    }
+    bias = " bias(" + names + " : " + types + ")";
+  }
+  std::ostringstream os;
+  os << cfg << " = " << spec.configAttr() << "\n"
+     << "func.func @" << name << "(" << args << ") -> (" << y << ", " << y << ")"
+     << timeoutAttr(spec) << " {\n"
+     << "  %y = ep.grouped_gemm %x, %w layout(%h : " << handle << ") : " << x << ", " << w
+     << " -> " << y << "\n"
+     << "  %out = ep.combine %y, %h" << bias << " : " << y << ", " << handle << " -> " << y
+     << "\n"
+     << "  return %y, %out : " << y << ", " << y << "\n}\n";
+  return os.str();
+}
+
 std::string epic::runtime::combineEntryIR(const EPSpec &spec, const CombineVariant &v,
                                           const std::string &name) {
   spec.validate();

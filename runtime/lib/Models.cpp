@@ -58,11 +58,18 @@ int64_t epic::runtime::kernelWindowBytes(int numRanks, int64_t maxTokensPerRank,
                         int64_t(4), r * 4, maxBlocks * 8, maxBlocks * 8})
     at = align(at + bytes, 256);
   const int64_t data = align(at, 4096) + std::max(r * tm * record, k * tm * combineRecord);
-  if (fp8Dispatch) // the fused dispatch + GEMM multiplies bf16 / f16 rows only
+  if (fp8Dispatch) // the fused GEMM kernels multiply bf16 / f16 rows only
     return data;
   // ep.dispatch_gemm's counters follow: [local experts][64-row tiles] twice.
   const int64_t tileCounters = align(local * ((r * tm + 63) / 64) * 4, 256);
-  return align(data, 256) + 2 * tileCounters;
+  // ep.gemm_combine's scratch follows: row -> token for every expanded row
+  // (expert alignment up to 128 assumed; more fails at prepare, naming the
+  // bytes), pending rows per token, finished column tiles per row tile, a
+  // rank barrier.
+  const int64_t expandedRows = r * tm * std::min<int64_t>(k, local) + 127 * local;
+  const int64_t gemmCombine = align(expandedRows * 4, 256) + align(r * tm * 4, 256) +
+                              tileCounters + 256;
+  return align(data, 256) + std::max(2 * tileCounters, gemmCombine);
 }
 
 int64_t epic::runtime::elasticBufferBytes(const Topology &t, int64_t maxTokensPerRank,

@@ -487,6 +487,16 @@ KernelHost::Prepared KernelHost::prepareDispatchGemm(const EPSpec &spec,
                  records, blocks);
 }
 
+KernelHost::Prepared KernelHost::prepareGemmCombine(const EPSpec &spec, int biases,
+                                                    const std::vector<GemmCombineCall> &calls,
+                                                    int blocks) {
+  checkWorld(spec, calls.size());
+  std::vector<ParamRecord> records;
+  for (const GemmCombineCall &call : calls)
+    records.push_back(gemmCombineRecord(spec, biases, call));
+  return prepare(gemmCombineEntryIR(spec, biases, kGemmCombineEntryName), records, blocks);
+}
+
 KernelHost::Run KernelHost::groupedGemm(const EPSpec &spec,
                                         const std::vector<GroupedGemmCall> &calls, void *stream,
                                         int blocks) {

@@ -40,11 +40,15 @@ def prepare():
             runtime.kernels(spec, dict(weights=weights, cached=False, zero_padding=False, n=n,
                                        out_dtype="bf16"), "dispatch_gemm")
             count += 1
-    # test_grouped_gemm_output_feeds_the_combine: a square expert GEMM on CONFIGS[0].
-    ranks, experts, hidden, n, tokens, alignment = CONFIGS[0]
-    runtime.kernels(spec_of(ranks, experts, hidden, tokens, alignment),
-                    dict(n=hidden, out_dtype="bf16"), "grouped_gemm")
-    count += 1
+    # test_grouped_gemm_output_feeds_the_combine and the fused GEMM + combine
+    # (ep-fuse-gemm-combine): a square expert GEMM.
+    for ranks, experts, hidden, n, tokens, alignment in CONFIGS[:2]:
+        spec = spec_of(ranks, experts, hidden, tokens, alignment)
+        runtime.kernels(spec, dict(n=hidden, out_dtype="bf16"), "grouped_gemm")
+        for biases in (0, 2):
+            runtime.kernels(spec, dict(biases=biases), "gemm_combine")
+            runtime.kernels(spec, dict(weights=False, biases=biases), "combine")
+            count += 1
     print(f"test_grouped_gemm: {count} grouped GEMM kernel sets in {runtime.cache_dir}")
 
 
@@ -165,4 +169,45 @@ def test_fused_dispatch_gemm_equals_the_two_steps(ranks, experts, hidden, n, tok
             mine = recv[r][start:end].view(torch.int16).sort(0).values
             theirs = plain[r][start:end].view(torch.int16).sort(0).values
             assert torch.equal(mine, theirs), f"rank {r} expert {e}: rows differ"
+    buffer.destroy()
+
+
+@pytest.mark.parametrize("ranks, experts, hidden, n, tokens, alignment", CONFIGS[:2])
+@pytest.mark.parametrize("biases", [0, 2])
+def test_fused_gemm_combine_equals_the_two_steps(ranks, experts, hidden, n, tokens, alignment,
+                                                 biases):
+    """ep.gemm_combine (tokens sent from the GEMM's epilogue as their rows finish) returns the
+    grouped GEMM's output and bitwise the combine of it."""
+    g = torch.Generator(device="cuda").manual_seed(29 + ranks + biases)
+    buffer = epic.ElasticBuffer(epic.VirtualWorld(ranks), num_max_tokens_per_rank=tokens,
+                                hidden=hidden, num_topk=TOPK, explicitly_destroy=True)
+    L = experts // ranks
+    counts = [tokens - 3 * r for r in range(ranks)]  # uneven token counts per rank
+    xs = [torch.randn((c, hidden), generator=g, device="cuda").to(torch.bfloat16) for c in counts]
+    idxs = []
+    for c in counts:
+        idx = torch.rand((c, experts), generator=g, device="cuda").topk(TOPK).indices
+        idx[torch.rand((c, TOPK), generator=g, device="cuda") < 0.1] = -1  # masked top-k
+        idxs.append(idx)
+    ws = [(torch.randn((L, hidden, hidden), generator=g, device="cuda") / hidden ** 0.5)
+          .to(torch.bfloat16) for _ in range(ranks)]
+    bias = [tuple(torch.randn((c, hidden), generator=g, device="cuda").to(torch.bfloat16)
+                  for _ in range(biases)) for c in counts] if biases else None
+    recv, _, _, handles, _ = buffer.dispatch(xs, idxs, num_experts=experts, do_expand=True,
+                                             expert_alignment=alignment)
+    ys, fused, _ = buffer.gemm_combine(recv, ws, handles, bias=bias)
+    separate_ys = buffer.grouped_gemm(recv, ws, handles)
+    separate, _, _ = buffer.combine(separate_ys, handles, bias=bias)
+    torch.cuda.synchronize()
+    for r in range(ranks):
+        assert torch.equal(ys[r].view(torch.int16), separate_ys[r].view(torch.int16)), \
+            f"rank {r}: the fused GEMM's output differs from the grouped GEMM's"
+        assert torch.equal(fused[r].view(torch.int16), separate[r].view(torch.int16)), \
+            f"rank {r}: the fused combine differs from the combine of the GEMM's output"
+    # Twice: the per-tile counters and token counts were reset for the next call.
+    ys2, fused2, _ = buffer.gemm_combine(recv, ws, handles, bias=bias)
+    torch.cuda.synchronize()
+    for r in range(ranks):
+        assert torch.equal(fused2[r].view(torch.int16), separate[r].view(torch.int16)), \
+            f"rank {r}: a second fused call differs"
     buffer.destroy()

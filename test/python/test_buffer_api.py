@@ -294,3 +294,24 @@ def test_dispatch_gemm_checks_its_arguments_before_the_device(buf):
         buf.dispatch_gemm(xs, idxs, ws, num_experts=E, out_dtype="int8")
     with pytest.raises(ValueError, match=r"x\[0\]: must be a CUDA tensor"):
         buf.dispatch_gemm(xs, idxs, ws, num_experts=E)
+
+
+def test_gemm_combine_checks_its_arguments_before_the_device(buf):
+    import dataclasses
+
+    L = E // R
+    xs = [np.zeros((12, H), ml_dtypes.bfloat16)] * R
+    ws = [np.zeros((L, H, H), ml_dtypes.bfloat16)] * R
+    with pytest.raises(ValueError, match="handle: required"):
+        buf.gemm_combine(xs, ws, None)
+    plain = [fake_handle(buf, r) for r in range(R)]
+    with pytest.raises(ValueError, match=r"gemm_combine needs an expanded dispatch"):
+        buf.gemm_combine(xs, ws, plain)
+    handles = [dataclasses.replace(h, do_expand=True) for h in plain]
+    with pytest.raises(TypeError, match=r"x\[0\]: the dispatch moved bf16 rows, got f16"):
+        buf.gemm_combine([x.astype(np.float16) for x in xs], ws, handles)
+    with pytest.raises(ValueError, match=rf"weights\[0\]: expected bf16\[{L}, 256, 256\] \(the "
+                                         rf"combine sends hidden-wide rows\), got bf16\[{L}, 256, 128\]"):
+        buf.gemm_combine(xs, [np.zeros((L, H, 128), ml_dtypes.bfloat16)] * R, handles)
+    with pytest.raises(ValueError, match=r"x\[0\]: must be a CUDA tensor"):
+        buf.gemm_combine(xs, ws, handles)

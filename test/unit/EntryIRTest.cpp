@@ -38,23 +38,41 @@ std::string expand(const std::string &ir) {
   return diagnostics;
 }
 
-/// The window bytes ep-expand assigns to the launch function of `ir`.
-int64_t windowBytesOf(const std::string &ir) {
+/// Runs the compiler's fusions and ep-expand on `ir`; then `inspect` sees
+/// every function. False when parsing or a pass fails.
+bool expandThen(const std::string &ir, llvm::function_ref<void(mlir::func::FuncOp)> inspect) {
   mlir::DialectRegistry registry;
   epic::registerAllDialects(registry);
   mlir::MLIRContext context(registry);
   auto module = mlir::parseSourceString<mlir::ModuleOp>(ir, &context);
   mlir::PassManager pm(&context);
   pm.addNestedPass<mlir::func::FuncOp>(epic::createEPFuseDispatchGemm());
+  pm.addNestedPass<mlir::func::FuncOp>(epic::createEPFuseGemmCombine());
   pm.addPass(epic::createEPExpand());
   if (!module || mlir::failed(pm.run(*module)))
-    return -1;
+    return false;
+  module->walk(inspect);
+  return true;
+}
+
+/// The window bytes ep-expand assigns to the launch function of `ir`.
+int64_t windowBytesOf(const std::string &ir) {
   int64_t bytes = -1;
-  module->walk([&](mlir::func::FuncOp f) {
+  expandThen(ir, [&](mlir::func::FuncOp f) {
     if (auto attr = f->getAttrOfType<mlir::IntegerAttr>("epic.window_bytes"))
       bytes = attr.getInt();
   });
   return bytes;
+}
+
+/// The launch function's `epic.entry` kind after fusion and ep-expand.
+std::string expandedEntryKind(const std::string &ir) {
+  std::string entry = "(compilation failed)";
+  expandThen(ir, [&](mlir::func::FuncOp f) {
+    if (auto attr = f->getAttrOfType<mlir::StringAttr>("epic.entry"))
+      entry = attr.getValue().str();
+  });
+  return entry;
 }
 
 EPSpec v3(bool expanded) {
@@ -113,25 +131,23 @@ TEST(EntryIR, DispatchGemmIsFusedThenExpanded) {
   spec.dtype = "bf16", spec.scalePacks = 0;
   for (bool weights : {false, true}) {
     std::string ir = dispatchGemmEntryIR(spec, {weights, false, true, 64}, 2048, "bf16", "moe");
-    mlir::DialectRegistry registry;
-    epic::registerAllDialects(registry);
-    mlir::MLIRContext context(registry);
-    auto module = mlir::parseSourceString<mlir::ModuleOp>(ir, &context);
-    ASSERT_TRUE(module) << ir;
-    mlir::PassManager pm(&context);
-    pm.addNestedPass<mlir::func::FuncOp>(epic::createEPFuseDispatchGemm());
-    pm.addPass(epic::createEPExpand());
-    ASSERT_TRUE(mlir::succeeded(pm.run(*module))) << ir;
-    std::string entry;
-    module->walk([&](mlir::func::FuncOp f) {
-      if (auto attr = f->getAttrOfType<mlir::StringAttr>("epic.entry"))
-        entry = attr.getValue().str();
-    });
-    EXPECT_EQ(entry, "dispatch_gemm") << "the compiler fuses the pair";
+    EXPECT_EQ(expandedEntryKind(ir), "dispatch_gemm") << "the compiler fuses the pair: " << ir;
   }
   EXPECT_THROW(dispatchGemmEntryIR(v3(true), {}, 2048, "bf16", "g"), std::invalid_argument);
   EXPECT_THROW(dispatchGemmEntryIR(spec, {false, true, false, 64}, 2048, "bf16", "g"),
                std::invalid_argument);
+}
+
+TEST(EntryIR, GemmCombineIsFusedThenExpanded) {
+  EPSpec spec = v3(true);
+  spec.dtype = "bf16", spec.scalePacks = 0;
+  for (int biases : {0, 1, 2}) {
+    std::string ir = gemmCombineEntryIR(spec, biases, "moe");
+    EXPECT_EQ(expandedEntryKind(ir), "gemm_combine") << "the compiler fuses the pair: " << ir;
+  }
+  EXPECT_THROW(gemmCombineEntryIR(v3(true), 0, "g"), std::invalid_argument); // FP8
+  EXPECT_THROW(gemmCombineEntryIR(v3(false), 0, "g"), std::invalid_argument);
+  EXPECT_THROW(gemmCombineEntryIR(spec, 3, "g"), std::invalid_argument);
 }
 
 TEST(EntryIR, IsDeterministic) {
@@ -185,8 +201,10 @@ TEST(EntryIR, TheRuntimesWindowBoundCoversEveryLayoutEpExpandMakes) {
               int64_t bound = kernelWindowBytes(ranks, tmax, hidden, topk, fp8);
               std::vector<std::string> irs = {dispatchEntryIR(s, {true, false, false, 64}, "d"),
                                               combineEntryIR(s, {true, 2}, "c")};
-              if (expanded && dtype == "bf16") // and fused with the expert GEMM
+              if (expanded && dtype == "bf16") { // and fused with the expert GEMM
                 irs.push_back(dispatchGemmEntryIR(s, {true, false, false, 64}, 128, "bf16", "dg"));
+                irs.push_back(gemmCombineEntryIR(s, 2, "gc"));
+              }
               for (const std::string &ir : irs) {
                 int64_t used = windowBytesOf(ir);
                 ASSERT_GT(used, 0) << ir;

@@ -376,6 +376,39 @@ LogicalResult DispatchGemmOp::verify() {
   return success();
 }
 
+LogicalResult GemmCombineOp::verify() {
+  ConfigAttr cfg = getConfig();
+  ShapeChecker check{*this};
+  if (!cfg.isExpanded())
+    return emitOpError("needs the expanded layout: the handle's configuration is plain");
+  int64_t hidden = cfg.getHidden(), local = cfg.getNumLocalExperts();
+  ShapedType lhs = shaped(getLhs()), rhs = shaped(getRhs()), y = shaped(getResult()),
+             out = shaped(getCombinedX());
+  if (lhs.getElementType() != cfg.getDtype())
+    return emitOpError("lhs element type ") << lhs.getElementType()
+                                            << " differs from the dispatch's " << cfg.getDtype();
+  if (failed(check.staticDim("lhs", lhs, 1, hidden, "hidden")) ||
+      failed(check.maxDim("lhs", lhs, 0, cfg.getMaxOutputRows(), "rows")) ||
+      failed(check.elementType("rhs", rhs, lhs.getElementType())) ||
+      failed(check.staticDim("rhs", rhs, 0, local, "local experts")) ||
+      failed(check.staticDim("rhs", rhs, 1, hidden, "hidden")) ||
+      failed(check.staticDim("rhs", rhs, 2, hidden, "N: the combine sends hidden-wide rows")) ||
+      failed(check.staticDim("result", y, 1, hidden, "hidden")) ||
+      failed(check.sameDim("lhs", lhs, "result", y, "the row count")) ||
+      failed(check.staticDim("combined_x", out, 1, hidden, "hidden")) ||
+      failed(check.maxDim("combined_x", out, 0, cfg.getMaxTokensPerRank(), "tokens")))
+    return failure();
+  if (getBiases().size() > 2)
+    return emitOpError("takes at most two biases, got ") << getBiases().size();
+  for (auto [i, bias] : llvm::enumerate(getBiases())) {
+    std::string name = "bias #" + std::to_string(i);
+    if (failed(check.staticDim(name, shaped(bias), 1, hidden, "hidden")) ||
+        failed(check.sameDim("combined_x", out, name, shaped(bias), "the token count")))
+      return failure();
+  }
+  return success();
+}
+
 LogicalResult CombineOp::verify() {
   ConfigAttr cfg = getConfig();
   ShapeChecker check{*this};

@@ -177,6 +177,7 @@ epic::CompileResult epic::compileModule(const std::string &source, const Compile
   // GEMM), then every ep op becomes kernels.
   PassManager expand(&context);
   expand.addNestedPass<func::FuncOp>(createEPFuseDispatchGemm());
+  expand.addNestedPass<func::FuncOp>(createEPFuseGemmCombine());
   expand.addPass(createEPExpand());
   if (failed(expand.run(*module)))
     throw CompileError("expanding the ep ops of " + sourceName + " failed:\n" + diagnostics);

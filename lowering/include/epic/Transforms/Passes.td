@@ -170,4 +170,42 @@ def EPFuseDispatchGemm : Pass<"ep-fuse-dispatch-gemm", "::mlir::func::FuncOp"> {
   let dependentDialects = ["::epic::ep::EPDialect"];
 }
 
+def EPFuseGemmCombine : Pass<"ep-fuse-gemm-combine", "::mlir::func::FuncOp"> {
+  let summary = "fuse the expert GEMM with the combine of its output";
+  let description = [{
+    Rewrites an `ep.grouped_gemm` (BF16 output, N = hidden) followed by an
+    `ep.combine` of its output on the same handle (no combine weights) into
+    one `ep.gemm_combine`: each finished output tile is sent back from the GEMM
+    epilogue, overlapping the send of early tokens with the computation of
+    later tiles.
+
+    **Schedule** (what `ep-expand` generates): one cooperative kernel, then
+    the combine's reduce kernel. The kernel starts with the combine's entry
+    barrier (remote windows are free), maps every expanded row to its
+    received token and counts each token's local rows, meets the rank's other
+    blocks, then runs the persistent grouped GEMM. After a tile's epilogue the
+    block adds 1 (acq_rel) to its 64-row tile's column counter; the block that
+    completes the last column tile walks the tile's rows, one warp per row,
+    and subtracts 1 from the row's token count; the warp that takes it to 0
+    sums the token's rows in increasing slot order in fp32 from +0.0, rounds
+    to bf16 once and writes the row into the source rank's window: the
+    combine's send stage with the same arithmetic, so the combined result is
+    bitwise the unfused one. The rank's last block exchanges done flags with
+    every peer; the reduce kernel sums as before.
+
+    Fusion is refused, with a remark saying why, when the GEMM's output is not
+    bf16 or not hidden-wide, when the combine takes weights or another
+    handle, or when the output feeds something else than one ep.combine.
+
+    ```mlir
+    // before
+    %y = ep.grouped_gemm %rx, %w layout(%h : ...) : ...
+    %out = ep.combine %y, %h : ...
+    // after
+    %y, %out = ep.gemm_combine %rx, %w layout(%h : ...) : ...
+    ```
+  }];
+  let dependentDialects = ["::epic::ep::EPDialect"];
+}
+
 #endif // EPIC_TRANSFORMS_PASSES_TD

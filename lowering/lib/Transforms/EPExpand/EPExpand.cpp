@@ -134,6 +134,14 @@ const char *const kDispatchGemmFields[] = {
     "psum_num_recv_tokens_per_expert", "host_counts", "num_tokens", "dst_buffer_slot_idx",
     "experts", "gemm_out", "tensor_maps"};
 constexpr int64_t kFusedParamsStride = 256;
+/// ep.gemm_combine: the combine's fields ("x" is the GEMM's output), then the GEMM's.
+const char *const kGemmCombineFields[] = {
+    "x", "topk_weights", "recv_src_metadata", "psum_num_recv_tokens_per_rank", "topk_idx",
+    "bias0", "bias1", "combined_x", "combined_topk_weights", "num_tokens",
+    "lhs", "weights", "psum_num_recv_tokens_per_expert", "tensor_maps", "num_rows"};
+enum GemmCombineField { kGCLhs = kNumCombineFields, kGCWeights, kGCPsumPerExpert, kGCMaps,
+                        kGCNumRows };
+static_assert(kGCNumRows * 8 < kParamsStride);
 
 //===----------------------------------------------------------------------===//
 // Kernel builder
@@ -356,6 +364,17 @@ public:
   /// Thread 0 counts this block's arrival (acq_rel, system scope, so the
   /// whole block's writes are ordered before it); every thread learns
   /// whether this block was the rank's last.
+  /// `compute()` (an i32) on thread 0, its value for the whole block (through
+  /// the kernel's one-word workgroup buffer, between two block barriers).
+  Value fromThread0(function_ref<Value()> compute) {
+    Value zero = arith::ConstantIndexOp::create(b, 0);
+    when(eq(tid, i32(0)), [&] { memref::StoreOp::create(b, compute(), sharedFlag, ValueRange{zero}); });
+    barrier();
+    Value value = memref::LoadOp::create(b, sharedFlag, ValueRange{zero});
+    barrier();
+    return value;
+  }
+
   Value lastBlockOfRank(int64_t counterOffset) {
     Value memref = sharedFlag;
     Value zero = arith::ConstantIndexOp::create(b, 0);
@@ -767,6 +786,55 @@ struct CombineShape {
   bool expanded;
 };
 
+/// The expanded combine's send of one received token (`meta`: its row of
+/// recv_src_metadata) by the calling warp: this rank's rows of the token (one
+/// per local slot, columns 2.. of the metadata) summed in fp32 from +0.0 in
+/// increasing slot order and rounded once, into `record` of the source.
+void sendExpandedToken(KernelBuilder &k, const EPLayout &L, const CombineShape &shape, Value x,
+                       Value weights, Value meta, Value record) {
+  Type f32 = k.b.getF32Type();
+  auto chunkF32 = VectorType::get({8}, f32);
+  auto chunkBF16 = VectorType::get({8}, k.b.getBF16Type());
+  k.loop(k.lane, k.i32(L.hidden / 8), k.i32(32), [&](Value chunk) {
+    Value offset = k.mul(chunk, k.i32(16));
+    Value zero = arith::ConstantOp::create(k.b, chunkF32, DenseElementsAttr::get(chunkF32, 0.0f));
+    Value sum = k.sumRowsInOrder(zero, L.topk, [&](int64_t j) {
+      Value expandedRow = k.loadI32(meta, k.i32(2 + j));
+      Value rowBase = k.at(x, k.mul(k.wide(expandedRow), k.i64(L.hidden * 2)));
+      return std::make_pair(k.cmp(arith::CmpIPredicate::sge, expandedRow, k.i32(0)),
+                            k.at(rowBase, offset));
+    });
+    Value rounded = arith::TruncFOp::create(k.b, chunkBF16, sum);
+    k.store(rounded, k.at(record, offset), 16);
+  });
+  if (shape.weights) {
+    // Slot j's weight is that of its expanded row (1-D weights), else 0.
+    k.when(k.lt(k.lane, k.i32(L.topk)), [&] {
+      Value expandedRow = k.loadI32(meta, k.add(k.lane, k.i32(2)));
+      Value w = k.choose(k.cmp(arith::CmpIPredicate::sge, expandedRow, k.i32(0)), f32,
+                         [&]() -> Value {
+        return k.load(f32, k.at(weights, k.mul(expandedRow, k.i32(4))), 4);
+      }, [&]() -> Value { return arith::ConstantFloatOp::create(k.b, cast<FloatType>(f32), APFloat(0.0f)); });
+      k.store(w, k.at(record, k.add(k.i32(L.combineRow), k.mul(k.lane, k.i32(4)))), 4);
+    });
+  }
+}
+
+/// Where token `row`'s combine record goes: (its metadata row, the record in
+/// the source rank's window).
+std::pair<Value, Value> combineDestination(KernelBuilder &k, const EPLayout &L, Value metadata,
+                                           Value row) {
+  Value meta = k.at(metadata, k.mul(k.mul(row, k.i32(L.topk + 2)), k.i32(4)));
+  Value gid = k.load(k.i32T(), meta, 4);
+  Value back = k.loadI32(meta, k.i32(1));
+  Value src = k.divu(gid, k.i32(L.tmax));
+  Value token = k.remu(gid, k.i32(L.tmax));
+  Value master = k.remu(back, k.i32(L.topk));
+  Value index = k.add(k.mul(k.wide(master), k.i64(L.tmax)), k.wide(token));
+  Value record = k.peer(k.add(k.i64(L.data), k.mul(index, k.i64(L.combineRecord))), src);
+  return {meta, record};
+}
+
 void buildCombineSend(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape) {
   KernelBuilder k(func, L);
   Value x = k.pointerParam(kCX);
@@ -777,14 +845,7 @@ void buildCombineSend(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape
 
   // One warp per received token: back to its source, into [master slot][token].
   k.loop(k.globalWarp, received, k.numWarps, [&](Value row) {
-    Value meta = k.at(metadata, k.mul(k.mul(row, k.i32(L.topk + 2)), k.i32(4)));
-    Value gid = k.load(k.i32T(), meta, 4);
-    Value back = k.loadI32(meta, k.i32(1));
-    Value src = k.divu(gid, k.i32(L.tmax));
-    Value token = k.remu(gid, k.i32(L.tmax));
-    Value master = k.remu(back, k.i32(L.topk));
-    Value index = k.add(k.mul(k.wide(master), k.i64(L.tmax)), k.wide(token));
-    Value record = k.peer(k.add(k.i64(L.data), k.mul(index, k.i64(L.combineRecord))), src);
+    auto [meta, record] = combineDestination(k, L, metadata, row);
     if (!shape.expanded) {
       k.copyRow(record, k.at(x, k.mul(k.wide(row), k.i64(L.hidden * 2))), L.hidden * 2);
       if (shape.weights) {
@@ -795,35 +856,7 @@ void buildCombineSend(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape
         });
       }
     } else {
-      // This rank's rows of the token (one per local slot, columns 2.. of
-      // the metadata) summed in fp32 from +0.0 in increasing slot order and
-      // rounded once: one row goes back.
-      Type f32 = k.b.getF32Type();
-      auto chunkF32 = VectorType::get({8}, f32);
-      auto chunkBF16 = VectorType::get({8}, k.b.getBF16Type());
-      k.loop(k.lane, k.i32(L.hidden / 8), k.i32(32), [&](Value chunk) {
-        Value offset = k.mul(chunk, k.i32(16));
-        Value zero = arith::ConstantOp::create(k.b, chunkF32, DenseElementsAttr::get(chunkF32, 0.0f));
-        Value sum = k.sumRowsInOrder(zero, L.topk, [&](int64_t j) {
-          Value expandedRow = k.loadI32(meta, k.i32(2 + j));
-          Value rowBase = k.at(x, k.mul(k.wide(expandedRow), k.i64(L.hidden * 2)));
-          return std::make_pair(k.cmp(arith::CmpIPredicate::sge, expandedRow, k.i32(0)),
-                                k.at(rowBase, offset));
-        });
-        Value rounded = arith::TruncFOp::create(k.b, chunkBF16, sum);
-        k.store(rounded, k.at(record, offset), 16);
-      });
-      if (shape.weights) {
-        // Slot j's weight is that of its expanded row (1-D weights), else 0.
-        k.when(k.lt(k.lane, k.i32(L.topk)), [&] {
-          Value expandedRow = k.loadI32(meta, k.add(k.lane, k.i32(2)));
-          Value w = k.choose(k.cmp(arith::CmpIPredicate::sge, expandedRow, k.i32(0)), f32,
-                             [&]() -> Value {
-            return k.load(f32, k.at(weights, k.mul(expandedRow, k.i32(4))), 4);
-          }, [&]() -> Value { return arith::ConstantFloatOp::create(k.b, cast<FloatType>(f32), APFloat(0.0f)); });
-          k.store(w, k.at(record, k.add(k.i32(L.combineRow), k.mul(k.lane, k.i32(4)))), 4);
-        });
-      }
+      sendExpandedToken(k, L, shape, x, weights, meta, record);
     }
   });
 
@@ -964,6 +997,102 @@ void buildCopyGemmKernel(OpBuilder &builder, Location loc, StringRef name, const
   compute.erase();
 }
 
+//===----------------------------------------------------------------------===//
+// The grouped GEMM fused with the combine
+//===----------------------------------------------------------------------===//
+
+struct GemmCombineScratch {
+  int64_t rowToken, pending, colDone, arrivals, maxTiles, columnTiles;
+};
+
+/// `<name>_gemm_send` (see EPFuseGemmCombine in Passes.td): the combine's
+/// entry barrier, row -> token map and per-token counts, a barrier of the
+/// rank's blocks, the persistent grouped GEMM whose completed row tiles send
+/// their finished tokens, then the combine's done-flag exchange.
+void buildGemmSendKernel(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape,
+                         epic::detail::GroupedGemmShape gemm, GemmCombineScratch scratch) {
+  KernelBuilder k(func, L);
+  Value x = k.pointerParam(kCX); // the GEMM's output, the rows the combine sends
+  Value metadata = k.pointerParam(kCSrcMetadata);
+  Value received = k.loadI32(k.pointerParam(kCPsumPerRank), k.i32(L.ranks - 1));
+  k.entryBarrier();
+
+  // Every received token: its expanded rows point back at it; count them.
+  k.loop(k.globalWarp, received, k.numWarps, [&](Value t) {
+    Value meta = k.at(metadata, k.mul(k.mul(t, k.i32(L.topk + 2)), k.i32(4)));
+    Value row = k.choose(k.lt(k.lane, k.i32(L.topk)), k.i32T(),
+                         [&]() -> Value { return k.loadI32(meta, k.add(k.lane, k.i32(2))); },
+                         [&]() -> Value { return k.i32(-1); });
+    Value mine = k.cmp(arith::CmpIPredicate::sge, row, k.i32(0));
+    k.when(mine, [&] { k.store(t, k.counter(scratch.rowToken, row), 4); });
+    Value count = k.popc(k.ballot(mine));
+    k.when(k.eq(k.lane, k.i32(0)), [&] { k.store(count, k.counter(scratch.pending, t), 4); });
+  });
+  // The rank's blocks meet: the map is complete before any tile reads it.
+  k.barrier();
+  k.when(k.eq(k.tid, k.i32(0)), [&] {
+    comm::RedOp::create(k.b, comm::AtomicKind::add, comm::Ordering::release, comm::Scope::gpu,
+                        k.i32(1), k.local(k.i32(scratch.arrivals)));
+    comm::WaitFlagOp::create(k.b, k.i32T(), k.local(k.i32(scratch.arrivals)),
+                             comm::Predicate::ge, k.blocks, k.me, Value(), comm::Scope::gpu,
+                             L.timeoutMs);
+  });
+  k.barrier();
+
+  gemm.afterTile = [&](OpBuilder &at, Value expert, Value rowTile, Value row0, Value end) {
+    OpBuilder::InsertionGuard guard(k.b);
+    k.b.setInsertionPoint(at.getInsertionBlock(), at.getInsertionPoint());
+    Value slot = k.add(k.mul(k.index(expert), k.i32(scratch.maxTiles)), k.index(rowTile));
+    // Thread 0 counts this column tile (after the block's stores: the
+    // epilogue ended with a block barrier); the last one completes the rows.
+    Value before = k.fromThread0([&]() -> Value {
+      return comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
+                                       comm::Ordering::acq_rel, comm::Scope::gpu, k.i32(1),
+                                       k.counter(scratch.colDone, slot));
+    });
+    k.when(k.eq(before, k.i32(scratch.columnTiles - 1)), [&] {
+      k.when(k.eq(k.tid, k.i32(0)),
+             [&] { k.store(k.i32(0), k.counter(scratch.colDone, slot), 4); });
+      Value first = k.index(row0);
+      Value stop = k.index(end);
+      Value tileEnd = k.add(first, k.i32(epic::detail::kGemmTileM));
+      Value last = k.select(k.lt(stop, tileEnd), stop, tileEnd);
+      Value warp = k.divu(k.tid, k.i32(32));
+      Value warps = k.divu(k.threads, k.i32(32));
+      k.loop(k.add(first, warp), last, warps, [&](Value row) {
+        Value t = k.load(k.i32T(), k.counter(scratch.rowToken, row), 4);
+        Value left = k.choose(k.eq(k.lane, k.i32(0)), k.i32T(), [&]() -> Value {
+          return comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
+                                           comm::Ordering::acq_rel, comm::Scope::gpu,
+                                           k.i32(-1), k.counter(scratch.pending, t));
+        }, [&]() -> Value { return k.i32(0); });
+        left = k.shuffle(left, k.i32(0));
+        k.when(k.eq(left, k.i32(1)), [&] {
+          // Every row of the token is final (lane 0 acquired it): send it.
+          comm::FenceOp::create(k.b, comm::Ordering::acq_rel, comm::Scope::gpu);
+          auto [meta, record] = combineDestination(k, L, metadata, t);
+          sendExpandedToken(k, L, shape, x, Value(), meta, record);
+        });
+      });
+    });
+  };
+  epic::detail::buildGroupedGemmKernel(func, gemm);
+
+  // The rank's last block resets the rank barrier, tells every peer it is
+  // done, and waits for all (the combine send's ending).
+  k.b.setInsertionPoint(func.getBody().front().getTerminator());
+  Value lastBlock = k.lastBlockOfRank(L.combineDone);
+  k.when(lastBlock, [&] {
+    k.when(k.eq(k.tid, k.i32(0)), [&] {
+      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
+                            k.local(k.i32(L.combineDone)));
+      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
+                            k.local(k.i32(scratch.arrivals)));
+    });
+    exchangeDoneFlags(k, L.combineFlags);
+  });
+}
+
 OpBuilder kernelInsertionPoint(gpu::GPUModuleOp module) {
   Block *body = module.getBody();
   if (!body->empty() && body->back().hasTrait<OpTrait::IsTerminator>())
@@ -975,7 +1104,8 @@ OpBuilder kernelInsertionPoint(gpu::GPUModuleOp module) {
 FailureOr<Operation *> entryOp(func::FuncOp func) {
   Operation *epOp = nullptr;
   for (Operation &op : func.getBody().front()) {
-    if (isa<ep::DispatchOp, ep::CombineOp, ep::GroupedGemmOp, ep::DispatchGemmOp>(op)) {
+    if (isa<ep::DispatchOp, ep::CombineOp, ep::GroupedGemmOp, ep::DispatchGemmOp,
+            ep::GemmCombineOp>(op)) {
       if (epOp)
         return func.emitError("ep-expand: expected one ep.dispatch, ep.combine or "
                               "ep.grouped_gemm per function, found a second one"),
@@ -1039,6 +1169,46 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
     build = [=](gpu::GPUModuleOp module) {
       OpBuilder b = kernelInsertionPoint(module);
       epic::detail::buildGroupedGemmKernel(createKernel(b, loc, kernelNames[0], false), shape);
+    };
+  } else if (auto fused = dyn_cast<ep::GemmCombineOp>(op)) {
+    cfg = fused.getConfig();
+    epic::detail::GroupedGemmShape gemm{
+        cfg.getHidden(), cfg.getHidden(), cfg.getNumLocalExperts(), cfg.getExpertAlignment(),
+        cast<ShapedType>(fused.getLhs().getType()).getElementType(),
+        builder.getBF16Type()};
+    if (failed(epic::detail::checkGroupedGemmShape(op, gemm)))
+      return failure();
+    EPLayout layout(cfg, 64);
+    // Scratch after the combine's window: row -> token, each token's rows still
+    // to compute, each 64-row tile's finished column tiles, a rank barrier.
+    int64_t rows = cfg.getMaxOutputRows(), tokens = cfg.getRanks() * cfg.getMaxTokensPerRank();
+    int64_t maxTiles = (tokens + 63) / 64;
+    int64_t rowToken = align(layout.windowBytes, 256);
+    int64_t pending = rowToken + align(rows * 4, 256);
+    int64_t colDone = pending + align(tokens * 4, 256);
+    int64_t arrivals = colDone + align(cfg.getNumLocalExperts() * maxTiles * 4, 256);
+    windowBytes = arrivals + 256;
+    gemm.outField = kCX, gemm.psumField = kGCPsumPerExpert, gemm.mapsField = kGCMaps;
+    gemm.timeoutMs = timeoutMs;
+    CombineShape shape{false, static_cast<unsigned>(fused.getBiases().size()), true};
+    kernelNames = {name + "_gemm_send", name + "_reduce"};
+    fields = kGemmCombineFields;
+    threads = epic::detail::kGemmThreads;
+    extraMetadata.push_back(builder.getNamedAttr(
+        "epic.dynamic_shared_bytes",
+        builder.getI64IntegerAttr(epic::detail::kGemmDynamicSharedBytes)));
+    extraMetadata.push_back(builder.getNamedAttr(
+        "epic.tensor_maps", epic::detail::groupedGemmTensorMaps(
+                                builder, gemm, "lhs", "weights", builder.getStringAttr("num_rows"))));
+    GemmCombineScratch scratch{rowToken, pending, colDone, arrivals, maxTiles,
+                               cfg.getHidden() / epic::detail::kGemmTileN};
+    build = [=](gpu::GPUModuleOp module) {
+      EPLayout fusedLayout(cfg, 64);
+      fusedLayout.timeoutMs = timeoutMs;
+      OpBuilder b = kernelInsertionPoint(module);
+      buildGemmSendKernel(createKernel(b, loc, kernelNames[0], true), fusedLayout, shape, gemm,
+                          scratch);
+      buildCombineReduce(createKernel(b, loc, kernelNames[1], false), fusedLayout, shape);
     };
   } else if (auto fused = dyn_cast<ep::DispatchGemmOp>(op)) {
     cfg = fused.getConfig();
@@ -1163,7 +1333,9 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
                                                      : isa<ep::CombineOp>(op) ? "combine"
                                                      : isa<ep::GroupedGemmOp>(op)
                                                          ? "grouped_gemm"
-                                                         : "dispatch_gemm"));
+                                                     : isa<ep::DispatchGemmOp>(op)
+                                                         ? "dispatch_gemm"
+                                                         : "gemm_combine"));
   launch->setAttr("epic.config", cfg);
   launch->setAttr("epic.kernels", builder.getArrayAttr(kernelAttrs));
   launch->setAttr("epic.threads", builder.getI64IntegerAttr(threads));
@@ -1196,7 +1368,8 @@ struct EPExpandPass : public epic::impl::EPExpandBase<EPExpandPass> {
     getOperation().walk([&](func::FuncOp func) {
       bool hasEP = false;
       func.walk([&](Operation *op) {
-        hasEP |= isa<ep::DispatchOp, ep::CombineOp, ep::GroupedGemmOp, ep::DispatchGemmOp>(op);
+        hasEP |= isa<ep::DispatchOp, ep::CombineOp, ep::GroupedGemmOp, ep::DispatchGemmOp,
+                     ep::GemmCombineOp>(op);
       });
       if (!hasEP)
         return;

@@ -341,6 +341,8 @@ struct GemmBuilder {
         });
       }
       gpu::BarrierOp::create(b);
+      if (shape.afterTile) // every thread's stores of the tile are done
+        shape.afterTile(b, expert, mt, row0, end);
       // The next tile's TMA writes (async proxy) follow these generic accesses.
       NVVM::FenceProxyOp::create(b, NVVM::ProxyKind::async_shared,
                                  NVVM::SharedSpaceAttr::get(ctx, NVVM::SharedSpace::shared_cta));

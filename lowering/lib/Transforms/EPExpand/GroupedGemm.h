@@ -11,6 +11,8 @@
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/IR/BuiltinAttributes.h"
 
+#include <functional>
+
 namespace epic::detail {
 
 /// Everything the kernel is specialized on.
@@ -29,6 +31,12 @@ struct GroupedGemmShape {
   /// column tiles done with them, or -1; `maxTiles` row tiles per expert.
   int64_t tileDone = -1, tileConsumed = -1, maxTiles = 0;
   int64_t timeoutMs = 100000;
+  /// Fused with the combine (ep.gemm_combine): called by the whole block after
+  /// each output tile is stored, with the tile's expert, 64-row tile index,
+  /// first row and the expert's end row (index values), at `b`'s insertion point.
+  std::function<void(mlir::OpBuilder &b, mlir::Value expert, mlir::Value rowTile,
+                     mlir::Value row0, mlir::Value end)>
+      afterTile;
 };
 
 /// Tile and pipeline of the kernel: one warpgroup computes 64 x 128 output

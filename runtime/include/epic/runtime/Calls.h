@@ -82,6 +82,13 @@ struct DispatchGemmCall {
   DeviceTensor gemmOut; ///< [rows of recv_x, N], bf16 / f16 / f32
 };
 
+/// The expert GEMM fused with the combine of its output.
+struct GemmCombineCall {
+  CombineCall combine;  ///< combine.x is the GEMM's output ([rows, H] bf16, written)
+  DeviceTensor lhs;     ///< the dispatch's expanded rows [rows, H]
+  DeviceTensor weights; ///< [L, H, H]
+};
+
 /// Rows a receive buffer needs: R * Tmax (plain), or every (token, local
 /// expert) pair plus each expert's alignment padding (expanded).
 int64_t receiveRows(const EPSpec &spec);
@@ -98,6 +105,8 @@ ParamRecord groupedGemmRecord(const EPSpec &spec, const GroupedGemmCall &call);
 /// The fused entry's record: the dispatch's, then "experts" and "gemm_out".
 ParamRecord dispatchGemmRecord(const EPSpec &spec, const DispatchVariant &variant,
                                const DispatchGemmCall &call);
+/// The fused entry's record: the combine's, then the GEMM's inputs.
+ParamRecord gemmCombineRecord(const EPSpec &spec, int biases, const GemmCombineCall &call);
 
 /// Checks routing read back from the GPU: every entry in [-1, experts).
 /// `tokens` rows of spec.topk entries; throws naming topk_idx[t][j].

@@ -69,6 +69,12 @@ std::string dispatchGemmEntryIR(const EPSpec &spec, const DispatchVariant &varia
                                 const std::string &outDtype, const std::string &name);
 inline constexpr const char *kDispatchGemmEntryName = "ep_dispatch_gemm";
 
+/// `func.func @<name>` holding an ep.grouped_gemm (N = hidden, bf16 output)
+/// whose output an ep.combine with `biases` sums: the compiler fuses the pair
+/// (ep-fuse-gemm-combine).
+std::string gemmCombineEntryIR(const EPSpec &spec, int biases, const std::string &name);
+inline constexpr const char *kGemmCombineEntryName = "ep_gemm_combine";
+
 /// `func.func @<name>` holding one ep.combine.
 std::string combineEntryIR(const EPSpec &spec, const CombineVariant &variant,
                            const std::string &name);

@@ -120,6 +120,10 @@ public:
   /// compiler (ep-fuse-dispatch-gemm): GEMM tiles start as their rows land.
   Prepared prepareDispatchGemm(const EPSpec &spec, const DispatchVariant &variant,
                                const std::vector<DispatchGemmCall> &calls, int blocks = 0);
+  /// The expert GEMM and the combine of its output, fused by the compiler
+  /// (ep-fuse-gemm-combine): tokens travel as soon as their rows are computed.
+  Prepared prepareGemmCombine(const EPSpec &spec, int biases,
+                              const std::vector<GemmCombineCall> &calls, int blocks = 0);
 
   /// Every rank's work queued on `stream` before the barrier happens before
   /// any rank's work queued after it (DeepEP's barrier). No host wait.

@@ -339,4 +339,48 @@ def EP_DispatchGemmOp : EP_Op<"dispatch_gemm", []> {
   let hasVerifier = 1;
 }
 
+//===----------------------------------------------------------------------===//
+// ep.gemm_combine
+//===----------------------------------------------------------------------===//
+
+def EP_GemmCombineOp : EP_Op<"gemm_combine", []> {
+  let summary = "the expert GEMM fused with the combine of its output rows";
+  let description = [{
+    What `ep-fuse-gemm-combine` makes of an `ep.grouped_gemm` (BF16 output,
+    N = hidden) whose output is combined on the same handle: `result` is the
+    GEMM's output, `combined_x` the combine's, bitwise as if the two ops ran
+    one after the other. `ep-expand` lowers it to one cooperative kernel that
+    runs the persistent GEMM and, whenever a 64-row tile is complete (its
+    last column tile stored), counts the tile's rows against their tokens;
+    the warp that completes a token's last local row sums that token's rows
+    in increasing slot order in fp32, rounds once and writes the row into the
+    source rank's window (the combine's send stage, same arithmetic): early
+    tokens travel while later tiles are computed. The combine's reduce kernel
+    follows unchanged, with up to two biases.
+
+    ```mlir
+    %y, %out = ep.gemm_combine %recv_x, %w layout(%h : !ep.handle<#cfg>)
+        : tensor<?x7168xbf16>, tensor<32x7168x7168xbf16>
+        -> tensor<?x7168xbf16>, tensor<?x7168xbf16>
+    ```
+  }];
+  let arguments = (ins
+    2DTensorOf<[BF16, F16]>:$lhs,
+    3DTensorOf<[BF16, F16]>:$rhs,
+    EP_HandleType:$handle,
+    Variadic<EP_BF16RowTensor>:$biases);
+  let results = (outs EP_BF16RowTensor:$result, EP_BF16RowTensor:$combined_x);
+  let assemblyFormat = [{
+    $lhs `,` $rhs `layout` `(` $handle `:` qualified(type($handle)) `)`
+    (`bias` `(` $biases^ `:` type($biases) `)`)?
+    attr-dict `:` type($lhs) `,` type($rhs) `->` type($result) `,` type($combined_x)
+  }];
+  let extraClassDeclaration = [{
+    ConfigAttr getConfig() {
+      return ::mlir::cast<HandleType>(getHandle().getType()).getConfig();
+    }
+  }];
+  let hasVerifier = 1;
+}
+
 #endif // EPIC_DIALECT_EP_IR_EPOPS_TD

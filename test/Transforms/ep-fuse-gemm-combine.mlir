@@ -1,0 +1,73 @@
+// ep-fuse-gemm-combine: an ep.grouped_gemm whose bf16, hidden-wide output is
+// combined on the same handle becomes one ep.gemm_combine; refusals are
+// remarks that say why.
+// RUN: epic-opt %s --split-input-file --ep-fuse-gemm-combine --verify-diagnostics | FileCheck %s
+
+#cfg = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 1024, dtype = bf16,
+                  expert_alignment = 128, layout = expanded, max_tokens_per_rank = 256>
+
+// CHECK-LABEL: func.func @fused
+// CHECK-SAME: (%[[RX:.*]]: tensor<?x1024xbf16>, %[[W:.*]]: tensor<8x1024x1024xbf16>, %[[H:.*]]: !ep.handle<{{.*}}>, %[[B:.*]]: tensor<?x1024xbf16>)
+// CHECK:      %[[Y:.*]], %[[OUT:.*]] = ep.gemm_combine %[[RX]], %[[W]] layout(%[[H]] : {{.*}}) bias(%[[B]] : tensor<?x1024xbf16>) : tensor<?x1024xbf16>, tensor<8x1024x1024xbf16> -> tensor<?x1024xbf16>, tensor<?x1024xbf16>
+// CHECK-NOT:  ep.grouped_gemm
+// CHECK-NOT:  ep.combine
+// CHECK:      return %[[OUT]], %[[Y]]
+func.func @fused(%rx: tensor<?x1024xbf16>, %w: tensor<8x1024x1024xbf16>, %h: !ep.handle<#cfg>,
+                 %b: tensor<?x1024xbf16>) -> (tensor<?x1024xbf16>, tensor<?x1024xbf16>) {
+  %y = ep.grouped_gemm %rx, %w layout(%h : !ep.handle<#cfg>)
+      : tensor<?x1024xbf16>, tensor<8x1024x1024xbf16> -> tensor<?x1024xbf16>
+  %out = ep.combine %y, %h bias(%b : tensor<?x1024xbf16>)
+      : tensor<?x1024xbf16>, !ep.handle<#cfg> -> tensor<?x1024xbf16>
+  return %out, %y : tensor<?x1024xbf16>, tensor<?x1024xbf16>
+}
+
+// -----
+
+#cfg = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 1024, dtype = bf16,
+                  expert_alignment = 128, layout = expanded, max_tokens_per_rank = 256>
+func.func @weights(%rx: tensor<?x1024xbf16>, %w: tensor<8x1024x1024xbf16>, %h: !ep.handle<#cfg>,
+                   %tw: tensor<?xf32>) -> tensor<?x1024xbf16> {
+  // expected-remark@+1 {{ep-fuse-gemm-combine: not fused: the combine sends weights back; the fused epilogue sends rows only}}
+  %y = ep.grouped_gemm %rx, %w layout(%h : !ep.handle<#cfg>)
+      : tensor<?x1024xbf16>, tensor<8x1024x1024xbf16> -> tensor<?x1024xbf16>
+  %out, %ow = ep.combine %y, %h weights(%tw : tensor<?xf32>)
+      : tensor<?x1024xbf16>, !ep.handle<#cfg> -> tensor<?x1024xbf16>, tensor<?x4xf32>
+  return %out : tensor<?x1024xbf16>
+}
+
+// -----
+
+#cfg = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 1024, dtype = bf16,
+                  expert_alignment = 128, layout = expanded, max_tokens_per_rank = 256>
+func.func @not_combined(%rx: tensor<?x1024xbf16>, %w: tensor<8x1024x512xbf16>,
+                        %h: !ep.handle<#cfg>) -> tensor<?x512xbf16> {
+  // expected-remark@+1 {{ep-fuse-gemm-combine: not fused: the output feeds 'func.return', not an ep.combine}}
+  %y = ep.grouped_gemm %rx, %w layout(%h : !ep.handle<#cfg>)
+      : tensor<?x1024xbf16>, tensor<8x1024x512xbf16> -> tensor<?x512xbf16>
+  return %y : tensor<?x512xbf16>
+}
+
+// -----
+
+#cfg = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 1024, dtype = bf16,
+                  expert_alignment = 128, layout = expanded, max_tokens_per_rank = 256>
+func.func @other_handle(%rx: tensor<?x1024xbf16>, %w: tensor<8x1024x1024xbf16>,
+                        %h: !ep.handle<#cfg>, %h2: !ep.handle<#cfg>) -> tensor<?x1024xbf16> {
+  // expected-remark@+1 {{ep-fuse-gemm-combine: not fused: the combine reverses another dispatch (another handle)}}
+  %y = ep.grouped_gemm %rx, %w layout(%h : !ep.handle<#cfg>)
+      : tensor<?x1024xbf16>, tensor<8x1024x1024xbf16> -> tensor<?x1024xbf16>
+  %out = ep.combine %y, %h2 : tensor<?x1024xbf16>, !ep.handle<#cfg> -> tensor<?x1024xbf16>
+  return %out : tensor<?x1024xbf16>
+}
+
+// -----
+
+#cfg = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 1024, dtype = bf16,
+                  expert_alignment = 128, layout = expanded, max_tokens_per_rank = 256>
+func.func @f32_output(%rx: tensor<?x1024xbf16>, %w: tensor<8x1024x1024xbf16>,
+                      %h: !ep.handle<#cfg>) -> tensor<?x1024xf32> {
+  // expected-remark@+1 {{ep-fuse-gemm-combine: not fused: the output feeds 'func.return', not an ep.combine}}
+  %y = ep.grouped_gemm %rx, %w layout(%h : !ep.handle<#cfg>)
+      : tensor<?x1024xbf16>, tensor<8x1024x1024xbf16> -> tensor<?x1024xf32>
+  return %y : tensor<?x1024xf32>
+}
