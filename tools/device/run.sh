@@ -33,8 +33,10 @@ cmake -G Ninja -S . -B /tmp/epic-gpu/runtime -DEPIC_RUNTIME_ONLY=ON -DCMAKE_BUIL
 status=0
 run() {
   echo "== $*"
-  "$@" 2>&1 | tee -a "$out/gpu-tests.log"
+  # Bounded: a hung suite fails with its name instead of eating the device session.
+  timeout "${EPIC_SUITE_TIMEOUT:-300}" "$@" 2>&1 | tee -a "$out/gpu-tests.log"
   local rc=${PIPESTATUS[0]}
+  [[ $rc -eq 124 ]] && echo "run.sh: TIMED OUT after ${EPIC_SUITE_TIMEOUT:-300} s: $*" | tee -a "$out/gpu-tests.log"
   [[ $rc -eq 0 ]] || status=1
 }
 only=${1:-all}
