@@ -113,6 +113,10 @@ void KernelProvider::runCompiler(const std::vector<std::string> &arguments,
                              std::strerror(errno));
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     std::string text = readAll(log);
+    if (text.empty())
+      text = "cannot run " + compiler;
+    while (!text.empty() && text.back() == '\n')
+      text.pop_back();
     if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
       throw std::runtime_error(
           what + " is not in the kernel cache " + cache.directory() +

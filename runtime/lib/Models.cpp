@@ -62,14 +62,14 @@ int64_t epic::runtime::kernelWindowBytes(int numRanks, int64_t maxTokensPerRank,
     return data;
   // ep.dispatch_gemm's counters follow: [local experts][64-row tiles] twice.
   const int64_t tileCounters = align(local * ((r * tm + 63) / 64) * 4, 256);
-  // ep.gemm_combine's scratch follows: row -> token for every expanded row
-  // (expert alignment up to 128 assumed; more fails at prepare, naming the
-  // bytes), pending rows per token, finished column tiles per row tile, a
-  // rank barrier.
+  // ep.gemm_combine's scratch follows (disjoint: both keep counters across
+  // calls): row -> token for every expanded row (expert alignment up to 128
+  // assumed; more fails at prepare, naming the bytes), pending rows per token,
+  // finished column tiles per row tile, a rank barrier.
   const int64_t expandedRows = r * tm * std::min<int64_t>(k, local) + 127 * local;
   const int64_t gemmCombine = align(expandedRows * 4, 256) + align(r * tm * 4, 256) +
                               tileCounters + 256;
-  return align(data, 256) + std::max(2 * tileCounters, gemmCombine);
+  return align(data, 256) + 2 * tileCounters + gemmCombine;
 }
 
 int64_t epic::runtime::elasticBufferBytes(const Topology &t, int64_t maxTokensPerRank,

@@ -4,6 +4,7 @@
 # RUN: %python -m epic.dsl %s ring --arg win=window --arg out='*i32' --arg N=64 \
 # RUN:     | epic-opt | FileCheck %s
 # RUN: %python -m epic.dsl %s claim --arg win=window --arg owner='*i32' | FileCheck %s --check-prefix=CAS
+# RUN: %python -m epic.dsl %s poll --arg win=window --arg out='*i32' | FileCheck %s --check-prefix=ACQ
 # RUN: %python -m epic.dsl %s ring --arg win=window --arg out='*i32' --arg N=64 --backend nccl \
 # RUN:     --emit ptx | FileCheck %s --check-prefix=NCCL
 
@@ -29,6 +30,13 @@ def claim(win, owner):
     old = el.atomic_cas(el.peer_ptr(win.to(el.int32), 0), 0, el.rank() + 1, sem="acq_rel",
                         scope="sys")
     el.store(owner, old)
+
+
+@epic.jit
+def poll(win, out):
+    seen = el.load(el.peer_ptr(win.to(el.int32), 0), sem="acquire", scope="sys")
+    if seen > 0:
+        el.store(out, seen)
 
 # CHECK-LABEL: gpu.func @ring(
 # CHECK-SAME:      %[[DEV:.*]]: !comm.dev_comm, %[[WIN:.*]]: !comm.window, %[[OUT:.*]]: !llvm.ptr<1>) kernel
@@ -65,3 +73,14 @@ def claim(win, owner):
 
 # NCCL-LABEL: .entry ring(
 # NCCL:         red.release.sys.add.u64
+
+# An acquire load is one observation per program instance: thread 0 loads, the block shares it
+# (threads that each loaded a changing counter could take different branches).
+# ACQ-LABEL: gpu.func @poll(
+# ACQ:         scf.if
+# ACQ:           %[[V:.*]] = comm.load acquire scope sys %{{.*}} : !llvm.ptr<1> -> i32
+# ACQ-NEXT:      memref.store %[[V]]
+# ACQ:         gpu.barrier
+# ACQ-NEXT:    %[[SEEN:.*]] = memref.load
+# ACQ-NEXT:    gpu.barrier
+# ACQ:         arith.cmpi sgt, %[[SEEN]]

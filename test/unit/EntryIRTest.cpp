@@ -209,7 +209,9 @@ TEST(EntryIR, TheRuntimesWindowBoundCoversEveryLayoutEpExpandMakes) {
                 int64_t used = windowBytesOf(ir);
                 ASSERT_GT(used, 0) << ir;
                 EXPECT_GE(bound, used) << ir;
-                EXPECT_LE(bound, used * 2 + (1 << 20)) << "a loose bound wastes memory: " << ir;
+                // 2x: rows bounded at f32 width; + 2 MiB: the fused kernels' counters and
+                // scratch (sized for 256 local experts) are in every bound.
+                EXPECT_LE(bound, used * 2 + (2 << 20)) << "a loose bound wastes memory: " << ir;
               }
             }
 }

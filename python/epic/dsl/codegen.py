@@ -806,9 +806,11 @@ class Generator(ast.NodeVisitor):
             if sem == "relaxed":
                 return Val(self.op("llvm.load", [self.address(p, node)], [_ir_type(element)],
                                    {"alignment": f"{_align(1, element)} : i64"}).result(0), element)
+            # Once per program instance (thread 0), the value broadcast: every thread must act
+            # on the same observation of a flag or counter that other agents are changing.
             attrs = {"ordering": f"{_ORDERING[sem]} : i32", "scope": f"{_SCOPE[scope]} : i32"}
-            return Val(self.op("comm.load", [self.address(p, node)], [element], attrs).result(0),
-                       element)
+            return self.on_thread0(node, element, lambda: self.op(
+                "comm.load", [self.address(p, node)], [element], attrs).result(0))
         lanes, ptr = self.lanes(p.block), self.address(p, node)
         vtype = f"vector<{lanes}x{_ir_type(element)}>"
         live = self.combine_masks(mask, p.block, node)

@@ -113,7 +113,8 @@ def cumsum(x, axis=0):
 
 def load(pointer, mask=None, other=0, sem: str = "relaxed", scope: str = "gpu"):
     """Values at `pointer` (a pointer or a block of them); masked-out lanes give `other` and
-    touch no memory. ``sem="acquire"`` orders later accesses after it."""
+    touch no memory. ``sem="acquire"`` (scalar pointers) orders later accesses after it; it
+    is one observation per program instance: thread 0 loads, every thread gets that value."""
     return _ctx().load(pointer, mask, other, sem, scope)
 
 

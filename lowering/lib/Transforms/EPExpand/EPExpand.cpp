@@ -1005,6 +1005,29 @@ struct GemmCombineScratch {
   int64_t rowToken, pending, colDone, arrivals, maxTiles, columnTiles;
 };
 
+/// Where the fused kernels keep their state, after every layout's window:
+/// ep.dispatch_gemm's tile counters ([L][64-row tiles] twice), then
+/// ep.gemm_combine's scratch. Disjoint, because each kernel relies on its
+/// counters being back at zero from its previous call.
+struct FusedScratch {
+  int64_t maxTiles, counters, tileDone, tileConsumed;
+  int64_t rowToken, pending, colDone, arrivals, end;
+
+  explicit FusedScratch(ep::ConfigAttr cfg) {
+    int64_t window = std::max(EPLayout(cfg, 32).windowBytes, EPLayout(cfg, 64).windowBytes);
+    int64_t tokens = int64_t(cfg.getRanks()) * cfg.getMaxTokensPerRank();
+    maxTiles = (tokens + 63) / 64;
+    counters = align(int64_t(cfg.getNumLocalExperts()) * maxTiles * 4, 256);
+    tileDone = align(window, 256);
+    tileConsumed = tileDone + counters;
+    rowToken = tileConsumed + counters;
+    pending = rowToken + align(int64_t(cfg.getMaxOutputRows()) * 4, 256);
+    colDone = pending + align(tokens * 4, 256);
+    arrivals = colDone + counters;
+    end = arrivals + 256;
+  }
+};
+
 /// `<name>_gemm_send` (see EPFuseGemmCombine in Passes.td): the combine's
 /// entry barrier, row -> token map and per-token counts, a barrier of the
 /// rank's blocks, the persistent grouped GEMM whose completed row tiles send
@@ -1179,15 +1202,10 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
     if (failed(epic::detail::checkGroupedGemmShape(op, gemm)))
       return failure();
     EPLayout layout(cfg, 64);
-    // Scratch after the combine's window: row -> token, each token's rows still
-    // to compute, each 64-row tile's finished column tiles, a rank barrier.
-    int64_t rows = cfg.getMaxOutputRows(), tokens = cfg.getRanks() * cfg.getMaxTokensPerRank();
-    int64_t maxTiles = (tokens + 63) / 64;
-    int64_t rowToken = align(layout.windowBytes, 256);
-    int64_t pending = rowToken + align(rows * 4, 256);
-    int64_t colDone = pending + align(tokens * 4, 256);
-    int64_t arrivals = colDone + align(cfg.getNumLocalExperts() * maxTiles * 4, 256);
-    windowBytes = arrivals + 256;
+    // Scratch after the windows (FusedScratch): row -> token, each token's rows
+    // still to compute, each 64-row tile's finished column tiles, a rank barrier.
+    FusedScratch at(cfg);
+    windowBytes = at.end;
     gemm.outField = kCX, gemm.psumField = kGCPsumPerExpert, gemm.mapsField = kGCMaps;
     gemm.timeoutMs = timeoutMs;
     CombineShape shape{false, static_cast<unsigned>(fused.getBiases().size()), true};
@@ -1200,7 +1218,7 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
     extraMetadata.push_back(builder.getNamedAttr(
         "epic.tensor_maps", epic::detail::groupedGemmTensorMaps(
                                 builder, gemm, "lhs", "weights", builder.getStringAttr("num_rows"))));
-    GemmCombineScratch scratch{rowToken, pending, colDone, arrivals, maxTiles,
+    GemmCombineScratch scratch{at.rowToken, at.pending, at.colDone, at.arrivals, at.maxTiles,
                                cfg.getHidden() / epic::detail::kGemmTileN};
     build = [=](gpu::GPUModuleOp module) {
       EPLayout fusedLayout(cfg, 64);
@@ -1221,16 +1239,15 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
       return failure();
     unsigned idxBits = cast<ShapedType>(fused.getTopkIdx().getType()).getElementTypeBitWidth();
     EPLayout layout(cfg, idxBits);
-    // The tile counters follow the dispatch's window: [L][max tiles] twice.
-    int64_t maxTiles = (cfg.getRanks() * cfg.getMaxTokensPerRank() + 63) / 64;
-    int64_t counters = align(int64_t(cfg.getNumLocalExperts()) * maxTiles * 4, 256);
-    int64_t tileDone = align(layout.windowBytes, 256);
-    windowBytes = tileDone + 2 * counters;
+    // The tile counters follow the windows (FusedScratch).
+    FusedScratch at(cfg);
+    int64_t maxTiles = at.maxTiles, tileDone = at.tileDone;
+    windowBytes = at.tileConsumed + at.counters;
     paramStride = kFusedParamsStride;
     gemm.paramStride = paramStride;
     gemm.outField = kNumDispatchFields + 1, gemm.psumField = kPsumPerExpert;
     gemm.mapsField = kNumDispatchFields + 2;
-    gemm.tileDone = tileDone, gemm.tileConsumed = tileDone + counters, gemm.maxTiles = maxTiles;
+    gemm.tileDone = tileDone, gemm.tileConsumed = at.tileConsumed, gemm.maxTiles = maxTiles;
     gemm.timeoutMs = timeoutMs;
     DispatchShape shape{false, static_cast<bool>(fused.getTopkWeights()), true, false,
                         fused.getZeroPadding(), tileDone, maxTiles};
