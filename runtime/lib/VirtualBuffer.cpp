@@ -43,6 +43,9 @@ struct Loaded {
   int maxBlocksPerRank = 0;
   int64_t paramStride = 0;
   bool cooperative = false;   ///< the blocks wait for each other
+  /// Blocks launched per requested block (per SM): one-warpgroup GEMM kernels
+  /// run two per SM so that one's loads and epilogue overlap the other's MMAs.
+  int ctasPerSm = 1;
   int dynamicSharedBytes = 0; ///< above 48 KiB needs an opt-in per function
   unsigned clusterDims[3] = {1, 1, 1}; ///< thread block clusters (x of the 1-D grid)
   /// Programmatic dependent launch: a kernel may start while the previous
@@ -187,6 +190,11 @@ Loaded &KernelHost::load(const std::string &entryIR, Run &run) {
   // Optional launch attributes of the metadata.
   if (entry.object.count("cooperative"))
     loaded->cooperative = entry.at("cooperative").integer() != 0;
+  if (entry.object.count("ctas_per_sm")) {
+    loaded->ctasPerSm = int(entry.at("ctas_per_sm").integer());
+    if (loaded->ctasPerSm < 1 || loaded->ctasPerSm > 32)
+      throw std::runtime_error("kernels " + result.key + ": ctas_per_sm must be in [1, 32]");
+  }
   if (entry.object.count("dynamic_shared_bytes"))
     loaded->dynamicSharedBytes = int(entry.at("dynamic_shared_bytes").integer());
   if (entry.object.count("cluster_dims")) {
@@ -281,9 +289,10 @@ KernelHost::prepare(const std::string &entryIR, const std::vector<ParamRecord> &
   if (blocks == 0)
     blocks = blocksPerRank;
   Prepared prepared;
-  prepared.blocks = blocks;
   Loaded &k = load(entryIR, prepared.run);
   prepared.kernels = &k;
+  blocks *= k.ctasPerSm; // per rank, as launched
+  prepared.blocks = blocks;
   if (int(records.size()) != servedRanks)
     throw std::invalid_argument("expected one parameter record per rank (" +
                                 std::to_string(servedRanks) + "), got " +

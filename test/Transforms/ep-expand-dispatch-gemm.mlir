@@ -1,5 +1,5 @@
 // ep-expand of ep.dispatch_gemm (what ep-fuse-dispatch-gemm makes): the
-// dispatch's send kernel, then one cooperative kernel whose first quarter of
+// dispatch's send kernel, then one cooperative kernel whose first eighth of
 // blocks copies rows into the expanded layout and counts them per 64-row tile
 // (fence, warp sync, one release add per row), while the other blocks run the
 // grouped GEMM, each tile's loads preceded by a bounded acquire wait for that
@@ -18,8 +18,8 @@
 // CHECK-SAME:      %[[COMM:.*]]: !comm.dev_comm, %[[WIN:.*]]: !comm.window, %{{.*}}: !llvm.ptr<1>) kernel
 // CHECK:         %[[BLOCK:.*]] = gpu.block_id x
 // CHECK:         %[[BLOCKS:.*]] = gpu.grid_dim x
-// CHECK:         %[[QUARTER:.*]] = arith.divui %[[BLOCKS]], %{{.*}} : index
-// CHECK:         %[[COPIERS:.*]] = arith.maxui %[[QUARTER]], %{{.*}} : index
+// CHECK:         %[[EIGHTH:.*]] = arith.divui %[[BLOCKS]], %c8 : index
+// CHECK:         %[[COPIERS:.*]] = arith.maxui %[[EIGHTH]], %{{.*}} : index
 // CHECK:         %[[ISCOPY:.*]] = arith.cmpi ult, %[[BLOCK]], %[[COPIERS]] : index
 // The copy role: a row is placed, then counted in its tile (the counters follow
 // the dispatch's window, at 4313088).
@@ -58,6 +58,8 @@
 // CHECK-SAME:      field = "experts", rows = 8192
 // CHECK-SAME:      epic.threads = 128
 
+// Two one-warpgroup blocks per SM (the runtime launches ctas_per_sm x num_sms).
+// JSON: "ctas_per_sm": 2
 // JSON: "name": "moe_send"
 // JSON: "spill_store_bytes": 0
 // JSON: "name": "moe_copy_gemm"

@@ -3,8 +3,10 @@
 // to tokens and meets the rank's other blocks, runs the grouped GEMM, and
 // after each tile counts the row tile's column tiles (acq_rel); the block that
 // completes a row tile counts each row against its token, and the warp that
-// completes a token sends it to its source (the combine's send: rows summed in
-// slot order, one rounding); then the done flags and the unchanged reduce.
+// completes a token queues it; every warp sends one queued token to its source
+// after each tile (the combine's send: rows summed in slot order, one
+// rounding), and all warps drain the queue after their last tile; then the
+// done flags and the unchanged reduce.
 // RUN: epic-opt %s --ep-expand | FileCheck %s
 // RUN: epic-compile %s --backend=nccl -o %t
 // RUN: FileCheck %s --check-prefix=JSON < %t.json
@@ -28,13 +30,30 @@
 // CHECK:         %[[SEVEN:.*]] = arith.constant 7 : i32
 // CHECK:         %[[LAST:.*]] = arith.cmpi eq, %[[BEFORE]], %[[SEVEN]] : i32
 // CHECK:         scf.if %[[LAST]] {
-// Each row's token loses one pending row; at zero the warp sends the token.
+// Each row's token loses one pending row; at zero lane 0 queues the token:
+// a slot at the tail, the entry (token + 1) stored with release.
 // CHECK:           comm.atomic_rmw add acq_rel scope gpu %c-1_i32{{.*}}
 // CHECK:           gpu.shuffle  idx
 // CHECK:           scf.if
-// CHECK:             comm.fence acq_rel scope gpu
-// CHECK:             comm.peer_ptr
-// CHECK:             arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
+// CHECK:             %[[SLOT:.*]] = comm.atomic_rmw add relaxed scope gpu %c1_i32{{.*}}
+// CHECK:             %[[ENTRY:.*]] = comm.local_ptr
+// CHECK:             comm.store release scope gpu %{{.*}}, %[[ENTRY]]
+// Then each warp claims the head if the queue is not empty, and sends it.
+// CHECK:         %[[HEAD:.*]] = comm.load relaxed scope gpu
+// CHECK:         %[[TAIL:.*]] = comm.load relaxed scope gpu
+// CHECK:         arith.cmpi slt, %[[HEAD]], %[[TAIL]] : i32
+// CHECK:           comm.atomic_cas relaxed scope gpu %{{.*}}, %[[HEAD]], %{{.*}}
+// CHECK:         scf.if
+// CHECK:           comm.wait_flag %{{.*}} ge %{{.*}} rank %{{.*}} scope gpu
+// CHECK:           comm.fence acq_rel scope gpu
+// CHECK:           comm.peer_ptr
+// CHECK:           arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
+// Out of tiles: claim entries until every received token is taken.
+// CHECK:         scf.while
+// CHECK:           comm.atomic_rmw add relaxed scope gpu
+// CHECK:           scf.condition
+// CHECK:           comm.wait_flag %{{.*}} ge %{{.*}} rank %{{.*}} scope gpu
+// CHECK:           comm.peer_ptr
 // The rank's last block: done flags, like the combine's send kernel.
 // CHECK:         comm.store release scope sys
 // CHECK:         comm.wait_flag %{{.*}} eq %{{.*}} rank %{{.*}} peer %{{.*}} scope sys
@@ -45,6 +64,7 @@
 // CHECK-SAME:      epic.kernels = ["moe_out_gemm_send", "moe_out_reduce"]
 // CHECK-SAME:      "lhs", "weights", "psum_num_recv_tokens_per_expert", "tensor_maps", "num_rows"]
 
+// JSON: "ctas_per_sm": 2
 // JSON: "name": "moe_out_gemm_send"
 // JSON: "spill_store_bytes": 0
 // JSON: "name": "moe_out_reduce"

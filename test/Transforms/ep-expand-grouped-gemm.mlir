@@ -47,6 +47,7 @@
 // CHECK:           nvvm.fence.proxy
 // CHECK-LABEL: func.func @gemm(
 // CHECK-SAME:      epic.cooperative = 0
+// CHECK-SAME:      epic.ctas_per_sm = 2
 // CHECK-SAME:      epic.dynamic_shared_bytes = 99328
 // CHECK-SAME:      epic.entry = "grouped_gemm"
 // CHECK-SAME:      epic.param_fields = ["x", "weights", "out", "psum_num_recv_tokens_per_expert", "tensor_maps", "num_rows"]

@@ -142,7 +142,7 @@ def EPFuseDispatchGemm : Pass<"ep-fuse-dispatch-gemm", "::mlir::func::FuncOp"> {
     exchange, prefix sums), then **one cooperative kernel with two roles**
     rather than two kernels on two streams (one launch, nothing for the
     runtime to coordinate, and the roles share the tile counters in the
-    window): a quarter of the blocks (at least one) *copy* — they place each
+    window): an eighth of the blocks (at least one) *copy* — they place each
     received (token, local expert) pair at its row of the expert's range and
     then add 1 (release) to the counter of that row's 64-row tile,
     `tile_done[e][row / 64]`; the other blocks run the persistent grouped GEMM,
@@ -187,11 +187,19 @@ def EPFuseGemmCombine : Pass<"ep-fuse-gemm-combine", "::mlir::func::FuncOp"> {
     block adds 1 (acq_rel) to its 64-row tile's column counter; the block that
     completes the last column tile walks the tile's rows, one warp per row,
     and subtracts 1 from the row's token count; the warp that takes it to 0
-    sums the token's rows in increasing slot order in fp32 from +0.0, rounds
-    to bf16 once and writes the row into the source rank's window: the
-    combine's send stage with the same arithmetic, so the combined result is
-    bitwise the unfused one. The rank's last block exchanges done flags with
-    every peer; the reduce kernel sums as before.
+    puts the token in a ready queue in the window (a slot at the tail, the
+    entry stored with release). Sending is spread over the rank: after each
+    tile every warp claims one queued token (compare-and-swap of the head,
+    only when the queue is not empty), and after its last tile every warp
+    claims tokens until all received ones are taken (an entry not yet queued
+    is waited for, bounded). Tokens complete in bursts, when the last expert
+    holding their rows finishes, so the completing blocks must not pay for
+    all of them. A send sums the token's rows in increasing slot order in
+    fp32 from +0.0, rounds to bf16 once and writes the row into the source
+    rank's window: the combine's send stage with the same arithmetic, so the
+    combined result is bitwise the unfused one. The rank's last block resets
+    the queue, exchanges done flags with every peer; the reduce kernel sums
+    as before.
 
     Fusion is refused, with a remark saying why, when the GEMM's output is not
     bf16 or not hidden-wide, when the combine takes weights or another

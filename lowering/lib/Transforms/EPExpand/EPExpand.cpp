@@ -953,7 +953,7 @@ void inlineKernelBody(OpBuilder &b, gpu::GPUFuncOp from, gpu::GPUFuncOp to, Valu
   });
 }
 
-/// `<name>_copy_gemm`: a quarter of the blocks (at least one) run the
+/// `<name>_copy_gemm`: an eighth of the blocks (at least one) run the
 /// dispatch's copy, counting placed rows per 64-row tile; the others run the
 /// grouped GEMM, each tile waiting for its count. One block does both, in
 /// that order. Built as two kernels, then merged into one.
@@ -969,9 +969,11 @@ void buildCopyGemmKernel(OpBuilder &builder, Location loc, StringRef name, const
   Value block = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
   Value blocks = gpu::GridDimOp::create(b, loc, gpu::Dimension::x);
   Value one = arith::ConstantIndexOp::create(b, loc, 1);
-  Value four = arith::ConstantIndexOp::create(b, loc, 4);
-  Value quarter = arith::DivUIOp::create(b, loc, blocks, four);
-  Value copiers = arith::MaxUIOp::create(b, loc, quarter, one);
+  // The copy moves ~2 x hidden bytes per row where the GEMM does 2 x hidden x N
+  // FLOPs: an eighth of the blocks keeps it ahead of the tiles that wait for it.
+  Value eight = arith::ConstantIndexOp::create(b, loc, 8);
+  Value share = arith::DivUIOp::create(b, loc, blocks, eight);
+  Value copiers = arith::MaxUIOp::create(b, loc, share, one);
   Value alone = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::eq, blocks, one);
   Value isCopier = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ult, block, copiers);
   auto copyRole = scf::IfOp::create(b, loc, isCopier, /*withElseRegion=*/false);
@@ -1002,7 +1004,11 @@ void buildCopyGemmKernel(OpBuilder &builder, Location loc, StringRef name, const
 //===----------------------------------------------------------------------===//
 
 struct GemmCombineScratch {
-  int64_t rowToken, pending, colDone, arrivals, maxTiles, columnTiles;
+  int64_t rowToken, pending, colDone, ready, arrivals, maxTiles, columnTiles;
+  /// In the 256 bytes at `arrivals`, a cache line apart: the rank barrier,
+  /// then the ready queue's tail (tokens queued) and head (tokens claimed).
+  int64_t readyTail() const { return arrivals + 64; }
+  int64_t readyHead() const { return arrivals + 128; }
 };
 
 /// Where the fused kernels keep their state, after every layout's window:
@@ -1011,7 +1017,7 @@ struct GemmCombineScratch {
 /// counters being back at zero from its previous call.
 struct FusedScratch {
   int64_t maxTiles, counters, tileDone, tileConsumed;
-  int64_t rowToken, pending, colDone, arrivals, end;
+  int64_t rowToken, pending, colDone, ready, arrivals, end;
 
   explicit FusedScratch(ep::ConfigAttr cfg) {
     int64_t window = std::max(EPLayout(cfg, 32).windowBytes, EPLayout(cfg, 64).windowBytes);
@@ -1023,7 +1029,8 @@ struct FusedScratch {
     rowToken = tileConsumed + counters;
     pending = rowToken + align(int64_t(cfg.getMaxOutputRows()) * 4, 256);
     colDone = pending + align(tokens * 4, 256);
-    arrivals = colDone + counters;
+    ready = colDone + counters;
+    arrivals = ready + align(tokens * 4, 256);
     end = arrivals + 256;
   }
 };
@@ -1062,6 +1069,23 @@ void buildGemmSendKernel(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sh
   });
   k.barrier();
 
+  // Sends the token in ready-queue entry `index` (warp-uniform) with the
+  // whole warp: lane 0 waits (bounded) for the entry and empties it for the
+  // next call; the token's rows were released by its completing warp.
+  auto sendQueued = [&](Value index) {
+    Value entry = k.choose(k.eq(k.lane, k.i32(0)), k.i32T(), [&]() -> Value {
+      Value cell = k.counter(scratch.ready, index);
+      Value seen = comm::WaitFlagOp::create(k.b, k.i32T(), cell, comm::Predicate::ge, k.i32(1),
+                                            k.me, Value(), comm::Scope::gpu, L.timeoutMs);
+      k.store(k.i32(0), cell, 4);
+      return seen;
+    }, [&]() -> Value { return k.i32(0); });
+    Value t = k.sub(k.shuffle(entry, k.i32(0)), k.i32(1));
+    comm::FenceOp::create(k.b, comm::Ordering::acq_rel, comm::Scope::gpu);
+    auto [meta, record] = combineDestination(k, L, metadata, t);
+    sendExpandedToken(k, L, shape, x, Value(), meta, record);
+  };
+
   gemm.afterTile = [&](OpBuilder &at, Value expert, Value rowTile, Value row0, Value end) {
     OpBuilder::InsertionGuard guard(k.b);
     k.b.setInsertionPoint(at.getInsertionBlock(), at.getInsertionPoint());
@@ -1090,27 +1114,67 @@ void buildGemmSendKernel(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sh
                                            k.i32(-1), k.counter(scratch.pending, t));
         }, [&]() -> Value { return k.i32(0); });
         left = k.shuffle(left, k.i32(0));
-        k.when(k.eq(left, k.i32(1)), [&] {
-          // Every row of the token is final (lane 0 acquired it): send it.
-          comm::FenceOp::create(k.b, comm::Ordering::acq_rel, comm::Scope::gpu);
-          auto [meta, record] = combineDestination(k, L, metadata, t);
-          sendExpandedToken(k, L, shape, x, Value(), meta, record);
+        // Every row of the token is final (lane 0 acquired it): queue it. Any
+        // warp of the rank sends it; the completing tiles are not the ones
+        // that pay for it (tokens complete in bursts as experts finish).
+        k.when(k.andi(k.eq(left, k.i32(1)), k.eq(k.lane, k.i32(0))), [&] {
+          Value at = comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
+                                               comm::Ordering::relaxed, comm::Scope::gpu,
+                                               k.i32(1), k.local(k.i32(scratch.readyTail())));
+          comm::StoreOp::create(k.b, comm::Ordering::release, comm::Scope::gpu,
+                                k.add(t, k.i32(1)), k.counter(scratch.ready, at));
         });
       });
     });
+    // Each warp sends one queued token, if there is one, before the next tile.
+    Value claimed = k.choose(k.eq(k.lane, k.i32(0)), k.i32T(), [&]() -> Value {
+      Value head = comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed, comm::Scope::gpu,
+                                        k.local(k.i32(scratch.readyHead())));
+      Value tail = comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed, comm::Scope::gpu,
+                                        k.local(k.i32(scratch.readyTail())));
+      return k.choose(k.lt(head, tail), k.i32T(), [&]() -> Value {
+        Value old = comm::AtomicCASOp::create(k.b, k.i32T(), comm::Ordering::relaxed,
+                                              comm::Scope::gpu,
+                                              k.local(k.i32(scratch.readyHead())), head,
+                                              k.add(head, k.i32(1)));
+        return k.select(k.eq(old, head), head, k.i32(-1));
+      }, [&]() -> Value { return k.i32(-1); });
+    }, [&]() -> Value { return k.i32(-1); });
+    claimed = k.shuffle(claimed, k.i32(0));
+    k.when(k.cmp(arith::CmpIPredicate::sge, claimed, k.i32(0)), [&] { sendQueued(claimed); });
   };
   epic::detail::buildGroupedGemmKernel(func, gemm);
 
-  // The rank's last block resets the rank barrier, tells every peer it is
-  // done, and waits for all (the combine send's ending).
+  // Out of tiles: every warp claims queued tokens until all received ones
+  // are taken (an entry not yet queued is waited for: a block still in its
+  // tiles queues it).
   k.b.setInsertionPoint(func.getBody().front().getTerminator());
+  {
+    auto drain = scf::WhileOp::create(k.b, TypeRange{k.i32T()}, ValueRange{});
+    OpBuilder::InsertionGuard guard(k.b);
+    k.b.createBlock(&drain.getBefore());
+    Value index = k.choose(k.eq(k.lane, k.i32(0)), k.i32T(), [&]() -> Value {
+      return comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
+                                       comm::Ordering::relaxed, comm::Scope::gpu, k.i32(1),
+                                       k.local(k.i32(scratch.readyHead())));
+    }, [&]() -> Value { return k.i32(0); });
+    index = k.shuffle(index, k.i32(0));
+    scf::ConditionOp::create(k.b, k.lt(index, received), ValueRange{index});
+    Block *body = k.b.createBlock(&drain.getAfter(), {}, {k.i32T()}, {k.b.getLoc()});
+    sendQueued(body->getArgument(0));
+    scf::YieldOp::create(k.b, ValueRange{});
+  }
+
+  // The rank's last block resets the rank barrier and the queue, tells every
+  // peer it is done, and waits for all (the combine send's ending).
   Value lastBlock = k.lastBlockOfRank(L.combineDone);
   k.when(lastBlock, [&] {
     k.when(k.eq(k.tid, k.i32(0)), [&] {
       comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
                             k.local(k.i32(L.combineDone)));
-      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
-                            k.local(k.i32(scratch.arrivals)));
+      for (int64_t cell : {scratch.arrivals, scratch.readyTail(), scratch.readyHead()})
+        comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
+                              k.local(k.i32(cell)));
     });
     exchangeDoneFlags(k, L.combineFlags);
   });
@@ -1187,6 +1251,8 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
         "epic.dynamic_shared_bytes",
         builder.getI64IntegerAttr(epic::detail::kGemmDynamicSharedBytes)));
     extraMetadata.push_back(builder.getNamedAttr(
+        "epic.ctas_per_sm", builder.getI64IntegerAttr(epic::detail::kGemmCtasPerSm)));
+    extraMetadata.push_back(builder.getNamedAttr(
         "epic.tensor_maps", epic::detail::groupedGemmTensorMaps(builder, shape, "x", "weights",
                                                                 builder.getStringAttr("num_rows"))));
     build = [=](gpu::GPUModuleOp module) {
@@ -1216,10 +1282,12 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
         "epic.dynamic_shared_bytes",
         builder.getI64IntegerAttr(epic::detail::kGemmDynamicSharedBytes)));
     extraMetadata.push_back(builder.getNamedAttr(
+        "epic.ctas_per_sm", builder.getI64IntegerAttr(epic::detail::kGemmCtasPerSm)));
+    extraMetadata.push_back(builder.getNamedAttr(
         "epic.tensor_maps", epic::detail::groupedGemmTensorMaps(
                                 builder, gemm, "lhs", "weights", builder.getStringAttr("num_rows"))));
-    GemmCombineScratch scratch{at.rowToken, at.pending, at.colDone, at.arrivals, at.maxTiles,
-                               cfg.getHidden() / epic::detail::kGemmTileN};
+    GemmCombineScratch scratch{at.rowToken, at.pending, at.colDone, at.ready, at.arrivals,
+                               at.maxTiles, cfg.getHidden() / epic::detail::kGemmTileN};
     build = [=](gpu::GPUModuleOp module) {
       EPLayout fusedLayout(cfg, 64);
       fusedLayout.timeoutMs = timeoutMs;
@@ -1257,6 +1325,8 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
     extraMetadata.push_back(builder.getNamedAttr(
         "epic.dynamic_shared_bytes",
         builder.getI64IntegerAttr(epic::detail::kGemmDynamicSharedBytes)));
+    extraMetadata.push_back(builder.getNamedAttr(
+        "epic.ctas_per_sm", builder.getI64IntegerAttr(epic::detail::kGemmCtasPerSm)));
     extraMetadata.push_back(builder.getNamedAttr(
         "epic.tensor_maps",
         epic::detail::groupedGemmTensorMaps(builder, gemm, "recv_x", "experts",

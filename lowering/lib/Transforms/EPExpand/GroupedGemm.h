@@ -48,6 +48,11 @@ constexpr int64_t kGemmThreads = 128;
 constexpr int64_t kGemmStageBytes = (kGemmTileM * kGemmTileK + kGemmTileK * kGemmTileN) * 2;
 /// The stages plus slack to align them to 1024 bytes (128-byte swizzle atoms).
 constexpr int64_t kGemmDynamicSharedBytes = kGemmStages * kGemmStageBytes + 1024;
+/// Blocks per SM the runtime launches for the GEMM kernels (one warpgroup each: a second
+/// block's MMAs fill the tensor cores while one waits for TMA or stores its tile).
+constexpr int64_t kGemmCtasPerSm = 2;
+static_assert(kGemmCtasPerSm * kGemmDynamicSharedBytes <= 227 * 1024,
+              "two GEMM blocks must fit in an SM's shared memory");
 
 /// Fields of the kernel's per-rank parameter record, in order.
 extern const char *const kGroupedGemmFields[6];

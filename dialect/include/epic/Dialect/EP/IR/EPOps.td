@@ -352,8 +352,9 @@ def EP_GemmCombineOp : EP_Op<"gemm_combine", []> {
     one after the other. `ep-expand` lowers it to one cooperative kernel that
     runs the persistent GEMM and, whenever a 64-row tile is complete (its
     last column tile stored), counts the tile's rows against their tokens;
-    the warp that completes a token's last local row sums that token's rows
-    in increasing slot order in fp32, rounds once and writes the row into the
+    a completed token is queued, and the rank's warps (one token each
+    between tiles, all of them after the last tile) sum its rows in
+    increasing slot order in fp32, round once and write the row into the
     source rank's window (the combine's send stage, same arithmetic): early
     tokens travel while later tiles are computed. The combine's reduce kernel
     follows unchanged, with up to two biases.
