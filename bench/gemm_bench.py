@@ -144,8 +144,9 @@ def run(args):
                       for a, b in zip(fout, again))
     two_names = ("ep_dispatch_send", "ep_dispatch_copy", KERNEL)
     fused_names = ("ep_dispatch_gemm_send", "ep_dispatch_gemm_copy_gemm")
-    t_two = sum(timer.kernels(two_steps, two_names).values())
-    t_fused = sum(timer.kernels(fused, fused_names).values())
+    per_kernel = dict(two_steps=timer.kernels(two_steps, two_names),
+                      fused=timer.kernels(fused, fused_names))
+    t_two, t_fused = sum(per_kernel["two_steps"].values()), sum(per_kernel["fused"].values())
     w_two, w_fused = timer.wall(two_steps), timer.wall(fused)
 
     # dispatch -> GEMM -> combine with a square expert GEMM (N = hidden: the combine sends
@@ -175,10 +176,14 @@ def run(args):
                       for other in outs[1:] for a, b in zip(outs[0], other))
     three_names = ("ep_dispatch_send", "ep_dispatch_copy", KERNEL, "ep_combine_send",
                    "ep_combine_reduce")
-    t_three = sum(timer.kernels(three_steps, three_names).values())
-    t_front = sum(timer.kernels(fused_dispatch_gemm, fused_names + three_names[3:]).values())
-    t_back = sum(timer.kernels(fused_gemm_combine, three_names[:2] + (
-        "ep_gemm_combine_gemm_send", "ep_gemm_combine_reduce")).values())
+    per_kernel.update(
+        layer_three_steps=timer.kernels(three_steps, three_names),
+        layer_fused_dispatch_gemm=timer.kernels(fused_dispatch_gemm,
+                                                fused_names + three_names[3:]),
+        layer_fused_gemm_combine=timer.kernels(fused_gemm_combine, three_names[:2] + (
+            "ep_gemm_combine_gemm_send", "ep_gemm_combine_reduce")))
+    t_three, t_front, t_back = (sum(per_kernel[k].values()) for k in (
+        "layer_three_steps", "layer_fused_dispatch_gemm", "layer_fused_gemm_combine"))
     w_three, w_front, w_back = (timer.wall(three_steps), timer.wall(fused_dispatch_gemm),
                                 timer.wall(fused_gemm_combine))
     buffer.destroy()
@@ -192,7 +197,8 @@ def run(args):
                 fused_dispatch_gemm_layer_wall_s=w_front, fused_gemm_combine_layer_wall_s=w_back,
                 layer_speedup_dispatch_gemm=t_three / t_front,
                 layer_speedup_gemm_combine=t_three / t_back, epic_tflops=flops / t_epic / 1e12,
-                cublas_tflops=flops / t_torch / 1e12, epic_over_cublas=t_torch / t_epic)
+                cublas_tflops=flops / t_torch / 1e12, epic_over_cublas=t_torch / t_epic,
+                kernel_s=per_kernel)
 
 
 def main():
@@ -238,6 +244,8 @@ def main():
           f"{result['fused_dispatch_gemm_layer_wall_s'] * 1e3:.3f} / "
           f"{result['fused_gemm_combine_layer_wall_s'] * 1e3:.3f} ms); combined outputs bitwise "
           f"equal: {result['layer_equal']}")
+    for step, kernels in result["kernel_s"].items():
+        print(f"  {step}: " + ", ".join(f"{name} {t * 1e3:.3f} ms" for name, t in kernels.items()))
     ep_bench.write_report(report, args.out, "gemm-")
     return 0 if result["equal"] and result["fused_equal"] and result["layer_equal"] else 1
 

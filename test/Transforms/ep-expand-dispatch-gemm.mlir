@@ -1,9 +1,9 @@
 // ep-expand of ep.dispatch_gemm (what ep-fuse-dispatch-gemm makes): the
-// dispatch's send kernel, then one cooperative kernel whose first eighth of
-// blocks copies rows into the expanded layout and counts them per 64-row tile
-// (fence, warp sync, one release add per row), while the other blocks run the
-// grouped GEMM, each tile's loads preceded by a bounded acquire wait for that
-// tile's count (and a proxy fence: TMA reads what generic stores wrote).
+// dispatch's send kernel, then one cooperative kernel whose blocks first copy
+// their share of the rows into the expanded layout and count them per 64-row
+// tile (fence, warp sync, one release add per row), then run the grouped GEMM,
+// each tile's loads preceded by a bounded acquire wait for that tile's count
+// (and a proxy fence: TMA reads what generic stores wrote).
 // RUN: epic-opt %s --ep-expand | FileCheck %s
 // RUN: epic-compile %s --backend=virtual -o %t
 // RUN: FileCheck %s --check-prefix=JSON < %t.json
@@ -18,36 +18,31 @@
 // CHECK-SAME:      %[[COMM:.*]]: !comm.dev_comm, %[[WIN:.*]]: !comm.window, %{{.*}}: !llvm.ptr<1>) kernel
 // CHECK:         %[[BLOCK:.*]] = gpu.block_id x
 // CHECK:         %[[BLOCKS:.*]] = gpu.grid_dim x
-// CHECK:         %[[EIGHTH:.*]] = arith.divui %[[BLOCKS]], %c8 : index
-// CHECK:         %[[COPIERS:.*]] = arith.maxui %[[EIGHTH]], %{{.*}} : index
-// CHECK:         %[[ISCOPY:.*]] = arith.cmpi ult, %[[BLOCK]], %[[COPIERS]] : index
-// The copy role: a row is placed, then counted in its tile (the counters follow
-// the dispatch's window, at 4313088).
-// CHECK:         scf.if %[[ISCOPY]] {
-// CHECK:           comm.atomic_rmw add relaxed scope gpu
-// CHECK:           comm.fence acq_rel scope gpu
-// CHECK:           nvvm.bar.warp.sync
-// CHECK:           scf.if
-// CHECK:             arith.constant 4313088 : i32
-// CHECK:             %[[DONE:.*]] = comm.local_ptr %[[WIN]][%{{.*}}] : !llvm.ptr<1>
-// CHECK:             comm.red add release scope gpu %{{.*}}, %[[DONE]] : i32, !llvm.ptr<1>
-// The GEMM role: the tile's rows must be in place before its TMA loads.
-// CHECK:         scf.if %{{.*}} {
-// CHECK:           nvgpu.mbarrier.create
-// CHECK:           scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args
-// CHECK:             scf.if %{{.*}} {
-// CHECK:               %[[NEED:.*]] = arith.index_cast %{{.*}} : index to i32
-// CHECK:               arith.constant 4313088 : index
-// CHECK:               %[[TILE:.*]] = comm.local_ptr %[[WIN]][%{{.*}}] : !llvm.ptr<1>
-// CHECK-NEXT:          comm.wait_flag %[[TILE]] ge %[[NEED]] rank %{{.*}} scope gpu : !llvm.ptr<1>, i32
-// CHECK-NEXT:          nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.global>}
-// CHECK:             gpu.barrier
-// CHECK:             nvgpu.mbarrier.arrive.expect_tx
-// CHECK:             nvgpu.tma.async.load
-// CHECK:             nvgpu.warpgroup.mma
+// First the copy: a row is placed, then counted in its tile (the counters
+// follow the dispatch's window, at 4313088).
+// CHECK:         comm.atomic_rmw add relaxed scope gpu
+// CHECK:         comm.fence acq_rel scope gpu
+// CHECK:         nvvm.bar.warp.sync
+// CHECK:         scf.if
+// CHECK:           arith.constant 4313088 : i32
+// CHECK:           %[[DONE:.*]] = comm.local_ptr %[[WIN]][%{{.*}}] : !llvm.ptr<1>
+// CHECK:           comm.red add release scope gpu %{{.*}}, %[[DONE]] : i32, !llvm.ptr<1>
+// Then the GEMM: the tile's rows must be in place before its TMA loads.
+// CHECK:         nvgpu.mbarrier.create
+// CHECK:         scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args
+// CHECK:           scf.if %{{.*}} {
+// CHECK:             %[[NEED:.*]] = arith.index_cast %{{.*}} : index to i32
+// CHECK:             arith.constant 4313088 : index
+// CHECK:             %[[TILE:.*]] = comm.local_ptr %[[WIN]][%{{.*}}] : !llvm.ptr<1>
+// CHECK-NEXT:        comm.wait_flag %[[TILE]] ge %[[NEED]] rank %{{.*}} scope gpu : !llvm.ptr<1>, i32
+// CHECK-NEXT:        nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.global>}
+// CHECK:           gpu.barrier
+// CHECK:           nvgpu.mbarrier.arrive.expect_tx
+// CHECK:           nvgpu.tma.async.load
+// CHECK:           nvgpu.warpgroup.mma
 // After the tile: the last column tile resets the tile's counters.
-// CHECK:             comm.atomic_rmw add relaxed scope gpu
-// CHECK:             arith.cmpi eq, %{{.*}}, %c3_i32
+// CHECK:           comm.atomic_rmw add relaxed scope gpu
+// CHECK:           arith.cmpi eq, %{{.*}}, %c3_i32
 // CHECK-LABEL: func.func @moe(
 // CHECK-SAME:      epic.cooperative = 1
 // CHECK-SAME:      epic.entry = "dispatch_gemm"

@@ -21,9 +21,10 @@
 // The rank's blocks meet after the row -> token map is written.
 // CHECK:         comm.red add release scope gpu
 // CHECK:         comm.wait_flag %{{.*}} ge %{{.*}} rank %{{.*}} scope gpu
-// CHECK:         nvgpu.warpgroup.mma %{{.*}} {transposeB, waitGroup = 0 : i64}
+// CHECK:         nvgpu.warpgroup.mma %{{.*}} {transposeB} :
+// CHECK:         nvvm.wgmma.wait.group.sync.aligned 0
 // CHECK:         nvgpu.warpgroup.mma.store
-// CHECK-COUNT-8: arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
+// CHECK-COUNT-16: arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
 // After the tile: its column tile is counted; the last one completes the rows.
 // CHECK:         %[[COLUMNS:.*]] = comm.atomic_rmw add acq_rel scope gpu %{{.*}}, %{{.*}} : i32
 // CHECK:         %[[BEFORE:.*]] = memref.load

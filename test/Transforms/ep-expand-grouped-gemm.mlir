@@ -1,6 +1,6 @@
-// ep-expand of ep.grouped_gemm: one persistent kernel of one warpgroup. The
-// launch function asks for 99 KiB of dynamic shared memory (4 stages of
-// 24 KiB + alignment slack) and two TMA descriptors the runtime encodes per
+// ep-expand of ep.grouped_gemm: one persistent kernel of one warpgroup (two
+// blocks per SM). The launch function asks for 97 KiB of dynamic shared memory
+// (3 stages of 32 KiB + alignment slack) and two TMA descriptors the runtime encodes per
 // call; the kernel loads stages with TMA (mbarrier transactions), multiplies
 // with wgmma (NVGPU's warpgroup.mma, B transposed: N is contiguous) and
 // stores only the rows of each tile's expert.
@@ -18,32 +18,37 @@
 // CHECK:         %[[RHSPTR:.*]] = llvm.getelementptr %[[MAPS]]
 // CHECK:         %[[RHS:.*]] = builtin.unrealized_conversion_cast %[[RHSPTR]]
 // CHECK:         %[[SMEM:.*]] = gpu.dynamic_shared_memory
-// CHECK:         %[[BARS:.*]] = nvgpu.mbarrier.create -> <memorySpace = #gpu.address_space<workgroup>, num_barriers = 4>
-// CHECK-COUNT-4: nvgpu.mbarrier.init %[[BARS]]
+// CHECK:         %[[BARS:.*]] = nvgpu.mbarrier.create -> <memorySpace = #gpu.address_space<workgroup>, num_barriers = 3>
+// CHECK-COUNT-3: nvgpu.mbarrier.init %[[BARS]]
 // CHECK:         nvgpu.tma.prefetch.descriptor %[[LHS]]
 // CHECK:         nvgpu.tma.prefetch.descriptor %[[RHS]]
 // Tiles of this rank: the experts' row counts from the handle's prefix sums.
 // CHECK:         %[[TOTAL:.*]]:2 = scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args
 // CHECK:         scf.for %[[TILE:.*]] = %{{.*}} to %[[TOTAL]]#0 step %{{.*}} iter_args
-// Prologue: 4 stages, each an expect_tx of 24576 bytes and three TMA boxes.
-// CHECK:           nvgpu.mbarrier.arrive.expect_tx %[[BARS]][%{{.*}}], %{{.*}}
+// Prologue: 3 stages, each an expect_tx of 32768 bytes and four TMA boxes
+// (the 128-row lhs tile as two).
+// CHECK:           nvgpu.mbarrier.arrive.expect_tx %[[BARS]][%{{.*}}], %c32768
+// CHECK:           nvgpu.tma.async.load %[[LHS]]
 // CHECK:           nvgpu.tma.async.load %[[LHS]]
 // CHECK:           nvgpu.tma.async.load %[[RHS]]
 // CHECK:           nvgpu.tma.async.load %[[RHS]]
-// CHECK:           %[[INIT:.*]] = nvgpu.warpgroup.mma.init.accumulator -> <fragmented = vector<64x128xf32>>
+// CHECK:           %[[INIT:.*]] = nvgpu.warpgroup.mma.init.accumulator -> <fragmented = vector<128x128xf32>>
 // CHECK:           %[[ACC:.*]] = scf.for %{{.*}} iter_args(%[[C:.*]] = %[[INIT]])
 // CHECK:             nvgpu.mbarrier.try_wait.parity %[[BARS]]
-// CHECK:             %[[DA:.*]] = nvgpu.warpgroup.generate.descriptor %{{.*}}, %[[LHS]] : memref<64x64xbf16, #gpu.address_space<workgroup>>
+// CHECK:             %[[DA:.*]] = nvgpu.warpgroup.generate.descriptor %{{.*}}, %[[LHS]] : memref<128x64xbf16, #gpu.address_space<workgroup>>
 // CHECK:             %[[DB:.*]] = nvgpu.warpgroup.generate.descriptor %{{.*}}, %[[RHS]] : memref<64x128xbf16, #gpu.address_space<workgroup>>
-// CHECK:             %[[D:.*]] = nvgpu.warpgroup.mma %[[DA]], %[[DB]], %[[C]] {transposeB, waitGroup = 0 : i64}
+// One wgmma group stays in flight (waitGroup 1, the default, is not printed).
+// CHECK:             %[[D:.*]] = nvgpu.warpgroup.mma %[[DA]], %[[DB]], %[[C]] {transposeB} :
 // CHECK:             gpu.barrier
-// The stage is refilled with the step 4 ahead, if there is one.
+// The previous step's stage is refilled with the step 3 ahead, if there is one.
 // CHECK:             scf.if
 // CHECK:               nvgpu.tma.async.load %[[LHS]]
 // CHECK:             scf.yield %[[D]]
-// CHECK:           nvgpu.warpgroup.mma.store %[[ACC]], %{{.*}} : <fragmented = vector<64x128xf32>> to memref<64x128xf32, #gpu.address_space<workgroup>>
+// The last group completes before the accumulators are stored.
+// CHECK:           nvvm.wgmma.wait.group.sync.aligned 0
+// CHECK:           nvgpu.warpgroup.mma.store %[[ACC]], %{{.*}} : <fragmented = vector<128x128xf32>> to memref<128x128xf32, #gpu.address_space<workgroup>>
 // Only the expert's rows are stored, 8 columns per thread and step.
-// CHECK-COUNT-8:   arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
+// CHECK-COUNT-16:  arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
 // CHECK:           nvvm.fence.proxy
 // CHECK-LABEL: func.func @gemm(
 // CHECK-SAME:      epic.cooperative = 0

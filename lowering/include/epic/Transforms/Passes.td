@@ -81,14 +81,17 @@ def EPExpand : Pass<"ep-expand", "::mlir::ModuleOp"> {
     `recv_src_metadata` (expanded) give: bitwise the same rows.
 
     **Grouped GEMM** (`<name>_gemm`, sm_90a): one persistent kernel of one
-    warpgroup per block; block b of a rank takes tiles b, b + B, ... of
-    (local expert, 64-row tile of its rows, 128-column tile of N), the experts'
-    row ranges read from the handle's per-expert prefix sums. K advances in
-    steps of 64 through a ring of 4 shared-memory stages filled by TMA
-    (`nvgpu.tma.async.load`, 128-byte swizzle, an `nvgpu.mbarrier` transaction
-    per stage) and consumed by `nvgpu.warpgroup.mma` (wgmma m64n128k16, B
-    N-contiguous); the epilogue goes through shared memory and stores only the
-    tile's expert rows. The launch function asks for 99 KiB of dynamic shared
+    warpgroup per block, two blocks per SM (`epic.ctas_per_sm`); block b of a
+    rank takes tiles b, b + B, ... of (local expert, 128-column tile of N,
+    128-row tile of its rows), row tiles fastest so that the blocks at work
+    share each weight tile through L2 (the weights are most of the bytes), the
+    experts' row ranges read from the handle's per-expert prefix sums. K
+    advances in steps of 64 through a ring of 3 shared-memory stages filled by
+    TMA (`nvgpu.tma.async.load`, 128-byte swizzle, an `nvgpu.mbarrier`
+    transaction per stage) and consumed by `nvgpu.warpgroup.mma` (wgmma
+    m64n128k16, two per k16 step, B N-contiguous) with one wgmma group in
+    flight; the epilogue goes through shared memory and stores only the tile's
+    expert rows. The launch function asks for 99 KiB of dynamic shared
     memory and two TMA descriptors (`epic.tensor_maps`: tensor field, rows,
     columns, box, swizzle) that the runtime encodes per call into the
     parameter memory (record field `tensor_maps`). Not cooperative.
@@ -142,14 +145,16 @@ def EPFuseDispatchGemm : Pass<"ep-fuse-dispatch-gemm", "::mlir::func::FuncOp"> {
     exchange, prefix sums), then **one cooperative kernel with two roles**
     rather than two kernels on two streams (one launch, nothing for the
     runtime to coordinate, and the roles share the tile counters in the
-    window): an eighth of the blocks (at least one) *copy* — they place each
-    received (token, local expert) pair at its row of the expert's range and
-    then add 1 (release) to the counter of that row's 64-row tile,
-    `tile_done[e][row / 64]`; the other blocks run the persistent grouped GEMM,
-    and before the TMA loads of a tile, thread 0 waits (bounded acquire,
+    window): every block first *copies* its share of the received rows — it
+    places each (token, local expert) pair at its row of the expert's range
+    and then adds 1 (release) to the counter of that row's 128-row tile,
+    `tile_done[e][row / 64]` — then runs the persistent grouped GEMM, and
+    before the TMA loads of a tile, thread 0 waits (bounded acquire,
     `comm.wait_flag`) until the tile's counter reaches the rows the tile
-    covers, `min(64, count_e - 64 m)`. Tiles of experts whose rows are placed
-    start while the others are still being copied. The last of the tile's
+    covers, `min(128, count_e - 128 m)`. A block done with its rows starts the
+    tiles whose rows are placed while others still copy. (Giving the copy to a
+    fixed share of the blocks was measured slower: the copy is latency-bound,
+    and a quarter or an eighth of the blocks took longer than the GEMM.) The last of the tile's
     N / 128 column tiles resets its counter (a second counter counts them),
     so the counters are zero again after every call.
 
@@ -184,7 +189,7 @@ def EPFuseGemmCombine : Pass<"ep-fuse-gemm-combine", "::mlir::func::FuncOp"> {
     barrier (remote windows are free), maps every expanded row to its
     received token and counts each token's local rows, meets the rank's other
     blocks, then runs the persistent grouped GEMM. After a tile's epilogue the
-    block adds 1 (acq_rel) to its 64-row tile's column counter; the block that
+    block adds 1 (acq_rel) to its 128-row tile's column counter; the block that
     completes the last column tile walks the tile's rows, one warp per row,
     and subtracts 1 from the row's token count; the warp that takes it to 0
     puts the token in a ready queue in the window (a slot at the tail, the

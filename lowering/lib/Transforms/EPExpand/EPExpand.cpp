@@ -437,7 +437,7 @@ gpu::GPUFuncOp createKernel(OpBuilder &builder, Location loc, StringRef name, bo
 struct DispatchShape {
   bool scalePacks, weights, expanded, cached, zeroPadding;
   /// Fused with the grouped GEMM (ep.dispatch_gemm): window offset of the
-  /// per-(expert, 64-row tile) arrival counters the copy bumps, or -1.
+  /// per-(expert, 128-row tile) arrival counters the copy bumps, or -1.
   int64_t tileDone = -1, maxTiles = 0;
 };
 
@@ -718,12 +718,12 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
             k.store(recordWeight(record, j), k.at(recvWeights, k.mul(out, k.i32(4))), 4);
           });
         if (shape.tileDone >= 0) {
-          // The row is in place: count it in its 64-row tile of the expert
+          // The row is in place: count it in its GEMM row tile of the expert
           // (every lane's stores, then one release by lane 0).
           Value expert = k.shuffle(localId, j);
           Value start = k.sub(k.loadI32(psumPerExpert, expert), k.loadI32(expertCounts, expert));
           Value tile = k.add(k.mul(expert, k.i32(shape.maxTiles)),
-                             k.divu(k.sub(out, start), k.i32(64)));
+                             k.divu(k.sub(out, start), k.i32(epic::detail::kGemmTileM)));
           comm::FenceOp::create(k.b, comm::Ordering::acq_rel, comm::Scope::gpu);
           NVVM::SyncWarpOp::create(k.b, k.fullMask());
           k.when(k.eq(k.lane, k.i32(0)), [&] {
@@ -938,10 +938,11 @@ void inlineKernelBody(OpBuilder &b, gpu::GPUFuncOp from, gpu::GPUFuncOp to, Valu
   IRMapping map;
   for (auto [a, c] : llvm::zip(from.getArguments(), to.getArguments()))
     map.map(a, c);
-  Block *start = b.getInsertionBlock();
+  SmallVector<Operation *> cloned;
   for (Operation &op : from.getBody().front().without_terminator())
-    b.clone(op, map);
-  start->walk([&](Operation *op) {
+    cloned.push_back(b.clone(op, map));
+  // Only the copies: `block`/`blocks` may themselves be ids of this block.
+  auto rename = [&](Operation *op) {
     if (auto id = dyn_cast<gpu::BlockIdOp>(op); id && id.getDimension() == gpu::Dimension::x) {
       id.replaceAllUsesWith(block);
       id.erase();
@@ -950,13 +951,18 @@ void inlineKernelBody(OpBuilder &b, gpu::GPUFuncOp from, gpu::GPUFuncOp to, Valu
       dim.replaceAllUsesWith(blocks);
       dim.erase();
     }
-  });
+  };
+  for (Operation *top : cloned)
+    top->walk(rename);
 }
 
-/// `<name>_copy_gemm`: an eighth of the blocks (at least one) run the
-/// dispatch's copy, counting placed rows per 64-row tile; the others run the
-/// grouped GEMM, each tile waiting for its count. One block does both, in
-/// that order. Built as two kernels, then merged into one.
+/// `<name>_copy_gemm`: every block first copies its share of the dispatch's
+/// rows, counting placed rows per 128-row tile, then takes grouped GEMM
+/// tiles, each tile waiting for its count. All blocks copy because the copy is
+/// latency-bound (it runs at the speed of the warps that do it; a few blocks
+/// took longer than the whole GEMM), and a block done with its rows starts
+/// the tiles whose rows are placed while the others still copy. Built as two
+/// kernels, then merged into one.
 void buildCopyGemmKernel(OpBuilder &builder, Location loc, StringRef name, const EPLayout &L,
                          DispatchShape shape, const epic::detail::GroupedGemmShape &gemm) {
   gpu::GPUFuncOp copy = createKernel(builder, loc, (name + "_copy_role").str(), false);
@@ -968,33 +974,8 @@ void buildCopyGemmKernel(OpBuilder &builder, Location loc, StringRef name, const
   OpBuilder b(kernel.getBody().front().getTerminator());
   Value block = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
   Value blocks = gpu::GridDimOp::create(b, loc, gpu::Dimension::x);
-  Value one = arith::ConstantIndexOp::create(b, loc, 1);
-  // The copy moves ~2 x hidden bytes per row where the GEMM does 2 x hidden x N
-  // FLOPs: an eighth of the blocks keeps it ahead of the tiles that wait for it.
-  Value eight = arith::ConstantIndexOp::create(b, loc, 8);
-  Value share = arith::DivUIOp::create(b, loc, blocks, eight);
-  Value copiers = arith::MaxUIOp::create(b, loc, share, one);
-  Value alone = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::eq, blocks, one);
-  Value isCopier = arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ult, block, copiers);
-  auto copyRole = scf::IfOp::create(b, loc, isCopier, /*withElseRegion=*/false);
-  {
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPoint(copyRole.thenBlock()->getTerminator());
-    inlineKernelBody(b, copy, kernel, block, copiers);
-  }
-  Value computes = arith::OrIOp::create(b, loc, alone, arith::XOrIOp::create(
-      b, loc, isCopier, arith::ConstantIntOp::create(b, loc, 1, 1)));
-  auto gemmRole = scf::IfOp::create(b, loc, computes, /*withElseRegion=*/false);
-  {
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPoint(gemmRole.thenBlock()->getTerminator());
-    Value zero = arith::ConstantIndexOp::create(b, loc, 0);
-    Value gemmBlock = arith::SelectOp::create(b, loc, alone, zero,
-                                              arith::SubIOp::create(b, loc, block, copiers));
-    Value gemmBlocks = arith::SelectOp::create(b, loc, alone, one,
-                                               arith::SubIOp::create(b, loc, blocks, copiers));
-    inlineKernelBody(b, compute, kernel, gemmBlock, gemmBlocks);
-  }
+  inlineKernelBody(b, copy, kernel, block, blocks);
+  inlineKernelBody(b, compute, kernel, block, blocks);
   copy.erase();
   compute.erase();
 }
@@ -1012,7 +993,7 @@ struct GemmCombineScratch {
 };
 
 /// Where the fused kernels keep their state, after every layout's window:
-/// ep.dispatch_gemm's tile counters ([L][64-row tiles] twice), then
+/// ep.dispatch_gemm's tile counters ([L][128-row tiles] twice), then
 /// ep.gemm_combine's scratch. Disjoint, because each kernel relies on its
 /// counters being back at zero from its previous call.
 struct FusedScratch {
@@ -1022,7 +1003,7 @@ struct FusedScratch {
   explicit FusedScratch(ep::ConfigAttr cfg) {
     int64_t window = std::max(EPLayout(cfg, 32).windowBytes, EPLayout(cfg, 64).windowBytes);
     int64_t tokens = int64_t(cfg.getRanks()) * cfg.getMaxTokensPerRank();
-    maxTiles = (tokens + 63) / 64;
+    maxTiles = (tokens + epic::detail::kGemmTileM - 1) / epic::detail::kGemmTileM;
     counters = align(int64_t(cfg.getNumLocalExperts()) * maxTiles * 4, 256);
     tileDone = align(window, 256);
     tileConsumed = tileDone + counters;
@@ -1269,7 +1250,7 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
       return failure();
     EPLayout layout(cfg, 64);
     // Scratch after the windows (FusedScratch): row -> token, each token's rows
-    // still to compute, each 64-row tile's finished column tiles, a rank barrier.
+    // still to compute, each 128-row tile's finished column tiles, a rank barrier.
     FusedScratch at(cfg);
     windowBytes = at.end;
     gemm.outField = kCX, gemm.psumField = kGCPsumPerExpert, gemm.mapsField = kGCMaps;

@@ -2,22 +2,24 @@
 //
 // A persistent grouped GEMM over a dispatch's expanded layout:
 //
-//   * tiles: (local expert e, 64-row tile of e's rows, 128-column tile of N),
-//     numbered expert by expert; block b of a rank takes tiles b, b + B, ...
+//   * tiles: (local expert e, 128-column tile of N, 128-row tile of e's rows),
+//     numbered expert by expert, row tiles fastest (the blocks at work share
+//     weight tiles through L2); block b of a rank takes tiles b, b + B, ...
 //     (the expert ranges come from the handle's per-expert prefix sums);
 //   * per tile, K in steps of 64 through a ring of 4 shared-memory stages:
-//     thread 0 issues the TMA loads of a stage (a 64 x 64 lhs box, two 64 x 64
-//     weight boxes, 128-byte swizzle) with an mbarrier transaction; the
-//     warpgroup waits for the stage's phase and runs wgmma m64n128k16 x 4
-//     (NVGPU's warpgroup.mma, fp32 accumulators in registers), then the stage
-//     is refilled with the step 4 ahead;
+//     thread 0 issues the TMA loads of a stage (two 64 x 64 lhs boxes, two
+//     64 x 64 weight boxes, 128-byte swizzle) with an mbarrier transaction; the
+//     warpgroup waits for the stage's phase and runs wgmma m64n128k16 x 8
+//     (NVGPU's warpgroup.mma, fp32 accumulators in registers) keeping one
+//     wgmma group in flight; the stage the previous step read is then refilled
+//     with the step kStages - 1 ahead of this one;
 //   * epilogue: accumulators to shared memory (warpgroup.mma.store), then
 //     16-byte stores of the rows that belong to the expert, converted to the
 //     result type. Rows of the next expert that a tile's loads covered are
 //     computed and dropped; rows past the lhs are TMA's zero fill.
 //
 // The stage and parity of step g (counted over all tiles of the block) are
-// g % 4 and (g / 4) % 2, so the ring continues across tiles.
+// g % kStages and (g / kStages) % 2, so the ring continues across tiles.
 //
 //===----------------------------------------------------------------------===//
 
@@ -207,7 +209,7 @@ struct GemmBuilder {
     auto stageOffset = [&](Value step) {
       return add(pad, mul(remu(step, idx(kGemmStages)), idx(kGemmStageBytes)));
     };
-    constexpr int64_t lhsBytes = kGemmTileM * kGemmTileK * 2, halfBytes = 64 * 64 * 2;
+    constexpr int64_t lhsBytes = kGemmTileM * kGemmTileK * 2, boxBytes = 64 * 64 * 2;
     // Thread 0 loads step `k` of a tile into the stage of global step `g`.
     auto issue = [&](Value g, Value k, Value row0, Value weightRow0, Value col0) {
       Value stage = remu(g, idx(kGemmStages));
@@ -215,12 +217,14 @@ struct GemmBuilder {
       MemRefType box = smem({64, 64}, shape.inType);
       nvgpu::MBarrierArriveExpectTxOp::create(b, bars, idx(kGemmStageBytes), stage, leader);
       Value kCol = mul(k, idx(kGemmTileK));
-      nvgpu::TmaAsyncLoadOp::create(b, view(dynamic, offset, box), bars, lhsMap,
-                                    ValueRange{kCol, row0}, stage, Value(), leader);
+      for (int64_t rows = 0; rows < kGemmTileM / 64; ++rows)
+        nvgpu::TmaAsyncLoadOp::create(b, view(dynamic, add(offset, idx(rows * boxBytes)), box),
+                                      bars, lhsMap, ValueRange{kCol, add(row0, idx(rows * 64))},
+                                      stage, Value(), leader);
       Value wRow = add(weightRow0, kCol);
-      for (int64_t half = 0; half < 2; ++half)
+      for (int64_t half = 0; half < kGemmTileN / 64; ++half)
         nvgpu::TmaAsyncLoadOp::create(
-            b, view(dynamic, add(offset, idx(lhsBytes + half * halfBytes)), box), bars, rhsMap,
+            b, view(dynamic, add(offset, idx(lhsBytes + half * boxBytes)), box), bars, rhsMap,
             ValueRange{add(col0, idx(half * 64)), wRow}, stage, Value(), leader);
     };
 
@@ -241,13 +245,17 @@ struct GemmBuilder {
                     select(mine, end, c[4]), select(mine, c[0], c[5])};
           });
       Value expert = found[2], start = found[3], end = found[4];
+      // Column tile major within the expert: the blocks working at once share
+      // a weight column tile (read from memory once, then from L2) across the
+      // expert's row tiles; the weights are most of the bytes.
       Value local = sub(tile, found[5]);
-      Value row0 = add(start, mul(divu(local, idx(nTiles)), idx(kGemmTileM)));
-      Value col0 = mul(remu(local, idx(nTiles)), idx(kGemmTileN));
+      Value mTiles = ceilDiv(sub(end, start), kGemmTileM);
+      Value mt = remu(local, mTiles);
+      Value row0 = add(start, mul(mt, idx(kGemmTileM)));
+      Value col0 = mul(divu(local, mTiles), idx(kGemmTileN));
       Value weightRow0 = mul(expert, idx(shape.hidden));
 
       // Fused: wait until the copy role has placed every row of this tile.
-      Value mt = divu(local, idx(nTiles));
       auto tileCounter = [&](int64_t base) {
         Value slot = add(mul(expert, idx(shape.maxTiles)), mt);
         return comm::LocalPtrOp::create(b, ptrT(), window,
@@ -270,7 +278,9 @@ struct GemmBuilder {
         gpu::BarrierOp::create(b);
       }
 
-      // Fill the ring, then: wait for a stage, multiply, refill it 4 steps ahead.
+      // Fill the ring, then: wait for a stage, multiply (one wgmma group stays
+      // in flight: the tensor cores do not idle while the warps wait), and
+      // refill the stage the previous step read, 3 steps ahead of this one.
       for (int64_t i = 0; i < std::min(kGemmStages, kSteps); ++i)
         issue(add(g0, idx(i)), idx(i), row0, weightRow0, col0);
       Value init = nvgpu::WarpgroupMmaInitAccumulatorOp::create(b, accT());
@@ -290,15 +300,16 @@ struct GemmBuilder {
         Value dB = nvgpu::WarpgroupGenerateDescriptorOp::create(
             b, nvgpu::WarpgroupMatrixDescriptorType::get(ctx, smemSpaceless(rhsTile)),
             view(dynamic, add(offset, idx(lhsBytes)), rhsTile), rhsMap);
-        // waitGroup 0: the stage is read before it is refilled.
-        Value d = nvgpu::WarpgroupMmaOp::create(b, accT(), dA, dB, b.getI64IntegerAttr(0),
+        // waitGroup 1: step k - 1's group is complete, this step's may run on.
+        Value d = nvgpu::WarpgroupMmaOp::create(b, accT(), dA, dB, b.getI64IntegerAttr(1),
                                                 UnitAttr(), b.getUnitAttr(), c[0]);
-        gpu::BarrierOp::create(b); // every warp is done with the stage
-        when(ult(add(k, idx(kGemmStages)), idx(kSteps)), [&] {
-          issue(add(g, idx(kGemmStages)), add(k, idx(kGemmStages)), row0, weightRow0, col0);
-        });
+        gpu::BarrierOp::create(b); // every warp is done with step k - 1's stage
+        Value next = add(k, idx(kGemmStages - 1));
+        when(andi(ult(idx(0), k), ult(next, idx(kSteps))),
+             [&] { issue(add(g, idx(kGemmStages - 1)), next, row0, weightRow0, col0); });
         return {d};
       })[0];
+      NVVM::WgmmaWaitGroupSyncOp::create(b, 0); // the last group, before the accumulators are read
 
       // Epilogue: through shared memory (the ring is idle: every load was
       // consumed), 8 columns per thread and step, only the expert's rows.

@@ -27,24 +27,28 @@ struct GroupedGemmShape {
   int64_t paramStride = 128;
   int64_t outField = 2, psumField = 3, mapsField = 4;
   /// Fused behind the dispatch's copy (ep.dispatch_gemm): window offsets of
-  /// the per-(expert, 64-row tile) arrival counters and of the counters of
+  /// the per-(expert, kGemmTileM-row tile) arrival counters and of the counters of
   /// column tiles done with them, or -1; `maxTiles` row tiles per expert.
   int64_t tileDone = -1, tileConsumed = -1, maxTiles = 0;
   int64_t timeoutMs = 100000;
   /// Fused with the combine (ep.gemm_combine): called by the whole block after
-  /// each output tile is stored, with the tile's expert, 64-row tile index,
+  /// each output tile is stored, with the tile's expert, 128-row tile index,
   /// first row and the expert's end row (index values), at `b`'s insertion point.
   std::function<void(mlir::OpBuilder &b, mlir::Value expert, mlir::Value rowTile,
                      mlir::Value row0, mlir::Value end)>
       afterTile;
 };
 
-/// Tile and pipeline of the kernel: one warpgroup computes 64 x 128 output
-/// tiles over K in steps of 64, through a ring of kStages shared-memory stages.
-constexpr int64_t kGemmTileM = 64, kGemmTileN = 128, kGemmTileK = 64, kGemmStages = 4;
+/// Tile and pipeline of the kernel: one warpgroup computes 128 x 128 output
+/// tiles (two m64 wgmma per k16 step, sharing the weight tile) over K in steps
+/// of 64, through a ring of kStages shared-memory stages. 128 rows: an expert
+/// of an EP8 V3 batch has ~250 rows, so its weights are read by two row tiles
+/// instead of four (the weights are most of the GEMM's bytes).
+constexpr int64_t kGemmTileM = 128, kGemmTileN = 128, kGemmTileK = 64, kGemmStages = 3;
 constexpr int64_t kGemmThreads = 128;
-/// A stage: the 64 x 64 lhs tile, then the 64 x 128 weight tile as two 64 x 64
-/// halves (128-byte swizzle: a TMA box row is at most 128 bytes).
+/// A stage: the 128 x 64 lhs tile as two 64 x 64 boxes, then the 64 x 128
+/// weight tile as two 64 x 64 halves (128-byte swizzle: a TMA box row is at
+/// most 128 bytes).
 constexpr int64_t kGemmStageBytes = (kGemmTileM * kGemmTileK + kGemmTileK * kGemmTileN) * 2;
 /// The stages plus slack to align them to 1024 bytes (128-byte swizzle atoms).
 constexpr int64_t kGemmDynamicSharedBytes = kGemmStages * kGemmStageBytes + 1024;
@@ -53,6 +57,8 @@ constexpr int64_t kGemmDynamicSharedBytes = kGemmStages * kGemmStageBytes + 1024
 constexpr int64_t kGemmCtasPerSm = 2;
 static_assert(kGemmCtasPerSm * kGemmDynamicSharedBytes <= 227 * 1024,
               "two GEMM blocks must fit in an SM's shared memory");
+static_assert(kGemmTileM * kGemmTileN * 4 <= kGemmStages * kGemmStageBytes,
+              "the epilogue stages the fp32 tile in the ring");
 
 /// Fields of the kernel's per-rank parameter record, in order.
 extern const char *const kGroupedGemmFields[6];

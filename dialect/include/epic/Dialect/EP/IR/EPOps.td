@@ -258,9 +258,9 @@ def EP_GroupedGemmOp : EP_Op<"grouped_gemm", [Pure]> {
     N]`), `result` is `[rows, N]` in BF16, F16 or F32.
 
     On Hopper `ep-expand` lowers it to a persistent kernel: TMA loads of
-    64 x 64 tiles into a multi-stage shared-memory ring (mbarrier
+    64 x 64 boxes into a multi-stage shared-memory ring (mbarrier
     transactions), `wgmma` through the NVGPU dialect, a tile scheduler over
-    (expert, 64-row tile, 128-column tile). The compiler can fuse it with
+    (expert, 128-column tile, 128-row tile). The compiler can fuse it with
     the dispatch before it and the combine after it (`ep-fuse-dispatch-gemm`,
     `ep-fuse-gemm-combine`).
 
@@ -302,7 +302,7 @@ def EP_DispatchGemmOp : EP_Op<"dispatch_gemm", []> {
     `recv_topk_weights`, the handle, and `result` = the GEMM's output), but
     one schedule. `ep-expand` lowers it to the dispatch's send kernel, then
     one cooperative kernel with two roles: copy blocks place each received
-    row in its expert's range and count it in that row's 64-row tile
+    row in its expert's range and count it in that row's 128-row tile
     (release), GEMM blocks wait (bounded acquire) for the tile they are about
     to load and for nothing else. GEMM tiles of early experts run while later
     rows are still being placed; an expert with few rows never waits for a
@@ -350,7 +350,7 @@ def EP_GemmCombineOp : EP_Op<"gemm_combine", []> {
     N = hidden) whose output is combined on the same handle: `result` is the
     GEMM's output, `combined_x` the combine's, bitwise as if the two ops ran
     one after the other. `ep-expand` lowers it to one cooperative kernel that
-    runs the persistent GEMM and, whenever a 64-row tile is complete (its
+    runs the persistent GEMM and, whenever a 128-row tile is complete (its
     last column tile stored), counts the tile's rows against their tokens;
     a completed token is queued, and the rank's warps (one token each
     between tiles, all of them after the last tile) sum its rows in
