@@ -211,9 +211,11 @@ class Timer:
             times.append(start.elapsed_time(stop) / 1e3)
         return statistics.median(times)
 
-    def kernels(self, fn, names, attempts=3):
+    def kernels(self, fn, names, buffer=None, attempts=2):
         """Median GPU time of each named kernel (CUPTI through the profiler). CUPTI's
-        buffers occasionally lose a kernel's records: the measurement is repeated then."""
+        buffers sometimes lose a kernel's records (seen on the H200 for whole runs of one
+        kernel): the measurement is repeated, then, with `buffer`, taken from the runtime's
+        CUDA events around each kernel instead (`self.source` says which)."""
         from torch.profiler import ProfilerActivity, profile
 
         for _ in range(attempts):
@@ -231,9 +233,30 @@ class Timer:
                 if event.name in found:
                     found[event.name].append(event.device_time_total / 1e6)
             if all(len(v) >= self.iterations // 2 for v in found.values()):
+                self.source = "cupti"
                 return {name: statistics.median(v) for name, v in found.items()}
-        raise RuntimeError(f"the profiler lost the kernels of {names} {attempts} times: "
-                           f"{ {n: len(v) for n, v in found.items()} } records")
+        lost = {n: len(v) for n, v in found.items()}
+        if buffer is None:
+            raise RuntimeError(f"the profiler lost the kernels of {names} {attempts} times: "
+                               f"{lost} records")
+        print(f"note: the profiler lost kernel records ({lost}); timing {names} with the "
+              f"runtime's CUDA events", file=sys.stderr)
+        buffer.time_kernels(True)
+        buffer.kernel_times()
+        found = {name: [] for name in names}
+        try:
+            for _ in range(self.iterations):
+                self.flush()
+                fn()
+                for name, seconds in buffer.kernel_times():
+                    if name in found:
+                        found[name].append(seconds)
+        finally:
+            buffer.time_kernels(False)
+        if not all(found.values()):
+            raise RuntimeError(f"kernels {names} were not launched: {found}")
+        self.source = "cuda_events"
+        return {name: statistics.median(v) for name, v in found.items()}
 
 
 def write_report(report, out_dir, prefix=""):
@@ -343,15 +366,18 @@ def run_config(torch, timer, args, cfg, sms_list, roofline):
         def cached():
             buffer.dispatch(x_in, handle=handles, num_sms=per_rank, do_expand=expand)
 
-        k_d = timer.kernels(dispatch, KERNELS["dispatch"])
-        k_c = timer.kernels(combine, KERNELS["combine"])
-        k_cached = timer.kernels(cached, KERNELS["dispatch"])
+        k_d = timer.kernels(dispatch, KERNELS["dispatch"], buffer)
+        sources = [timer.source]
+        k_c = timer.kernels(combine, KERNELS["combine"], buffer)
+        sources.append(timer.source)
+        k_cached = timer.kernels(cached, KERNELS["dispatch"], buffer)
+        sources.append(timer.source)
         w_d, w_c = timer.wall(dispatch), timer.wall(combine)
         t_d, t_c, t_cached = sum(k_d.values()), sum(k_c.values()), sum(k_cached.values())
         row = dict(sms=per_rank * R, sms_per_rank=per_rank,
                    dispatch_kernel_s=t_d, dispatch_wall_s=w_d, combine_kernel_s=t_c,
                    combine_wall_s=w_c, cached_dispatch_kernel_s=t_cached, kernels=dict(**k_d),
-                   combine_kernels=dict(**k_c),
+                   combine_kernels=dict(**k_c), kernel_time_sources=sources,
                    dispatch_logical_gbs_per_rank=model["logical_dispatch"] / R / t_d / 1e9,
                    combine_logical_gbs_per_rank=model["logical_combine"] / R / t_c / 1e9)
         for name, seconds in list(k_d.items()) + list(k_c.items()):

@@ -192,8 +192,8 @@ def main():
             def ep_combine():
                 buffer.combine(y, handle, num_sms=sms)
 
-            k_d = sum(timer.kernels(ep_dispatch, KERNELS["dispatch"]).values())
-            k_c = sum(timer.kernels(ep_combine, KERNELS["combine"]).values())
+            k_d = sum(timer.kernels(ep_dispatch, KERNELS["dispatch"], buffer).values())
+            k_c = sum(timer.kernels(ep_combine, KERNELS["combine"], buffer).values())
             rows.append(dict(tokens=tokens, sms=sms, analytic=sms == analytic, recv_tokens=n_recv,
                              dispatch_kernel_s=k_d, combine_kernel_s=k_c,
                              dispatch_wall_s=timer.wall(ep_dispatch),

@@ -409,6 +409,17 @@ class ElasticBuffer:
 
         return torch.as_tensor(_Window(), device="cuda")
 
+    def time_kernels(self, on: bool = True):
+        """epic: per-kernel timing without a profiler. While on, every kernel this buffer
+        launches (outside CUDA-graph capture) is bracketed by CUDA events; :meth:`kernel_times`
+        returns them. Costs a few microseconds per launch, so it is off by default."""
+        self._runtime().set_kernel_timing(bool(on))
+
+    def kernel_times(self):
+        """epic: ``[(kernel name, seconds)]`` of the kernels timed since the last call, in
+        launch order (waits for them to finish)."""
+        return self._runtime().take_kernel_times()
+
     def barrier(self, use_comm_stream: bool = True, with_cpu_sync: bool = False,
                 sequential: bool = True):
         import torch

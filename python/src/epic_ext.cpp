@@ -395,6 +395,14 @@ PYBIND11_MODULE(_C, m) {
           py::arg("prepared"), py::arg("stream"),
           "Queues the kernels on `stream`; no host synchronization (graph-capturable).")
       .def(
+          "set_kernel_timing", [](Buffer &b, bool on) { b.host->setKernelTiming(on); },
+          py::arg("on"),
+          "Records CUDA events around every kernel launched from now on (not while capturing).")
+      .def(
+          "take_kernel_times", [](Buffer &b) { return b.host->takeKernelTimes(); },
+          "[(kernel name, seconds)] of the kernels timed since the last call, in launch order "
+          "(waits for them).")
+      .def(
           "barrier",
           [](Buffer &b, uintptr_t stream) { b.host->barrier(reinterpret_cast<void *>(stream)); },
           py::arg("stream"))

@@ -119,6 +119,7 @@ KernelHost::KernelHost(KernelProvider &provider, int servedRanks, int64_t window
 }
 
 KernelHost::~KernelHost() {
+  releaseTimedKernels();
   for (auto &[key, loaded] : modules) {
     if (loaded->module)
       detail::driver().moduleUnload(loaded->module);
@@ -415,9 +416,31 @@ void *KernelHost::launch(const Prepared &prepared, void *stream, const LaunchOpt
     attributes[config.numAttrs].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
     attributes[config.numAttrs++].value.programmaticStreamSerializationAllowed = 1;
   }
-  for (size_t i = 0; i < k.kernels.size(); ++i)
+  bool timed = false;
+  if (kernelTiming) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(cudaStream, &capture), "cudaStreamIsCapturing");
+    timed = capture == cudaStreamCaptureStatusNone;
+  }
+  auto timingEvent = [&]() -> void * {
+    cudaEvent_t event;
+    check(cudaEventCreate(&event), "cudaEventCreate (kernel timing)");
+    if (cudaError_t e = cudaEventRecord(event, cudaStream); e != cudaSuccess) {
+      cudaEventDestroy(event);
+      check(e, "cudaEventRecord (kernel timing)");
+    }
+    return event;
+  };
+  void *before = timed ? timingEvent() : nullptr;
+  for (size_t i = 0; i < k.kernels.size(); ++i) {
     check(detail::driver().launchKernelEx(&config, k.kernels[i], args, nullptr),
           ("launching " + k.kernelNames[i]).c_str());
+    if (timed) {
+      void *after = timingEvent();
+      timedKernels.push_back(TimedKernel{k.kernelNames[i], before, after});
+      before = after;
+    }
+  }
   if (!options.recordEvent)
     return nullptr;
   cudaEvent_t done;
@@ -427,6 +450,39 @@ void *KernelHost::launch(const Prepared &prepared, void *stream, const LaunchOpt
     check(e, "cudaEventRecord");
   }
   return done;
+}
+
+void KernelHost::setKernelTiming(bool on) { kernelTiming = on; }
+
+void KernelHost::releaseTimedKernels() {
+  // Consecutive kernels share their boundary event: destroy each one once.
+  void *last = nullptr;
+  for (const TimedKernel &t : timedKernels) {
+    if (t.start != last)
+      cudaEventDestroy(static_cast<cudaEvent_t>(t.start));
+    cudaEventDestroy(static_cast<cudaEvent_t>(t.stop));
+    last = t.stop;
+  }
+  timedKernels.clear();
+}
+
+std::vector<std::pair<std::string, double>> KernelHost::takeKernelTimes() {
+  std::vector<std::pair<std::string, double>> times;
+  try {
+    for (const TimedKernel &t : timedKernels) {
+      check(cudaEventSynchronize(static_cast<cudaEvent_t>(t.stop)), "waiting for a timed kernel");
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(t.start),
+                                 static_cast<cudaEvent_t>(t.stop)),
+            "cudaEventElapsedTime");
+      times.emplace_back(t.name, ms / 1e3);
+    }
+  } catch (...) {
+    releaseTimedKernels();
+    throw;
+  }
+  releaseTimedKernels();
+  return times;
 }
 
 void KernelHost::checkWorld(const EPSpec &spec, size_t calls) const {

@@ -8,6 +8,8 @@
 // CHECK-LABEL: gpu.module @ep_kernels
 // --- the data stage of dispatch ---
 // CHECK: gpu.func @dispatch_send(%[[DC:.*]]: !comm.dev_comm, %[[WIN:.*]]: !comm.window, %[[TABLE:.*]]: !llvm.ptr<1>) workgroup(%[[LAST:.*]] : memref<1xi32, #gpu.address_space<workgroup>>) kernel
+// The block size is known to the kernel (ptxas budgets its registers for it).
+// CHECK-SAME: known_block_size = array<i32: 1024, 1, 1>
 // Per-rank parameters, the LSA team and this rank.
 // CHECK: %[[PARAMS:.*]] = comm.rank_params %[[TABLE]] stride 128 via %[[DC]]
 // CHECK: %[[LSA:.*]] = comm.team lsa %[[DC]]
@@ -61,9 +63,9 @@
 // CHECK-SAME: epic.max_blocks_per_rank = 1024
 // CHECK-SAME: epic.param_fields = ["x", "scale_packs", "topk_idx", "topk_weights", "recv_x", "recv_scale_packs", "recv_topk_idx", "recv_topk_weights", "recv_src_metadata", "psum_num_recv_tokens_per_rank", "num_recv_tokens_per_expert", "psum_num_recv_tokens_per_expert", "host_counts", "num_tokens", "dst_buffer_slot_idx"]
 // CHECK-SAME: epic.param_stride = 128
-// CHECK-SAME: epic.threads = 256
+// CHECK-SAME: epic.threads = 1024
 // CHECK-SAME: epic.window_bytes = {{[0-9]+}}
-// CHECK: gpu.launch_func @ep_kernels::@dispatch_send blocks in (%[[GRID]], %{{.*}}, %{{.*}}) threads in (%c256, %{{.*}}, %{{.*}})
+// CHECK: gpu.launch_func @ep_kernels::@dispatch_send blocks in (%[[GRID]], %{{.*}}, %{{.*}}) threads in (%c1024, %{{.*}}, %{{.*}})
 // CHECK: gpu.launch_func @ep_kernels::@dispatch_copy blocks in (%[[GRID]],
 // CHECK-NOT: ep.dispatch
 func.func @dispatch(%x: tensor<?x2048xf8E4M3FN>, %sf: tensor<?x16xf32>, %idx: tensor<?x6xi32>,
@@ -95,29 +97,26 @@ func.func @dispatch(%x: tensor<?x2048xf8E4M3FN>, %sf: tensor<?x16xf32>, %idx: te
 // CHECK: comm.store release scope sys
 // CHECK: comm.wait_flag %{{.*}} eq
 // CHECK: gpu.func @combine_reduce(
-// fp32 from +0.0, the bias first, then slots 0..K-1 (K = 4): the master
-// slots' rows are all loaded (a zero row for other slots) before the adds, which
-// follow in slot order.
-// CHECK: arith.constant dense<0.000000e+00> : vector<8xf32>
+// fp32 from +0.0, the bias first, then the master slots' rows in increasing
+// slot order (lowest set bit of the masters' ballot first, absent slots cost
+// nothing); each row's four 16-byte chunks of a lane are loaded before they
+// are added.
+// CHECK: %[[MASTERS:.*]] = nvvm.vote.sync ballot
 // CHECK: llvm.load %{{.*}} {alignment = 16 : i64} : !llvm.ptr<1> -> vector<8xbf16>
 // CHECK: arith.extf %{{.*}} : vector<8xbf16> to vector<8xf32>
 // CHECK: arith.addf
-// CHECK: arith.shrui
-// CHECK: %[[S0:.*]] = scf.if %{{.*}} -> (vector<8xbf16>)
+// CHECK: scf.while (%{{.*}} = %[[MASTERS]], %{{.*}}) : (i32, vector<8xf32>, vector<8xf32>, vector<8xf32>, vector<8xf32>)
+// CHECK: llvm.intr.cttz
+// CHECK: comm.local_ptr
+// CHECK: llvm.load %{{.*}} -> vector<8xbf16>
 // CHECK-NOT: arith.addf
-// CHECK: arith.shrui
-// CHECK: %[[S1:.*]] = scf.if
+// CHECK: llvm.load %{{.*}} -> vector<8xbf16>
 // CHECK-NOT: arith.addf
-// CHECK: arith.shrui
-// CHECK: %[[S2:.*]] = scf.if
+// CHECK: llvm.load %{{.*}} -> vector<8xbf16>
 // CHECK-NOT: arith.addf
-// CHECK: arith.shrui
-// CHECK: %[[S3:.*]] = scf.if
-// CHECK-NOT: arith.addf
-// CHECK: %[[E0:.*]] = arith.extf %[[S0]]
-// CHECK: %[[A0:.*]] = arith.addf %{{.*}}, %[[E0]]
-// CHECK: %[[E1:.*]] = arith.extf %[[S1]]
-// CHECK: arith.addf %[[A0]], %[[E1]]
+// CHECK: llvm.load %{{.*}} -> vector<8xbf16>
+// CHECK: arith.addf
+// CHECK: scf.yield
 // One rounding to bf16.
 // CHECK: arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
 // CHECK-LABEL: func.func @combine(
@@ -171,10 +170,15 @@ func.func @dispatch_exp(%x: tensor<?x512xbf16>, %idx: tensor<?x4xi64>, %w: tenso
 
 // The expanded combine sums the rank's rows of a token (metadata columns 2..)
 // in fp32 from +0.0 and sends one bf16 row.
+// Lane j holds slot j's expanded row; the rows present, lowest slot first.
 // CHECK: gpu.func @combine_exp_send(
-// CHECK: arith.constant dense<0.000000e+00> : vector<8xf32>
 // CHECK: arith.cmpi sge
-// CHECK: scf.if {{.*}} -> (vector<8xbf16>)
+// CHECK: %[[PRESENT:.*]] = nvvm.vote.sync ballot
+// CHECK: arith.constant dense<0.000000e+00> : vector<8xf32>
+// CHECK: scf.while (%{{.*}} = %[[PRESENT]],
+// CHECK: llvm.intr.cttz
+// CHECK: gpu.shuffle idx
+// CHECK: llvm.load %{{.*}} -> vector<8xbf16>
 // CHECK: arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
 // CHECK: comm.store release scope sys
 // CHECK: func.func @dispatch_exp(

@@ -63,7 +63,9 @@ def EPExpand : Pass<"ep-expand", "::mlir::ModuleOp"> {
     signals every peer and waits for every peer's signal. The reduce kernel
     sums, per token and 8 channels per lane, in fp32 from +0.0: the biases,
     then the rows of the master slots in increasing slot order, and rounds to
-    bf16 once — bitwise DeepEP's order. `combined_topk_weights[t, j]` comes
+    bf16 once — bitwise DeepEP's order. It walks the set bits of the masters'
+    ballot (absent slots cost nothing) and loads four 16-byte chunks of a lane
+    per row before adding them, so each lane keeps four loads in flight. `combined_topk_weights[t, j]` comes
     from the record of the rank that owns slot `j`.
 
     **Expanded layout**: the copy kernel gives each (token, local expert)
@@ -71,7 +73,14 @@ def EPExpand : Pass<"ep-expand", "::mlir::ModuleOp"> {
     an expert come in arrival order), writes it to `recv_src_metadata[:, 2 +
     slot]`, and with `zero_padding` zeroes rows `[start_e + count_e, start_e +
     align(count_e))`. Its combine first sums the rank's rows of a token in
-    fp32 in increasing slot order (one rounding) and sends that one row.
+    fp32 in increasing slot order (one rounding, the same row walk as the
+    reduce) and sends that one row.
+
+    **Block size**: the data kernels run `threads-per-block` threads (1024 by
+    default: 32 warps, DeepEP's warps per SM, so one block per SM keeps
+    enough 16-byte accesses in flight to reach the memory bandwidth), known to
+    every kernel (`known_block_size`, hence `.reqntid` for ptxas, which
+    budgets 64 registers per thread).
 
     **Cached dispatch** replays the handle: the send kernel takes each master
     slot's receive slot from `dst_buffer_slot_idx` (which every non-cached
@@ -121,7 +130,7 @@ def EPExpand : Pass<"ep-expand", "::mlir::ModuleOp"> {
     ```
   }];
   let options = [
-    Option<"threadsPerBlock", "threads-per-block", "unsigned", /*default=*/"256",
+    Option<"threadsPerBlock", "threads-per-block", "unsigned", /*default=*/"1024",
            "threads of every kernel block (a multiple of 32)">
   ];
   let dependentDialects = ["::mlir::gpu::GPUDialect", "::mlir::scf::SCFDialect",

@@ -310,28 +310,70 @@ public:
     });
   }
 
-  /// `acc` (8 x fp32) plus, in increasing j < n, the 8 bf16 channels at
-  /// `locate(j).second` wherever `locate(j).first` holds. The rows are loaded
-  /// kSumLoadsInFlight at a time before they are added, so their latencies
-  /// overlap; an absent row adds +0.0, which changes no bit (a sum that
-  /// starts from +0.0 is never -0.0), so the result is the in-order sum.
-  static constexpr int64_t kSumLoadsInFlight = 8;
-  Value sumRowsInOrder(Value acc, int64_t n,
-                       function_ref<std::pair<Value, Value>(int64_t)> locate) {
+  /// Sums rows into a bf16 row in fp32: for each group of kSumChunks 16-byte
+  /// chunks of a lane (`bytes` a multiple of 16), from +0.0, the rows of the
+  /// set bits of the warp-uniform `mask` in increasing bit order (`row(bit)`:
+  /// the row's base), rounded once and stored at `dst`. The row loop issues
+  /// the group's kSumChunks loads of a row before adding them, and absent
+  /// rows cost nothing, which matters when few of the K slots are present.
+  static constexpr int64_t kSumChunks = 4;
+  void sumMaskedRows(Value dst, int64_t bytes, Value mask, function_ref<Value(Value)> row,
+                     ArrayRef<Value> firstRows = {}) {
     auto chunkF32 = VectorType::get({8}, b.getF32Type());
     auto chunkBF16 = VectorType::get({8}, b.getBF16Type());
-    Value zero = arith::ConstantOp::create(b, chunkBF16, DenseElementsAttr::get(chunkBF16, 0.0f));
-    for (int64_t group = 0; group < n; group += kSumLoadsInFlight) {
-      SmallVector<Value> rows;
-      for (int64_t j = group; j < std::min(n, group + kSumLoadsInFlight); ++j) {
-        auto [present, ptr] = locate(j);
-        rows.push_back(choose(present, chunkBF16, [&]() -> Value { return load(chunkBF16, ptr, 16); },
-                              [&]() -> Value { return zero; }));
+    const int64_t chunks = bytes / 16;
+    const bool whole = chunks % (32 * kSumChunks) == 0;
+    loop(lane, i32(chunks), i32(32 * kSumChunks), [&](Value first) {
+      SmallVector<Value> offsets, inRange, inits;
+      for (int64_t u = 0; u < kSumChunks; ++u) {
+        Value chunk = add(first, i32(32 * u));
+        offsets.push_back(mul(chunk, i32(16)));
+        inRange.push_back(whole ? Value() : lt(chunk, i32(chunks)));
+        inits.push_back(arith::ConstantOp::create(b, chunkF32, DenseElementsAttr::get(chunkF32, 0.0f)));
       }
-      for (Value row : rows)
-        acc = arith::AddFOp::create(b, acc, arith::ExtFOp::create(b, chunkF32, row));
-    }
-    return acc;
+      for (Value first : firstRows) // before the masked rows, whole
+        for (int64_t u = 0; u < kSumChunks; ++u) {
+          auto read = [&]() -> Value { return load(chunkBF16, at(first, offsets[u]), 16); };
+          Value v = whole ? read() : choose(inRange[u], chunkBF16, read, [&]() -> Value {
+            return arith::ConstantOp::create(b, chunkBF16, DenseElementsAttr::get(chunkBF16, 0.0f));
+          });
+          inits[u] = arith::AddFOp::create(b, inits[u], arith::ExtFOp::create(b, chunkF32, v));
+        }
+      // while (pending) { j = lowest bit; acc += row j; pending &= pending - 1 }
+      SmallVector<Type> types(kSumChunks, chunkF32);
+      types.insert(types.begin(), i32T());
+      SmallVector<Value> state(inits);
+      state.insert(state.begin(), mask);
+      auto rows = scf::WhileOp::create(b, types, state);
+      SmallVector<Location> locs(types.size(), b.getLoc());
+      {
+        OpBuilder::InsertionGuard guard(b);
+        Block *before = b.createBlock(&rows.getBefore(), {}, types, locs);
+        scf::ConditionOp::create(b, cmp(arith::CmpIPredicate::ne, before->getArgument(0), i32(0)),
+                                 before->getArguments());
+        Block *after = b.createBlock(&rows.getAfter(), {}, types, locs);
+        Value pending = after->getArgument(0);
+        Value base = row(cttz(pending));
+        SmallVector<Value> values, next{andi(pending, sub(pending, i32(1)))};
+        for (int64_t u = 0; u < kSumChunks; ++u) {
+          auto read = [&]() -> Value { return load(chunkBF16, at(base, offsets[u]), 16); };
+          values.push_back(whole ? read() : choose(inRange[u], chunkBF16, read, [&]() -> Value {
+            return arith::ConstantOp::create(b, chunkBF16, DenseElementsAttr::get(chunkBF16, 0.0f));
+          }));
+        }
+        for (int64_t u = 0; u < kSumChunks; ++u)
+          next.push_back(arith::AddFOp::create(b, after->getArgument(1 + u),
+                                               arith::ExtFOp::create(b, chunkF32, values[u])));
+        scf::YieldOp::create(b, next);
+      }
+      for (int64_t u = 0; u < kSumChunks; ++u) {
+        Value rounded = arith::TruncFOp::create(b, chunkBF16, rows.getResult(1 + u));
+        if (whole)
+          store(rounded, at(dst, offsets[u]), 16);
+        else
+          when(inRange[u], [&] { store(rounded, at(dst, offsets[u]), 16); });
+      }
+    });
   }
 
   /// The routing of token `t` in this warp: lane j < K holds expert id e_j
@@ -793,24 +835,17 @@ struct CombineShape {
 void sendExpandedToken(KernelBuilder &k, const EPLayout &L, const CombineShape &shape, Value x,
                        Value weights, Value meta, Value record) {
   Type f32 = k.b.getF32Type();
-  auto chunkF32 = VectorType::get({8}, f32);
-  auto chunkBF16 = VectorType::get({8}, k.b.getBF16Type());
-  k.loop(k.lane, k.i32(L.hidden / 8), k.i32(32), [&](Value chunk) {
-    Value offset = k.mul(chunk, k.i32(16));
-    Value zero = arith::ConstantOp::create(k.b, chunkF32, DenseElementsAttr::get(chunkF32, 0.0f));
-    Value sum = k.sumRowsInOrder(zero, L.topk, [&](int64_t j) {
-      Value expandedRow = k.loadI32(meta, k.i32(2 + j));
-      Value rowBase = k.at(x, k.mul(k.wide(expandedRow), k.i64(L.hidden * 2)));
-      return std::make_pair(k.cmp(arith::CmpIPredicate::sge, expandedRow, k.i32(0)),
-                            k.at(rowBase, offset));
-    });
-    Value rounded = arith::TruncFOp::create(k.b, chunkBF16, sum);
-    k.store(rounded, k.at(record, offset), 16);
+  // Lane j < K: the token's expanded row of slot j here (-1: none).
+  Value expandedRow = k.choose(k.lt(k.lane, k.i32(L.topk)), k.i32T(),
+                               [&]() -> Value { return k.loadI32(meta, k.add(k.lane, k.i32(2))); },
+                               [&]() -> Value { return k.i32(-1); });
+  Value present = k.ballot(k.cmp(arith::CmpIPredicate::sge, expandedRow, k.i32(0)));
+  k.sumMaskedRows(record, L.hidden * 2, present, [&](Value j) {
+    return k.at(x, k.mul(k.wide(k.shuffle(expandedRow, j)), k.i64(L.hidden * 2)));
   });
   if (shape.weights) {
     // Slot j's weight is that of its expanded row (1-D weights), else 0.
     k.when(k.lt(k.lane, k.i32(L.topk)), [&] {
-      Value expandedRow = k.loadI32(meta, k.add(k.lane, k.i32(2)));
       Value w = k.choose(k.cmp(arith::CmpIPredicate::sge, expandedRow, k.i32(0)), f32,
                          [&]() -> Value {
         return k.load(f32, k.at(weights, k.mul(expandedRow, k.i32(4))), 4);
@@ -881,32 +916,19 @@ void buildCombineReduce(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sha
   for (unsigned i = 0; i < shape.biases; ++i)
     biases.push_back(k.pointerParam(kCBias0 + i));
   Type f32 = k.b.getF32Type();
-  auto chunkF32 = VectorType::get({8}, f32);
-  auto chunkBF16 = VectorType::get({8}, k.b.getBF16Type());
 
   k.loop(k.globalWarp, numTokens, k.numWarps, [&](Value token) {
     auto r = k.route(topkIdx, token);
     Value rowBytes = k.mul(k.wide(token), k.i64(L.hidden * 2));
-    // 8 channels (16 bytes) per lane and step, fp32 from +0.0: the biases,
-    // then the master slots' rows in increasing slot order; one rounding.
-    k.loop(k.lane, k.i32(L.hidden / 8), k.i32(32), [&](Value chunk) {
-      Value offset = k.mul(chunk, k.i32(16));
-      Value acc = arith::ConstantOp::create(k.b, chunkF32, DenseElementsAttr::get(chunkF32, 0.0f));
-      for (Value bias : biases) {
-        Value v = k.load(chunkBF16, k.at(k.at(bias, rowBytes), offset), 16);
-        acc = arith::AddFOp::create(k.b, acc, arith::ExtFOp::create(k.b, chunkF32, v));
-      }
-      acc = k.sumRowsInOrder(acc, L.topk, [&](int64_t j) {
-        Value isMaster = k.cmp(arith::CmpIPredicate::ne,
-                               k.andi(arith::ShRUIOp::create(k.b, r.masters, k.i32(j)), k.i32(1)),
-                               k.i32(0));
-        Value index = k.add(k.i64(j * L.tmax), k.wide(token));
-        Value record = k.local(k.add(k.i64(L.data), k.mul(index, k.i64(L.combineRecord))));
-        return std::make_pair(isMaster, k.at(record, offset));
-      });
-      Value rounded = arith::TruncFOp::create(k.b, chunkBF16, acc);
-      k.store(rounded, k.at(k.at(out, rowBytes), offset), 16);
-    });
+    // fp32 from +0.0: the biases, then the master slots' rows in increasing
+    // slot order; one rounding.
+    SmallVector<Value> biasRows;
+    for (Value bias : biases)
+      biasRows.push_back(k.at(bias, rowBytes));
+    k.sumMaskedRows(k.at(out, rowBytes), L.hidden * 2, r.masters, [&](Value j) {
+      Value index = k.add(k.mul(k.wide(j), k.i64(L.tmax)), k.wide(token));
+      return k.local(k.add(k.i64(L.data), k.mul(index, k.i64(L.combineRecord))));
+    }, biasRows);
     if (shape.weights) {
       // Slot j's weight comes from the record of its rank's master slot.
       k.when(k.lt(k.lane, k.i32(L.topk)), [&] {
@@ -1370,6 +1392,11 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
     kernelModule = gpu::GPUModuleOp::create(builder, loc, moduleName);
   }
   build(kernelModule);
+  // The launch's block size, known to the kernels: ptxas sizes their register
+  // budget for it (.reqntid), so a launch of `threads` always fits an SM.
+  for (const std::string &kernel : kernelNames)
+    if (auto fn = kernelModule.lookupSymbol<gpu::GPUFuncOp>(kernel))
+      fn.setKnownBlockSizeAttr(builder.getDenseI32ArrayAttr({int32_t(threads), 1, 1}));
   builder.setInsertionPoint(func);
 
   // The launch function replaces the entry function.

@@ -18,6 +18,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace epic::runtime {
@@ -129,6 +130,15 @@ public:
   /// any rank's work queued after it (DeepEP's barrier). No host wait.
   virtual void barrier(void *stream = nullptr) = 0;
 
+  /// Per-kernel timing (a profiler-free measurement, for benchmarks): while
+  /// on, launch() records a CUDA event before the first kernel and after
+  /// each one on streams that are not being captured. takeKernelTimes()
+  /// waits for the recorded kernels and returns (kernel, seconds) in launch
+  /// order since the last call, then forgets them. Off by default: events
+  /// cost a few microseconds per launch.
+  void setKernelTiming(bool on);
+  std::vector<std::pair<std::string, double>> takeKernelTimes();
+
   int64_t windowBytes() const { return bytesPerRank; }
   /// The device memory of the `servedRank`-th served rank's window (what its
   /// kernels see at window offset 0), for inspection and tests.
@@ -152,6 +162,15 @@ protected:
   /// The kernels' first two arguments: the device communicator and window.
   void *commArgument = nullptr, *windowArgument = nullptr;
   std::map<std::string, Loaded *> modules;
+
+private:
+  struct TimedKernel {
+    std::string name;
+    void *start, *stop; ///< cudaEvent_t
+  };
+  bool kernelTiming = false;
+  std::vector<TimedKernel> timedKernels;
+  void releaseTimedKernels();
 };
 
 /// R virtual ranks on one GPU: one window of R equal slices and the
