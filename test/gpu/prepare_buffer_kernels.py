@@ -29,11 +29,22 @@ def configs(ranks):
             yield spec, dict(weights=weights, biases=biases), "combine"
 
 
+def ragged_configs(ranks):
+    """test_ragged_hidden_round_trip_and_kernel_times: hidden 1032, bf16, plain and expanded."""
+    for expand in (False, True):
+        spec = dict(num_ranks=ranks, num_experts=8 * ranks, num_topk=K, hidden=1032,
+                    dtype="bf16", num_scale_packs=0, expert_alignment=1, do_expand=expand,
+                    num_max_tokens_per_rank=TMAX)
+        yield spec, dict(weights=True, cached=False, zero_padding=False), "dispatch"
+        yield spec, dict(weights=False, cached=True, zero_padding=False), "dispatch"
+        yield spec, dict(weights=True, biases=0), "combine"
+
+
 def main():
     runtime = C.Runtime("virtual", "", "")
     start, count = time.time(), 0
     for ranks in (2, 8):
-        for spec, variant, kind in configs(ranks):
+        for spec, variant, kind in itertools.chain(configs(ranks), ragged_configs(ranks)):
             runtime.kernels(spec, variant, kind)
             count += 1
     print(f"prepare_buffer_kernels: {count} kernel sets in {runtime.cache_dir} "

@@ -39,7 +39,7 @@ def assert_same_bf16(got, want):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"rank {r}"
 
 
-def inputs(R, E, K, seed, fp8=False):
+def inputs(R, E, K, seed, fp8=False, hidden=H):
     rng = np.random.default_rng(seed)
     tokens = [TMAX - 7 * r for r in range(R)]
     tokens[R // 2] = 0  # a rank with nothing to send
@@ -50,11 +50,11 @@ def inputs(R, E, K, seed, fp8=False):
         idxs.append(idx)
     ws = [rng.standard_normal((t, K)).astype(np.float32) for t in tokens]
     if fp8:
-        casts = [ref.per_token_cast_to_fp8(rng.standard_normal((t, H)).astype(np.float32))
+        casts = [ref.per_token_cast_to_fp8(rng.standard_normal((t, hidden)).astype(np.float32))
                  for t in tokens]
         xs, sfs = [c[0] for c in casts], [c[1] for c in casts]
     else:
-        xs, sfs = [rng.standard_normal((t, H)).astype(ref.bfloat16) for t in tokens], None
+        xs, sfs = [rng.standard_normal((t, hidden)).astype(ref.bfloat16) for t in tokens], None
     return rng, tokens, idxs, ws, xs, sfs
 
 
@@ -167,6 +167,47 @@ def test_fp8_expanded_zero_padding_and_cached_dispatch(world):
         assert again_handles[r] is handles[r] and again_w[r] is None
         assert same_bits(to_numpy(again[r][0]), to_numpy(recv[r][0]))
         assert same_bits(to_numpy(again[r][1]), to_numpy(recv[r][1]))
+
+
+# 1032 bf16 = 129 16-byte chunks: lanes of a warp make different numbers of chunk steps, the
+# case where a row walk that shuffles inside its chunk loop would hang or read garbage.
+H_RAGGED = 1032
+
+
+@pytest.mark.parametrize("do_expand", [False, True])
+def test_ragged_hidden_round_trip_and_kernel_times(world, do_expand):
+    R, _ = world
+    E, K = 8 * R, 6
+    buffer = epic.ElasticBuffer(epic.VirtualWorld(R), num_max_tokens_per_rank=TMAX,
+                                hidden=H_RAGGED, num_topk=K, explicitly_destroy=True)
+    try:
+        rng, tokens, idxs, ws, xs, _ = inputs(R, E, K, seed=40 + R, hidden=H_RAGGED)
+        expected = ref.dispatch(xs, idxs, ws, num_experts=E, num_max_tokens_per_rank=TMAX,
+                                expand=do_expand)
+        buffer.time_kernels(True)
+        recv_x, recv_idx, recv_w, handles, _ = buffer.dispatch(
+            [to_torch(x) for x in xs], [to_torch(i) for i in idxs], [to_torch(w) for w in ws],
+            num_experts=E, do_expand=do_expand)
+        timed = buffer.kernel_times()
+        assert [name for name, _ in timed] == ["ep_dispatch_send", "ep_dispatch_copy"], timed
+        assert all(seconds > 0 for _, seconds in timed) and buffer.kernel_times() == []
+        buffer.time_kernels(False)
+        got = [as_result(expected[r], recv_x[r], None, recv_idx[r], recv_w[r], handles[r])
+               for r in range(R)]
+        for r in range(R):
+            check_dispatch(expected[r], got[r], handles[r])
+        ys = [rng.standard_normal((g.recv_x.shape[0], H_RAGGED)).astype(ref.bfloat16) for g in got]
+        want = ref.combine(ys, got, topk_weights=[g.recv_topk_weights for g in got])
+        out, out_w, _ = buffer.combine([to_torch(y) for y in ys], handles, topk_weights=recv_w)
+        assert buffer.kernel_times() == []  # timing is off again
+        for r in range(R):
+            assert same_bits(to_numpy(out[r]), want[r].combined_x)
+            assert same_bits(to_numpy(out_w[r]), want[r].combined_topk_weights)
+        again = buffer.dispatch([to_torch(x) for x in xs], handle=handles, do_expand=do_expand)[0]
+        for r in range(R):
+            assert same_bits(to_numpy(again[r]), to_numpy(recv_x[r]))
+    finally:
+        buffer.destroy()
 
 
 def test_async_events_and_previous_event(world):

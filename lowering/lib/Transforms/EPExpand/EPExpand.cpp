@@ -285,29 +285,65 @@ public:
   /// for its load, so one load at a time would leave a row copy latency bound.
   static constexpr int64_t kCopyUnroll = 4;
   void copyRow(Value dst, Value src, int64_t bytes) {
+    copyRowChunks(src, bytes, /*warpUniform=*/false, [&](ArrayRef<Value> values, ArrayRef<Value> offsets,
+                                  ArrayRef<Value> inRange) {
+      storeChunks(dst, values, offsets, inRange);
+    });
+  }
+
+  /// The warp copies `bytes` from `src` to `dst(bit)` for each set bit of the
+  /// warp-uniform `mask`: each group of chunks is loaded once and stored to
+  /// every destination (an expanded dispatch writes a record to one row per
+  /// local expert of its token).
+  void copyRowToEach(Value src, int64_t bytes, Value mask, function_ref<Value(Value)> dst) {
+    copyRowChunks(src, bytes, /*warpUniform=*/true, [&](ArrayRef<Value> values, ArrayRef<Value> offsets,
+                                  ArrayRef<Value> inRange) {
+      forEachLane(mask, [&](Value bit) { storeChunks(dst(bit), values, offsets, inRange); });
+    });
+  }
+
+  /// For each group of kCopyUnroll 16-byte chunks of a lane: loads them (a
+  /// chunk past the end reads nothing), then `use(values, offsets, inRange)`
+  /// (inRange empty when every chunk is inside). With `warpUniform` every
+  /// lane makes the same number of steps, so `use` may shuffle.
+  void copyRowChunks(Value src, int64_t bytes, bool warpUniform,
+                     function_ref<void(ArrayRef<Value>, ArrayRef<Value>, ArrayRef<Value>)> use) {
     auto vec = VectorType::get({4}, i32T());
     const int64_t chunks = bytes / 16;
     const bool whole = chunks % (32 * kCopyUnroll) == 0; // no lane runs past the end
-    loop(lane, i32(chunks), i32(32 * kCopyUnroll), [&](Value first) {
+    Value start = warpUniform ? i32(0) : lane;
+    loop(start, i32(chunks), i32(32 * kCopyUnroll), [&](Value group) {
+      Value first = warpUniform ? add(group, lane) : group;
       SmallVector<Value> offsets, inRange, values;
       for (int64_t u = 0; u < kCopyUnroll; ++u) {
         Value chunk = add(first, i32(32 * u));
-        Value offset = mul(chunk, i32(16));
+        Value offset = chunkOffset(first, u);
         Value ok = whole ? Value() : lt(chunk, i32(chunks));
         auto read = [&]() -> Value { return load(vec, at(src, offset), 16); };
         values.push_back(whole ? read() : choose(ok, vec, read, [&]() -> Value {
           return arith::ConstantOp::create(b, vec, DenseElementsAttr::get(vec, 0));
         }));
         offsets.push_back(offset);
-        inRange.push_back(ok);
+        if (!whole)
+          inRange.push_back(ok);
       }
-      for (int64_t u = 0; u < kCopyUnroll; ++u) {
-        if (whole)
-          store(values[u], at(dst, offsets[u]), 16);
-        else
-          when(inRange[u], [&] { store(values[u], at(dst, offsets[u]), 16); });
-      }
+      use(values, offsets, inRange);
     });
+  }
+  /// Byte offset of chunk `first + 32 u` (i64): the constant part is added
+  /// after widening, so the chunks of a group share one address register and
+  /// differ by immediate offsets.
+  Value chunkOffset(Value first, int64_t u) {
+    return add(wide(mul(first, i32(16))), i64(32 * 16 * u));
+  }
+  void storeChunks(Value dst, ArrayRef<Value> values, ArrayRef<Value> offsets,
+                   ArrayRef<Value> inRange) {
+    for (size_t u = 0; u < values.size(); ++u) {
+      if (inRange.empty())
+        store(values[u], at(dst, offsets[u]), 16);
+      else
+        when(inRange[u], [&] { store(values[u], at(dst, offsets[u]), 16); });
+    }
   }
 
   /// Sums rows into a bf16 row in fp32: for each group of kSumChunks 16-byte
@@ -323,11 +359,13 @@ public:
     auto chunkBF16 = VectorType::get({8}, b.getBF16Type());
     const int64_t chunks = bytes / 16;
     const bool whole = chunks % (32 * kSumChunks) == 0;
-    loop(lane, i32(chunks), i32(32 * kSumChunks), [&](Value first) {
+    // The trip count is the warp's, not the lane's: `row` may shuffle.
+    loop(i32(0), i32(chunks), i32(32 * kSumChunks), [&](Value group) {
+      Value first = add(group, lane);
       SmallVector<Value> offsets, inRange, inits;
       for (int64_t u = 0; u < kSumChunks; ++u) {
         Value chunk = add(first, i32(32 * u));
-        offsets.push_back(mul(chunk, i32(16)));
+        offsets.push_back(chunkOffset(first, u));
         inRange.push_back(whole ? Value() : lt(chunk, i32(chunks)));
         inits.push_back(arith::ConstantOp::create(b, chunkF32, DenseElementsAttr::get(chunkF32, 0.0f)));
       }
@@ -752,9 +790,20 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
       }, [&]() -> Value { return k.i32(-1); });
       if (!shape.cached)
         k.when(inTopk, [&] { k.storeI32(myRow, metadata, k.add(metaRow, k.add(k.lane, k.i32(2)))); });
-      k.forEachLane(k.ballot(mine), [&](Value j) {
+      // The record's row is read once and written to every row of the token
+      // here; then each row's packs, weight and, fused, its count.
+      Value targets = k.ballot(mine);
+      k.copyRowToEach(record, L.rowBytes, targets, [&](Value j) {
+        return k.at(recvX, k.mul(k.wide(k.shuffle(myRow, j)), k.i64(L.rowBytes)));
+      });
+      k.forEachLane(targets, [&](Value j) {
         Value out = k.shuffle(myRow, j);
-        copyData(record, out);
+        if (shape.scalePacks) {
+          k.loop(k.lane, k.i32(L.packs), k.i32(32), [&](Value p) {
+            Value v = k.loadI32(k.at(record, k.i32(L.rowPad)), p);
+            k.storeI32(v, recvPacks, k.add(k.mul(out, k.i32(L.packs)), p));
+          });
+        }
         if (shape.weights)
           k.when(k.eq(k.lane, k.i32(0)), [&] {
             k.store(recordWeight(record, j), k.at(recvWeights, k.mul(out, k.i32(4))), 4);
