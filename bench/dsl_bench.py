@@ -42,7 +42,7 @@ class Shapes:
         R, T, H, K = args.ranks, args.tokens, args.hidden, args.topk
         self.counts = [max(1, T - r) for r in range(R)]  # ep_bench.make_inputs' token counts
         self.layout = dc.Layout(R, K, H, T)
-        self.common = dict(H=H, K=K, BK=1 << (K - 1).bit_length(), BH=min(H & -H, 1024))
+        self.common = dict(H=H, K=K, BK=1 << (K - 1).bit_length(), BH=dc.row_block(H))
         self.offsets = dict(ROWS=self.layout.rows, META=self.layout.meta,
                             LOCAL=self.layout.local, WEIGHTS=self.layout.weights)
         self.L, self.T, self.rows = args.experts // R, T, R * T
@@ -65,7 +65,8 @@ def dsl_launches(prepare, shapes, window, xs, idxs, ws, recv, received, ys, outs
                     dict(H=s.common["H"], K=s.common["K"], BH=s.common["BH"], TMAX=s.T,
                          COMBINE=s.layout.combine)),
             prepare(dc.combine_reduce, grid, (idxs, outs, s.counts, window),
-                    dict(**s.common, L=s.L, TMAX=s.T, COMBINE=s.layout.combine)),
+                    dict(H=s.common["H"], K=s.common["K"], BH=s.common["BH"], L=s.L, TMAX=s.T,
+                         COMBINE=s.layout.combine)),
         ])
 
 
@@ -86,7 +87,7 @@ def compile_only(args):
             per_rank((s.rows, K), np.int64), per_rank((s.rows, K), np.float32))
 
     def compile_(kernel, grid, a, kw):
-        return kernel.compile(*a, backend="virtual", abi="runtime", **kw)
+        return kernel.compile(*a, num_warps=dc.NUM_WARPS, backend="virtual", abi="runtime", **kw)
 
     compiled = dsl_launches(compile_, s, SymmetricMemory(R, 16), per_rank((1, H), bf16),
                             per_rank((1, K), np.int64), per_rank((1, K), np.float32), recv,
@@ -129,7 +130,7 @@ def run(args):
     outs = [o[:c] for o, c in zip(outs, s.counts)]
 
     def prepare(kernel, grid, a, kw):
-        return kernel.prepare[grid](*a, buffer=target.window, **kw)
+        return kernel.prepare[grid](*a, buffer=target.window, num_warps=dc.NUM_WARPS, **kw)
 
     launches = dsl_launches(prepare, s, target.window, xs, idxs, ws, recv, received, recv[0],
                             outs, (per_rank_blocks,))

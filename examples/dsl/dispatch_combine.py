@@ -33,6 +33,31 @@ from epic import reference as ref  # noqa: E402
 from epic.dsl.target import Target  # noqa: E402
 
 
+# 256 threads per program: four 16-byte loads each move 8192 bf16, a V3 row (7168) at once.
+NUM_WARPS = 8
+
+
+def row_block(H, num_warps=NUM_WARPS):
+    """BH, the part of a row that copy_row moves per load: 8 bf16 (16 bytes) per thread, less
+    for a short row (a quarter of it, rounded up to a power of two)."""
+    return min(8 * 32 * num_warps, 1 << ((H + 3) // 4 - 1).bit_length())
+
+
+@epic.jit
+def copy_row(dst, src, H: el.constexpr, BH: el.constexpr):
+    """Copies the H elements at src to dst in BH-wide parts, four at a time: all four loaded,
+    then stored. A store waits for its load, so one part at a time would leave one 16-byte load
+    per thread in flight and the copy latency bound; four keep four in flight (the built-in
+    kernels do the same). Masks cover a row that ends inside the four."""
+    for h in range(0, H, 4 * BH):
+        cols, parts = (), ()
+        for u in el.static_range(4):
+            cols += (h + u * BH + el.arange(0, BH),)
+            parts += (el.load(src + cols[u], mask=cols[u] < H),)
+        for u in el.static_range(4):
+            el.store(dst + cols[u], parts[u], mask=cols[u] < H)
+
+
 class Layout:
     """Byte offsets of one rank's window: counter, received rows, metadata, local ids, weights,
     then the combine's [K][Tmax] contributions."""
@@ -72,9 +97,7 @@ def dispatch_send(x_ptr, idx_ptr, w_ptr, num_tokens, win, H: el.constexpr, K: el
                 peer = el.peer_ptr(win, d)
                 slot = el.atomic_add(peer.to(el.int32), 1, scope="sys")
                 rows = (peer + ROWS).to(el.bfloat16) + slot * H
-                for h in range(0, H, BH):
-                    offsets = h + el.arange(0, BH)
-                    el.store(rows + offsets, el.load(x_ptr + t * H + offsets))
+                copy_row(rows, x_ptr + t * H, H, BH)
                 meta = (peer + META).to(el.int32) + slot * (K + 2)
                 el.store(meta, me * TMAX + t)
                 el.store(meta + 1, me * K + master)
@@ -93,10 +116,7 @@ def dispatch_copy(win, recv_x, recv_meta, recv_idx, recv_w, count_out, H: el.con
     k = el.arange(0, BK)
     in_topk = k < K
     for i in range(el.program_id(0), count, el.num_programs(0)):
-        for h in range(0, H, BH):
-            offsets = h + el.arange(0, BH)
-            el.store(recv_x + i * H + offsets,
-                     el.load((win + ROWS).to(el.bfloat16) + i * H + offsets))
+        copy_row(recv_x + i * H, (win + ROWS).to(el.bfloat16) + i * H, H, BH)
         m = el.arange(0, BM)  # the K + 2 metadata words
         el.store(recv_meta + i * (K + 2) + m,
                  el.load((win + META).to(el.int32) + i * (K + 2) + m, mask=m < K + 2),
@@ -120,37 +140,44 @@ def combine_send(y_ptr, meta_ptr, count_ptr, win, H: el.constexpr, K: el.constex
         back = el.load(meta_ptr + i * (K + 2) + 1)
         src, t, master = gid // TMAX, gid % TMAX, back % K
         dst = (el.peer_ptr(win, src) + COMBINE).to(el.bfloat16) + (master * TMAX + t) * H
-        for h in range(0, H, BH):
-            offsets = h + el.arange(0, BH)
-            el.store(dst + offsets, el.load(y_ptr + i * H + offsets))
+        copy_row(dst, y_ptr + i * H, H, BH)
 
 
 @epic.jit
 def combine_reduce(idx_ptr, out_ptr, num_tokens, win, H: el.constexpr, K: el.constexpr,
-                   BK: el.constexpr, BH: el.constexpr, L: el.constexpr, TMAX: el.constexpr,
-                   COMBINE: el.constexpr):
-    k = el.arange(0, BK)
+                   BH: el.constexpr, L: el.constexpr, TMAX: el.constexpr, COMBINE: el.constexpr):
     rows = (win + COMBINE).to(el.bfloat16)
     for t in range(el.program_id(0), num_tokens, el.num_programs(0)):
-        experts = el.load(idx_ptr + t * K + k, mask=k < K, other=-1)
-        owners = el.where(experts >= 0, experts // L, -1)
+        owners = ()  # the rank of each slot's expert (-1: none)
+        for j in el.static_range(K):
+            expert = el.load(idx_ptr + t * K + j)
+            owners += (el.where(expert >= 0, expert // L, -1),)
+        masters = ()  # slot j is summed iff no later slot went to its rank: its master slot
+        for j in el.static_range(K):
+            master = owners[j] >= 0
+            for i in el.static_range(j + 1, K):
+                master = master & (owners[i] != owners[j])
+            masters += (master,)
         for h in range(0, H, BH):
             offsets = h + el.arange(0, BH)
+            # All K slots' loads go out before the first add, so they are in flight together.
+            # A slot that is not a master loads nothing and adds +0.0: no bit of a sum that
+            # starts at +0.0 changes, so this is still the slot-order sum, rounded once.
+            parts = ()
+            for j in el.static_range(K):
+                parts += (el.load(rows + (j * TMAX + t) * H + offsets,
+                                  mask=(offsets < H) & masters[j], other=0.0),)
             acc = el.zeros((BH,), el.float32)
             for j in el.static_range(K):
-                owner = el.load(idx_ptr + t * K + j)
-                if owner >= 0:
-                    later = (k > j) & (owners == owner // L)
-                    if el.sum(later.to(el.int32)) == 0:  # slot j is its rank's master
-                        acc += el.load(rows + (j * TMAX + t) * H + offsets).to(el.float32)
-            el.store(out_ptr + t * H + offsets, acc.to(el.bfloat16))
+                acc += parts[j].to(el.float32)
+            el.store(out_ptr + t * H + offsets, acc.to(el.bfloat16), mask=offsets < H)
 
 
 def run(R=4, tokens=24, E=None, K=4, H=64, programs=2, seed=0, target=None):
     """Dispatch then combine in the DSL on `target` (default: the GPU if there is one, else the
     CPU interpreter); returns (dispatch ok, combine ok)."""
     E = E or 4 * R
-    L, BK, BH = E // R, 1 << (K - 1).bit_length(), min(H & -H, 1024)  # BH divides H
+    L, BK, BH = E // R, 1 << (K - 1).bit_length(), row_block(H)
     rng = np.random.default_rng(seed)
     counts = [tokens - (3 * r) % tokens for r in range(R)]  # uneven, all in [1, tokens]
     xs = [rng.standard_normal((t, H)).astype(ref.bfloat16) for t in counts]
@@ -164,11 +191,12 @@ def run(R=4, tokens=24, E=None, K=4, H=64, programs=2, seed=0, target=None):
     layout = Layout(R, K, H, tokens)
     target = target or Target.choose(R, layout.bytes)
     win = target.window
+    launch = dict(**target.launch, num_warps=NUM_WARPS)
     common = dict(H=H, K=K, BK=BK, BH=BH)
     offsets = dict(ROWS=layout.rows, META=layout.meta, LOCAL=layout.local, WEIGHTS=layout.weights)
     dispatch_send[(programs,)]([target.tensor(x) for x in xs], [target.tensor(i) for i in idxs],
                                [target.tensor(w) for w in ws], counts, win, **common, L=L,
-                               TMAX=tokens, **offsets, **target.launch)
+                               TMAX=tokens, **offsets, **launch)
     rows = R * tokens
     recv_x = [target.zeros((rows, H), ref.bfloat16) for _ in range(R)]
     recv_meta = [target.zeros((rows, K + 2), np.int32) for _ in range(R)]
@@ -176,7 +204,7 @@ def run(R=4, tokens=24, E=None, K=4, H=64, programs=2, seed=0, target=None):
     recv_w = [target.zeros((rows, K), np.float32) for _ in range(R)]
     received = [target.zeros(1, np.int32) for _ in range(R)]
     dispatch_copy[(programs,)](win, recv_x, recv_meta, recv_idx, recv_w, received, **common,
-                               BM=1 << (K + 1).bit_length(), **offsets, **target.launch)
+                               BM=1 << (K + 1).bit_length(), **offsets, **launch)
     target.synchronize()
 
     expected = ref.dispatch(xs, idxs, ws, num_experts=E, num_max_tokens_per_rank=tokens)
@@ -201,10 +229,10 @@ def run(R=4, tokens=24, E=None, K=4, H=64, programs=2, seed=0, target=None):
     metas = [np.ascontiguousarray(g.recv_src_metadata) for g in got]
     combine_send[(programs,)]([target.tensor(y) for y in ys], [target.tensor(m) for m in metas],
                               received, win, H=H, K=K, BH=BH,
-                              TMAX=tokens, COMBINE=layout.combine, **target.launch)
+                              TMAX=tokens, COMBINE=layout.combine, **launch)
     outs = [target.zeros((t, H), ref.bfloat16) for t in counts]
-    combine_reduce[(programs,)]([target.tensor(i) for i in idxs], outs, counts, win, **common,
-                                L=L, TMAX=tokens, COMBINE=layout.combine, **target.launch)
+    combine_reduce[(programs,)]([target.tensor(i) for i in idxs], outs, counts, win, H=H, K=K,
+                                BH=BH, L=L, TMAX=tokens, COMBINE=layout.combine, **launch)
     target.synchronize()
     want = ref.combine(ys, got)
     combine_ok = all(target.numpy(outs[r]).tobytes() == want[r].combined_x.tobytes()

@@ -10,7 +10,7 @@ import epic.language as el
 from epic.dsl.codegen import CompileError
 from epic.dsl.jit import SymmetricMemory
 
-from dsl_kernels import ring, scale, take_slots
+from dsl_kernels import ring, scale, take_slots, twice
 
 pytest.importorskip("epic._ir", reason="the DSL compiler is built where LLVM/MLIR are")
 
@@ -179,7 +179,7 @@ def test_the_dsl_examples_compile():
                                  H=H, K=K, BK=4, BM=8, BH=32, **where),
         dc.combine_send.compile(x, np.zeros((T, K + 2), np.int32), np.zeros(1, np.int32), win,
                                 H=H, K=K, BH=32, TMAX=T, COMBINE=layout.combine),
-        dc.combine_reduce.compile(idx, x, T, win, H=H, K=K, BK=4, BH=32, L=L, TMAX=T,
+        dc.combine_reduce.compile(idx, x, T, win, H=H, K=K, BH=32, L=L, TMAX=T,
                                   COMBINE=layout.combine),
         lr.replica_dispatch.compile(x, idx, T, SymmetricMemory(R, lr.Layout(64, H).bytes), H=H,
                                     K=K, L=L, BH=32, ROWS=16, INFO=16 + 64 * H * 2, CAPACITY=64),
@@ -258,6 +258,66 @@ def test_cumsum_cas_and_while_compile(block):
     assert "scf.while" in ir and "scf.condition" in ir
 
 
+def test_tuples_let_a_static_range_issue_its_loads_before_its_stores():
+    from dsl_kernels import copy_in_parts
+
+    x = np.zeros(4096, np.float32)
+    k = copy_in_parts.compile(x, x, 4000, BLOCK=512, PARTS=4)  # 4 x f32 = 16 bytes a thread
+    ir, ptx = k.asm["ir"], k.asm["ptx"]
+    loads = ir[:ir.index("llvm.store")]  # all four parts' loads (whole, ragged) come first
+    assert loads.count("llvm.load") == 4 and loads.count("llvm.intr.masked.load") == 4
+    assert ptx.count("ld.global.v4.b32") == 4 and ptx.count("st.global.v4.b32") == 4
+    assert k.metadata["kernels"][0]["spill_store_bytes"] == 0
+
+
+@epic.jit
+def indexes_at_run_time(x_ptr, i):
+    values = (el.load(x_ptr), el.load(x_ptr + 1))
+    el.store(x_ptr, values[i])
+
+
+@epic.jit
+def indexes_a_block(x_ptr):
+    el.store(x_ptr, el.arange(0, 64)[0])
+
+
+@epic.jit
+def indexes_past_the_end(x_ptr):
+    values = (el.load(x_ptr),)
+    el.store(x_ptr, values[1])
+
+
+@epic.jit
+def carries_a_tuple(x_ptr, n):
+    sums = (el.load(x_ptr), el.load(x_ptr + 1))
+    for i in range(n):
+        sums = (sums[0] + 1, sums[1] + 2)
+    el.store(x_ptr, sums[0])
+
+
+@epic.jit
+def branches_on_a_tuple(x_ptr, n):
+    values = (el.load(x_ptr),)
+    if n > 0:
+        values = (el.load(x_ptr + 1),)
+    el.store(x_ptr, values[0])
+
+
+def test_tuples_are_compile_time_values_indexed_by_constants():
+    x = np.zeros(64, np.int32)
+    with pytest.raises(CompileError, match=r"test_dsl_compiler.py:\d+: sums is a tuple reassigned "
+                                           r"in a loop: tuples are compile-time values"):
+        carries_a_tuple.compile(x, 4)  # not the first iteration's tuple, silently
+    with pytest.raises(CompileError, match="values is a tuple reassigned in a branch"):
+        branches_on_a_tuple.compile(x, 4)
+    with pytest.raises(CompileError, match="a tuple index must be a constant"):
+        indexes_at_run_time.compile(x, 2)
+    with pytest.raises(CompileError, match="only tuples can be indexed"):
+        indexes_a_block.compile(x)
+    with pytest.raises(CompileError, match=r"tuple index 1 out of range \(1 elements\)"):
+        indexes_past_the_end.compile(x)
+
+
 @epic.jit
 def while_on_a_block(x_ptr):
     v = el.load(x_ptr + el.arange(0, 4))
@@ -269,3 +329,66 @@ def test_while_needs_a_scalar_condition():
     x = np.zeros(4, np.int32)
     with pytest.raises(CompileError, match="while needs a scalar condition"):
         while_on_a_block.compile(x)
+
+
+def test_calls_of_jit_functions_are_inlined():
+    from dsl_kernels import split_doubled, sum_doubled
+
+    x = np.zeros(1000, np.float32)
+    k = split_doubled.compile(x, x, x, 1000, 1.5, BLOCK=256)  # a value, a tuple, nested calls
+    ir = k.asm["ir"]
+    assert ir.count("gpu.func") == 1 and "func.call" not in ir  # one kernel, the calls inlined
+    assert ir.count("llvm.intr.masked.load") == 1 and ir.count("llvm.intr.masked.store") == 2
+    assert "arith.mulf" in ir and ir.count("arith.select") == 2  # twice, split_at's two halves
+    # offsets_of's block stays `scalar + arange`: whole-vector accesses.
+    assert "{alignment = 8 : i64} : !llvm.ptr<1> -> vector<2xf32>" in ir
+    assert k.metadata["kernels"][0]["spill_store_bytes"] == 0
+    ir = sum_doubled.compile(x, x, 1000, BLOCK=256).asm["ir"]
+    assert "iter_args" in ir and "-> (vector<2xf32>)" in ir  # acc carried through the calls
+    # The callees' sources are part of the disk cache's key.
+    assert {f.__name__ for f in split_doubled.dependencies()} == \
+        {"load_part", "offsets_of", "split_at", "twice"}
+
+
+@epic.jit
+def mixes_in_a_helper(x, BLOCK: el.constexpr):
+    return (x > 0) + el.arange(0, BLOCK)  # the line the error names
+
+
+@epic.jit
+def calls_mixes(x_ptr, BLOCK: el.constexpr):
+    el.store(x_ptr + el.arange(0, BLOCK), mixes_in_a_helper(el.load(x_ptr), BLOCK))
+
+
+def test_calls_that_cannot_be_inlined_point_at_the_line():
+    from dsl_kernels import (calls_countdown, calls_returns_early, calls_with_too_many, countdown,
+                             line_of, passes_a_value_as_constexpr, returns_early)
+
+    x = np.zeros(64, np.int32)
+    there = r"dsl_kernels.py:"
+    with pytest.raises(CompileError, match=there + str(line_of(countdown, "names")) +
+                       r": recursive call of countdown \(calls_countdown -> countdown -> "
+                       r"countdown\): calls of @epic.jit functions are inlined, so a function "
+                       r"cannot call itself\n"
+                       r"  in countdown, called at .*" + there +
+                       str(line_of(calls_countdown, "call site"))):
+        calls_countdown.compile(x, 3)
+    with pytest.raises(CompileError, match=there + str(line_of(returns_early, "names")) +
+                       r": returns_early: a return inside a loop or a branch"):
+        calls_returns_early.compile(x)
+    with pytest.raises(CompileError, match=there + str(line_of(calls_with_too_many, "names")) +
+                       r": twice\(x\): too many positional arguments"):
+        calls_with_too_many.compile(x)
+    with pytest.raises(CompileError, match=there + str(line_of(passes_a_value_as_constexpr,
+                                                               "names")) +
+                       r": offsets_of: BLOCK is an el.constexpr, it takes a constant"):
+        passes_a_value_as_constexpr.compile(x)
+    # An error in the callee names its line, then the call site.
+    here = r"test_dsl_compiler.py:"
+    with pytest.raises(CompileError, match=here + str(line_of(mixes_in_a_helper, "names")) +
+                       r": mixed element types i1 and i32: cast one with \.to\(\.\.\.\)\n"
+                       r"  in mixes_in_a_helper, called at .*" + here +
+                       str(line_of(calls_mixes, "mixes_in_a_helper("))):
+        calls_mixes.compile(x, BLOCK=64)
+    with pytest.raises(TypeError, match=r"launch it as twice\[grid\]"):  # outside a kernel
+        twice(1.0)

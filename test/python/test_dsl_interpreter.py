@@ -13,7 +13,7 @@ import epic.language as el
 from epic.dsl.interpreter import KernelError
 from epic.dsl.jit import SymmetricMemory
 
-from dsl_kernels import ring, scale, take_slots
+from dsl_kernels import ring, scale, take_slots, twice
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
@@ -184,6 +184,15 @@ def test_cumsum_cas_and_while_loops():
     assert out[0][0] == 7  # 1000 500 250 125 62 31 15 7
 
 
+def test_tuples_hold_the_values_of_a_static_range():
+    from dsl_kernels import copy_in_parts
+
+    xs = [np.arange(1000, dtype=np.float32) + r for r in range(2)]
+    ys = [np.zeros(1000, np.float32) for _ in range(2)]
+    copy_in_parts[(1,)](xs, ys, 1000, BLOCK=64, PARTS=4, world=epic.VirtualWorld(2))
+    assert all(np.array_equal(x, y) for x, y in zip(xs, ys))  # 1000: the last group is ragged
+
+
 def test_prepared_launches_and_targets_run_in_the_interpreter():
     from epic.dsl.target import Target
 
@@ -201,3 +210,39 @@ def test_prepared_launches_and_targets_run_in_the_interpreter():
     assert not target.window_view(0, np.int32, 4, 16).any()
     with pytest.raises(TypeError, match="buffer must be an epic.ElasticBuffer"):
         scale.prepare[(1,)](xs, ys, 1000, 2.0, BLOCK=256, buffer="gpu")
+
+
+def test_calls_of_jit_functions_run_in_the_calling_program():
+    from dsl_kernels import split_doubled, sum_doubled
+
+    xs = [np.arange(1000, dtype=np.float32) / 100 + r for r in range(2)]
+    los = [np.full(1000, -1, np.float32) for _ in range(2)]
+    his = [np.full(1000, -1, np.float32) for _ in range(2)]
+    split_doubled[(4,)](xs, los, his, 1000, 5.0, BLOCK=256, world=epic.VirtualWorld(2))
+    for x, lo, hi in zip(xs, los, his):
+        assert np.array_equal(lo, np.where(2 * x < 5, 2 * x, 0))
+        assert np.array_equal(hi, np.where(2 * x < 5, 0, 2 * x))
+    out = [np.zeros(1, np.float32) for _ in range(2)]
+    sum_doubled[(1,)](xs, out, 1000, BLOCK=256, world=epic.VirtualWorld(2))
+    assert all(np.isclose(o[0], 2 * x.sum()) for x, o in zip(xs, out))
+    with pytest.raises(TypeError, match=r"launch it as twice\[grid\]"):  # outside a kernel
+        twice(1.0)
+
+
+def test_calls_follow_the_compilers_rules_and_name_the_line():
+    from dsl_kernels import (calls_countdown, calls_with_too_many, countdown, line_of,
+                             passes_a_value_as_constexpr)
+
+    x, world = np.full(4, 4, np.int32), epic.VirtualWorld(1)
+    there = r"rank 0, program 0: .*dsl_kernels.py:"
+    with pytest.raises(KernelError, match=there + str(line_of(countdown, "names")) +
+                       r": recursive call of countdown \(calls_countdown -> countdown -> "
+                       r"countdown\)"):
+        calls_countdown[(1,)](x, 3, world=world)
+    with pytest.raises(KernelError, match=there + str(line_of(calls_with_too_many, "names")) +
+                       r": twice\(x\): too many positional arguments"):
+        calls_with_too_many[(1,)](x, world=world)
+    with pytest.raises(KernelError, match=there + str(line_of(passes_a_value_as_constexpr,
+                                                               "names")) +
+                       r": offsets_of: BLOCK is an el.constexpr, it takes a constant"):
+        passes_a_value_as_constexpr[(1,)](x, world=world)

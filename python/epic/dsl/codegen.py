@@ -14,6 +14,14 @@ Execution model of the generated kernel (one ``gpu.func`` per kernel):
   pointers must be ``scalar + contiguous block`` (16-byte vector accesses per thread);
 * ``for`` over ``range`` becomes ``scf.for`` (variables reassigned in the body are carried),
   ``while`` ``scf.while``, ``if`` on a scalar ``scf.if``, ``el.static_range`` is unrolled here;
+  tuples are compile-time containers (built with ``+``, indexed by constants), so an unrolled
+  loop can issue all its loads before it uses them;
+* a call of another ``@epic.jit`` function is inlined where it is made (Triton's calls between
+  jit functions): its AST is generated in a fresh scope whose parameters are bound to the
+  caller's values (scalars, blocks, pointers, tuples; constants stay constants, and a parameter
+  annotated ``el.constexpr`` must get one), and a ``return`` at the end of its body gives its
+  value (or a tuple of values). A ``return`` anywhere else and recursion are refused; errors in
+  the callee name its line, then the call sites;
 * communication: ``el.rank``/``num_ranks`` are the world team's ``comm.team_rank``/``team_size``,
   ``el.signal`` a release ``comm.red``, ``el.wait`` a bounded ``comm.wait_flag`` by thread 0
   then a block barrier, ``el.put`` a ``comm.put`` of the block then a release signal,
@@ -37,6 +45,8 @@ import inspect
 import textwrap
 
 import numpy as np
+
+from .jit import JITFunction
 
 __all__ = ["CompileError", "generate"]
 
@@ -105,6 +115,14 @@ def with_divisor(v, divisor):
     return v
 
 
+class _Stale:
+    """What a name holds after a run-time loop or branch reassigned the tuple it held: tuples
+    are compile-time values, never carried, so reading it is an error (not the old tuple)."""
+
+    def __init__(self, why):
+        self.why = why
+
+
 class Generator(ast.NodeVisitor):
     def __init__(self, ir, fn, arg_kinds, constexprs, num_warps, name, abi="direct"):
         self.abi = abi
@@ -117,15 +135,9 @@ class Generator(ast.NodeVisitor):
         self.threads = 32 * num_warps
         self.name = name
         self.scope = {}
-        try:
-            source = textwrap.dedent(inspect.getsource(fn))
-        except OSError:
-            raise CompileError(f"{fn.__name__}: its source is not available (kernels are compiled "
-                               "from their source file: define them in a module)") from None
-        self.tree = ast.parse(source)
-        self.file = inspect.getsourcefile(fn) or "<kernel>"
-        self.first_line = inspect.getsourcelines(fn)[1] - 1
+        self.tree, self.file, self.first_line = _parse(fn)
         self.line = 0
+        self.calls = [fn]  # the kernel, then the @epic.jit functions being inlined (innermost last)
         self.blocks = []  # where ops go: the innermost region's block last
 
     def enter(self, block):
@@ -377,6 +389,12 @@ class Generator(ast.NodeVisitor):
             elif isinstance(v, (float, np.floating)):
                 self.scope[n] = self.const(float(v), "f32")
 
+    def stale_tuples(self, statements, where):
+        """The names `statements` reassign that hold tuples, marked stale (see _Stale)."""
+        return {n: _Stale(f"{n} is a tuple reassigned in {where}: tuples are compile-time values, "
+                          "not carried through run-time loops and branches")
+                for n in self.assigned_names(statements) if isinstance(self.scope.get(n), tuple)}
+
     def visit_For(self, node):
         call = node.iter
         if not (isinstance(call, ast.Call) and isinstance(call.func, (ast.Name, ast.Attribute))):
@@ -405,6 +423,7 @@ class Generator(ast.NodeVisitor):
         loop = self.op("scf.for", [lb, ub, step] + inits, [self.vtype(v) for v in inits],
                        regions=1)
         body = loop.add_block(0, ["index"] + [self.vtype(v) for v in inits])
+        self.scope.update(self.stale_tuples(node.body, "a loop"))  # in the body and after it
         outer = dict(self.scope)
         self.enter(body)
         induction = with_divisor(Val(body.arg(0), "index"),
@@ -445,6 +464,7 @@ class Generator(ast.NodeVisitor):
         inits = [self.scope[n] for n in carried]
         types = [self.vtype(v) for v in inits]
         loop = self.op("scf.while", inits, types, regions=2)
+        self.scope.update(self.stale_tuples(node.body, "a loop"))
         outer = dict(self.scope)
         self.enter(loop.add_block(0, types))
         for i, n in enumerate(carried):
@@ -503,6 +523,7 @@ class Generator(ast.NodeVisitor):
         self.lift_reassigned(self.assigned_names(node.body + node.orelse))
         changed = [n for n in self.assigned_names(node.body + node.orelse)
                    if n in self.scope and isinstance(self.scope[n], Val)]
+        stale = self.stale_tuples(node.body + node.orelse, "a branch")  # after it
         before = dict(self.scope)
         results = [self.vtype(self.scope[n]) for n in changed]
         branch = self.op("scf.if", [condition], results, regions=2)
@@ -521,6 +542,7 @@ class Generator(ast.NodeVisitor):
             self.leave()
             outcome.append(self.scope)
         self.scope = before
+        self.scope.update(stale)
         for i, n in enumerate(changed):
             self.scope[n] = self.like(before[n], branch.result(i))
 
@@ -530,6 +552,8 @@ class Generator(ast.NodeVisitor):
 
     def visit_Name(self, node):
         if node.id in self.scope:
+            if isinstance(self.scope[node.id], _Stale):
+                raise self.error(self.scope[node.id].why, node)
             return self.scope[node.id]
         glob = self.fn.__globals__
         if node.id in glob:
@@ -553,6 +577,19 @@ class Generator(ast.NodeVisitor):
 
     def visit_Tuple(self, node):
         return tuple(self.visit(e) for e in node.elts)
+
+    def visit_Subscript(self, node):
+        """`values[i]`: an element of a tuple the kernel built at compile time (``values +=
+        (x,)``, e.g. in an ``el.static_range``), at a constant index."""
+        values, index = self.visit(node.value), self.visit(node.slice)
+        if not isinstance(values, tuple):
+            raise self.error("only tuples can be indexed (blocks have no element access)", node)
+        if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)):
+            raise self.error("a tuple index must be a constant (a constexpr or an "
+                             "el.static_range variable)", node)
+        if not -len(values) <= index < len(values):
+            raise self.error(f"tuple index {index} out of range ({len(values)} elements)", node)
+        return values[index]
 
     def visit_UnaryOp(self, node):
         v = self.visit(node.operand)
@@ -742,6 +779,8 @@ class Generator(ast.NodeVisitor):
             return self.cast(value, args[0], node)
         if fn in (range,):
             raise self.error("range(...) belongs in a for loop", node)
+        if isinstance(fn, JITFunction):
+            return self.inline(node, fn, args, kwargs)
         module = getattr(fn, "__module__", "")
         if module != "epic.language":
             if fn in (min, max) and not any(isinstance(a, Val) for a in args):
@@ -752,6 +791,59 @@ class Generator(ast.NodeVisitor):
         if handler is None:
             raise self.error(f"el.{fn.__name__} is not supported by the compiler yet", node)
         return handler(node, *args, **kwargs)
+
+    # --- calls of @epic.jit functions
+    def inline(self, node, callee, args, kwargs):
+        """The body of the @epic.jit function `callee`, generated here in a fresh scope whose
+        parameters are bound to the call's values; what its final `return` gives (None
+        without one)."""
+        name = callee.fn.__name__
+        if callee.fn in self.calls:
+            chain = " -> ".join(f.__name__ for f in self.calls + [callee.fn])
+            raise self.error(f"recursive call of {name} ({chain}): calls of @epic.jit functions "
+                             "are inlined, so a function cannot call itself", node)
+        try:
+            bound = callee.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise self.error(f"{name}({', '.join(callee.signature.parameters)}): {e}",
+                             node) from None
+        bound.apply_defaults()
+        for parameter in callee.constexprs:
+            if _holds_values(bound.arguments[parameter]):
+                raise self.error(f"{name}: {parameter} is an el.constexpr, it takes a constant (a "
+                                 "literal, a constexpr or an el.static_range variable)", node)
+        tree, file, first_line = _parse(callee.fn)
+        func = tree.body[0]
+        body = func.body
+        for statement in body:  # a return only at the very end
+            for n in ast.walk(statement):
+                if isinstance(n, ast.Return) and n is not body[-1]:
+                    raise CompileError(
+                        f"{file}:{first_line + n.lineno}: {name}: a return inside a loop or a "
+                        "branch (or before the end) of an @epic.jit function called from a "
+                        "kernel is not supported: return once, at the end of its body")
+        caller = (self.fn, self.scope, self.file, self.first_line, self.line)
+        call_site = f"{self.file}:{self.first_line + node.lineno}"
+        self.fn, self.scope, self.file, self.first_line = callee.fn, dict(bound.arguments), \
+            file, first_line
+        self.calls.append(callee.fn)
+        try:
+            for statement in body[:-1] if isinstance(body[-1], ast.Return) else body:
+                self.visit(statement)
+            result = None
+            if isinstance(body[-1], ast.Return) and body[-1].value is not None:
+                result = self.visit(body[-1].value)
+        except CompileError as e:
+            raise CompileError(f"{e}\n  in {name}, called at {call_site}") from None
+        finally:
+            self.calls.pop()
+            self.fn, self.scope, self.file, self.first_line, self.line = caller
+            self.b.set_location(self.file, self.first_line + node.lineno, node.col_offset + 1)
+        return result
+
+    def visit_Return(self, node):
+        raise self.error("a kernel returns nothing (it stores its results); a return ends the "
+                         "body of an @epic.jit function that a kernel calls", node)
 
     # --- the language
     def el_program_id(self, node, axis=0):
@@ -1276,6 +1368,22 @@ def _llvm_elem(mlir):
 def _align(lanes, mlir):
     size = max(1, _bits(mlir) // 8) * lanes
     return min(16, size & -size)
+
+
+def _holds_values(v):
+    """Whether v is (or a tuple of it holds) a run-time value."""
+    return isinstance(v, Val) or (isinstance(v, tuple) and any(_holds_values(e) for e in v))
+
+
+def _parse(fn):
+    """A kernel's (or an inlined function's) AST, source file and line offset."""
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+    except OSError:
+        raise CompileError(f"{fn.__name__}: its source is not available (kernels are compiled "
+                           "from their source file: define them in a module)") from None
+    return ast.parse(source), inspect.getsourcefile(fn) or "<kernel>", \
+        inspect.getsourcelines(fn)[1] - 1
 
 
 def generate(ir, fn, arg_kinds, constexprs, num_warps=4, name=None, abi="direct"):

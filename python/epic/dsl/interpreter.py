@@ -4,8 +4,10 @@ Every (rank, program instance) pair of a launch is a thread, so a program may wa
 another rank's program sends, as on the GPU. Memory is numpy: a kernel argument array becomes a
 pointer to its bytes; symmetric windows (:class:`SymmetricMemory`) hold one byte array per rank,
 which ``el.peer_ptr`` reaches. Every wait and barrier is bounded: on expiry the launch fails with
-the rank, the program and what it waited for. All memory accesses are sequentially consistent
-here (one lock for atomics, the GIL for the rest), which every correct GPU schedule refines.
+the rank, the program and what it waited for. A kernel's call of another ``@epic.jit`` function
+runs it in place, with the calling program's context (:func:`call`). All memory accesses are
+sequentially consistent here (one lock for atomics, the GIL for the rest), which every correct
+GPU schedule refines.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 import ml_dtypes
 import numpy as np
 
-__all__ = ["SymmetricMemory", "Pointer", "launch", "current", "KernelError"]
+__all__ = ["SymmetricMemory", "Pointer", "launch", "call", "current", "KernelError"]
 
 _FP8_MAX = {np.dtype(ml_dtypes.float8_e4m3fn): 448.0, np.dtype(ml_dtypes.float8_e5m2): 57344.0}
 
@@ -144,9 +146,10 @@ class _Launch:
 class Context:
     """One (rank, program instance): what the el.* functions act on."""
 
-    def __init__(self, launch, rank, program):
+    def __init__(self, launch, rank, program, kernel=None):
         self.launch, self.rank, self.num_ranks = launch, rank, launch.num_ranks
         self.program = program
+        self.calls = [kernel]  # the kernel, then the @epic.jit functions it is in (innermost last)
 
     def where(self):
         return f"rank {self.rank}, program {self.program}"
@@ -270,6 +273,37 @@ class Context:
                               "every program of every rank arrived") from None
 
 
+def call(context, function, args, kwargs, where):
+    """A kernel's call of the @epic.jit function `function` (at `where`, file:line): runs it
+    with the calling program's context, with the compiler's rules (its arguments bound to its
+    parameters, constants for its el.constexpr ones, no recursion)."""
+    name = function.fn.__name__
+    if function.fn in context.calls:
+        chain = " -> ".join(getattr(f, "__name__", "?") for f in context.calls + [function.fn])
+        raise KernelError(f"{context.where()}: {where}: recursive call of {name} ({chain}): calls "
+                          "of @epic.jit functions are inlined, so a function cannot call itself")
+    try:
+        bound = function.signature.bind(*args, **kwargs)
+    except TypeError as e:
+        raise KernelError(f"{context.where()}: {where}: {name}("
+                          f"{', '.join(function.signature.parameters)}): {e}") from None
+    for parameter in function.constexprs:
+        if parameter in bound.arguments and not _constant(bound.arguments[parameter]):
+            raise KernelError(f"{context.where()}: {where}: {name}: {parameter} is an "
+                              "el.constexpr, it takes a constant (a literal, a constexpr or an "
+                              "el.static_range variable)")
+    context.calls.append(function.fn)
+    try:
+        return function.fn(*bound.args, **bound.kwargs)
+    finally:
+        context.calls.pop()
+
+
+def _constant(v):
+    return isinstance(v, (int, float, bool, str, type(None))) or \
+        (isinstance(v, tuple) and all(_constant(e) for e in v))
+
+
 def _check_sem(sem, allowed, what):
     if sem not in allowed:
         raise KernelError(f"el.{what}: sem must be one of {allowed}, got {sem!r}")
@@ -282,7 +316,7 @@ def launch(fn, grid, per_rank_args, num_ranks, timeout_s=60.0):
     errors = []
 
     def body(rank, program):
-        _local.context = Context(shared, rank, program)
+        _local.context = Context(shared, rank, program, fn)
         try:
             fn(*per_rank_args[rank])
         except BaseException as e:  # noqa: BLE001 - reported with its place

@@ -13,11 +13,13 @@
 
 A launch runs the grid on every rank of the world. An argument given as a list with one entry per
 rank is per-rank; a :class:`SymmetricMemory` is every rank's window (``el.peer_ptr`` reaches the
-others); everything else is passed to every rank. ``EPIC_INTERPRET=1`` runs kernels on the CPU
-(:mod:`epic.dsl.interpreter`). ``kernel.compile(*args, **constexprs)`` translates a kernel
-(:mod:`epic.dsl.codegen`, through ``epic._ir``) into comm + upstream IR, PTX and a cubin
-(``.asm["ir" | "ptx" | "cubin"]``); launching compiled kernels on a GPU is the next step and
-a launch without ``EPIC_INTERPRET`` says so.
+others); everything else is passed to every rank. A kernel may call another ``@epic.jit``
+function (``copy_row(dst, src, H, BH)``): the compiler inlines it, the interpreter runs it in
+place. ``EPIC_INTERPRET=1`` runs kernels on the CPU (:mod:`epic.dsl.interpreter`).
+``kernel.compile(*args, **constexprs)`` translates a kernel (:mod:`epic.dsl.codegen`, through
+``epic._ir``) into comm + upstream IR, PTX and a cubin (``.asm["ir" | "ptx" | "cubin"]``);
+launching compiled kernels on a GPU is the next step and a launch without ``EPIC_INTERPRET``
+says so.
 """
 
 from __future__ import annotations
@@ -61,8 +63,44 @@ class JITFunction:
         return _Preparer(self)
 
     def __call__(self, *args, **kwargs):
-        raise TypeError(f"{self.fn.__name__} is an @epic.jit kernel: launch it as "
-                        f"{self.fn.__name__}[grid](...)")
+        """Inside a kernel, a call of another @epic.jit function: the compiler inlines it, the
+        interpreter runs it with the calling program's context. Outside, launch with a grid."""
+        from . import interpreter
+
+        context = getattr(interpreter._local, "context", None)
+        if context is None:
+            raise TypeError(f"{self.fn.__name__} is an @epic.jit kernel: launch it as "
+                            f"{self.fn.__name__}[grid](...)")
+        import sys
+
+        caller = sys._getframe(1)
+        return interpreter.call(context, self, args, kwargs,
+                                f"{caller.f_code.co_filename}:{caller.f_lineno}")
+
+    def dependencies(self):
+        """The @epic.jit functions this one calls, directly or not (their sources are part of
+        the compiled code's identity), by the names its body uses."""
+        import ast
+        import textwrap
+
+        found, pending = [], [self]
+        while pending:
+            function = pending.pop()
+            glob = function.fn.__globals__
+            try:
+                tree = ast.parse(textwrap.dedent(inspect.getsource(function.fn)))
+            except (OSError, SyntaxError):
+                continue
+            for node in ast.walk(tree):
+                value = None
+                if isinstance(node, ast.Name):
+                    value = glob.get(node.id)
+                elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                    value = getattr(glob.get(node.value.id), node.attr, None)
+                if isinstance(value, JITFunction) and value is not self and value not in found:
+                    found.append(value)
+                    pending.append(value)
+        return found
 
     def specialization_key(self, bound):
         """What the compiled code depends on: every tensor's dtype and 16-byte alignment, every
@@ -169,7 +207,8 @@ class JITFunction:
         from . import codegen
 
         digest = hashlib.sha256()
-        for part in (inspect.getsource(self.fn), repr(key), inspect.getsource(codegen)):
+        called = [inspect.getsource(f.fn) for f in self.dependencies()]
+        for part in [inspect.getsource(self.fn), repr(key), inspect.getsource(codegen)] + called:
             digest.update(part.encode())
             digest.update(b"\0")
         root = os.environ.get("EPIC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
