@@ -164,11 +164,12 @@ def run(args):
 
     result = dict(equal=bool(same), sms=per_rank_blocks * R,
                   recv_tokens=sum(h.num_recv_tokens for h in handles))
-    for name, fn, kernels in (("dsl_dispatch", dsl_dispatch, DSL_KERNELS["dispatch"]),
-                              ("dsl_combine", dsl_combine, DSL_KERNELS["combine"]),
-                              ("builtin_dispatch", builtin_dispatch, ep_bench.KERNELS["dispatch"]),
-                              ("builtin_combine", builtin_combine, ep_bench.KERNELS["combine"])):
-        times = timer.kernels(fn, kernels)
+    for name, fn, kernels, buffer in (  # buffer: whose kernels, for the CUDA-event fallback
+            ("dsl_dispatch", dsl_dispatch, DSL_KERNELS["dispatch"], target.window),
+            ("dsl_combine", dsl_combine, DSL_KERNELS["combine"], target.window),
+            ("builtin_dispatch", builtin_dispatch, ep_bench.KERNELS["dispatch"], builtin),
+            ("builtin_combine", builtin_combine, ep_bench.KERNELS["combine"], builtin)):
+        times = timer.kernels(fn, kernels, buffer)
         result[f"{name}_kernels"] = times
         result[f"{name}_kernel_s"] = sum(times.values())
         result[f"{name}_wall_s"] = timer.wall(fn)

@@ -121,7 +121,7 @@ def run(args):
     rows = sum(end - start for rr in ranges for start, end in rr)
     flops = 2.0 * rows * H * N
 
-    t_epic = timer.kernels(epic_gemm, (KERNEL,))[KERNEL]
+    t_epic = timer.kernels(epic_gemm, (KERNEL,), buffer)[KERNEL]
     t_torch = all_kernels_time(torch, timer, torch_gemm)
     w_epic, w_torch = timer.wall(epic_gemm), timer.wall(torch_gemm)
 
@@ -144,8 +144,8 @@ def run(args):
                       for a, b in zip(fout, again))
     two_names = ("ep_dispatch_send", "ep_dispatch_copy", KERNEL)
     fused_names = ("ep_dispatch_gemm_send", "ep_dispatch_gemm_copy_gemm")
-    per_kernel = dict(two_steps=timer.kernels(two_steps, two_names),
-                      fused=timer.kernels(fused, fused_names))
+    per_kernel = dict(two_steps=timer.kernels(two_steps, two_names, buffer),
+                      fused=timer.kernels(fused, fused_names, buffer))
     t_two, t_fused = sum(per_kernel["two_steps"].values()), sum(per_kernel["fused"].values())
     w_two, w_fused = timer.wall(two_steps), timer.wall(fused)
 
@@ -177,11 +177,11 @@ def run(args):
     three_names = ("ep_dispatch_send", "ep_dispatch_copy", KERNEL, "ep_combine_send",
                    "ep_combine_reduce")
     per_kernel.update(
-        layer_three_steps=timer.kernels(three_steps, three_names),
+        layer_three_steps=timer.kernels(three_steps, three_names, buffer),
         layer_fused_dispatch_gemm=timer.kernels(fused_dispatch_gemm,
-                                                fused_names + three_names[3:]),
+                                                fused_names + three_names[3:], buffer),
         layer_fused_gemm_combine=timer.kernels(fused_gemm_combine, three_names[:2] + (
-            "ep_gemm_combine_gemm_send", "ep_gemm_combine_reduce")))
+            "ep_gemm_combine_gemm_send", "ep_gemm_combine_reduce"), buffer))
     t_three, t_front, t_back = (sum(per_kernel[k].values()) for k in (
         "layer_three_steps", "layer_fused_dispatch_gemm", "layer_fused_gemm_combine"))
     w_three, w_front, w_back = (timer.wall(three_steps), timer.wall(fused_dispatch_gemm),

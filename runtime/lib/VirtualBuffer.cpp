@@ -425,10 +425,8 @@ void *KernelHost::launch(const Prepared &prepared, void *stream, const LaunchOpt
   auto timingEvent = [&]() -> void * {
     cudaEvent_t event;
     check(cudaEventCreate(&event), "cudaEventCreate (kernel timing)");
-    if (cudaError_t e = cudaEventRecord(event, cudaStream); e != cudaSuccess) {
-      cudaEventDestroy(event);
-      check(e, "cudaEventRecord (kernel timing)");
-    }
+    timingEvents.push_back(event); // owned from here on, whatever fails next
+    check(cudaEventRecord(event, cudaStream), "cudaEventRecord (kernel timing)");
     return event;
   };
   void *before = timed ? timingEvent() : nullptr;
@@ -455,14 +453,9 @@ void *KernelHost::launch(const Prepared &prepared, void *stream, const LaunchOpt
 void KernelHost::setKernelTiming(bool on) { kernelTiming = on; }
 
 void KernelHost::releaseTimedKernels() {
-  // Consecutive kernels share their boundary event: destroy each one once.
-  void *last = nullptr;
-  for (const TimedKernel &t : timedKernels) {
-    if (t.start != last)
-      cudaEventDestroy(static_cast<cudaEvent_t>(t.start));
-    cudaEventDestroy(static_cast<cudaEvent_t>(t.stop));
-    last = t.stop;
-  }
+  for (void *event : timingEvents)
+    cudaEventDestroy(static_cast<cudaEvent_t>(event));
+  timingEvents.clear();
   timedKernels.clear();
 }
 

@@ -46,7 +46,7 @@ import textwrap
 
 import numpy as np
 
-from .jit import JITFunction
+from .jit import CallError, JITFunction
 
 __all__ = ["CompileError", "generate"]
 
@@ -798,20 +798,10 @@ class Generator(ast.NodeVisitor):
         parameters are bound to the call's values; what its final `return` gives (None
         without one)."""
         name = callee.fn.__name__
-        if callee.fn in self.calls:
-            chain = " -> ".join(f.__name__ for f in self.calls + [callee.fn])
-            raise self.error(f"recursive call of {name} ({chain}): calls of @epic.jit functions "
-                             "are inlined, so a function cannot call itself", node)
         try:
-            bound = callee.signature.bind(*args, **kwargs)
-        except TypeError as e:
-            raise self.error(f"{name}({', '.join(callee.signature.parameters)}): {e}",
-                             node) from None
-        bound.apply_defaults()
-        for parameter in callee.constexprs:
-            if _holds_values(bound.arguments[parameter]):
-                raise self.error(f"{name}: {parameter} is an el.constexpr, it takes a constant (a "
-                                 "literal, a constexpr or an el.static_range variable)", node)
+            bound = callee.bind_call(args, kwargs, self.calls, lambda v: not _holds_values(v))
+        except CallError as e:
+            raise self.error(str(e), node) from None
         tree, file, first_line = _parse(callee.fn)
         func = tree.body[0]
         body = func.body

@@ -275,23 +275,13 @@ class Context:
 
 def call(context, function, args, kwargs, where):
     """A kernel's call of the @epic.jit function `function` (at `where`, file:line): runs it
-    with the calling program's context, with the compiler's rules (its arguments bound to its
-    parameters, constants for its el.constexpr ones, no recursion)."""
-    name = function.fn.__name__
-    if function.fn in context.calls:
-        chain = " -> ".join(getattr(f, "__name__", "?") for f in context.calls + [function.fn])
-        raise KernelError(f"{context.where()}: {where}: recursive call of {name} ({chain}): calls "
-                          "of @epic.jit functions are inlined, so a function cannot call itself")
+    with the calling program's context, under the compiler's rules (JITFunction.bind_call)."""
+    from .jit import CallError
+
     try:
-        bound = function.signature.bind(*args, **kwargs)
-    except TypeError as e:
-        raise KernelError(f"{context.where()}: {where}: {name}("
-                          f"{', '.join(function.signature.parameters)}): {e}") from None
-    for parameter in function.constexprs:
-        if parameter in bound.arguments and not _constant(bound.arguments[parameter]):
-            raise KernelError(f"{context.where()}: {where}: {name}: {parameter} is an "
-                              "el.constexpr, it takes a constant (a literal, a constexpr or an "
-                              "el.static_range variable)")
+        bound = function.bind_call(args, kwargs, context.calls, _constant)
+    except CallError as e:
+        raise KernelError(f"{context.where()}: {where}: {e}") from None
     context.calls.append(function.fn)
     try:
         return function.fn(*bound.args, **bound.kwargs)

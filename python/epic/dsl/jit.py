@@ -40,6 +40,11 @@ def interpreting() -> bool:
     return os.environ.get("EPIC_INTERPRET", "") not in ("", "0")
 
 
+class CallError(Exception):
+    """A call of an @epic.jit function from a kernel that breaks the rules of
+    :meth:`JITFunction.bind_call`; the compiler and the interpreter report it at the call."""
+
+
 class JITFunction:
     """A kernel: ``kernel[grid](*args, world=..., **constexprs)``."""
 
@@ -76,6 +81,27 @@ class JITFunction:
         caller = sys._getframe(1)
         return interpreter.call(context, self, args, kwargs,
                                 f"{caller.f_code.co_filename}:{caller.f_lineno}")
+
+    def bind_call(self, args, kwargs, callers, is_constant):
+        """A kernel's call of this function: its arguments bound to its parameters (defaults
+        applied), under the rules the compiler and the interpreter share: no recursion
+        (`callers`: the functions the call is made in, outermost first) and a constant
+        (`is_constant`) for every el.constexpr parameter. Raises :class:`CallError`."""
+        name = self.fn.__name__
+        if self.fn in callers:
+            chain = " -> ".join(getattr(f, "__name__", "?") for f in list(callers) + [self.fn])
+            raise CallError(f"recursive call of {name} ({chain}): calls of @epic.jit functions "
+                            "are inlined, so a function cannot call itself")
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise CallError(f"{name}({', '.join(self.signature.parameters)}): {e}") from None
+        bound.apply_defaults()
+        for parameter in self.constexprs:
+            if not is_constant(bound.arguments[parameter]):
+                raise CallError(f"{name}: {parameter} is an el.constexpr, it takes a constant (a "
+                                "literal, a constexpr or an el.static_range variable)")
+        return bound
 
     def dependencies(self):
         """The @epic.jit functions this one calls, directly or not (their sources are part of

@@ -65,8 +65,9 @@ def EPExpand : Pass<"ep-expand", "::mlir::ModuleOp"> {
     then the rows of the master slots in increasing slot order, and rounds to
     bf16 once — bitwise DeepEP's order. It walks the set bits of the masters'
     ballot (absent slots cost nothing) and loads four 16-byte chunks of a lane
-    per row before adding them, so each lane keeps four loads in flight. `combined_topk_weights[t, j]` comes
-    from the record of the rank that owns slot `j`.
+    per row before adding them, so each lane keeps four loads in flight.
+    `combined_topk_weights[t, j]` comes from the record of the rank that owns
+    slot `j`.
 
     **Expanded layout**: the copy kernel gives each (token, local expert)
     pair a row `start_e + cursor_e++` (a local atomic per expert, so rows of

@@ -280,14 +280,61 @@ public:
     scf::YieldOp::create(b, ValueRange{andi(pending, sub(pending, i32(1)))});
   }
 
+  /// The 16-byte chunks of a row of `bytes` (a multiple of 16) that a lane
+  /// handles, `unroll` at a time: chunk `first + 32 u` of each group. `body`
+  /// gets their byte offsets and, unless every group lies inside the row,
+  /// whether each chunk does (else `inRange` is empty). With `warpUniform`
+  /// every lane of the warp makes the same number of steps, so `body` may
+  /// shuffle; otherwise lanes start at their own chunk.
+  void forEachChunkGroup(int64_t bytes, int64_t unroll, bool warpUniform,
+                         function_ref<void(ArrayRef<Value>, ArrayRef<Value>)> body) {
+    const int64_t chunks = bytes / 16;
+    const bool whole = chunks % (32 * unroll) == 0; // no lane runs past the end
+    loop(warpUniform ? i32(0) : lane, i32(chunks), i32(32 * unroll), [&](Value group) {
+      Value first = warpUniform ? add(group, lane) : group;
+      SmallVector<Value> offsets, inRange;
+      for (int64_t u = 0; u < unroll; ++u) {
+        // The constant part is added after widening: the chunks of a group
+        // share one address register and differ by immediate offsets.
+        offsets.push_back(add(wide(mul(first, i32(16))), i64(32 * 16 * u)));
+        if (!whole)
+          inRange.push_back(lt(add(first, i32(32 * u)), i32(chunks)));
+      }
+      body(offsets, inRange);
+    });
+  }
+  /// The chunks at `base + offsets[u]`, all loads issued before any use (a
+  /// zero vector where a chunk is out of range).
+  SmallVector<Value> loadChunks(VectorType type, Value base, ArrayRef<Value> offsets,
+                                ArrayRef<Value> inRange) {
+    SmallVector<Value> values;
+    for (size_t u = 0; u < offsets.size(); ++u) {
+      auto read = [&]() -> Value { return load(type, at(base, offsets[u]), 16); };
+      values.push_back(inRange.empty() ? read() : choose(inRange[u], type, read, [&]() -> Value {
+        return arith::ConstantOp::create(b, type, b.getZeroAttr(type));
+      }));
+    }
+    return values;
+  }
+  void storeChunks(Value base, ArrayRef<Value> values, ArrayRef<Value> offsets,
+                   ArrayRef<Value> inRange) {
+    for (size_t u = 0; u < values.size(); ++u) {
+      if (inRange.empty())
+        store(values[u], at(base, offsets[u]), 16);
+      else
+        when(inRange[u], [&] { store(values[u], at(base, offsets[u]), 16); });
+    }
+  }
+
   /// The warp copies `bytes` (a multiple of 16) from `src` to `dst`. Each
   /// lane issues kCopyUnroll 16-byte loads before their stores: a store waits
   /// for its load, so one load at a time would leave a row copy latency bound.
   static constexpr int64_t kCopyUnroll = 4;
   void copyRow(Value dst, Value src, int64_t bytes) {
-    copyRowChunks(src, bytes, /*warpUniform=*/false, [&](ArrayRef<Value> values, ArrayRef<Value> offsets,
-                                  ArrayRef<Value> inRange) {
-      storeChunks(dst, values, offsets, inRange);
+    auto vec = VectorType::get({4}, i32T());
+    forEachChunkGroup(bytes, kCopyUnroll, /*warpUniform=*/false,
+                      [&](ArrayRef<Value> offsets, ArrayRef<Value> inRange) {
+      storeChunks(dst, loadChunks(vec, src, offsets, inRange), offsets, inRange);
     });
   }
 
@@ -296,121 +343,61 @@ public:
   /// every destination (an expanded dispatch writes a record to one row per
   /// local expert of its token).
   void copyRowToEach(Value src, int64_t bytes, Value mask, function_ref<Value(Value)> dst) {
-    copyRowChunks(src, bytes, /*warpUniform=*/true, [&](ArrayRef<Value> values, ArrayRef<Value> offsets,
-                                  ArrayRef<Value> inRange) {
+    auto vec = VectorType::get({4}, i32T());
+    forEachChunkGroup(bytes, kCopyUnroll, /*warpUniform=*/true,
+                      [&](ArrayRef<Value> offsets, ArrayRef<Value> inRange) {
+      SmallVector<Value> values = loadChunks(vec, src, offsets, inRange);
       forEachLane(mask, [&](Value bit) { storeChunks(dst(bit), values, offsets, inRange); });
     });
   }
 
-  /// For each group of kCopyUnroll 16-byte chunks of a lane: loads them (a
-  /// chunk past the end reads nothing), then `use(values, offsets, inRange)`
-  /// (inRange empty when every chunk is inside). With `warpUniform` every
-  /// lane makes the same number of steps, so `use` may shuffle.
-  void copyRowChunks(Value src, int64_t bytes, bool warpUniform,
-                     function_ref<void(ArrayRef<Value>, ArrayRef<Value>, ArrayRef<Value>)> use) {
-    auto vec = VectorType::get({4}, i32T());
-    const int64_t chunks = bytes / 16;
-    const bool whole = chunks % (32 * kCopyUnroll) == 0; // no lane runs past the end
-    Value start = warpUniform ? i32(0) : lane;
-    loop(start, i32(chunks), i32(32 * kCopyUnroll), [&](Value group) {
-      Value first = warpUniform ? add(group, lane) : group;
-      SmallVector<Value> offsets, inRange, values;
-      for (int64_t u = 0; u < kCopyUnroll; ++u) {
-        Value chunk = add(first, i32(32 * u));
-        Value offset = chunkOffset(first, u);
-        Value ok = whole ? Value() : lt(chunk, i32(chunks));
-        auto read = [&]() -> Value { return load(vec, at(src, offset), 16); };
-        values.push_back(whole ? read() : choose(ok, vec, read, [&]() -> Value {
-          return arith::ConstantOp::create(b, vec, DenseElementsAttr::get(vec, 0));
-        }));
-        offsets.push_back(offset);
-        if (!whole)
-          inRange.push_back(ok);
-      }
-      use(values, offsets, inRange);
-    });
-  }
-  /// Byte offset of chunk `first + 32 u` (i64): the constant part is added
-  /// after widening, so the chunks of a group share one address register and
-  /// differ by immediate offsets.
-  Value chunkOffset(Value first, int64_t u) {
-    return add(wide(mul(first, i32(16))), i64(32 * 16 * u));
-  }
-  void storeChunks(Value dst, ArrayRef<Value> values, ArrayRef<Value> offsets,
-                   ArrayRef<Value> inRange) {
-    for (size_t u = 0; u < values.size(); ++u) {
-      if (inRange.empty())
-        store(values[u], at(dst, offsets[u]), 16);
-      else
-        when(inRange[u], [&] { store(values[u], at(dst, offsets[u]), 16); });
-    }
-  }
-
-  /// Sums rows into a bf16 row in fp32: for each group of kSumChunks 16-byte
-  /// chunks of a lane (`bytes` a multiple of 16), from +0.0, the rows of the
-  /// set bits of the warp-uniform `mask` in increasing bit order (`row(bit)`:
-  /// the row's base), rounded once and stored at `dst`. The row loop issues
-  /// the group's kSumChunks loads of a row before adding them, and absent
-  /// rows cost nothing, which matters when few of the K slots are present.
+  /// Sums bf16 rows in fp32 into the bf16 row at `dst`: per group of
+  /// kSumChunks 16-byte chunks of a lane, from +0.0, the rows `firstRows` in
+  /// order, then the rows of the set bits of the warp-uniform `mask` in
+  /// increasing bit order (`row(bit)`: the row's base), rounded once. The row
+  /// loop issues a group's loads of a row before adding them, and absent rows
+  /// cost nothing, which matters when few of the K slots are present.
   static constexpr int64_t kSumChunks = 4;
   void sumMaskedRows(Value dst, int64_t bytes, Value mask, function_ref<Value(Value)> row,
                      ArrayRef<Value> firstRows = {}) {
     auto chunkF32 = VectorType::get({8}, b.getF32Type());
     auto chunkBF16 = VectorType::get({8}, b.getBF16Type());
-    const int64_t chunks = bytes / 16;
-    const bool whole = chunks % (32 * kSumChunks) == 0;
-    // The trip count is the warp's, not the lane's: `row` may shuffle.
-    loop(i32(0), i32(chunks), i32(32 * kSumChunks), [&](Value group) {
-      Value first = add(group, lane);
-      SmallVector<Value> offsets, inRange, inits;
-      for (int64_t u = 0; u < kSumChunks; ++u) {
-        Value chunk = add(first, i32(32 * u));
-        offsets.push_back(chunkOffset(first, u));
-        inRange.push_back(whole ? Value() : lt(chunk, i32(chunks)));
-        inits.push_back(arith::ConstantOp::create(b, chunkF32, DenseElementsAttr::get(chunkF32, 0.0f)));
-      }
-      for (Value first : firstRows) // before the masked rows, whole
-        for (int64_t u = 0; u < kSumChunks; ++u) {
-          auto read = [&]() -> Value { return load(chunkBF16, at(first, offsets[u]), 16); };
-          Value v = whole ? read() : choose(inRange[u], chunkBF16, read, [&]() -> Value {
-            return arith::ConstantOp::create(b, chunkBF16, DenseElementsAttr::get(chunkBF16, 0.0f));
-          });
-          inits[u] = arith::AddFOp::create(b, inits[u], arith::ExtFOp::create(b, chunkF32, v));
-        }
-      // while (pending) { j = lowest bit; acc += row j; pending &= pending - 1 }
-      SmallVector<Type> types(kSumChunks, chunkF32);
-      types.insert(types.begin(), i32T());
-      SmallVector<Value> state(inits);
-      state.insert(state.begin(), mask);
+    auto addRow = [&](ArrayRef<Value> sums, ArrayRef<Value> values) {
+      SmallVector<Value> next;
+      for (auto [sum, value] : llvm::zip(sums, values))
+        next.push_back(arith::AddFOp::create(b, sum, arith::ExtFOp::create(b, chunkF32, value)));
+      return next;
+    };
+    forEachChunkGroup(bytes, kSumChunks, /*warpUniform=*/true,
+                      [&](ArrayRef<Value> offsets, ArrayRef<Value> inRange) {
+      SmallVector<Value> sums(kSumChunks, arith::ConstantOp::create(b, chunkF32,
+                                                                    b.getZeroAttr(chunkF32)));
+      for (Value first : firstRows)
+        sums = addRow(sums, loadChunks(chunkBF16, first, offsets, inRange));
+      // while (pending) { j = lowest bit; sums += row j; pending &= pending - 1 }
+      SmallVector<Type> types(kSumChunks + 1, chunkF32);
+      types[0] = i32T();
+      SmallVector<Value> state{mask};
+      state.append(sums);
       auto rows = scf::WhileOp::create(b, types, state);
-      SmallVector<Location> locs(types.size(), b.getLoc());
       {
         OpBuilder::InsertionGuard guard(b);
+        SmallVector<Location> locs(types.size(), b.getLoc());
         Block *before = b.createBlock(&rows.getBefore(), {}, types, locs);
         scf::ConditionOp::create(b, cmp(arith::CmpIPredicate::ne, before->getArgument(0), i32(0)),
                                  before->getArguments());
         Block *after = b.createBlock(&rows.getAfter(), {}, types, locs);
         Value pending = after->getArgument(0);
-        Value base = row(cttz(pending));
-        SmallVector<Value> values, next{andi(pending, sub(pending, i32(1)))};
-        for (int64_t u = 0; u < kSumChunks; ++u) {
-          auto read = [&]() -> Value { return load(chunkBF16, at(base, offsets[u]), 16); };
-          values.push_back(whole ? read() : choose(inRange[u], chunkBF16, read, [&]() -> Value {
-            return arith::ConstantOp::create(b, chunkBF16, DenseElementsAttr::get(chunkBF16, 0.0f));
-          }));
-        }
-        for (int64_t u = 0; u < kSumChunks; ++u)
-          next.push_back(arith::AddFOp::create(b, after->getArgument(1 + u),
-                                               arith::ExtFOp::create(b, chunkF32, values[u])));
+        SmallVector<Value> values = loadChunks(chunkBF16, row(cttz(pending)), offsets, inRange);
+        SmallVector<Value> next{andi(pending, sub(pending, i32(1)))};
+        SmallVector<Value> carried(after->getArguments().drop_front());
+        next.append(addRow(carried, values));
         scf::YieldOp::create(b, next);
       }
-      for (int64_t u = 0; u < kSumChunks; ++u) {
-        Value rounded = arith::TruncFOp::create(b, chunkBF16, rows.getResult(1 + u));
-        if (whole)
-          store(rounded, at(dst, offsets[u]), 16);
-        else
-          when(inRange[u], [&] { store(rounded, at(dst, offsets[u]), 16); });
-      }
+      SmallVector<Value> rounded;
+      for (Value sum : rows.getResults().drop_front())
+        rounded.push_back(arith::TruncFOp::create(b, chunkBF16, sum));
+      storeChunks(dst, rounded, offsets, inRange);
     });
   }
 
@@ -717,14 +704,15 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
   int64_t metaColumns = L.topk + 2;
 
   // Copies the record's hidden row and scale packs to output row `row`.
-  auto copyData = [&](Value record, Value row) {
-    k.copyRow(k.at(recvX, k.mul(k.wide(row), k.i64(L.rowBytes))), record, L.rowBytes);
-    if (shape.scalePacks) {
-      k.loop(k.lane, k.i32(L.packs), k.i32(32), [&](Value p) {
-        Value v = k.loadI32(k.at(record, k.i32(L.rowPad)), p);
-        k.storeI32(v, recvPacks, k.add(k.mul(row, k.i32(L.packs)), p));
-      });
-    }
+  auto rowOf = [&](Value row) { return k.at(recvX, k.mul(k.wide(row), k.i64(L.rowBytes))); };
+  // The record's scale packs to output row `row`.
+  auto copyPacks = [&](Value record, Value row) {
+    if (!shape.scalePacks)
+      return;
+    k.loop(k.lane, k.i32(L.packs), k.i32(32), [&](Value p) {
+      Value v = k.loadI32(k.at(record, k.i32(L.rowPad)), p);
+      k.storeI32(v, recvPacks, k.add(k.mul(row, k.i32(L.packs)), p));
+    });
   };
   auto recordWeight = [&](Value record, Value slot) {
     return k.load(k.b.getF32Type(),
@@ -763,7 +751,8 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
     Value metaRow = k.mul(row, k.i32(metaColumns));
 
     if (!shape.expanded) {
-      copyData(record, row);
+      k.copyRow(rowOf(row), record, L.rowBytes);
+      copyPacks(record, row);
       k.when(inTopk, [&] {
         Value element = k.add(k.mul(row, k.i32(L.topk)), k.lane);
         Type idxType = k.b.getIntegerType(L.idxBytes * 8);
@@ -793,17 +782,11 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
       // The record's row is read once and written to every row of the token
       // here; then each row's packs, weight and, fused, its count.
       Value targets = k.ballot(mine);
-      k.copyRowToEach(record, L.rowBytes, targets, [&](Value j) {
-        return k.at(recvX, k.mul(k.wide(k.shuffle(myRow, j)), k.i64(L.rowBytes)));
-      });
+      k.copyRowToEach(record, L.rowBytes, targets,
+                      [&](Value j) { return rowOf(k.shuffle(myRow, j)); });
       k.forEachLane(targets, [&](Value j) {
         Value out = k.shuffle(myRow, j);
-        if (shape.scalePacks) {
-          k.loop(k.lane, k.i32(L.packs), k.i32(32), [&](Value p) {
-            Value v = k.loadI32(k.at(record, k.i32(L.rowPad)), p);
-            k.storeI32(v, recvPacks, k.add(k.mul(out, k.i32(L.packs)), p));
-          });
-        }
+        copyPacks(record, out);
         if (shape.weights)
           k.when(k.eq(k.lane, k.i32(0)), [&] {
             k.store(recordWeight(record, j), k.at(recvWeights, k.mul(out, k.i32(4))), 4);

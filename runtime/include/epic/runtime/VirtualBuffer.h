@@ -166,10 +166,12 @@ protected:
 private:
   struct TimedKernel {
     std::string name;
-    void *start, *stop; ///< cudaEvent_t
+    void *start, *stop; ///< cudaEvent_t, owned by timingEvents
   };
   bool kernelTiming = false;
   std::vector<TimedKernel> timedKernels;
+  /// Every event of timedKernels, once (a kernel's stop is the next one's start).
+  std::vector<void *> timingEvents;
   void releaseTimedKernels();
 };
 
