@@ -6,11 +6,11 @@
 // per rank) by rewriting "ranks = 8, experts = 64".
 // RUN: epic-compile %s --backend=virtual -o %t && FileCheck %s < %t.json
 // CHECK-DAG: "name": "dispatch_exp_copy"
-// CHECK-DAG: "name": "dispatch_bf16_cached_send"
+// CHECK-DAG: "name": "dispatch_bf16_cached_scatter"
 // CHECK-DAG: "name": "dispatch_bf16_send"
 // CHECK-DAG: "name": "combine_fp8_reduce"
 // CHECK-DAG: "name": "combine_bf16_b1_reduce"
-// CHECK-DAG: "name": "dispatch_exp1_cached_copy"
+// CHECK-DAG: "name": "dispatch_exp1_cached_scatter"
 
 #bf16 = #ep.config<ranks = 8, experts = 64, topk = 6, hidden = 2048, dtype = bf16,
                    max_tokens_per_rank = 512>

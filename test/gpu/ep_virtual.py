@@ -89,6 +89,12 @@ def launch(module, name, world, params, blocks_per_rank):
     cp.cuda.runtime.deviceSynchronize()
 
 
+def launch_entry(module, entry, world, params, blocks_per_rank):
+    """The entry's kernels in order (a cached dispatch on this backend is one kernel)."""
+    for name in entry["kernels"]:
+        launch(module, name, world, params, blocks_per_rank)
+
+
 def token_counts(step):
     """Rank 1 at num_max_tokens_per_rank, every other rank below it."""
     return [TMAX if r == 1 else TMAX - step * (r + 1) for r in range(R)]
@@ -137,8 +143,7 @@ def run(module, entries, fp8, blocks_per_rank, seed):
             a["recv_scale_packs"] = cp.zeros((R * TMAX, P), cp.float32)
         dev.append(a)
     params = params_table(d_entry["param_fields"], dev)
-    launch(module, d_entry["kernels"][0], world, params, blocks_per_rank)
-    launch(module, d_entry["kernels"][1], world, params, blocks_per_rank)
+    launch_entry(module, d_entry, world, params, blocks_per_rank)
 
     results = []
     ok_counts = ok_rows = True
@@ -191,8 +196,7 @@ def run(module, entries, fp8, blocks_per_rank, seed):
             a["bias1"] = cp.asarray(biases[r][1].view(np.uint16))
         cdev.append(a)
     cparams = params_table(c_entry["param_fields"], cdev)
-    launch(module, c_entry["kernels"][0], world, cparams, blocks_per_rank)
-    launch(module, c_entry["kernels"][1], world, cparams, blocks_per_rank)
+    launch_entry(module, c_entry, world, cparams, blocks_per_rank)
     ok_x = all(bits_equal(cp.asnumpy(cdev[r]["combined_x"]).view(ml_dtypes.bfloat16), want[r].combined_x)
                for r in range(R))
     ok_w = all(bits_equal(cp.asnumpy(cdev[r]["combined_topk_weights"]), want[r].combined_topk_weights)
@@ -207,13 +211,11 @@ def run(module, entries, fp8, blocks_per_rank, seed):
         for a in cdev:
             a.pop("bias1")
             a["combined_x"].fill(0x7FC1)
-        launch(module, b1_entry["kernels"][0], world, params_table(b1_entry["param_fields"], cdev), blocks_per_rank)
-        launch(module, b1_entry["kernels"][1], world, params_table(b1_entry["param_fields"], cdev), blocks_per_rank)
+        launch_entry(module, b1_entry, world, params_table(b1_entry["param_fields"], cdev), blocks_per_rank)
         check(all(bits_equal(cp.asnumpy(cdev[r]["combined_x"]).view(ml_dtypes.bfloat16), want1[r].combined_x)
                   for r in range(R)), "combine with one bias: bitwise equal to the reference")
     # Counters must be back to zero for the next call: run the same dispatch again.
-    launch(module, d_entry["kernels"][0], world, params, blocks_per_rank)
-    launch(module, d_entry["kernels"][1], world, params, blocks_per_rank)
+    launch_entry(module, d_entry, world, params, blocks_per_rank)
     check(all(int(dev[r]["host_counts"][0]) == expected[r].num_recv_tokens for r in range(R)),
           "dispatch again on the same window: same counts (workspace back to zero)")
     if not fp8:
@@ -239,8 +241,7 @@ def run_cached(module, entry, world, dev, first, idxs, tokens, blocks_per_rank, 
         a["host_counts"] = cp.full(1 + L, -7, cp.int32)  # a cached dispatch does not count
         cached.append(a)
     params = params_table(entry["param_fields"], cached)
-    launch(module, entry["kernels"][0], world, params, blocks_per_rank)
-    launch(module, entry["kernels"][1], world, params, blocks_per_rank)
+    launch_entry(module, entry, world, params, blocks_per_rank)
     ok = True
     for r in range(R):
         # The handle on the device (the latest non-cached dispatch wrote it).
@@ -279,8 +280,7 @@ def run_expanded(module, entries, blocks_per_rank, seed, A=128, zero_padding=Tru
             **handle_buffers(tokens[r]),
         })
     params = params_table(d_entry["param_fields"], dev)
-    launch(module, d_entry["kernels"][0], world, params, blocks_per_rank)
-    launch(module, d_entry["kernels"][1], world, params, blocks_per_rank)
+    launch_entry(module, d_entry, world, params, blocks_per_rank)
     results = []
     ok_counts = ok_rows = True
     for r in range(R):
@@ -315,8 +315,7 @@ def run_expanded(module, entries, blocks_per_rank, seed, A=128, zero_padding=Tru
             "num_tokens": tokens[r],
         })
     cparams = params_table(c_entry["param_fields"], cdev)
-    launch(module, c_entry["kernels"][0], world, cparams, blocks_per_rank)
-    launch(module, c_entry["kernels"][1], world, cparams, blocks_per_rank)
+    launch_entry(module, c_entry, world, cparams, blocks_per_rank)
     check(all(bits_equal(cp.asnumpy(cdev[r]["combined_x"]).view(ml_dtypes.bfloat16), want[r].combined_x)
               for r in range(R)), "expanded combine: per-rank fp32 sums, then the origin's, bitwise")
     check(all(bits_equal(cp.asnumpy(cdev[r]["combined_topk_weights"]), want[r].combined_topk_weights)

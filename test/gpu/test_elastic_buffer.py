@@ -169,6 +169,31 @@ def test_fp8_expanded_zero_padding_and_cached_dispatch(world):
         assert same_bits(to_numpy(again[r][1]), to_numpy(recv[r][1]))
 
 
+@pytest.mark.parametrize("do_expand", [False, True])
+def test_cached_fp8_dispatch_of_new_data_lands_where_the_handle_says(world, do_expand):
+    R, buffer = world
+    E, K = 8 * R, 6
+    _, _, idxs, _, xs, sfs = inputs(R, E, K, seed=60 + R, fp8=True)
+    _, _, _, _, new_xs, new_sfs = inputs(R, E, K, seed=70 + R, fp8=True)  # same token counts
+    # The layouts prepare_buffer_kernels.py compiles; expanded rows are padded to 128, and the
+    # padding is zeroed so that every output row is compared.
+    alignment = 128 if do_expand else 1
+    handles = buffer.dispatch([(to_torch(x), to_torch(sf)) for x, sf in zip(xs, sfs)],
+                              [to_torch(i) for i in idxs], num_experts=E,
+                              expert_alignment=alignment, do_expand=do_expand)[3]
+    expected = ref.dispatch(new_xs, idxs, None, new_sfs, num_experts=E,
+                            num_max_tokens_per_rank=TMAX, expert_alignment=alignment,
+                            expand=do_expand, zero_padding=do_expand)
+    recv, recv_idx, recv_w, again, _ = buffer.dispatch(
+        [(to_torch(x), to_torch(sf)) for x, sf in zip(new_xs, new_sfs)], handle=handles,
+        do_expand=do_expand, do_zero_padding=do_expand)
+    for r in range(R):
+        assert again[r] is handles[r] and recv_w[r] is None
+        data, sf = recv[r]
+        got = as_result(expected[r], data, sf, recv_idx[r], None, handles[r])
+        check_dispatch(expected[r], got, handles[r])
+
+
 # 1032 bf16 = 129 16-byte chunks: lanes of a warp make different numbers of chunk steps, the
 # case where a row walk that shuffles inside its chunk loop would hang or read garbage.
 H_RAGGED = 1032
@@ -203,9 +228,17 @@ def test_ragged_hidden_round_trip_and_kernel_times(world, do_expand):
         for r in range(R):
             assert same_bits(to_numpy(out[r]), want[r].combined_x)
             assert same_bits(to_numpy(out_w[r]), want[r].combined_topk_weights)
-        again = buffer.dispatch([to_torch(x) for x in xs], handle=handles, do_expand=do_expand)[0]
+        # The virtual world's cached dispatch is one kernel that writes every row in place.
+        buffer.time_kernels(True)
+        again, again_idx = buffer.dispatch([to_torch(x) for x in xs], handle=handles,
+                                           do_expand=do_expand)[:2]
+        timed = buffer.kernel_times()
+        buffer.time_kernels(False)
+        assert [name for name, _ in timed] == ["ep_dispatch_scatter"], timed
         for r in range(R):
             assert same_bits(to_numpy(again[r]), to_numpy(recv_x[r]))
+            if not do_expand:
+                assert same_bits(to_numpy(again_idx[r]), to_numpy(recv_idx[r]))
     finally:
         buffer.destroy()
 

@@ -27,13 +27,19 @@ std::string epic::getShimBitcodePath(CommBackend backend, llvm::StringRef shimDi
   return std::string(path);
 }
 
+epic::EPExpandOptions epic::getEPExpandOptions(const EpicToPTXOptions &options) {
+  EPExpandOptions expand;
+  expand.onePassCachedDispatch = options.backend == CommBackend::virtual_;
+  return expand;
+}
+
 void epic::buildEpicToPTXPipeline(OpPassManager &pm, const EpicToPTXOptions &options) {
   ConvertCommToNVVMOptions commOptions;
   commOptions.backend = options.backend;
 
   // ep ops -> kernels of comm + upstream ops, then communication: it still
   // sees the comm types and gpu.block_id.
-  pm.addPass(createEPExpand());
+  pm.addPass(createEPExpand(getEPExpandOptions(options)));
   pm.addPass(createConvertCommToNVVM(commOptions));
 
   GpuNVVMAttachTargetOptions target;

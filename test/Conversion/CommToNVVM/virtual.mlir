@@ -128,3 +128,22 @@ gpu.module @params {
     gpu.return
   }
 }
+
+// -----
+
+// A peer's parameter record: the same table, at the peer's index.
+// CHECK-LABEL: gpu.module @peer_params
+gpu.module @peer_params {
+  // CHECK: gpu.func @k(%[[DC:.*]]: !llvm.ptr, %[[TABLE:.*]]: !llvm.ptr<1>, %[[PEER:.*]]: i32)
+  gpu.func @k(%dc: !comm.dev_comm, %table: !llvm.ptr<1>, %peer: i32) kernel {
+    // CHECK-DAG: %[[STRIDE:.*]] = llvm.mlir.constant(128 : i64) : i64
+    // CHECK-DAG: %[[PEER64:.*]] = llvm.sext %[[PEER]] : i32 to i64
+    // CHECK: %[[BYTES:.*]] = llvm.mul %[[PEER64]], %[[STRIDE]] : i64
+    // CHECK: %[[THEIRS:.*]] = llvm.getelementptr %[[TABLE]][%[[BYTES]]] : (!llvm.ptr<1>, i64) -> !llvm.ptr<1>, i8
+    // CHECK: llvm.load %[[THEIRS]] : !llvm.ptr<1> -> i32
+    %theirs = comm.peer_params %table stride 128 peer %peer via %dc : !llvm.ptr<1>
+    %v = llvm.load %theirs : !llvm.ptr<1> -> i32
+    "test.use"(%v) : (i32) -> ()
+    gpu.return
+  }
+}

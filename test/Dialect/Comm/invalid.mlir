@@ -179,3 +179,11 @@ func.func @f(%dc: !comm.dev_comm, %p: !llvm.ptr) {
   %q = comm.rank_params %p stride 0 via %dc : !llvm.ptr
   return
 }
+
+// -----
+
+func.func @f(%dc: !comm.dev_comm, %p: !llvm.ptr<1>, %r: i32) {
+  // expected-error@+1 {{attribute 'stride' failed to satisfy constraint: 64-bit signless integer attribute whose value is positive}}
+  %q = comm.peer_params %p stride -8 peer %r via %dc : !llvm.ptr<1>
+  return
+}

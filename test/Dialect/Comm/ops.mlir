@@ -25,6 +25,8 @@ func.func @teams_and_pointers(%dc: !comm.dev_comm, %win: !comm.window, %off: i64
   %q = comm.peer_ptr %win[%off], %lsa, %peer : !llvm.ptr<1>
   // CHECK: comm.rank_params %{{.*}} stride 64 via %[[DC]] : !llvm.ptr<1>
   %params = comm.rank_params %q stride 64 via %dc : !llvm.ptr<1>
+  // CHECK: comm.peer_params %{{.*}} stride 64 peer %{{.*}} via %[[DC]] : !llvm.ptr<1>
+  %theirs = comm.peer_params %q stride 64 peer %peer via %dc : !llvm.ptr<1>
   return %me, %n, %w, %p, %q : i32, i32, i32, !llvm.ptr, !llvm.ptr<1>
 }
 

@@ -4,6 +4,7 @@
 #define EPIC_PIPELINES_EPICTOPTX_H
 
 #include "epic/Conversion/Passes.h"
+#include "epic/Transforms/Passes.h"
 
 #include "mlir/Pass/PassOptions.h"
 
@@ -44,6 +45,10 @@ llvm::StringRef stringifyCommBackend(CommBackend backend);
 /// The shim bitcode file of `backend` in `shimDir`, or in the directory this
 /// build wrote them to when `shimDir` is empty.
 std::string getShimBitcodePath(CommBackend backend, llvm::StringRef shimDir);
+
+/// ep-expand's options for the pipeline's backend (a cached dispatch is one
+/// pass where every rank's tensors share one address space: virtual).
+EPExpandOptions getEPExpandOptions(const EpicToPTXOptions &options);
 
 /// comm-to-nvvm -> attach the NVVM target (linking the shim) -> gpu/arith/
 /// cf/... to NVVM and LLVM -> gpu-module-to-binary. Kernels use the bare

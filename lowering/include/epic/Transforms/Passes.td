@@ -88,7 +88,16 @@ def EPExpand : Pass<"ep-expand", "::mlir::ModuleOp"> {
     dispatch writes) instead of an atomic, skips the count exchange (the
     last block only exchanges done flags), and the copy kernel puts every
     record at the row the handle's prefix sums (plain) or
-    `recv_src_metadata` (expanded) give: bitwise the same rows.
+    `recv_src_metadata` (expanded) give: bitwise the same rows. With
+    `one-pass-cached-dispatch` (a backend with one address space: the
+    virtual world, which `epic-to-ptx` sets it for) a cached dispatch is one
+    kernel, `<name>_scatter`, and no window traffic: one warp per token reads
+    each destination's parameter record (`comm.peer_params`), finds the
+    token's row there (the destination's prefix sum before this rank plus
+    the replayed slot; expanded: that row of its `recv_src_metadata`), reads
+    the token's row once and stores it to every target row, then the scale
+    packs and (plain) the local top-k ids. No entry barrier and no done
+    flags: the launch serves every rank, so its end orders every write.
 
     **Grouped GEMM** (`<name>_gemm`, sm_90a): one persistent kernel of one
     warpgroup per block, two blocks per SM (`epic.ctas_per_sm`); block b of a
@@ -132,7 +141,11 @@ def EPExpand : Pass<"ep-expand", "::mlir::ModuleOp"> {
   }];
   let options = [
     Option<"threadsPerBlock", "threads-per-block", "unsigned", /*default=*/"1024",
-           "threads of every kernel block (a multiple of 32)">
+           "threads of every kernel block (a multiple of 32)">,
+    Option<"onePassCachedDispatch", "one-pass-cached-dispatch", "bool", /*default=*/"false",
+           "a cached dispatch writes every row straight into its destination's "
+           "outputs (needs every rank's tensors in one address space: the virtual "
+           "backend)">
   ];
   let dependentDialects = ["::mlir::gpu::GPUDialect", "::mlir::scf::SCFDialect",
                            "::mlir::arith::ArithDialect", "::mlir::LLVM::LLVMDialect",

@@ -354,6 +354,21 @@ struct RankParamsLowering : CommPattern<comm::RankParamsOp> {
   }
 };
 
+/// Virtual backend only (the pass refuses it for nccl before converting).
+struct PeerParamsLowering : CommPattern<comm::PeerParamsOp> {
+  using CommPattern::CommPattern;
+  LogicalResult matchAndRewrite(comm::PeerParamsOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    if (backend == CommBackend::nccl)
+      return rewriter.notifyMatchFailure(op, "the nccl backend has only this rank's record");
+    Builder b{rewriter, op.getLoc()};
+    Value bytes = b.mul(b.sext64(adaptor.getPeer()), b.i64(op.getStride()));
+    rewriter.replaceOpWithNewOp<LLVM::GEPOp>(op, op.getType(), rewriter.getI8Type(),
+                                             adaptor.getBase(), ValueRange{bytes});
+    return success();
+  }
+};
+
 /// signal_mode of the ABI: 0 none, 1 increment, 2 add.
 int32_t signalMode(Value signal, Value add) { return !signal ? 0 : add ? 2 : 1; }
 
@@ -758,6 +773,16 @@ struct ConvertCommToNVVMPass
   void runOnOperation() override {
     ModuleOp module = getOperation();
     MLIRContext *ctx = &getContext();
+    if (backend == CommBackend::nccl) {
+      // Said before converting: a failed legalization would not say why.
+      WalkResult refused = module.walk([](comm::PeerParamsOp op) {
+        op.emitError("comm.peer_params needs the virtual backend: a process of the nccl "
+                     "backend has only its own parameter record");
+        return WalkResult::interrupt();
+      });
+      if (refused.wasInterrupted())
+        return signalPassFailure();
+    }
     if (backend == CommBackend::virtual_)
       rewriteBlockIdsToRankLocal(module);
 
@@ -808,7 +833,8 @@ void epic::populateCommToNVVMConversionPatterns(TypeConverter &converter,
   MLIRContext *ctx = patterns.getContext();
   patterns.add<TeamLowering, TeamFieldLowering<comm::TeamRankOp, kTeamRank>,
                TeamFieldLowering<comm::TeamSizeOp, kTeamRanks>, TeamToWorldLowering,
-               LocalPtrLowering, PeerPtrLowering, RankParamsLowering, PutLowering, PutValueLowering,
+               LocalPtrLowering, PeerPtrLowering, RankParamsLowering, PeerParamsLowering,
+               PutLowering, PutValueLowering,
                SignalLowering, WaitSignalLowering, ReadSignalLowering, ResetSignalLowering,
                FlushLowering, BarrierLowering, FenceLowering, LoadLowering, StoreLowering,
                RedLowering, AtomicRMWLowering, AtomicCASLowering,

@@ -154,7 +154,8 @@ public:
     b.setInsertionPointToStart(&func.getBody().front());
     comm = func.getArgument(0);
     window = func.getArgument(1);
-    params = comm::RankParamsOp::create(b, func.getArgument(2), layout.paramStride, comm);
+    table = func.getArgument(2);
+    params = comm::RankParamsOp::create(b, table, layout.paramStride, comm);
     lsa = comm::TeamOp::create(b, comm::TeamType::get(b.getContext()), comm::TeamKind::lsa, comm);
     me = comm::TeamRankOp::create(b, b.getI32Type(), lsa);
     tid = index(gpu::ThreadIdOp::create(b, gpu::Dimension::x));
@@ -174,7 +175,7 @@ public:
 
   ImplicitLocOpBuilder b;
   const EPLayout &layout;
-  Value comm, window, params, lsa, me, tid, threads, block, blocks, lane, globalWarp,
+  Value comm, window, table, params, lsa, me, tid, threads, block, blocks, lane, globalWarp,
       numWarps, sharedFlag;
 
   // --- types and constants (the kernels compute in i32 and i64) -------------
@@ -215,9 +216,28 @@ public:
   /// Field `index` of this rank's parameter record.
   Value pointerParam(int64_t field) { return load(ptrT(), at(params, i64(field * 8)), 8); }
   Value intParam(int64_t field) { return load(i32T(), at(params, i64(field * 8)), 8); }
+  /// The parameter record of LSA rank `rank` (one address space only: the
+  /// virtual backend), and field `index` of a record.
+  Value peerParams(Value rank) {
+    Value world = comm::TeamToWorldOp::create(b, i32T(), lsa, rank);
+    return comm::PeerParamsOp::create(b, table, layout.paramStride, world, comm);
+  }
+  Value pointerField(Value record, int64_t field) {
+    return load(ptrT(), at(record, i64(field * 8)), 8);
+  }
   Value local(Value bytes) { return comm::LocalPtrOp::create(b, ptrT(), window, wide(bytes)); }
   Value peer(Value bytes, Value rank) {
     return comm::PeerPtrOp::create(b, ptrT(), window, wide(bytes), lsa, rank);
+  }
+  /// Element `element` of the top-k id array at `ids` (the layout's index
+  /// type): the i32 `id`, widened or narrowed.
+  void storeTopkId(Value id, Value ids, Value element) {
+    Type idxType = b.getIntegerType(layout.idxBytes * 8);
+    if (layout.idxBytes > 4)
+      id = arith::ExtSIOp::create(b, idxType, id);
+    else if (layout.idxBytes < 4)
+      id = arith::TruncIOp::create(b, idxType, id);
+    store(id, at(ids, mul(element, i32(layout.idxBytes))), layout.idxBytes);
   }
   /// An i32 element `index` of the array at `ptr`.
   Value loadI32(Value ptr, Value index) { return load(i32T(), at(ptr, mul(index, i32(4))), 4); }
@@ -255,6 +275,17 @@ public:
   Value fullMask() { return i32(-1); }
   Value shuffle(Value v, Value srcLane) {
     return gpu::ShuffleOp::create(b, v, srcLane, i32(32), gpu::ShuffleMode::IDX).getShuffleResult();
+  }
+  /// A global pointer of lane `srcLane` (two 32-bit shuffles).
+  Value shufflePointer(Value ptr, Value srcLane) {
+    Value bits = LLVM::PtrToIntOp::create(b, i64T(), ptr);
+    Value low = shuffle(arith::TruncIOp::create(b, i32T(), bits), srcLane);
+    Value high = shuffle(arith::TruncIOp::create(b, i32T(), arith::ShRUIOp::create(b, bits, i64(32))),
+                         srcLane);
+    Value joined = arith::OrIOp::create(b, arith::ExtUIOp::create(b, i64T(), low),
+                                        arith::ShLIOp::create(b, arith::ExtUIOp::create(b, i64T(), high),
+                                                              i64(32)));
+    return LLVM::IntToPtrOp::create(b, ptrT(), joined);
   }
   Value ballot(Value pred) {
     return NVVM::VoteSyncOp::create(b, i32T(), fullMask(), pred, NVVM::VoteSyncKind::ballot);
@@ -525,16 +556,25 @@ void exchangeDoneFlags(KernelBuilder &k, int64_t flagsOffset) {
   });
 }
 
+/// What the kernels that walk a rank's own tokens read from its record.
+struct TokenInputs {
+  Value numTokens, x, topkIdx, scalePacks;
+  /// The slot of every (token, master slot): written by an uncached send,
+  /// replayed by a cached dispatch (which has no count exchange).
+  Value dstSlots;
+  TokenInputs(KernelBuilder &k, const DispatchShape &shape)
+      : numTokens(k.intParam(kDispatchNumTokens)), x(k.pointerParam(kX)),
+        topkIdx(k.pointerParam(kTopkIdx)),
+        scalePacks(shape.scalePacks ? k.pointerParam(kScalePacks) : Value()),
+        dstSlots(k.pointerParam(kDstSlots)) {}
+};
+
 void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape shape) {
   KernelBuilder k(func, L);
-  Value numTokens = k.intParam(kDispatchNumTokens);
-  Value x = k.pointerParam(kX);
-  Value topkIdx = k.pointerParam(kTopkIdx);
-  Value scalePacks = shape.scalePacks ? k.pointerParam(kScalePacks) : Value();
+  TokenInputs in(k, shape);
+  Value numTokens = in.numTokens, x = in.x, topkIdx = in.topkIdx, scalePacks = in.scalePacks,
+        dstSlots = in.dstSlots;
   Value weights = shape.weights ? k.pointerParam(kTopkWeights) : Value();
-  // The slot of every (token, master slot): written here, replayed by a
-  // cached dispatch (which has no count exchange).
-  Value dstSlots = k.pointerParam(kDstSlots);
   k.entryBarrier();
 
   // One warp per token: send it once to each destination rank.
@@ -690,6 +730,36 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
   });
 }
 
+/// Rows [start_e + count_e, start_e + align(count_e)) of each local expert
+/// of this rank's outputs: zero (data, scale packs, weight).
+void zeroPaddingRows(KernelBuilder &k, const EPLayout &L, const DispatchShape &shape, Value recvX,
+                     Value recvPacks, Value recvWeights, Value expertCounts, Value psumPerExpert) {
+  k.loop(k.globalWarp, k.i32(L.local), k.numWarps, [&](Value e) {
+    Value count = k.loadI32(expertCounts, e);
+    Value end = k.loadI32(psumPerExpert, e);
+    Value aligned = k.mul(k.divu(k.add(count, k.i32(L.alignment - 1)), k.i32(L.alignment)),
+                          k.i32(L.alignment));
+    Value stop = k.add(k.sub(end, count), aligned);
+    k.loop(end, stop, k.i32(1), [&](Value row) {
+      Type vec = VectorType::get({4}, k.i32T());
+      Value zero = arith::ConstantOp::create(k.b, vec, DenseElementsAttr::get(cast<ShapedType>(vec), 0));
+      Value base = k.at(recvX, k.mul(k.wide(row), k.i64(L.rowBytes)));
+      k.loop(k.lane, k.i32(L.rowBytes / 16), k.i32(32), [&](Value chunk) {
+        k.store(zero, k.at(base, k.mul(chunk, k.i32(16))), 16);
+      });
+      if (shape.scalePacks)
+        k.loop(k.lane, k.i32(L.packs), k.i32(32), [&](Value p) {
+          k.storeI32(k.i32(0), recvPacks, k.add(k.mul(row, k.i32(L.packs)), p));
+        });
+      if (shape.weights)
+        k.when(k.eq(k.lane, k.i32(0)), [&] {
+          k.store(arith::ConstantFloatOp::create(k.b, k.b.getF32Type(), APFloat(0.0f)),
+                  k.at(recvWeights, k.mul(row, k.i32(4))), 4);
+        });
+    });
+  });
+}
+
 void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape shape) {
   KernelBuilder k(func, L);
   Value psum = k.pointerParam(kPsumPerRank);
@@ -755,13 +825,7 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
       copyPacks(record, row);
       k.when(inTopk, [&] {
         Value element = k.add(k.mul(row, k.i32(L.topk)), k.lane);
-        Type idxType = k.b.getIntegerType(L.idxBytes * 8);
-        Value out = localId;
-        if (L.idxBytes > 4)
-          out = arith::ExtSIOp::create(k.b, idxType, localId);
-        else if (L.idxBytes < 4)
-          out = arith::TruncIOp::create(k.b, idxType, localId);
-        k.store(out, k.at(recvIdx, k.mul(element, k.i32(L.idxBytes))), L.idxBytes);
+        k.storeTopkId(localId, recvIdx, element);
         if (shape.weights)
           k.store(recordWeight(record, k.lane), k.at(recvWeights, k.mul(element, k.i32(4))), 4);
       });
@@ -821,33 +885,83 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
     }
   });
 
-  if (shape.zeroPadding) {
-    // Rows [start_e + count_e, start_e + align(count_e)) of each expert: zero.
-    k.loop(k.globalWarp, k.i32(L.local), k.numWarps, [&](Value e) {
-      Value count = k.loadI32(expertCounts, e);
-      Value end = k.loadI32(psumPerExpert, e);
-      Value aligned = k.mul(k.divu(k.add(count, k.i32(L.alignment - 1)), k.i32(L.alignment)),
-                            k.i32(L.alignment));
-      Value stop = k.add(k.sub(end, count), aligned);
-      k.loop(end, stop, k.i32(1), [&](Value row) {
-        Type vec = VectorType::get({4}, k.i32T());
-        Value zero = arith::ConstantOp::create(k.b, vec, DenseElementsAttr::get(cast<ShapedType>(vec), 0));
-        Value base = k.at(recvX, k.mul(k.wide(row), k.i64(L.rowBytes)));
-        k.loop(k.lane, k.i32(L.rowBytes / 16), k.i32(32), [&](Value chunk) {
-          k.store(zero, k.at(base, k.mul(chunk, k.i32(16))), 16);
+  if (shape.zeroPadding)
+    zeroPaddingRows(k, L, shape, recvX, recvPacks, recvWeights, expertCounts, psumPerExpert);
+}
+
+/// The one-pass cached dispatch (`one-pass-cached-dispatch`): every rank's
+/// tensors are in one address space, so the handle's routing places each row
+/// straight into its destination's outputs, no window records and no copy.
+/// One warp per token: lane j's destination d_j and the token's received row
+/// there (d_j's prefix sum before this rank + the slot the handle replays);
+/// the warp reads the token's row once and stores it to every target row
+/// (plain: one per destination; expanded: one per slot, the row d_j's
+/// recv_src_metadata gives), then each target's scale packs and (plain) its
+/// local top-k ids. No rank waits for another: the launch serves every rank,
+/// and its end is the end of every rank's writes.
+void buildDispatchScatter(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape shape) {
+  KernelBuilder k(func, L);
+  TokenInputs in(k, shape);
+  Value numTokens = in.numTokens, x = in.x, topkIdx = in.topkIdx, scalePacks = in.scalePacks,
+        dstSlots = in.dstSlots;
+  const int64_t metaColumns = L.topk + 2;
+
+  k.loop(k.globalWarp, numTokens, k.numWarps, [&](Value token) {
+    auto r = k.route(topkIdx, token);
+    // Lane j (valid): the row the token has among d_j's received tokens.
+    Value tokenRow = k.choose(r.valid, k.i32T(), [&]() -> Value {
+      Value psum = k.pointerField(k.peerParams(r.dst), kPsumPerRank);
+      Value before = k.choose(k.cmp(arith::CmpIPredicate::sgt, k.me, k.i32(0)), k.i32T(),
+                              [&]() -> Value { return k.loadI32(psum, k.sub(k.me, k.i32(1))); },
+                              [&]() -> Value { return k.i32(0); });
+      Value slot = k.loadI32(dstSlots, k.add(k.mul(token, k.i32(L.topk)), r.masterLane));
+      return k.add(before, slot);
+    }, [&]() -> Value { return k.i32(-1); });
+    // Lane j: its target row (plain: the token row on masters; expanded: slot
+    // j's expanded row) and that row's address in d_j's recv_x.
+    Value targetRow = tokenRow;
+    Value targets = r.masters;
+    if (shape.expanded) {
+      targetRow = k.choose(r.valid, k.i32T(), [&]() -> Value {
+        Value metadata = k.pointerField(k.peerParams(r.dst), kRecvSrcMetadata);
+        return k.loadI32(metadata, k.add(k.mul(tokenRow, k.i32(metaColumns)),
+                                         k.add(k.lane, k.i32(2))));
+      }, [&]() -> Value { return k.i32(-1); });
+      targets = k.ballot(k.cmp(arith::CmpIPredicate::sge, targetRow, k.i32(0)));
+    }
+    Value rowAddress = k.choose(k.cmp(arith::CmpIPredicate::sge, targetRow, k.i32(0)), k.ptrT(),
+                                [&]() -> Value {
+      Value recvX = k.pointerField(k.peerParams(r.dst), kRecvX);
+      return k.at(recvX, k.mul(k.wide(targetRow), k.i64(L.rowBytes)));
+    }, [&]() -> Value { return x; });
+    k.copyRowToEach(k.at(x, k.mul(k.wide(token), k.i64(L.rowBytes))), L.rowBytes, targets,
+                    [&](Value j) { return k.shufflePointer(rowAddress, j); });
+    k.forEachLane(targets, [&](Value j) {
+      Value dst = k.shuffle(r.dst, j);
+      Value row = k.shuffle(targetRow, j);
+      Value theirs = k.peerParams(dst);
+      if (shape.scalePacks) {
+        Value recvPacks = k.pointerField(theirs, kRecvScalePacks);
+        k.loop(k.lane, k.i32(L.packs), k.i32(32), [&](Value p) {
+          Value v = k.loadI32(scalePacks, k.add(k.mul(token, k.i32(L.packs)), p));
+          k.storeI32(v, recvPacks, k.add(k.mul(row, k.i32(L.packs)), p));
         });
-        if (shape.scalePacks)
-          k.loop(k.lane, k.i32(L.packs), k.i32(32), [&](Value p) {
-            k.storeI32(k.i32(0), recvPacks, k.add(k.mul(row, k.i32(L.packs)), p));
-          });
-        if (shape.weights)
-          k.when(k.eq(k.lane, k.i32(0)), [&] {
-            k.store(arith::ConstantFloatOp::create(k.b, k.b.getF32Type(), APFloat(0.0f)),
-                    k.at(recvWeights, k.mul(row, k.i32(4))), 4);
-          });
-      });
+      }
+      if (!shape.expanded) {
+        // Lane i < K: slot i's local expert id at d, or -1.
+        Value recvIdx = k.pointerField(theirs, kRecvTopkIdx);
+        k.when(k.lt(k.lane, k.i32(L.topk)), [&] {
+          Value localId = k.select(k.eq(r.dst, dst), k.rems(r.expert, k.i32(L.local)), k.i32(-1));
+          k.storeTopkId(localId, recvIdx, k.add(k.mul(row, k.i32(L.topk)), k.lane));
+        });
+      }
     });
-  }
+  });
+
+  if (shape.zeroPadding)
+    zeroPaddingRows(k, L, shape, k.pointerParam(kRecvX),
+                    shape.scalePacks ? k.pointerParam(kRecvScalePacks) : Value(), Value(),
+                    k.pointerParam(kExpertCounts), k.pointerParam(kPsumPerExpert));
 }
 
 //===----------------------------------------------------------------------===//
@@ -1243,7 +1357,8 @@ FailureOr<Operation *> entryOp(func::FuncOp func) {
   return epOp;
 }
 
-LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
+LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
+                     bool onePassCachedDispatch) {
   int64_t timeoutMs = kDefaultTimeoutMs;
   if (Attribute attr = func->getAttr("epic.timeout_ms")) {
     auto value = dyn_cast<IntegerAttr>(attr);
@@ -1384,15 +1499,26 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads) {
     DispatchShape shape{static_cast<bool>(dispatch.getScalePacks()),
                         static_cast<bool>(dispatch.getTopkWeights()), cfg.isExpanded(),
                         dispatch.isCached(), dispatch.getZeroPadding()};
-    kernelNames = {name + "_send", name + "_copy"};
     fields = kDispatchFields;
-    build = [=](gpu::GPUModuleOp module) {
-      EPLayout layout(cfg, idxBits);
-      layout.timeoutMs = timeoutMs;
-      OpBuilder b = kernelInsertionPoint(module);
-      buildDispatchSend(createKernel(b, loc, kernelNames[0], true), layout, shape);
-      buildDispatchCopy(createKernel(b, loc, kernelNames[1], false), layout, shape);
-    };
+    if (shape.cached && onePassCachedDispatch) {
+      kernelNames = {name + "_scatter"};
+      cooperative = false; // no rank waits for another
+      build = [=](gpu::GPUModuleOp module) {
+        EPLayout layout(cfg, idxBits);
+        layout.timeoutMs = timeoutMs;
+        OpBuilder b = kernelInsertionPoint(module);
+        buildDispatchScatter(createKernel(b, loc, kernelNames[0], false), layout, shape);
+      };
+    } else {
+      kernelNames = {name + "_send", name + "_copy"};
+      build = [=](gpu::GPUModuleOp module) {
+        EPLayout layout(cfg, idxBits);
+        layout.timeoutMs = timeoutMs;
+        OpBuilder b = kernelInsertionPoint(module);
+        buildDispatchSend(createKernel(b, loc, kernelNames[0], true), layout, shape);
+        buildDispatchCopy(createKernel(b, loc, kernelNames[1], false), layout, shape);
+      };
+    }
   } else {
     auto combine = cast<ep::CombineOp>(op);
     cfg = combine.getConfig();
@@ -1508,7 +1634,7 @@ struct EPExpandPass : public epic::impl::EPExpandBase<EPExpandPass> {
       entries.push_back({func, *op});
     });
     for (auto [func, op] : entries)
-      failed |= mlir::failed(expand(func, op, threadsPerBlock));
+      failed |= mlir::failed(expand(func, op, threadsPerBlock, onePassCachedDispatch));
     if (failed)
       signalPassFailure();
   }

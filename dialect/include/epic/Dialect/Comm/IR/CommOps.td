@@ -136,6 +136,40 @@ def Comm_RankParamsOp : Comm_Op<"rank_params", [Pure,
   ];
 }
 
+def Comm_PeerParamsOp : Comm_Op<"peer_params", [Pure,
+    AllTypesMatch<["base", "ptr"]>]> {
+  let summary = "another rank's record in a table of per-rank kernel parameters";
+  let description = [{
+    The record of world rank `peer` in the table of `comm.rank_params`:
+    `base + peer * stride`. Only a backend that serves every rank in one
+    launch has the other ranks' records (and the tensors they point to) in
+    its address space: the virtual backend. A kernel that reads a peer's
+    record writes straight into that rank's tensors (ep-expand's one-pass
+    cached dispatch); `convert-comm-to-nvvm` refuses the op for the nccl
+    backend, whose processes see only their own record.
+
+    ```mlir
+    %theirs = comm.peer_params %params stride 128 peer %dst via %dc : !llvm.ptr<1>
+    %recv_x = llvm.load %theirs : !llvm.ptr<1> -> !llvm.ptr<1>
+    ```
+  }];
+  let arguments = (ins LLVM_AnyPointer:$base,
+                       ConfinedAttr<I64Attr, [IntPositive]>:$stride,
+                       I32:$peer,
+                       Comm_DevCommType:$comm);
+  let results = (outs LLVM_AnyPointer:$ptr);
+  let assemblyFormat = [{
+    $base `stride` $stride `peer` $peer `via` $comm attr-dict `:` qualified(type($base))
+  }];
+  let builders = [
+    OpBuilder<(ins "::mlir::Value":$base, "int64_t":$stride, "::mlir::Value":$peer,
+                   "::mlir::Value":$comm), [{
+      build($_builder, $_state, base.getType(), base, $_builder.getI64IntegerAttr(stride), peer,
+            comm);
+    }]>
+  ];
+}
+
 //===----------------------------------------------------------------------===//
 // One-sided network operations (NCCL GIN)
 //===----------------------------------------------------------------------===//
