@@ -449,6 +449,9 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("num_scaleout_ranks"), py::arg("num_scaleup_ranks"), py::arg("hybrid"),
       py::arg("num_sms"), py::arg("num_allocated_qps"));
+  m.def("take_device_wait_reports", &epic::runtime::takeDeviceWaitReports,
+        "Timeout reports of call-free device waits (fused GEMM kernels) since the last call, "
+        "'; '-separated, and clears them (runtime errors already include them)");
   m.def("cuda_device_count", [] {
     int count = 0;
     return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;

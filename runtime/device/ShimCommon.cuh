@@ -10,6 +10,8 @@
 #ifndef EPIC_RUNTIME_DEVICE_SHIMCOMMON_CUH
 #define EPIC_RUNTIME_DEVICE_SHIMCOMMON_CUH
 
+#include "epic/device/WaitReport.h"
+
 #include <stdint.h>
 
 #ifndef EPIC_SHIM_PREFIX
@@ -110,7 +112,41 @@ __device__ __noinline__ void flagTimeoutTrap(const void *flag, const char *relat
   __trap();
 }
 
-template <typename T, typename Load>
+} // namespace epic_device
+
+/// Set by the runtime after loading a module (0: nobody reads reports, trap only).
+extern "C" __device__ epic_device::WaitReport *epic_wait_report;
+__device__ epic_device::WaitReport *epic_wait_report = nullptr;
+
+namespace epic_device {
+
+/// flagTimeoutTrap without a call: the report into this block's slot of the
+/// runtime's mapped memory (fields, then `valid`, each fenced system-wide).
+__device__ __forceinline__ void flagTimeoutReportTrap(const void *flag, int32_t pred,
+                                                      int64_t expected, int64_t seen,
+                                                      int64_t timeoutNs, int32_t rank,
+                                                      int32_t peer) {
+  if (WaitReport *reports = epic_wait_report) {
+    volatile WaitReport *r = reports + blockIdx.x % kWaitReportSlots;
+    r->flag = uint64_t(flag);
+    r->expected = expected;
+    r->seen = seen;
+    r->timeoutNs = timeoutNs;
+    r->predicate = pred;
+    r->rank = rank;
+    r->peer = peer;
+    r->block = int32_t(blockIdx.x);
+    r->thread = int32_t(threadIdx.x);
+    __threadfence_system();
+    r->valid = 1;
+    __threadfence_system();
+  }
+  __trap();
+}
+
+/// Polls `load` until `pred` holds, at most `timeoutNs`; then reports (printf
+/// and trap, or with `Inline` the call-free report) naming rank and peer.
+template <bool Inline, typename T, typename Load>
 __device__ __forceinline__ T boundedFlagWait(const void *flag, Load load, int32_t pred, T value,
                                              int64_t timeoutNs, int32_t rank, int32_t peer) {
   T seen = load();
@@ -121,29 +157,30 @@ __device__ __forceinline__ T boundedFlagWait(const void *flag, Load load, int32_
     seen = load();
     if (holds(seen, pred, value))
       return seen;
-    if (int64_t(nowNs() - start) > timeoutNs)
-      flagTimeoutTrap(flag, predicateName(pred), int64_t(value), int64_t(seen), timeoutNs, rank,
-                      peer);
+    if (int64_t(nowNs() - start) > timeoutNs) {
+      if (Inline)
+        flagTimeoutReportTrap(flag, pred, int64_t(value), int64_t(seen), timeoutNs, rank, peer);
+      else
+        flagTimeoutTrap(flag, predicateName(pred), int64_t(value), int64_t(seen), timeoutNs,
+                        rank, peer);
+    }
   }
 }
 
 } // namespace epic_device
 
 // Flag waits are backend independent: both shims define them.
-EPIC_SHIM_ATTR int32_t EPIC_NAME(wait_flag_i32)(void *flag, int32_t pred, int32_t value,
-                                                int32_t scope, int64_t timeoutNs, int32_t rank,
-                                                int32_t peer) {
-  return epic_device::boundedFlagWait<int32_t>(
-      flag, [&] { return epic_device::loadAcquire32(flag, scope); }, pred, value, timeoutNs, rank,
-      peer);
-}
-
-EPIC_SHIM_ATTR int64_t EPIC_NAME(wait_flag_i64)(void *flag, int32_t pred, int64_t value,
-                                                int32_t scope, int64_t timeoutNs, int32_t rank,
-                                                int32_t peer) {
-  return epic_device::boundedFlagWait<int64_t>(
-      flag, [&] { return epic_device::loadAcquire64(flag, scope); }, pred, value, timeoutNs, rank,
-      peer);
-}
+#define EPIC_FLAG_WAIT(Name, Inline, T, Load)                                                   \
+  EPIC_SHIM_ATTR T EPIC_NAME(Name)(void *flag, int32_t pred, T value, int32_t scope,            \
+                                   int64_t timeoutNs, int32_t rank, int32_t peer) {             \
+    return epic_device::boundedFlagWait<Inline, T>(                                             \
+        flag, [&] { return epic_device::Load(flag, scope); }, pred, value, timeoutNs, rank,     \
+        peer);                                                                                  \
+  }
+EPIC_FLAG_WAIT(wait_flag_i32, false, int32_t, loadAcquire32)
+EPIC_FLAG_WAIT(wait_flag_i64, false, int64_t, loadAcquire64)
+EPIC_FLAG_WAIT(wait_flag_i32_inline, true, int32_t, loadAcquire32)
+EPIC_FLAG_WAIT(wait_flag_i64_inline, true, int64_t, loadAcquire64)
+#undef EPIC_FLAG_WAIT
 
 #endif // EPIC_RUNTIME_DEVICE_SHIMCOMMON_CUH

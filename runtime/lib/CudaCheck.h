@@ -22,7 +22,7 @@ namespace epic::runtime::detail {
 
 inline void check(cudaError_t result, const std::string &what) {
   if (result != cudaSuccess)
-    throw CudaError(what + " failed: " + cudaGetErrorString(result));
+    throw CudaError(what + " failed: " + cudaGetErrorString(result) + takeDeviceWaitReports());
 }
 
 /// The driver functions the runtime calls, resolved once.
@@ -32,6 +32,7 @@ struct DriverApi {
   decltype(&::cuModuleLoadData) moduleLoadData = nullptr;
   decltype(&::cuModuleUnload) moduleUnload = nullptr;
   decltype(&::cuModuleGetFunction) moduleGetFunction = nullptr;
+  decltype(&::cuModuleGetGlobal) moduleGetGlobal = nullptr;
   decltype(&::cuFuncSetAttribute) funcSetAttribute = nullptr;
   decltype(&::cuOccupancyMaxActiveBlocksPerMultiprocessor) occupancy = nullptr;
   decltype(&::cuLaunchKernelEx) launchKernelEx = nullptr;
@@ -59,6 +60,7 @@ inline const DriverApi &driver() {
     resolve("cuModuleLoadData", a.moduleLoadData);
     resolve("cuModuleUnload", a.moduleUnload);
     resolve("cuModuleGetFunction", a.moduleGetFunction);
+    resolve("cuModuleGetGlobal", a.moduleGetGlobal);
     resolve("cuFuncSetAttribute", a.funcSetAttribute);
     resolve("cuOccupancyMaxActiveBlocksPerMultiprocessor", a.occupancy);
     resolve("cuLaunchKernelEx", a.launchKernelEx);
@@ -73,9 +75,14 @@ inline void check(CUresult result, const std::string &what) {
     const char *name = nullptr, *text = nullptr;
     driver().getErrorName(result, &name);
     driver().getErrorString(result, &text);
-    throw CudaError(what + " failed: " + (name ? name : "?") + " (" + (text ? text : "") + ")");
+    throw CudaError(what + " failed: " + (name ? name : "?") + " (" + (text ? text : "") + ")" +
+                    takeDeviceWaitReports());
   }
 }
+
+/// Points `module`'s `epic_wait_report` global (if it has one: kernels with
+/// call-free waits) at the process's mapped report slots.
+void attachDeviceWaitReports(CUmodule module);
 
 } // namespace epic::runtime::detail
 

@@ -238,6 +238,7 @@ Loaded &KernelHost::load(const std::string &entryIR, Run &run) {
                              std::to_string(loaded->fields.size()) + " 8-byte fields");
   check(detail::driver().moduleLoadData(&loaded->module, result.module->cubin.data()), "cuModuleLoadData");
   try {
+    detail::attachDeviceWaitReports(loaded->module);
     for (const std::string &name : loaded->kernelNames) {
       CUfunction f;
       check(detail::driver().moduleGetFunction(&f, loaded->module, name.c_str()),

@@ -2,8 +2,9 @@
 // dispatch's send kernel, then one cooperative kernel whose blocks first copy
 // their share of the rows into the expanded layout and count them per 64-row
 // tile (fence, warp sync, one release add per row), then run the grouped GEMM,
-// each tile's loads preceded by a bounded acquire wait for that tile's count
-// (and a proxy fence: TMA reads what generic stores wrote).
+// each tile's loads preceded by bounded acquire waits for the counts of every
+// row tile of its expert (so the tiles sharing a weight tile start together)
+// and a proxy fence (TMA reads what generic stores wrote).
 // RUN: epic-opt %s --ep-expand | FileCheck %s
 // RUN: epic-compile %s --backend=virtual -o %t
 // RUN: FileCheck %s --check-prefix=JSON < %t.json
@@ -27,22 +28,32 @@
 // CHECK:           arith.constant 4313088 : i32
 // CHECK:           %[[DONE:.*]] = comm.local_ptr %[[WIN]][%{{.*}}] : !llvm.ptr<1>
 // CHECK:           comm.red add release scope gpu %{{.*}}, %[[DONE]] : i32, !llvm.ptr<1>
-// Then the GEMM: the tile's rows must be in place before its TMA loads.
+// Then the GEMM: every row of the tile's expert must be in place before its
+// TMA loads (one wait per row tile of the expert: %[[MTILES]]).
 // CHECK:         nvgpu.mbarrier.create
 // CHECK:         scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args
+// CHECK:           arith.remui %{{[0-9]+}}, %[[MTILES:[0-9]+]] : index
 // CHECK:           scf.if %{{.*}} {
-// CHECK:             %[[NEED:.*]] = arith.index_cast %{{.*}} : index to i32
-// CHECK:             arith.constant 4313088 : index
-// CHECK:             %[[TILE:.*]] = comm.local_ptr %[[WIN]][%{{.*}}] : !llvm.ptr<1>
-// CHECK-NEXT:        comm.wait_flag %[[TILE]] ge %[[NEED]] rank %{{.*}} scope gpu : !llvm.ptr<1>, i32
+// CHECK:             scf.for %[[M:.*]] = %{{.*}} to %[[MTILES]] step
+// CHECK:               %[[NEED:.*]] = arith.index_cast %{{.*}} : index to i32
+// CHECK:               arith.addi %{{.*}}, %[[M]] : index
+// CHECK:               arith.constant 4313088 : index
+// CHECK:               %[[TILE:.*]] = comm.local_ptr %[[WIN]][%{{.*}}] : !llvm.ptr<1>
+// CHECK-NEXT:          comm.wait_flag %[[TILE]] ge %[[NEED]] rank %{{.*}} scope gpu : !llvm.ptr<1>, i32
+// CHECK-NEXT:        }
 // CHECK-NEXT:        nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.global>}
 // CHECK:           gpu.barrier
 // CHECK:           nvgpu.mbarrier.arrive.expect_tx
 // CHECK:           nvgpu.tma.async.load
 // CHECK:           nvgpu.warpgroup.mma
-// After the tile: the last column tile resets the tile's counters.
-// CHECK:           comm.atomic_rmw add relaxed scope gpu
-// CHECK:           arith.cmpi eq, %{{.*}}, %c3_i32
+// After the tile: the expert's last tile (row tiles x 4 column tiles, counted
+// at 4313600) resets every row tile's counter of the expert.
+// CHECK:           arith.constant 4313600 : index
+// CHECK:           %[[BEFORE:.*]] = comm.atomic_rmw add relaxed scope gpu
+// CHECK:           %[[TILES:.*]] = arith.muli %[[MTILES]], %c4
+// CHECK:           %[[LAST:.*]] = arith.subi %{{.*}}, %c1_i32
+// CHECK:           arith.cmpi eq, %[[BEFORE]], %[[LAST]] : i32
+// CHECK:           scf.for %{{.*}} = %{{.*}} to %[[MTILES]] step
 // CHECK-LABEL: func.func @moe(
 // CHECK-SAME:      epic.cooperative = 1
 // CHECK-SAME:      epic.entry = "dispatch_gemm"

@@ -9,6 +9,7 @@
 // CHECK-DAG: "name": "put_signal"
 // CHECK-DAG: "name": "barrier_rounds"
 // CHECK-DAG: "name": "wait_forever"
+// CHECK-DAG: "name": "wait_forever_inline"
 
 module attributes {gpu.container_module} {
   gpu.module @kernels {
@@ -134,6 +135,16 @@ module attributes {gpu.container_module} {
     // Waits for a flag nobody sets: must end, after `timeout_ms`, with the
     // bounded-wait report and a trap, not hang.
     gpu.func @wait_forever(%win: !comm.window) kernel {
+      %c0_i64 = arith.constant 0 : i64
+      %c1_i32 = arith.constant 1 : i32
+      %flag = comm.local_ptr %win[%c0_i64] : !llvm.ptr<1>
+      %seen = comm.wait_flag %flag eq %c1_i32 scope sys timeout_ms 200 : !llvm.ptr<1>, i32
+      gpu.return
+    }
+
+    // The same in a kernel whose waits must not call (as in a wgmma
+    // pipeline): the report goes to the mapped slots the host set up.
+    gpu.func @wait_forever_inline(%win: !comm.window) kernel attributes {comm.inline_waits} {
       %c0_i64 = arith.constant 0 : i64
       %c1_i32 = arith.constant 1 : i32
       %flag = comm.local_ptr %win[%c0_i64] : !llvm.ptr<1>

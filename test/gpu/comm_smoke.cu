@@ -6,6 +6,7 @@
 //   comm_smoke virtual <cubin>          8 virtual ranks on one GPU
 //   comm_smoke nccl <cubin>             the NCCL backend with nranks = 1
 //   comm_smoke virtual-timeout <cubin>  a wait nobody satisfies must trap
+//   comm_smoke virtual-timeout-report <cubin>  ... a call-free one, its report in mapped memory
 //   comm_smoke ep-nccl <cubin> <json>   ep-expand's dispatch + combine, NCCL, nranks = 1
 //
 // Every CUDA/NCCL call is checked; any mismatch prints what differed and
@@ -14,6 +15,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "epic/device/VirtualWorld.h"
+#include "epic/device/WaitReport.h"
 
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -222,6 +224,48 @@ int runVirtualTimeout(const char *cubin) {
   cuGetErrorString(r, &message);
   std::printf("  kernel ended with: %s\n", message);
   expect(r != CUDA_SUCCESS, "wait_forever: the bounded wait trapped instead of hanging");
+  return failures;
+}
+
+// The call-free wait (comm.inline_waits, as in wgmma kernels): its report lands
+// in mapped host memory the module's epic_wait_report points at, readable
+// after the trap, as the runtime does it (runtime/lib/WaitReports.cpp).
+int runVirtualTimeoutReport(const char *cubin) {
+  std::printf("virtual backend: a call-free wait that nobody satisfies\n");
+  CUmodule module = loadModule(cubin);
+  VirtualWorld world(1, 1 << 16);
+  using epic_device::WaitReport;
+  WaitReport *host = nullptr;
+  CHECK_CUDA(cudaHostAlloc(reinterpret_cast<void **>(&host),
+                           sizeof(WaitReport) * epic_device::kWaitReportSlots,
+                           cudaHostAllocMapped));
+  std::memset(host, 0, sizeof(WaitReport) * epic_device::kWaitReportSlots);
+  void *device = nullptr;
+  CHECK_CUDA(cudaHostGetDevicePointer(&device, host, 0));
+  CUdeviceptr global = 0;
+  size_t bytes = 0;
+  CHECK_CU(cuModuleGetGlobal(&global, &bytes, module, EPIC_WAIT_REPORT_SYMBOL));
+  CHECK_CU(cuMemcpyHtoD(global, &device, sizeof(device)));
+  std::vector<void *> args = {&world.window};
+  const unsigned block = 3; // the slot is blockIdx.x % kWaitReportSlots
+  CHECK_CU(cuLaunchKernel(kernel(module, "wait_forever_inline"), block + 1, 1, 1, 32, 1, 1, 0,
+                          nullptr, args.data(), nullptr));
+  CUresult r = cuCtxSynchronize();
+  const char *message = nullptr;
+  cuGetErrorString(r, &message);
+  std::printf("  kernel ended with: %s\n", message);
+  expect(r != CUDA_SUCCESS, "wait_forever_inline: the call-free wait trapped instead of hanging");
+  const volatile WaitReport &report = host[block];
+  std::printf("  report of block %d: valid %llu, flag %s %lld (seen %lld), timeout %lld ms, "
+              "thread %d\n",
+              int(report.block), (unsigned long long)report.valid,
+              report.predicate == 0 ? "==" : "?", (long long)report.expected,
+              (long long)report.seen, (long long)(report.timeoutNs / 1000000),
+              int(report.thread));
+  expect(report.valid == 1 && report.block == int(block) && report.predicate == 0 &&
+             report.expected == 1 && report.seen == 0 && report.timeoutNs == 200000000 &&
+             report.rank == -1 && report.peer == -1,
+         "wait_forever_inline: the timeout report is in the mapped slot of its block");
   return failures;
 }
 
@@ -461,17 +505,18 @@ int main(int argc, char **argv) {
     return result == 0 ? 0 : 1;
   }
   if (argc != 3) {
-    std::fprintf(stderr, "usage: %s virtual|virtual-timeout|nccl <cubin> | ep-nccl <cubin> <json>\n",
+    std::fprintf(stderr, "usage: %s virtual|virtual-timeout|virtual-timeout-report|nccl <cubin> | ep-nccl <cubin> <json>\n",
                  argv[0]);
     return 2;
   }
   CHECK_CUDA(cudaSetDevice(0));
   CHECK_CUDA(cudaFree(nullptr)); // creates the primary context the driver API uses
   std::string mode = argv[1];
-  int result = mode == "virtual"           ? runVirtual(argv[2])
-               : mode == "virtual-timeout" ? runVirtualTimeout(argv[2])
-               : mode == "nccl"            ? runNccl(argv[2])
-                                           : (std::fprintf(stderr, "unknown mode %s\n", argv[1]), 2);
+  int result = mode == "virtual"                  ? runVirtual(argv[2])
+               : mode == "virtual-timeout"        ? runVirtualTimeout(argv[2])
+               : mode == "virtual-timeout-report" ? runVirtualTimeoutReport(argv[2])
+               : mode == "nccl"                   ? runNccl(argv[2])
+                   : (std::fprintf(stderr, "unknown mode %s\n", argv[1]), 2);
   std::printf("%s: %s\n", argv[1], result == 0 ? "passed" : "FAILED");
   return result == 0 ? 0 : 1;
 }

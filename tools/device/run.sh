@@ -30,6 +30,10 @@ cmake -G Ninja -S . -B /tmp/epic-gpu/runtime -DEPIC_RUNTIME_ONLY=ON -DCMAKE_BUIL
   > /tmp/epic-gpu/cmake.log 2>&1 && cmake --build /tmp/epic-gpu/runtime > /tmp/epic-gpu/build.log 2>&1 \
   || { echo "run.sh: building the runtime failed"; tail -30 /tmp/epic-gpu/cmake.log /tmp/epic-gpu/build.log; exit 1; }
 
+# `run.sh build`: only build the runtime and the Python extension (for a
+# command of one's own after it, e.g. tools/device/profile.sh).
+[[ ${1:-all} == build ]] && { echo "run.sh: runtime built in /tmp/epic-gpu/runtime"; exit 0; }
+
 status=0
 run() {
   echo "== $*"
@@ -44,6 +48,7 @@ if [[ $only == all ]]; then
 run /tmp/epic-gpu/comm_smoke virtual "$dev/kernels/comm_virtual.cubin"
 run /tmp/epic-gpu/comm_smoke nccl "$dev/kernels/comm_nccl.cubin"
 run /tmp/epic-gpu/comm_smoke virtual-timeout "$dev/kernels/comm_virtual.cubin"
+run /tmp/epic-gpu/comm_smoke virtual-timeout-report "$dev/kernels/comm_virtual.cubin"
 run /tmp/epic-gpu/comm_smoke ep-nccl "$dev/kernels/ep_nccl.cubin" "$dev/kernels/ep_nccl.json"
 EPIC_CACHE_DIR="$dev/cache" EPIC_DEBUG=1 run /tmp/epic-gpu/runtime/bin/epic-runtime-gpu-test
 for program in examples/run/*.mlir; do

@@ -167,6 +167,40 @@ gpu.module @flags {
 
 // -----
 
+// A kernel whose waits must not call (comm.inline_waits; so is any kernel with
+// nvgpu.warpgroup.mma): the call-free waits, whose timeout report goes to the
+// runtime's mapped slots instead of printf.
+// CHECK-LABEL: gpu.module @inline_waits
+gpu.module @inline_waits {
+  gpu.func @k(%p: !llvm.ptr, %v: i32) kernel attributes {comm.inline_waits} {
+    // CHECK: llvm.call @__epic_nccl_wait_flag_i32_inline(
+    %s = comm.wait_flag %p ge %v scope gpu : !llvm.ptr, i32
+    gpu.return
+  }
+  // CHECK: gpu.func @mma(
+  gpu.func @mma(%p: !llvm.ptr, %v: i32, %a: !nvgpu.warpgroup.descriptor<tensor = memref<64x16xbf16, 3>>,
+                %b: !nvgpu.warpgroup.descriptor<tensor = memref<16x128xbf16, 3>>,
+                %acc: !nvgpu.warpgroup.accumulator<fragmented = vector<64x128xf32>>) kernel {
+    // CHECK: llvm.call @__epic_nccl_wait_flag_i32_inline(
+    %s = comm.wait_flag %p ge %v scope gpu : !llvm.ptr, i32
+    %d = nvgpu.warpgroup.mma %a, %b, %acc {transposeB}
+        : !nvgpu.warpgroup.descriptor<tensor = memref<64x16xbf16, 3>>,
+          !nvgpu.warpgroup.descriptor<tensor = memref<16x128xbf16, 3>>,
+          !nvgpu.warpgroup.accumulator<fragmented = vector<64x128xf32>>
+          -> !nvgpu.warpgroup.accumulator<fragmented = vector<64x128xf32>>
+    gpu.return
+  }
+  // Any other kernel keeps the waits that printf their report.
+  // CHECK: gpu.func @plain(
+  // CHECK: llvm.call @__epic_nccl_wait_flag_i32(
+  gpu.func @plain(%p: !llvm.ptr, %v: i32) kernel {
+    %s = comm.wait_flag %p ge %v scope gpu : !llvm.ptr, i32
+    gpu.return
+  }
+}
+
+// -----
+
 // Host functions and launches that carry comm values are converted too.
 // CHECK-LABEL: func.func @host
 // CHECK-SAME: (%[[DC:.*]]: !llvm.ptr, %[[WIN:.*]]: !llvm.ptr)

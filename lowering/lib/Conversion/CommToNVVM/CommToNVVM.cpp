@@ -14,6 +14,7 @@
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "mlir/Dialect/NVGPU/IR/NVGPUDialect.h"
 #include "mlir/Dialect/SCF/Transforms/Patterns.h"
 #include "mlir/IR/SymbolTable.h"
 #include "mlir/Transforms/DialectConversion.h"
@@ -650,14 +651,33 @@ struct AtomicCASLowering : CommPattern<comm::AtomicCASOp> {
   }
 };
 
+/// Whether the waits of `op`'s kernel must not call (the timeout's printf):
+/// ptxas serializes every wgmma of a function that calls.
+bool needsInlineWaits(Operation *op) {
+  auto func = op->getParentOfType<gpu::GPUFuncOp>();
+  if (!func)
+    return false;
+  if (func->hasAttr("comm.inline_waits"))
+    return true;
+  return func
+      .walk([](Operation *inner) {
+        return isa<nvgpu::WarpgroupMmaOp, NVVM::WgmmaMmaAsyncOp>(inner) ? WalkResult::interrupt()
+                                                                        : WalkResult::advance();
+      })
+      .wasInterrupted();
+}
+
 struct WaitFlagLowering : CommPattern<comm::WaitFlagOp> {
   using CommPattern::CommPattern;
   LogicalResult matchAndRewrite(comm::WaitFlagOp op, OpAdaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const override {
     Builder b{rewriter, op.getLoc()};
     bool wide = op.getValue().getType().getIntOrFloatBitWidth() == 64;
+    std::string shim = wide ? "wait_flag_i64" : "wait_flag_i32";
+    if (needsInlineWaits(op))
+      shim += "_inline";
     Value seen = b.callShim(
-        op, backend, wide ? "wait_flag_i64" : "wait_flag_i32",
+        op, backend, shim,
         {b.generic(adaptor.getPtr()), b.i32(static_cast<int32_t>(op.getPredicate())),
          adaptor.getValue(), b.i32(static_cast<int32_t>(op.getScope())),
          b.i64(timeoutNs(op.getTimeoutMs())), b.orI32(adaptor.getRank(), -1),

@@ -373,9 +373,10 @@ public:
   /// warp-uniform `mask`: each group of chunks is loaded once and stored to
   /// every destination (an expanded dispatch writes a record to one row per
   /// local expert of its token).
-  void copyRowToEach(Value src, int64_t bytes, Value mask, function_ref<Value(Value)> dst) {
+  void copyRowToEach(Value src, int64_t bytes, Value mask, function_ref<Value(Value)> dst,
+                     int64_t unroll = kCopyUnroll) {
     auto vec = VectorType::get({4}, i32T());
-    forEachChunkGroup(bytes, kCopyUnroll, /*warpUniform=*/true,
+    forEachChunkGroup(bytes, unroll, /*warpUniform=*/true,
                       [&](ArrayRef<Value> offsets, ArrayRef<Value> inRange) {
       SmallVector<Value> values = loadChunks(vec, src, offsets, inRange);
       forEachLane(mask, [&](Value bit) { storeChunks(dst(bit), values, offsets, inRange); });
@@ -537,7 +538,21 @@ struct DispatchShape {
   /// Fused with the grouped GEMM (ep.dispatch_gemm): window offset of the
   /// per-(expert, 128-row tile) arrival counters the copy bumps, or -1.
   int64_t tileDone = -1, maxTiles = 0;
+  /// 16-byte chunks per lane the expanded copy keeps in flight.
+  int64_t rowUnroll = KernelBuilder::kCopyUnroll;
 };
+
+/// The fused copy's chunks in flight per lane: its blocks are the GEMM's (8
+/// warps per SM, not 32), so each warp must keep more of a row in flight to
+/// stay bandwidth bound, and the GEMM's register budget (~200) pays for it.
+/// The most, up to 16, that tiles the row exactly (no range checks).
+int64_t fusedRowUnroll(int64_t rowBytes) {
+  const int64_t chunks = rowBytes / 16;
+  for (int64_t unroll = 16; unroll > KernelBuilder::kCopyUnroll; --unroll)
+    if (chunks % (32 * unroll) == 0)
+      return unroll;
+  return chunks >= 32 * 8 ? 8 : KernelBuilder::kCopyUnroll;
+}
 
 /// Each peer gets flag 1 (release) from the rank's last block, which then
 /// waits (bounded acquire) for every peer's flag and resets it: all the
@@ -847,7 +862,7 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
       // here; then each row's packs, weight and, fused, its count.
       Value targets = k.ballot(mine);
       k.copyRowToEach(record, L.rowBytes, targets,
-                      [&](Value j) { return rowOf(k.shuffle(myRow, j)); });
+                      [&](Value j) { return rowOf(k.shuffle(myRow, j)); }, shape.rowUnroll);
       k.forEachLane(targets, [&](Value j) {
         Value out = k.shuffle(myRow, j);
         copyPacks(record, out);
@@ -1468,7 +1483,8 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
     gemm.tileDone = tileDone, gemm.tileConsumed = at.tileConsumed, gemm.maxTiles = maxTiles;
     gemm.timeoutMs = timeoutMs;
     DispatchShape shape{false, static_cast<bool>(fused.getTopkWeights()), true, false,
-                        fused.getZeroPadding(), tileDone, maxTiles};
+                        fused.getZeroPadding(), tileDone, maxTiles,
+                        fusedRowUnroll(layout.rowBytes)};
     kernelNames = {name + "_send", name + "_copy_gemm"};
     fields = kDispatchGemmFields;
     threads = epic::detail::kGemmThreads;

@@ -147,6 +147,13 @@ struct GemmBuilder {
     scf::YieldOp::create(b, next);
     return op.getResults();
   }
+  /// for (iv = lb; iv < ub; iv += step) { body(iv) }, nothing carried.
+  void forEach(Value lb, Value ub, Value step, function_ref<void(Value)> body) {
+    auto op = scf::ForOp::create(b, lb, ub, step);
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPoint(op.getBody()->getTerminator());
+    body(op.getInductionVar());
+  }
   void when(Value cond, function_ref<void()> body) {
     auto op = scf::IfOp::create(b, cond, /*withElseRegion=*/false);
     OpBuilder::InsertionGuard guard(b);
@@ -255,23 +262,30 @@ struct GemmBuilder {
       Value col0 = mul(divu(local, mTiles), idx(kGemmTileN));
       Value weightRow0 = mul(expert, idx(shape.hidden));
 
-      // Fused: wait until the copy role has placed every row of this tile.
-      auto tileCounter = [&](int64_t base) {
-        Value slot = add(mul(expert, idx(shape.maxTiles)), mt);
+      // Fused: wait until the copy role has placed every row of the tile's
+      // expert, not only the tile's: the blocks on the row tiles that share a
+      // weight column tile then start together and stream it through L2 once.
+      // (Waiting per row tile let the first row tiles race ahead, so every
+      // weight tile came from memory twice: L2 hits 34% instead of 49%, the
+      // fused GEMM 1.45x slower on the H200.)
+      auto tileCounter = [&](int64_t base, Value rowTile) {
+        Value slot = add(mul(expert, idx(shape.maxTiles)), rowTile);
         return comm::LocalPtrOp::create(b, ptrT(), window,
                                         i64(add(idx(base), mul(slot, idx(4)))));
       };
       if (shape.tileDone >= 0) {
         when(leader, [&] {
-          Value left = sub(end, row0);
-          Value rows = select(ult(left, idx(kGemmTileM)), left, idx(kGemmTileM));
-          Value needed = arith::IndexCastOp::create(b, b.getI32Type(), rows);
           Value me = comm::TeamRankOp::create(
               b, b.getI32Type(),
               comm::TeamOp::create(b, comm::TeamType::get(ctx), comm::TeamKind::world, comm));
-          comm::WaitFlagOp::create(b, b.getI32Type(), tileCounter(shape.tileDone),
-                                   comm::Predicate::ge, needed, me, Value(), comm::Scope::gpu,
-                                   shape.timeoutMs);
+          forEach(idx(0), mTiles, idx(1), [&](Value m) {
+            Value left = sub(end, add(start, mul(m, idx(kGemmTileM))));
+            Value rows = select(ult(left, idx(kGemmTileM)), left, idx(kGemmTileM));
+            Value needed = arith::IndexCastOp::create(b, b.getI32Type(), rows);
+            comm::WaitFlagOp::create(b, b.getI32Type(), tileCounter(shape.tileDone, m),
+                                     comm::Predicate::ge, needed, me, Value(), comm::Scope::gpu,
+                                     shape.timeoutMs);
+          });
           // The rows were written by generic stores; TMA reads through the async proxy.
           NVVM::FenceProxyOp::create(b, NVVM::ProxyKind::async_global, NVVM::SharedSpaceAttr());
         });
@@ -336,18 +350,24 @@ struct GemmBuilder {
         });
       }
       if (shape.tileDone >= 0) {
-        // The last of the row tile's column tiles resets both counters.
+        // Every tile of the expert waited on all its row tiles' counters: the
+        // expert's last tile (counted in its first row tile's slot) resets them.
         when(leader, [&] {
+          Value consumed = tileCounter(shape.tileConsumed, idx(0));
           Value before = comm::AtomicRMWOp::create(
               b, b.getI32Type(), comm::AtomicKind::add, comm::Ordering::relaxed,
-              comm::Scope::gpu, arith::ConstantIntOp::create(b, 1, 32),
-              tileCounter(shape.tileConsumed));
-          Value last = arith::CmpIOp::create(b, arith::CmpIPredicate::eq, before,
-                                             arith::ConstantIntOp::create(b, nTiles - 1, 32));
+              comm::Scope::gpu, arith::ConstantIntOp::create(b, 1, 32), consumed);
+          Value tiles = arith::IndexCastOp::create(b, b.getI32Type(),
+                                                   mul(mTiles, idx(nTiles)));
+          Value last = arith::CmpIOp::create(
+              b, arith::CmpIPredicate::eq, before,
+              arith::SubIOp::create(b, tiles, arith::ConstantIntOp::create(b, 1, 32)));
           when(last, [&] {
             Value zero = arith::ConstantIntOp::create(b, 0, 32);
-            LLVM::StoreOp::create(b, zero, tileCounter(shape.tileDone), 4);
-            LLVM::StoreOp::create(b, zero, tileCounter(shape.tileConsumed), 4);
+            forEach(idx(0), mTiles, idx(1), [&](Value m) {
+              LLVM::StoreOp::create(b, zero, tileCounter(shape.tileDone, m), 4);
+            });
+            LLVM::StoreOp::create(b, zero, consumed, 4);
           });
         });
       }

@@ -28,6 +28,14 @@ struct CudaError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// The timeout reports that call-free device waits (kernels with a wgmma
+/// pipeline, see epic/device/WaitReport.h) left in the process's mapped report
+/// slots, each as "; device wait timed out after ...", and clears them; "" if
+/// none. Every CudaError the runtime throws already ends with them; call this
+/// after a CUDA error seen elsewhere (e.g. torch.cuda.synchronize).
+std::string takeDeviceWaitReports();
+
+
 
 struct Loaded;
 

@@ -512,7 +512,12 @@ def Comm_WaitFlagOp : Comm_Op<"wait_flag", [
     `timeout_ms` the lowered code prints the waiting rank and the peer it
     waited for (when given by `rank`/`peer`, which only serve this report),
     the block and thread, the address, the expected and the seen value, and
-    traps.
+    traps. In a kernel that must not call functions — one with
+    `nvgpu.warpgroup.mma` (ptxas serializes wgmma around any call, the
+    printf of the report included) or marked `comm.inline_waits` — the report
+    is written without a call into the runtime's mapped report slots
+    (`epic/device/WaitReport.h`) instead, and the runtime names it in the
+    error of the failed launch.
 
     ```mlir
     %seen = comm.wait_flag %p ge %n rank %me peer %src scope sys timeout_ms 1000

@@ -1,0 +1,40 @@
+//===- WaitReport.h - timeout reports of call-free waits ---------*- C++ -*-===//
+//
+// A bounded wait in a kernel that must not call functions (a wgmma pipeline:
+// ptxas serializes wgmma around any call, printf included) cannot print its
+// timeout report. It writes it here instead, into pinned host memory the
+// runtime maps and points the module's `epic_wait_report` global at, then
+// traps; the host reads the slots after the launch failed (host memory stays
+// readable when the CUDA context does not). Shared by the device shims and
+// the runtime: plain C layout.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef EPIC_DEVICE_WAITREPORT_H
+#define EPIC_DEVICE_WAITREPORT_H
+
+#include <stdint.h>
+
+namespace epic_device {
+
+/// The name of the module global (a WaitReport *) the runtime sets.
+#define EPIC_WAIT_REPORT_SYMBOL "epic_wait_report"
+
+/// Slots: a block writes slot blockIdx.x % kWaitReportSlots, so the waits of
+/// different blocks that time out together do not mix their fields.
+constexpr int kWaitReportSlots = 64;
+
+struct WaitReport {
+  uint64_t valid;       ///< 1 once the other fields are written
+  uint64_t flag;        ///< address of the flag waited on
+  int64_t expected, seen, timeoutNs;
+  int32_t predicate;    ///< 0 ==, 1 !=, 2 >=, 3 >
+  int32_t rank, peer;   ///< -1 if the wait did not name them
+  int32_t block, thread;
+  int32_t padding;
+};
+static_assert(sizeof(WaitReport) == 64, "one report per 64 bytes");
+
+} // namespace epic_device
+
+#endif // EPIC_DEVICE_WAITREPORT_H

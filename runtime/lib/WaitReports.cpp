@@ -1,0 +1,100 @@
+//===- WaitReports.cpp - timeout reports of call-free device waits --------===//
+//
+// Kernels with a wgmma pipeline cannot printf a timed-out wait's report (a
+// call serializes wgmma), so they write it into pinned host memory mapped
+// for the device and trap. The slots are the process's, allocated when the
+// first module that wants them is loaded; the host reads them when a CUDA
+// call fails (host memory stays readable when the context does not).
+//
+//===----------------------------------------------------------------------===//
+
+#include "CudaCheck.h"
+
+#include "epic/device/WaitReport.h"
+
+#include <atomic>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+
+namespace epic::runtime::detail {
+namespace {
+
+using epic_device::kWaitReportSlots;
+using epic_device::WaitReport;
+
+// The host view; never freed (the process's). Atomic: check() reads it from
+// any thread, without the allocation lock (whose holder may call check()).
+std::atomic<WaitReport *> slots{nullptr};
+std::mutex allocation;
+
+WaitReport *mappedSlots() {
+  cudaError_t error = cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(allocation);
+    if (!slots.load()) {
+      void *host = nullptr;
+      error = cudaHostAlloc(&host, sizeof(WaitReport) * kWaitReportSlots,
+                            cudaHostAllocMapped | cudaHostAllocPortable);
+      if (error == cudaSuccess) {
+        std::memset(host, 0, sizeof(WaitReport) * kWaitReportSlots);
+        slots.store(static_cast<WaitReport *>(host));
+      }
+    }
+  }
+  check(error, "cudaHostAlloc(device wait reports)");
+  return slots.load();
+}
+
+const char *relation(int32_t predicate) {
+  switch (predicate) {
+  case 0: return "==";
+  case 1: return "!=";
+  case 2: return ">=";
+  default: return ">";
+  }
+}
+
+} // namespace
+
+void attachDeviceWaitReports(CUmodule module) {
+  CUdeviceptr global = 0;
+  size_t bytes = 0;
+  if (driver().moduleGetGlobal(&global, &bytes, module, EPIC_WAIT_REPORT_SYMBOL) !=
+          CUDA_SUCCESS ||
+      bytes != sizeof(void *))
+    return; // no call-free waits in this module
+  WaitReport *host = mappedSlots();
+  void *device = nullptr;
+  check(cudaHostGetDevicePointer(&device, host, 0), "cudaHostGetDevicePointer(wait reports)");
+  check(cudaMemcpy(reinterpret_cast<void *>(global), &device, sizeof(device),
+                   cudaMemcpyHostToDevice),
+        "setting " EPIC_WAIT_REPORT_SYMBOL);
+}
+
+} // namespace epic::runtime::detail
+
+std::string epic::runtime::takeDeviceWaitReports() {
+  using namespace detail;
+  std::string text;
+  WaitReport *reports = slots.load();
+  for (int i = 0; reports && i < kWaitReportSlots; ++i) {
+    volatile WaitReport &r = reports[i];
+    if (r.valid != 1)
+      continue;
+    char line[320];
+    std::snprintf(line, sizeof(line),
+                  "; device wait timed out after %" PRId64 " ms: rank %d block %d thread %d "
+                  "waited for peer %d: the flag at 0x%" PRIx64 " %s %" PRId64 " (seen %" PRId64
+                  ")",
+                  int64_t(r.timeoutNs) / 1000000, int(r.rank), int(r.block), int(r.thread),
+                  int(r.peer), uint64_t(r.flag), relation(r.predicate), int64_t(r.expected),
+                  int64_t(r.seen));
+    text += line;
+    r.valid = 0;
+  }
+  return text;
+}
+
+
