@@ -19,6 +19,7 @@ launches the kernels the compiler made for the configuration at hand.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import importlib
 import os
@@ -31,6 +32,23 @@ __all__ = ["VirtualWorld", "ElasticBuffer", "EPHandle", "EventHandle", "EventOve
 _MIB = 1 << 20
 _MAX_RANKS, _MAX_EXPERTS, _MAX_LOCAL_EXPERTS, _MAX_TOPK = 1024, 2048, 256, 32
 _ROW_DTYPES = ("bf16", "f16", "f32", "f8E4M3FN", "f8E5M2")
+
+
+@contextlib.contextmanager
+def _device_wait_reports():
+    """A CUDA error torch raises at a sync point gets the timeout reports of call-free device
+    waits appended (the fused GEMM kernels' waits write them to mapped memory instead of
+    printing them; the runtime's own errors include them already)."""
+    try:
+        yield
+    except RuntimeError as error:
+        try:
+            reports = _C().take_device_wait_reports()
+        except Exception:  # no extension, or it cannot answer: keep the original error
+            reports = ""
+        if reports:
+            raise RuntimeError(f"{error}{reports}") from error
+        raise
 
 
 def _C():
@@ -427,14 +445,16 @@ class ElasticBuffer:
         state = self._runtime()
         stream = self._comm_stream if use_comm_stream else torch.cuda.current_stream()
         if with_cpu_sync:
-            torch.cuda.synchronize()
+            with _device_wait_reports():
+                torch.cuda.synchronize()
         if use_comm_stream:
             stream.wait_stream(torch.cuda.current_stream())
         state.barrier(stream.cuda_stream)
         if use_comm_stream:
             torch.cuda.current_stream().wait_stream(stream)
         if with_cpu_sync:
-            torch.cuda.synchronize()
+            with _device_wait_reports():
+                torch.cuda.synchronize()
 
     def destroy(self):
         if self._destroyed:
@@ -442,7 +462,8 @@ class ElasticBuffer:
         if self._state is not None:
             import torch
 
-            torch.cuda.synchronize()
+            with _device_wait_reports():
+                torch.cuda.synchronize()
             self._in_flight.clear()
             self._state.destroy()
         self._state, self._destroyed = None, True
@@ -762,7 +783,8 @@ class ElasticBuffer:
             counts = [[h.num_recv_tokens] + list(h.num_recv_tokens_per_expert_list) for h in handles]
         elif do_cpu_sync:
             with torch.cuda.stream(comm):  # after the kernels that write them
-                counts = torch.stack([o["host_counts"] for o in outputs]).cpu().tolist()
+                with _device_wait_reports():
+                    counts = torch.stack([o["host_counts"] for o in outputs]).cpu().tolist()
         results, new_handles = [], []
         with torch.cuda.stream(comm):
             for r, o in enumerate(outputs):

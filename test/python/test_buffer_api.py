@@ -315,3 +315,29 @@ def test_gemm_combine_checks_its_arguments_before_the_device(buf):
         buf.gemm_combine(xs, [np.zeros((L, H, 128), ml_dtypes.bfloat16)] * R, handles)
     with pytest.raises(ValueError, match=r"x\[0\]: must be a CUDA tensor"):
         buf.gemm_combine(xs, ws, handles)
+
+
+def test_cuda_errors_at_sync_points_carry_the_device_wait_reports(monkeypatch):
+    """Fused GEMM kernels report a timed-out wait into mapped memory, not stdout: an error
+    torch raises at one of the buffer's sync points gets those reports appended."""
+    report = "; device wait timed out after 100 ms: rank 3 block 5 thread 0 waited for peer 2"
+
+    class Extension:
+        reports = [report]
+
+        @staticmethod
+        def take_device_wait_reports():
+            return Extension.reports.pop() if Extension.reports else ""
+
+    monkeypatch.setattr(B, "_C", lambda: Extension)
+    with pytest.raises(RuntimeError, match="unspecified launch failure; device wait timed out "
+                                           "after 100 ms: rank 3 block 5"):
+        with B._device_wait_reports():
+            raise RuntimeError("CUDA error: unspecified launch failure")
+    # Taken once; without reports the error is the original one.
+    with pytest.raises(RuntimeError, match=r"^CUDA error: unspecified launch failure$"):
+        with B._device_wait_reports():
+            raise RuntimeError("CUDA error: unspecified launch failure")
+    with B._device_wait_reports():  # nothing raised: nothing asked
+        pass
+    assert Extension.reports == []
