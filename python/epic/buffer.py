@@ -46,8 +46,8 @@ def _device_wait_reports():
             reports = _C().take_device_wait_reports()
         except Exception:  # no extension, or it cannot answer: keep the original error
             reports = ""
-        if reports:
-            raise RuntimeError(f"{error}{reports}") from error
+        if reports:  # the same exception (torch's AcceleratorError stays one), longer message
+            error.args = (f"{error}{reports}",) + error.args[1:]
         raise
 
 

@@ -80,14 +80,6 @@ template <typename T> __device__ __forceinline__ bool holds(T seen, int32_t pred
   }
 }
 
-__device__ __forceinline__ const char *predicateName(int32_t pred) {
-  switch (pred) {
-  case kEq: return "==";
-  case kNe: return "!=";
-  case kGe: return ">=";
-  default: return ">";
-  }
-}
 
 /// Printed by every timed-out wait before it traps: which rank, block and
 /// thread waited for what, and what it saw.
@@ -120,14 +112,20 @@ __device__ epic_device::WaitReport *epic_wait_report = nullptr;
 
 namespace epic_device {
 
+/// Which report slots a timed-out wait of this module has taken (device memory:
+/// atomics on the mapped host slots need platform support).
+__device__ unsigned int waitReportClaims[kWaitReportSlots];
+
 /// flagTimeoutTrap without a call: the report into this block's slot of the
 /// runtime's mapped memory (fields, then `valid`, each fenced system-wide).
 __device__ __forceinline__ void flagTimeoutReportTrap(const void *flag, int32_t pred,
                                                       int64_t expected, int64_t seen,
                                                       int64_t timeoutNs, int32_t rank,
                                                       int32_t peer) {
-  if (WaitReport *reports = epic_wait_report) {
-    volatile WaitReport *r = reports + blockIdx.x % kWaitReportSlots;
+  const unsigned slot = blockIdx.x % kWaitReportSlots;
+  WaitReport *reports = epic_wait_report;
+  if (reports && atomicCAS(&waitReportClaims[slot], 0u, 1u) == 0u) {
+    volatile WaitReport *r = reports + slot;
     r->flag = uint64_t(flag);
     r->expected = expected;
     r->seen = seen;
@@ -161,7 +159,7 @@ __device__ __forceinline__ T boundedFlagWait(const void *flag, Load load, int32_
       if (Inline)
         flagTimeoutReportTrap(flag, pred, int64_t(value), int64_t(seen), timeoutNs, rank, peer);
       else
-        flagTimeoutTrap(flag, predicateName(pred), int64_t(value), int64_t(seen), timeoutNs,
+        flagTimeoutTrap(flag, waitPredicateName(pred), int64_t(value), int64_t(seen), timeoutNs,
                         rank, peer);
     }
   }

@@ -47,14 +47,6 @@ WaitReport *mappedSlots() {
   return slots.load();
 }
 
-const char *relation(int32_t predicate) {
-  switch (predicate) {
-  case 0: return "==";
-  case 1: return "!=";
-  case 2: return ">=";
-  default: return ">";
-  }
-}
 
 } // namespace
 
@@ -89,8 +81,8 @@ std::string epic::runtime::takeDeviceWaitReports() {
                   "waited for peer %d: the flag at 0x%" PRIx64 " %s %" PRId64 " (seen %" PRId64
                   ")",
                   int64_t(r.timeoutNs) / 1000000, int(r.rank), int(r.block), int(r.thread),
-                  int(r.peer), uint64_t(r.flag), relation(r.predicate), int64_t(r.expected),
-                  int64_t(r.seen));
+                  int(r.peer), uint64_t(r.flag), epic_device::waitPredicateName(r.predicate),
+                  int64_t(r.expected), int64_t(r.seen));
     text += line;
     r.valid = 0;
   }

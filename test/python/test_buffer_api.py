@@ -329,11 +329,14 @@ def test_cuda_errors_at_sync_points_carry_the_device_wait_reports(monkeypatch):
         def take_device_wait_reports():
             return Extension.reports.pop() if Extension.reports else ""
 
+    class AcceleratorError(RuntimeError):  # what torch raises for a failed kernel
+        pass
+
     monkeypatch.setattr(B, "_C", lambda: Extension)
-    with pytest.raises(RuntimeError, match="unspecified launch failure; device wait timed out "
-                                           "after 100 ms: rank 3 block 5"):
+    with pytest.raises(AcceleratorError, match="unspecified launch failure; device wait timed "
+                                               "out after 100 ms: rank 3 block 5"):
         with B._device_wait_reports():
-            raise RuntimeError("CUDA error: unspecified launch failure")
+            raise AcceleratorError("CUDA error: unspecified launch failure")
     # Taken once; without reports the error is the original one.
     with pytest.raises(RuntimeError, match=r"^CUDA error: unspecified launch failure$"):
         with B._device_wait_reports():

@@ -545,7 +545,8 @@ struct DispatchShape {
 /// The fused copy's chunks in flight per lane: its blocks are the GEMM's (8
 /// warps per SM, not 32), so each warp must keep more of a row in flight to
 /// stay bandwidth bound, and the GEMM's register budget (~200) pays for it.
-/// The most, up to 16, that tiles the row exactly (no range checks).
+/// The most, up to 16, that tiles the row exactly (no range checks), else 8
+/// (with range checks) for rows of at least 256 chunks.
 int64_t fusedRowUnroll(int64_t rowBytes) {
   const int64_t chunks = rowBytes / 16;
   for (int64_t unroll = 16; unroll > KernelBuilder::kCopyUnroll; --unroll)
@@ -915,6 +916,7 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
 /// local top-k ids. No rank waits for another: the launch serves every rank,
 /// and its end is the end of every rank's writes.
 void buildDispatchScatter(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape shape) {
+  assert(!shape.weights && "the scatter places no weights: ep-expand keeps send + copy for them");
   KernelBuilder k(func, L);
   TokenInputs in(k, shape);
   Value numTokens = in.numTokens, x = in.x, topkIdx = in.topkIdx, scalePacks = in.scalePacks,
@@ -1516,7 +1518,9 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
                         static_cast<bool>(dispatch.getTopkWeights()), cfg.isExpanded(),
                         dispatch.isCached(), dispatch.getZeroPadding()};
     fields = kDispatchFields;
-    if (shape.cached && onePassCachedDispatch) {
+    // (The runtimes send no weights with a cached dispatch; IR that does keeps
+    // the two kernels, which place them.)
+    if (shape.cached && onePassCachedDispatch && !shape.weights) {
       kernelNames = {name + "_scatter"};
       cooperative = false; // no rank waits for another
       build = [=](gpu::GPUModuleOp module) {

@@ -20,8 +20,10 @@ namespace epic_device {
 /// The name of the module global (a WaitReport *) the runtime sets.
 #define EPIC_WAIT_REPORT_SYMBOL "epic_wait_report"
 
-/// Slots: a block writes slot blockIdx.x % kWaitReportSlots, so the waits of
-/// different blocks that time out together do not mix their fields.
+/// Slots: a block reports in slot blockIdx.x % kWaitReportSlots; the first
+/// wait to time out there claims it (an atomic on a device-memory flag of the
+/// module), so the waits that time out together never mix their fields, and
+/// later ones in the same slot trap without writing.
 constexpr int kWaitReportSlots = 64;
 
 struct WaitReport {
@@ -34,6 +36,22 @@ struct WaitReport {
   int32_t padding;
 };
 static_assert(sizeof(WaitReport) == 64, "one report per 64 bytes");
+
+#if defined(__CUDACC__) || defined(__CUDA__)
+#define EPIC_WAIT_REPORT_HOST_DEVICE __host__ __device__
+#else
+#define EPIC_WAIT_REPORT_HOST_DEVICE
+#endif
+
+/// How a report (and the printed one) writes WaitReport::predicate.
+EPIC_WAIT_REPORT_HOST_DEVICE inline const char *waitPredicateName(int32_t predicate) {
+  switch (predicate) {
+  case 0: return "==";
+  case 1: return "!=";
+  case 2: return ">=";
+  default: return ">";
+  }
+}
 
 } // namespace epic_device
 

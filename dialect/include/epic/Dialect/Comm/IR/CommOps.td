@@ -149,7 +149,8 @@ def Comm_PeerParamsOp : Comm_Op<"peer_params", [Pure,
     backend, whose processes see only their own record.
 
     ```mlir
-    %theirs = comm.peer_params %params stride 128 peer %dst via %dc : !llvm.ptr<1>
+    // %table: the kernel's parameter table (what comm.rank_params takes).
+    %theirs = comm.peer_params %table stride 128 peer %dst via %dc : !llvm.ptr<1>
     %recv_x = llvm.load %theirs : !llvm.ptr<1> -> !llvm.ptr<1>
     ```
   }];

@@ -301,12 +301,12 @@ def EP_DispatchGemmOp : EP_Op<"dispatch_gemm", []> {
     the same results as the two ops one after the other (`recv_x`,
     `recv_topk_weights`, the handle, and `result` = the GEMM's output), but
     one schedule. `ep-expand` lowers it to the dispatch's send kernel, then
-    one cooperative kernel with two roles: copy blocks place each received
-    row in its expert's range and count it in that row's 128-row tile
-    (release), GEMM blocks wait (bounded acquire) for the tile they are about
-    to load and for nothing else. GEMM tiles of early experts run while later
-    rows are still being placed; an expert with few rows never waits for a
-    large one.
+    one cooperative kernel in which every block first places its share of
+    the received rows in their experts' ranges, counting each in its 128-row
+    tile (release), then runs GEMM tiles, each waiting (bounded acquire) for
+    the rows of its own expert only (all its row tiles, so the tiles sharing a
+    weight tile stream it together). Experts whose rows are placed start while
+    others are still being copied; an expert never waits for another.
 
     ```mlir
     %rx, %rw, %y, %h = ep.dispatch_gemm %x topk(%idx : tensor<?x8xi64>)
