@@ -12,8 +12,11 @@ What runs (every number from the same process):
 * kernel times from the profiler (CUPTI, by kernel name) and wall times from CUDA events, each
   iteration after a 256 MiB L2 flush; medians. DeepEP's logical bandwidth (§8.1) and the bytes
   each epic kernel really moves, against the copy roofline;
-* an SM sweep (SMs of the whole GPU: all virtual ranks share it), the cold compile time of the
-  kernels (where the compiler is) and their warm (disk cache) load time.
+* an SM sweep (SMs of the whole GPU: all virtual ranks share it; each rank gets sms // R whole
+  SMs, so with R = 8 a sweep point is a multiple of 8: 4 SMs cannot be split over 8 ranks and
+  132 runs as 128; DeepEP's analytic choice, 24 per rank, would need 192 and is reported as not
+  fitting), the cold compile time of the kernels (where the compiler is) and their warm (disk
+  cache) load time.
 
 Writes bench/results/<gpu>-<date>.json, a plot (.png, if matplotlib is there) and prints a
 compact table last. METHOD: bytes first (byte_model), then measure, then the ratio.
