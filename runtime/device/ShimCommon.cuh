@@ -80,7 +80,6 @@ template <typename T> __device__ __forceinline__ bool holds(T seen, int32_t pred
   }
 }
 
-
 /// Printed by every timed-out wait before it traps: which rank, block and
 /// thread waited for what, and what it saw.
 __device__ __noinline__ void timeoutTrap(const char *what, int32_t rank, int64_t detail,

@@ -47,7 +47,6 @@ WaitReport *mappedSlots() {
   return slots.load();
 }
 
-
 } // namespace
 
 void attachDeviceWaitReports(CUmodule module) {

@@ -1520,25 +1520,24 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
     fields = kDispatchFields;
     // (The runtimes send no weights with a cached dispatch; IR that does keeps
     // the two kernels, which place them.)
-    if (shape.cached && onePassCachedDispatch && !shape.weights) {
+    const bool scatter = shape.cached && onePassCachedDispatch && !shape.weights;
+    if (scatter) {
       kernelNames = {name + "_scatter"};
       cooperative = false; // no rank waits for another
-      build = [=](gpu::GPUModuleOp module) {
-        EPLayout layout(cfg, idxBits);
-        layout.timeoutMs = timeoutMs;
-        OpBuilder b = kernelInsertionPoint(module);
-        buildDispatchScatter(createKernel(b, loc, kernelNames[0], false), layout, shape);
-      };
     } else {
       kernelNames = {name + "_send", name + "_copy"};
-      build = [=](gpu::GPUModuleOp module) {
-        EPLayout layout(cfg, idxBits);
-        layout.timeoutMs = timeoutMs;
-        OpBuilder b = kernelInsertionPoint(module);
-        buildDispatchSend(createKernel(b, loc, kernelNames[0], true), layout, shape);
-        buildDispatchCopy(createKernel(b, loc, kernelNames[1], false), layout, shape);
-      };
     }
+    build = [=](gpu::GPUModuleOp module) {
+      EPLayout layout(cfg, idxBits);
+      layout.timeoutMs = timeoutMs;
+      OpBuilder b = kernelInsertionPoint(module);
+      if (scatter) {
+        buildDispatchScatter(createKernel(b, loc, kernelNames[0], false), layout, shape);
+        return;
+      }
+      buildDispatchSend(createKernel(b, loc, kernelNames[0], true), layout, shape);
+      buildDispatchCopy(createKernel(b, loc, kernelNames[1], false), layout, shape);
+    };
   } else {
     auto combine = cast<ep::CombineOp>(op);
     cfg = combine.getConfig();

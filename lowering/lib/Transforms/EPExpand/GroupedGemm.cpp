@@ -136,23 +136,18 @@ struct GemmBuilder {
   }
 
   // --- control flow ---------------------------------------------------------
-  /// for (iv = lb; iv < ub; iv += step) with carried values; `body` returns
-  /// the next values.
+  /// for (iv = lb; iv < ub; iv += step) with carried values (maybe none);
+  /// `body` returns the next values.
   ValueRange loop(Value lb, Value ub, Value step, ValueRange init,
                   function_ref<SmallVector<Value>(Value, ValueRange)> body) {
     auto op = scf::ForOp::create(b, lb, ub, step, init);
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(op.getBody());
     SmallVector<Value> next = body(op.getInductionVar(), op.getRegionIterArgs());
+    if (init.empty()) // the builder made the body's (empty) yield already
+      return op.getResults();
     scf::YieldOp::create(b, next);
     return op.getResults();
-  }
-  /// for (iv = lb; iv < ub; iv += step) { body(iv) }, nothing carried.
-  void forEach(Value lb, Value ub, Value step, function_ref<void(Value)> body) {
-    auto op = scf::ForOp::create(b, lb, ub, step);
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPoint(op.getBody()->getTerminator());
-    body(op.getInductionVar());
   }
   void when(Value cond, function_ref<void()> body) {
     auto op = scf::IfOp::create(b, cond, /*withElseRegion=*/false);
@@ -278,13 +273,14 @@ struct GemmBuilder {
           Value me = comm::TeamRankOp::create(
               b, b.getI32Type(),
               comm::TeamOp::create(b, comm::TeamType::get(ctx), comm::TeamKind::world, comm));
-          forEach(idx(0), mTiles, idx(1), [&](Value m) {
+          loop(idx(0), mTiles, idx(1), ValueRange{}, [&](Value m, ValueRange) {
             Value left = sub(end, add(start, mul(m, idx(kGemmTileM))));
             Value rows = select(ult(left, idx(kGemmTileM)), left, idx(kGemmTileM));
             Value needed = arith::IndexCastOp::create(b, b.getI32Type(), rows);
             comm::WaitFlagOp::create(b, b.getI32Type(), tileCounter(shape.tileDone, m),
                                      comm::Predicate::ge, needed, me, Value(), comm::Scope::gpu,
                                      shape.timeoutMs);
+            return SmallVector<Value>{};
           });
           // The rows were written by generic stores; TMA reads through the async proxy.
           NVVM::FenceProxyOp::create(b, NVVM::ProxyKind::async_global, NVVM::SharedSpaceAttr());
@@ -364,8 +360,9 @@ struct GemmBuilder {
               arith::SubIOp::create(b, tiles, arith::ConstantIntOp::create(b, 1, 32)));
           when(last, [&] {
             Value zero = arith::ConstantIntOp::create(b, 0, 32);
-            forEach(idx(0), mTiles, idx(1), [&](Value m) {
+            loop(idx(0), mTiles, idx(1), ValueRange{}, [&](Value m, ValueRange) {
               LLVM::StoreOp::create(b, zero, tileCounter(shape.tileDone, m), 4);
+              return SmallVector<Value>{};
             });
             LLVM::StoreOp::create(b, zero, consumed, 4);
           });

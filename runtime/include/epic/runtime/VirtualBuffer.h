@@ -35,8 +35,6 @@ struct CudaError : public std::runtime_error {
 /// after a CUDA error seen elsewhere (e.g. torch.cuda.synchronize).
 std::string takeDeviceWaitReports();
 
-
-
 struct Loaded;
 
 /// What the two ElasticBuffers share: loading the kernels of an entry from
