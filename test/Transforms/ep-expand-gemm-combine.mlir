@@ -1,12 +1,14 @@
 // ep-expand of ep.gemm_combine (what ep-fuse-gemm-combine makes): one
 // cooperative kernel that starts with the combine's entry barrier, maps rows
-// to tokens and meets the rank's other blocks, runs the grouped GEMM, and
-// after each tile counts the row tile's column tiles (acq_rel); the block that
-// completes a row tile counts each row against its token, and the warp that
-// completes a token queues it; every warp sends one queued token to its source
-// after each tile (the combine's send: rows summed in slot order, one
-// rounding), and all warps drain the queue after their last tile; then the
-// done flags and the unchanged reduce.
+// to tokens and meets the rank's other blocks; then two roles. The rank's
+// blocks but the last run the grouped GEMM, and thread 0 counts each stored
+// tile in its 128-row tile's slot (release). The last block sends: its warps
+// walk the rows in expert order (chunks of 32, one row per lane), each lane
+// waits until its row's tile has every column tile, takes the row off its
+// token's count (acq_rel), and the warp sends each token whose count that
+// ended (the combine's send: rows summed in slot order, one rounding). The
+// last send warp resets the counters and exchanges the done flags; the reduce
+// is unchanged.
 // RUN: epic-opt %s --ep-expand | FileCheck %s
 // RUN: epic-compile %s --backend=nccl -o %t
 // RUN: FileCheck %s --check-prefix=JSON < %t.json
@@ -21,43 +23,40 @@
 // The rank's blocks meet after the row -> token map is written.
 // CHECK:         comm.red add release scope gpu
 // CHECK:         comm.wait_flag %{{.*}} ge %{{.*}} rank %{{.*}} scope gpu
-// CHECK:         nvgpu.warpgroup.mma %{{.*}} {transposeB} :
-// CHECK:         nvvm.wgmma.wait.group.sync.aligned 0
-// CHECK:         nvgpu.warpgroup.mma.store
-// CHECK-COUNT-16: arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
-// After the tile: its column tile is counted; the last one completes the rows.
-// CHECK:         %[[COLUMNS:.*]] = comm.atomic_rmw add acq_rel scope gpu %{{.*}}, %{{.*}} : i32
-// CHECK:         %[[BEFORE:.*]] = memref.load
-// CHECK:         %[[SEVEN:.*]] = arith.constant 7 : i32
-// CHECK:         %[[LAST:.*]] = arith.cmpi eq, %[[BEFORE]], %[[SEVEN]] : i32
-// CHECK:         scf.if %[[LAST]] {
-// Each row's token loses one pending row; at zero lane 0 queues the token:
-// a slot at the tail, the entry (token + 1) stored with release.
-// CHECK:           comm.atomic_rmw add acq_rel scope gpu %c-1_i32{{.*}}
-// CHECK:           gpu.shuffle  idx
-// CHECK:           scf.if
-// CHECK:             %[[SLOT:.*]] = comm.atomic_rmw add relaxed scope gpu %c1_i32{{.*}}
-// CHECK:             %[[ENTRY:.*]] = comm.local_ptr
-// CHECK:             comm.store release scope gpu %{{.*}}, %[[ENTRY]]
-// Then each warp claims the head if the queue is not empty, and sends it.
-// CHECK:         %[[HEAD:.*]] = comm.load relaxed scope gpu
-// CHECK:         %[[TAIL:.*]] = comm.load relaxed scope gpu
-// CHECK:         arith.cmpi slt, %[[HEAD]], %[[TAIL]] : i32
-// CHECK:           comm.atomic_cas relaxed scope gpu %{{.*}}, %[[HEAD]], %{{.*}}
-// CHECK:         scf.if
-// CHECK:           comm.wait_flag %{{.*}} ge %{{.*}} rank %{{.*}} scope gpu
-// CHECK:           comm.fence acq_rel scope gpu
-// CHECK:           comm.peer_ptr
-// CHECK:           arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
-// Out of tiles: claim entries until every received token is taken.
-// CHECK:         scf.while
-// CHECK:           comm.atomic_rmw add relaxed scope gpu
-// CHECK:           scf.condition
-// CHECK:           comm.wait_flag %{{.*}} ge %{{.*}} rank %{{.*}} scope gpu
-// CHECK:           comm.peer_ptr
-// The rank's last block: done flags, like the combine's send kernel.
-// CHECK:         comm.store release scope sys
-// CHECK:         comm.wait_flag %{{.*}} eq %{{.*}} rank %{{.*}} peer %{{.*}} scope sys
+// The roles: blocks below the last compute tiles, striding over their count.
+// CHECK:         %[[TILE_BLOCKS:.*]] = arith.subi %{{.*}}, %c1{{.*}} : index
+// CHECK:         %[[IS_TILE_BLOCK:.*]] = arith.cmpi ult, %{{.*}}, %[[TILE_BLOCKS]] : index
+// CHECK:         scf.if %[[IS_TILE_BLOCK]] {
+// CHECK:           scf.for %{{.*}} = %{{.*}} to %{{.*}} step %[[TILE_BLOCKS]]
+// CHECK:             nvgpu.warpgroup.mma %{{.*}} {transposeB} :
+// CHECK:             nvvm.wgmma.wait.group.sync.aligned 0
+// CHECK:             nvgpu.warpgroup.mma.store
+// CHECK-COUNT-16:    arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
+// CHECK:             gpu.barrier
+// After the tile's stores: thread 0 counts it, nothing waits.
+// CHECK-NOT:         comm.wait_flag
+// CHECK:             comm.red add release scope gpu %c1_i32, %{{.*}} : i32, !llvm.ptr<1>
+// CHECK-NOT:         comm.wait_flag
+// CHECK:             nvvm.fence.proxy
+// CHECK:         } else {
+// The send block: experts in order, then this warp's chunks of their rows.
+// CHECK:           scf.for %{{.*}} = %c0_i32{{.*}} to %c8_i32 step %c1_i32
+// CHECK:             scf.for
+// A lane's row: all 8 column tiles of its row tile, then its token's count.
+// CHECK:               %[[TILES:.*]] = comm.wait_flag %{{.*}} ge %c8_i32{{.*}} rank %{{.*}} scope gpu
+// CHECK:               comm.atomic_rmw add acq_rel scope gpu %c-1_i32{{.*}}
+// The tokens whose last row that was, one by one with the whole warp.
+// CHECK:               nvvm.vote.sync  ballot
+// CHECK:               scf.while
+// CHECK:                 comm.fence acq_rel scope gpu
+// CHECK:                 comm.peer_ptr
+// CHECK:                 arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
+// The last send warp of the rank (count acq_rel, system scope) ends the send.
+// CHECK:           nvvm.bar.warp.sync
+// CHECK:           comm.atomic_rmw add acq_rel scope sys %c1_i32
+// CHECK:           comm.store release scope sys
+// CHECK:           comm.wait_flag %{{.*}} eq %{{.*}} rank %{{.*}} peer %{{.*}} scope sys
+// CHECK:         gpu.return
 // CHECK-LABEL: gpu.func @moe_out_reduce(
 // CHECK-LABEL: func.func @moe_out(
 // CHECK-SAME:      epic.cooperative = 1

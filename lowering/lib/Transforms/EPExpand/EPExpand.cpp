@@ -555,16 +555,20 @@ int64_t fusedRowUnroll(int64_t rowBytes) {
   return chunks >= 32 * 8 ? 8 : KernelBuilder::kCopyUnroll;
 }
 
-/// Each peer gets flag 1 (release) from the rank's last block, which then
-/// waits (bounded acquire) for every peer's flag and resets it: all the
-/// records peers sent this rank have landed.
-void exchangeDoneFlags(KernelBuilder &k, int64_t flagsOffset) {
+/// Each peer gets flag 1 (release) from the rank's last block (threads
+/// `first`, `first + step`, ...: the block's by default), which then waits
+/// (bounded acquire) for every peer's flag and resets it: all the records
+/// peers sent this rank have landed.
+void exchangeDoneFlags(KernelBuilder &k, int64_t flagsOffset, Value first = {},
+                       Value step = {}) {
   const EPLayout &L = k.layout;
-  k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value dst) {
+  if (!first) // the whole block
+    first = k.tid, step = k.threads;
+  k.loop(first, k.i32(L.ranks), step, [&](Value dst) {
     comm::StoreOp::create(k.b, comm::Ordering::release, comm::Scope::sys, k.i32(1),
                           k.peer(k.add(k.i32(flagsOffset), k.mul(k.me, k.i32(4))), dst));
   });
-  k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value src) {
+  k.loop(first, k.i32(L.ranks), step, [&](Value src) {
     Value cell = k.counter(flagsOffset, src);
     comm::WaitFlagOp::create(k.b, k.i32T(), cell, comm::Predicate::eq, k.i32(1), k.me, src,
                              comm::Scope::sys, k.layout.timeoutMs);
@@ -1170,11 +1174,8 @@ void buildCopyGemmKernel(OpBuilder &builder, Location loc, StringRef name, const
 //===----------------------------------------------------------------------===//
 
 struct GemmCombineScratch {
-  int64_t rowToken, pending, colDone, ready, arrivals, maxTiles, columnTiles;
-  /// In the 256 bytes at `arrivals`, a cache line apart: the rank barrier,
-  /// then the ready queue's tail (tokens queued) and head (tokens claimed).
-  int64_t readyTail() const { return arrivals + 64; }
-  int64_t readyHead() const { return arrivals + 128; }
+  /// The rank barrier is the first of the 256 bytes at `arrivals`.
+  int64_t rowToken, pending, colDone, arrivals, maxTiles, columnTiles;
 };
 
 /// Where the fused kernels keep their state, after every layout's window:
@@ -1183,7 +1184,7 @@ struct GemmCombineScratch {
 /// counters being back at zero from its previous call.
 struct FusedScratch {
   int64_t maxTiles, counters, tileDone, tileConsumed;
-  int64_t rowToken, pending, colDone, ready, arrivals, end;
+  int64_t rowToken, pending, colDone, arrivals, end;
 
   explicit FusedScratch(ep::ConfigAttr cfg) {
     int64_t window = std::max(EPLayout(cfg, 32).windowBytes, EPLayout(cfg, 64).windowBytes);
@@ -1195,21 +1196,28 @@ struct FusedScratch {
     rowToken = tileConsumed + counters;
     pending = rowToken + align(int64_t(cfg.getMaxOutputRows()) * 4, 256);
     colDone = pending + align(tokens * 4, 256);
-    ready = colDone + counters;
-    arrivals = ready + align(tokens * 4, 256);
+    arrivals = colDone + counters;
     end = arrivals + 256;
   }
 };
 
+/// Blocks of each rank that send ep.gemm_combine's tokens while the others
+/// compute tiles.
+constexpr int64_t kGemmCombineSendBlocks = 1;
+
 /// `<name>_gemm_send` (see EPFuseGemmCombine in Passes.td): the combine's
 /// entry barrier, row -> token map and per-token counts, a barrier of the
-/// rank's blocks, the persistent grouped GEMM whose completed row tiles send
-/// their finished tokens, then the combine's done-flag exchange.
+/// rank's blocks, then two roles: the tile blocks compute the persistent
+/// grouped GEMM and count each finished tile of a 128-row tile; the send
+/// block's warps walk the rank's rows in expert order, each lane waiting for
+/// its row's tile, and a warp sends every token whose last row that was; the
+/// last send warp ends the combine's send (done flags).
 void buildGemmSendKernel(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape,
                          epic::detail::GroupedGemmShape gemm, GemmCombineScratch scratch) {
   KernelBuilder k(func, L);
   Value x = k.pointerParam(kCX); // the GEMM's output, the rows the combine sends
   Value metadata = k.pointerParam(kCSrcMetadata);
+  Value psumPerExpert = k.pointerParam(kGCPsumPerExpert);
   Value received = k.loadI32(k.pointerParam(kCPsumPerRank), k.i32(L.ranks - 1));
   k.entryBarrier();
 
@@ -1224,7 +1232,7 @@ void buildGemmSendKernel(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sh
     Value count = k.popc(k.ballot(mine));
     k.when(k.eq(k.lane, k.i32(0)), [&] { k.store(count, k.counter(scratch.pending, t), 4); });
   });
-  // The rank's blocks meet: the map is complete before any tile reads it.
+  // The rank's blocks meet: the map is complete before any row is counted.
   k.barrier();
   k.when(k.eq(k.tid, k.i32(0)), [&] {
     comm::RedOp::create(k.b, comm::AtomicKind::add, comm::Ordering::release, comm::Scope::gpu,
@@ -1235,115 +1243,89 @@ void buildGemmSendKernel(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sh
   });
   k.barrier();
 
-  // Sends the token in ready-queue entry `index` (warp-uniform) with the
-  // whole warp: lane 0 waits (bounded) for the entry and empties it for the
-  // next call; the token's rows were released by its completing warp.
-  auto sendQueued = [&](Value index) {
-    Value entry = k.choose(k.eq(k.lane, k.i32(0)), k.i32T(), [&]() -> Value {
-      Value cell = k.counter(scratch.ready, index);
-      Value seen = comm::WaitFlagOp::create(k.b, k.i32T(), cell, comm::Predicate::ge, k.i32(1),
-                                            k.me, Value(), comm::Scope::gpu, L.timeoutMs);
-      k.store(k.i32(0), cell, 4);
-      return seen;
-    }, [&]() -> Value { return k.i32(0); });
-    Value t = k.sub(k.shuffle(entry, k.i32(0)), k.i32(1));
-    comm::FenceOp::create(k.b, comm::Ordering::acq_rel, comm::Scope::gpu);
-    auto [meta, record] = combineDestination(k, L, metadata, t);
-    sendExpandedToken(k, L, shape, x, Value(), meta, record);
-  };
-
-  gemm.afterTile = [&](OpBuilder &at, Value expert, Value rowTile, Value row0, Value end) {
+  // A tile block: thread 0 counts each stored tile in its 128-row tile's
+  // slot (release: the block's stores met at a barrier before it).
+  gemm.afterTile = [&](OpBuilder &at, Value expert, Value rowTile, Value, Value) {
     OpBuilder::InsertionGuard guard(k.b);
     k.b.setInsertionPoint(at.getInsertionBlock(), at.getInsertionPoint());
     Value slot = k.add(k.mul(k.index(expert), k.i32(scratch.maxTiles)), k.index(rowTile));
-    // Thread 0 counts this column tile (after the block's stores: the
-    // epilogue ended with a block barrier); the last one completes the rows.
-    Value before = k.fromThread0([&]() -> Value {
-      return comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
-                                       comm::Ordering::acq_rel, comm::Scope::gpu, k.i32(1),
-                                       k.counter(scratch.colDone, slot));
+    k.when(k.eq(k.tid, k.i32(0)), [&] {
+      comm::RedOp::create(k.b, comm::AtomicKind::add, comm::Ordering::release, comm::Scope::gpu,
+                          k.i32(1), k.counter(scratch.colDone, slot));
     });
-    k.when(k.eq(before, k.i32(scratch.columnTiles - 1)), [&] {
-      k.when(k.eq(k.tid, k.i32(0)),
-             [&] { k.store(k.i32(0), k.counter(scratch.colDone, slot), 4); });
-      Value first = k.index(row0);
-      Value stop = k.index(end);
-      Value tileEnd = k.add(first, k.i32(epic::detail::kGemmTileM));
-      Value last = k.select(k.lt(stop, tileEnd), stop, tileEnd);
-      Value warp = k.divu(k.tid, k.i32(32));
-      Value warps = k.divu(k.threads, k.i32(32));
-      k.loop(k.add(first, warp), last, warps, [&](Value row) {
-        Value t = k.load(k.i32T(), k.counter(scratch.rowToken, row), 4);
-        Value left = k.choose(k.eq(k.lane, k.i32(0)), k.i32T(), [&]() -> Value {
+  };
+  // The send blocks' warps: chunks of 32 rows in expert order (the order the
+  // tiles finish in), chunk c to send warp c % W of the rank. A lane waits until
+  // every column tile of its row's 128-row tile is stored, takes one of its
+  // token's rows off the count, and the warp sends the tokens whose count
+  // that ended.
+  gemm.commRole = [&](OpBuilder &at, Value tileBlocks) {
+    OpBuilder::InsertionGuard guard(k.b);
+    k.b.setInsertionPoint(at.getInsertionBlock(), at.getInsertionPoint());
+    constexpr int64_t warpsPerBlock = epic::detail::kGemmThreads / 32;
+    Value warps = k.i32(gemm.commBlocks * warpsPerBlock);
+    Value mine = k.add(k.mul(k.sub(k.block, k.index(tileBlocks)), k.i32(warpsPerBlock)),
+                       k.divu(k.tid, k.i32(32)));
+    Value align = k.i32(L.alignment);
+    auto experts = scf::ForOp::create(k.b, k.i32(0), k.i32(L.local), k.i32(1),
+                                      ValueRange{k.i32(0), k.i32(0)});
+    {
+      OpBuilder::InsertionGuard inExpert(k.b);
+      k.b.setInsertionPointToStart(experts.getBody());
+      Value e = experts.getInductionVar();
+      Value before = experts.getRegionIterArg(0), chunksBefore = experts.getRegionIterArg(1);
+      Value start = k.mul(k.divu(k.add(before, k.sub(align, k.i32(1))), align), align);
+      Value end = k.loadI32(psumPerExpert, e);
+      Value chunks = k.divu(k.add(k.sub(end, start), k.i32(31)), k.i32(32));
+      // This warp's first chunk of the expert: (mine - chunksBefore) mod W.
+      Value first = k.remu(k.sub(k.add(mine, warps), k.remu(chunksBefore, warps)), warps);
+      k.loop(first, chunks, warps, [&](Value chunk) {
+        Value row = k.add(start, k.add(k.mul(chunk, k.i32(32)), k.lane));
+        Value valid = k.lt(row, end);
+        Value token = k.choose(valid, k.i32T(), [&]() -> Value {
+          Value rowTile = k.divu(k.sub(row, start), k.i32(epic::detail::kGemmTileM));
+          Value slot = k.add(k.mul(e, k.i32(scratch.maxTiles)), rowTile);
+          comm::WaitFlagOp::create(k.b, k.i32T(), k.counter(scratch.colDone, slot),
+                                   comm::Predicate::ge, k.i32(scratch.columnTiles), k.me,
+                                   Value(), comm::Scope::gpu, L.timeoutMs);
+          return k.load(k.i32T(), k.counter(scratch.rowToken, row), 4);
+        }, [&]() -> Value { return k.i32(-1); });
+        Value left = k.choose(valid, k.i32T(), [&]() -> Value {
           return comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
-                                           comm::Ordering::acq_rel, comm::Scope::gpu,
-                                           k.i32(-1), k.counter(scratch.pending, t));
+                                           comm::Ordering::acq_rel, comm::Scope::gpu, k.i32(-1),
+                                           k.counter(scratch.pending, token));
         }, [&]() -> Value { return k.i32(0); });
-        left = k.shuffle(left, k.i32(0));
-        // Every row of the token is final (lane 0 acquired it): queue it. Any
-        // warp of the rank sends it; the completing tiles are not the ones
-        // that pay for it (tokens complete in bursts as experts finish).
-        k.when(k.andi(k.eq(left, k.i32(1)), k.eq(k.lane, k.i32(0))), [&] {
-          Value at = comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
-                                               comm::Ordering::relaxed, comm::Scope::gpu,
-                                               k.i32(1), k.local(k.i32(scratch.readyTail())));
-          comm::StoreOp::create(k.b, comm::Ordering::release, comm::Scope::gpu,
-                                k.add(t, k.i32(1)), k.counter(scratch.ready, at));
+        // Every row of those tokens is final (their lanes acquired it).
+        k.forEachLane(k.ballot(k.eq(left, k.i32(1))), [&](Value lane) {
+          comm::FenceOp::create(k.b, comm::Ordering::acq_rel, comm::Scope::gpu);
+          auto [meta, record] = combineDestination(k, L, metadata, k.shuffle(token, lane));
+          sendExpandedToken(k, L, shape, x, Value(), meta, record);
         });
       });
+      scf::YieldOp::create(k.b, ValueRange{end, k.add(chunksBefore, chunks)});
+    }
+    // The rank's last send warp (every row of the rank counted, so every tile
+    // stored) resets the rank barrier and the tile counts, tells every peer it
+    // is done, and waits for all (the combine send's ending).
+    NVVM::SyncWarpOp::create(k.b, k.fullMask()); // the warp's sends, before lane 0's release
+    Value before = k.choose(k.eq(k.lane, k.i32(0)), k.i32T(), [&]() -> Value {
+      return comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
+                                       comm::Ordering::acq_rel, comm::Scope::sys, k.i32(1),
+                                       k.local(k.i32(L.combineDone)));
+    }, [&]() -> Value { return k.i32(0); });
+    k.when(k.eq(k.shuffle(before, k.i32(0)), k.sub(warps, k.i32(1))), [&] {
+      NVVM::SyncWarpOp::create(k.b, k.fullMask()); // what lane 0 acquired, for the warp
+      k.when(k.eq(k.lane, k.i32(0)), [&] {
+        for (int64_t cell : {L.combineDone, scratch.arrivals})
+          comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
+                                k.local(k.i32(cell)));
+      });
+      k.loop(k.lane, k.i32(L.local * scratch.maxTiles), k.i32(32),
+             [&](Value slot) { k.store(k.i32(0), k.counter(scratch.colDone, slot), 4); });
+      exchangeDoneFlags(k, L.combineFlags, k.lane, k.i32(32));
     });
-    // Each warp sends one queued token, if there is one, before the next tile.
-    Value claimed = k.choose(k.eq(k.lane, k.i32(0)), k.i32T(), [&]() -> Value {
-      Value head = comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed, comm::Scope::gpu,
-                                        k.local(k.i32(scratch.readyHead())));
-      Value tail = comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed, comm::Scope::gpu,
-                                        k.local(k.i32(scratch.readyTail())));
-      return k.choose(k.lt(head, tail), k.i32T(), [&]() -> Value {
-        Value old = comm::AtomicCASOp::create(k.b, k.i32T(), comm::Ordering::relaxed,
-                                              comm::Scope::gpu,
-                                              k.local(k.i32(scratch.readyHead())), head,
-                                              k.add(head, k.i32(1)));
-        return k.select(k.eq(old, head), head, k.i32(-1));
-      }, [&]() -> Value { return k.i32(-1); });
-    }, [&]() -> Value { return k.i32(-1); });
-    claimed = k.shuffle(claimed, k.i32(0));
-    k.when(k.cmp(arith::CmpIPredicate::sge, claimed, k.i32(0)), [&] { sendQueued(claimed); });
   };
   epic::detail::buildGroupedGemmKernel(func, gemm);
-
-  // Out of tiles: every warp claims queued tokens until all received ones
-  // are taken (an entry not yet queued is waited for: a block still in its
-  // tiles queues it).
-  k.b.setInsertionPoint(func.getBody().front().getTerminator());
-  {
-    auto drain = scf::WhileOp::create(k.b, TypeRange{k.i32T()}, ValueRange{});
-    OpBuilder::InsertionGuard guard(k.b);
-    k.b.createBlock(&drain.getBefore());
-    Value index = k.choose(k.eq(k.lane, k.i32(0)), k.i32T(), [&]() -> Value {
-      return comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
-                                       comm::Ordering::relaxed, comm::Scope::gpu, k.i32(1),
-                                       k.local(k.i32(scratch.readyHead())));
-    }, [&]() -> Value { return k.i32(0); });
-    index = k.shuffle(index, k.i32(0));
-    scf::ConditionOp::create(k.b, k.lt(index, received), ValueRange{index});
-    Block *body = k.b.createBlock(&drain.getAfter(), {}, {k.i32T()}, {k.b.getLoc()});
-    sendQueued(body->getArgument(0));
-    scf::YieldOp::create(k.b, ValueRange{});
-  }
-
-  // The rank's last block resets the rank barrier and the queue, tells every
-  // peer it is done, and waits for all (the combine send's ending).
-  Value lastBlock = k.lastBlockOfRank(L.combineDone);
-  k.when(lastBlock, [&] {
-    k.when(k.eq(k.tid, k.i32(0)), [&] {
-      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
-                            k.local(k.i32(L.combineDone)));
-      for (int64_t cell : {scratch.arrivals, scratch.readyTail(), scratch.readyHead()})
-        comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
-                              k.local(k.i32(cell)));
-    });
-    exchangeDoneFlags(k, L.combineFlags);
-  });
 }
 
 OpBuilder kernelInsertionPoint(gpu::GPUModuleOp module) {
@@ -1442,6 +1424,7 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
     gemm.outField = kCX, gemm.psumField = kGCPsumPerExpert, gemm.mapsField = kGCMaps;
     gemm.timeoutMs = timeoutMs;
     CombineShape shape{false, static_cast<unsigned>(fused.getBiases().size()), true};
+    gemm.commBlocks = kGemmCombineSendBlocks;
     kernelNames = {name + "_gemm_send", name + "_reduce"};
     fields = kGemmCombineFields;
     threads = epic::detail::kGemmThreads;
@@ -1453,13 +1436,13 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
     extraMetadata.push_back(builder.getNamedAttr(
         "epic.tensor_maps", epic::detail::groupedGemmTensorMaps(
                                 builder, gemm, "lhs", "weights", builder.getStringAttr("num_rows"))));
-    GemmCombineScratch scratch{at.rowToken, at.pending, at.colDone, at.ready, at.arrivals,
+    GemmCombineScratch scratch{at.rowToken, at.pending, at.colDone, at.arrivals,
                                at.maxTiles, cfg.getHidden() / epic::detail::kGemmTileN};
     build = [=](gpu::GPUModuleOp module) {
       EPLayout fusedLayout(cfg, 64);
       fusedLayout.timeoutMs = timeoutMs;
       OpBuilder b = kernelInsertionPoint(module);
-      buildGemmSendKernel(createKernel(b, loc, kernelNames[0], true), fusedLayout, shape, gemm,
+      buildGemmSendKernel(createKernel(b, loc, kernelNames[0], false), fusedLayout, shape, gemm,
                           scratch);
       buildCombineReduce(createKernel(b, loc, kernelNames[1], false), fusedLayout, shape);
     };

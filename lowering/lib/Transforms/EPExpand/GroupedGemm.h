@@ -31,13 +31,23 @@ struct GroupedGemmShape {
   /// column tiles done with them, or -1; `maxTiles` row tiles per expert.
   int64_t tileDone = -1, tileConsumed = -1, maxTiles = 0;
   int64_t timeoutMs = 100000;
-  /// Fused with the combine (ep.gemm_combine): called by the whole block after
-  /// each output tile is stored, with the tile's expert, 128-row tile index,
-  /// first row and the expert's end row (index values), at `b`'s insertion point.
+  /// Fused with the combine (ep.gemm_combine): called by the warpgroup after
+  /// each output tile is stored (its threads met at a barrier), with the
+  /// tile's expert, 128-row tile index, first row and the expert's end row
+  /// (index values), at `b`'s insertion point.
   std::function<void(mlir::OpBuilder &b, mlir::Value expert, mlir::Value rowTile,
                      mlir::Value row0, mlir::Value end)>
       afterTile;
+  /// Blocks of a second role (0: none): the rank's last `commBlocks` blocks
+  /// run `commRole` (whole blocks, at `b`'s insertion point; `tileBlocks`: the
+  /// rank's other blocks, which compute the tiles). A role in blocks of its
+  /// own never stalls a tile: the tile blocks stay in step and keep sharing
+  /// weight and lhs tiles through L2 (a warp of the same block, measured on the
+  /// H200: its registers pushed the GEMM's into local memory, 1.5x slower).
+  int64_t commBlocks = 0;
+  std::function<void(mlir::OpBuilder &b, mlir::Value tileBlocks)> commRole;
 };
+
 
 /// Tile and pipeline of the kernel: one warpgroup computes 128 x 128 output
 /// tiles (two m64 wgmma per k16 step, sharing the weight tile) over K in steps
@@ -55,6 +65,7 @@ constexpr int64_t kGemmDynamicSharedBytes = kGemmStages * kGemmStageBytes + 1024
 /// Blocks per SM the runtime launches for the GEMM kernels (one warpgroup each: a second
 /// block's MMAs fill the tensor cores while one waits for TMA or stores its tile).
 constexpr int64_t kGemmCtasPerSm = 2;
+static_assert(kGemmCtasPerSm >= 2, "a rank has a block for a communication role and one for tiles");
 static_assert(kGemmCtasPerSm * kGemmDynamicSharedBytes <= 227 * 1024,
               "two GEMM blocks must fit in an SM's shared memory");
 static_assert(kGemmTileM * kGemmTileN * 4 <= kGemmStages * kGemmStageBytes,

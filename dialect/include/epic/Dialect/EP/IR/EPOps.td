@@ -349,14 +349,15 @@ def EP_GemmCombineOp : EP_Op<"gemm_combine", []> {
     What `ep-fuse-gemm-combine` makes of an `ep.grouped_gemm` (BF16 output,
     N = hidden) whose output is combined on the same handle: `result` is the
     GEMM's output, `combined_x` the combine's, bitwise as if the two ops ran
-    one after the other. `ep-expand` lowers it to one cooperative kernel that
-    runs the persistent GEMM and, whenever a 128-row tile is complete (its
-    last column tile stored), counts the tile's rows against their tokens;
-    a completed token is queued, and the rank's warps (one token each
-    between tiles, all of them after the last tile) sum its rows in
-    increasing slot order in fp32, round once and write the row into the
-    source rank's window (the combine's send stage, same arithmetic): early
-    tokens travel while later tiles are computed. The combine's reduce kernel
+    one after the other. `ep-expand` lowers it to one cooperative kernel in
+    which all of a rank's blocks but one run the persistent GEMM and count
+    each stored tile in its 128-row tile's counter, while the last block's
+    warps walk the rows in expert order: a row is counted against its token
+    once every column tile of its row tile is stored, and the warp that
+    counts a token's last row sums its rows in increasing slot order in
+    fp32, rounds once and writes the row into the source rank's window (the
+    combine's send stage, same arithmetic): early tokens travel while later
+    tiles are computed. The combine's reduce kernel
     follows unchanged, with up to two biases.
 
     ```mlir
