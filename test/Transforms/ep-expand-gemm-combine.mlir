@@ -1,14 +1,14 @@
 // ep-expand of ep.gemm_combine (what ep-fuse-gemm-combine makes): one
 // cooperative kernel that starts with the combine's entry barrier, maps rows
-// to tokens and meets the rank's other blocks; then two roles. The rank's
-// blocks but the last run the grouped GEMM, and thread 0 counts each stored
-// tile in its 128-row tile's slot (release). The last block sends: its warps
-// walk the rows in expert order (chunks of 32, one row per lane), each lane
-// waits until its row's tile has every column tile, takes the row off its
-// token's count (acq_rel), and the warp sends each token whose count that
-// ended (the combine's send: rows summed in slot order, one rounding). The
-// last send warp resets the counters and exchanges the done flags; the reduce
-// is unchanged.
+// to tokens and meets the rank's other blocks; then the rank's blocks but the
+// last run the grouped GEMM, thread 0 counting each stored tile in its
+// 128-row tile's slot (release), and never wait for a send. Every warp (the
+// last block's at once, the others after their last tile) claims chunks of 32
+// rows in expert order, one row per lane: a lane waits until its row's tile
+// has every column tile, takes the row off its token's count (acq_rel), and
+// the warp sends each token whose count that ended (the combine's send: rows
+// summed in slot order, one rounding). The rank's last warp resets the
+// counters and exchanges the done flags; the reduce is unchanged.
 // RUN: epic-opt %s --ep-expand | FileCheck %s
 // RUN: epic-compile %s --backend=nccl -o %t
 // RUN: FileCheck %s --check-prefix=JSON < %t.json
@@ -23,39 +23,41 @@
 // The rank's blocks meet after the row -> token map is written.
 // CHECK:         comm.red add release scope gpu
 // CHECK:         comm.wait_flag %{{.*}} ge %{{.*}} rank %{{.*}} scope gpu
-// The roles: blocks below the last compute tiles, striding over their count.
+// The tiles: blocks below the last stride over them; the last takes none.
 // CHECK:         %[[TILE_BLOCKS:.*]] = arith.subi %{{.*}}, %c1{{.*}} : index
-// CHECK:         %[[IS_TILE_BLOCK:.*]] = arith.cmpi ult, %{{.*}}, %[[TILE_BLOCKS]] : index
-// CHECK:         scf.if %[[IS_TILE_BLOCK]] {
-// CHECK:           scf.for %{{.*}} = %{{.*}} to %{{.*}} step %[[TILE_BLOCKS]]
-// CHECK:             nvgpu.warpgroup.mma %{{.*}} {transposeB} :
-// CHECK:             nvvm.wgmma.wait.group.sync.aligned 0
-// CHECK:             nvgpu.warpgroup.mma.store
-// CHECK-COUNT-16:    arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
-// CHECK:             gpu.barrier
+// CHECK:         %[[IS_TILE_BLOCK:.*]] = arith.cmpi ult, %[[BLOCK:.*]], %[[TILE_BLOCKS]] : index
+// CHECK:         %[[FIRST:.*]] = arith.select %[[IS_TILE_BLOCK]], %[[BLOCK]], %[[TILES:.*]] : index
+// CHECK:         scf.for %{{.*}} = %[[FIRST]] to %[[TILES]] step %[[TILE_BLOCKS]]
+// CHECK:           nvgpu.warpgroup.mma %{{.*}} {transposeB} :
+// CHECK:           nvvm.wgmma.wait.group.sync.aligned 0
+// CHECK:           nvgpu.warpgroup.mma.store
+// CHECK-COUNT-16:  arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
+// CHECK:           gpu.barrier
 // After the tile's stores: thread 0 counts it, nothing waits.
-// CHECK-NOT:         comm.wait_flag
-// CHECK:             comm.red add release scope gpu %c1_i32, %{{.*}} : i32, !llvm.ptr<1>
-// CHECK-NOT:         comm.wait_flag
-// CHECK:             nvvm.fence.proxy
-// CHECK:         } else {
-// The send block: experts in order, then this warp's chunks of their rows.
-// CHECK:           scf.for %{{.*}} = %c0_i32{{.*}} to %c8_i32 step %c1_i32
-// CHECK:             scf.for
-// A lane's row: all 8 column tiles of its row tile, then its token's count.
-// CHECK:               %[[TILES:.*]] = comm.wait_flag %{{.*}} ge %c8_i32{{.*}} rank %{{.*}} scope gpu
-// CHECK:               comm.atomic_rmw add acq_rel scope gpu %c-1_i32{{.*}}
+// CHECK-NOT:       comm.wait_flag
+// CHECK:           comm.red add release scope gpu %c1_i32{{.*}}, %{{.*}} : i32, !llvm.ptr<1>
+// CHECK-NOT:       comm.wait_flag
+// CHECK:           nvvm.fence.proxy
+// Then every warp claims the rank's next chunk of rows until none is left.
+// CHECK:         scf.while
+// CHECK:           comm.atomic_rmw add relaxed scope gpu %c1_i32{{.*}}
+// CHECK:           scf.condition
+// The chunk's expert (a scan), then a lane's row: all 8 column tiles of its
+// row tile, then its token's count.
+// CHECK:           scf.for
+// CHECK:           comm.wait_flag %{{.*}} ge %c8_i32{{.*}} rank %{{.*}} scope gpu
+// CHECK:           comm.atomic_rmw add acq_rel scope gpu %c-1_i32{{.*}}
 // The tokens whose last row that was, one by one with the whole warp.
-// CHECK:               nvvm.vote.sync  ballot
-// CHECK:               scf.while
-// CHECK:                 comm.fence acq_rel scope gpu
-// CHECK:                 comm.peer_ptr
-// CHECK:                 arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
-// The last send warp of the rank (count acq_rel, system scope) ends the send.
-// CHECK:           nvvm.bar.warp.sync
-// CHECK:           comm.atomic_rmw add acq_rel scope sys %c1_i32
-// CHECK:           comm.store release scope sys
-// CHECK:           comm.wait_flag %{{.*}} eq %{{.*}} rank %{{.*}} peer %{{.*}} scope sys
+// CHECK:           nvvm.vote.sync  ballot
+// CHECK:           scf.while
+// CHECK:             comm.fence acq_rel scope gpu
+// CHECK:             comm.peer_ptr
+// CHECK:             arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
+// The rank's last warp (count acq_rel, system scope) ends the send.
+// CHECK:         nvvm.bar.warp.sync
+// CHECK:         comm.atomic_rmw add acq_rel scope sys %c1_i32
+// CHECK:         comm.store release scope sys
+// CHECK:         comm.wait_flag %{{.*}} eq %{{.*}} rank %{{.*}} peer %{{.*}} scope sys
 // CHECK:         gpu.return
 // CHECK-LABEL: gpu.func @moe_out_reduce(
 // CHECK-LABEL: func.func @moe_out(

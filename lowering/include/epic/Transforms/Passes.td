@@ -218,29 +218,32 @@ def EPFuseGemmCombine : Pass<"ep-fuse-gemm-combine", "::mlir::func::FuncOp"> {
     **Schedule** (what `ep-expand` generates): one cooperative kernel, then
     the combine's reduce kernel. The kernel starts with the combine's entry
     barrier (remote windows are free), maps every expanded row to its
-    received token and counts each token's local rows, meets the rank's other
-    blocks, then splits into two roles. The rank's blocks but the last run the
-    persistent grouped GEMM; after a tile's stores thread 0 adds 1 (release)
-    to its 128-row tile's column counter, and nothing in a tile block ever
-    waits for the sends. The last block sends: its warps take the rank's rows
-    in chunks of 32 in expert order (the order the tiles finish in), a lane
-    per row; a lane waits (bounded) until its row tile's counter holds every
-    column tile, then subtracts 1 (acq_rel) from its token's count, and the
-    warp sends each token whose count that ended. A send sums the token's
-    rows in increasing slot order in fp32 from +0.0, rounds to bf16 once and
-    writes the row into the source rank's window: the combine's send stage
-    with the same arithmetic, so the combined result is bitwise the unfused
-    one. The rank's last send warp resets the counters and exchanges done
-    flags with every peer; the reduce kernel sums as before.
+    received token and counts each token's local rows, and meets the rank's
+    other blocks. All of the rank's blocks but the last then run the
+    persistent grouped GEMM: after a tile's stores thread 0 adds 1 (release)
+    to its 128-row tile's column counter, and no tile ever waits for a send.
+    Sending is done by every warp that has no tile to compute: the last
+    block's warps from the start, the others' after their last tile. A warp
+    claims the rank's next chunk of 32 rows (chunks in expert order, the
+    order the tiles finish in), a lane per row; a lane waits (bounded) until
+    its row tile's counter holds every column tile, then subtracts 1
+    (acq_rel) from its token's count, and the warp sends each token whose
+    count that ended. A send sums the token's rows in increasing slot order
+    in fp32 from +0.0, rounds to bf16 once and writes the row into the
+    source rank's window: the combine's send stage with the same arithmetic,
+    so the combined result is bitwise the unfused one. The rank's last warp
+    resets the counters and exchanges done flags with every peer; the reduce
+    kernel sums as before.
 
-    Why a block of its own: the GEMM is fast only while the blocks of a rank
-    run in step, streaming each weight tile (shared by an expert's row tiles)
-    and each lhs tile (shared by its column tiles) through L2 once. Sends
-    made by the tile blocks between tiles (the first schedule) or by an extra
-    warp in every block (whose registers pushed the GEMM's into local memory)
-    put the blocks out of step: on the H200 the kernel read 85-98 GB from
-    DRAM where the GEMM alone reads 40, and ran 1.7-2.2x slower. The cost of
-    the send block is one block of the rank's tiles.
+    Why no tile block sends while it has tiles: the GEMM is fast only while
+    a rank's blocks run in step, streaming each weight tile (shared by an
+    expert's row tiles) and each lhs tile (shared by its column tiles)
+    through L2 once. Sends made by the tile blocks between tiles (the first
+    schedule) or by an extra warp in every block (whose registers pushed the
+    GEMM's into local memory) put the blocks out of step: on the H200 the
+    kernel read 85-98 GB from DRAM where the GEMM alone reads 40, and ran
+    1.7-2.2x slower. The send block costs one block of the rank's tiles;
+    the tile blocks that finish early drain what it could not send.
 
     Fusion is refused, with a remark saying why, when the GEMM's output is not
     bf16 or not hidden-wide, when the combine takes weights or another

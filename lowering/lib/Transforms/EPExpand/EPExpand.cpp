@@ -1174,8 +1174,10 @@ void buildCopyGemmKernel(OpBuilder &builder, Location loc, StringRef name, const
 //===----------------------------------------------------------------------===//
 
 struct GemmCombineScratch {
-  /// The rank barrier is the first of the 256 bytes at `arrivals`.
   int64_t rowToken, pending, colDone, arrivals, maxTiles, columnTiles;
+  /// In the 256 bytes at `arrivals`, a cache line apart: the rank barrier,
+  /// then the count of row chunks claimed by the rank's warps.
+  int64_t claimed() const { return arrivals + 64; }
 };
 
 /// Where the fused kernels keep their state, after every layout's window:
@@ -1201,17 +1203,17 @@ struct FusedScratch {
   }
 };
 
-/// Blocks of each rank that send ep.gemm_combine's tokens while the others
-/// compute tiles.
+/// Blocks of each rank that take no tile and send ep.gemm_combine's tokens
+/// from the start (the others join them after their last tile).
 constexpr int64_t kGemmCombineSendBlocks = 1;
 
 /// `<name>_gemm_send` (see EPFuseGemmCombine in Passes.td): the combine's
 /// entry barrier, row -> token map and per-token counts, a barrier of the
-/// rank's blocks, then two roles: the tile blocks compute the persistent
-/// grouped GEMM and count each finished tile of a 128-row tile; the send
-/// block's warps walk the rank's rows in expert order, each lane waiting for
-/// its row's tile, and a warp sends every token whose last row that was; the
-/// last send warp ends the combine's send (done flags).
+/// rank's blocks, the persistent grouped GEMM on all blocks but the send
+/// block (each stored tile counted in its 128-row tile's slot), then every
+/// warp claims chunks of 32 rows in expert order, each lane waiting for its
+/// row's tile, and sends every token whose last row that was; the rank's last
+/// warp ends the combine's send (done flags).
 void buildGemmSendKernel(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape,
                          epic::detail::GroupedGemmShape gemm, GemmCombineScratch scratch) {
   KernelBuilder k(func, L);
@@ -1254,78 +1256,102 @@ void buildGemmSendKernel(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sh
                           k.i32(1), k.counter(scratch.colDone, slot));
     });
   };
-  // The send blocks' warps: chunks of 32 rows in expert order (the order the
-  // tiles finish in), chunk c to send warp c % W of the rank. A lane waits until
-  // every column tile of its row's 128-row tile is stored, takes one of its
-  // token's rows off the count, and the warp sends the tokens whose count
-  // that ended.
-  gemm.commRole = [&](OpBuilder &at, Value tileBlocks) {
-    OpBuilder::InsertionGuard guard(k.b);
-    k.b.setInsertionPoint(at.getInsertionBlock(), at.getInsertionPoint());
-    constexpr int64_t warpsPerBlock = epic::detail::kGemmThreads / 32;
-    Value warps = k.i32(gemm.commBlocks * warpsPerBlock);
-    Value mine = k.add(k.mul(k.sub(k.block, k.index(tileBlocks)), k.i32(warpsPerBlock)),
-                       k.divu(k.tid, k.i32(32)));
-    Value align = k.i32(L.alignment);
-    auto experts = scf::ForOp::create(k.b, k.i32(0), k.i32(L.local), k.i32(1),
-                                      ValueRange{k.i32(0), k.i32(0)});
-    {
-      OpBuilder::InsertionGuard inExpert(k.b);
-      k.b.setInsertionPointToStart(experts.getBody());
-      Value e = experts.getInductionVar();
-      Value before = experts.getRegionIterArg(0), chunksBefore = experts.getRegionIterArg(1);
-      Value start = k.mul(k.divu(k.add(before, k.sub(align, k.i32(1))), align), align);
-      Value end = k.loadI32(psumPerExpert, e);
-      Value chunks = k.divu(k.add(k.sub(end, start), k.i32(31)), k.i32(32));
-      // This warp's first chunk of the expert: (mine - chunksBefore) mod W.
-      Value first = k.remu(k.sub(k.add(mine, warps), k.remu(chunksBefore, warps)), warps);
-      k.loop(first, chunks, warps, [&](Value chunk) {
-        Value row = k.add(start, k.add(k.mul(chunk, k.i32(32)), k.lane));
-        Value valid = k.lt(row, end);
-        Value token = k.choose(valid, k.i32T(), [&]() -> Value {
-          Value rowTile = k.divu(k.sub(row, start), k.i32(epic::detail::kGemmTileM));
-          Value slot = k.add(k.mul(e, k.i32(scratch.maxTiles)), rowTile);
-          comm::WaitFlagOp::create(k.b, k.i32T(), k.counter(scratch.colDone, slot),
-                                   comm::Predicate::ge, k.i32(scratch.columnTiles), k.me,
-                                   Value(), comm::Scope::gpu, L.timeoutMs);
-          return k.load(k.i32T(), k.counter(scratch.rowToken, row), 4);
-        }, [&]() -> Value { return k.i32(-1); });
-        Value left = k.choose(valid, k.i32T(), [&]() -> Value {
-          return comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
-                                           comm::Ordering::acq_rel, comm::Scope::gpu, k.i32(-1),
-                                           k.counter(scratch.pending, token));
-        }, [&]() -> Value { return k.i32(0); });
-        // Every row of those tokens is final (their lanes acquired it).
-        k.forEachLane(k.ballot(k.eq(left, k.i32(1))), [&](Value lane) {
-          comm::FenceOp::create(k.b, comm::Ordering::acq_rel, comm::Scope::gpu);
-          auto [meta, record] = combineDestination(k, L, metadata, k.shuffle(token, lane));
-          sendExpandedToken(k, L, shape, x, Value(), meta, record);
-        });
-      });
-      scf::YieldOp::create(k.b, ValueRange{end, k.add(chunksBefore, chunks)});
-    }
-    // The rank's last send warp (every row of the rank counted, so every tile
-    // stored) resets the rank barrier and the tile counts, tells every peer it
-    // is done, and waits for all (the combine send's ending).
-    NVVM::SyncWarpOp::create(k.b, k.fullMask()); // the warp's sends, before lane 0's release
-    Value before = k.choose(k.eq(k.lane, k.i32(0)), k.i32T(), [&]() -> Value {
-      return comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
-                                       comm::Ordering::acq_rel, comm::Scope::sys, k.i32(1),
-                                       k.local(k.i32(L.combineDone)));
-    }, [&]() -> Value { return k.i32(0); });
-    k.when(k.eq(k.shuffle(before, k.i32(0)), k.sub(warps, k.i32(1))), [&] {
-      NVVM::SyncWarpOp::create(k.b, k.fullMask()); // what lane 0 acquired, for the warp
-      k.when(k.eq(k.lane, k.i32(0)), [&] {
-        for (int64_t cell : {L.combineDone, scratch.arrivals})
-          comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
-                                k.local(k.i32(cell)));
-      });
-      k.loop(k.lane, k.i32(L.local * scratch.maxTiles), k.i32(32),
-             [&](Value slot) { k.store(k.i32(0), k.counter(scratch.colDone, slot), 4); });
-      exchangeDoneFlags(k, L.combineFlags, k.lane, k.i32(32));
-    });
-  };
+  gemm.commBlocks = kGemmCombineSendBlocks;
   epic::detail::buildGroupedGemmKernel(func, gemm);
+
+  // Every warp, the send block's at once and the tile blocks' after their last
+  // tile: claim the rank's next chunk of 32 rows (chunks in expert order, the
+  // order the tiles finish in; a lane per row). A lane waits until every
+  // column tile of its row's 128-row tile is stored, takes one of its token's
+  // rows off the count, and the warp sends the tokens whose count that ended.
+  k.b.setInsertionPoint(func.getBody().front().getTerminator());
+  Value align = k.i32(L.alignment);
+  auto expertStart = [&](Value before) {
+    return k.mul(k.divu(k.add(before, k.sub(align, k.i32(1))), align), align);
+  };
+  auto chunksOf = [&](Value start, Value end) {
+    return k.divu(k.add(k.sub(end, start), k.i32(31)), k.i32(32));
+  };
+  // Chunk c's expert, the expert's first and end rows, and the chunk's index
+  // in it: a scan of the experts (the counts are in L1 after the first).
+  auto locate = [&](Value c) {
+    auto scan = scf::ForOp::create(
+        k.b, k.i32(0), k.i32(L.local), k.i32(1),
+        ValueRange{k.i32(0), k.i32(0), k.i32(0), k.i32(0), k.i32(0), k.i32(0)});
+    OpBuilder::InsertionGuard guard(k.b);
+    k.b.setInsertionPointToStart(scan.getBody());
+    Value e = scan.getInductionVar();
+    ValueRange carried = scan.getRegionIterArgs(); // end before, chunks before, found
+    Value start = expertStart(carried[0]);
+    Value end = k.loadI32(psumPerExpert, e);
+    Value after = k.add(carried[1], chunksOf(start, end));
+    Value here = k.andi(k.cmp(arith::CmpIPredicate::ule, carried[1], c),
+                        k.cmp(arith::CmpIPredicate::ult, c, after));
+    scf::YieldOp::create(k.b, ValueRange{end, after, k.select(here, e, carried[2]),
+                                         k.select(here, start, carried[3]),
+                                         k.select(here, end, carried[4]),
+                                         k.select(here, k.sub(c, carried[1]), carried[5])});
+    return scan;
+  };
+  Value totalChunks = locate(k.i32(-1)).getResult(1);
+  auto claims = scf::WhileOp::create(k.b, TypeRange{k.i32T()}, ValueRange{});
+  {
+    OpBuilder::InsertionGuard guard(k.b);
+    k.b.createBlock(&claims.getBefore());
+    Value claim = k.choose(k.eq(k.lane, k.i32(0)), k.i32T(), [&]() -> Value {
+      return comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
+                                       comm::Ordering::relaxed, comm::Scope::gpu, k.i32(1),
+                                       k.local(k.i32(scratch.claimed())));
+    }, [&]() -> Value { return k.i32(0); });
+    claim = k.shuffle(claim, k.i32(0));
+    scf::ConditionOp::create(k.b, k.lt(claim, totalChunks), ValueRange{claim});
+    Block *body = k.b.createBlock(&claims.getAfter(), {}, {k.i32T()}, {k.b.getLoc()});
+    auto where = locate(body->getArgument(0));
+    Value e = where.getResult(2), start = where.getResult(3), end = where.getResult(4);
+    Value row = k.add(start, k.add(k.mul(where.getResult(5), k.i32(32)), k.lane));
+    Value valid = k.lt(row, end);
+    Value token = k.choose(valid, k.i32T(), [&]() -> Value {
+      Value rowTile = k.divu(k.sub(row, start), k.i32(epic::detail::kGemmTileM));
+      Value slot = k.add(k.mul(e, k.i32(scratch.maxTiles)), rowTile);
+      comm::WaitFlagOp::create(k.b, k.i32T(), k.counter(scratch.colDone, slot),
+                               comm::Predicate::ge, k.i32(scratch.columnTiles), k.me, Value(),
+                               comm::Scope::gpu, L.timeoutMs);
+      return k.load(k.i32T(), k.counter(scratch.rowToken, row), 4);
+    }, [&]() -> Value { return k.i32(-1); });
+    Value left = k.choose(valid, k.i32T(), [&]() -> Value {
+      return comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
+                                       comm::Ordering::acq_rel, comm::Scope::gpu, k.i32(-1),
+                                       k.counter(scratch.pending, token));
+    }, [&]() -> Value { return k.i32(0); });
+    // Every row of those tokens is final (their lanes acquired it).
+    k.forEachLane(k.ballot(k.eq(left, k.i32(1))), [&](Value lane) {
+      comm::FenceOp::create(k.b, comm::Ordering::acq_rel, comm::Scope::gpu);
+      auto [meta, record] = combineDestination(k, L, metadata, k.shuffle(token, lane));
+      sendExpandedToken(k, L, shape, x, Value(), meta, record);
+    });
+    scf::YieldOp::create(k.b, ValueRange{});
+  }
+
+  // The rank's last warp (every chunk claimed and sent) resets the rank
+  // barrier, the claims and the tile counts, tells every peer it is done, and
+  // waits for all (the combine send's ending).
+  NVVM::SyncWarpOp::create(k.b, k.fullMask()); // the warp's sends, before lane 0's release
+  Value before = k.choose(k.eq(k.lane, k.i32(0)), k.i32T(), [&]() -> Value {
+    return comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
+                                     comm::Ordering::acq_rel, comm::Scope::sys, k.i32(1),
+                                     k.local(k.i32(L.combineDone)));
+  }, [&]() -> Value { return k.i32(0); });
+  k.when(k.eq(k.shuffle(before, k.i32(0)), k.sub(k.numWarps, k.i32(1))), [&] {
+    NVVM::SyncWarpOp::create(k.b, k.fullMask()); // what lane 0 acquired, for the warp
+    k.when(k.eq(k.lane, k.i32(0)), [&] {
+      for (int64_t cell : {L.combineDone, scratch.arrivals, scratch.claimed()})
+        comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
+                              k.local(k.i32(cell)));
+    });
+    k.loop(k.lane, k.i32(L.local * scratch.maxTiles), k.i32(32),
+           [&](Value slot) { k.store(k.i32(0), k.counter(scratch.colDone, slot), 4); });
+    exchangeDoneFlags(k, L.combineFlags, k.lane, k.i32(32));
+  });
 }
 
 OpBuilder kernelInsertionPoint(gpu::GPUModuleOp module) {
@@ -1424,7 +1450,6 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
     gemm.outField = kCX, gemm.psumField = kGCPsumPerExpert, gemm.mapsField = kGCMaps;
     gemm.timeoutMs = timeoutMs;
     CombineShape shape{false, static_cast<unsigned>(fused.getBiases().size()), true};
-    gemm.commBlocks = kGemmCombineSendBlocks;
     kernelNames = {name + "_gemm_send", name + "_reduce"};
     fields = kGemmCombineFields;
     threads = epic::detail::kGemmThreads;

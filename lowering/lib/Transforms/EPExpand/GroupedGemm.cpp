@@ -5,7 +5,7 @@
 //   * tiles: (local expert e, 128-column tile of N, 128-row tile of e's rows),
 //     numbered expert by expert, row tiles fastest (the blocks at work share
 //     weight tiles through L2); block b of a rank takes tiles b, b + B, ...
-//     (B: the rank's blocks, less those of a communication role)
+//     (B: the rank's blocks, less those kept for communication)
 //     (the expert ranges come from the handle's per-expert prefix sums);
 //   * per tile, K in steps of 64 through a ring of 4 shared-memory stages:
 //     thread 0 issues the TMA loads of a stage (two 64 x 64 lhs boxes, two
@@ -231,18 +231,13 @@ struct GemmBuilder {
             ValueRange{add(col0, idx(half * 64)), wRow}, stage, Value(), leader);
     };
 
-    // With a communication role, the rank's last `commBlocks` blocks run it
-    // and the others share the tiles.
-    OpBuilder::InsertionGuard roles(b);
-    Value tileBlocks = blocks;
+    // The rank's last `commBlocks` blocks take no tile: the others share them.
+    Value tileBlocks = blocks, first = block;
     if (shape.commBlocks > 0) {
       tileBlocks = sub(blocks, idx(shape.commBlocks));
-      auto split = scf::IfOp::create(b, ult(block, tileBlocks), /*withElseRegion=*/true);
-      b.setInsertionPointToStart(split.elseBlock());
-      shape.commRole(b, tileBlocks);
-      b.setInsertionPointToStart(split.thenBlock());
+      first = select(ult(block, tileBlocks), block, total);
     }
-    loop(block, total, tileBlocks, ValueRange{idx(0)},
+    loop(first, total, tileBlocks, ValueRange{idx(0)},
          [&](Value tile, ValueRange carried) -> SmallVector<Value> {
       Value g0 = carried[0];
       // The tile's expert: scan the experts' tile counts. Carried: tiles

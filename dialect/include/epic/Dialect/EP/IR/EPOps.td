@@ -352,12 +352,13 @@ def EP_GemmCombineOp : EP_Op<"gemm_combine", []> {
     one after the other. `ep-expand` lowers it to one cooperative kernel in
     which all of a rank's blocks but one run the persistent GEMM and count
     each stored tile in its 128-row tile's counter, while the last block's
-    warps walk the rows in expert order: a row is counted against its token
-    once every column tile of its row tile is stored, and the warp that
-    counts a token's last row sums its rows in increasing slot order in
-    fp32, rounds once and writes the row into the source rank's window (the
-    combine's send stage, same arithmetic): early tokens travel while later
-    tiles are computed. The combine's reduce kernel
+    warps (and every other warp once its block is out of tiles) claim the
+    rows in chunks, in expert order: a row is counted against its token once
+    every column tile of its row tile is stored, and the warp that counts a
+    token's last row sums its rows in increasing slot order in fp32, rounds
+    once and writes the row into the source rank's window (the combine's
+    send stage, same arithmetic): early tokens travel while later tiles are
+    computed. The combine's reduce kernel
     follows unchanged, with up to two biases.
 
     ```mlir
