@@ -65,9 +65,9 @@ int64_t epic::runtime::kernelWindowBytes(int numRanks, int64_t maxTokensPerRank,
   // ep.gemm_combine's scratch follows (disjoint: both keep counters across
   // calls): row -> token for every expanded row (expert alignment up to 128
   // assumed; more fails at prepare, naming the bytes), pending rows per token,
-  // finished column tiles per row tile, the ready queue, a rank barrier.
+  // finished column tiles per row tile, the rank barrier and the claimed chunks.
   const int64_t expandedRows = r * tm * std::min<int64_t>(k, local) + 127 * local;
-  const int64_t gemmCombine = align(expandedRows * 4, 256) + 2 * align(r * tm * 4, 256) +
+  const int64_t gemmCombine = align(expandedRows * 4, 256) + align(r * tm * 4, 256) +
                               tileCounters + 256;
   return align(data, 256) + 2 * tileCounters + gemmCombine;
 }

@@ -47,15 +47,23 @@
 // CHECK:           scf.for
 // CHECK:           comm.wait_flag %{{.*}} ge %c8_i32{{.*}} rank %{{.*}} scope gpu
 // CHECK:           comm.atomic_rmw add acq_rel scope gpu %c-1_i32{{.*}}
-// The tokens whose last row that was, one by one with the whole warp.
+// The tokens whose last row that was, one by one with the whole warp (a warp
+// barrier hands what the completing lane acquired to the others).
 // CHECK:           nvvm.vote.sync  ballot
 // CHECK:           scf.while
-// CHECK:             comm.fence acq_rel scope gpu
+// CHECK:             nvvm.bar.warp.sync
+// CHECK-NEXT:        comm.fence acq_rel scope gpu
 // CHECK:             comm.peer_ptr
 // CHECK:             arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
-// The rank's last warp (count acq_rel, system scope) ends the send.
+// The rank's last warp (count acq_rel, system scope) ends the send: it zeroes
+// the warp count, the rank barrier and the claims, then every row tile's
+// column count (the next call starts from zero), then the done flags.
 // CHECK:         nvvm.bar.warp.sync
 // CHECK:         comm.atomic_rmw add acq_rel scope sys %c1_i32
+// CHECK:         nvvm.bar.warp.sync
+// CHECK-COUNT-3:   comm.store relaxed scope gpu %c0_i32
+// CHECK:           scf.for %{{.*}} = %{{.*}} to %c128_i32{{.*}} step %c32_i32
+// CHECK:             llvm.store %c0_i32
 // CHECK:         comm.store release scope sys
 // CHECK:         comm.wait_flag %{{.*}} eq %{{.*}} rank %{{.*}} peer %{{.*}} scope sys
 // CHECK:         gpu.return

@@ -211,9 +211,9 @@ def EPFuseGemmCombine : Pass<"ep-fuse-gemm-combine", "::mlir::func::FuncOp"> {
   let description = [{
     Rewrites an `ep.grouped_gemm` (BF16 output, N = hidden) followed by an
     `ep.combine` of its output on the same handle (no combine weights) into
-    one `ep.gemm_combine`: each finished output tile is sent back from the GEMM
-    epilogue, overlapping the send of early tokens with the computation of
-    later tiles.
+    one `ep.gemm_combine`: each token is sent back as soon as the GEMM has
+    stored its rows, overlapping the send of early tokens with the
+    computation of later tiles.
 
     **Schedule** (what `ep-expand` generates): one cooperative kernel, then
     the combine's reduce kernel. The kernel starts with the combine's entry

@@ -463,17 +463,6 @@ public:
   /// Thread 0 counts this block's arrival (acq_rel, system scope, so the
   /// whole block's writes are ordered before it); every thread learns
   /// whether this block was the rank's last.
-  /// `compute()` (an i32) on thread 0, its value for the whole block (through
-  /// the kernel's one-word workgroup buffer, between two block barriers).
-  Value fromThread0(function_ref<Value()> compute) {
-    Value zero = arith::ConstantIndexOp::create(b, 0);
-    when(eq(tid, i32(0)), [&] { memref::StoreOp::create(b, compute(), sharedFlag, ValueRange{zero}); });
-    barrier();
-    Value value = memref::LoadOp::create(b, sharedFlag, ValueRange{zero});
-    barrier();
-    return value;
-  }
-
   Value lastBlockOfRank(int64_t counterOffset) {
     Value memref = sharedFlag;
     Value zero = arith::ConstantIndexOp::create(b, 0);
@@ -555,8 +544,8 @@ int64_t fusedRowUnroll(int64_t rowBytes) {
   return chunks >= 32 * 8 ? 8 : KernelBuilder::kCopyUnroll;
 }
 
-/// Each peer gets flag 1 (release) from the rank's last block (threads
-/// `first`, `first + step`, ...: the block's by default), which then waits
+/// Each peer gets flag 1 (release) from the rank's last block or warp
+/// (threads `first`, `first + step`, ...: the block's by default), which then waits
 /// (bounded acquire) for every peer's flag and resets it: all the records
 /// peers sent this rank have landed.
 void exchangeDoneFlags(KernelBuilder &k, int64_t flagsOffset, Value first = {},
@@ -1206,6 +1195,8 @@ struct FusedScratch {
 /// Blocks of each rank that take no tile and send ep.gemm_combine's tokens
 /// from the start (the others join them after their last tile).
 constexpr int64_t kGemmCombineSendBlocks = 1;
+// A rank has at least kGemmCtasPerSm blocks (one SM): some must take tiles.
+static_assert(kGemmCombineSendBlocks < epic::detail::kGemmCtasPerSm);
 
 /// `<name>_gemm_send` (see EPFuseGemmCombine in Passes.td): the combine's
 /// entry barrier, row -> token map and per-token counts, a barrier of the
@@ -1247,7 +1238,7 @@ void buildGemmSendKernel(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sh
 
   // A tile block: thread 0 counts each stored tile in its 128-row tile's
   // slot (release: the block's stores met at a barrier before it).
-  gemm.afterTile = [&](OpBuilder &at, Value expert, Value rowTile, Value, Value) {
+  gemm.afterTile = [&](OpBuilder &at, Value expert, Value rowTile) {
     OpBuilder::InsertionGuard guard(k.b);
     k.b.setInsertionPoint(at.getInsertionBlock(), at.getInsertionPoint());
     Value slot = k.add(k.mul(k.index(expert), k.i32(scratch.maxTiles)), k.index(rowTile));
@@ -1281,7 +1272,9 @@ void buildGemmSendKernel(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sh
     OpBuilder::InsertionGuard guard(k.b);
     k.b.setInsertionPointToStart(scan.getBody());
     Value e = scan.getInductionVar();
-    ValueRange carried = scan.getRegionIterArgs(); // end before, chunks before, found
+    // Carried: the previous expert's end, the chunks before e, then the found
+    // chunk's expert, first row, end row and index in its expert.
+    ValueRange carried = scan.getRegionIterArgs();
     Value start = expertStart(carried[0]);
     Value end = k.loadI32(psumPerExpert, e);
     Value after = k.add(carried[1], chunksOf(start, end));
@@ -1325,6 +1318,9 @@ void buildGemmSendKernel(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sh
     }, [&]() -> Value { return k.i32(0); });
     // Every row of those tokens is final (their lanes acquired it).
     k.forEachLane(k.ballot(k.eq(left, k.i32(1))), [&](Value lane) {
+      // What the completing lane acquired, for the warp (a ballot or a
+      // shuffle is no memory synchronization; a warp barrier is).
+      NVVM::SyncWarpOp::create(k.b, k.fullMask());
       comm::FenceOp::create(k.b, comm::Ordering::acq_rel, comm::Scope::gpu);
       auto [meta, record] = combineDestination(k, L, metadata, k.shuffle(token, lane));
       sendExpandedToken(k, L, shape, x, Value(), meta, record);
@@ -1444,7 +1440,8 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
       return failure();
     EPLayout layout(cfg, 64);
     // Scratch after the windows (FusedScratch): row -> token, each token's rows
-    // still to compute, each 128-row tile's finished column tiles, a rank barrier.
+    // still to compute, each 128-row tile's finished column tiles, a rank
+    // barrier and the count of row chunks claimed.
     FusedScratch at(cfg);
     windowBytes = at.end;
     gemm.outField = kCX, gemm.psumField = kGCPsumPerExpert, gemm.mapsField = kGCMaps;

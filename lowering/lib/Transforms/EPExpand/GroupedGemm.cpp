@@ -7,13 +7,13 @@
 //     weight tiles through L2); block b of a rank takes tiles b, b + B, ...
 //     (B: the rank's blocks, less those kept for communication)
 //     (the expert ranges come from the handle's per-expert prefix sums);
-//   * per tile, K in steps of 64 through a ring of 4 shared-memory stages:
+//   * per tile, K in steps of 64 through a ring of kGemmStages shared-memory stages:
 //     thread 0 issues the TMA loads of a stage (two 64 x 64 lhs boxes, two
 //     64 x 64 weight boxes, 128-byte swizzle) with an mbarrier transaction; the
 //     warpgroup waits for the stage's phase and runs wgmma m64n128k16 x 8
 //     (NVGPU's warpgroup.mma, fp32 accumulators in registers) keeping one
 //     wgmma group in flight; the stage the previous step read is then refilled
-//     with the step kStages - 1 ahead of this one;
+//     with the step kGemmStages - 1 ahead of this one;
 //   * epilogue: accumulators to shared memory (warpgroup.mma.store), then
 //     16-byte stores of the rows that belong to the expert, converted to the
 //     result type. Rows of the next expert that a tile's loads covered are
@@ -297,7 +297,8 @@ struct GemmBuilder {
 
       // Fill the ring, then: wait for a stage, multiply (one wgmma group stays
       // in flight: the tensor cores do not idle while the warps wait), and
-      // refill the stage the previous step read, 3 steps ahead of this one.
+      // refill the stage the previous step read with the step kGemmStages - 1
+      // ahead of this one.
       for (int64_t i = 0; i < std::min(kGemmStages, kSteps); ++i)
         issue(add(g0, idx(i)), idx(i), row0, weightRow0, col0);
       Value init = nvgpu::WarpgroupMmaInitAccumulatorOp::create(b, accT());
@@ -377,7 +378,7 @@ struct GemmBuilder {
       }
       gpu::BarrierOp::create(b);
       if (shape.afterTile) // every thread's stores of the tile are done
-        shape.afterTile(b, expert, mt, row0, end);
+        shape.afterTile(b, expert, mt);
       // The next tile's TMA writes (async proxy) follow these generic accesses.
       NVVM::FenceProxyOp::create(b, NVVM::ProxyKind::async_shared,
                                  NVVM::SharedSpaceAttr::get(ctx, NVVM::SharedSpace::shared_cta));

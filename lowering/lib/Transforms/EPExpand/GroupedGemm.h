@@ -31,13 +31,10 @@ struct GroupedGemmShape {
   /// column tiles done with them, or -1; `maxTiles` row tiles per expert.
   int64_t tileDone = -1, tileConsumed = -1, maxTiles = 0;
   int64_t timeoutMs = 100000;
-  /// Fused with the combine (ep.gemm_combine): called by the warpgroup after
-  /// each output tile is stored (its threads met at a barrier), with the
-  /// tile's expert, 128-row tile index, first row and the expert's end row
-  /// (index values), at `b`'s insertion point.
-  std::function<void(mlir::OpBuilder &b, mlir::Value expert, mlir::Value rowTile,
-                     mlir::Value row0, mlir::Value end)>
-      afterTile;
+  /// Fused with the combine (ep.gemm_combine): called by the block after each
+  /// output tile is stored (its threads met at a barrier), with the tile's
+  /// expert and 128-row tile index (index values), at `b`'s insertion point.
+  std::function<void(mlir::OpBuilder &b, mlir::Value expert, mlir::Value rowTile)> afterTile;
   /// Blocks kept for communication (0: none): the rank's last `commBlocks`
   /// blocks take no tile and go straight to what the caller builds after the
   /// kernel's tile loop, which the other blocks reach after their last tile.
@@ -48,7 +45,6 @@ struct GroupedGemmShape {
   /// the H200).
   int64_t commBlocks = 0;
 };
-
 
 /// Tile and pipeline of the kernel: one warpgroup computes 128 x 128 output
 /// tiles (two m64 wgmma per k16 step, sharing the weight tile) over K in steps
@@ -66,7 +62,6 @@ constexpr int64_t kGemmDynamicSharedBytes = kGemmStages * kGemmStageBytes + 1024
 /// Blocks per SM the runtime launches for the GEMM kernels (one warpgroup each: a second
 /// block's MMAs fill the tensor cores while one waits for TMA or stores its tile).
 constexpr int64_t kGemmCtasPerSm = 2;
-static_assert(kGemmCtasPerSm >= 2, "a rank has a block for a communication role and one for tiles");
 static_assert(kGemmCtasPerSm * kGemmDynamicSharedBytes <= 227 * 1024,
               "two GEMM blocks must fit in an SM's shared memory");
 static_assert(kGemmTileM * kGemmTileN * 4 <= kGemmStages * kGemmStageBytes,

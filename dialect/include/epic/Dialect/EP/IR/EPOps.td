@@ -358,8 +358,8 @@ def EP_GemmCombineOp : EP_Op<"gemm_combine", []> {
     token's last row sums its rows in increasing slot order in fp32, rounds
     once and writes the row into the source rank's window (the combine's
     send stage, same arithmetic): early tokens travel while later tiles are
-    computed. The combine's reduce kernel
-    follows unchanged, with up to two biases.
+    computed. The combine's reduce kernel follows unchanged, with up to two
+    biases.
 
     ```mlir
     %y, %out = ep.gemm_combine %recv_x, %w layout(%h : !ep.handle<#cfg>)
