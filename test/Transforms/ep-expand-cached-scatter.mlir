@@ -86,23 +86,6 @@ func.func @expanded(%x: tensor<?x512xbf16>, %h: !ep.handle<#exp>)
 
 // -----
 
-// A cached dispatch with weights (IR only: the runtimes send none) keeps send +
-// copy, which place them.
-#cfg = #ep.config<ranks = 2, experts = 4, topk = 2, hidden = 256, dtype = bf16,
-                  max_tokens_per_rank = 16>
-// CHECK-LABEL: gpu.module @ep_kernels
-// CHECK: func.func @cached_weights(
-// CHECK-SAME: epic.kernels = ["cached_weights_send", "cached_weights_copy"]
-func.func @cached_weights(%x: tensor<?x256xbf16>, %w: tensor<?x2xf32>, %h: !ep.handle<#cfg>)
-    -> (tensor<?x256xbf16>, tensor<?x2xi64>, tensor<?x2xf32>, !ep.handle<#cfg>) {
-  %rx, %ri, %rw, %h2 = ep.dispatch %x weights(%w : tensor<?x2xf32>) cached(%h : !ep.handle<#cfg>)
-      config #cfg : tensor<?x256xbf16>
-      -> tensor<?x256xbf16>, tensor<?x2xi64>, tensor<?x2xf32>, !ep.handle<#cfg>
-  return %rx, %ri, %rw, %h2 : tensor<?x256xbf16>, tensor<?x2xi64>, tensor<?x2xf32>, !ep.handle<#cfg>
-}
-
-// -----
-
 // An uncached dispatch is the same with or without the option.
 #cfg = #ep.config<ranks = 2, experts = 4, topk = 2, hidden = 256, dtype = bf16,
                   max_tokens_per_rank = 16>

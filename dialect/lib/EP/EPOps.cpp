@@ -167,6 +167,10 @@ LogicalResult DispatchOp::verify() {
                        "cached dispatch reuses the handle's routing");
   if (!getTopkIdx() && !getCachedHandle())
     return emitOpError("needs topk(...) routing or a cached(...) handle");
+  if (getCachedHandle() && getTopkWeights())
+    return emitOpError("takes no weights(...) with cached(...): a cached "
+                       "dispatch moves rows along the handle's routing, which "
+                       "has no weights (DeepEP's cached dispatch takes none)");
 
   if (Value idx = getTopkIdx()) {
     if (failed(check.staticDim("topk_idx", shaped(idx), 1, k, "top-k")) ||

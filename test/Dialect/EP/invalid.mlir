@@ -273,6 +273,16 @@ func.func @f(%x: tensor<?x128xbf16>, %h: !ep.handle<#d>) {
 
 // -----
 
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x128xbf16>, %w: tensor<?x4xf32>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{takes no weights(...) with cached(...): a cached dispatch moves rows along the handle's routing}}
+  %rx, %ri, %rw, %h2 = ep.dispatch %x weights(%w : tensor<?x4xf32>) cached(%h : !ep.handle<#c>) config #c
+      : tensor<?x128xbf16> -> tensor<?x128xbf16>, tensor<?x4xi64>, tensor<?x4xf32>, !ep.handle<#c>
+  return
+}
+
+// -----
+
 #c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = f8E4M3FN, scale_packs = 1, max_tokens_per_rank = 64>
 func.func @f(%x: tensor<?x128xf8E4M3FN>, %idx: tensor<?x4xi64>) {
   // expected-error@+1 {{FP8 data ('f8E4M3FN') needs scales(...) scale packs}}

@@ -909,7 +909,7 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
 /// local top-k ids. No rank waits for another: the launch serves every rank,
 /// and its end is the end of every rank's writes.
 void buildDispatchScatter(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape shape) {
-  assert(!shape.weights && "the scatter places no weights: ep-expand keeps send + copy for them");
+  assert(!shape.weights && "a cached dispatch takes no weights (the ep.dispatch verifier)");
   KernelBuilder k(func, L);
   TokenInputs in(k, shape);
   Value numTokens = in.numTokens, x = in.x, topkIdx = in.topkIdx, scalePacks = in.scalePacks,
@@ -1523,9 +1523,7 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
                         static_cast<bool>(dispatch.getTopkWeights()), cfg.isExpanded(),
                         dispatch.isCached(), dispatch.getZeroPadding()};
     fields = kDispatchFields;
-    // (The runtimes send no weights with a cached dispatch; IR that does keeps
-    // the two kernels, which place them.)
-    const bool scatter = shape.cached && onePassCachedDispatch && !shape.weights;
+    const bool scatter = shape.cached && onePassCachedDispatch;
     if (scatter) {
       kernelNames = {name + "_scatter"};
       cooperative = false; // no rank waits for another

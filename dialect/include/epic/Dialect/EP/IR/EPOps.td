@@ -86,7 +86,8 @@ def EP_DispatchOp : EP_Op<"dispatch", [AttrSizedOperandSegments,
     **Cached dispatch.** With `cached(%handle)` and no `topk(...)`, the op
     reuses the routing, slots and counts of the dispatch that produced the
     handle: there is no count exchange and the rows land in exactly the same
-    places (bitwise-equal `recv_x`). This is the backward of combine.
+    places (bitwise-equal `recv_x`). This is the backward of combine. It
+    takes no `weights(...)`: the handle's routing has none.
 
     **Zero padding.** With `zero_padding` (expanded layout only), the rows
     between an expert's last received row and the next expert's start are
