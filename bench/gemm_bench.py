@@ -218,7 +218,8 @@ def main():
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--once", action="store_true",
-                        help="run epic's GEMM, two steps and the fused kernels once, untimed "
+                        help="run epic's GEMM, two steps, the fused kernels and the layer's three "
+                             "variants once, untimed "
                              "(for tools/device/profile.sh: CUPTI allows one subscriber)")
     args = parser.parse_args()
     if args.compile_only or _C.cuda_device_count() == 0:

@@ -239,6 +239,8 @@ public:
       id = arith::TruncIOp::create(b, idxType, id);
     store(id, at(ids, mul(element, i32(layout.idxBytes))), layout.idxBytes);
   }
+  /// `x` rounded up to a multiple of `a`.
+  Value alignUp(Value x, int64_t a) { return mul(divu(add(x, i32(a - 1)), i32(a)), i32(a)); }
   /// An i32 element `index` of the array at `ptr`.
   Value loadI32(Value ptr, Value index) { return load(i32T(), at(ptr, mul(index, i32(4))), 4); }
   void storeI32(Value v, Value ptr, Value index) { store(v, at(ptr, mul(index, i32(4))), 4); }
@@ -725,8 +727,7 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
         k.b.setInsertionPointToStart(experts.getBody());
         Value e = experts.getInductionVar();
         Value count = k.loadI32(expertCounts, e);
-        Value aligned = k.mul(k.divu(k.add(count, k.i32(L.alignment - 1)), k.i32(L.alignment)),
-                              k.i32(L.alignment));
+        Value aligned = k.alignUp(count, L.alignment);
         Value start = experts.getRegionIterArg(0);
         Value total = k.add(start, aligned);
         // Plain: inclusive prefix of the aligned counts. Expanded: the end of
@@ -746,8 +747,7 @@ void zeroPaddingRows(KernelBuilder &k, const EPLayout &L, const DispatchShape &s
   k.loop(k.globalWarp, k.i32(L.local), k.numWarps, [&](Value e) {
     Value count = k.loadI32(expertCounts, e);
     Value end = k.loadI32(psumPerExpert, e);
-    Value aligned = k.mul(k.divu(k.add(count, k.i32(L.alignment - 1)), k.i32(L.alignment)),
-                          k.i32(L.alignment));
+    Value aligned = k.alignUp(count, L.alignment);
     Value stop = k.add(k.sub(end, count), aligned);
     k.loop(end, stop, k.i32(1), [&](Value row) {
       Type vec = VectorType::get({4}, k.i32T());
@@ -782,7 +782,7 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
   Value received = k.loadI32(psum, k.i32(L.ranks - 1));
   int64_t metaColumns = L.topk + 2;
 
-  // Copies the record's hidden row and scale packs to output row `row`.
+  // Output row `row` of recv_x.
   auto rowOf = [&](Value row) { return k.at(recvX, k.mul(k.wide(row), k.i64(L.rowBytes))); };
   // The record's scale packs to output row `row`.
   auto copyPacks = [&](Value record, Value row) {
@@ -1256,10 +1256,6 @@ void buildGemmSendKernel(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sh
   // column tile of its row's 128-row tile is stored, takes one of its token's
   // rows off the count, and the warp sends the tokens whose count that ended.
   k.b.setInsertionPoint(func.getBody().front().getTerminator());
-  Value align = k.i32(L.alignment);
-  auto expertStart = [&](Value before) {
-    return k.mul(k.divu(k.add(before, k.sub(align, k.i32(1))), align), align);
-  };
   auto chunksOf = [&](Value start, Value end) {
     return k.divu(k.add(k.sub(end, start), k.i32(31)), k.i32(32));
   };
@@ -1275,7 +1271,7 @@ void buildGemmSendKernel(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sh
     // Carried: the previous expert's end, the chunks before e, then the found
     // chunk's expert, first row, end row and index in its expert.
     ValueRange carried = scan.getRegionIterArgs();
-    Value start = expertStart(carried[0]);
+    Value start = k.alignUp(carried[0], L.alignment);
     Value end = k.loadI32(psumPerExpert, e);
     Value after = k.add(carried[1], chunksOf(start, end));
     Value here = k.andi(k.cmp(arith::CmpIPredicate::ule, carried[1], c),
