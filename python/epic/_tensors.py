@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 
 __all__ = ["is_tensor", "is_torch", "dtype_name", "describe", "to_runtime", "is_cuda",
-           "torch_to_numpy", "numpy_to_torch"]
+           "torch_dtype", "torch_to_numpy", "numpy_to_torch", "RUNTIME_DTYPES"]
 
 # dtype name (the runtime's, see runtime/include/epic/runtime/Calls.h) by
 # torch dtype name / numpy dtype name.
@@ -36,6 +36,7 @@ _NUMPY_NAMES = {
     "int64": "i64",
 }
 _BYTES = {"bf16": 2, "f16": 2, "f32": 4, "f8E4M3FN": 1, "f8E5M2": 1, "i32": 4, "i64": 8}
+RUNTIME_DTYPES = tuple(_BYTES)
 
 
 def is_torch(t) -> bool:
@@ -60,6 +61,27 @@ def describe(t) -> str:
     name = dtype_name(t) or str(t.dtype)
     where = "cuda" if is_cuda(t) else "cpu"
     return f"{name}[{', '.join(str(d) for d in t.shape)}] on {where}"
+
+
+def numpy_dtype(name: str):
+    """The numpy dtype of a runtime dtype name (bf16 and FP8 from ml_dtypes)."""
+    import ml_dtypes
+    import numpy as np
+
+    return {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32,
+            "f8E4M3FN": ml_dtypes.float8_e4m3fn, "f8E5M2": ml_dtypes.float8_e5m2,
+            "i32": np.int32, "i64": np.int64}[name]
+
+
+def torch_dtype(name: str):
+    """The torch dtype of a runtime dtype name."""
+    import torch
+
+    return getattr(torch, _TORCH_DTYPE_ATTRS[name])
+
+
+_TORCH_DTYPE_ATTRS = {runtime: torch_name.split(".")[1] for torch_name, runtime in
+                      _TORCH_NAMES.items()}
 
 
 def is_cuda(t) -> bool:

@@ -25,6 +25,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdio>
+#include <functional>
 #include <memory>
 
 namespace py = pybind11;
@@ -36,9 +37,11 @@ namespace {
 [[noreturn]] void invalid(const std::string &message) { throw std::invalid_argument(message); }
 
 /// A (capsule, dtype name) pair from Python as the runtime's DeviceTensor.
-/// Checks what DLPack can tell: a CUDA device, contiguous rows, element
-/// width matching the dtype name.
-DeviceTensor tensorFrom(const std::string &name, const py::handle &entry) {
+/// Checks what DLPack can tell: contiguous rows, element width matching the
+/// dtype name; where the tensor is not in CUDA memory, `offDevice` (if still
+/// empty) gets the error to raise once every other check has passed.
+DeviceTensor tensorFrom(const std::string &name, const py::handle &entry,
+                        std::string *offDevice = nullptr) {
   if (entry.is_none())
     return {};
   auto pair = entry.cast<py::tuple>();
@@ -62,11 +65,15 @@ DeviceTensor tensorFrom(const std::string &name, const py::handle &entry) {
   int bytes = dtypeBytes(dtype);
   if (t.dtype.lanes != 1 || t.dtype.bits % 8 || int(t.dtype.bits / 8) != bytes)
     invalid(name + ": " + std::to_string(t.dtype.bits) + "-bit elements do not hold " + dtype);
-  if (t.device.deviceType != dl::kCUDA && t.device.deviceType != dl::kCUDAManaged)
-    invalid(name + " must be on a CUDA device, it is on " +
-            (t.device.deviceType == dl::kCPU ? std::string("the CPU")
-                                             : "device type " +
-                                                   std::to_string(t.device.deviceType)));
+  if (t.device.deviceType != dl::kCUDA && t.device.deviceType != dl::kCUDAManaged) {
+    std::string where = t.device.deviceType == dl::kCPU
+                            ? std::string("the CPU")
+                            : "device type " + std::to_string(t.device.deviceType);
+    if (!offDevice)
+      invalid(name + " must be on a CUDA device, it is on " + where);
+    if (offDevice->empty())
+      *offDevice = name + " must be a CUDA tensor, it is on " + where;
+  }
   DeviceTensor out;
   out.dtype = dtype;
   int64_t elements = 1;
@@ -94,19 +101,6 @@ DeviceTensor tensorFrom(const std::string &name, const py::handle &entry) {
   return out;
 }
 
-DeviceTensor field(const py::dict &call, const char *name) {
-  return call.contains(name) ? tensorFrom(name, call[name]) : DeviceTensor{};
-}
-
-Handle handleFrom(const py::dict &call) {
-  return Handle{field(call, "topk_idx"),
-                field(call, "dst_buffer_slot_idx"),
-                field(call, "recv_src_metadata"),
-                field(call, "psum_num_recv_tokens_per_rank"),
-                field(call, "num_recv_tokens_per_expert"),
-                field(call, "psum_num_recv_tokens_per_expert")};
-}
-
 EPSpec specFrom(const py::dict &d) {
   EPSpec s;
   s.ranks = d["num_ranks"].cast<int>();
@@ -124,35 +118,112 @@ EPSpec specFrom(const py::dict &d) {
   return s;
 }
 
-/// The tensors of each op's call by the names the Python side uses.
-template <typename Call> using Fields = std::vector<std::pair<const char *, DeviceTensor Call::*>>;
-const Fields<DispatchCall> kDispatchFields = {
-    {"x", &DispatchCall::x},
-    {"x_scale_packs", &DispatchCall::scalePacks},
-    {"topk_weights", &DispatchCall::topkWeights},
-    {"recv_x", &DispatchCall::recvX},
-    {"recv_x_scale_packs", &DispatchCall::recvScalePacks},
-    {"recv_topk_idx", &DispatchCall::recvTopkIdx},
-    {"recv_topk_weights", &DispatchCall::recvTopkWeights},
-    {"host_counts", &DispatchCall::hostCounts}};
-const Fields<CombineCall> kCombineFields = {
-    {"x", &CombineCall::x},
-    {"topk_weights", &CombineCall::topkWeights},
-    {"bias_0", &CombineCall::bias0},
-    {"bias_1", &CombineCall::bias1},
-    {"combined_x", &CombineCall::combinedX},
-    {"combined_topk_weights", &CombineCall::combinedTopkWeights}};
+/// A call's tensor slots, in order: a plan's addresses come in this order,
+/// and the Python side reads the names from Plan.slots.
+template <typename Call> struct Slot {
+  const char *name;
+  std::function<DeviceTensor &(Call &)> get;
+};
+#define EPIC_SLOT(Call, name, path)                                                             \
+  Slot<Call> { name, [](Call &c) -> DeviceTensor & { return c.path; } }
+const std::vector<Slot<DispatchCall>> kDispatchSlots = {
+    EPIC_SLOT(DispatchCall, "x", x),
+    EPIC_SLOT(DispatchCall, "x_scale_packs", scalePacks),
+    EPIC_SLOT(DispatchCall, "topk_weights", topkWeights),
+    EPIC_SLOT(DispatchCall, "topk_idx", handle.topkIdx),
+    EPIC_SLOT(DispatchCall, "recv_x", recvX),
+    EPIC_SLOT(DispatchCall, "recv_x_scale_packs", recvScalePacks),
+    EPIC_SLOT(DispatchCall, "recv_topk_idx", recvTopkIdx),
+    EPIC_SLOT(DispatchCall, "recv_topk_weights", recvTopkWeights),
+    EPIC_SLOT(DispatchCall, "host_counts", hostCounts),
+    EPIC_SLOT(DispatchCall, "dst_buffer_slot_idx", handle.dstBufferSlotIdx),
+    EPIC_SLOT(DispatchCall, "recv_src_metadata", handle.recvSrcMetadata),
+    EPIC_SLOT(DispatchCall, "psum_num_recv_tokens_per_rank", handle.psumNumRecvTokensPerRank),
+    EPIC_SLOT(DispatchCall, "num_recv_tokens_per_expert", handle.numRecvTokensPerExpert),
+    EPIC_SLOT(DispatchCall, "psum_num_recv_tokens_per_expert", handle.psumNumRecvTokensPerExpert),
+    EPIC_SLOT(DispatchCall, "topk_idx_copy", topkIdxCopy)};
+const std::vector<Slot<CombineCall>> kCombineSlots = {
+    EPIC_SLOT(CombineCall, "x", x),
+    EPIC_SLOT(CombineCall, "topk_weights", topkWeights),
+    EPIC_SLOT(CombineCall, "bias_0", bias0),
+    EPIC_SLOT(CombineCall, "bias_1", bias1),
+    EPIC_SLOT(CombineCall, "combined_x", combinedX),
+    EPIC_SLOT(CombineCall, "combined_topk_weights", combinedTopkWeights),
+    EPIC_SLOT(CombineCall, "topk_idx", handle.topkIdx),
+    EPIC_SLOT(CombineCall, "dst_buffer_slot_idx", handle.dstBufferSlotIdx),
+    EPIC_SLOT(CombineCall, "recv_src_metadata", handle.recvSrcMetadata),
+    EPIC_SLOT(CombineCall, "psum_num_recv_tokens_per_rank", handle.psumNumRecvTokensPerRank),
+    EPIC_SLOT(CombineCall, "num_recv_tokens_per_expert", handle.numRecvTokensPerExpert),
+    EPIC_SLOT(CombineCall, "psum_num_recv_tokens_per_expert", handle.psumNumRecvTokensPerExpert)};
+const std::vector<Slot<GroupedGemmCall>> kGroupedGemmSlots = {
+    EPIC_SLOT(GroupedGemmCall, "x", x),
+    EPIC_SLOT(GroupedGemmCall, "weights", weights),
+    EPIC_SLOT(GroupedGemmCall, "out", out),
+    EPIC_SLOT(GroupedGemmCall, "psum_num_recv_tokens_per_expert", psumNumRecvTokensPerExpert)};
+#undef EPIC_SLOT
 
-/// One call per rank (a dict of tensors each), with the handle's tensors.
+/// A fused call's slots: the inner call's (reached through `inner`), then `own`.
+template <typename Call, typename Inner>
+std::vector<Slot<Call>> fusedSlots(const std::vector<Slot<Inner>> &innerSlots,
+                                   Inner Call::*inner, std::vector<Slot<Call>> own) {
+  std::vector<Slot<Call>> out;
+  for (const Slot<Inner> &slot : innerSlots)
+    out.push_back({slot.name, [get = slot.get, inner](Call &c) -> DeviceTensor & {
+                     return get(c.*inner);
+                   }});
+  out.insert(out.end(), own.begin(), own.end());
+  return out;
+}
+const std::vector<Slot<DispatchGemmCall>> kDispatchGemmSlots =
+    fusedSlots<DispatchGemmCall, DispatchCall>(
+        kDispatchSlots, &DispatchGemmCall::dispatch,
+        {{"experts", [](DispatchGemmCall &c) -> DeviceTensor & { return c.experts; }},
+         {"gemm_out", [](DispatchGemmCall &c) -> DeviceTensor & { return c.gemmOut; }}});
+const std::vector<Slot<GemmCombineCall>> kGemmCombineSlots =
+    fusedSlots<GemmCombineCall, CombineCall>(
+        kCombineSlots, &GemmCombineCall::combine,
+        {{"lhs", [](GemmCombineCall &c) -> DeviceTensor & { return c.lhs; }},
+         {"weights", [](GemmCombineCall &c) -> DeviceTensor & { return c.weights; }}});
+
+template <typename Call> std::vector<std::string> slotNames(const std::vector<Slot<Call>> &slots) {
+  std::vector<std::string> names;
+  for (const Slot<Call> &slot : slots)
+    names.push_back(slot.name);
+  return names;
+}
+
+/// One call per rank: a dict of (capsule, dtype) entries by slot name, each
+/// tensor numbered with its slot (and named with its rank where there are
+/// several). Unknown names are refused (a typo would otherwise drop an
+/// argument silently). A tensor outside CUDA memory is reported in
+/// `offDevice`, for the caller to raise after the other checks.
 template <typename Call>
-std::vector<Call> callsFrom(const py::list &calls, const Fields<Call> &fields) {
+std::vector<Call> callsFrom(const py::list &calls, const std::vector<Slot<Call>> &slots,
+                            std::string &offDevice) {
   std::vector<Call> out;
   for (const py::handle &item : calls) {
     auto call = item.cast<py::dict>();
     Call c;
-    for (const auto &[name, member] : fields)
-      c.*member = field(call, name);
-    c.handle = handleFrom(call);
+    size_t known = 0;
+    const std::string rank =
+        calls.size() > 1 ? "[" + std::to_string(out.size()) + "]" : std::string();
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (!call.contains(slots[i].name))
+        continue;
+      ++known;
+      DeviceTensor &t = slots[i].get(c);
+      t = tensorFrom(slots[i].name + rank, call[slots[i].name], &offDevice);
+      t.slot = int(i);
+    }
+    if (known != call.size())
+      for (const auto &entry : call) {
+        std::string name = entry.first.cast<std::string>();
+        bool found = false;
+        for (const Slot<Call> &slot : slots)
+          found |= name == slot.name;
+        if (!found)
+          invalid("unknown tensor \"" + name + "\" in a call");
+      }
     out.push_back(std::move(c));
   }
   return out;
@@ -171,6 +242,94 @@ CombineVariant combineVariantFrom(const py::dict &d) {
   v.weights = d["weights"].cast<bool>();
   v.biases = d["biases"].cast<int>();
   return v;
+}
+
+/// An op's calls from Python made typed, then checked (`host` null: the
+/// records and the entry IR only, no GPU needed) or planned on `host`. The
+/// one place the op kinds are told apart.
+py::object planOrCheck(KernelHost *host, const std::string &kind, const py::dict &spec,
+                       const py::dict &variant, const py::list &calls, int blocks,
+                       void *stream) {
+  EPSpec s = specFrom(spec);
+  std::string offDevice; // the first tensor not in CUDA memory, refused after the rest
+  // Without a host: what planning checks before it needs the GPU.
+  auto check = [&](const auto &calls, auto &&record, auto &&entryIR) -> py::object {
+    recordsOf(calls, record);
+    entryIR();
+    if (!offDevice.empty())
+      invalid(offDevice);
+    return py::none();
+  };
+  auto plan = [&](auto &&make) {
+    if (!offDevice.empty())
+      invalid(offDevice);
+    return py::cast(make());
+  };
+  if (kind == "dispatch") {
+    DispatchVariant v = dispatchVariantFrom(variant);
+    auto c = callsFrom(calls, kDispatchSlots, offDevice);
+    if (host)
+      return plan([&] { return host->planDispatch(s, v, c, blocks, stream, slotNames(kDispatchSlots)); });
+    return check(c, [&](const DispatchCall &call) { return dispatchRecord(s, v, call); },
+                 [&] { dispatchEntryIR(s, v, kDispatchEntryName); });
+  }
+  if (kind == "combine") {
+    CombineVariant v = combineVariantFrom(variant);
+    auto c = callsFrom(calls, kCombineSlots, offDevice);
+    if (host)
+      return plan([&] { return host->planCombine(s, v, c, blocks, stream, slotNames(kCombineSlots)); });
+    return check(c, [&](const CombineCall &call) { return combineRecord(s, v, call); },
+                 [&] { combineEntryIR(s, v, kCombineEntryName); });
+  }
+  if (kind == "grouped_gemm") {
+    auto c = callsFrom(calls, kGroupedGemmSlots, offDevice);
+    if (host)
+      return plan(
+          [&] { return host->planGroupedGemm(s, c, blocks, stream, slotNames(kGroupedGemmSlots)); });
+    return check(c, [&](const GroupedGemmCall &call) { return groupedGemmRecord(s, call); },
+                 [&] { checkRanksAgree(c, "the weights' shape or the output dtype", gemmOperands); });
+  }
+  if (kind == "dispatch_gemm") {
+    DispatchVariant v = dispatchVariantFrom(variant);
+    auto c = callsFrom(calls, kDispatchGemmSlots, offDevice);
+    if (host)
+      return plan([&] {
+        return host->planDispatchGemm(s, v, c, blocks, stream, slotNames(kDispatchGemmSlots));
+      });
+    return check(c, [&](const DispatchGemmCall &call) { return dispatchGemmRecord(s, v, call); },
+                 [&] {
+                   checkRanksAgree(c, "the experts' shape or the output dtype", fusedGemmOperands);
+                 });
+  }
+  if (kind == "gemm_combine") {
+    int biases = variant["biases"].cast<int>();
+    auto c = callsFrom(calls, kGemmCombineSlots, offDevice);
+    if (host)
+      return plan([&] {
+        return host->planGemmCombine(s, biases, c, blocks, stream, slotNames(kGemmCombineSlots));
+      });
+    return check(c, [&](const GemmCombineCall &call) { return gemmCombineRecord(s, biases, call); },
+                 [] {});
+  }
+  invalid("kind must be dispatch, combine, grouped_gemm, dispatch_gemm or gemm_combine, got \"" +
+          kind + "\"");
+}
+
+/// (name, dtype, shape) of what a call of `kind` writes, for the caller to allocate.
+py::list outputsOf(const std::string &kind, const py::dict &spec, const py::dict &variant,
+                   int64_t tokens) {
+  EPSpec s = specFrom(spec);
+  std::vector<TensorSpec> specs;
+  if (kind == "dispatch")
+    specs = dispatchOutputs(s, dispatchVariantFrom(variant), tokens);
+  else if (kind == "combine")
+    specs = combineOutputs(s, combineVariantFrom(variant), tokens);
+  else
+    invalid("outputs of \"" + kind + "\": dispatch or combine");
+  py::list out;
+  for (const TensorSpec &t : specs)
+    out.append(py::make_tuple(t.name, t.dtype, py::tuple(py::cast(t.shape))));
+  return out;
 }
 
 const char *sourceName(KernelCache::Source source) {
@@ -268,6 +427,25 @@ PYBIND11_MODULE(_C, m) {
                              [](const KernelHost::Prepared &p) { return p.info().seconds; })
       .def_property_readonly("blocks_per_rank", &KernelHost::Prepared::blocksPerRank);
 
+  py::class_<KernelHost::Plan>(m, "Plan",
+                               "A call whose signature was checked once (see KernelHost::Plan)")
+      .def_property_readonly("key", [](const KernelHost::Plan &p) { return p.prepared().info().key; })
+      .def_property_readonly(
+          "source", [](const KernelHost::Plan &p) { return sourceName(p.prepared().info().source); })
+      .def_property_readonly("seconds",
+                             [](const KernelHost::Plan &p) { return p.prepared().info().seconds; })
+      .def_property_readonly("blocks_per_rank",
+                             [](const KernelHost::Plan &p) { return p.prepared().blocksPerRank(); })
+      .def_property_readonly("slots_per_rank", &KernelHost::Plan::slotsPerRank)
+      .def(
+          "launch",
+          [](KernelHost::Plan &p, const std::vector<uint64_t> &addresses, uintptr_t stream) {
+            p.launch(addresses.data(), addresses.size(), reinterpret_cast<void *>(stream));
+          },
+          py::arg("addresses"), py::arg("stream"),
+          "Binds every served rank's tensor addresses (slot order, 0 for none) and launches on "
+          "`stream`: no allocation, no copy, no synchronization (graph-capturable).");
+
   py::class_<Buffer>(m, "Buffer")
       .def_static(
           "virtual_world",
@@ -321,69 +499,27 @@ PYBIND11_MODULE(_C, m) {
                                return d;
                              })
       .def(
-          "prepare_dispatch",
-          [](Buffer &b, const py::dict &spec, const py::dict &variant, const py::list &calls,
-             int blocks) {
-            return b.host->prepareDispatch(specFrom(spec), dispatchVariantFrom(variant),
-                                           callsFrom(calls, kDispatchFields), blocks);
+          "plan",
+          [](Buffer &b, const std::string &kind, const py::dict &spec, const py::dict &variant,
+             const py::list &calls, int blocks, uintptr_t stream) {
+            return planOrCheck(b.host.get(), kind, spec, variant, calls, blocks,
+                               reinterpret_cast<void *>(stream));
           },
-          py::arg("spec"), py::arg("variant"), py::arg("calls"), py::arg("blocks_per_rank") = 0)
-      .def(
-          "prepare_combine",
-          [](Buffer &b, const py::dict &spec, const py::dict &variant, const py::list &calls,
-             int blocks) {
-            return b.host->prepareCombine(specFrom(spec), combineVariantFrom(variant),
-                                          callsFrom(calls, kCombineFields), blocks);
-          },
-          py::arg("spec"), py::arg("variant"), py::arg("calls"), py::arg("blocks_per_rank") = 0)
-      .def(
-          "prepare_dispatch_gemm",
-          [](Buffer &b, const py::dict &spec, const py::dict &variant, const py::list &calls,
-             int blocks) {
-            std::vector<DispatchCall> dispatches = callsFrom(calls, kDispatchFields);
-            std::vector<DispatchGemmCall> out;
-            for (size_t i = 0; i < dispatches.size(); ++i) {
-              auto call = calls[i].cast<py::dict>();
-              out.push_back(DispatchGemmCall{dispatches[i], field(call, "experts"),
-                                             field(call, "gemm_out")});
-            }
-            return b.host->prepareDispatchGemm(specFrom(spec), dispatchVariantFrom(variant), out,
-                                               blocks);
-          },
-          py::arg("spec"), py::arg("variant"), py::arg("calls"), py::arg("blocks_per_rank") = 0,
-          "An expanded dispatch fused with the expert GEMM on its rows (ep.dispatch_gemm).")
-      .def(
-          "prepare_gemm_combine",
-          [](Buffer &b, const py::dict &spec, int biases, const py::list &calls, int blocks) {
-            std::vector<CombineCall> combines = callsFrom(calls, kCombineFields);
-            std::vector<GemmCombineCall> out;
-            for (size_t i = 0; i < combines.size(); ++i) {
-              auto call = calls[i].cast<py::dict>();
-              out.push_back(GemmCombineCall{combines[i], field(call, "lhs"),
-                                            field(call, "weights")});
-            }
-            return b.host->prepareGemmCombine(specFrom(spec), biases, out, blocks);
-          },
-          py::arg("spec"), py::arg("biases"), py::arg("calls"), py::arg("blocks_per_rank") = 0,
-          "The expert GEMM fused with the combine of its output (ep.gemm_combine).")
-      .def(
-          "prepare_grouped_gemm",
-          [](Buffer &b, const py::dict &spec, const py::list &calls, int blocks) {
-            std::vector<GroupedGemmCall> out;
-            for (const py::handle &item : calls) {
-              auto call = item.cast<py::dict>();
-              out.push_back(GroupedGemmCall{field(call, "x"), field(call, "weights"),
-                                            field(call, "out"),
-                                            field(call, "psum_num_recv_tokens_per_expert")});
-            }
-            return b.host->prepareGroupedGemm(specFrom(spec), out, blocks);
-          },
-          py::arg("spec"), py::arg("calls"), py::arg("blocks_per_rank") = 0,
-          "ep.grouped_gemm of each rank's expanded rows (TMA descriptors encoded per call).")
+          py::arg("kind"), py::arg("spec"), py::arg("variant"), py::arg("calls"),
+          py::arg("blocks_per_rank") = 0, py::arg("stream") = 0,
+          "Checks one call per served rank of an op (dispatch, combine, grouped_gemm, "
+          "dispatch_gemm, gemm_combine) and loads its kernels: a Plan. `calls`: dicts of "
+          "(DLPack capsule, dtype name) by slot name; `stream`: where it will launch (loading "
+          "kernels is refused while it is being captured).")
       .def(
           "prepare_entry",
-          [](Buffer &b, const std::string &ir, const std::vector<ParamRecord> &records,
-             int blocks) { return b.host->prepare(ir, records, blocks); },
+          [](Buffer &b, const std::string &ir,
+             const std::vector<std::map<std::string, uint64_t>> &records, int blocks) {
+            std::vector<ParamRecord> typed;
+            for (const auto &record : records)
+              typed.emplace_back(record.begin(), record.end());
+            return b.host->prepare(ir, typed, blocks);
+          },
           py::arg("ir"), py::arg("records"), py::arg("blocks_per_rank") = 0,
           "Kernels of any entry IR with a launch function (e.g. an @epic.jit kernel's), one "
           "parameter record per served rank (field name -> 64-bit value).")
@@ -415,6 +551,47 @@ PYBIND11_MODULE(_C, m) {
         "128 bytes naming a new NCCL communicator (rank 0 makes it, every rank uses it).");
   m.def("receive_rows", [](const py::dict &spec) { return receiveRows(specFrom(spec)); },
         "Rows a receive buffer needs for this configuration (the worst case).");
+  m.def(
+      "check",
+      [](const std::string &kind, const py::dict &spec, const py::dict &variant,
+         const py::list &calls) { planOrCheck(nullptr, kind, spec, variant, calls, 0, nullptr); },
+      py::arg("kind"), py::arg("spec"), py::arg("variant"), py::arg("calls"),
+      "The checks Buffer.plan makes, without a GPU (raises ValueError naming the argument).");
+  m.def(
+      "check_topk_indices",
+      [](const py::dict &spec, const py::buffer &routing, const std::string &name) {
+        py::buffer_info info = routing.request();
+        // Signed 8-byte integers: "q" or, where long is 64-bit, "l".
+        if (info.itemsize != 8 || (info.format != "q" && info.format != "l") || info.ndim != 2)
+          invalid(name + ": expected a 2-D int64 array of the routing");
+        EPSpec s = specFrom(spec);
+        if (info.shape[1] != s.topk || info.strides[1] != 8 || info.strides[0] != 8 * s.topk)
+          invalid(name + ": expected a contiguous [tokens, " + std::to_string(s.topk) + "] array");
+        checkTopkIndices(s, static_cast<const int64_t *>(info.ptr), info.shape[0], name);
+      },
+      py::arg("spec"), py::arg("routing"), py::arg("name"),
+      "Every expert id of `routing` (host memory) in [-1, num_experts), else ValueError "
+      "naming name[t][j].");
+  m.def(
+      "slots",
+      [](const std::string &kind) -> std::vector<std::string> {
+        if (kind == "dispatch")
+          return slotNames(kDispatchSlots);
+        if (kind == "combine")
+          return slotNames(kCombineSlots);
+        if (kind == "grouped_gemm")
+          return slotNames(kGroupedGemmSlots);
+        if (kind == "dispatch_gemm")
+          return slotNames(kDispatchGemmSlots);
+        if (kind == "gemm_combine")
+          return slotNames(kGemmCombineSlots);
+        invalid("no op kind \"" + kind + "\"");
+      },
+      py::arg("kind"), "The tensor slots of an op's calls, in the order a plan binds them.");
+  m.def("outputs", &outputsOf, py::arg("kind"), py::arg("spec"), py::arg("variant"),
+        py::arg("tokens"),
+        "[(name, dtype, shape)] of the tensors a dispatch or combine of `tokens` tokens writes "
+        "(worst-case shapes), which the caller allocates.");
   m.def(
       "buffer_size_hint",
       [](int scaleout, int scaleup, bool hybrid, int64_t tokens, int64_t hidden, int topk,

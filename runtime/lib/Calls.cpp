@@ -31,8 +31,8 @@ struct Expect {
 void fail(const std::string &message) { throw std::invalid_argument(message); }
 
 /// Checks a tensor that must be given; 16-byte aligned when rows are moved
-/// with 16-byte vectors (`vectorized`).
-void check(const DeviceTensor &t, const Expect &e, bool vectorized = false) {
+/// with 16-byte vectors (`vectorized`). Returns its record field.
+ParamValue check(const DeviceTensor &t, const Expect &e, bool vectorized = false) {
   if (!t.given())
     fail(std::string(e.name) + " is required here but was not given (a null pointer)");
   if (t.dtype != e.dtype)
@@ -53,6 +53,7 @@ void check(const DeviceTensor &t, const Expect &e, bool vectorized = false) {
     fail(std::string(e.name) + " must be 16-byte aligned (rows move as 16-byte vectors)");
   if (t.data % 4)
     fail(std::string(e.name) + " must be 4-byte aligned");
+  return ParamValue(t, vectorized ? 16 : 4);
 }
 
 void forbid(const DeviceTensor &t, const char *name, const std::string &why) {
@@ -68,26 +69,81 @@ void checkTokens(const EPSpec &s, int64_t tokens, const std::string &holder) {
          ") the buffer was sized for");
 }
 
-void checkHandle(const EPSpec &s, const Handle &h, int64_t tokens) {
-  const int64_t R = s.ranks, L = s.experts / s.ranks, K = s.topk;
-  check(h.topkIdx, {"handle.topk_idx", "i64", {tokens, K}});
-  check(h.dstBufferSlotIdx, {"handle.dst_buffer_slot_idx", "i32", {tokens, K}});
-  check(h.recvSrcMetadata,
-        {"handle.recv_src_metadata", "i32", {R * s.maxTokensPerRank, K + 2}});
-  check(h.psumNumRecvTokensPerRank, {"handle.psum_num_recv_tokens_per_rank", "i32", {R}});
-  check(h.numRecvTokensPerExpert, {"handle.num_recv_tokens_per_expert", "i32", {L}});
-  check(h.psumNumRecvTokensPerExpert, {"handle.psum_num_recv_tokens_per_expert", "i32", {L}});
+/// The handle's tensors, shaped by `handleOutputs`; `routing` names its
+/// topk_idx (an uncached dispatch's is the caller's topk_idx argument).
+void checkHandle(const EPSpec &s, const Handle &h, int64_t tokens, const char *routing);
+
+/// Checks the handle and puts the fields every kernel set reads.
+void putHandle(ParamRecord &r, const EPSpec &s, const Handle &h, int64_t tokens,
+               const char *routing = "handle.topk_idx") {
+  checkHandle(s, h, tokens, routing);
+  r["topk_idx"] = ParamValue(h.topkIdx, 8);
+  r["recv_src_metadata"] = ParamValue(h.recvSrcMetadata, 4);
+  r["psum_num_recv_tokens_per_rank"] = ParamValue(h.psumNumRecvTokensPerRank, 4);
 }
 
-void putHandle(ParamRecord &r, const Handle &h) {
-  r["topk_idx"] = h.topkIdx.data;
-  r["recv_src_metadata"] = h.recvSrcMetadata.data;
-  r["psum_num_recv_tokens_per_rank"] = h.psumNumRecvTokensPerRank.data;
+/// The handle's tensors of a dispatch of `tokens` tokens: what the uncached
+/// dispatch writes and the combine and cached dispatches read.
+std::vector<TensorSpec> handleOutputs(const EPSpec &s, int64_t tokens) {
+  const int64_t R = s.ranks, L = s.experts / s.ranks, K = s.topk;
+  return {{"dst_buffer_slot_idx", "i32", {tokens, K}},
+          {"recv_src_metadata", "i32", {R * s.maxTokensPerRank, K + 2}},
+          {"psum_num_recv_tokens_per_rank", "i32", {R}},
+          {"num_recv_tokens_per_expert", "i32", {L}},
+          {"psum_num_recv_tokens_per_expert", "i32", {L}}};
+}
+
+void checkHandle(const EPSpec &s, const Handle &h, int64_t tokens, const char *routing) {
+  check(h.topkIdx, {routing, "i64", {tokens, s.topk}});
+  const DeviceTensor *tensors[] = {&h.dstBufferSlotIdx, &h.recvSrcMetadata,
+                                   &h.psumNumRecvTokensPerRank, &h.numRecvTokensPerExpert,
+                                   &h.psumNumRecvTokensPerExpert};
+  std::vector<TensorSpec> specs = handleOutputs(s, tokens);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    std::string name = "handle." + specs[i].name;
+    check(*tensors[i], {name.c_str(), specs[i].dtype, specs[i].shape});
+  }
 }
 
 } // namespace
 
 std::string DeviceTensor::describe() const { return dtype + shapeText(shape); }
+
+int64_t DeviceTensor::elements() const {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  return n;
+}
+
+std::vector<TensorSpec> epic::runtime::dispatchOutputs(const EPSpec &s, const DispatchVariant &v,
+                                                       int64_t tokens) {
+  s.validate();
+  const int64_t rows = receiveRows(s), L = s.experts / s.ranks;
+  std::vector<TensorSpec> out = {{"recv_x", s.dtype, {rows, s.hidden}}};
+  if (s.isFP8())
+    out.push_back({"recv_x_scale_packs", "f32", {rows, s.scalePacks}});
+  if (!s.expanded)
+    out.push_back({"recv_topk_idx", "i64", {rows, s.topk}});
+  if (v.cached)
+    return out;
+  if (v.weights)
+    out.push_back({"recv_topk_weights", "f32",
+                   s.expanded ? std::vector<int64_t>{rows} : std::vector<int64_t>{rows, s.topk}});
+  out.push_back({"host_counts", "i32", {1 + L}});
+  for (TensorSpec &t : handleOutputs(s, tokens))
+    out.push_back(std::move(t));
+  return out;
+}
+
+std::vector<TensorSpec> epic::runtime::combineOutputs(const EPSpec &s, const CombineVariant &v,
+                                                      int64_t tokens) {
+  s.validate();
+  std::vector<TensorSpec> out = {{"combined_x", "bf16", {tokens, s.hidden}}};
+  if (v.weights)
+    out.push_back({"combined_topk_weights", "f32", {tokens, s.topk}});
+  return out;
+}
 
 int64_t epic::runtime::receiveRows(const EPSpec &s) {
   const int64_t rows = int64_t(s.ranks) * s.maxTokensPerRank;
@@ -107,56 +163,54 @@ ParamRecord epic::runtime::dispatchRecord(const EPSpec &s, const DispatchVariant
          (c.x.given() ? c.x.describe() : std::string("nothing")));
   const int64_t T = c.x.shape[0];
   checkTokens(s, T, "x");
-  check(c.x, {"x", s.dtype, {T, H}}, true);
+  ParamRecord r;
+  r["x"] = check(c.x, {"x", s.dtype, {T, H}}, true);
   if (v.topkIdxBits != 64)
     fail("the typed API takes topk_idx as int64 (DeepEP's topk_idx_t)");
-  checkHandle(s, c.handle, T);
+  putHandle(r, s, c.handle, T, v.cached ? "handle.topk_idx" : "topk_idx");
   if (s.isFP8()) {
-    check(c.scalePacks, {"x_scale_packs", "f32", {T, S}});
+    r["scale_packs"] = check(c.scalePacks, {"x_scale_packs", "f32", {T, S}});
   } else {
     forbid(c.scalePacks, "x_scale_packs", "x is " + s.dtype + ", not FP8");
   }
   if (v.cached)
     forbid(c.topkWeights, "topk_weights", "a cached dispatch sends no weights");
   else if (v.weights)
-    check(c.topkWeights, {"topk_weights", "f32", {T, K}});
+    r["topk_weights"] = check(c.topkWeights, {"topk_weights", "f32", {T, K}});
   else
     forbid(c.topkWeights, "topk_weights", "the dispatch was asked for without weights");
+  if (v.cached)
+    forbid(c.topkIdxCopy, "handle topk_idx copy", "a cached dispatch writes no handle");
+  else if (c.topkIdxCopy.given()) // the send kernel writes it (DeepEP's do_handle_copy)
+    r["topk_idx_copy"] = check(c.topkIdxCopy, {"handle.topk_idx (the copy)", "i64", {T, K}});
 
   const int64_t rows = receiveRows(s);
-  check(c.recvX, {"recv_x", s.dtype, {-1, H}, rows}, true);
+  r["recv_x"] = check(c.recvX, {"recv_x", s.dtype, {-1, H}, rows}, true);
   if (s.isFP8())
-    check(c.recvScalePacks, {"recv_x_scale_packs", "f32", {-1, S}, rows});
+    r["recv_scale_packs"] = check(c.recvScalePacks, {"recv_x_scale_packs", "f32", {-1, S}, rows});
   else
     forbid(c.recvScalePacks, "recv_x_scale_packs", "x is not FP8");
   if (!s.expanded)
-    check(c.recvTopkIdx, {"recv_topk_idx", "i64", {-1, K}, rows});
+    r["recv_topk_idx"] = check(c.recvTopkIdx, {"recv_topk_idx", "i64", {-1, K}, rows});
   else
     forbid(c.recvTopkIdx, "recv_topk_idx", "the expanded layout receives no top-k ids");
   if (v.weights && !v.cached) {
     if (s.expanded)
-      check(c.recvTopkWeights, {"recv_topk_weights", "f32", {-1}, rows});
+      r["recv_topk_weights"] = check(c.recvTopkWeights, {"recv_topk_weights", "f32", {-1}, rows});
     else
-      check(c.recvTopkWeights, {"recv_topk_weights", "f32", {-1, K}, rows});
+      r["recv_topk_weights"] =
+          check(c.recvTopkWeights, {"recv_topk_weights", "f32", {-1, K}, rows});
   } else {
     forbid(c.recvTopkWeights, "recv_topk_weights", "no weights are dispatched");
   }
-  check(c.hostCounts, {"host_counts", "i32", {1 + L}});
-
-  ParamRecord r;
-  putHandle(r, c.handle);
-  r["x"] = c.x.data;
-  r["scale_packs"] = c.scalePacks.data;
-  r["topk_weights"] = c.topkWeights.data;
-  r["recv_x"] = c.recvX.data;
-  r["recv_scale_packs"] = c.recvScalePacks.data;
-  r["recv_topk_idx"] = c.recvTopkIdx.data;
-  r["recv_topk_weights"] = c.recvTopkWeights.data;
-  r["num_recv_tokens_per_expert"] = c.handle.numRecvTokensPerExpert.data;
-  r["psum_num_recv_tokens_per_expert"] = c.handle.psumNumRecvTokensPerExpert.data;
-  r["host_counts"] = c.hostCounts.data;
+  // A cached dispatch knows its counts from the handle and writes none.
+  if (!v.cached || c.hostCounts.given())
+    r["host_counts"] = check(c.hostCounts, {"host_counts", "i32", {1 + L}});
+  r["num_recv_tokens_per_expert"] = ParamValue(c.handle.numRecvTokensPerExpert, 4);
+  r["psum_num_recv_tokens_per_expert"] = ParamValue(c.handle.psumNumRecvTokensPerExpert, 4);
   r["num_tokens"] = uint64_t(T);
-  r["dst_buffer_slot_idx"] = c.handle.dstBufferSlotIdx.data;
+  r["dst_buffer_slot_idx"] = ParamValue(c.handle.dstBufferSlotIdx, 4);
+  r["max_tokens_per_rank"] = uint64_t(s.maxTokensPerRank);
   return r;
 }
 
@@ -171,41 +225,35 @@ ParamRecord epic::runtime::combineRecord(const EPSpec &s, const CombineVariant &
          "] routing of the dispatch");
   const int64_t T = c.handle.topkIdx.shape[0];
   checkTokens(s, T, "handle.topk_idx");
-  checkHandle(s, c.handle, T);
+  ParamRecord r;
+  putHandle(r, s, c.handle, T);
   const int64_t rows = receiveRows(s);
-  check(c.x, {"x", "bf16", {-1, H}}, true);
+  r["x"] = check(c.x, {"x", "bf16", {-1, H}}, true);
   if (c.x.shape[0] > rows)
     fail("x has " + std::to_string(c.x.shape[0]) + " rows, more than a dispatch can receive (" +
          std::to_string(rows) + ")");
   if (v.weights) {
     if (s.expanded)
-      check(c.topkWeights, {"topk_weights", "f32", {c.x.shape[0]}});
+      r["topk_weights"] = check(c.topkWeights, {"topk_weights", "f32", {c.x.shape[0]}});
     else
-      check(c.topkWeights, {"topk_weights", "f32", {c.x.shape[0], K}});
-    check(c.combinedTopkWeights, {"combined_topk_weights", "f32", {T, K}});
+      r["topk_weights"] = check(c.topkWeights, {"topk_weights", "f32", {c.x.shape[0], K}});
+    r["combined_topk_weights"] =
+        check(c.combinedTopkWeights, {"combined_topk_weights", "f32", {T, K}});
   } else {
     forbid(c.topkWeights, "topk_weights", "the combine was asked for without weights");
     forbid(c.combinedTopkWeights, "combined_topk_weights", "no weights are combined");
   }
   if (v.biases >= 1)
-    check(c.bias0, {"bias_0", "bf16", {T, H}}, true);
+    r["bias0"] = check(c.bias0, {"bias_0", "bf16", {T, H}}, true);
   else
     forbid(c.bias0, "bias_0", "the combine was asked for without biases");
   if (v.biases == 2)
-    check(c.bias1, {"bias_1", "bf16", {T, H}}, true);
+    r["bias1"] = check(c.bias1, {"bias_1", "bf16", {T, H}}, true);
   else
     forbid(c.bias1, "bias_1", "the combine was asked for with fewer than two biases");
-  check(c.combinedX, {"combined_x", "bf16", {T, H}}, true);
-
-  ParamRecord r;
-  putHandle(r, c.handle);
-  r["x"] = c.x.data;
-  r["topk_weights"] = c.topkWeights.data;
-  r["bias0"] = c.bias0.data;
-  r["bias1"] = c.bias1.data;
-  r["combined_x"] = c.combinedX.data;
-  r["combined_topk_weights"] = c.combinedTopkWeights.data;
+  r["combined_x"] = check(c.combinedX, {"combined_x", "bf16", {T, H}}, true);
   r["num_tokens"] = uint64_t(T);
+  r["max_tokens_per_rank"] = uint64_t(s.maxTokensPerRank);
   return r;
 }
 
@@ -216,7 +264,8 @@ ParamRecord epic::runtime::groupedGemmRecord(const EPSpec &s, const GroupedGemmC
   if (s.dtype != "bf16" && s.dtype != "f16")
     fail("grouped_gemm multiplies bf16 or f16 rows; the buffer dispatches " + s.dtype);
   const int64_t H = s.hidden, L = s.experts / s.ranks;
-  check(c.x, {"x", s.dtype, {-1, H}}, true);
+  ParamRecord r;
+  r["x"] = check(c.x, {"x", s.dtype, {-1, H}}, true);
   if (c.x.shape[0] > receiveRows(s))
     fail("x has " + std::to_string(c.x.shape[0]) + " rows, more than a dispatch can receive (" +
          std::to_string(receiveRows(s)) + ")");
@@ -224,16 +273,12 @@ ParamRecord epic::runtime::groupedGemmRecord(const EPSpec &s, const GroupedGemmC
     fail("weights must have shape " + s.dtype + "[" + std::to_string(L) + ", " +
          std::to_string(H) + ", N], got " + c.weights.describe());
   const int64_t N = c.weights.shape[2];
-  check(c.weights, {"weights", s.dtype, {L, H, N}}, true);
+  r["weights"] = check(c.weights, {"weights", s.dtype, {L, H, N}}, true);
   if (c.out.dtype != "bf16" && c.out.dtype != "f16" && c.out.dtype != "f32")
     fail("out must be bf16, f16 or f32, got " + c.out.dtype);
-  check(c.out, {"out", c.out.dtype, {c.x.shape[0], N}}, true);
-  check(c.psumNumRecvTokensPerExpert, {"handle.psum_num_recv_tokens_per_expert", "i32", {L}});
-  ParamRecord r;
-  r["x"] = c.x.data;
-  r["weights"] = c.weights.data;
-  r["out"] = c.out.data;
-  r["psum_num_recv_tokens_per_expert"] = c.psumNumRecvTokensPerExpert.data;
+  r["out"] = check(c.out, {"out", c.out.dtype, {c.x.shape[0], N}}, true);
+  r["psum_num_recv_tokens_per_expert"] = check(
+      c.psumNumRecvTokensPerExpert, {"handle.psum_num_recv_tokens_per_expert", "i32", {L}});
   r["num_rows"] = uint64_t(c.x.shape[0]);
   return r;
 }
@@ -246,38 +291,80 @@ ParamRecord epic::runtime::dispatchGemmRecord(const EPSpec &s, const DispatchVar
     fail("experts must have shape " + s.dtype + "[" + std::to_string(L) + ", " +
          std::to_string(H) + ", N], got " + c.experts.describe());
   const int64_t N = c.experts.shape[2];
-  check(c.experts, {"experts", s.dtype, {L, H, N}}, true);
+  r["experts"] = check(c.experts, {"experts", s.dtype, {L, H, N}}, true);
   if (c.gemmOut.dtype != "bf16" && c.gemmOut.dtype != "f16" && c.gemmOut.dtype != "f32")
     fail("gemm_out must be bf16, f16 or f32, got " + c.gemmOut.dtype);
-  check(c.gemmOut, {"gemm_out", c.gemmOut.dtype, {c.dispatch.recvX.shape[0], N}}, true);
-  r["experts"] = c.experts.data;
-  r["gemm_out"] = c.gemmOut.data;
+  r["gemm_out"] =
+      check(c.gemmOut, {"gemm_out", c.gemmOut.dtype, {c.dispatch.recvX.shape[0], N}}, true);
   return r;
 }
 
 ParamRecord epic::runtime::gemmCombineRecord(const EPSpec &s, int biases,
                                              const GemmCombineCall &c) {
   ParamRecord r = combineRecord(s, CombineVariant{false, biases}, c.combine);
-  GroupedGemmCall gemm{c.lhs, c.weights, c.combine.x, c.combine.handle.psumNumRecvTokensPerExpert};
-  ParamRecord g = groupedGemmRecord(s, gemm);
   if (c.weights.shape.size() == 3 && c.weights.shape[2] != s.hidden)
     fail("weights must be [" + std::to_string(s.experts / s.ranks) + ", " +
          std::to_string(s.hidden) + ", " + std::to_string(s.hidden) +
          "]: the combine sends hidden-wide rows, got " + c.weights.describe());
+  // The GEMM's lhs is the caller's x (the dispatch's rows); its output is the combine's x.
+  GroupedGemmCall gemm{c.lhs, c.weights, c.combine.x, c.combine.handle.psumNumRecvTokensPerExpert};
+  ParamRecord g = groupedGemmRecord(s, gemm);
+  for (const char *field : {"weights", "psum_num_recv_tokens_per_expert", "num_rows"})
+    r[field] = g.at(field);
   r["lhs"] = g.at("x");
-  r["weights"] = g.at("weights");
-  r["psum_num_recv_tokens_per_expert"] = g.at("psum_num_recv_tokens_per_expert");
-  r["num_rows"] = g.at("num_rows");
   return r;
 }
 
-void epic::runtime::checkTopkIndices(const EPSpec &s, const int64_t *idx, int64_t tokens) {
+void epic::runtime::checkTopkIndices(const EPSpec &s, const int64_t *idx, int64_t tokens,
+                                     const std::string &name) {
   for (int64_t t = 0; t < tokens; ++t)
     for (int j = 0; j < s.topk; ++j) {
       int64_t e = idx[t * s.topk + j];
       if (e < -1 || e >= s.experts)
-        fail("topk_idx[" + std::to_string(t) + "][" + std::to_string(j) + "] = " +
+        fail(name + "[" + std::to_string(t) + "][" + std::to_string(j) + "] = " +
              std::to_string(e) + " is out of range: expert ids are in [0, " +
              std::to_string(s.experts) + "), -1 masks a slot");
     }
+}
+
+AddressBindings::AddressBindings(const std::vector<ParamRecord> &records,
+                                 const std::vector<std::string> &fields, int64_t stride,
+                                 std::vector<std::string> names)
+    : slotNames(std::move(names)), slots(int(slotNames.size())), servedRanks(int(records.size())) {
+  for (int r = 0; r < servedRanks; ++r)
+    for (const auto &[field, value] : records[r]) {
+      if (value.slot < 0 || !value.value)
+        continue; // a count, or a tensor the signature does not have
+      auto at = std::find(fields.begin(), fields.end(), field);
+      if (at == fields.end())
+        fail("rank " + std::to_string(r) + ": unknown parameter \"" + field + "\"");
+      slots = std::max(slots, value.slot + 1);
+      bindings.push_back({r, value.slot, size_t(r) * size_t(stride) / 8 + size_t(at - fields.begin()),
+                          std::max(1, value.alignment), value.empty});
+    }
+}
+
+std::string AddressBindings::name(int rank, int slot) const {
+  std::string n = slot < int(slotNames.size()) ? slotNames[slot] : "tensor #" + std::to_string(slot);
+  return servedRanks > 1 ? n + "[" + std::to_string(rank) + "]" : n;
+}
+
+void AddressBindings::bind(const uint64_t *addresses, size_t count,
+                           std::vector<uint64_t> &table) const {
+  if (count != size_t(servedRanks) * slots)
+    fail("expected " + std::to_string(servedRanks) + " x " + std::to_string(slots) +
+         " tensor addresses (ranks x slots), got " + std::to_string(count));
+  // Every address first: a refused call changes nothing.
+  for (const Binding &b : bindings) {
+    uint64_t address = addresses[size_t(b.rank) * slots + b.slot];
+    if (!address && !b.empty)
+      fail(name(b.rank, b.slot) + " is required here but was not given (a null pointer)");
+    if (address % b.alignment)
+      fail(name(b.rank, b.slot) + " must be " + std::to_string(b.alignment) +
+           "-byte aligned, it is at " + std::to_string(address));
+  }
+  for (const Binding &b : bindings) {
+    uint64_t address = addresses[size_t(b.rank) * slots + b.slot];
+    table[b.word] = address ? address : 16; // an empty tensor: any aligned address
+  }
 }

@@ -11,7 +11,7 @@
 #ifndef EPIC_RUNTIME_LIB_CUDACHECK_H
 #define EPIC_RUNTIME_LIB_CUDACHECK_H
 
-#include "epic/runtime/VirtualBuffer.h"
+#include "epic/runtime/KernelHost.h"
 
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -37,6 +37,8 @@ struct DriverApi {
   decltype(&::cuOccupancyMaxActiveBlocksPerMultiprocessor) occupancy = nullptr;
   decltype(&::cuLaunchKernelEx) launchKernelEx = nullptr;
   decltype(&::cuTensorMapEncodeTiled) tensorMapEncodeTiled = nullptr;
+  /// Where a kernel's parameters are (CUDA 12.4+ drivers; null on older ones).
+  decltype(&::cuFuncGetParamInfo) funcGetParamInfo = nullptr;
 };
 
 /// Throws CudaError if the driver (or one of its functions) is unavailable.
@@ -65,6 +67,12 @@ inline const DriverApi &driver() {
     resolve("cuOccupancyMaxActiveBlocksPerMultiprocessor", a.occupancy);
     resolve("cuLaunchKernelEx", a.launchKernelEx);
     resolve("cuTensorMapEncodeTiled", a.tensorMapEncodeTiled);
+    void *paramInfo = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuFuncGetParamInfo", &paramInfo, CUDA_VERSION,
+                                         cudaEnableDefault, &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess)
+      a.funcGetParamInfo = reinterpret_cast<decltype(a.funcGetParamInfo)>(paramInfo);
     return a;
   }();
   return api;

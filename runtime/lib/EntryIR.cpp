@@ -67,13 +67,15 @@ void EPSpec::validate() const {
               std::to_string(timeoutMs));
 }
 
-std::string EPSpec::configAttr() const {
+std::string EPSpec::configAttr(bool staticTokenCap) const {
   std::ostringstream os;
   os << "#ep.config<ranks = " << ranks << ", experts = " << experts << ", topk = " << topk
      << ", hidden = " << hidden << ", dtype = " << dtype << ", scale_packs = " << scalePacks
      << ", expert_alignment = " << expertAlignment
-     << ", layout = " << (expanded ? "expanded" : "plain") << ", num_sms = " << numSms
-     << ", max_tokens_per_rank = " << maxTokensPerRank << ">";
+     << ", layout = " << (expanded ? "expanded" : "plain") << ", num_sms = " << numSms;
+  if (staticTokenCap)
+    os << ", max_tokens_per_rank = " << maxTokensPerRank;
+  os << ">";
   return os.str();
 }
 
@@ -192,7 +194,7 @@ std::string epic::runtime::dispatchGemmEntryIR(const EPSpec &spec, const Dispatc
   if (v.zeroPadding)
     operands += " zero_padding";
   std::ostringstream os;
-  os << cfg << " = " << spec.configAttr() << "\n"
+  os << cfg << " = " << spec.configAttr(/*staticTokenCap=*/true) << "\n"
      << "func.func @" << name << "(" << args << ", %e: " << e << ") -> (" << types << ", " << y
      << ", " << handle << ")" << timeoutAttr(spec) << " {\n"
      << "  " << dispatched << ", %h = ep.dispatch %x" << operands << " config " << cfg << " : "
@@ -229,7 +231,7 @@ std::string epic::runtime::gemmCombineEntryIR(const EPSpec &spec, int biases,
     bias = " bias(" + names + " : " + types + ")";
   }
   std::ostringstream os;
-  os << cfg << " = " << spec.configAttr() << "\n"
+  os << cfg << " = " << spec.configAttr(/*staticTokenCap=*/true) << "\n"
      << "func.func @" << name << "(" << args << ") -> (" << y << ", " << y << ")"
      << timeoutAttr(spec) << " {\n"
      << "  %y = ep.grouped_gemm %x, %w layout(%h : " << handle << ") : " << x << ", " << w

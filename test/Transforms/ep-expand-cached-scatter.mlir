@@ -9,20 +9,20 @@
                   scale_packs = 4, max_tokens_per_rank = 128>
 
 // CHECK-LABEL: gpu.module @ep_kernels
-// CHECK: gpu.func @plain_scatter(%[[DC:.*]]: !comm.dev_comm, %{{.*}}: !comm.window, %[[TABLE:.*]]: !llvm.ptr<1>) kernel
-// CHECK: comm.rank_params %[[TABLE]] stride 128 via %[[DC]]
+// CHECK: gpu.func @plain_scatter(%[[DC:.*]]: !comm.dev_comm, %{{.*}}: !comm.window, %[[TABLE:.*]]: !llvm.ptr) kernel
+// CHECK: comm.rank_params %[[TABLE]] stride 192 via %[[DC]]
 // CHECK: %[[LSA:.*]] = comm.team lsa %[[DC]]
 // CHECK: %[[ME:.*]] = comm.team_rank %[[LSA]]
 // No entry barrier: nothing waits.
 // CHECK-NOT: comm.wait_flag
 // Lane j: its destination's record, the prefix sum before this rank ...
 // CHECK: %[[WORLD:.*]] = comm.team_to_world %[[LSA]], %{{.*}}
-// CHECK: %[[THEIRS:.*]] = comm.peer_params %[[TABLE]] stride 128 peer %[[WORLD]] via %[[DC]]
+// CHECK: %[[THEIRS:.*]] = comm.peer_params %[[TABLE]] stride 192 peer %[[WORLD]] via %[[DC]]
 // CHECK: %[[PSUM_AT:.*]] = llvm.getelementptr %[[THEIRS]][%c72_i64]
 // CHECK: %[[PSUM:.*]] = llvm.load %[[PSUM_AT]] {{.*}} -> !llvm.ptr<1>
 // CHECK: arith.subi %[[ME]], %c1_i32
 // ... then its recv_x (field 4)
-// CHECK: comm.peer_params %[[TABLE]] stride 128 peer
+// CHECK: comm.peer_params %[[TABLE]] stride 192 peer
 // CHECK: llvm.getelementptr %{{.*}}[%c32_i64]
 // The row is loaded once, then stored to every destination of the token.
 // CHECK: llvm.load %{{.*}} {alignment = 16 : i64} : !llvm.ptr<1> -> vector<4xi32>
@@ -62,7 +62,7 @@ func.func @plain(%x: tensor<?x512xf8E4M3FN>, %sf: tensor<?x4xf32>, %h: !ep.handl
 // CHECK: gpu.func @expanded_scatter(
 // CHECK-NOT: comm.wait_flag
 // CHECK: comm.peer_params
-// CHECK: comm.peer_params %{{.*}} stride 128 peer
+// CHECK: comm.peer_params %{{.*}} stride 192 peer
 // CHECK: %[[META_AT:.*]] = llvm.getelementptr %{{.*}}[%c64_i64]
 // CHECK: %[[META:.*]] = llvm.load %[[META_AT]] {{.*}} -> !llvm.ptr<1>
 // CHECK: %[[COLUMN:.*]] = arith.addi %{{.*}}, %c2_i32 : i32

@@ -13,10 +13,12 @@
                   expert_alignment = 128, layout = expanded, max_tokens_per_rank = 256>
 
 // CHECK-LABEL: gpu.func @moe_send(
-// CHECK:         comm.rank_params %{{.*}} stride 256
+// The dispatch's 16 fields and the GEMM's 2 (192 bytes), then two descriptors.
+// CHECK:         comm.rank_params %{{.*}} stride 448
 
 // CHECK-LABEL: gpu.func @moe_copy_gemm(
-// CHECK-SAME:      %[[COMM:.*]]: !comm.dev_comm, %[[WIN:.*]]: !comm.window, %{{.*}}: !llvm.ptr<1>) kernel
+// CHECK-SAME:      %[[COMM:.*]]: !comm.dev_comm, %[[WIN:.*]]: !comm.window, %{{.*}}: !llvm.ptr) kernel
+// CHECK-SAME:      comm.param_table = #comm.param_table<arg = 2, stride = 448, ranks = 8>
 // CHECK:         %[[BLOCK:.*]] = gpu.block_id x
 // CHECK:         %[[BLOCKS:.*]] = gpu.grid_dim x
 // First the copy: a row is placed, then counted in its tile (the counters
@@ -58,10 +60,10 @@
 // CHECK-SAME:      epic.cooperative = 1
 // CHECK-SAME:      epic.entry = "dispatch_gemm"
 // CHECK-SAME:      epic.kernels = ["moe_send", "moe_copy_gemm"]
-// CHECK-SAME:      "psum_num_recv_tokens_per_expert", "host_counts", "num_tokens", "dst_buffer_slot_idx", "experts", "gemm_out", "tensor_maps"]
-// CHECK-SAME:      epic.param_stride = 256
-// CHECK-SAME:      field = "recv_x", rows = 9216
-// CHECK-SAME:      field = "experts", rows = 8192
+// CHECK-SAME:      "psum_num_recv_tokens_per_expert", "host_counts", "num_tokens", "dst_buffer_slot_idx", "max_tokens_per_rank", "topk_idx_copy", "experts", "gemm_out"]
+// CHECK-SAME:      epic.param_stride = 448
+// CHECK-SAME:      field = "recv_x", offset = 192 : i64, rows = 9216
+// CHECK-SAME:      field = "experts", offset = 320 : i64, rows = 8192
 // CHECK-SAME:      epic.threads = 128
 
 // Two one-warpgroup blocks per SM (the runtime launches ctas_per_sm x num_sms).

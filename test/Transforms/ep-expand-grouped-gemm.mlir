@@ -10,10 +10,15 @@
                   expert_alignment = 128, layout = expanded, max_tokens_per_rank = 256>
 
 // CHECK-LABEL: gpu.func @gemm_gemm(
-// CHECK-SAME:      %[[COMM:.*]]: !comm.dev_comm, %{{.*}}: !comm.window, %[[TABLE:.*]]: !llvm.ptr<1>) kernel
-// CHECK:         %[[RECORD:.*]] = comm.rank_params %[[TABLE]] stride 128 via %[[COMM]]
-// The descriptors: record field 4, 128 bytes apart.
-// CHECK:         %[[MAPS:.*]] = llvm.addrspacecast %{{.*}} : !llvm.ptr<1> to !llvm.ptr
+// CHECK-SAME:      %[[COMM:.*]]: !comm.dev_comm, %{{.*}}: !comm.window, %[[TABLE:.*]]: !llvm.ptr) kernel
+// A record of 5 fields (64 bytes with padding) and two 128-byte descriptors.
+// CHECK-SAME:      comm.param_table = #comm.param_table<arg = 2, stride = 320, ranks = 8>
+// CHECK:         %[[RECORD:.*]] = comm.rank_params %[[TABLE]] stride 320 via %[[COMM]]
+// The descriptors lie in the record (by value, in the kernel's parameter
+// space) from byte 64, 128 bytes apart.
+// CHECK:         %[[C64:.*]] = arith.constant 64 : index
+// CHECK:         %[[AT64:.*]] = arith.index_cast %[[C64]] : index to i64
+// CHECK:         %[[MAPS:.*]] = llvm.getelementptr %[[RECORD]][%[[AT64]]] : (!llvm.ptr, i64) -> !llvm.ptr, i8
 // CHECK:         %[[LHS:.*]] = builtin.unrealized_conversion_cast %[[MAPS]] : !llvm.ptr to !nvgpu.tensormap.descriptor<tensor = memref<64x64xbf16, 3>, swizzle = swizzle_128b, l2promo = none, oob = zero, interleave = none>
 // CHECK:         %[[RHSPTR:.*]] = llvm.getelementptr %[[MAPS]]
 // CHECK:         %[[RHS:.*]] = builtin.unrealized_conversion_cast %[[RHSPTR]]
@@ -55,8 +60,9 @@
 // CHECK-SAME:      epic.ctas_per_sm = 2
 // CHECK-SAME:      epic.dynamic_shared_bytes = 99328
 // CHECK-SAME:      epic.entry = "grouped_gemm"
-// CHECK-SAME:      epic.param_fields = ["x", "weights", "out", "psum_num_recv_tokens_per_expert", "tensor_maps", "num_rows"]
-// CHECK-SAME:      epic.tensor_maps = [{box_cols = 64 : i64, box_rows = 64 : i64, cols = 1024 : i64, elem_bytes = 2 : i64, field = "x", rows = "num_rows", swizzle = 128 : i64}, {box_cols = 64 : i64, box_rows = 64 : i64, cols = 512 : i64, elem_bytes = 2 : i64, field = "weights", rows = 8192 : i64, swizzle = 128 : i64}]
+// CHECK-SAME:      epic.param_fields = ["x", "weights", "out", "psum_num_recv_tokens_per_expert", "num_rows"]
+// CHECK-SAME:      epic.param_stride = 320
+// CHECK-SAME:      epic.tensor_maps = [{box_cols = 64 : i64, box_rows = 64 : i64, cols = 1024 : i64, elem_bytes = 2 : i64, field = "x", offset = 64 : i64, rows = "num_rows", swizzle = 128 : i64}, {box_cols = 64 : i64, box_rows = 64 : i64, cols = 512 : i64, elem_bytes = 2 : i64, field = "weights", offset = 192 : i64, rows = 8192 : i64, swizzle = 128 : i64}]
 // CHECK-SAME:      epic.threads = 128
 func.func @gemm(%x: tensor<?x1024xbf16>, %w: tensor<8x1024x512xbf16>, %h: !ep.handle<#cfg>)
     -> tensor<?x512xbf16> {

@@ -7,13 +7,21 @@
 
 // CHECK-LABEL: gpu.module @ep_kernels
 // --- the data stage of dispatch ---
-// CHECK: gpu.func @dispatch_send(%[[DC:.*]]: !comm.dev_comm, %[[WIN:.*]]: !comm.window, %[[TABLE:.*]]: !llvm.ptr<1>) workgroup(%[[LAST:.*]] : memref<1xi32, #gpu.address_space<workgroup>>) kernel
-// The block size is known to the kernel (ptxas budgets its registers for it).
+// CHECK: gpu.func @dispatch_send(%[[DC:.*]]: !comm.dev_comm, %[[WIN:.*]]: !comm.window, %[[TABLE:.*]]: !llvm.ptr) workgroup(%[[LAST:.*]] : memref<1xi32, #gpu.address_space<workgroup>>) kernel
+// The parameter table (argument 2) holds a 192-byte record per rank and
+// travels by value; the block size is known to the kernel (ptxas budgets its
+// registers for it).
+// CHECK-SAME: comm.param_table = #comm.param_table<arg = 2, stride = 192, ranks = 8>
 // CHECK-SAME: known_block_size = array<i32: 1024, 1, 1>
 // Per-rank parameters, the LSA team and this rank.
-// CHECK: %[[PARAMS:.*]] = comm.rank_params %[[TABLE]] stride 128 via %[[DC]]
+// CHECK: %[[PARAMS:.*]] = comm.rank_params %[[TABLE]] stride 192 via %[[DC]]
 // CHECK: %[[LSA:.*]] = comm.team lsa %[[DC]]
 // CHECK: %[[ME:.*]] = comm.team_rank %[[LSA]]
+// The handle's copy of the routing (field 16, byte 128), written only when
+// given (do_handle_copy).
+// CHECK: %[[COPYAT:.*]] = llvm.getelementptr %[[PARAMS]][%c128_i64]
+// CHECK: %[[COPY:.*]] = llvm.load %[[COPYAT]] {alignment = 8 : i64} : !llvm.ptr -> !llvm.ptr<1>
+// CHECK: llvm.ptrtoint %[[COPY]] : !llvm.ptr<1> to i64
 // Remote buffers are free: the entry barrier. Block b counts its arrival at
 // block b of every rank (release) and waits, bounded, for all of them.
 // CHECK: gpu.barrier
@@ -26,15 +34,20 @@
 // CHECK: nvvm.match.sync any
 // CHECK: llvm.intr.ctlz
 // CHECK: nvvm.vote.sync ballot
-// Per-(rank, expert) counts, then one slot per destination by a local atomic.
+// Lanes < K copy their id as given (i32 here), widened to the copy's i64.
+// CHECK: arith.extsi %{{.*}} : i32 to i64
+// CHECK: llvm.store %{{.*}}, %{{.*}} {alignment = 8 : i64} : i64, !llvm.ptr<1>
+// Per-(rank, expert) counts, then every master lane's slot at its destination
+// by a local atomic (all at once), and its record there.
 // CHECK: comm.red add relaxed scope gpu
+// CHECK: comm.atomic_rmw add relaxed scope gpu
+// CHECK: %[[REC:.*]] = comm.peer_ptr %[[WIN]][%{{.*}}], %[[LSA]], %{{.*}} : !llvm.ptr<1>
+// The records go straight into the peers' windows: the row read once in
+// 16-byte vectors and stored to each destination's record, then the 16 scale
+// packs, ids, weights, token and master slot.
+// CHECK: llvm.load %{{.*}} {alignment = 16 : i64} : !llvm.ptr<1> -> vector<4xi32>
 // CHECK: scf.while
 // CHECK: gpu.shuffle idx
-// CHECK: comm.atomic_rmw add relaxed scope gpu
-// The record goes straight into the peer's window: hidden in 16-byte vectors,
-// then the 16 scale packs, ids, weights, token and master slot.
-// CHECK: %[[REC:.*]] = comm.peer_ptr %[[WIN]][%{{.*}}], %[[LSA]], %{{.*}} : !llvm.ptr<1>
-// CHECK: llvm.load %{{.*}} {alignment = 16 : i64} : !llvm.ptr<1> -> vector<4xi32>
 // CHECK: llvm.store %{{.*}} {alignment = 16 : i64} : vector<4xi32>, !llvm.ptr<1>
 // --- the count stage, in the rank's last block ---
 // CHECK: comm.atomic_rmw add acq_rel scope sys
@@ -45,8 +58,11 @@
 // CHECK: comm.store release scope sys
 // Every source's count: a bounded acquire wait (the default 100 s), then reset.
 // CHECK: comm.wait_flag %{{.*}} ne %{{.*}} scope sys : !llvm.ptr<1>, i32
-// Alignment of the per-expert counts to 128 rows.
+// Warp 0's prefix sums (per source rank, then per local expert of the counts
+// aligned to 128 rows): shuffle scans, not a serial loop.
+// CHECK: gpu.shuffle up
 // CHECK: arith.constant 127 : i32
+// CHECK: gpu.shuffle up
 // --- the copy epilogue ---
 // CHECK: gpu.func @dispatch_copy(
 // The source rank of a row: a ballot over the prefix sums.
@@ -56,15 +72,17 @@
 // Global ids -> local ids of this rank, or -1.
 // CHECK: arith.remsi %{{.*}}, %c8_i32
 // --- the launch function replaces the entry function ---
-// CHECK: func.func @dispatch(%{{.*}}: !comm.dev_comm, %{{.*}}: !comm.window, %{{.*}}: !llvm.ptr<1>, %[[GRID:.*]]: index)
+// CHECK: func.func @dispatch(%{{.*}}: !comm.dev_comm, %{{.*}}: !comm.window, %{{.*}}: !llvm.ptr, %[[GRID:.*]]: index)
 // CHECK-SAME: epic.cooperative = 1
 // CHECK-SAME: epic.entry = "dispatch"
 // CHECK-SAME: epic.kernels = ["dispatch_send", "dispatch_copy"]
 // CHECK-SAME: epic.max_blocks_per_rank = 1024
-// CHECK-SAME: epic.param_fields = ["x", "scale_packs", "topk_idx", "topk_weights", "recv_x", "recv_scale_packs", "recv_topk_idx", "recv_topk_weights", "recv_src_metadata", "psum_num_recv_tokens_per_rank", "num_recv_tokens_per_expert", "psum_num_recv_tokens_per_expert", "host_counts", "num_tokens", "dst_buffer_slot_idx"]
-// CHECK-SAME: epic.param_stride = 128
+// CHECK-SAME: epic.param_fields = ["x", "scale_packs", "topk_idx", "topk_weights", "recv_x", "recv_scale_packs", "recv_topk_idx", "recv_topk_weights", "recv_src_metadata", "psum_num_recv_tokens_per_rank", "num_recv_tokens_per_expert", "psum_num_recv_tokens_per_expert", "host_counts", "num_tokens", "dst_buffer_slot_idx", "max_tokens_per_rank", "topk_idx_copy"]
+// CHECK-SAME: epic.param_stride = 192
 // CHECK-SAME: epic.threads = 1024
+// A static Tmax: the window is a constant.
 // CHECK-SAME: epic.window_bytes = {{[0-9]+}}
+// CHECK-NOT: window_bytes_per_token
 // CHECK: gpu.launch_func @ep_kernels::@dispatch_send blocks in (%[[GRID]], %{{.*}}, %{{.*}}) threads in (%c1024, %{{.*}}, %{{.*}})
 // CHECK: gpu.launch_func @ep_kernels::@dispatch_copy blocks in (%[[GRID]],
 // CHECK-NOT: ep.dispatch
@@ -200,9 +218,10 @@ func.func @combine_exp(%y: tensor<?x512xbf16>, %h: !ep.handle<#exp>) -> tensor<?
 // CHECK-LABEL: gpu.module @ep_kernels
 // CHECK: gpu.func @cached_send(
 // CHECK: comm.wait_flag %{{.*}} ge
-// CHECK: scf.while
 // CHECK-NOT: comm.atomic_rmw add relaxed
 // CHECK: comm.peer_ptr
+// CHECK-NOT: comm.atomic_rmw add relaxed
+// CHECK: scf.while
 // Done flags instead of counts: release to every peer, acquire from every peer.
 // CHECK: comm.atomic_rmw add acq_rel scope sys
 // CHECK: comm.store release scope sys
@@ -216,4 +235,90 @@ func.func @cached(%x: tensor<?x512xbf16>, %h: !ep.handle<#cfg>)
   %rx, %ri, %h2 = ep.dispatch %x cached(%h : !ep.handle<#cfg>) config #cfg
       : tensor<?x512xbf16> -> tensor<?x512xbf16>, tensor<?x4xi64>, !ep.handle<#cfg>
   return %rx, %ri, %h2 : tensor<?x512xbf16>, tensor<?x4xi64>, !ep.handle<#cfg>
+}
+
+// -----
+
+// Tmax left out of the configuration: a run-time value, the record's
+// max_tokens_per_rank (dispatch: field 15, byte 120; combine: field 10, byte
+// 80), read once per kernel and used where the constant was; the window is
+// window_bytes (the counters) + Tmax x window_bytes_per_token (the larger of
+// R dispatch records of 2096 bytes and K combine records of 2064).
+#rt = #ep.config<ranks = 4, experts = 16, topk = 4, hidden = 1024, dtype = bf16>
+
+// CHECK-LABEL: gpu.module @ep_kernels
+// CHECK: gpu.func @rt_dispatch_send(
+// CHECK: %[[PARAMS:.*]] = comm.rank_params
+// CHECK: %[[AT:.*]] = llvm.getelementptr %[[PARAMS]][%c120_i64]
+// CHECK: %[[TMAX:.*]] = llvm.load %[[AT]] {alignment = 8 : i64} : !llvm.ptr -> i32
+// The record's index in the destination: [me][slot] with Tmax slots per source.
+// CHECK: %[[WIDE:.*]] = arith.extsi %[[TMAX]] : i32 to i64
+// CHECK: arith.muli %{{.*}}, %[[WIDE]] : i64
+// CHECK: comm.peer_ptr
+// CHECK: gpu.func @rt_dispatch_copy(
+// CHECK: %[[TMAX2:.*]] = llvm.load %{{.*}} {alignment = 8 : i64} : !llvm.ptr -> i32
+// Source ids are src * Tmax + token.
+// CHECK: arith.muli %{{.*}}, %[[TMAX2]] : i32
+// CHECK: gpu.func @rt_combine_send(
+// CHECK: %[[PARAMS3:.*]] = comm.rank_params
+// CHECK: %[[AT3:.*]] = llvm.getelementptr %[[PARAMS3]][%c80_i64]
+// CHECK: %[[TMAX3:.*]] = llvm.load %[[AT3]] {alignment = 8 : i64} : !llvm.ptr -> i32
+// CHECK: arith.divui %{{.*}}, %[[TMAX3]] : i32
+// CHECK: arith.remui %{{.*}}, %[[TMAX3]] : i32
+// CHECK: func.func @rt_dispatch(
+// CHECK-SAME: epic.window_bytes = 20480
+// CHECK-SAME: epic.window_bytes_per_token = 8384
+// CHECK: func.func @rt_combine(
+// CHECK-SAME: epic.window_bytes = 20480
+// CHECK-SAME: epic.window_bytes_per_token = 8384
+func.func @rt_dispatch(%x: tensor<?x1024xbf16>, %idx: tensor<?x4xi64>)
+    -> (tensor<?x1024xbf16>, tensor<?x4xi64>, !ep.handle<#rt>) {
+  %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) config #rt
+      : tensor<?x1024xbf16> -> tensor<?x1024xbf16>, tensor<?x4xi64>, !ep.handle<#rt>
+  return %rx, %ri, %h : tensor<?x1024xbf16>, tensor<?x4xi64>, !ep.handle<#rt>
+}
+func.func @rt_combine(%y: tensor<?x1024xbf16>, %h: !ep.handle<#rt>) -> tensor<?x1024xbf16> {
+  %out = ep.combine %y, %h : tensor<?x1024xbf16>, !ep.handle<#rt> -> tensor<?x1024xbf16>
+  return %out : tensor<?x1024xbf16>
+}
+
+// -----
+
+// Decode sizes: when warps outnumber rows, a row of several chunk groups
+// (hidden 4096 bf16: 512 16-byte chunks, four groups of 32 lanes x 4) is split
+// among up to four warps, the largest power of two <= warps / rows (a run-time
+// value); warp `part` of a row takes groups part, part + parts, ... and part 0
+// alone does the row's other work. Rows of one group (the tests above) are not
+// split.
+#big = #ep.config<ranks = 2, experts = 8, topk = 2, hidden = 4096, dtype = bf16,
+                  max_tokens_per_rank = 64>
+
+// CHECK-LABEL: gpu.module @ep_kernels
+// CHECK: gpu.func @split_dispatch_copy(
+// CHECK: %[[Q4:[0-9]+]] = arith.select %{{.*}}, %{{.*}}, %c4_i32{{[_0-9]*}} : i32
+// CHECK: "llvm.intr.ctlz"(%[[Q4]])
+// CHECK: %[[PARTS:[0-9]+]] = arith.shli %c1_i32{{[_0-9]*}}, %[[LOG:[0-9]+]] : i32
+// CHECK: %[[ITEMS:[0-9]+]] = arith.shli %{{.*}}, %[[LOG]] : i32
+// CHECK: scf.for %[[ITEM:[a-z0-9]+]] = %{{.*}} to %[[ITEMS]]
+// CHECK: arith.shrui %[[ITEM]], %[[LOG]] : i32
+// CHECK: %[[PART:[0-9]+]] = arith.andi %[[ITEM]]
+// The row's copy starts at group `part` and strides over `parts` groups.
+// CHECK: %[[STEP:[0-9]+]] = arith.muli %c128_i32{{[_0-9]*}}, %[[PARTS]] : i32
+// CHECK: scf.for %{{.*}} = %{{.*}} to %c512_i32{{[_0-9]*}} step %[[STEP]]
+// CHECK: arith.cmpi eq, %[[PART]], %c0_i32
+// CHECK: gpu.func @split_combine_send(
+// CHECK: llvm.intr.ctlz
+// CHECK: arith.shli
+// CHECK: gpu.func @split_combine_reduce(
+// CHECK: llvm.intr.ctlz
+// CHECK: arith.shli
+func.func @split_dispatch(%x: tensor<?x4096xbf16>, %idx: tensor<?x2xi64>)
+    -> (tensor<?x4096xbf16>, tensor<?x2xi64>, !ep.handle<#big>) {
+  %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x2xi64>) config #big
+      : tensor<?x4096xbf16> -> tensor<?x4096xbf16>, tensor<?x2xi64>, !ep.handle<#big>
+  return %rx, %ri, %h : tensor<?x4096xbf16>, tensor<?x2xi64>, !ep.handle<#big>
+}
+func.func @split_combine(%y: tensor<?x4096xbf16>, %h: !ep.handle<#big>) -> tensor<?x4096xbf16> {
+  %out = ep.combine %y, %h : tensor<?x4096xbf16>, !ep.handle<#big> -> tensor<?x4096xbf16>
+  return %out : tensor<?x4096xbf16>
 }

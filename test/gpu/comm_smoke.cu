@@ -22,10 +22,13 @@
 #include <nccl.h>
 #include <nccl_device.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <vector>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -428,14 +431,24 @@ int runEpNccl(const char *cubin, const char *metadataPath) {
        *hostCounts = zeros((1 + E) * 4), *slots = zeros(size_t(T) * K * 4);
   // ep-expand's dispatch record: x, scale_packs, topk_idx, topk_weights, recv_x,
   // recv_scale_packs, recv_topk_idx, recv_topk_weights, recv_src_metadata, psum per rank,
-  // per-expert counts, psum per expert, host counts, num_tokens, dst_buffer_slot_idx.
-  uint64_t record[16] = {(uint64_t)dX, 0, (uint64_t)dIdx, (uint64_t)dW, (uint64_t)recvX, 0,
-                         (uint64_t)recvIdx, (uint64_t)recvW, (uint64_t)meta, (uint64_t)psumRank,
-                         (uint64_t)expertCounts, (uint64_t)psumExpert, (uint64_t)hostCounts,
-                         (uint64_t)T, (uint64_t)slots, 0};
-  void *params = upload(record, sizeof record);
-  launch(kernel(module, "dispatch_send"), blocks, threads, {&devCommPtr, &window, &params});
-  launch(kernel(module, "dispatch_copy"), blocks, threads, {&devCommPtr, &window, &params});
+  // per-expert counts, psum per expert, host counts, num_tokens, dst_buffer_slot_idx,
+  // max_tokens_per_rank, topk_idx_copy. The table (one rank's record here) is a by-value kernel
+  // parameter.
+  // The last field, topk_idx_copy, stays null (no handle copy).
+  const int64_t stride = jsonInt(json, "param_stride");
+  if (stride < 17 * 8 || stride % 64) {
+    std::fprintf(stderr, "unexpected parameter record size %lld in %s\n", (long long)stride,
+                 metadataPath);
+    return 1;
+  }
+  std::vector<uint64_t> record(size_t(stride / 8), 0);
+  const uint64_t fields[16] = {(uint64_t)dX, 0, (uint64_t)dIdx, (uint64_t)dW, (uint64_t)recvX, 0,
+                               (uint64_t)recvIdx, (uint64_t)recvW, (uint64_t)meta,
+                               (uint64_t)psumRank, (uint64_t)expertCounts, (uint64_t)psumExpert,
+                               (uint64_t)hostCounts, (uint64_t)T, (uint64_t)slots, (uint64_t)Tmax};
+  std::copy(std::begin(fields), std::end(fields), record.begin());
+  launch(kernel(module, "dispatch_send"), blocks, threads, {&devCommPtr, &window, record.data()});
+  launch(kernel(module, "dispatch_copy"), blocks, threads, {&devCommPtr, &window, record.data()});
 
   std::vector<int32_t> counts(1 + E), metaHost(Tmax * (K + 2)), psum(1);
   CHECK_CUDA(cudaMemcpy(counts.data(), hostCounts, counts.size() * 4, cudaMemcpyDeviceToHost));
@@ -465,10 +478,10 @@ int runEpNccl(const char *cubin, const char *metadataPath) {
   // Combine the received rows straight back: one contribution per token.
   void *out = zeros(size_t(T) * H * 2), *outW = zeros(size_t(T) * K * 4);
   uint64_t crecord[16] = {(uint64_t)recvX, (uint64_t)recvW, (uint64_t)meta, (uint64_t)psumRank,
-                          (uint64_t)dIdx, 0, 0, (uint64_t)out, (uint64_t)outW, (uint64_t)T};
-  void *cparams = upload(crecord, sizeof crecord);
-  launch(kernel(module, "combine_send"), blocks, threads, {&devCommPtr, &window, &cparams});
-  launch(kernel(module, "combine_reduce"), blocks, threads, {&devCommPtr, &window, &cparams});
+                          (uint64_t)dIdx, 0, 0, (uint64_t)out, (uint64_t)outW, (uint64_t)T,
+                          (uint64_t)Tmax};
+  launch(kernel(module, "combine_send"), blocks, threads, {&devCommPtr, &window, crecord});
+  launch(kernel(module, "combine_reduce"), blocks, threads, {&devCommPtr, &window, crecord});
   std::vector<uint16_t> ox(size_t(T) * H);
   std::vector<float> ow(T * K);
   CHECK_CUDA(cudaMemcpy(ox.data(), out, ox.size() * 2, cudaMemcpyDeviceToHost));

@@ -13,6 +13,7 @@ bitwise equal to the reference's fixed-order fp32 sum.
 
     python3 test/gpu/ep_virtual.py <kernels.cubin> <kernels.json> [ranks (default 8)]
 """
+import ctypes
 import json
 import sys
 from dataclasses import replace
@@ -59,14 +60,16 @@ class VirtualWorld:
         self.window_desc = cp.asarray(np.frombuffer(win, np.uint8))
 
 
-def params_table(fields, records):
-    """One 128-byte record per rank: each field a pointer (device array) or an int."""
-    table = np.zeros((R, 16), np.uint64)
+def params_table(fields, records, stride):
+    """One record of `stride` bytes per rank: each field a pointer (device array) or an int.
+    The kernels take the table by value (comm.param_table): it stays in host memory. The
+    records hold every rank's cap (max_tokens_per_rank), which static-cap kernels ignore."""
+    table = np.zeros((R, stride // 8), np.uint64)
     for r, record in enumerate(records):
-        for name, value in record.items():
+        for name, value in dict(record, max_tokens_per_rank=TMAX).items():
             i = fields.index(name)
             table[r, i] = value.data.ptr if isinstance(value, cp.ndarray) else np.uint64(value)
-    return cp.asarray(table)
+    return table
 
 
 def handle_buffers(tokens):
@@ -82,10 +85,20 @@ def handle_buffers(tokens):
     }
 
 
+_driver = ctypes.CDLL("libcuda.so.1")
+
+
 def launch(module, name, world, params, blocks_per_rank):
+    """The kernel with (device communicator, window descriptor, the table by value)."""
     kernel = module.get_function(name)
-    kernel((R * blocks_per_rank,), (THREADS,),
-           (np.uint64(world.comm.data.ptr), np.uint64(world.window_desc.data.ptr), np.uint64(params.data.ptr)))
+    kernel = getattr(kernel, "kernel", kernel)  # cupy's RawKernel holds the driver's Function
+    comm = ctypes.c_uint64(world.comm.data.ptr)
+    window = ctypes.c_uint64(world.window_desc.data.ptr)
+    args = (ctypes.c_void_p * 3)(ctypes.addressof(comm), ctypes.addressof(window),
+                                 params.ctypes.data)
+    result = _driver.cuLaunchKernel(ctypes.c_void_p(kernel.ptr), R * blocks_per_rank, 1, 1,
+                                    THREADS, 1, 1, 0, None, args, None)
+    assert result == 0, f"cuLaunchKernel({name}) failed: CUresult {result}"
     cp.cuda.runtime.deviceSynchronize()
 
 
@@ -142,7 +155,7 @@ def run(module, entries, fp8, blocks_per_rank, seed):
             a["scale_packs"] = cp.asarray(sfs[r])
             a["recv_scale_packs"] = cp.zeros((R * TMAX, P), cp.float32)
         dev.append(a)
-    params = params_table(d_entry["param_fields"], dev)
+    params = params_table(d_entry["param_fields"], dev, d_entry["param_stride"])
     launch_entry(module, d_entry, world, params, blocks_per_rank)
 
     results = []
@@ -195,7 +208,7 @@ def run(module, entries, fp8, blocks_per_rank, seed):
             a["bias0"] = cp.asarray(biases[r][0].view(np.uint16))
             a["bias1"] = cp.asarray(biases[r][1].view(np.uint16))
         cdev.append(a)
-    cparams = params_table(c_entry["param_fields"], cdev)
+    cparams = params_table(c_entry["param_fields"], cdev, c_entry["param_stride"])
     launch_entry(module, c_entry, world, cparams, blocks_per_rank)
     ok_x = all(bits_equal(cp.asnumpy(cdev[r]["combined_x"]).view(ml_dtypes.bfloat16), want[r].combined_x)
                for r in range(R))
@@ -211,7 +224,8 @@ def run(module, entries, fp8, blocks_per_rank, seed):
         for a in cdev:
             a.pop("bias1")
             a["combined_x"].fill(0x7FC1)
-        launch_entry(module, b1_entry, world, params_table(b1_entry["param_fields"], cdev), blocks_per_rank)
+        b1_params = params_table(b1_entry["param_fields"], cdev, b1_entry["param_stride"])
+        launch_entry(module, b1_entry, world, b1_params, blocks_per_rank)
         check(all(bits_equal(cp.asnumpy(cdev[r]["combined_x"]).view(ml_dtypes.bfloat16), want1[r].combined_x)
                   for r in range(R)), "combine with one bias: bitwise equal to the reference")
     # Counters must be back to zero for the next call: run the same dispatch again.
@@ -240,7 +254,7 @@ def run_cached(module, entry, world, dev, first, idxs, tokens, blocks_per_rank, 
             a["recv_topk_idx"] = cp.full((rows, K), -7, cp.int64)
         a["host_counts"] = cp.full(1 + L, -7, cp.int32)  # a cached dispatch does not count
         cached.append(a)
-    params = params_table(entry["param_fields"], cached)
+    params = params_table(entry["param_fields"], cached, entry["param_stride"])
     launch_entry(module, entry, world, params, blocks_per_rank)
     ok = True
     for r in range(R):
@@ -279,7 +293,7 @@ def run_expanded(module, entries, blocks_per_rank, seed, A=128, zero_padding=Tru
             "recv_topk_weights": cp.full(max_rows, np.nan, cp.float32),
             **handle_buffers(tokens[r]),
         })
-    params = params_table(d_entry["param_fields"], dev)
+    params = params_table(d_entry["param_fields"], dev, d_entry["param_stride"])
     launch_entry(module, d_entry, world, params, blocks_per_rank)
     results = []
     ok_counts = ok_rows = True
@@ -314,7 +328,7 @@ def run_expanded(module, entries, blocks_per_rank, seed, A=128, zero_padding=Tru
             "combined_topk_weights": cp.full((tokens[r], K), np.nan, cp.float32),
             "num_tokens": tokens[r],
         })
-    cparams = params_table(c_entry["param_fields"], cdev)
+    cparams = params_table(c_entry["param_fields"], cdev, c_entry["param_stride"])
     launch_entry(module, c_entry, world, cparams, blocks_per_rank)
     check(all(bits_equal(cp.asnumpy(cdev[r]["combined_x"]).view(ml_dtypes.bfloat16), want[r].combined_x)
               for r in range(R)), "expanded combine: per-rank fp32 sums, then the origin's, bitwise")

@@ -14,6 +14,8 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+
 using namespace epic::runtime;
 
 namespace {
@@ -56,11 +58,16 @@ bool expandThen(const std::string &ir, llvm::function_ref<void(mlir::func::FuncO
 }
 
 /// The window bytes ep-expand assigns to the launch function of `ir`.
-int64_t windowBytesOf(const std::string &ir) {
+/// The window the kernels of `ir` use with `tmax` tokens per rank: the
+/// metadata's window_bytes, plus window_bytes_per_token per token where the
+/// kernels take the cap at run time.
+int64_t windowBytesOf(const std::string &ir, int64_t tmax) {
   int64_t bytes = -1;
   expandThen(ir, [&](mlir::func::FuncOp f) {
     if (auto attr = f->getAttrOfType<mlir::IntegerAttr>("epic.window_bytes"))
       bytes = attr.getInt();
+    if (auto perToken = f->getAttrOfType<mlir::IntegerAttr>("epic.window_bytes_per_token"))
+      bytes += perToken.getInt() * tmax;
   });
   return bytes;
 }
@@ -155,6 +162,29 @@ TEST(EntryIR, IsDeterministic) {
   EXPECT_NE(dispatchEntryIR(v3(false), {}, "d"), dispatchEntryIR(v3(true), {}, "d"));
 }
 
+// The token cap is a run-time value of the kernels: every cap asks for the
+// same entry IR (one kernel key, one compilation), except the fused GEMM
+// entries, which size scratch by it.
+TEST(EntryIR, OneKernelSetServesEveryTokenCap) {
+  std::vector<std::string> dispatches, combines, gemms, fused;
+  for (int cap : {128, 256, 512, 1000, 4096}) {
+    EPSpec s = v3(true);
+    s.maxTokensPerRank = cap;
+    dispatches.push_back(dispatchEntryIR(s, {true, false, false, 64}, "d"));
+    combines.push_back(combineEntryIR(s, {true, 1}, "c"));
+    s.dtype = "bf16", s.scalePacks = 0;
+    gemms.push_back(groupedGemmEntryIR(s, 256, "bf16", "g"));
+    fused.push_back(dispatchGemmEntryIR(s, {true, false, false, 64}, 256, "bf16", "dg"));
+  }
+  for (const auto *irs : {&dispatches, &combines, &gemms}) {
+    EXPECT_EQ(std::set<std::string>(irs->begin(), irs->end()).size(), 1u) << irs->front();
+    EXPECT_EQ(irs->front().find("max_tokens_per_rank"), std::string::npos) << irs->front();
+  }
+  EXPECT_EQ(std::set<std::string>(fused.begin(), fused.end()).size(), 5u);
+  EXPECT_NE(fused.front().find("max_tokens_per_rank = 128"), std::string::npos);
+  EXPECT_EQ(expand(dispatches.front()), "") << dispatches.front();
+}
+
 TEST(EntryIR, BadArgumentsAreNamed) {
   auto message = [](const EPSpec &spec, DispatchVariant v = {}) -> std::string {
     try {
@@ -206,7 +236,7 @@ TEST(EntryIR, TheRuntimesWindowBoundCoversEveryLayoutEpExpandMakes) {
                 irs.push_back(gemmCombineEntryIR(s, 2, "gc"));
               }
               for (const std::string &ir : irs) {
-                int64_t used = windowBytesOf(ir);
+                int64_t used = windowBytesOf(ir, tmax);
                 ASSERT_GT(used, 0) << ir;
                 EXPECT_GE(bound, used) << ir;
                 // 2x: rows bounded at f32 width; + 2 MiB: the fused kernels' counters and

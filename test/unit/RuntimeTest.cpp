@@ -344,16 +344,119 @@ TEST(Calls, GoodCallsBecomeTheKernelsRecords) {
       EXPECT_EQ(f.combineError(), "") << "fp8=" << fp8 << " expanded=" << expanded;
     }
   CallFixture f;
+  f.dispatch.x.slot = 3, f.dispatch.handle.topkIdx.slot = 7;
   ParamRecord r = dispatchRecord(f.spec, f.dispatchVariant, f.dispatch);
-  EXPECT_EQ(r.at("num_tokens"), 100u);
-  EXPECT_EQ(r.at("x"), f.dispatch.x.data);
-  EXPECT_EQ(r.at("topk_idx"), f.dispatch.handle.topkIdx.data);
-  EXPECT_EQ(r.at("dst_buffer_slot_idx"), f.dispatch.handle.dstBufferSlotIdx.data);
-  EXPECT_EQ(r.at("scale_packs"), 0u);
+  EXPECT_EQ(r.at("num_tokens").value, 100u);
+  EXPECT_EQ(r.at("max_tokens_per_rank").value, 128u); // the cap travels in the record
+  EXPECT_EQ(r.at("x").value, f.dispatch.x.data);
+  EXPECT_EQ(r.at("topk_idx").value, f.dispatch.handle.topkIdx.data);
+  EXPECT_EQ(r.at("dst_buffer_slot_idx").value, f.dispatch.handle.dstBufferSlotIdx.data);
+  EXPECT_EQ(r.count("scale_packs"), 0u); // not FP8: no field
+  // Tensor fields remember their call slot and the alignment the checks asked
+  // for (a plan checks the same of later addresses); counts are no slot.
+  EXPECT_EQ(r.at("x").slot, 3);
+  EXPECT_EQ(r.at("x").alignment, 16);
+  EXPECT_EQ(r.at("topk_idx").slot, 7);
+  EXPECT_EQ(r.at("num_tokens").slot, -1);
   ParamRecord c = combineRecord(f.spec, f.combineVariant, f.combine);
-  EXPECT_EQ(c.at("num_tokens"), 100u);
-  EXPECT_EQ(c.at("bias0"), f.combine.bias0.data);
-  EXPECT_EQ(c.at("bias1"), 0u);
+  EXPECT_EQ(c.at("num_tokens").value, 100u);
+  EXPECT_EQ(c.at("max_tokens_per_rank").value, 128u);
+  EXPECT_EQ(c.at("bias0").value, f.combine.bias0.data);
+  EXPECT_EQ(c.count("bias1"), 0u);
+}
+
+TEST(Calls, OutputsAreWhatTheChecksExpect) {
+  for (bool fp8 : {false, true})
+    for (bool expanded : {false, true}) {
+      CallFixture f(fp8, expanded);
+      std::vector<TensorSpec> outs = dispatchOutputs(f.spec, f.dispatchVariant, 100);
+      std::map<std::string, TensorSpec> byName;
+      for (const TensorSpec &t : outs)
+        byName[t.name] = t;
+      // Every output the fixture allocates, with the fixture's shape and dtype.
+      auto same = [&](const char *name, const DeviceTensor &t) {
+        ASSERT_TRUE(byName.count(name)) << name;
+        EXPECT_EQ(byName[name].dtype, t.dtype) << name;
+        EXPECT_EQ(byName[name].shape, t.shape) << name;
+      };
+      same("recv_x", f.dispatch.recvX);
+      same("host_counts", f.dispatch.hostCounts);
+      same("recv_src_metadata", f.dispatch.handle.recvSrcMetadata);
+      same("dst_buffer_slot_idx", f.dispatch.handle.dstBufferSlotIdx);
+      EXPECT_EQ(byName.count("recv_x_scale_packs"), size_t(fp8));
+      EXPECT_EQ(byName.count("recv_topk_idx"), size_t(!expanded));
+      std::vector<TensorSpec> combined = combineOutputs(f.spec, f.combineVariant, 100);
+      ASSERT_EQ(combined.size(), 2u); // combined_x, combined_topk_weights
+      EXPECT_EQ(combined[0].shape, f.combine.combinedX.shape);
+    }
+  // A cached dispatch writes the received rows only.
+  CallFixture f;
+  DispatchVariant cached = f.dispatchVariant;
+  cached.cached = true, cached.weights = false;
+  EXPECT_EQ(dispatchOutputs(f.spec, cached, 100).size(), 2u); // recv_x, recv_topk_idx
+}
+
+// A cached signature's later calls are checked by address alone, before
+// anything is written, and an error names the tensor (and its rank).
+TEST(Calls, CachedSignaturesCheckTheAddressesTheyBind) {
+  CallFixture f;
+  const std::vector<std::string> names = {"x", "x_scale_packs", "topk_weights", "topk_idx"};
+  f.dispatch.x.slot = 0, f.dispatch.topkWeights.slot = 2, f.dispatch.handle.topkIdx.slot = 3;
+  std::vector<ParamRecord> records(2, dispatchRecord(f.spec, f.dispatchVariant, f.dispatch));
+  std::vector<std::string> fields;
+  for (const auto &[name, value] : records[0])
+    fields.push_back(name);
+  const int64_t stride = int64_t(fields.size()) * 8;
+  AddressBindings bindings(records, fields, stride, names);
+  ASSERT_EQ(bindings.slotsPerRank(), 4);
+  auto word = [&](int rank, const char *field) {
+    return size_t(rank) * stride / 8 +
+           size_t(std::find(fields.begin(), fields.end(), field) - fields.begin());
+  };
+  std::vector<uint64_t> table(size_t(2 * stride / 8), 7);
+  // Rank-major addresses; slot 1 (no scale packs in this signature) is ignored.
+  std::vector<uint64_t> addresses = {0x1000, 0, 0x2000, 0x3000, 0x4000, 0, 0x5000, 0x6000};
+  bindings.bind(addresses.data(), addresses.size(), table);
+  EXPECT_EQ(table[word(0, "x")], 0x1000u);
+  EXPECT_EQ(table[word(1, "topk_idx")], 0x6000u);
+  EXPECT_EQ(table[word(1, "topk_weights")], 0x5000u);
+  EXPECT_EQ(table[word(0, "num_tokens")], 7u); // counts stay what the plan laid out
+
+  auto error = [&](std::vector<uint64_t> a) -> std::string {
+    std::vector<uint64_t> before = table;
+    try {
+      bindings.bind(a.data(), a.size(), table);
+    } catch (const std::invalid_argument &e) {
+      EXPECT_EQ(table, before) << "a refused call wrote the table";
+      return e.what();
+    }
+    return "";
+  };
+  std::vector<uint64_t> misaligned = addresses;
+  misaligned[4] += 8; // rank 1's x: rows move as 16-byte vectors
+  EXPECT_EQ(error(misaligned), "x[1] must be 16-byte aligned, it is at 16392");
+  std::vector<uint64_t> missing = addresses;
+  missing[2] = 0;
+  EXPECT_EQ(error(missing),
+            "topk_weights[0] is required here but was not given (a null pointer)");
+  EXPECT_NE(error({1, 2, 3}).find("expected 2 x 4 tensor addresses"), std::string::npos);
+}
+
+TEST(Calls, TheHandlesCopyOfTheRoutingIsChecked) {
+  CallFixture f;
+  f.dispatch.topkIdxCopy = f.dispatch.handle.topkIdx;
+  f.dispatch.topkIdxCopy.data = fakeAddress(99);
+  EXPECT_EQ(f.dispatchError(), "");
+  // The send kernel writes it: a field of the record (none without a copy).
+  EXPECT_EQ(dispatchRecord(f.spec, f.dispatchVariant, f.dispatch).at("topk_idx_copy").value,
+            fakeAddress(99));
+  DispatchCall uncopied = f.dispatch;
+  uncopied.topkIdxCopy = {};
+  EXPECT_EQ(dispatchRecord(f.spec, f.dispatchVariant, uncopied).count("topk_idx_copy"), 0u);
+  f.dispatch.topkIdxCopy.shape = {99, 8};
+  EXPECT_NE(f.dispatchError().find("handle.topk_idx (the copy) must have shape i64[100, 8]"),
+            std::string::npos)
+      << f.dispatchError();
 }
 
 TEST(Calls, TooManyTokens) {
@@ -368,10 +471,12 @@ TEST(Calls, WrongDtypes) {
   f.dispatch.x.dtype = "f32";
   EXPECT_NE(f.dispatchError().find("x must be bf16, got f32"), std::string::npos)
       << f.dispatchError();
-  CallFixture g;
+  CallFixture g; // an uncached dispatch's routing is the caller's topk_idx
   g.dispatch.handle.topkIdx.dtype = "i32";
-  EXPECT_NE(g.dispatchError().find("handle.topk_idx must be i64, got i32"), std::string::npos)
-      << g.dispatchError();
+  EXPECT_EQ(g.dispatchError(), "topk_idx must be i64, got i32");
+  g.dispatchVariant.cached = true, g.dispatchVariant.weights = false;
+  g.dispatch.topkWeights = {};
+  EXPECT_EQ(g.dispatchError(), "handle.topk_idx must be i64, got i32");
   CallFixture h;
   h.combine.x.dtype = "f8E4M3FN";
   EXPECT_NE(h.combineError().find("x must be bf16"), std::string::npos) << h.combineError();
@@ -453,8 +558,8 @@ TEST(Calls, GroupedGemmArgumentsAreCheckedByName) {
   };
   EXPECT_EQ(error(f.spec, g), "");
   ParamRecord r = groupedGemmRecord(f.spec, g);
-  EXPECT_EQ(r.at("num_rows"), uint64_t(rows));
-  EXPECT_EQ(r.at("weights"), g.weights.data);
+  EXPECT_EQ(r.at("num_rows").value, uint64_t(rows));
+  EXPECT_EQ(r.at("weights").value, g.weights.data);
   EXPECT_EQ(r.count("tensor_maps"), 0u); // the runtime's, encoded per call
 
   CallFixture plain;

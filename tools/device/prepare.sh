@@ -35,6 +35,7 @@ done
 PYTHONPATH=python EPIC_CACHE_DIR="$out/cache" python3 test/gpu/prepare_buffer_kernels.py
 python3 examples/quickstart.py --cache-dir "$out/cache" > /dev/null  # no GPU here: compiles only
 EPIC_CACHE_DIR="$out/cache" python3 bench/ep_bench.py --compile-only
+EPIC_CACHE_DIR="$out/cache" python3 bench/latency.py --compile-only
 # The DSL's GPU tests, examples and bench: run in the interpreter here, every launch compiled for
 # the GPU on the way (the same data, hence the same specializations as the GPU run).
 EPIC_INTERPRET=1 EPIC_DSL_PRECOMPILE=1 EPIC_CACHE_DIR="$out/cache" PYTHONPATH=python \

@@ -3,7 +3,8 @@
 # test drivers against the machine's CUDA and NCCL, runs them, and leaves logs in $OUT.
 #   tools/device/run.sh           # everything
 #   tools/device/run.sh python    # only the Python API's tests and examples (after the build)
-#   tools/device/run.sh bench     # bench/ep_bench.py and bench/dsl_bench.py (results into $OUT)
+#   tools/device/run.sh bench     # bench/ep_bench.py, dsl_bench.py, gemm_bench.py (into $OUT)
+#   tools/device/run.sh latency   # bench/latency.py: per-call wall time, eager and CUDA graphs
 #   tools/device/run.sh dsl       # only the DSL's GPU tests and examples (after the build)
 #   tools/device/run.sh multi     # only bench/ep_multi_gpu.py on every GPU (results into $OUT)
 set -uo pipefail
@@ -62,6 +63,10 @@ if [[ $only == multi ]]; then
     bench/ep_multi_gpu.py --out "$out" 2>&1 | tee "$out/ep_multi_gpu.log"
   exit "${PIPESTATUS[0]}"
 fi
+if [[ $only == latency ]]; then
+  EPIC_CACHE_DIR="$dev/cache" python3 bench/latency.py --out "$out" --profile 2>&1 | tee "$out/latency.log"
+  exit "${PIPESTATUS[0]}"
+fi
 if [[ $only == bench ]]; then
   EPIC_CACHE_DIR="$dev/cache" python3 bench/ep_bench.py --out "$out" 2>&1 | tee "$out/ep_bench.log"
   rc=${PIPESTATUS[0]}
@@ -84,7 +89,7 @@ if [[ $only == dsl ]]; then
   exit $status
 fi
 EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run python3 -m pytest -q -p no:cacheprovider \
-  test/gpu/test_elastic_buffer.py
+  test/gpu/test_elastic_buffer.py test/gpu/test_graphs.py
 EPIC_CACHE_DIR="$dev/cache" run python3 examples/quickstart.py
 EPIC_CACHE_DIR="$dev/cache" run torchrun --nproc-per-node 1 examples/torch_distributed.py
 EPIC_CACHE_DIR="$dev/cache" EPIC_REUSE_NCCL_COMM=0 run torchrun --nproc-per-node 1 \

@@ -77,15 +77,25 @@ uint64_t ConfigAttr::getHiddenBytes() const {
   return uint64_t(getHidden()) * getDtype().getIntOrFloatBitWidth() / 8;
 }
 
-uint64_t ConfigAttr::getMaxRecvTokens() const {
+std::optional<uint64_t> ConfigAttr::getTokenCap() const {
+  if (!hasStaticTokenCap())
+    return std::nullopt;
+  return getMaxTokensPerRank();
+}
+
+std::optional<uint64_t> ConfigAttr::getMaxRecvTokens() const {
+  if (!hasStaticTokenCap())
+    return std::nullopt;
   return uint64_t(getRanks()) * getMaxTokensPerRank();
 }
 
-uint64_t ConfigAttr::getMaxExpandedTokens() const {
+std::optional<uint64_t> ConfigAttr::getMaxExpandedTokens() const {
+  std::optional<uint64_t> received = getMaxRecvTokens();
+  if (!received)
+    return std::nullopt;
   uint64_t local = getNumLocalExperts();
   uint64_t align = getExpertAlignment();
-  uint64_t rows = getMaxRecvTokens() * std::min<uint64_t>(getTopk(), local) +
-                  (align - 1) * local;
+  uint64_t rows = *received * std::min<uint64_t>(getTopk(), local) + (align - 1) * local;
   return alignUp(rows, align);
 }
 
@@ -127,8 +137,7 @@ LogicalResult ConfigAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                        << ") are only allowed with FP8 data, not " << dtype;
   if (expertAlignment < 1)
     return emitError() << "expert_alignment must be at least 1";
-  if (maxTokensPerRank < 1)
-    return emitError() << "max_tokens_per_rank must be at least 1";
+  // max_tokens_per_rank 0 (omitted): a run-time value, checked by the runtime.
   // Source global ids (src_rank * Tmax + token) are stored as int32.
   if (uint64_t(ranks) * maxTokensPerRank > uint64_t(INT32_MAX))
     return emitError() << "ranks x max_tokens_per_rank (" << ranks << " x "

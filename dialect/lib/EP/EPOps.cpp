@@ -55,12 +55,14 @@ struct ShapeChecker {
     return success();
   }
 
+  /// No bound (`max` empty) when the token cap is a run-time value.
   LogicalResult maxDim(StringRef name, ShapedType type, unsigned index,
-                       uint64_t max, StringRef what) const {
-    if (!type.isDynamicDim(index) && uint64_t(type.getDimSize(index)) > max)
+                       std::optional<uint64_t> max, StringRef what) const {
+    if (max && !type.isDynamicDim(index) &&
+        uint64_t(type.getDimSize(index)) > *max)
       return op->emitOpError() << name << " dimension " << index << " (" << what
                                << ") is " << type.getDimSize(index)
-                               << ", more than the maximum " << max;
+                               << ", more than the maximum " << *max;
     return success();
   }
 
@@ -92,7 +94,7 @@ LogicalResult DispatchLayoutOp::verify() {
   ShapedType perExpert = shaped(getNumTokensPerExpert());
   ShapedType inRank = shaped(getIsTokenInRank());
   if (failed(check.staticDim("topk_idx", idx, 1, cfg.getTopk(), "top-k")) ||
-      failed(check.maxDim("topk_idx", idx, 0, cfg.getMaxTokensPerRank(),
+      failed(check.maxDim("topk_idx", idx, 0, cfg.getTokenCap(),
                           "tokens")) ||
       failed(check.staticDim("num_tokens_per_rank", perRank, 0, cfg.getRanks(),
                              "ranks")) ||
@@ -156,7 +158,7 @@ LogicalResult DispatchOp::verify() {
   // Inputs: this rank's T tokens.
   if (failed(check.elementType("x", x, cfg.getDtype())) ||
       failed(check.staticDim("x", x, 1, hidden, "hidden")) ||
-      failed(check.maxDim("x", x, 0, cfg.getMaxTokensPerRank(), "tokens")))
+      failed(check.maxDim("x", x, 0, cfg.getTokenCap(), "tokens")))
     return failure();
 
   if (getZeroPadding() && !cfg.isExpanded())
@@ -219,7 +221,7 @@ LogicalResult DispatchOp::verify() {
     return emitOpError("has a recv_topk_weights result iff it has weights");
 
   ShapedType recvX = shaped(getRecvX());
-  uint64_t maxRows = cfg.getMaxOutputRows();
+  std::optional<uint64_t> maxRows = cfg.getMaxOutputRows();
   if (failed(check.elementType("recv_x", recvX, cfg.getDtype())) ||
       failed(check.staticDim("recv_x", recvX, 1, hidden, "hidden")) ||
       failed(check.maxDim("recv_x", recvX, 0, maxRows, "received rows")))
@@ -348,12 +350,15 @@ LogicalResult DispatchGemmOp::verify() {
   if (cfg.isFP8())
     return emitOpError("multiplies BF16 or F16 rows; the configuration dispatches ")
            << cfg.getDtype();
+  if (!cfg.hasStaticTokenCap())
+    return emitOpError("needs max_tokens_per_rank in its configuration: the fused kernel sizes "
+                       "its tile counters by it");
   int64_t hidden = cfg.getHidden(), k = cfg.getTopk(), local = cfg.getNumLocalExperts();
   ShapedType x = shaped(getX()), rows = shaped(getRecvX()), w = shaped(getExperts()),
              out = shaped(getResult());
   if (failed(check.elementType("x", x, cfg.getDtype())) ||
       failed(check.staticDim("x", x, 1, hidden, "hidden")) ||
-      failed(check.maxDim("x", x, 0, cfg.getMaxTokensPerRank(), "tokens")) ||
+      failed(check.maxDim("x", x, 0, cfg.getTokenCap(), "tokens")) ||
       failed(check.staticDim("topk_idx", shaped(getTopkIdx()), 1, k, "top-k")) ||
       failed(check.sameDim("x", x, "topk_idx", shaped(getTopkIdx()), "the token count")))
     return failure();
@@ -385,6 +390,9 @@ LogicalResult GemmCombineOp::verify() {
   ShapeChecker check{*this};
   if (!cfg.isExpanded())
     return emitOpError("needs the expanded layout: the handle's configuration is plain");
+  if (!cfg.hasStaticTokenCap())
+    return emitOpError("needs max_tokens_per_rank in its configuration: the fused kernel sizes "
+                       "its scratch by it");
   int64_t hidden = cfg.getHidden(), local = cfg.getNumLocalExperts();
   ShapedType lhs = shaped(getLhs()), rhs = shaped(getRhs()), y = shaped(getResult()),
              out = shaped(getCombinedX());
@@ -400,7 +408,7 @@ LogicalResult GemmCombineOp::verify() {
       failed(check.staticDim("result", y, 1, hidden, "hidden")) ||
       failed(check.sameDim("lhs", lhs, "result", y, "the row count")) ||
       failed(check.staticDim("combined_x", out, 1, hidden, "hidden")) ||
-      failed(check.maxDim("combined_x", out, 0, cfg.getMaxTokensPerRank(), "tokens")))
+      failed(check.maxDim("combined_x", out, 0, cfg.getTokenCap(), "tokens")))
     return failure();
   if (getBiases().size() > 2)
     return emitOpError("takes at most two biases, got ") << getBiases().size();
@@ -438,7 +446,7 @@ LogicalResult CombineOp::verify() {
     return emitOpError("takes at most two biases, got ") << getBiases().size();
   ShapedType out = shaped(getCombinedX());
   if (failed(check.staticDim("combined_x", out, 1, hidden, "hidden")) ||
-      failed(check.maxDim("combined_x", out, 0, cfg.getMaxTokensPerRank(),
+      failed(check.maxDim("combined_x", out, 0, cfg.getTokenCap(),
                           "tokens")))
     return failure();
   for (auto [i, bias] : llvm::enumerate(getBiases())) {

@@ -66,6 +66,11 @@ void epic::buildEpicToPTXPipeline(OpPassManager &pm, const EpicToPTXOptions &opt
   pm.addNestedPass<gpu::GPUModuleOp>(createCanonicalizerPass());
   pm.addNestedPass<gpu::GPUModuleOp>(createCSEPass());
   pm.addNestedPass<gpu::GPUModuleOp>(createReconcileUnrealizedCastsPass());
+  // Each kernel's parameter table becomes a by-value kernel parameter (the
+  // GPU-to-NVVM lowering drops llvm.byval from gpu.func arguments).
+  CommParamTablesByValueOptions tables;
+  tables.backend = options.backend;
+  pm.addPass(createCommParamTablesByValue(tables));
 
   GpuModuleToBinaryPassOptions binary;
   binary.compilationTarget = options.format;

@@ -84,6 +84,10 @@ def main(argv=None):
     parser.add_argument("--num-warps", type=int, default=4)
     parser.add_argument("--backend", choices=["virtual", "nccl"], default="virtual")
     parser.add_argument("--abi", choices=["direct", "runtime"], default="direct")
+    parser.add_argument("--ranks", type=int, default=1,
+                        help="with --abi runtime: the world size of the buffers it runs on (the "
+                             "by-value parameter table holds a record per rank on the virtual "
+                             "backend)")
     args = parser.parse_args(argv)
 
     kernel = load_kernel(args.file, args.kernel)
@@ -110,7 +114,7 @@ def main(argv=None):
 
     try:
         compiled = kernel.compile(num_warps=args.num_warps, backend=args.backend, abi=args.abi,
-                                  **values)
+                                  ranks=args.ranks, **values)
     except CompileError as e:
         raise SystemExit(f"error: {e}") from None
     if args.emit == "metadata":

@@ -55,7 +55,7 @@ _MLIR_TYPES = {
     "int32": "i32", "int64": "i64", "uint8": "i8", "bool": "i1",
 }
 _FLOAT = {"f32", "f16", "bf16", "f8E4M3FN"}
-_RECORD_BYTES = 128  # the runtime's parameter record (runtime/lib/VirtualBuffer.cpp)
+_RECORD_BYTES = 128  # a rank's record in the kernel's by-value parameter table (comm.param_table)
 # The comm dialect's enums (dialect/include/epic/Dialect/Comm/IR/CommBase.td).
 _ORDERING = {"relaxed": 0, "acquire": 1, "release": 2, "acq_rel": 3, "sc": 4}
 _SCOPE = {"cta": 0, "block": 0, "cluster": 1, "gpu": 2, "sys": 3}
@@ -124,8 +124,9 @@ class _Stale:
 
 
 class Generator(ast.NodeVisitor):
-    def __init__(self, ir, fn, arg_kinds, constexprs, num_warps, name, abi="direct"):
+    def __init__(self, ir, fn, arg_kinds, constexprs, num_warps, name, abi="direct", ranks=1):
         self.abi = abi
+        self.ranks = ranks  # the world a runtime-ABI kernel's parameter table serves
         self.ir, self.fn = ir, fn
         self.context = ir.Context()
         self.module = ir.Module(self.context)
@@ -228,7 +229,7 @@ class Generator(ast.NodeVisitor):
         b.set_insertion_point_to_end(body)
         kinds = list(self.arg_kinds)
         if self.abi == "runtime":  # the runtime's: device communicator, window, parameter table
-            params = ["!comm.dev_comm", "!comm.window", "!llvm.ptr<1>"]
+            params = ["!comm.dev_comm", "!comm.window", "!llvm.ptr"]
             fields = [n for n, k in kinds if k[0] != "window"]
             if len(fields) > _RECORD_BYTES // 8:
                 raise self.error(f"a kernel launched by the runtime takes at most "
@@ -239,23 +240,26 @@ class Generator(ast.NodeVisitor):
                 else k[1] for _, k in kinds]
         signature = f"({', '.join(params)}) -> ()"
         self.scratch = 0  # workgroup buffers made so far (one per cross-warp reduction)
-        gfunc = self.op("gpu.func", attributes={"sym_name": f'"{self.name}"',
-                                                "function_type": signature, "gpu.kernel": "unit"},
-                        regions=1)
+        attributes = {"sym_name": f'"{self.name}"', "function_type": signature,
+                      "gpu.kernel": "unit"}
+        if self.abi == "runtime":  # the table travels by value, a record per rank served
+            attributes["comm.param_table"] = (f"#comm.param_table<arg = 2, stride = {_RECORD_BYTES}, "
+                                              f"ranks = {self.ranks}>")
+        gfunc = self.op("gpu.func", attributes=attributes, regions=1)
         self.kernel_func = gfunc
         entry = gfunc.add_block(0, params)
         self.enter(entry)
         self.dev_comm = entry.arg(0)
         self.window = entry.arg(1) if self.abi == "runtime" else None
         if self.abi == "runtime":
-            record = self.op("comm.rank_params", [entry.arg(2), self.dev_comm], ["!llvm.ptr<1>"],
+            record = self.op("comm.rank_params", [entry.arg(2), self.dev_comm], ["!llvm.ptr"],
                              {"stride": f"{_RECORD_BYTES} : i64"}).result(0)
             field = 0
             for name, kind in kinds:
                 if kind[0] == "window":
                     self.scope[name] = self.window_base()
                     continue
-                slot = self.op("llvm.getelementptr", [record], ["!llvm.ptr<1>"],
+                slot = self.op("llvm.getelementptr", [record], ["!llvm.ptr"],
                                {"rawConstantIndices": f"array<i32: {field}>", "elem_type": "i64",
                                 "noWrapFlags": "0 : i32"}).result(0)
                 field += 1
@@ -316,7 +320,7 @@ class Generator(ast.NodeVisitor):
         """What the runtime reads (compileModule's metadata "entries"): kernel, threads, the
         parameter fields in record order; like ep-expand's launch functions."""
         self.b.set_insertion_point_to_end(self.module.body)
-        params = ["!comm.dev_comm", "!comm.window", "!llvm.ptr<1>", "index"]
+        params = ["!comm.dev_comm", "!comm.window", "!llvm.ptr", "index"]
         fields = ", ".join(f'"{n}"' for n, k in kinds if k[0] != "window")
         launch = self.op("func.func", attributes={
             "sym_name": f'"{self.name}_launch"', "function_type": f"({', '.join(params)}) -> ()",
@@ -1376,10 +1380,12 @@ def _parse(fn):
         inspect.getsourcelines(fn)[1] - 1
 
 
-def generate(ir, fn, arg_kinds, constexprs, num_warps=4, name=None, abi="direct"):
+def generate(ir, fn, arg_kinds, constexprs, num_warps=4, name=None, abi="direct", ranks=1):
     """The kernel's IR (text): `arg_kinds` = [(name, ("pointer", elem) | ("scalar", type) |
     ("window",))] of the non-constexpr arguments; `constexprs` their values. `abi`: "direct"
     (every argument a kernel parameter) or "runtime" (the runtime's (device communicator,
-    window, per-rank parameter records) and a launch function with its metadata)."""
+    window, by-value table of per-rank parameter records) and a launch function with its
+    metadata); `ranks`: the world the runtime ABI's table serves (a record per rank on the
+    virtual backend)."""
     return Generator(ir, fn, arg_kinds, constexprs, num_warps, name or fn.__name__,
-                     abi).generate()
+                     abi, ranks).generate()

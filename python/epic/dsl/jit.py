@@ -185,9 +185,11 @@ class JITFunction:
                 kinds.append((name, ("scalar", value[1], False)))
         return kinds
 
-    def compile(self, *args, num_warps=4, backend="virtual", abi="direct", **kwargs):
+    def compile(self, *args, num_warps=4, backend="virtual", abi="direct", ranks=1, **kwargs):
         """Compiles the kernel for these arguments' specialization (no GPU needed): a
-        :class:`CompiledKernel` whose ``asm`` holds the IR, the PTX and the cubin.
+        :class:`CompiledKernel` whose ``asm`` holds the IR, the PTX and the cubin. With
+        ``abi="runtime"``, ``ranks`` is the world size of the buffers it runs on (its by-value
+        parameter table holds a record per rank on the virtual backend).
 
         The IR is also kept on disk (``$EPIC_CACHE_DIR/dsl``, keyed by the kernel's source, the
         specialization and the code generator), and with ``abi="runtime"`` its kernels go into
@@ -195,7 +197,8 @@ class JITFunction:
         both there."""
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        key = (self.specialization_key(bound), num_warps, backend, abi)
+        key = (self.specialization_key(bound), num_warps, backend, abi,
+               ranks if abi == "runtime" else 1)
         if key in self.cache:
             return self.cache[key]
         path = self._disk_path(key)
@@ -216,7 +219,7 @@ class JITFunction:
 
             constexprs = {n: bound.arguments[n] for n in self.constexprs}
             ir_text = generate(_ir, self.fn, self.argument_kinds(bound), constexprs, num_warps,
-                               abi=abi)
+                               abi=abi, ranks=ranks)
             compiled = CompiledKernel(self.fn.__name__, ir_text,
                                       _ir.compile(ir_text, backend, True), num_warps)
             _write_atomically(path, json.dumps({"ir": ir_text}))
@@ -251,8 +254,7 @@ class JITFunction:
         if not interpreting() and (buffers or buffer is not None):
             prepared = self.prepare_launch(grid, buffer if buffer is not None else buffers[0],
                                            args, kwargs, num_warps)
-            prepared()
-            prepared.buffer._in_flight.append(prepared)  # its records live until the kernels ran
+            prepared()  # the records travel with the launch: nothing to keep alive
             return prepared.compiled
         if not isinstance(world, VirtualWorld):
             raise TypeError(f"{self.fn.__name__}[grid](...): pass world=epic.VirtualWorld(R) "
@@ -288,7 +290,8 @@ class JITFunction:
         if os.environ.get("EPIC_DSL_PRECOMPILE", "") not in ("", "0"):
             # Also compile what a GPU launch with these arguments needs (runtime ABI, virtual
             # world), so a machine without the compiler finds it in the caches.
-            self.compile(*args, num_warps=num_warps, backend="virtual", abi="runtime", **kwargs)
+            self.compile(*args, num_warps=num_warps, backend="virtual", abi="runtime", ranks=R,
+                         **kwargs)
         from . import interpreter
 
         per_rank = []
@@ -318,7 +321,7 @@ class JITFunction:
         ranks = buffer.num_ranks if buffer.virtual else 1
         compiled = self.compile(*args, num_warps=num_warps,
                                 backend="virtual" if buffer.virtual else "nccl", abi="runtime",
-                                **kwargs)
+                                ranks=buffer.num_ranks, **kwargs)
         state = buffer._runtime()  # the GPU side exists from here
         records = [{} for _ in range(ranks)]
         for name, value in bound.arguments.items():
@@ -346,10 +349,10 @@ class JITFunction:
 
 
 class PreparedLaunch:
-    """A launch of a compiled kernel on an ElasticBuffer with its parameter records already on
-    the device: ``prepared(stream=None)`` queues it on `stream` (default: torch's current) with
-    no host work (graph-capturable; replays reuse the same arguments). Keep it alive as long as
-    launches or graphs of it may run."""
+    """A launch of a compiled kernel on an ElasticBuffer with its parameter records checked and
+    laid out: ``prepared(stream=None)`` queues it on `stream` (default: torch's current), the
+    records travelling by value with the launch (graph-capturable; replays reuse the same
+    arguments)."""
 
     def __init__(self, compiled, buffer, prepared=None, interpret=None):
         self.compiled, self.buffer, self._prepared, self._interpret = compiled, buffer, \

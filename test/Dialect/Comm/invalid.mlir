@@ -187,3 +187,24 @@ func.func @f(%dc: !comm.dev_comm, %p: !llvm.ptr<1>, %r: i32) {
   %q = comm.peer_params %p stride -8 peer %r via %dc : !llvm.ptr<1>
   return
 }
+
+// -----
+
+// comm.param_table names the by-value parameter table of a kernel.
+// expected-error@+1 {{param_table stride must be a positive multiple of 64 bytes, got 100}}
+gpu.module @m { gpu.func @k(%t: !llvm.ptr) kernel attributes {comm.param_table = #comm.param_table<arg = 0, stride = 100, ranks = 8>} { gpu.return } }
+
+// -----
+
+// expected-error@+1 {{'comm.param_table' names argument 1 of a function with 1}}
+gpu.module @m { gpu.func @k(%t: !llvm.ptr) kernel attributes {comm.param_table = #comm.param_table<arg = 1, stride = 128, ranks = 8>} { gpu.return } }
+
+// -----
+
+// expected-error@+1 {{'comm.param_table' argument 0 must be a generic !llvm.ptr (the table travels by value), got '!llvm.ptr<1>'}}
+gpu.module @m { gpu.func @k(%t: !llvm.ptr<1>) kernel attributes {comm.param_table = #comm.param_table<arg = 0, stride = 128, ranks = 8>} { gpu.return } }
+
+// -----
+
+// expected-error@+1 {{unknown comm attribute 'comm.param_tables'}}
+func.func private @f() attributes {comm.param_tables = 1 : i64}

@@ -89,12 +89,6 @@ func.func private @f() attributes {cfg = #c}
 
 // -----
 
-// expected-error@+1 {{max_tokens_per_rank must be at least 1}}
-#c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 128, dtype = bf16, max_tokens_per_rank = 0>
-func.func private @f() attributes {cfg = #c}
-
-// -----
-
 // expected-error@+1 {{ranks x max_tokens_per_rank (1024 x 4194304) overflows the int32 source ids}}
 #c = #ep.config<ranks = 1024, experts = 2048, topk = 2, hidden = 128, dtype = bf16, max_tokens_per_rank = 4194304>
 func.func private @f() attributes {cfg = #c}
@@ -106,11 +100,6 @@ func.func private @f() attributes {cfg = #c}
 #c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 128, dtype = bf16, layout = sorted, max_tokens_per_rank = 8>
 func.func private @f() attributes {cfg = #c}
 
-// -----
-
-// expected-error@+1 {{struct is missing required parameter: max_tokens_per_rank}}
-#c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 128, dtype = bf16>
-func.func private @f() attributes {cfg = #c}
 
 //===----------------------------------------------------------------------===//
 // ep.dispatch_layout
@@ -614,5 +603,25 @@ func.func @f(%x: tensor<?x128xbf16>, %idx: tensor<?x4xi64>, %e: tensor<8x128x256
   // expected-error@+1 {{result dimension 1 (N) must be 256, got 128}}
   %rx, %y, %h = ep.dispatch_gemm %x topk(%idx : tensor<?x4xi64>) experts(%e : tensor<8x128x256xbf16>) config #c
       : tensor<?x128xbf16> -> tensor<?x128xbf16>, tensor<?x128xbf16>, !ep.handle<#c>
+  return
+}
+
+// -----
+
+// The fused kernels size their scratch by Tmax: it must be part of the configuration.
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, layout = expanded>
+func.func @f(%x: tensor<?x128xbf16>, %idx: tensor<?x4xi64>, %e: tensor<8x128x256xbf16>) {
+  // expected-error@+1 {{needs max_tokens_per_rank in its configuration: the fused kernel sizes its tile counters by it}}
+  %rx, %y, %h = ep.dispatch_gemm %x topk(%idx : tensor<?x4xi64>) experts(%e : tensor<8x128x256xbf16>) config #c
+      : tensor<?x128xbf16> -> tensor<?x128xbf16>, tensor<?x256xbf16>, !ep.handle<#c>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, layout = expanded>
+func.func @f(%rx: tensor<?x128xbf16>, %w: tensor<8x128x128xbf16>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{needs max_tokens_per_rank in its configuration: the fused kernel sizes its scratch by it}}
+  %y, %out = ep.gemm_combine %rx, %w layout(%h : !ep.handle<#c>) : tensor<?x128xbf16>, tensor<8x128x128xbf16> -> tensor<?x128xbf16>, tensor<?x128xbf16>
   return
 }

@@ -8,6 +8,8 @@
 // CHECK-DAG: #[[$FP8:.*]] = #ep.config<ranks = 8, experts = 256, topk = 8, hidden = 7168, dtype = f8E4M3FN, scale_packs = 56, num_sms = 24, max_tokens_per_rank = 4096>
 // CHECK-DAG: #[[$EXP:.*]] = #ep.config<ranks = 4, experts = 32, topk = 6, hidden = 1024, dtype = bf16, expert_alignment = 128, layout = expanded, max_tokens_per_rank = 256>
 // CHECK-DAG: #[[$ONE:.*]] = #ep.config<ranks = 1, experts = 1, topk = 1, hidden = 8, dtype = bf16, max_tokens_per_rank = 1>
+// Without max_tokens_per_rank the cap is a run-time value (printed without it).
+// CHECK-DAG: #[[$RUNTIME_CAP:.*]] = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 2048, dtype = bf16>
 
 #bf16 = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 2048, dtype = bf16,
                    max_tokens_per_rank = 512>
@@ -21,6 +23,8 @@
                   max_tokens_per_rank = 256>
 #one = #ep.config<ranks = 1, experts = 1, topk = 1, hidden = 8, dtype = bf16,
                   max_tokens_per_rank = 1>
+#runtime_cap = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 2048, dtype = bf16,
+                          max_tokens_per_rank = 0>
 
 // CHECK-LABEL: func.func @layout
 // CHECK-SAME: (%[[IDX:.*]]: tensor<?x4xi64>)
@@ -51,6 +55,15 @@ func.func @dispatch_static_tokens(%x: tensor<512x2048xbf16>, %idx: tensor<512x4x
       weights(%w : tensor<512x4xf32>) config #bf16
       : tensor<512x2048xbf16> -> tensor<4096x2048xbf16>, tensor<4096x4xi64>,
         tensor<4096x4xf32>, !ep.handle<#bf16>
+  return
+}
+
+// With a run-time cap any token count is accepted (the runtime bounds it).
+// CHECK-LABEL: func.func @dispatch_runtime_cap
+func.func @dispatch_runtime_cap(%x: tensor<100000x2048xbf16>, %idx: tensor<100000x4xi64>) {
+  // CHECK: ep.dispatch %{{.*}} topk(%{{.*}} : tensor<100000x4xi64>) config #[[$RUNTIME_CAP]] : tensor<100000x2048xbf16> -> tensor<?x2048xbf16>, tensor<?x4xi64>, !ep.handle<#[[$RUNTIME_CAP]]>
+  %rx, %ridx, %h = ep.dispatch %x topk(%idx : tensor<100000x4xi64>) config #runtime_cap
+      : tensor<100000x2048xbf16> -> tensor<?x2048xbf16>, tensor<?x4xi64>, !ep.handle<#runtime_cap>
   return
 }
 

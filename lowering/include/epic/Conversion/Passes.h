@@ -19,6 +19,11 @@ namespace epic {
 /// Where comm ops go: the NCCL device API or the one-GPU virtual world.
 enum class CommBackend { nccl, virtual_ };
 
+/// The most bytes a kernel's parameter table (comm.param_table) may have:
+/// CUDA's 32,764 bytes of kernel parameters, less the device communicator
+/// and window pointers before the 64-byte aligned table, rounded down to 64.
+constexpr int64_t kMaxParamTableBytes = 32640;
+
 /// The prefix of the device-shim functions of a backend: "__epic_nccl_" or
 /// "__epic_virtual_".
 llvm::StringRef getShimPrefix(CommBackend backend);

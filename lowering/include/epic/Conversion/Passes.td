@@ -64,4 +64,44 @@ def ConvertCommToNVVM : Pass<"convert-comm-to-nvvm", "::mlir::ModuleOp"> {
                            "::mlir::NVVM::NVVMDialect"];
 }
 
+def CommParamTablesByValue : Pass<"comm-param-tables-by-value", "::mlir::ModuleOp"> {
+  let summary = "pass each kernel's table of per-rank parameter records by value";
+  let description = [{
+    Runs after the GPU-to-NVVM lowering, on the `llvm.func` kernels that carry
+    `comm.param_table` (`#comm.param_table<arg, stride, ranks>`): the table
+    argument gets `llvm.byval = !llvm.array<N x i8>` with N = records x stride
+    (one record for `backend=nccl`, `ranks` for `backend=virtual`), 64-byte
+    alignment and `nvvm.grid_constant`, and the attribute goes. The runtime
+    then launches the kernel with the table's bytes as a kernel parameter: no
+    upload, no allocation, nothing but the launch to capture in a CUDA graph.
+    NVPTX turns the record loads into `ld.param` and a taken address (a TMA
+    descriptor inside a record) into `cvta.param`.
+
+    Fails, naming the kernel, where N exceeds the 32,640 bytes CUDA leaves
+    for it (32,764 bytes of kernel parameters, the two pointers before the
+    table and its alignment): a virtual world too large for the entry.
+
+    ```mlir
+    // before
+    llvm.func @k(%dc: !llvm.ptr, %win: !llvm.ptr, %table: !llvm.ptr)
+        attributes {comm.param_table = #comm.param_table<arg = 2, stride = 128, ranks = 8>, ...}
+    // after (backend=virtual)
+    llvm.func @k(%dc: !llvm.ptr, %win: !llvm.ptr,
+                 %table: !llvm.ptr {llvm.align = 64 : i64,
+                                    llvm.byval = !llvm.array<1024 x i8>, nvvm.grid_constant})
+    ```
+  }];
+  let options = [
+    Option<"backend", "backend", "::epic::CommBackend",
+           /*default=*/"::epic::CommBackend::nccl",
+           "the communication backend to lower to",
+           [{::llvm::cl::values(
+             clEnumValN(::epic::CommBackend::nccl, "nccl",
+                        "NCCL device API through the epic device shim"),
+             clEnumValN(::epic::CommBackend::virtual_, "virtual",
+                        "R virtual ranks on one GPU"))}]>
+  ];
+  let dependentDialects = ["::mlir::LLVM::LLVMDialect", "::mlir::NVVM::NVVMDialect"];
+}
+
 #endif // EPIC_CONVERSION_PASSES_TD

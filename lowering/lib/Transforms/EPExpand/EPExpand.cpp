@@ -45,8 +45,12 @@ constexpr int64_t kDefaultTimeoutMs = 100000;
 /// holds, in each rank's copy: counters (all zero between operations), then
 /// one data region shared by dispatch ([src rank][Tmax][record]) and combine
 /// ([master slot][Tmax][record]); entry barriers keep them apart in time.
+/// Tmax is the configuration's or, where it leaves it out, a run-time value
+/// (KernelBuilder::tmax): then only the data region's size depends on it.
 struct EPLayout {
-  int64_t ranks, experts, local, topk, hidden, packs, tmax, alignment;
+  int64_t ranks, experts, local, topk, hidden, packs, alignment;
+  /// Tmax, or 0: read from record field `tmaxField` at run time.
+  int64_t tmax, tmaxField = -1;
   int64_t elemBytes, idxBytes;
   // Dispatch record: hidden | scale packs | ids (i32 x K) | weights (f32 x K) | token, master.
   int64_t rowBytes, rowPad, packPad, idsOff, weightsOff, tokenOff, record;
@@ -55,7 +59,9 @@ struct EPLayout {
   // Counters.
   int64_t countsIn, expertIn, slots, expertLocal, expertCursor, dispatchDone, dispatchFlags,
       combineDone, combineFlags, barrierArrivals, barrierEpochs;
-  int64_t data, windowBytes;
+  /// The window: `data + tmax * windowPerToken` bytes (windowBytes when
+  /// Tmax is static, else just the counters' `data`).
+  int64_t data, windowPerToken, windowBytes;
   /// Bound of every device-side wait (DeepEP's num_gpu_timeout_secs); the
   /// entry function's `epic.timeout_ms` overrides it.
   int64_t timeoutMs = kDefaultTimeoutMs;
@@ -101,51 +107,70 @@ struct EPLayout {
     barrierArrivals = take(kMaxBlocksPerRank * 8);
     barrierEpochs = take(kMaxBlocksPerRank * 8);
     data = align(at, 4096);
-    windowBytes = data + std::max(ranks * tmax * record, topk * tmax * combineRecord);
+    windowPerToken = std::max(ranks * record, topk * combineRecord);
+    windowBytes = data + tmax * windowPerToken;
   }
 };
 
 /// Fields of the per-rank parameter records, 8 bytes each (pointers, or
-/// integers in the low 4 bytes).
+/// integers in the low 4 bytes), in the order of their enums. A record is
+/// its fields, then (entries with a GEMM) the TMA descriptors (RecordLayout).
 const char *const kDispatchFields[] = {
     "x", "scale_packs", "topk_idx", "topk_weights", "recv_x", "recv_scale_packs",
     "recv_topk_idx", "recv_topk_weights", "recv_src_metadata",
     "psum_num_recv_tokens_per_rank", "num_recv_tokens_per_expert",
-    "psum_num_recv_tokens_per_expert", "host_counts", "num_tokens", "dst_buffer_slot_idx"};
+    "psum_num_recv_tokens_per_expert", "host_counts", "num_tokens", "dst_buffer_slot_idx",
+    "max_tokens_per_rank", "topk_idx_copy"};
 enum DispatchField {
   kX, kScalePacks, kTopkIdx, kTopkWeights, kRecvX, kRecvScalePacks, kRecvTopkIdx,
   kRecvTopkWeights, kRecvSrcMetadata, kPsumPerRank, kExpertCounts, kPsumPerExpert,
-  kHostCounts, kDispatchNumTokens, kDstSlots, kNumDispatchFields
+  kHostCounts, kDispatchNumTokens, kDstSlots, kDispatchMaxTokens, kTopkIdxCopy,
+  kNumDispatchFields
 };
+static_assert(std::size(kDispatchFields) == kNumDispatchFields);
 const char *const kCombineFields[] = {
     "x", "topk_weights", "recv_src_metadata", "psum_num_recv_tokens_per_rank", "topk_idx",
-    "bias0", "bias1", "combined_x", "combined_topk_weights", "num_tokens"};
+    "bias0", "bias1", "combined_x", "combined_topk_weights", "num_tokens",
+    "max_tokens_per_rank"};
 enum CombineField {
   kCX, kCTopkWeights, kCSrcMetadata, kCPsumPerRank, kCTopkIdx, kCBias0, kCBias1,
-  kCCombinedX, kCCombinedWeights, kCNumTokens, kNumCombineFields
+  kCCombinedX, kCCombinedWeights, kCNumTokens, kCMaxTokens, kNumCombineFields
 };
-constexpr int64_t kParamsStride = 128;
-static_assert(kNumDispatchFields * 8 <= kParamsStride && kNumCombineFields * 8 <= kParamsStride);
-/// ep.dispatch_gemm: the dispatch's fields, then the GEMM's.
-const char *const kDispatchGemmFields[] = {
-    "x", "scale_packs", "topk_idx", "topk_weights", "recv_x", "recv_scale_packs",
-    "recv_topk_idx", "recv_topk_weights", "recv_src_metadata",
-    "psum_num_recv_tokens_per_rank", "num_recv_tokens_per_expert",
-    "psum_num_recv_tokens_per_expert", "host_counts", "num_tokens", "dst_buffer_slot_idx",
-    "experts", "gemm_out", "tensor_maps"};
-constexpr int64_t kFusedParamsStride = 256;
-/// ep.gemm_combine: the combine's fields ("x" is the GEMM's output), then the GEMM's.
-const char *const kGemmCombineFields[] = {
-    "x", "topk_weights", "recv_src_metadata", "psum_num_recv_tokens_per_rank", "topk_idx",
-    "bias0", "bias1", "combined_x", "combined_topk_weights", "num_tokens",
-    "lhs", "weights", "psum_num_recv_tokens_per_expert", "tensor_maps", "num_rows"};
-enum GemmCombineField { kGCLhs = kNumCombineFields, kGCWeights, kGCPsumPerExpert, kGCMaps,
-                        kGCNumRows };
-static_assert(kGCNumRows * 8 < kParamsStride);
+static_assert(std::size(kCombineFields) == kNumCombineFields);
+/// ep.dispatch_gemm: the dispatch's fields, then these.
+const char *const kDispatchGemmExtraFields[] = {"experts", "gemm_out"};
+enum DispatchGemmField { kDGExperts = kNumDispatchFields, kDGGemmOut, kNumDispatchGemmFields };
+/// ep.gemm_combine: the combine's fields ("x" is the GEMM's output), then these.
+const char *const kGemmCombineExtraFields[] = {"lhs", "weights",
+                                               "psum_num_recv_tokens_per_expert", "num_rows"};
+enum GemmCombineField { kGCLhs = kNumCombineFields, kGCWeights, kGCPsumPerExpert, kGCNumRows,
+                        kNumGemmCombineFields };
+
+/// A record: `fields` 8-byte fields, then `maps` 128-byte TMA descriptors at
+/// a 64-byte aligned offset (where the kernel uses them: the table is a
+/// 64-byte aligned kernel parameter and every stride a multiple of 64).
+struct RecordLayout {
+  int64_t mapsOffset, stride;
+  RecordLayout(int64_t fields, int64_t maps)
+      : mapsOffset(align(fields * 8, 64)), stride(mapsOffset + maps * 128) {}
+};
+
+/// `base`'s field names followed by `extra`'s.
+SmallVector<StringRef> fieldNames(ArrayRef<const char *> base, ArrayRef<const char *> extra = {}) {
+  SmallVector<StringRef> names(base.begin(), base.end());
+  names.append(extra.begin(), extra.end());
+  return names;
+}
 
 //===----------------------------------------------------------------------===//
 // Kernel builder
 //===----------------------------------------------------------------------===//
+
+/// A warp's share of a row split among several warps (KernelBuilder::
+/// loopRowParts): `part` of `parts`; all null for a whole row.
+struct RowPart {
+  Value row, part, parts;
+};
 
 class KernelBuilder {
 public:
@@ -169,6 +194,7 @@ public:
     numWarps = mul(blocks, warpsPerBlock);
     if (func.getNumWorkgroupAttributions())
       sharedFlag = func.getWorkgroupAttributions()[0];
+    tmax = layout.tmax ? i32(layout.tmax) : intParam(layout.tmaxField);
     // The kernel body goes after this prologue, before gpu.return.
     b.setInsertionPoint(func.getBody().front().getTerminator());
   }
@@ -177,6 +203,8 @@ public:
   const EPLayout &layout;
   Value comm, window, table, params, lsa, me, tid, threads, block, blocks, lane, globalWarp,
       numWarps, sharedFlag;
+  /// Tmax (i32): the configuration's, or the record's `max_tokens_per_rank`.
+  Value tmax;
 
   // --- types and constants (the kernels compute in i32 and i64) -------------
   Type i32T() { return b.getI32Type(); }
@@ -319,11 +347,20 @@ public:
   /// whether each chunk does (else `inRange` is empty). With `warpUniform`
   /// every lane of the warp makes the same number of steps, so `body` may
   /// shuffle; otherwise lanes start at their own chunk.
+  ///
+  /// A row split into `parts` (RowParts): this warp takes groups `part`,
+  /// `part + parts`, ... of it.
   void forEachChunkGroup(int64_t bytes, int64_t unroll, bool warpUniform,
-                         function_ref<void(ArrayRef<Value>, ArrayRef<Value>)> body) {
+                         function_ref<void(ArrayRef<Value>, ArrayRef<Value>)> body,
+                         const RowPart &share = {}) {
     const int64_t chunks = bytes / 16;
     const bool whole = chunks % (32 * unroll) == 0; // no lane runs past the end
-    loop(warpUniform ? i32(0) : lane, i32(chunks), i32(32 * unroll), [&](Value group) {
+    Value start = warpUniform ? i32(0) : lane, step = i32(32 * unroll);
+    if (share.parts) {
+      start = add(start, mul(share.part, step));
+      step = mul(step, share.parts);
+    }
+    loop(start, i32(chunks), step, [&](Value group) {
       Value first = warpUniform ? add(group, lane) : group;
       SmallVector<Value> offsets, inRange;
       for (int64_t u = 0; u < unroll; ++u) {
@@ -363,12 +400,12 @@ public:
   /// lane issues kCopyUnroll 16-byte loads before their stores: a store waits
   /// for its load, so one load at a time would leave a row copy latency bound.
   static constexpr int64_t kCopyUnroll = 4;
-  void copyRow(Value dst, Value src, int64_t bytes) {
+  void copyRow(Value dst, Value src, int64_t bytes, const RowPart &share = {}) {
     auto vec = VectorType::get({4}, i32T());
     forEachChunkGroup(bytes, kCopyUnroll, /*warpUniform=*/false,
                       [&](ArrayRef<Value> offsets, ArrayRef<Value> inRange) {
       storeChunks(dst, loadChunks(vec, src, offsets, inRange), offsets, inRange);
-    });
+    }, share);
   }
 
   /// The warp copies `bytes` from `src` to `dst(bit)` for each set bit of the
@@ -393,7 +430,7 @@ public:
   /// cost nothing, which matters when few of the K slots are present.
   static constexpr int64_t kSumChunks = 4;
   void sumMaskedRows(Value dst, int64_t bytes, Value mask, function_ref<Value(Value)> row,
-                     ArrayRef<Value> firstRows = {}) {
+                     ArrayRef<Value> firstRows = {}, const RowPart &share = {}) {
     auto chunkF32 = VectorType::get({8}, b.getF32Type());
     auto chunkBF16 = VectorType::get({8}, b.getBF16Type());
     auto addRow = [&](ArrayRef<Value> sums, ArrayRef<Value> values) {
@@ -432,7 +469,108 @@ public:
       for (Value sum : rows.getResults().drop_front())
         rounded.push_back(arith::TruncFOp::create(b, chunkBF16, sum));
       storeChunks(dst, rounded, offsets, inRange);
+    }, share);
+  }
+
+  /// Rows [0, n) over the grid's warps. When warps outnumber rows, each row
+  /// is split into `parts` shares of its chunk groups, taken by different
+  /// warps: a row copied by one warp costs one memory round trip per group
+  /// in turn, which leaves decode-sized calls latency bound. `parts` (run
+  /// time) is the largest power of two <= min(maxParts, warps / n); `body`
+  /// gets the row and this warp's share, and does the row's other work only
+  /// in part 0 (RowPart::first). With maxParts 1 it is the one-warp-per-row
+  /// loop.
+  void loopRowParts(Value n, int64_t maxParts, function_ref<void(Value, const RowPart &)> body) {
+    if (maxParts <= 1) {
+      loop(globalWarp, n, numWarps, [&](Value row) { body(row, RowPart{}); });
+      return;
+    }
+    Value q = divu(numWarps, select(lt(n, i32(1)), i32(1), n));
+    q = select(lt(q, i32(maxParts)), q, i32(maxParts));
+    Value log = select(lt(q, i32(2)), i32(0), sub(i32(31), ctlz(q)));
+    Value parts = arith::ShLIOp::create(b, i32(1), log);
+    loop(globalWarp, arith::ShLIOp::create(b, n, log), numWarps, [&](Value item) {
+      RowPart share{arith::ShRUIOp::create(b, item, log), andi(item, sub(parts, i32(1))), parts};
+      body(share.row, share);
     });
+  }
+  /// Chunks per lane in flight for a row of `bytes` read once and stored to
+  /// several places: the most, up to 8, that tiles the row exactly (no range
+  /// checks and no half-empty last group; FP8 V3 rows: 7 x 2 groups instead
+  /// of 4 x 3.5), else kCopyUnroll.
+  static int64_t wholeRowUnroll(int64_t bytes) {
+    for (int64_t unroll = 8; unroll > kCopyUnroll; --unroll)
+      if ((bytes / 16) % (32 * unroll) == 0)
+        return unroll;
+    return kCopyUnroll;
+  }
+  /// The most useful parts of a row of `bytes` copied `unroll` chunks per lane
+  /// at a time: its chunk groups, rounded down to a power of two.
+  static int64_t maxRowParts(int64_t bytes, int64_t unroll) {
+    int64_t groups = (bytes / 16 + 32 * unroll - 1) / (32 * unroll);
+    return groups >= 1 ? int64_t(llvm::bit_floor(uint64_t(groups))) : 1;
+  }
+  /// Whether this warp does a split row's other work (part 0), and `body` in it.
+  Value isFirstPart(const RowPart &share) {
+    return share.parts ? eq(share.part, i32(0)) : arith::ConstantIntOp::create(b, 1, 1).getResult();
+  }
+  void inFirstPart(const RowPart &share, function_ref<void()> body) {
+    if (!share.parts)
+      return body();
+    when(isFirstPart(share), body);
+  }
+
+  /// One warp's inclusive prefix sums of `n` (static) i32 terms: lane j takes
+  /// the run [j c, j c + c) (c = ceil(n / 32)), reads all of its terms
+  /// (`term(i)`: the term and a value carried to `store`) before adding any,
+  /// the runs' totals are scanned with shuffles, then `store(i, inclusive
+  /// sum, carried)` for each index. Returns the total, in every lane. A
+  /// thread-0 loop costs a dependent load per term (256 experts: microseconds).
+  Value warpInclusiveScan(int64_t n, function_ref<std::pair<Value, Value>(Value)> term,
+                          function_ref<void(Value, Value, Value)> store) {
+    const int64_t c = (n + 31) / 32;
+    const bool whole = n == 32 * c;
+    SmallVector<Value> index, terms, carried, inRange;
+    Value run = i32(0);
+    for (int64_t u = 0; u < c; ++u) {
+      Value i = add(mul(lane, i32(c)), i32(u));
+      Value ok = whole ? Value() : lt(i, i32(n));
+      std::pair<Value, Value> t;
+      if (whole) {
+        t = term(i);
+      } else {
+        auto op = scf::IfOp::create(b, TypeRange{i32T(), i32T()}, ok, /*withElseRegion=*/true);
+        OpBuilder::InsertionGuard guard(b);
+        b.setInsertionPointToStart(op.thenBlock());
+        auto [value, extra] = term(i);
+        scf::YieldOp::create(b, ValueRange{value, extra ? extra : i32(0)});
+        b.setInsertionPointToStart(op.elseBlock());
+        scf::YieldOp::create(b, ValueRange{i32(0), i32(0)});
+        t = {op.getResult(0), op.getResult(1)};
+      }
+      index.push_back(i);
+      inRange.push_back(ok);
+      terms.push_back(t.first);
+      carried.push_back(t.second);
+      run = add(run, t.first);
+    }
+    Value scan = run;
+    for (int64_t d = 1; d < 32; d *= 2) {
+      Value up = gpu::ShuffleOp::create(b, scan, i32(d), i32(32), gpu::ShuffleMode::UP)
+                     .getShuffleResult();
+      scan = select(cmp(arith::CmpIPredicate::sge, lane, i32(d)), add(scan, up), scan);
+    }
+    Value total = shuffle(scan, i32(31));
+    Value sum = sub(scan, run); // before this lane's run
+    for (int64_t u = 0; u < c; ++u) {
+      sum = add(sum, terms[u]);
+      Value at = sum, extra = carried[u], i = index[u];
+      if (whole)
+        store(i, at, extra);
+      else
+        when(inRange[u], [&] { store(i, at, extra); });
+    }
+    return total;
   }
 
   /// The routing of token `t` in this warp: lane j < K holds expert id e_j
@@ -482,20 +620,24 @@ public:
   /// Block b of every rank meets block b of every other rank, so remote
   /// buffers are free. Built from comm ops rather than comm.barrier so that
   /// the wait is bounded on every backend (NCCL 2.28's LSA barrier is not):
-  /// thread 0 bumps its own epoch, adds 1 (release, system scope) to arrival
-  /// counter b of every rank and waits (bounded acquire) until its own counter
-  /// reaches ranks * epoch. Counters only grow, so nothing is reset.
+  /// lanes of warp 0 add 1 (release, system scope) to arrival counter b of
+  /// every rank, one rank each (a release costs a system-scope fence: one
+  /// thread looping over 8 ranks paid eight in turn), then thread 0 bumps its
+  /// own epoch and waits (bounded acquire) until its own counter reaches
+  /// ranks * epoch. Counters only grow, so nothing is reset.
   void entryBarrier() {
     Value slot = mul(wide(block), i64(8));
-    barrier(); // the block's earlier writes, before thread 0's release
+    barrier(); // the block's earlier writes, before warp 0's releases
+    when(lt(tid, i32(32)), [&] {
+      loop(lane, i32(layout.ranks), i32(32), [&](Value peerRank) {
+        comm::RedOp::create(b, comm::AtomicKind::add, comm::Ordering::release, comm::Scope::sys,
+                            i64(1), peer(add(i64(layout.barrierArrivals), slot), peerRank));
+      });
+    });
     when(eq(tid, i32(0)), [&] {
       Value epochCell = local(add(i64(layout.barrierEpochs), slot));
       Value epoch = add(load(i64T(), epochCell, 8), i64(1));
       store(epoch, epochCell, 8);
-      loop(i32(0), i32(layout.ranks), i32(1), [&](Value peerRank) {
-        comm::RedOp::create(b, comm::AtomicKind::add, comm::Ordering::release, comm::Scope::sys,
-                            i64(1), peer(add(i64(layout.barrierArrivals), slot), peerRank));
-      });
       comm::WaitFlagOp::create(b, i64T(), local(add(i64(layout.barrierArrivals), slot)),
                                comm::Predicate::ge, mul(epoch, i64(layout.ranks)), me, Value(),
                                comm::Scope::sys, layout.timeoutMs);
@@ -506,8 +648,10 @@ public:
 
 gpu::GPUFuncOp createKernel(OpBuilder &builder, Location loc, StringRef name, bool sharedFlag) {
   MLIRContext *ctx = builder.getContext();
+  // The parameter table is a generic pointer: the kernel parameter itself
+  // (comm.param_table, set by expand()), passed by value.
   Type types[] = {comm::DevCommType::get(ctx), comm::WindowType::get(ctx),
-                  LLVM::LLVMPointerType::get(ctx, 1)};
+                  LLVM::LLVMPointerType::get(ctx)};
   auto func = gpu::GPUFuncOp::create(builder, loc, name, builder.getFunctionType(types, {}));
   func->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), builder.getUnitAttr());
   if (sharedFlag) {
@@ -586,6 +730,11 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
   Value numTokens = in.numTokens, x = in.x, topkIdx = in.topkIdx, scalePacks = in.scalePacks,
         dstSlots = in.dstSlots;
   Value weights = shape.weights ? k.pointerParam(kTopkWeights) : Value();
+  // DeepEP's do_handle_copy: the handle's own copy of the routing (i64), or null.
+  Value idxCopy = shape.cached ? Value() : k.pointerParam(kTopkIdxCopy);
+  Value copyIds = shape.cached ? Value()
+                               : k.cmp(arith::CmpIPredicate::ne,
+                                       LLVM::PtrToIntOp::create(k.b, k.i64T(), idxCopy), k.i64(0));
   k.entryBarrier();
 
   // One warp per token: send it once to each destination rank.
@@ -593,6 +742,14 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
     auto r = k.route(topkIdx, token);
     Value slotCell = k.add(k.mul(token, k.i32(L.topk)), k.lane);
     if (!shape.cached) {
+      // The routing into the handle's copy as it was given (the warp read it).
+      k.when(k.andi(copyIds, k.lt(k.lane, k.i32(L.topk))), [&] {
+        Type idxType = k.b.getIntegerType(L.idxBytes * 8);
+        Value id = k.load(idxType, k.at(topkIdx, k.mul(slotCell, k.i32(L.idxBytes))), L.idxBytes);
+        if (L.idxBytes < 8)
+          id = arith::ExtSIOp::create(k.b, k.i64T(), id);
+        k.store(id, k.at(idxCopy, k.mul(slotCell, k.i32(8))), 8);
+      });
       // Per-(destination rank, local expert) counts of this rank's tokens.
       k.when(r.valid, [&] {
         Value slot = k.add(k.mul(r.dst, k.i32(L.local)), k.remu(r.expert, k.i32(L.local)));
@@ -601,22 +758,28 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
       });
       k.when(k.lt(k.lane, k.i32(L.topk)), [&] { k.storeI32(k.i32(-1), dstSlots, slotCell); });
     }
-    k.forEachLane(r.masters, [&](Value master) {
-      Value dst = k.shuffle(r.dst, master);
-      Value mySlot = k.choose(k.eq(k.lane, master), k.i32T(), [&]() -> Value {
-        if (shape.cached)
-          return k.loadI32(dstSlots, slotCell);
-        Value slot = comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
-                                               comm::Ordering::relaxed, comm::Scope::gpu, k.i32(1),
-                                               k.counter(L.slots, dst));
+    // Each master lane takes its slot at its destination (all at once), and
+    // the address of record [me][slot] of the destination's receive region.
+    Value myRecord = k.choose(r.isMaster, k.ptrT(), [&]() -> Value {
+      Value slot;
+      if (shape.cached) {
+        slot = k.loadI32(dstSlots, slotCell);
+      } else {
+        slot = comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
+                                         comm::Ordering::relaxed, comm::Scope::gpu, k.i32(1),
+                                         k.counter(L.slots, r.dst));
         k.storeI32(slot, dstSlots, slotCell);
-        return slot;
-      }, [&]() -> Value { return k.i32(0); });
-      Value slot = k.shuffle(mySlot, master);
-      // Record [me][slot] of the destination's receive region.
-      Value index = k.add(k.mul(k.wide(k.me), k.i64(L.tmax)), k.wide(slot));
-      Value record = k.peer(k.add(k.i64(L.data), k.mul(index, k.i64(L.record))), dst);
-      k.copyRow(record, k.at(x, k.mul(k.wide(token), k.i64(L.rowBytes))), L.rowBytes);
+      }
+      Value index = k.add(k.mul(k.wide(k.me), k.wide(k.tmax)), k.wide(slot));
+      return k.peer(k.add(k.i64(L.data), k.mul(index, k.i64(L.record))), r.dst);
+    }, [&]() -> Value { return LLVM::ZeroOp::create(k.b, k.ptrT()); });
+    // The row is read once and stored to every destination's record; then
+    // each record's scale packs, ids, weights, token and master slot.
+    k.copyRowToEach(k.at(x, k.mul(k.wide(token), k.i64(L.rowBytes))), L.rowBytes, r.masters,
+                    [&](Value master) { return k.shufflePointer(myRecord, master); },
+                    KernelBuilder::wholeRowUnroll(L.rowBytes));
+    k.forEachLane(r.masters, [&](Value master) {
+      Value record = k.shufflePointer(myRecord, master);
       if (shape.scalePacks) {
         k.loop(k.lane, k.i32(L.packs), k.i32(32), [&](Value p) {
           Value v = k.loadI32(scalePacks, k.add(k.mul(token, k.i32(L.packs)), p));
@@ -694,48 +857,34 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
       k.storeI32(k.sub(k.i32(-1), seen), psumPerRank, src);
     });
     k.barrier();
-    k.loop(k.tid, k.i32(L.local), k.threads, [&](Value e) {
-      auto sum = scf::ForOp::create(k.b, k.i32(0), k.i32(L.ranks), k.i32(1), ValueRange{k.i32(0)});
-      {
-        OpBuilder::InsertionGuard g(k.b);
-        k.b.setInsertionPointToStart(sum.getBody());
-        Value src = sum.getInductionVar();
-        Value cell = k.counter(L.expertIn, k.add(k.mul(src, k.i32(L.local)), e));
-        Value v = k.load(k.i32T(), cell, 4);
-        k.store(k.i32(0), cell, 4);
-        scf::YieldOp::create(k.b, ValueRange{k.add(sum.getRegionIterArg(0), v)});
-      }
-      k.storeI32(sum.getResult(0), expertCounts, e);
-    });
-    k.barrier();
-    // Thread 0: inclusive prefix sums (per source rank; per local expert of
-    // the counts rounded up to the alignment) and the host-visible counts.
-    k.when(k.eq(k.tid, k.i32(0)), [&] {
-      auto ranks = scf::ForOp::create(k.b, k.i32(0), k.i32(L.ranks), k.i32(1), ValueRange{k.i32(0)});
-      {
-        OpBuilder::InsertionGuard g(k.b);
-        k.b.setInsertionPointToStart(ranks.getBody());
-        Value s = ranks.getInductionVar();
-        Value total = k.add(ranks.getRegionIterArg(0), k.loadI32(psumPerRank, s));
-        k.storeI32(total, psumPerRank, s);
-        scf::YieldOp::create(k.b, ValueRange{total});
-      }
-      k.storeI32(ranks.getResult(0), hostCounts, k.i32(0));
-      auto experts = scf::ForOp::create(k.b, k.i32(0), k.i32(L.local), k.i32(1), ValueRange{k.i32(0)});
-      {
-        OpBuilder::InsertionGuard g(k.b);
-        k.b.setInsertionPointToStart(experts.getBody());
-        Value e = experts.getInductionVar();
-        Value count = k.loadI32(expertCounts, e);
+    // Warp 0: the inclusive prefix sums per source rank and per local expert
+    // (of the counts rounded up to the alignment), the experts' counts
+    // (summed over sources, their cells reset) and the host-visible counts.
+    k.when(k.lt(k.tid, k.i32(32)), [&] {
+      Value received = k.warpInclusiveScan(L.ranks, [&](Value src) {
+        return std::pair<Value, Value>{k.loadI32(psumPerRank, src), Value()};
+      }, [&](Value src, Value total, Value) { k.storeI32(total, psumPerRank, src); });
+      k.when(k.eq(k.lane, k.i32(0)), [&] { k.storeI32(received, hostCounts, k.i32(0)); });
+      k.warpInclusiveScan(L.local, [&](Value e) {
+        auto sum = scf::ForOp::create(k.b, k.i32(0), k.i32(L.ranks), k.i32(1), ValueRange{k.i32(0)});
+        {
+          OpBuilder::InsertionGuard g(k.b);
+          k.b.setInsertionPointToStart(sum.getBody());
+          Value cell = k.counter(L.expertIn, k.add(k.mul(sum.getInductionVar(), k.i32(L.local)), e));
+          Value v = k.load(k.i32T(), cell, 4);
+          k.store(k.i32(0), cell, 4);
+          scf::YieldOp::create(k.b, ValueRange{k.add(sum.getRegionIterArg(0), v)});
+        }
+        Value count = sum.getResult(0);
+        return std::pair<Value, Value>{k.alignUp(count, L.alignment), count};
+      }, [&](Value e, Value end, Value count) {
         Value aligned = k.alignUp(count, L.alignment);
-        Value start = experts.getRegionIterArg(0);
-        Value total = k.add(start, aligned);
+        k.storeI32(count, expertCounts, e);
         // Plain: inclusive prefix of the aligned counts. Expanded: the end of
         // the expert's real rows, start_e + count_e.
-        k.storeI32(shape.expanded ? k.add(start, count) : total, psumPerExpert, e);
+        k.storeI32(shape.expanded ? k.add(k.sub(end, aligned), count) : end, psumPerExpert, e);
         k.storeI32(aligned, hostCounts, k.add(e, k.i32(1)));
-        scf::YieldOp::create(k.b, ValueRange{total});
-      }
+      });
     });
   });
 }
@@ -798,7 +947,10 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
                   k.at(record, k.add(k.i32(L.weightsOff), k.mul(slot, k.i32(4)))), 4);
   };
 
-  k.loop(k.globalWarp, received, k.numWarps, [&](Value row) {
+  // A plain row may be split among warps; an expanded one takes row cursors
+  // once per token, so one warp does all of it.
+  int64_t maxParts = shape.expanded ? 1 : KernelBuilder::maxRowParts(L.rowBytes, KernelBuilder::kCopyUnroll);
+  k.loopRowParts(received, maxParts, [&](Value row, const RowPart &share) {
     // Source rank: how many prefix sums are <= row (32 ranks per step).
     auto search = scf::ForOp::create(k.b, k.i32(0), k.i32(L.ranks), k.i32(32), ValueRange{k.i32(0)});
     {
@@ -816,29 +968,36 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
                             [&]() -> Value { return k.loadI32(psum, k.sub(src, k.i32(1))); },
                             [&]() -> Value { return k.i32(0); });
     Value slot = k.sub(row, before);
-    Value index = k.add(k.mul(k.wide(src), k.i64(L.tmax)), k.wide(slot));
+    Value index = k.add(k.mul(k.wide(src), k.wide(k.tmax)), k.wide(slot));
     Value record = k.local(k.add(k.i64(L.data), k.mul(index, k.i64(L.record))));
 
-    // Lane j < K: the slot's global expert id, and whether it lives here.
+    // Lane j < K: the slot's global expert id, and whether it lives here
+    // (read after a plain row's copy is issued: its loads need not wait).
     Value inTopk = k.lt(k.lane, k.i32(L.topk));
-    Value e = k.choose(inTopk, k.i32T(),
-                       [&]() -> Value { return k.loadI32(k.at(record, k.i32(L.idsOff)), k.lane); },
-                       [&]() -> Value { return k.i32(-1); });
-    Value mine = k.andi(k.cmp(arith::CmpIPredicate::sge, e, k.i32(0)),
-                        k.eq(k.divs(e, k.i32(L.local)), k.me));
-    Value localId = k.select(mine, k.rems(e, k.i32(L.local)), k.i32(-1));
+    Value mine, localId;
+    auto readIds = [&] {
+      Value e = k.choose(inTopk, k.i32T(),
+                         [&]() -> Value { return k.loadI32(k.at(record, k.i32(L.idsOff)), k.lane); },
+                         [&]() -> Value { return k.i32(-1); });
+      mine = k.andi(k.cmp(arith::CmpIPredicate::sge, e, k.i32(0)), k.eq(k.divs(e, k.i32(L.local)), k.me));
+      localId = k.select(mine, k.rems(e, k.i32(L.local)), k.i32(-1));
+    };
     Value metaRow = k.mul(row, k.i32(metaColumns));
 
     if (!shape.expanded) {
-      k.copyRow(rowOf(row), record, L.rowBytes);
-      copyPacks(record, row);
-      k.when(inTopk, [&] {
-        Value element = k.add(k.mul(row, k.i32(L.topk)), k.lane);
-        k.storeTopkId(localId, recvIdx, element);
-        if (shape.weights)
-          k.store(recordWeight(record, k.lane), k.at(recvWeights, k.mul(element, k.i32(4))), 4);
+      k.copyRow(rowOf(row), record, L.rowBytes, share);
+      k.inFirstPart(share, [&] {
+        readIds();
+        copyPacks(record, row);
+        k.when(inTopk, [&] {
+          Value element = k.add(k.mul(row, k.i32(L.topk)), k.lane);
+          k.storeTopkId(localId, recvIdx, element);
+          if (shape.weights)
+            k.store(recordWeight(record, k.lane), k.at(recvWeights, k.mul(element, k.i32(4))), 4);
+        });
       });
     } else {
+      readIds();
       // One output row per local slot: the expert's start plus a cursor
       // (or, cached, the row the handle recorded).
       Value myRow = k.choose(mine, k.i32T(), [&]() -> Value {
@@ -883,14 +1042,16 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
     if (!shape.cached) {
       // recv_src_metadata[row][0..1] = (src * Tmax + token, src * K + master);
       // plain layout: the expanded rows (columns 2..) are -1.
-      Value token = k.load(k.i32T(), k.at(record, k.i32(L.tokenOff)), 4);
-      Value master = k.load(k.i32T(), k.at(record, k.i32(L.tokenOff + 4)), 4);
-      k.when(k.eq(k.lane, k.i32(0)), [&] {
-        k.storeI32(k.add(k.mul(src, k.i32(L.tmax)), token), metadata, metaRow);
-        k.storeI32(k.add(k.mul(src, k.i32(L.topk)), master), metadata, k.add(metaRow, k.i32(1)));
+      k.inFirstPart(share, [&] {
+        Value token = k.load(k.i32T(), k.at(record, k.i32(L.tokenOff)), 4);
+        Value master = k.load(k.i32T(), k.at(record, k.i32(L.tokenOff + 4)), 4);
+        k.when(k.eq(k.lane, k.i32(0)), [&] {
+          k.storeI32(k.add(k.mul(src, k.tmax), token), metadata, metaRow);
+          k.storeI32(k.add(k.mul(src, k.i32(L.topk)), master), metadata, k.add(metaRow, k.i32(1)));
+        });
+        if (!shape.expanded)
+          k.when(inTopk, [&] { k.storeI32(k.i32(-1), metadata, k.add(metaRow, k.add(k.lane, k.i32(2)))); });
       });
-      if (!shape.expanded)
-        k.when(inTopk, [&] { k.storeI32(k.i32(-1), metadata, k.add(metaRow, k.add(k.lane, k.i32(2)))); });
     }
   });
 
@@ -989,7 +1150,7 @@ struct CombineShape {
 /// per local slot, columns 2.. of the metadata) summed in fp32 from +0.0 in
 /// increasing slot order and rounded once, into `record` of the source.
 void sendExpandedToken(KernelBuilder &k, const EPLayout &L, const CombineShape &shape, Value x,
-                       Value weights, Value meta, Value record) {
+                       Value weights, Value meta, Value record, const RowPart &share = {}) {
   Type f32 = k.b.getF32Type();
   // Lane j < K: the token's expanded row of slot j here (-1: none).
   Value expandedRow = k.choose(k.lt(k.lane, k.i32(L.topk)), k.i32T(),
@@ -998,10 +1159,10 @@ void sendExpandedToken(KernelBuilder &k, const EPLayout &L, const CombineShape &
   Value present = k.ballot(k.cmp(arith::CmpIPredicate::sge, expandedRow, k.i32(0)));
   k.sumMaskedRows(record, L.hidden * 2, present, [&](Value j) {
     return k.at(x, k.mul(k.wide(k.shuffle(expandedRow, j)), k.i64(L.hidden * 2)));
-  });
+  }, {}, share);
   if (shape.weights) {
     // Slot j's weight is that of its expanded row (1-D weights), else 0.
-    k.when(k.lt(k.lane, k.i32(L.topk)), [&] {
+    k.when(k.andi(k.lt(k.lane, k.i32(L.topk)), k.isFirstPart(share)), [&] {
       Value w = k.choose(k.cmp(arith::CmpIPredicate::sge, expandedRow, k.i32(0)), f32,
                          [&]() -> Value {
         return k.load(f32, k.at(weights, k.mul(expandedRow, k.i32(4))), 4);
@@ -1018,10 +1179,10 @@ std::pair<Value, Value> combineDestination(KernelBuilder &k, const EPLayout &L, 
   Value meta = k.at(metadata, k.mul(k.mul(row, k.i32(L.topk + 2)), k.i32(4)));
   Value gid = k.load(k.i32T(), meta, 4);
   Value back = k.loadI32(meta, k.i32(1));
-  Value src = k.divu(gid, k.i32(L.tmax));
-  Value token = k.remu(gid, k.i32(L.tmax));
+  Value src = k.divu(gid, k.tmax);
+  Value token = k.remu(gid, k.tmax);
   Value master = k.remu(back, k.i32(L.topk));
-  Value index = k.add(k.mul(k.wide(master), k.i64(L.tmax)), k.wide(token));
+  Value index = k.add(k.mul(k.wide(master), k.wide(k.tmax)), k.wide(token));
   Value record = k.peer(k.add(k.i64(L.data), k.mul(index, k.i64(L.combineRecord))), src);
   return {meta, record};
 }
@@ -1034,20 +1195,23 @@ void buildCombineSend(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape
   Value received = k.loadI32(k.pointerParam(kCPsumPerRank), k.i32(L.ranks - 1));
   k.entryBarrier();
 
-  // One warp per received token: back to its source, into [master slot][token].
-  k.loop(k.globalWarp, received, k.numWarps, [&](Value row) {
+  // Every received token (a warp, or a share of its row): back to its source,
+  // into [master slot][token].
+  int64_t maxParts = KernelBuilder::maxRowParts(
+      L.hidden * 2, shape.expanded ? KernelBuilder::kSumChunks : KernelBuilder::kCopyUnroll);
+  k.loopRowParts(received, maxParts, [&](Value row, const RowPart &share) {
     auto [meta, record] = combineDestination(k, L, metadata, row);
     if (!shape.expanded) {
-      k.copyRow(record, k.at(x, k.mul(k.wide(row), k.i64(L.hidden * 2))), L.hidden * 2);
+      k.copyRow(record, k.at(x, k.mul(k.wide(row), k.i64(L.hidden * 2))), L.hidden * 2, share);
       if (shape.weights) {
-        k.when(k.lt(k.lane, k.i32(L.topk)), [&] {
+        k.when(k.andi(k.lt(k.lane, k.i32(L.topk)), k.isFirstPart(share)), [&] {
           Value w = k.load(k.b.getF32Type(),
                            k.at(weights, k.mul(k.add(k.mul(row, k.i32(L.topk)), k.lane), k.i32(4))), 4);
           k.store(w, k.at(record, k.add(k.i32(L.combineRow), k.mul(k.lane, k.i32(4)))), 4);
         });
       }
     } else {
-      sendExpandedToken(k, L, shape, x, weights, meta, record);
+      sendExpandedToken(k, L, shape, x, weights, meta, record, share);
     }
   });
 
@@ -1073,7 +1237,8 @@ void buildCombineReduce(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sha
     biases.push_back(k.pointerParam(kCBias0 + i));
   Type f32 = k.b.getF32Type();
 
-  k.loop(k.globalWarp, numTokens, k.numWarps, [&](Value token) {
+  k.loopRowParts(numTokens, KernelBuilder::maxRowParts(L.hidden * 2, KernelBuilder::kSumChunks),
+                 [&](Value token, const RowPart &share) {
     auto r = k.route(topkIdx, token);
     Value rowBytes = k.mul(k.wide(token), k.i64(L.hidden * 2));
     // fp32 from +0.0: the biases, then the master slots' rows in increasing
@@ -1082,14 +1247,14 @@ void buildCombineReduce(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sha
     for (Value bias : biases)
       biasRows.push_back(k.at(bias, rowBytes));
     k.sumMaskedRows(k.at(out, rowBytes), L.hidden * 2, r.masters, [&](Value j) {
-      Value index = k.add(k.mul(k.wide(j), k.i64(L.tmax)), k.wide(token));
+      Value index = k.add(k.mul(k.wide(j), k.wide(k.tmax)), k.wide(token));
       return k.local(k.add(k.i64(L.data), k.mul(index, k.i64(L.combineRecord))));
-    }, biasRows);
+    }, biasRows, share);
     if (shape.weights) {
       // Slot j's weight comes from the record of its rank's master slot.
-      k.when(k.lt(k.lane, k.i32(L.topk)), [&] {
+      k.when(k.andi(k.lt(k.lane, k.i32(L.topk)), k.isFirstPart(share)), [&] {
         Value w = k.choose(r.valid, f32, [&]() -> Value {
-          Value index = k.add(k.mul(k.wide(r.masterLane), k.i64(L.tmax)), k.wide(token));
+          Value index = k.add(k.mul(k.wide(r.masterLane), k.wide(k.tmax)), k.wide(token));
           Value record = k.local(k.add(k.i64(L.data), k.mul(index, k.i64(L.combineRecord))));
           return k.load(f32, k.at(record, k.add(k.i32(L.combineRow), k.mul(k.lane, k.i32(4)))), 4);
         }, [&]() -> Value { return arith::ConstantFloatOp::create(k.b, cast<FloatType>(f32), APFloat(0.0f)); });
@@ -1179,13 +1344,14 @@ struct FusedScratch {
 
   explicit FusedScratch(ep::ConfigAttr cfg) {
     int64_t window = std::max(EPLayout(cfg, 32).windowBytes, EPLayout(cfg, 64).windowBytes);
-    int64_t tokens = int64_t(cfg.getRanks()) * cfg.getMaxTokensPerRank();
+    // The fused ops' verifiers ask for a static Tmax.
+    int64_t tokens = int64_t(*cfg.getMaxRecvTokens());
     maxTiles = (tokens + epic::detail::kGemmTileM - 1) / epic::detail::kGemmTileM;
     counters = align(int64_t(cfg.getNumLocalExperts()) * maxTiles * 4, 256);
     tileDone = align(window, 256);
     tileConsumed = tileDone + counters;
     rowToken = tileConsumed + counters;
-    pending = rowToken + align(int64_t(cfg.getMaxOutputRows()) * 4, 256);
+    pending = rowToken + align(int64_t(*cfg.getMaxOutputRows()) * 4, 256);
     colDone = pending + align(tokens * 4, 256);
     arrivals = colDone + counters;
     end = arrivals + 256;
@@ -1392,13 +1558,33 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
   const std::string moduleName = "ep_kernels";
 
   SmallVector<std::string> kernelNames;
-  ArrayRef<const char *const> fields;
+  SmallVector<StringRef> fields;
+  int64_t tensorMaps = 0; // TMA descriptors at the end of each record
   ep::ConfigAttr cfg;
-  std::function<void(gpu::GPUModuleOp)> build;
+  // Builds the kernels; gets the record's stride.
+  std::function<void(gpu::GPUModuleOp, const RecordLayout &)> build;
   SmallVector<NamedAttribute> extraMetadata;
   bool cooperative = true;
   int64_t windowBytes = -1; // the configuration's layout unless set
-  int64_t paramStride = kParamsStride;
+  // The layout the kernels see, with the entry's timeout and record.
+  auto layoutFor = [&](unsigned idxBits, const RecordLayout &record, int64_t tmaxField) {
+    EPLayout layout(cfg, idxBits);
+    layout.timeoutMs = timeoutMs;
+    layout.paramStride = record.stride;
+    layout.tmaxField = tmaxField;
+    return layout;
+  };
+  auto gemmMetadata = [&](const epic::detail::GroupedGemmShape &gemm, StringRef lhs,
+                          StringRef weights, Attribute rows, const RecordLayout &record) {
+    extraMetadata.push_back(builder.getNamedAttr(
+        "epic.dynamic_shared_bytes",
+        builder.getI64IntegerAttr(epic::detail::kGemmDynamicSharedBytes)));
+    extraMetadata.push_back(builder.getNamedAttr(
+        "epic.ctas_per_sm", builder.getI64IntegerAttr(epic::detail::kGemmCtasPerSm)));
+    extraMetadata.push_back(builder.getNamedAttr(
+        "epic.tensor_maps", epic::detail::groupedGemmTensorMaps(builder, gemm, lhs, weights, rows,
+                                                                record.mapsOffset)));
+  };
 
   if (auto gemm = dyn_cast<ep::GroupedGemmOp>(op)) {
     cfg = gemm.getConfig();
@@ -1410,21 +1596,18 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
     if (failed(epic::detail::checkGroupedGemmShape(op, shape)))
       return failure();
     kernelNames = {name + "_gemm"};
-    fields = epic::detail::kGroupedGemmFields;
+    fields = fieldNames(epic::detail::kGroupedGemmFields);
+    tensorMaps = 2;
     threads = epic::detail::kGemmThreads; // one warpgroup
     cooperative = false;                  // blocks never wait for each other
     windowBytes = 0;
-    extraMetadata.push_back(builder.getNamedAttr(
-        "epic.dynamic_shared_bytes",
-        builder.getI64IntegerAttr(epic::detail::kGemmDynamicSharedBytes)));
-    extraMetadata.push_back(builder.getNamedAttr(
-        "epic.ctas_per_sm", builder.getI64IntegerAttr(epic::detail::kGemmCtasPerSm)));
-    extraMetadata.push_back(builder.getNamedAttr(
-        "epic.tensor_maps", epic::detail::groupedGemmTensorMaps(builder, shape, "x", "weights",
-                                                                builder.getStringAttr("num_rows"))));
-    build = [=](gpu::GPUModuleOp module) {
+    RecordLayout record(fields.size(), tensorMaps);
+    gemmMetadata(shape, "x", "weights", builder.getStringAttr("num_rows"), record);
+    build = [=](gpu::GPUModuleOp module, const RecordLayout &record) {
+      epic::detail::GroupedGemmShape gemm = shape;
+      gemm.paramStride = record.stride, gemm.mapsOffset = record.mapsOffset;
       OpBuilder b = kernelInsertionPoint(module);
-      epic::detail::buildGroupedGemmKernel(createKernel(b, loc, kernelNames[0], false), shape);
+      epic::detail::buildGroupedGemmKernel(createKernel(b, loc, kernelNames[0], false), gemm);
     };
   } else if (auto fused = dyn_cast<ep::GemmCombineOp>(op)) {
     cfg = fused.getConfig();
@@ -1434,34 +1617,29 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
         builder.getBF16Type()};
     if (failed(epic::detail::checkGroupedGemmShape(op, gemm)))
       return failure();
-    EPLayout layout(cfg, 64);
     // Scratch after the windows (FusedScratch): row -> token, each token's rows
     // still to compute, each 128-row tile's finished column tiles, a rank
     // barrier and the count of row chunks claimed.
     FusedScratch at(cfg);
     windowBytes = at.end;
-    gemm.outField = kCX, gemm.psumField = kGCPsumPerExpert, gemm.mapsField = kGCMaps;
+    gemm.outField = kCX, gemm.psumField = kGCPsumPerExpert;
     gemm.timeoutMs = timeoutMs;
     CombineShape shape{false, static_cast<unsigned>(fused.getBiases().size()), true};
     kernelNames = {name + "_gemm_send", name + "_reduce"};
-    fields = kGemmCombineFields;
+    fields = fieldNames(kCombineFields, kGemmCombineExtraFields);
+    tensorMaps = 2;
     threads = epic::detail::kGemmThreads;
-    extraMetadata.push_back(builder.getNamedAttr(
-        "epic.dynamic_shared_bytes",
-        builder.getI64IntegerAttr(epic::detail::kGemmDynamicSharedBytes)));
-    extraMetadata.push_back(builder.getNamedAttr(
-        "epic.ctas_per_sm", builder.getI64IntegerAttr(epic::detail::kGemmCtasPerSm)));
-    extraMetadata.push_back(builder.getNamedAttr(
-        "epic.tensor_maps", epic::detail::groupedGemmTensorMaps(
-                                builder, gemm, "lhs", "weights", builder.getStringAttr("num_rows"))));
+    RecordLayout record(fields.size(), tensorMaps);
+    gemmMetadata(gemm, "lhs", "weights", builder.getStringAttr("num_rows"), record);
     GemmCombineScratch scratch{at.rowToken, at.pending, at.colDone, at.arrivals,
                                at.maxTiles, cfg.getHidden() / epic::detail::kGemmTileN};
-    build = [=](gpu::GPUModuleOp module) {
-      EPLayout fusedLayout(cfg, 64);
-      fusedLayout.timeoutMs = timeoutMs;
+    build = [=](gpu::GPUModuleOp module, const RecordLayout &record) {
+      EPLayout fusedLayout = layoutFor(64, record, kCMaxTokens);
+      epic::detail::GroupedGemmShape withRecord = gemm;
+      withRecord.paramStride = record.stride, withRecord.mapsOffset = record.mapsOffset;
       OpBuilder b = kernelInsertionPoint(module);
-      buildGemmSendKernel(createKernel(b, loc, kernelNames[0], false), fusedLayout, shape, gemm,
-                          scratch);
+      buildGemmSendKernel(createKernel(b, loc, kernelNames[0], false), fusedLayout, shape,
+                          withRecord, scratch);
       buildCombineReduce(createKernel(b, loc, kernelNames[1], false), fusedLayout, shape);
     };
   } else if (auto fused = dyn_cast<ep::DispatchGemmOp>(op)) {
@@ -1479,34 +1657,27 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
     FusedScratch at(cfg);
     int64_t maxTiles = at.maxTiles, tileDone = at.tileDone;
     windowBytes = at.tileConsumed + at.counters;
-    paramStride = kFusedParamsStride;
-    gemm.paramStride = paramStride;
-    gemm.outField = kNumDispatchFields + 1, gemm.psumField = kPsumPerExpert;
-    gemm.mapsField = kNumDispatchFields + 2;
+    gemm.outField = kDGGemmOut, gemm.psumField = kPsumPerExpert;
     gemm.tileDone = tileDone, gemm.tileConsumed = at.tileConsumed, gemm.maxTiles = maxTiles;
     gemm.timeoutMs = timeoutMs;
     DispatchShape shape{false, static_cast<bool>(fused.getTopkWeights()), true, false,
                         fused.getZeroPadding(), tileDone, maxTiles,
                         fusedRowUnroll(layout.rowBytes)};
     kernelNames = {name + "_send", name + "_copy_gemm"};
-    fields = kDispatchGemmFields;
+    fields = fieldNames(kDispatchFields, kDispatchGemmExtraFields);
+    tensorMaps = 2;
     threads = epic::detail::kGemmThreads;
-    extraMetadata.push_back(builder.getNamedAttr(
-        "epic.dynamic_shared_bytes",
-        builder.getI64IntegerAttr(epic::detail::kGemmDynamicSharedBytes)));
-    extraMetadata.push_back(builder.getNamedAttr(
-        "epic.ctas_per_sm", builder.getI64IntegerAttr(epic::detail::kGemmCtasPerSm)));
-    extraMetadata.push_back(builder.getNamedAttr(
-        "epic.tensor_maps",
-        epic::detail::groupedGemmTensorMaps(builder, gemm, "recv_x", "experts",
-                                            builder.getI64IntegerAttr(cfg.getMaxOutputRows()))));
-    build = [=](gpu::GPUModuleOp module) {
-      EPLayout fusedLayout(cfg, idxBits);
-      fusedLayout.timeoutMs = timeoutMs;
-      fusedLayout.paramStride = kFusedParamsStride;
+    RecordLayout record(fields.size(), tensorMaps);
+    // The verifier asks for a static Tmax: the recv_x rows are a constant.
+    gemmMetadata(gemm, "recv_x", "experts",
+                 builder.getI64IntegerAttr(*cfg.getMaxOutputRows()), record);
+    build = [=](gpu::GPUModuleOp module, const RecordLayout &record) {
+      EPLayout fusedLayout = layoutFor(idxBits, record, kDispatchMaxTokens);
+      epic::detail::GroupedGemmShape withRecord = gemm;
+      withRecord.paramStride = record.stride, withRecord.mapsOffset = record.mapsOffset;
       OpBuilder b = kernelInsertionPoint(module);
       buildDispatchSend(createKernel(b, loc, kernelNames[0], true), fusedLayout, shape);
-      buildCopyGemmKernel(b, loc, kernelNames[1], fusedLayout, shape, gemm);
+      buildCopyGemmKernel(b, loc, kernelNames[1], fusedLayout, shape, withRecord);
     };
   } else if (auto dispatch = dyn_cast<ep::DispatchOp>(op)) {
     cfg = dispatch.getConfig();
@@ -1518,7 +1689,7 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
     DispatchShape shape{static_cast<bool>(dispatch.getScalePacks()),
                         static_cast<bool>(dispatch.getTopkWeights()), cfg.isExpanded(),
                         dispatch.isCached(), dispatch.getZeroPadding()};
-    fields = kDispatchFields;
+    fields = fieldNames(kDispatchFields);
     const bool scatter = shape.cached && onePassCachedDispatch;
     if (scatter) {
       kernelNames = {name + "_scatter"};
@@ -1526,9 +1697,8 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
     } else {
       kernelNames = {name + "_send", name + "_copy"};
     }
-    build = [=](gpu::GPUModuleOp module) {
-      EPLayout layout(cfg, idxBits);
-      layout.timeoutMs = timeoutMs;
+    build = [=](gpu::GPUModuleOp module, const RecordLayout &record) {
+      EPLayout layout = layoutFor(idxBits, record, kDispatchMaxTokens);
       OpBuilder b = kernelInsertionPoint(module);
       if (scatter) {
         buildDispatchScatter(createKernel(b, loc, kernelNames[0], false), layout, shape);
@@ -1546,16 +1716,16 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
     CombineShape shape{static_cast<bool>(combine.getTopkWeights()),
                        static_cast<unsigned>(combine.getBiases().size()), cfg.isExpanded()};
     kernelNames = {name + "_send", name + "_reduce"};
-    fields = kCombineFields;
-    build = [=](gpu::GPUModuleOp module) {
+    fields = fieldNames(kCombineFields);
+    build = [=](gpu::GPUModuleOp module, const RecordLayout &record) {
       // The routing comes from the handle (topk_idx of the dispatch); int64.
-      EPLayout layout(cfg, 64);
-      layout.timeoutMs = timeoutMs;
+      EPLayout layout = layoutFor(64, record, kCMaxTokens);
       OpBuilder b = kernelInsertionPoint(module);
       buildCombineSend(createKernel(b, loc, kernelNames[0], true), layout, shape);
       buildCombineReduce(createKernel(b, loc, kernelNames[1], false), layout, shape);
     };
   }
+  const RecordLayout record(fields.size(), tensorMaps);
 
   // The kernels, in the module's one gpu.module (one cubin for the runtime).
   ModuleOp parent = func->getParentOfType<ModuleOp>();
@@ -1567,17 +1737,21 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
     builder.setInsertionPointToStart(parent.getBody());
     kernelModule = gpu::GPUModuleOp::create(builder, loc, moduleName);
   }
-  build(kernelModule);
+  build(kernelModule, record);
   // The launch's block size, known to the kernels: ptxas sizes their register
-  // budget for it (.reqntid), so a launch of `threads` always fits an SM.
+  // budget for it (.reqntid), so a launch of `threads` always fits an SM. The
+  // records travel by value, one per rank a launch serves.
+  auto table = comm::ParamTableAttr::get(ctx, 2, record.stride, cfg.getRanks());
   for (const std::string &kernel : kernelNames)
-    if (auto fn = kernelModule.lookupSymbol<gpu::GPUFuncOp>(kernel))
+    if (auto fn = kernelModule.lookupSymbol<gpu::GPUFuncOp>(kernel)) {
       fn.setKnownBlockSizeAttr(builder.getDenseI32ArrayAttr({int32_t(threads), 1, 1}));
+      fn->setAttr(comm::ParamTableAttr::getAttrName(), table);
+    }
   builder.setInsertionPoint(func);
 
   // The launch function replaces the entry function.
   Type args[] = {comm::DevCommType::get(ctx), comm::WindowType::get(ctx),
-                 LLVM::LLVMPointerType::get(ctx, 1), builder.getIndexType()};
+                 LLVM::LLVMPointerType::get(ctx), builder.getIndexType()};
   auto launch = func::FuncOp::create(builder, loc, name, builder.getFunctionType(args, {}));
   Block *body = launch.addEntryBlock();
   OpBuilder lb = OpBuilder::atBlockEnd(body);
@@ -1594,9 +1768,9 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
   func::ReturnOp::create(lb, loc);
 
   EPLayout layout(cfg, 64);
-  SmallVector<Attribute> fieldNames;
-  for (const char *field : fields)
-    fieldNames.push_back(builder.getStringAttr(field));
+  SmallVector<Attribute> fieldAttrs;
+  for (StringRef field : fields)
+    fieldAttrs.push_back(builder.getStringAttr(field));
   SmallVector<Attribute> kernelAttrs;
   for (const std::string &kernel : kernelNames)
     kernelAttrs.push_back(builder.getStringAttr(kernel));
@@ -1610,10 +1784,14 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
   launch->setAttr("epic.config", cfg);
   launch->setAttr("epic.kernels", builder.getArrayAttr(kernelAttrs));
   launch->setAttr("epic.threads", builder.getI64IntegerAttr(threads));
-  launch->setAttr("epic.param_fields", builder.getArrayAttr(fieldNames));
-  launch->setAttr("epic.param_stride", builder.getI64IntegerAttr(paramStride));
+  launch->setAttr("epic.param_fields", builder.getArrayAttr(fieldAttrs));
+  launch->setAttr("epic.param_stride", builder.getI64IntegerAttr(record.stride));
   launch->setAttr("epic.window_bytes",
                   builder.getI64IntegerAttr(windowBytes >= 0 ? windowBytes : layout.windowBytes));
+  // A run-time Tmax: the window needs window_bytes + Tmax x this.
+  if (windowBytes < 0 && !cfg.hasStaticTokenCap())
+    launch->setAttr("epic.window_bytes_per_token",
+                    builder.getI64IntegerAttr(layout.windowPerToken));
   launch->setAttr("epic.max_blocks_per_rank", builder.getI64IntegerAttr(kMaxBlocksPerRank));
   // The blocks of a launch wait for each other (entry barriers, the count
   // exchange): the runtime must launch them cooperatively (all resident).

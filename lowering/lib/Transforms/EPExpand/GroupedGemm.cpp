@@ -37,12 +37,14 @@
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
 #include "mlir/IR/ImplicitLocOpBuilder.h"
 
+#include <utility>
+
 using namespace mlir;
 namespace comm = epic::comm;
 using namespace epic::detail;
 
-const char *const epic::detail::kGroupedGemmFields[6] = {
-    "x", "weights", "out", "psum_num_recv_tokens_per_expert", "tensor_maps", "num_rows"};
+const char *const epic::detail::kGroupedGemmFields[5] = {
+    "x", "weights", "out", "psum_num_recv_tokens_per_expert", "num_rows"};
 
 LogicalResult epic::detail::checkGroupedGemmShape(Operation *op, const GroupedGemmShape &s) {
   if (s.hidden % kGemmTileK != 0)
@@ -58,10 +60,12 @@ LogicalResult epic::detail::checkGroupedGemmShape(Operation *op, const GroupedGe
 
 ArrayAttr epic::detail::groupedGemmTensorMaps(Builder &b, const GroupedGemmShape &s,
                                               StringRef lhsField, StringRef weightsField,
-                                              Attribute rows) {
+                                              Attribute rows, int64_t mapsOffset) {
+  int64_t offset = mapsOffset;
   auto map = [&](StringRef field, Attribute rows, int64_t cols) {
     NamedAttribute entries[] = {
         b.getNamedAttr("field", b.getStringAttr(field)),
+        b.getNamedAttr("offset", b.getI64IntegerAttr(std::exchange(offset, offset + 128))),
         b.getNamedAttr("rows", rows),
         b.getNamedAttr("cols", b.getI64IntegerAttr(cols)),
         b.getNamedAttr("elem_bytes", b.getI64IntegerAttr(2)),
@@ -166,9 +170,10 @@ struct GemmBuilder {
     Value record = comm::RankParamsOp::create(b, table, shape.paramStride, comm);
     Value out = field(record, shape.outField, ptrT());
     Value psum = field(record, shape.psumField, ptrT());
-    Value maps =
-        LLVM::AddrSpaceCastOp::create(b, ptrT(0), field(record, shape.mapsField, ptrT()));
-    // The runtime encodes the two descriptors 128 bytes apart (epic.tensor_maps).
+    // The runtime encodes the two descriptors into the record, 128 bytes apart
+    // (epic.tensor_maps): the TMA reads them where they lie, in the kernel's
+    // parameter space (generic addresses of a grid-constant parameter).
+    Value maps = gep(record, i64(idx(shape.mapsOffset)));
     Value lhsMap = UnrealizedConversionCastOp::create(b, mapT(), maps).getResult(0);
     Value rhsMap =
         UnrealizedConversionCastOp::create(b, mapT(), gep(maps, i64(idx(128)))).getResult(0);

@@ -23,9 +23,11 @@ struct GroupedGemmShape {
   int64_t alignment;   ///< the dispatch's expert_alignment (where expert rows start)
   mlir::Type inType;   ///< bf16 or f16 (lhs and weights)
   mlir::Type outType;  ///< bf16, f16 or f32
-  /// Where the kernel's inputs are in the rank's parameter record.
+  /// Where the kernel's inputs are in the rank's parameter record: fields
+  /// (8 bytes each), and the two TMA descriptors (lhs, then weights, 128
+  /// bytes apart) at `mapsOffset` within the record.
   int64_t paramStride = 128;
-  int64_t outField = 2, psumField = 3, mapsField = 4;
+  int64_t outField = 2, psumField = 3, mapsOffset = 64;
   /// Fused behind the dispatch's copy (ep.dispatch_gemm): window offsets of
   /// the per-(expert, kGemmTileM-row tile) arrival counters and of the counters of
   /// column tiles done with them, or -1; `maxTiles` row tiles per expert.
@@ -67,8 +69,9 @@ static_assert(kGemmCtasPerSm * kGemmDynamicSharedBytes <= 227 * 1024,
 static_assert(kGemmTileM * kGemmTileN * 4 <= kGemmStages * kGemmStageBytes,
               "the epilogue stages the fp32 tile in the ring");
 
-/// Fields of the kernel's per-rank parameter record, in order.
-extern const char *const kGroupedGemmFields[6];
+/// Fields of the kernel's per-rank parameter record, in order (the TMA
+/// descriptors follow them, see GroupedGemmShape::mapsOffset).
+extern const char *const kGroupedGemmFields[5];
 
 /// Checks what the kernel supports (tile multiples, element types); emits the
 /// diagnostic on `op`.
@@ -79,12 +82,13 @@ mlir::LogicalResult checkGroupedGemmShape(mlir::Operation *op, const GroupedGemm
 void buildGroupedGemmKernel(mlir::gpu::GPUFuncOp func, const GroupedGemmShape &shape);
 
 /// The launch metadata the runtime needs to encode the kernel's two TMA
-/// descriptors (`epic.tensor_maps`).
+/// descriptors into each record (`epic.tensor_maps`).
 /// `lhsField`/`weightsField`: the record fields of the two tensors; `rows`:
-/// the lhs row count, a record field name or a constant.
+/// the lhs row count, a record field name or a constant; `mapsOffset`: where
+/// in the record the first descriptor goes (the second 128 bytes after it).
 mlir::ArrayAttr groupedGemmTensorMaps(mlir::Builder &b, const GroupedGemmShape &shape,
                                       llvm::StringRef lhsField, llvm::StringRef weightsField,
-                                      mlir::Attribute rows);
+                                      mlir::Attribute rows, int64_t mapsOffset);
 
 } // namespace epic::detail
 

@@ -49,6 +49,9 @@ FailureOr<ep::GroupedGemmOp> fusableGemm(ep::DispatchOp dispatch) {
   ep::ConfigAttr cfg = dispatch.getConfig();
   if (cfg.isFP8() || dispatch.getScalePacks())
     return refuse("FP8 rows with scale packs are not multiplied by the fused kernel yet");
+  if (!cfg.hasStaticTokenCap())
+    return refuse("the token cap is a run-time value; the fused kernel sizes its tile counters "
+                  "by max_tokens_per_rank");
   ep::GroupedGemmOp gemm = gemms.front();
   if (gemm->getBlock() != dispatch->getBlock())
     return refuse("the ep.grouped_gemm is in another block");

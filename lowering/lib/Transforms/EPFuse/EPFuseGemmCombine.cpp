@@ -45,6 +45,9 @@ FailureOr<ep::CombineOp> fusableCombine(ep::GroupedGemmOp gemm) {
     return refuse("the combine reverses another dispatch (another handle)");
   if (combine.getTopkWeights())
     return refuse("the combine sends weights back; the fused epilogue sends rows only");
+  if (!combine.getConfig().hasStaticTokenCap())
+    return refuse("the token cap is a run-time value; the fused kernel sizes its scratch by "
+                  "max_tokens_per_rank");
   if (combine->getBlock() != gemm->getBlock())
     return refuse("the ep.combine is in another block");
   return combine;

@@ -4,7 +4,11 @@
 // (pointer, dtype, shape) in DeepEP's names. Everything is checked against
 // the buffer's configuration on the host, before any kernel is asked for,
 // and every error names the argument. The checked call becomes the kernels'
-// parameter record (the field names ep-expand's `epic.param_fields` lists).
+// parameter record (the field names ep-expand's `epic.param_fields` lists),
+// whose tensor fields remember which of the call's tensors they hold, so a
+// plan (KernelHost::Plan) can bind the next call's addresses without
+// checking shapes again. The shapes of every output and handle tensor are
+// stated here too (outputs()), so callers allocate what the checks expect.
 // No CUDA here: the checks are unit-tested on machines without a GPU.
 //
 //===----------------------------------------------------------------------===//
@@ -15,14 +19,14 @@
 #include "epic/runtime/EntryIR.h"
 
 #include <cstdint>
+#include <algorithm>
 #include <map>
+#include <utility>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace epic::runtime {
-
-/// The kernels' parameters of one rank: field name -> pointer or integer.
-using ParamRecord = std::map<std::string, uint64_t>;
 
 /// A tensor in GPU memory (or host memory mapped into it). `data == 0` means
 /// "not given" for optional arguments.
@@ -30,8 +34,36 @@ struct DeviceTensor {
   uint64_t data = 0;
   std::string dtype;          ///< bf16, f16, f32, f8E4M3FN, f8E5M2, i64, i32
   std::vector<int64_t> shape; ///< row-major, contiguous
+  /// Which of its call's tensors this is, in the caller's numbering (the
+  /// order a plan's addresses come in); -1: not bound by plans.
+  int slot = -1;
   bool given() const { return data != 0; }
+  int64_t elements() const;
   std::string describe() const; ///< e.g. "bf16[128, 7168]"
+};
+
+/// One field of a parameter record: an integer (a count, the token cap) or
+/// the address of one of the call's tensors, with the alignment the checks
+/// required of it (a plan asks the same of the addresses it binds later).
+struct ParamValue {
+  uint64_t value = 0;
+  int slot = -1;      ///< the tensor's DeviceTensor::slot; -1 for integers
+  int alignment = 1;  ///< bytes the address must be a multiple of
+  bool empty = false; ///< the tensor has no elements (any address will do)
+  ParamValue() = default;
+  ParamValue(uint64_t v) : value(v) {}
+  ParamValue(const DeviceTensor &t, int alignment = 1)
+      : value(t.data), slot(t.slot), alignment(alignment), empty(t.given() && !t.elements()) {}
+};
+
+/// The kernels' parameters of one rank: field name -> pointer or integer.
+using ParamRecord = std::map<std::string, ParamValue>;
+
+/// A tensor the caller allocates for a call: its name (the call's field),
+/// element type and shape.
+struct TensorSpec {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
 };
 
 /// What a dispatch leaves behind for the combine and for cached dispatches
@@ -47,6 +79,10 @@ struct Handle {
 
 struct DispatchCall {
   DeviceTensor x;           ///< [T, H] of the buffer's dtype, T <= Tmax
+  /// i64 [T, K]: where the send kernel copies the routing it reads, for the
+  /// handle (DeepEP's do_handle_copy); not given: the handle keeps
+  /// handle.topk_idx, the caller's tensor.
+  DeviceTensor topkIdxCopy;
   DeviceTensor scalePacks;  ///< f32 [T, S], FP8 only
   DeviceTensor topkWeights; ///< f32 [T, K], with DispatchVariant::weights
   DeviceTensor recvX;       ///< [rows >= receiveRows(spec), H]
@@ -89,9 +125,54 @@ struct GemmCombineCall {
   DeviceTensor weights; ///< [L, H, H]
 };
 
+/// Where a plan's later calls put their tensors' addresses: for every
+/// served rank's tensor fields (the records' ParamValues with a slot), the
+/// word of the parameter table it goes to and the alignment the checks
+/// required. Host-only: a call of a cached signature is checked here, by
+/// address alone, and refused naming the tensor before anything is written.
+class AddressBindings {
+public:
+  AddressBindings() = default;
+  /// `records[r]` laid out at `r * stride` bytes, fields in `fields` order.
+  AddressBindings(const std::vector<ParamRecord> &records, const std::vector<std::string> &fields,
+                  int64_t stride, std::vector<std::string> slotNames);
+  int slotsPerRank() const { return slots; }
+  int ranks() const { return servedRanks; }
+  /// `addresses`: ranks() x slotsPerRank(), rank-major (0 where the signature
+  /// has no tensor, or an empty one). Checks every bound address (given,
+  /// aligned), then writes them into `table`; throws std::invalid_argument
+  /// naming the slot (with its rank where there are several) otherwise.
+  void bind(const uint64_t *addresses, size_t count, std::vector<uint64_t> &table) const;
+  /// The name of slot `slot` of rank `rank`, as errors write it.
+  std::string name(int rank, int slot) const;
+
+private:
+  struct Binding {
+    int rank, slot;
+    size_t word;
+    int alignment;
+    bool empty;
+  };
+  std::vector<Binding> bindings;
+  std::vector<std::string> slotNames;
+  int slots = 0, servedRanks = 0;
+};
+
 /// Rows a receive buffer needs: R * Tmax (plain), or every (token, local
 /// expert) pair plus each expert's alignment padding (expanded).
 int64_t receiveRows(const EPSpec &spec);
+
+/// What an uncached dispatch of `tokens` tokens writes (outputs, then the
+/// handle's tensors), shaped for the worst case: recv_x, recv_x_scale_packs
+/// (FP8), recv_topk_idx (plain), recv_topk_weights (weights), host_counts,
+/// dst_buffer_slot_idx, recv_src_metadata, psum_num_recv_tokens_per_rank,
+/// num_recv_tokens_per_expert, psum_num_recv_tokens_per_expert; a cached
+/// dispatch writes the first three only.
+std::vector<TensorSpec> dispatchOutputs(const EPSpec &spec, const DispatchVariant &variant,
+                                        int64_t tokens);
+/// What a combine of `tokens` tokens writes: combined_x, combined_topk_weights.
+std::vector<TensorSpec> combineOutputs(const EPSpec &spec, const CombineVariant &variant,
+                                       int64_t tokens);
 
 /// Validates `call` for `spec` (throws std::invalid_argument naming the
 /// argument) and returns the parameter record of the dispatch kernels.
@@ -108,9 +189,46 @@ ParamRecord dispatchGemmRecord(const EPSpec &spec, const DispatchVariant &varian
 /// The fused entry's record: the combine's, then the GEMM's inputs.
 ParamRecord gemmCombineRecord(const EPSpec &spec, int biases, const GemmCombineCall &call);
 
+/// Each rank's record, `build(calls[r])`; a bad argument of rank r is named
+/// with its rank where there are several ("rank 3: x must ...").
+template <typename Call, typename Build>
+std::vector<ParamRecord> recordsOf(const std::vector<Call> &calls, Build build) {
+  std::vector<ParamRecord> records;
+  for (size_t r = 0; r < calls.size(); ++r) {
+    try {
+      records.push_back(build(calls[r]));
+    } catch (const std::invalid_argument &e) {
+      if (calls.size() == 1)
+        throw;
+      throw std::invalid_argument("rank " + std::to_string(r) + ": " + e.what());
+    }
+  }
+  return records;
+}
+
+/// One kernel serves every rank of a launch: what `get` reads off rank r's
+/// call (a GEMM's weight shape and output dtype) must be rank 0's. Throws
+/// naming `what` and the rank.
+template <typename Call, typename Get>
+void checkRanksAgree(const std::vector<Call> &calls, const std::string &what, Get get) {
+  for (size_t r = 1; r < calls.size(); ++r)
+    if (get(calls[r]) != get(calls[0]))
+      throw std::invalid_argument("rank " + std::to_string(r) + ": " + what +
+                                  " differ from rank 0's (one kernel serves every rank)");
+}
+
+/// What must agree across ranks for one GEMM kernel (checkRanksAgree).
+inline std::pair<std::vector<int64_t>, std::string> gemmOperands(const GroupedGemmCall &c) {
+  return {c.weights.shape, c.out.dtype};
+}
+inline std::pair<std::vector<int64_t>, std::string> fusedGemmOperands(const DispatchGemmCall &c) {
+  return {c.experts.shape, c.gemmOut.dtype};
+}
+
 /// Checks routing read back from the GPU: every entry in [-1, experts).
-/// `tokens` rows of spec.topk entries; throws naming topk_idx[t][j].
-void checkTopkIndices(const EPSpec &spec, const int64_t *topkIdx, int64_t tokens);
+/// `tokens` rows of spec.topk entries; throws naming `name`[t][j].
+void checkTopkIndices(const EPSpec &spec, const int64_t *topkIdx, int64_t tokens,
+                      const std::string &name = "topk_idx");
 
 } // namespace epic::runtime
 

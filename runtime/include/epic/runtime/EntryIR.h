@@ -3,8 +3,10 @@
 // The runtime asks the compiler for kernels by writing the entry function of
 // one ep op (the form ep-expand takes, see lowering/include/epic/Transforms/
 // Passes.td) for the configuration at hand. The text is the cache key's main
-// part, so it is deterministic. Arguments are validated here, before any
-// compilation, with errors that name the bad argument.
+// part, so it is deterministic; it leaves the token cap out (a run-time
+// value of the kernels) except for the fused GEMM entries. Arguments are
+// validated here, before any compilation, with errors that name the bad
+// argument.
 //
 //===----------------------------------------------------------------------===//
 
@@ -31,8 +33,11 @@ struct EPSpec {
 
   /// Throws std::invalid_argument naming the first bad field.
   void validate() const;
-  /// `#ep.config<...>` with every parameter written out.
-  std::string configAttr() const;
+  /// `#ep.config<...>` with every parameter written out, except
+  /// max_tokens_per_rank unless `staticTokenCap`: the kernels then read the
+  /// cap from their parameter record, so one kernel set serves every cap
+  /// that fits the window (the fused GEMM entries size scratch by it).
+  std::string configAttr(bool staticTokenCap = false) const;
   /// Bytes of one element of `dtype`.
   int elementBytes() const;
   bool isFP8() const { return dtype == "f8E4M3FN" || dtype == "f8E5M2"; }

@@ -49,8 +49,11 @@ def Comm_Dialect : Dialect {
   }];
   let dependentDialects = ["::mlir::LLVM::LLVMDialect"];
   let useDefaultTypePrinterParser = 1;
+  let useDefaultAttributePrinterParser = 1;
+  let hasOperationAttrVerify = 1;
   let extraClassDeclaration = [{
     void registerTypes();
+    void registerAttributes();
   }];
 }
 

@@ -31,6 +31,9 @@ struct SignalMemoryResource
 #include "epic/Dialect/Comm/IR/CommOpsDialect.h.inc"
 #include "epic/Dialect/Comm/IR/CommEnums.h.inc"
 
+#define GET_ATTRDEF_CLASSES
+#include "epic/Dialect/Comm/IR/CommAttrs.h.inc"
+
 #define GET_TYPEDEF_CLASSES
 #include "epic/Dialect/Comm/IR/CommTypes.h.inc"
 

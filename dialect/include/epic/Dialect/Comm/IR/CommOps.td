@@ -3,6 +3,7 @@
 #ifndef EPIC_DIALECT_COMM_IR_COMMOPS_TD
 #define EPIC_DIALECT_COMM_IR_COMMOPS_TD
 
+include "epic/Dialect/Comm/IR/CommAttrs.td"
 include "epic/Dialect/Comm/IR/CommTypes.td"
 include "mlir/Dialect/LLVMIR/LLVMTypes.td"
 

@@ -28,7 +28,7 @@ def EP_ConfigAttr : AttrDef<EP_Dialect, "Config"> {
     | `expert_alignment`    | A, per-local-expert receive counts are rounded up to a multiple of A (default 1) |
     | `layout`              | `plain` or `expanded` (default `plain`)                    |
     | `num_sms`             | SMs of the communication kernel; 0 = the analytic choice (default 0) |
-    | `max_tokens_per_rank` | Tmax, the most tokens any rank dispatches; sizes every buffer |
+    | `max_tokens_per_rank` | Tmax, the most tokens any rank dispatches; sizes every buffer. Omitted (0): a run-time value, the `max_tokens_per_rank` field of the kernels' parameter record, so one set of kernels serves every cap that fits the window (the fused GEMM ops need it given) |
 
     Example (DeepEP's V3 configuration, FP8 dispatch with one float32 scale
     per 128 channels):
@@ -49,7 +49,7 @@ def EP_ConfigAttr : AttrDef<EP_Dialect, "Config"> {
     DefaultValuedParameter<"unsigned", "1">:$expert_alignment,
     EP_LayoutParameter:$layout,
     DefaultValuedParameter<"unsigned", "0">:$num_sms,
-    "unsigned":$max_tokens_per_rank
+    DefaultValuedParameter<"unsigned", "0">:$max_tokens_per_rank
   );
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;
@@ -60,13 +60,19 @@ def EP_ConfigAttr : AttrDef<EP_Dialect, "Config"> {
     uint64_t getHiddenBytes() const;
     bool isFP8() const;
     bool isExpanded() const { return getLayout() == Layout::expanded; }
+    /// Whether Tmax is part of the configuration (else the kernels read it
+    /// at run time and only the window bounds it).
+    bool hasStaticTokenCap() const { return getMaxTokensPerRank() != 0; }
+    /// Tmax, or nothing when it is a run-time value.
+    std::optional<uint64_t> getTokenCap() const;
     /// Rows of the plain receive layout in the worst case: R * Tmax.
-    uint64_t getMaxRecvTokens() const;
+    std::optional<uint64_t> getMaxRecvTokens() const;
     /// Rows of the expanded receive layout in the worst case:
     /// align(R * Tmax * min(K, E/R) + (A - 1) * E/R, A).
-    uint64_t getMaxExpandedTokens() const;
-    /// Rows of recv_x in the worst case for this configuration's layout.
-    uint64_t getMaxOutputRows() const {
+    std::optional<uint64_t> getMaxExpandedTokens() const;
+    /// Rows of recv_x in the worst case for this configuration's layout
+    /// (nothing when Tmax is a run-time value).
+    std::optional<uint64_t> getMaxOutputRows() const {
       return isExpanded() ? getMaxExpandedTokens() : getMaxRecvTokens();
     }
   }];

@@ -1,0 +1,417 @@
+"""Per-call latency of dispatch and combine at decode sizes, eager and replayed from CUDA graphs.
+
+    python bench/latency.py                 # H200: NCCL one rank (torchrun, spawned) + virtual EP8
+    python bench/latency.py --compile-only  # here: every kernel it runs, into the kernel cache
+
+DeepEP's V3 shape (hidden 7168, top-8 of 256 experts, FP8 with 56 scale packs, plain layout),
+called as inference engines call it: ``dispatch(x, topk_idx, topk_weights, num_experts=256,
+num_max_tokens_per_rank=T, do_expand=False, do_cpu_sync=False)``, then ``combine(y, handle)``;
+and the cached dispatch ``dispatch(x, handle=handle)``. At 1, 32, 128 and 512 tokens per rank,
+on a one-rank NCCL world (a torchrun child process) and on a virtual world of 8 ranks:
+
+* eager: the median wall time of >= 200 synchronized calls (the call, then
+  torch.cuda.synchronize(), on a host clock), the mean of back-to-back calls without sync, and
+  the host time of the call alone (returned, not synchronized); each the better of two rounds;
+* graph: the same op(s) captured once in a torch.cuda.CUDAGraph, replayed (median synchronized
+  replay, mean of back-to-back replays);
+* the kernels' GPU time (CUDA events around each kernel, the runtime's time_kernels);
+* the same dispatch + combine written in vectorized plain PyTorch (index_select / index_add over
+  every rank's tokens at once, no Python loop over ranks), in the same process;
+* the floors: a kernel launch (an empty torch op, synchronized) and the bytes the kernels move
+  over the copy bandwidth.
+
+Also: the distinct dispatch kernel sets used for caps 128, 256, 512, 1000 and 4096 with
+everything else equal (the cap is a run-time value of the kernels). Writes
+bench/results/latency-<gpu>-<date>.json (with the `summary` the issue names) and a plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+
+import epic  # noqa: E402
+
+HIDDEN, EXPERTS, TOPK, PACKS = 7168, 256, 8, 7168 // 128
+TOKENS = (1, 32, 128, 512)
+CAPS = (128, 256, 512, 1000, 4096)
+
+
+def spec(ranks, cap):
+    return dict(num_ranks=ranks, num_experts=EXPERTS, num_topk=TOPK, hidden=HIDDEN,
+                dtype="f8E4M3FN", num_scale_packs=PACKS, expert_alignment=1, do_expand=False,
+                num_max_tokens_per_rank=cap)
+
+
+def compile_only():
+    """The kernels of both worlds (one set per op: the token cap is a run-time value)."""
+    from epic import _C
+
+    for backend, ranks in (("nccl", 1), ("virtual", 8)):
+        runtime = _C.Runtime(backend, "", "")
+        s = spec(ranks, max(CAPS))
+        runtime.kernels(s, dict(weights=True, cached=False, zero_padding=False), "dispatch")
+        runtime.kernels(s, dict(weights=False, cached=True, zero_padding=False), "dispatch")
+        runtime.kernels(s, dict(weights=False, biases=0), "combine")
+    print(f"latency: kernels in {runtime.cache_dir}")
+    return 0
+
+
+# --- inputs and the PyTorch baseline -----------------------------------------------------------
+
+
+def inputs(torch, R, T, seed=0):
+    """Every rank's FP8 tokens with scale packs, top-8 routing and weights."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    xs, sfs, idxs, ws = [], [], [], []
+    for _ in range(R):
+        x = torch.randn((T, HIDDEN), generator=g, device="cuda")
+        groups = x.view(T, PACKS, 128)
+        sf = (groups.abs().amax(-1).clamp(min=1e-4) / 448.0).float().contiguous()
+        xs.append((groups / sf[..., None]).view(T, HIDDEN).to(torch.float8_e4m3fn))
+        sfs.append(sf)
+        scores = torch.rand((T, EXPERTS), generator=g, device="cuda")
+        idxs.append(scores.topk(TOPK, dim=1, sorted=False).indices.to(torch.int64))
+        ws.append(torch.rand((T, TOPK), generator=g, device="cuda"))
+    return xs, sfs, idxs, ws
+
+
+class TorchPair:
+    """Dispatch + combine of every rank's tokens at once in plain PyTorch: what a skilled
+    engineer writes without a communication library on one GPU (no loop over ranks). The
+    (token, destination) pairs of all ranks come from one mask; dispatch gathers their rows
+    (FP8 bytes and scale packs), combine adds the destinations' bf16 rows back per token in fp32
+    with one index_add."""
+
+    def __init__(self, torch, xs, sfs, idxs, ranks):
+        self.t, self.R = torch, ranks
+        self.x = torch.cat([x.view(torch.uint8) for x in xs])
+        self.sf, self.idx = torch.cat(sfs), torch.cat(idxs)
+
+    def dispatch(self):
+        t, L = self.t, EXPERTS // self.R
+        dst = t.where(self.idx >= 0, self.idx // L, -1)                      # [N, K]
+        hit = t.zeros((dst.shape[0], self.R), dtype=t.bool, device=dst.device)
+        hit.scatter_(1, dst.clamp(min=0), dst >= 0)                          # token -> ranks
+        pair_dst, pair_token = hit.t().nonzero(as_tuple=True)                # by destination
+        return self.x.index_select(0, pair_token), self.sf.index_select(0, pair_token), \
+            pair_token, pair_dst
+
+    def combine(self, y, pair_token):
+        t = self.t
+        out = t.zeros((self.x.shape[0], HIDDEN), dtype=t.float32, device=y.device)
+        out.index_add_(0, pair_token, y.float())
+        return out.to(t.bfloat16)
+
+    def pair(self):
+        _, _, token, _ = self.dispatch()
+        rows = self.t.ones((token.shape[0], HIDDEN), dtype=self.t.bfloat16, device=token.device)
+        return self.combine(rows, token)
+
+
+# --- timing --------------------------------------------------------------------------------------
+
+
+def wall(torch, fn, iterations, rounds=2):
+    """(median synchronized wall s, mean back-to-back s, median host s of the call alone),
+    each the best of `rounds` rounds of `iterations` calls: a burst of interference on the
+    host (seen as a 128-token call slower than a 512-token one) spoils a round, not all."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    best = None
+    for _ in range(rounds):
+        synced, host = [], []
+        for _ in range(iterations):
+            t0 = time.perf_counter()
+            fn()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            synced.append(t2 - t0)
+            host.append(t1 - t0)
+        t0 = time.perf_counter()
+        for _ in range(iterations):
+            fn()
+        torch.cuda.synchronize()
+        round_ = (statistics.median(synced), (time.perf_counter() - t0) / iterations,
+                  statistics.median(host))
+        best = round_ if best is None else tuple(map(min, best, round_))
+    return best
+
+
+def graph(torch, fn, iterations):
+    """fn captured once (after the eager warm-up made its plans), then replayed."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    synced, _, _ = wall(torch, g.replay, iterations)
+    t0 = time.perf_counter()
+    for _ in range(iterations):
+        g.replay()
+    torch.cuda.synchronize()
+    return synced, (time.perf_counter() - t0) / iterations
+
+
+def kernel_times(torch, fn, iterations=50):
+    """(GPU time per call of the op's kernels and copies, {name: median us}) from the profiler
+    (CUPTI's device timestamps: events around a kernel would also count the host's launch
+    time whenever the GPU waits for it, which at these sizes it does)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iterations):
+            fn()
+        torch.cuda.synchronize()
+    per_kernel = {}
+    for event in prof.events():
+        if event.device_time_total > 0 and (event.name.startswith("ep_") or "Memcpy" in event.name):
+            per_kernel.setdefault(event.name, []).append(event.device_time_total)
+    total = sum(sum(v) for v in per_kernel.values()) / iterations
+    return total * 1e-6, {name: statistics.median(v) for name, v in per_kernel.items()}
+
+
+def launch_only(buffer, kind, stream, iterations=200):
+    """Host time of the runtime's launch of the last call of a plan of `kind` (the C++ call:
+    address checks, table, cuLaunchKernelEx per kernel, copies), back to back, no sync."""
+    import torch
+
+    plans = [p for key, p in buffer._plans.items() if key and key[0] == kind]
+    plan = plans[-1]
+    out = next(s for s in plan.sets)
+    for _ in range(5):
+        plan.plan.launch(out.addresses, stream)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iterations):
+        plan.plan.launch(out.addresses, stream)
+    host = (time.perf_counter() - t0) / iterations
+    torch.cuda.synchronize()
+    return host
+
+
+def measure_world(torch, buffer, R, iterations):
+    """Every op and size on `buffer` (R ranks: lists in a virtual world)."""
+    out = {}
+    one = (lambda v: v) if buffer.virtual else (lambda v: v[0])
+    for T in TOKENS:
+        xs, sfs, idxs, ws = inputs(torch, R, T)
+        x = one([(a, b) for a, b in zip(xs, sfs)])
+        idx, w = one(idxs), one(ws)
+
+        def dispatch():
+            return buffer.dispatch(x, idx, w, num_experts=EXPERTS, num_max_tokens_per_rank=T,
+                                   do_expand=False, do_cpu_sync=False)
+
+        _, _, _, handle, _ = dispatch()
+        rows = R * T  # worst case: do_cpu_sync=False
+        y = one([torch.randn((rows, HIDDEN), device="cuda").to(torch.bfloat16)
+                 for _ in range(R)])
+
+        def combine():
+            return buffer.combine(y, handle)
+
+        def cached():
+            return buffer.dispatch(x, handle=handle)
+
+        def pair():
+            _, _, _, h, _ = dispatch()
+            return buffer.combine(y, h)
+
+        row = {}
+        for name, fn in (("dispatch", dispatch), ("combine", combine),
+                         ("cached_dispatch", cached), ("pair", pair)):
+            synced, back_to_back, host = wall(torch, fn, iterations)
+            g_synced, g_back_to_back = graph(torch, fn, iterations)
+            kernel, per_kernel = kernel_times(torch, fn)
+            row[name] = dict(wall_us=synced * 1e6, back_to_back_us=back_to_back * 1e6,
+                             host_us=host * 1e6, kernel_us=kernel * 1e6,
+                             graph_wall_us=g_synced * 1e6, graph_back_to_back_us=g_back_to_back * 1e6,
+                             kernels_us=per_kernel)
+        stream = torch.cuda.current_stream().cuda_stream
+        for kind, op in (("dispatch", "dispatch"), ("combine", "combine")):
+            row[op]["launch_only_us"] = launch_only(buffer, kind, stream) * 1e6
+        baseline = TorchPair(torch, xs, sfs, idxs, R)
+        synced, back_to_back, host = wall(torch, baseline.pair, iterations)
+        row["torch_pair"] = dict(wall_us=synced * 1e6, back_to_back_us=back_to_back * 1e6,
+                                 host_us=host * 1e6)
+        # The floor of the bytes: a token row (+ packs) leaves and lands once per destination
+        # rank in the dispatch, a bf16 row comes back per destination in the combine.
+        pairs = sum(int(((i // (EXPERTS // R)).unsqueeze(2) == torch.arange(R, device="cuda"))
+                        .any(1).sum()) for i in idxs)
+        row["bytes"] = dict(dispatch=2 * pairs * (HIDDEN + 4 * PACKS), combine=4 * pairs * HIDDEN)
+        out[str(T)] = row
+        print(f"  T={T:4d}: " + ", ".join(f"{k} {v['wall_us']:.0f}/{v.get('graph_wall_us', 0):.0f}"
+                                          for k, v in row.items() if "wall_us" in v), flush=True)
+    return out
+
+
+def kernel_sets_for_caps(torch, buffer, R):
+    """Distinct dispatch kernel sets (the plans' kernel keys) for the caps, all else equal."""
+    keys = set()
+    one = (lambda v: v) if buffer.virtual else (lambda v: v[0])
+    xs, sfs, idxs, ws = inputs(torch, R, 64, seed=1)
+    for cap in CAPS:
+        before = set(buffer._plans.keys())
+        buffer.dispatch(one([(a, b) for a, b in zip(xs, sfs)]), one(idxs), one(ws),
+                        num_experts=EXPERTS, num_max_tokens_per_rank=cap, do_cpu_sync=False)
+        keys |= {buffer._plans.get(k).plan.key for k in set(buffer._plans.keys()) - before}
+    torch.cuda.synchronize()
+    return len(keys)
+
+
+def floors(torch, iterations):
+    """A synchronized launch of an empty-ish kernel, and the copy bandwidth (read + write)."""
+    a = torch.empty(1, device="cuda")
+    launch, _, _ = wall(torch, lambda: a.add_(0), iterations)
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    copy, _, _ = wall(torch, lambda: dst.copy_(src), 20)
+    return dict(launch_sync_us=launch * 1e6, copy_bytes_per_s=2 * src.numel() / copy)
+
+
+# --- the two worlds ----------------------------------------------------------------------------
+
+
+def nccl_child(args):
+    """torchrun --nproc-per-node 1: the one-rank NCCL world; writes its part as JSON."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(0)
+    buffer = epic.ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=max(CAPS),
+                                hidden=HIDDEN, num_topk=TOPK, use_fp8_dispatch=True,
+                                explicitly_destroy=True)
+    part = dict(world="nccl", ranks=1, blocks_per_rank=buffer._runtime().blocks_per_rank,
+                sizes=measure_world(torch, buffer, 1, args.iterations))
+    if args.profile:
+        part["profile"] = profile_pair(torch, buffer)
+    buffer.destroy()
+    dist.destroy_process_group()
+    with open(args.child_out, "w") as f:
+        json.dump(part, f)
+    return 0
+
+
+def profile_pair(torch, buffer, calls=200):
+    """Where an eager 128-token dispatch + combine spends host time (cProfile, top entries)."""
+    import cProfile
+    import io
+    import pstats
+
+    xs, sfs, idxs, ws = inputs(torch, 1, 128)
+    y = torch.randn((128, HIDDEN), device="cuda").to(torch.bfloat16)
+
+    def pair():
+        _, _, _, h, _ = buffer.dispatch((xs[0], sfs[0]), idxs[0], ws[0], num_experts=EXPERTS,
+                                        num_max_tokens_per_rank=128, do_cpu_sync=False)
+        buffer.combine(y, h)
+
+    pair()
+    profiler = cProfile.Profile()
+    for _ in range(calls):  # synchronized between pairs: no launch waits for a full queue
+        torch.cuda.synchronize()
+        profiler.enable()
+        pair()
+        profiler.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+    return dict(calls=calls, top_by_own_time=text.getvalue())
+
+
+def plot(report, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, world in zip(axes, ("nccl1", "virtual8")):
+        sizes = report["worlds"][world]["sizes"]
+        tokens = [int(t) for t in sizes]
+        for label, op, field in (("epic eager pair", "pair", "wall_us"),
+                                 ("epic graph pair", "pair", "graph_wall_us"),
+                                 ("epic eager dispatch", "dispatch", "wall_us"),
+                                 ("epic eager combine", "combine", "wall_us"),
+                                 ("PyTorch pair", "torch_pair", "wall_us")):
+            ax.plot(tokens, [sizes[str(t)][op][field] for t in tokens], marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens per rank")
+        ax.set_title(f"{world}: V3 FP8 plain, do_cpu_sync=False")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("wall time per call, synchronized (us)")
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=200)
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--profile", action="store_true",
+                        help="add a cProfile of the eager 128-token pair (NCCL world)")
+    parser.add_argument("--child-out", help=argparse.SUPPRESS)  # the torchrun child's JSON
+    args = parser.parse_args()
+    if args.compile_only:
+        return compile_only()
+    if args.child_out:
+        return nccl_child(args)
+    import torch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        child = os.path.join(tmp, "nccl.json")
+        print("one-rank NCCL world (torchrun):", flush=True)
+        subprocess.run(["torchrun", "--nproc-per-node", "1", os.path.abspath(__file__),
+                        "--child-out", child, "--iterations", str(args.iterations)]
+                       + (["--profile"] if args.profile else []), check=True)
+        with open(child) as f:
+            nccl = json.load(f)
+    print("virtual world of 8 ranks:", flush=True)
+    buffer = epic.ElasticBuffer(epic.VirtualWorld(8), num_max_tokens_per_rank=max(CAPS),
+                                hidden=HIDDEN, num_topk=TOPK, use_fp8_dispatch=True,
+                                explicitly_destroy=True)
+    virtual = dict(world="virtual", ranks=8, blocks_per_rank=buffer._runtime().blocks_per_rank,
+                   sizes=measure_world(torch, buffer, 8, args.iterations))
+    sets = kernel_sets_for_caps(torch, buffer, 8)
+    buffer.destroy()
+    report = dict(date=datetime.date.today().isoformat(), gpu=torch.cuda.get_device_name(),
+                  args=vars(args), floors=floors(torch, args.iterations),
+                  worlds=dict(nccl1=nccl, virtual8=virtual))
+    n, v = nccl["sizes"]["128"], virtual["sizes"]["128"]
+    report["summary"] = dict(
+        nccl1_t128_dispatch_us=n["dispatch"]["wall_us"],
+        nccl1_t128_combine_us=n["combine"]["wall_us"],
+        nccl1_t128_graph_pair_us=n["pair"]["graph_wall_us"],
+        virtual8_t128_pair_us=v["pair"]["wall_us"],
+        virtual8_t128_graph_pair_us=v["pair"]["graph_wall_us"],
+        kernel_sets_for_5_caps=sets)
+    os.makedirs(args.out, exist_ok=True)
+    name = f"latency-{report['gpu'].split()[-1].lower()}-{report['date']}"
+    png = os.path.join(args.out, name + ".png")
+    report["plot"] = os.path.basename(png) if plot(report, png) else None
+    with open(os.path.join(args.out, name + ".json"), "w") as f:
+        json.dump(report, f, indent=1)
+    print(json.dumps(report["summary"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""ElasticBuffer.combine, gemm_combine and grouped_gemm: the arguments adapted, the plan of
+their signature launched, the outputs handed out (see epic.buffer and epic._plans)."""
+
+from __future__ import annotations
+
+from . import _tensors as T
+from ._plans import signature
+from .buffer import _C, _capturing, _check_int, _gemm_dtype
+
+__all__ = ["combine", "gemm_combine", "grouped_gemm"]
+
+
+def _expert_inputs(b, op, x, weights, handle):
+    """An expert GEMM's per-rank inputs: the rows of an expanded dispatch, the local experts'
+    matrices and the dispatch's handles (adapted; the runtime checks their shapes)."""
+    if handle is None:
+        raise ValueError("handle: required (the EPHandle of the expanded dispatch)")
+    handles = b._handles("handle", handle)
+    xs = b._per_rank("x", x)
+    ws = b._per_rank("weights", weights)
+    if not handles[0].do_expand:
+        raise ValueError(f"handle: {op} needs an expanded dispatch (do_expand=True): one row per "
+                         "(token, local expert) pair, grouped by expert")
+    for r, (xr, wr, hd) in enumerate(zip(xs, ws, handles)):
+        b._dtype(xr, "x", r)
+        b._dtype(wr, "weights", r)
+        _rows_of_the_dispatch(b, r, xr, hd, hd.num_expanded_tokens, "the dispatch's recv_x")
+    return handles, xs, ws, _C()
+
+
+def _rows_of_the_dispatch(b, r, x, hd, rows, what):
+    """`x` has the rows the handle's dispatch received (the handle knows how many)."""
+    if tuple(x.shape) != (rows, hd._hidden):
+        raise ValueError(f"{b._name('x', r)}: expected {T.dtype_name(x)}[{rows}, {hd._hidden}] "
+                         f"({what}), got {T.describe(x)}")
+
+
+def _key(op, b, num_sms, extra, pairs, handles):
+    """A plan's signature (None for numpy inputs: checked on every call, never launched)."""
+    if not T.is_torch(pairs[0][0][1]):
+        return None
+    return (op, num_sms, extra, tuple(tuple(signature(t) for _, t in p) for p in pairs),
+            tuple(h._key for h in handles))
+
+
+def _spec(b, h, topk, dtype=None, expand=None):
+    return b._spec(b.num_ranks, h.num_experts, topk, h._hidden, dtype or h._dtype,
+                   h._num_scale_packs, h.expert_alignment,
+                   h.do_expand if expand is None else expand, h.num_max_tokens_per_rank)
+
+
+def _run(b, key, kind, spec, variant, pairs, num_sms, make_outputs, streams_args, zero=()):
+    """Launches the plan of `key` with a set of outputs: (the outputs per rank, event args)."""
+    plan = b._plans.get(key) or b._plan(key, kind, spec, variant, pairs, num_sms, make_outputs)
+    stream, streams = b._stream(*streams_args)
+    out = plan.take(_capturing())
+    for o in out.per_rank:  # outputs whose rows the kernels write only in part
+        for name in zero:
+            o[name].zero_()
+    plan.launch(out, pairs, stream)  # the runtime's errors carry the wait reports already
+    if not out.sealed:
+        out.seal()
+    return out, streams
+
+
+def combine(b, x, handle, topk_weights, bias, num_sms, num_qps, previous_event,
+            previous_event_before_epilogue, async_with_compute_stream, allocate_on_comm_stream,
+            gemm):
+    if handle is None:
+        raise ValueError("handle: required (the EPHandle of the dispatch being reversed)")
+    handles = b._handles("handle", handle)
+    xs = b._per_rank("x", x)
+    weights = b._per_rank("topk_weights", topk_weights, optional=True)
+    biases = b._per_rank("bias", bias, optional=True)
+    _check_int("num_sms", num_sms, 0)
+    _check_int("num_qps", num_qps, 0, b.num_allocated_qps)
+    if (weights[0] is None) != all(w is None for w in weights):
+        raise ValueError("topk_weights: give them for every rank or for none")
+    terms = []
+    for r, bs in enumerate(biases):
+        bs = () if bs is None else tuple(bs) if isinstance(bs, (tuple, list)) else (bs,)
+        if len(bs) > 2:
+            raise ValueError(f"{b._name('bias', r)}: at most two bias tensors, got {len(bs)}")
+        terms.append(bs)
+    if len({len(t) for t in terms}) > 1:
+        raise ValueError("bias: every rank passes the same number of bias tensors")
+    for r, (xr, hd) in enumerate(zip(xs, handles)):
+        b._dtype(xr, "x", r)
+        rows = hd.num_expanded_tokens if hd.do_expand else hd.num_recv_tokens
+        _rows_of_the_dispatch(b, r, xr, hd, rows, "one row per row the dispatch received")
+    h0 = handles[0]
+    K = h0.topk_idx.shape[1]
+    spec = _spec(b, h0, K)
+    variant = dict(weights=weights[0] is not None, biases=len(terms[0]))
+    kind, extra = "combine", None
+    pairs = []
+    for r, hd in enumerate(handles):
+        p = [("x", xs[r]), ("topk_weights", weights[r])]
+        p += [(f"bias_{i}", t) for i, t in enumerate(terms[r])]
+        p += hd._bindings()
+        pairs.append(p)
+    if gemm is not None:
+        kind, extra = "gemm_combine", "gemm"
+        for p, lhs, w in zip(pairs, *gemm):
+            p += [("lhs", lhs), ("weights", w)]
+    key = _key(kind, b, num_sms, (extra, variant["weights"], variant["biases"]), pairs, handles)
+
+    def make_outputs():
+        return [b._allocate(_C().outputs("combine", spec, variant, hd.topk_idx.shape[0]),
+                            like=xs[r]) for r, hd in enumerate(handles)]
+
+    out, streams = _run(b, key, kind, spec, variant, pairs, num_sms, make_outputs,
+                        (previous_event, allocate_on_comm_stream, async_with_compute_stream,
+                         previous_event_before_epilogue))
+    event = b._finish(streams, async_with_compute_stream, out)
+    return (b._ranks_out([o["combined_x"] for o in out.per_rank]),
+            b._ranks_out([o.get("combined_topk_weights") for o in out.per_rank]), event)
+
+
+def gemm_combine(b, x, weights, handle, bias, num_sms, previous_event,
+                 async_with_compute_stream, allocate_on_comm_stream):
+    handles, xs, ws, C = _expert_inputs(b, "gemm_combine", x, weights, handle)
+    # y: the GEMM's output, which the fused kernel writes and the combine sends; padding rows
+    # are zero (a new tensor per call: it is returned, and the combine's plan binds it).
+    ys = [b._allocate([("y", "bf16", tuple(xr.shape))], like=xr)["y"] for xr in xs]
+    for y in ys:
+        y.fill(0) if not T.is_torch(y) else y.zero_()
+    combined, _, event = combine(b, b._ranks_out(ys), handle, None, bias, num_sms, 0,
+                                 previous_event, None, async_with_compute_stream,
+                                 allocate_on_comm_stream, (xs, ws))
+    return b._ranks_out(ys), combined, event
+
+
+def grouped_gemm(b, x, weights, handle, out_dtype, num_sms):
+    _check_int("num_sms", num_sms, 0)
+    handles, xs, ws, C = _expert_inputs(b, "grouped_gemm", x, weights, handle)
+    h0 = handles[0]
+    out_name = _gemm_dtype(out_dtype, T.dtype_name(xs[0]))
+    spec = _spec(b, h0, h0.topk_idx.shape[1], expand=True)
+    pairs = [[("x", xs[r]), ("weights", ws[r]),
+              ("psum_num_recv_tokens_per_expert", hd._full["psum_num_recv_tokens_per_expert"])]
+             for r, hd in enumerate(handles)]
+    key = _key("grouped_gemm", b, num_sms, out_name, pairs, handles)
+
+    def make_outputs():
+        return [b._allocate([("out", out_name, (xs[r].shape[0], ws[r].shape[2]))], like=xs[r])
+                for r in range(len(xs))]
+
+    # Padding rows are zero: every call zeroes the output (rows of other experts in a reused set).
+    out, _ = _run(b, key, "grouped_gemm", spec, {}, pairs, num_sms, make_outputs,
+                  (None, False, False), zero=("out",))
+    return b._ranks_out([o["out"] for o in out.per_rank])

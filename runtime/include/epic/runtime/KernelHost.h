@@ -1,0 +1,235 @@
+//===- KernelHost.h - load, prepare and launch compiled kernels -*- C++ -*-===//
+//
+// What both ElasticBuffers (the virtual world, VirtualBuffer.h; NCCL,
+// NcclBuffer.h) share: the kernels of an entry IR from the provider, the
+// per-rank parameter records checked against the kernels' metadata and laid
+// out as the by-value table every kernel takes (comm.param_table), and the
+// launches. A Plan is a call whose signature was checked once; its next
+// calls only bind new tensor addresses, so a launch costs a few microseconds
+// of host time, no allocation and no copy, and can be captured in a CUDA graph.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef EPIC_RUNTIME_KERNELHOST_H
+#define EPIC_RUNTIME_KERNELHOST_H
+
+#include "epic/runtime/Calls.h"
+#include "epic/runtime/KernelProvider.h"
+
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace epic::runtime {
+
+/// A CUDA driver or runtime call failed.
+struct CudaError : public std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// The timeout reports that call-free device waits (kernels with a wgmma
+/// pipeline, see epic/device/WaitReport.h) left in the process's mapped report
+/// slots, each as "; device wait timed out after ...", and clears them; "" if
+/// none. Every CudaError the runtime throws already ends with them; call this
+/// after a CUDA error seen elsewhere (e.g. torch.cuda.synchronize).
+std::string takeDeviceWaitReports();
+
+struct Loaded;
+
+/// Loads the kernels of entry IRs from the provider, checks and lays out the
+/// per-rank parameter records, and launches. A launch serves `servedRanks`
+/// ranks (all R in the virtual world, one per process with NCCL) with
+/// `blocksPerRank` blocks each.
+class KernelHost {
+public:
+  KernelHost(const KernelHost &) = delete;
+  KernelHost &operator=(const KernelHost &) = delete;
+  virtual ~KernelHost();
+
+  struct Run {
+    std::string key;
+    KernelCache::Source source;
+    double seconds; ///< compile or load time of the kernels
+  };
+
+  /// A checked launch: the kernels, the block count and the parameter table
+  /// (every served rank's record, TMA descriptors included) in host memory.
+  /// Launching it passes the table by value: kernel launches only, nothing
+  /// to keep alive on the device, capturable in a CUDA graph (the tensors the
+  /// records point to must stay valid while the graph replays).
+  class Prepared {
+  public:
+    const Run &info() const { return run; }
+    int blocksPerRank() const { return blocks; }
+
+  private:
+    friend class KernelHost;
+    Run run{};
+    Loaded *kernels = nullptr;
+    std::vector<uint64_t> table; ///< servedRanks records of param_stride bytes
+    int blocks = 0;
+  };
+
+  /// A call whose signature (configuration, every tensor's dtype and shape,
+  /// the world) was checked when the plan was made: the kernels are loaded,
+  /// the table laid out and its counts filled in. launch() binds the served
+  /// ranks' tensor addresses and launches; it checks only what an address
+  /// alone can break (given, aligned as the signature's checks required).
+  class Plan {
+  public:
+    /// Addresses per served rank, in the slot order the call's tensors were
+    /// numbered with (DeviceTensor::slot).
+    int slotsPerRank() const { return bindings.slotsPerRank(); }
+    const Prepared &prepared() const { return ready; }
+    /// `addresses`: servedRanks x slotsPerRank(), rank-major; 0 for a slot
+    /// whose tensor the signature does not have (or has empty). Throws
+    /// std::invalid_argument naming the tensor (`slotNames`, with the rank
+    /// where several are served) before anything is launched.
+    void launch(const uint64_t *addresses, size_t count, void *stream);
+    /// Launches with the addresses the plan was made with.
+    void launch(void *stream);
+
+  private:
+    friend class KernelHost;
+    KernelHost *host = nullptr;
+    Prepared ready;
+    AddressBindings bindings;
+    /// The table words TMA descriptors are encoded from, as last encoded.
+    std::vector<uint64_t> encodedFrom;
+  };
+
+  /// Loads the kernels of the entry function in `entryIR` and lays out
+  /// `records[i]` for the i-th rank this launch serves. Validates: one
+  /// record per served rank, known field names, the window large enough
+  /// (for the record's max_tokens_per_rank where the kernels take the cap at
+  /// run time), every block of the launch resident at once (they wait for
+  /// each other through the entry barriers), the table the size the kernels
+  /// declare. `blocks` per rank: 0 for the buffer's number, else at most that
+  /// (DeepEP's per-call num_sms). `stream`, when given and being captured
+  /// into a CUDA graph, refuses to load kernels (that needs a warm-up call).
+  Prepared prepare(const std::string &entryIR, const std::vector<ParamRecord> &records,
+                   int blocks = 0, void *stream = nullptr);
+
+  /// Launches a prepared entry's kernels, in order, on `stream` (no host
+  /// synchronization, no allocation: graph-capturable), with the launch
+  /// attributes the metadata asks for (cooperative, dynamic shared memory).
+  void launch(const Prepared &prepared, void *stream = nullptr);
+
+  /// DeepEP's overlap controls: the stream first waits for `previousEvent`
+  /// (a cudaEvent_t, e.g. recorded on the compute stream); with
+  /// `recordEvent` an event is recorded after the kernels and returned (the
+  /// caller makes its compute stream wait on it, then cudaEventDestroy's it).
+  struct LaunchOptions {
+    void *previousEvent = nullptr;
+    bool recordEvent = false;
+  };
+  void *launch(const Prepared &prepared, void *stream, const LaunchOptions &options);
+
+  /// prepare() + launch() + waiting for the stream.
+  Run run(const std::string &entryIR, const std::vector<ParamRecord> &records,
+          void *stream = nullptr);
+
+  /// The typed entry points (DeepEP's dispatch / cached dispatch / combine,
+  /// the expert GEMM and its fusions): `calls[i]` is the i-th served rank's
+  /// call. Every argument is checked against `spec` (Calls.h) and the world,
+  /// the kernels of `spec` and the variant are loaded (compiled once, then
+  /// cached), and the plan keeps what later calls of the same signature need
+  /// (`slotNames`: the names of the call's tensor slots, for errors).
+  Plan planDispatch(const EPSpec &spec, const DispatchVariant &variant,
+                    const std::vector<DispatchCall> &calls, int blocks = 0,
+                    void *stream = nullptr, std::vector<std::string> slotNames = {});
+  Plan planCombine(const EPSpec &spec, const CombineVariant &variant,
+                   const std::vector<CombineCall> &calls, int blocks = 0,
+                   void *stream = nullptr, std::vector<std::string> slotNames = {});
+  /// ep.grouped_gemm of each served rank's expanded rows (Hopper: TMA +
+  /// wgmma; the TMA descriptors are encoded into the records per call).
+  Plan planGroupedGemm(const EPSpec &spec, const std::vector<GroupedGemmCall> &calls,
+                       int blocks = 0, void *stream = nullptr,
+                       std::vector<std::string> slotNames = {});
+  /// An expanded dispatch and the expert GEMM on its rows, fused by the
+  /// compiler (ep-fuse-dispatch-gemm): GEMM tiles start as their rows land.
+  Plan planDispatchGemm(const EPSpec &spec, const DispatchVariant &variant,
+                        const std::vector<DispatchGemmCall> &calls, int blocks = 0,
+                        void *stream = nullptr, std::vector<std::string> slotNames = {});
+  /// The expert GEMM and the combine of its output, fused by the compiler
+  /// (ep-fuse-gemm-combine): tokens travel as soon as their rows are computed.
+  Plan planGemmCombine(const EPSpec &spec, int biases, const std::vector<GemmCombineCall> &calls,
+                       int blocks = 0, void *stream = nullptr,
+                       std::vector<std::string> slotNames = {});
+
+  /// Plan, launch and wait for `stream`. With `checkRouting`, topk_idx is
+  /// first read back and range-checked (skipped while `stream` is being
+  /// captured: a graph cannot synchronize).
+  Run dispatch(const EPSpec &spec, const DispatchVariant &variant,
+               const std::vector<DispatchCall> &calls, void *stream = nullptr,
+               bool checkRouting = true, int blocks = 0);
+  Run combine(const EPSpec &spec, const CombineVariant &variant,
+              const std::vector<CombineCall> &calls, void *stream = nullptr, int blocks = 0);
+  Run groupedGemm(const EPSpec &spec, const std::vector<GroupedGemmCall> &calls,
+                  void *stream = nullptr, int blocks = 0);
+
+  /// Every rank's work queued on `stream` before the barrier happens before
+  /// any rank's work queued after it (DeepEP's barrier). No host wait.
+  virtual void barrier(void *stream = nullptr) = 0;
+
+  /// Per-kernel timing (a profiler-free measurement, for benchmarks): while
+  /// on, launch() records a CUDA event before the first kernel and after
+  /// each one on streams that are not being captured. takeKernelTimes()
+  /// waits for the recorded kernels and returns (kernel, seconds) in launch
+  /// order since the last call, then forgets them. Off by default: events
+  /// cost a few microseconds per launch.
+  void setKernelTiming(bool on);
+  std::vector<std::pair<std::string, double>> takeKernelTimes();
+
+  int64_t windowBytes() const { return bytesPerRank; }
+  /// The device memory of the `servedRank`-th served rank's window (what its
+  /// kernels see at window offset 0), for inspection and tests.
+  virtual void *windowMemory(int servedRank) const = 0;
+  int blocks() const { return blocksPerRank; }
+  /// Ranks of the whole EP world (all of them are served in the virtual
+  /// world; one per process with NCCL).
+  virtual int worldSize() const { return servedRanks; }
+  int servedRankCount() const { return servedRanks; }
+
+protected:
+  void checkWorld(const EPSpec &spec, size_t calls) const;
+  /// launch() and wait for the stream.
+  Run launchAndWait(const Prepared &prepared, void *stream);
+  KernelHost(KernelProvider &provider, int servedRanks, int64_t windowBytes, int blocksPerRank);
+  /// The loaded kernels of `entryIR`; `mayLoad` false refuses (naming why)
+  /// to load a module that is not loaded yet.
+  Loaded &load(const std::string &entryIR, Run &run, bool mayLoad);
+  /// A plan of `records` for `entryIR` (the typed entry points' common part).
+  Plan plan(const std::string &entryIR, const std::vector<ParamRecord> &records, int blocks,
+            void *stream, std::vector<std::string> slotNames);
+
+  KernelProvider &provider;
+  int servedRanks;
+  int64_t bytesPerRank;
+  int blocksPerRank;
+  int deviceSms = 0;
+  /// The kernels' first two arguments: the device communicator and window.
+  void *commArgument = nullptr, *windowArgument = nullptr;
+  std::map<std::string, Loaded *> modules;
+
+private:
+  /// Encodes the TMA descriptors of `prepared`'s kernels into its records.
+  void encodeTensorMaps(Prepared &prepared) const;
+
+  struct TimedKernel {
+    std::string name;
+    void *start, *stop; ///< cudaEvent_t, owned by timingEvents
+  };
+  bool kernelTiming = false;
+  std::vector<TimedKernel> timedKernels;
+  /// Every event of timedKernels, once (a kernel's stop is the next one's start).
+  std::vector<void *> timingEvents;
+  void releaseTimedKernels();
+};
+
+} // namespace epic::runtime
+
+#endif // EPIC_RUNTIME_KERNELHOST_H

@@ -1,0 +1,114 @@
+//===- TypedCalls.cpp - DeepEP's calls as plans of ep entries -------------===//
+//
+// The typed entry points of KernelHost: each checks its calls (Calls.h) and
+// the world, writes the entry IR of its ep op (EntryIR.h) and makes a plan.
+
+#include "epic/runtime/KernelHost.h"
+
+#include "CudaCheck.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+using namespace epic::runtime;
+using detail::check;
+
+
+KernelHost::Plan KernelHost::planDispatch(const EPSpec &spec, const DispatchVariant &variant,
+                                          const std::vector<DispatchCall> &calls, int blocks,
+                                          void *stream, std::vector<std::string> slotNames) {
+  checkWorld(spec, calls.size());
+  std::vector<ParamRecord> records = recordsOf(
+      calls, [&](const DispatchCall &call) { return dispatchRecord(spec, variant, call); });
+  return plan(dispatchEntryIR(spec, variant, kDispatchEntryName), records, blocks, stream,
+              std::move(slotNames));
+}
+
+KernelHost::Plan KernelHost::planCombine(const EPSpec &spec, const CombineVariant &variant,
+                                         const std::vector<CombineCall> &calls, int blocks,
+                                         void *stream, std::vector<std::string> slotNames) {
+  checkWorld(spec, calls.size());
+  std::vector<ParamRecord> records = recordsOf(
+      calls, [&](const CombineCall &call) { return combineRecord(spec, variant, call); });
+  return plan(combineEntryIR(spec, variant, kCombineEntryName), records, blocks, stream,
+              std::move(slotNames));
+}
+
+KernelHost::Plan KernelHost::planGroupedGemm(const EPSpec &spec,
+                                             const std::vector<GroupedGemmCall> &calls,
+                                             int blocks, void *stream,
+                                             std::vector<std::string> slotNames) {
+  checkWorld(spec, calls.size());
+  std::vector<ParamRecord> records = recordsOf(
+      calls, [&](const GroupedGemmCall &call) { return groupedGemmRecord(spec, call); });
+  checkRanksAgree(calls, "the weights' shape or the output dtype", gemmOperands);
+  const GroupedGemmCall &first = calls.front();
+  return plan(groupedGemmEntryIR(spec, first.weights.shape[2], first.out.dtype,
+                                 kGroupedGemmEntryName),
+              records, blocks, stream, std::move(slotNames));
+}
+
+KernelHost::Plan KernelHost::planDispatchGemm(const EPSpec &spec, const DispatchVariant &variant,
+                                              const std::vector<DispatchGemmCall> &calls,
+                                              int blocks, void *stream,
+                                              std::vector<std::string> slotNames) {
+  checkWorld(spec, calls.size());
+  std::vector<ParamRecord> records = recordsOf(calls, [&](const DispatchGemmCall &call) {
+    return dispatchGemmRecord(spec, variant, call);
+  });
+  checkRanksAgree(calls, "the experts' shape or the output dtype", fusedGemmOperands);
+  const DispatchGemmCall &first = calls.front();
+  return plan(dispatchGemmEntryIR(spec, variant, first.experts.shape[2], first.gemmOut.dtype,
+                                   kDispatchGemmEntryName),
+              records, blocks, stream, std::move(slotNames));
+}
+
+KernelHost::Plan KernelHost::planGemmCombine(const EPSpec &spec, int biases,
+                                             const std::vector<GemmCombineCall> &calls,
+                                             int blocks, void *stream,
+                                             std::vector<std::string> slotNames) {
+  checkWorld(spec, calls.size());
+  std::vector<ParamRecord> records = recordsOf(calls, [&](const GemmCombineCall &call) {
+    return gemmCombineRecord(spec, biases, call);
+  });
+  return plan(gemmCombineEntryIR(spec, biases, kGemmCombineEntryName), records, blocks, stream,
+              std::move(slotNames));
+}
+
+KernelHost::Run KernelHost::dispatch(const EPSpec &spec, const DispatchVariant &variant,
+                                     const std::vector<DispatchCall> &calls, void *stream,
+                                     bool checkRouting, int blocks) {
+  Plan p = planDispatch(spec, variant, calls, blocks, stream);
+  auto cudaStream = static_cast<cudaStream_t>(stream);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(cudaStream, &capture), "cudaStreamIsCapturing");
+  if (checkRouting && capture == cudaStreamCaptureStatusNone) {
+    // Every rank's routing back in one synchronization.
+    std::vector<std::vector<int64_t>> routing;
+    for (const DispatchCall &call : calls) {
+      const DeviceTensor &idx = call.handle.topkIdx;
+      routing.emplace_back(size_t(idx.shape[0]) * spec.topk);
+      check(cudaMemcpyAsync(routing.back().data(), reinterpret_cast<const void *>(idx.data),
+                            routing.back().size() * sizeof(int64_t), cudaMemcpyDeviceToHost,
+                            cudaStream),
+            "reading topk_idx back");
+    }
+    check(cudaStreamSynchronize(cudaStream), "cudaStreamSynchronize");
+    for (size_t i = 0; i < calls.size(); ++i)
+      checkTopkIndices(spec, routing[i].data(), calls[i].handle.topkIdx.shape[0]);
+  }
+  return launchAndWait(p.prepared(), stream);
+}
+
+KernelHost::Run KernelHost::combine(const EPSpec &spec, const CombineVariant &variant,
+                                    const std::vector<CombineCall> &calls, void *stream,
+                                    int blocks) {
+  return launchAndWait(planCombine(spec, variant, calls, blocks, stream).prepared(), stream);
+}
+
+KernelHost::Run KernelHost::groupedGemm(const EPSpec &spec,
+                                        const std::vector<GroupedGemmCall> &calls, void *stream,
+                                        int blocks) {
+  return launchAndWait(planGroupedGemm(spec, calls, blocks, stream).prepared(), stream);
+}
