@@ -298,11 +298,13 @@ def copy_roofline(torch):
 # --- one configuration -------------------------------------------------------------------------------
 
 
-def make_inputs(torch, R, T, H, E, K, fp8, seed):
+def make_inputs(torch, R, T, H, E, K, fp8, seed, ragged=True):
+    """Every rank's tokens (FP8: with scale packs), top-K routing and weights; `ragged`:
+    rank r sends T - r tokens (DeepEP's test), else T."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     xs, sfs, idxs, ws = [], [], [], []
     for r in range(R):
-        tokens = max(1, T - r)  # DeepEP's test: rank r sends T - r tokens
+        tokens = max(1, T - r) if ragged else T
         x = torch.randn((tokens, H), generator=g, device="cuda")
         if fp8:
             groups = x.view(tokens, H // 128, 128)

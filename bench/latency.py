@@ -40,6 +40,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 
+import ep_bench  # noqa: E402  (bench/ is the script's directory)
 import epic  # noqa: E402
 
 HIDDEN, EXPERTS, TOPK, PACKS = 7168, 256, 8, 7168 // 128
@@ -71,19 +72,8 @@ def compile_only():
 
 
 def inputs(torch, R, T, seed=0):
-    """Every rank's FP8 tokens with scale packs, top-8 routing and weights."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    xs, sfs, idxs, ws = [], [], [], []
-    for _ in range(R):
-        x = torch.randn((T, HIDDEN), generator=g, device="cuda")
-        groups = x.view(T, PACKS, 128)
-        sf = (groups.abs().amax(-1).clamp(min=1e-4) / 448.0).float().contiguous()
-        xs.append((groups / sf[..., None]).view(T, HIDDEN).to(torch.float8_e4m3fn))
-        sfs.append(sf)
-        scores = torch.rand((T, EXPERTS), generator=g, device="cuda")
-        idxs.append(scores.topk(TOPK, dim=1, sorted=False).indices.to(torch.int64))
-        ws.append(torch.rand((T, TOPK), generator=g, device="cuda"))
-    return xs, sfs, idxs, ws
+    """Every rank's T FP8 tokens with scale packs, top-8 routing and weights."""
+    return ep_bench.make_inputs(torch, R, T, HIDDEN, EXPERTS, TOPK, True, seed, ragged=False)
 
 
 class TorchPair:
@@ -404,11 +394,9 @@ def main():
         virtual8_t128_graph_pair_us=v["pair"]["graph_wall_us"],
         kernel_sets_for_5_caps=sets)
     os.makedirs(args.out, exist_ok=True)
-    name = f"latency-{report['gpu'].split()[-1].lower()}-{report['date']}"
-    png = os.path.join(args.out, name + ".png")
+    png = os.path.join(args.out, f"latency-{report['gpu'].split()[-1].lower()}-{report['date']}.png")
     report["plot"] = os.path.basename(png) if plot(report, png) else None
-    with open(os.path.join(args.out, name + ".json"), "w") as f:
-        json.dump(report, f, indent=1)
+    ep_bench.write_report(report, args.out, prefix="latency-")
     print(json.dumps(report["summary"], indent=1))
     return 0
 

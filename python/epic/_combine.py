@@ -4,7 +4,7 @@ their signature launched, the outputs handed out (see epic.buffer and epic._plan
 from __future__ import annotations
 
 from . import _tensors as T
-from ._plans import signature
+from ._plans import signatures
 from .buffer import _C, _capturing, _check_int, _gemm_dtype
 
 __all__ = ["combine", "gemm_combine", "grouped_gemm"]
@@ -25,7 +25,7 @@ def _expert_inputs(b, op, x, weights, handle):
         b._dtype(xr, "x", r)
         b._dtype(wr, "weights", r)
         _rows_of_the_dispatch(b, r, xr, hd, hd.num_expanded_tokens, "the dispatch's recv_x")
-    return handles, xs, ws, _C()
+    return handles, xs, ws
 
 
 def _rows_of_the_dispatch(b, r, x, hd, rows, what):
@@ -35,12 +35,11 @@ def _rows_of_the_dispatch(b, r, x, hd, rows, what):
                          f"({what}), got {T.describe(x)}")
 
 
-def _key(op, b, num_sms, extra, pairs, handles):
+def _key(op, num_sms, extra, pairs, handles):
     """A plan's signature (None for numpy inputs: checked on every call, never launched)."""
     if not T.is_torch(pairs[0][0][1]):
         return None
-    return (op, num_sms, extra, tuple(tuple(signature(t) for _, t in p) for p in pairs),
-            tuple(h._key for h in handles))
+    return (op, num_sms, extra, signatures(pairs), tuple(h._key for h in handles))
 
 
 def _spec(b, h, topk, dtype=None, expand=None):
@@ -103,7 +102,7 @@ def combine(b, x, handle, topk_weights, bias, num_sms, num_qps, previous_event,
         kind, extra = "gemm_combine", "gemm"
         for p, lhs, w in zip(pairs, *gemm):
             p += [("lhs", lhs), ("weights", w)]
-    key = _key(kind, b, num_sms, (extra, variant["weights"], variant["biases"]), pairs, handles)
+    key = _key(kind, num_sms, (extra, variant["weights"], variant["biases"]), pairs, handles)
 
     def make_outputs():
         return [b._allocate(_C().outputs("combine", spec, variant, hd.topk_idx.shape[0]),
@@ -119,7 +118,7 @@ def combine(b, x, handle, topk_weights, bias, num_sms, num_qps, previous_event,
 
 def gemm_combine(b, x, weights, handle, bias, num_sms, previous_event,
                  async_with_compute_stream, allocate_on_comm_stream):
-    handles, xs, ws, C = _expert_inputs(b, "gemm_combine", x, weights, handle)
+    handles, xs, ws = _expert_inputs(b, "gemm_combine", x, weights, handle)
     # y: the GEMM's output, which the fused kernel writes and the combine sends; padding rows
     # are zero (a new tensor per call: it is returned, and the combine's plan binds it).
     ys = [b._allocate([("y", "bf16", tuple(xr.shape))], like=xr)["y"] for xr in xs]
@@ -133,14 +132,14 @@ def gemm_combine(b, x, weights, handle, bias, num_sms, previous_event,
 
 def grouped_gemm(b, x, weights, handle, out_dtype, num_sms):
     _check_int("num_sms", num_sms, 0)
-    handles, xs, ws, C = _expert_inputs(b, "grouped_gemm", x, weights, handle)
+    handles, xs, ws = _expert_inputs(b, "grouped_gemm", x, weights, handle)
     h0 = handles[0]
     out_name = _gemm_dtype(out_dtype, T.dtype_name(xs[0]))
     spec = _spec(b, h0, h0.topk_idx.shape[1], expand=True)
     pairs = [[("x", xs[r]), ("weights", ws[r]),
               ("psum_num_recv_tokens_per_expert", hd._full["psum_num_recv_tokens_per_expert"])]
              for r, hd in enumerate(handles)]
-    key = _key("grouped_gemm", b, num_sms, out_name, pairs, handles)
+    key = _key("grouped_gemm", num_sms, out_name, pairs, handles)
 
     def make_outputs():
         return [b._allocate([("out", out_name, (xs[r].shape[0], ws[r].shape[2]))], like=xs[r])

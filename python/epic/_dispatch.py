@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 
 from . import _tensors as T
-from ._plans import signature
+from ._plans import signatures
 from .buffer import _C, _capturing, _check_int, _device_wait_reports, _refuse_in_capture
 from .handle import HANDLE_SLOTS, EPHandle
 
@@ -136,7 +136,7 @@ def dispatch(b, x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, n
     # numpy inputs (no GPU here) are checked on every call and never launched: no plan key.
     key = (kind, cached, num_experts, tmax, alignment, do_expand, do_zero_padding, num_sms,
            copy_routing, do_cpu_sync, gemm[1] if gemm is not None else None,
-           tuple(tuple(signature(t) for _, t in p) for p in pairs),
+           signatures(pairs),
            tuple(h._key for h in handles) if cached else None) if T.is_torch(data[0]) else None
 
     def make_outputs():

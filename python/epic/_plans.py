@@ -26,7 +26,7 @@ from __future__ import annotations
 import sys
 from collections import OrderedDict
 
-__all__ = ["OpPlan", "OutputSet", "PlanCache", "MAX_SETS", "MAX_PLANS", "signature"]
+__all__ = ["OpPlan", "OutputSet", "PlanCache", "MAX_SETS", "MAX_PLANS", "signature", "signatures"]
 
 MAX_SETS = 2
 MAX_PLANS = 256
@@ -41,6 +41,11 @@ def signature(t):
         return (t.shape, t.dtype, t.is_contiguous(), t.device)
     except AttributeError:
         return NotImplemented
+
+
+def signatures(pairs):
+    """The signatures of every rank's (slot name, tensor) pairs."""
+    return tuple(tuple(signature(t) for _, t in p) for p in pairs)
 
 
 def _refcounts(objects):

@@ -23,8 +23,8 @@ import importlib
 import os
 
 from . import _tensors as T
-from ._plans import OpPlan, PlanCache, signature
-from .handle import HANDLE_SLOTS, EPHandle, EventHandle, EventOverlap
+from ._plans import OpPlan, PlanCache
+from .handle import EPHandle, EventHandle, EventOverlap
 
 __all__ = ["VirtualWorld", "ElasticBuffer", "EPHandle", "EventHandle", "EventOverlap", "topk_idx_t"]
 

@@ -391,8 +391,8 @@ PYBIND11_MODULE(_C, m) {
                                       variant["out_dtype"].cast<std::string>(),
                                       kGroupedGemmEntryName);
             } else {
-              invalid("kind must be \"dispatch\", \"combine\" or \"grouped_gemm\", got \"" +
-                      kind + "\"");
+              invalid("kind must be dispatch, combine, grouped_gemm, dispatch_gemm or "
+                      "gemm_combine, got \"" + kind + "\"");
             }
             KernelProvider::Result result = r.provider.get(ir);
             py::dict out;

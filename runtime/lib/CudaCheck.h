@@ -25,6 +25,16 @@ inline void check(cudaError_t result, const std::string &what) {
     throw CudaError(what + " failed: " + cudaGetErrorString(result) + takeDeviceWaitReports());
 }
 
+/// Whether `stream` is being captured into a CUDA graph.
+inline bool capturing(void *stream) {
+  if (!stream)
+    return false; // the legacy stream is never captured
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status),
+        "cudaStreamIsCapturing");
+  return status != cudaStreamCaptureStatusNone;
+}
+
 /// The driver functions the runtime calls, resolved once.
 struct DriverApi {
   decltype(&::cuGetErrorName) getErrorName = nullptr;
@@ -45,12 +55,16 @@ struct DriverApi {
 inline const DriverApi &driver() {
   static const DriverApi api = [] {
     DriverApi a;
-    auto resolve = [](const char *name, auto &slot) {
+    // `required`: throw if missing; else the slot stays null.
+    auto resolve = [](const char *name, auto &slot, bool required = true) {
       void *fn = nullptr;
       cudaDriverEntryPointQueryResult found{};
       cudaError_t e = cudaGetDriverEntryPointByVersion(name, &fn, CUDA_VERSION,
                                                        cudaEnableDefault, &found);
-      if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || !fn)
+      const bool ok = e == cudaSuccess && found == cudaDriverEntryPointSuccess && fn;
+      if (!ok && !required)
+        return;
+      if (!ok)
         throw CudaError(std::string("the CUDA driver does not provide ") + name + " (" +
                         (e != cudaSuccess ? cudaGetErrorString(e) : "symbol not found") +
                         "): is there a GPU and a driver for CUDA " +
@@ -67,12 +81,7 @@ inline const DriverApi &driver() {
     resolve("cuOccupancyMaxActiveBlocksPerMultiprocessor", a.occupancy);
     resolve("cuLaunchKernelEx", a.launchKernelEx);
     resolve("cuTensorMapEncodeTiled", a.tensorMapEncodeTiled);
-    void *paramInfo = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuFuncGetParamInfo", &paramInfo, CUDA_VERSION,
-                                         cudaEnableDefault, &found) == cudaSuccess &&
-        found == cudaDriverEntryPointSuccess)
-      a.funcGetParamInfo = reinterpret_cast<decltype(a.funcGetParamInfo)>(paramInfo);
+    resolve("cuFuncGetParamInfo", a.funcGetParamInfo, /*required=*/false);
     return a;
   }();
   return api;

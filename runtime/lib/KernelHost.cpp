@@ -15,6 +15,7 @@
 #include <cstring>
 
 using namespace epic::runtime;
+using detail::capturing;
 using detail::check;
 
 namespace epic::runtime {
@@ -33,10 +34,7 @@ struct Loaded {
   std::vector<CUfunction> kernels;
   std::vector<std::string> kernelNames;
   std::vector<std::string> fields;
-  /// The window the kernels use: windowBytes, plus windowBytesPerToken for
-  /// each token of the record's max_tokens_per_rank (kernels that take the
-  /// cap at run time).
-  int64_t windowBytes = 0, windowBytesPerToken = 0;
+  EntryWindow window;
   int threads = 256;
   int maxBlocksPerRank = 0;
   int64_t paramStride = 0;
@@ -130,14 +128,6 @@ CUlaunchConfig launchConfig(const Loaded &k, unsigned grid, void *stream,
   return config;
 }
 
-bool capturing(void *stream) {
-  if (!stream)
-    return false; // the legacy stream is never captured
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  check(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status),
-        "cudaStreamIsCapturing");
-  return status != cudaStreamCaptureStatusNone;
-}
 } // namespace
 
 KernelHost::KernelHost(KernelProvider &provider, int servedRanks, int64_t windowBytes,
@@ -156,6 +146,14 @@ KernelHost::KernelHost(KernelProvider &provider, int servedRanks, int64_t window
   check(cudaGetDevice(&device), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&deviceSms, cudaDevAttrMultiProcessorCount, device),
         "cudaDeviceGetAttribute(multiprocessors)");
+}
+
+EntryWindow EntryWindow::of(const Json &entry) {
+  EntryWindow w;
+  w.fixed = entry.at("window_bytes").integer();
+  if (entry.object.count("window_bytes_per_token"))
+    w.perToken = entry.at("window_bytes_per_token").integer();
+  return w;
 }
 
 KernelHost::~KernelHost() {
@@ -190,13 +188,11 @@ Loaded &KernelHost::load(const std::string &entryIR, Run &run, bool mayLoad) {
     loaded->fields.push_back(field.string);
   for (const Json &name : entry.at("kernels").array)
     loaded->kernelNames.push_back(name.string);
-  loaded->windowBytes = entry.at("window_bytes").integer();
+  loaded->window = EntryWindow::of(entry);
   loaded->threads = int(entry.at("threads").integer());
   loaded->maxBlocksPerRank = int(entry.at("max_blocks_per_rank").integer());
   loaded->paramStride = entry.at("param_stride").integer();
   // Optional launch attributes of the metadata.
-  if (entry.object.count("window_bytes_per_token"))
-    loaded->windowBytesPerToken = entry.at("window_bytes_per_token").integer();
   if (entry.object.count("cooperative"))
     loaded->cooperative = entry.at("cooperative").integer() != 0;
   if (entry.object.count("ctas_per_sm")) {
@@ -318,12 +314,12 @@ KernelHost::Prepared KernelHost::prepare(const std::string &entryIR,
   for (const ParamRecord &record : records)
     if (auto it = record.find("max_tokens_per_rank"); it != record.end())
       tokens = std::max<int64_t>(tokens, int64_t(it->second.value));
-  const int64_t windowNeeded = k.windowBytes + k.windowBytesPerToken * tokens;
+  const int64_t windowNeeded = k.window.bytes(tokens);
   if (windowNeeded > bytesPerRank)
     throw std::invalid_argument(
         "the buffer has " + std::to_string(bytesPerRank) + " bytes per rank, these kernels need " +
         std::to_string(windowNeeded) +
-        (k.windowBytesPerToken ? " for num_max_tokens_per_rank " + std::to_string(tokens) : "") +
+        (k.window.perToken ? " for num_max_tokens_per_rank " + std::to_string(tokens) : "") +
         ": create it with at least get_buffer_size_hint() bytes");
   if (blocks > k.maxBlocksPerRank)
     throw std::invalid_argument("blocks per rank (" + std::to_string(blocks) +

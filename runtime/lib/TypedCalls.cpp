@@ -9,11 +9,8 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
-
 using namespace epic::runtime;
 using detail::check;
-
 
 KernelHost::Plan KernelHost::planDispatch(const EPSpec &spec, const DispatchVariant &variant,
                                           const std::vector<DispatchCall> &calls, int blocks,
@@ -81,9 +78,7 @@ KernelHost::Run KernelHost::dispatch(const EPSpec &spec, const DispatchVariant &
                                      bool checkRouting, int blocks) {
   Plan p = planDispatch(spec, variant, calls, blocks, stream);
   auto cudaStream = static_cast<cudaStream_t>(stream);
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  check(cudaStreamIsCapturing(cudaStream, &capture), "cudaStreamIsCapturing");
-  if (checkRouting && capture == cudaStreamCaptureStatusNone) {
+  if (checkRouting && !detail::capturing(stream)) {
     // Every rank's routing back in one synchronization.
     std::vector<std::vector<int64_t>> routing;
     for (const DispatchCall &call : calls) {

@@ -57,7 +57,6 @@ bool expandThen(const std::string &ir, llvm::function_ref<void(mlir::func::FuncO
   return true;
 }
 
-/// The window bytes ep-expand assigns to the launch function of `ir`.
 /// The window the kernels of `ir` use with `tmax` tokens per rank: the
 /// metadata's window_bytes, plus window_bytes_per_token per token where the
 /// kernels take the cap at run time.

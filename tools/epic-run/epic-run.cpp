@@ -121,11 +121,7 @@ int run(const Options &o) {
     KernelProvider::Result r = provider.get(k.entryIR());
     const Json meta = Json::parse(r.module->metadataJson);
     const Json &entry = meta.at("entries").array.at(0);
-    // The token cap is a run-time value of the kernels: the window grows with it.
-    int64_t needed = entry.at("window_bytes").integer();
-    if (entry.object.count("window_bytes_per_token"))
-      needed += entry.at("window_bytes_per_token").integer() * k.spec.maxTokensPerRank;
-    windowBytes = std::max<int64_t>(windowBytes, needed);
+    windowBytes = std::max(windowBytes, EntryWindow::of(entry).bytes(k.spec.maxTokensPerRank));
     maxBlocks = std::min<int>(maxBlocks, int(entry.at("max_blocks_per_rank").integer()));
     const char *source = r.source == KernelCache::Source::compiled ? "compiled"
                          : r.source == KernelCache::Source::disk   ? "loaded"

@@ -155,6 +155,13 @@ struct RecordLayout {
       : mapsOffset(align(fields * 8, 64)), stride(mapsOffset + maps * 128) {}
 };
 
+/// `gemm` reading its parameters from records laid out as `record`.
+epic::detail::GroupedGemmShape withRecord(epic::detail::GroupedGemmShape gemm,
+                                          const RecordLayout &record) {
+  gemm.paramStride = record.stride, gemm.mapsOffset = record.mapsOffset;
+  return gemm;
+}
+
 /// `base`'s field names followed by `extra`'s.
 SmallVector<StringRef> fieldNames(ArrayRef<const char *> base, ArrayRef<const char *> extra = {}) {
   SmallVector<StringRef> names(base.begin(), base.end());
@@ -167,9 +174,9 @@ SmallVector<StringRef> fieldNames(ArrayRef<const char *> base, ArrayRef<const ch
 //===----------------------------------------------------------------------===//
 
 /// A warp's share of a row split among several warps (KernelBuilder::
-/// loopRowParts): `part` of `parts`; all null for a whole row.
+/// loopRowParts): `part` of `parts`; both null for a whole row.
 struct RowPart {
-  Value row, part, parts;
+  Value part, parts;
 };
 
 class KernelBuilder {
@@ -478,7 +485,7 @@ public:
   /// in turn, which leaves decode-sized calls latency bound. `parts` (run
   /// time) is the largest power of two <= min(maxParts, warps / n); `body`
   /// gets the row and this warp's share, and does the row's other work only
-  /// in part 0 (RowPart::first). With maxParts 1 it is the one-warp-per-row
+  /// in part 0 (inFirstPart). With maxParts 1 it is the one-warp-per-row
   /// loop.
   void loopRowParts(Value n, int64_t maxParts, function_ref<void(Value, const RowPart &)> body) {
     if (maxParts <= 1) {
@@ -490,19 +497,25 @@ public:
     Value log = select(lt(q, i32(2)), i32(0), sub(i32(31), ctlz(q)));
     Value parts = arith::ShLIOp::create(b, i32(1), log);
     loop(globalWarp, arith::ShLIOp::create(b, n, log), numWarps, [&](Value item) {
-      RowPart share{arith::ShRUIOp::create(b, item, log), andi(item, sub(parts, i32(1))), parts};
-      body(share.row, share);
+      Value row = arith::ShRUIOp::create(b, item, log);
+      body(row, RowPart{andi(item, sub(parts, i32(1))), parts});
     });
   }
-  /// Chunks per lane in flight for a row of `bytes` read once and stored to
-  /// several places: the most, up to 8, that tiles the row exactly (no range
-  /// checks and no half-empty last group; FP8 V3 rows: 7 x 2 groups instead
-  /// of 4 x 3.5), else kCopyUnroll.
-  static int64_t wholeRowUnroll(int64_t bytes) {
-    for (int64_t unroll = 8; unroll > kCopyUnroll; --unroll)
+  /// The most chunks per lane in flight, in (kCopyUnroll, most], that tile a
+  /// row of `bytes` exactly (no range checks, no half-empty last group), or
+  /// 0 if none does.
+  static int64_t tilingUnroll(int64_t bytes, int64_t most) {
+    for (int64_t unroll = most; unroll > kCopyUnroll; --unroll)
       if ((bytes / 16) % (32 * unroll) == 0)
         return unroll;
-    return kCopyUnroll;
+    return 0;
+  }
+  /// Chunks per lane in flight for a row read once and stored to several
+  /// places: up to 8 that tile it (FP8 V3 rows: 7 x 2 groups instead of
+  /// 4 x 3.5), else kCopyUnroll.
+  static int64_t wholeRowUnroll(int64_t bytes) {
+    int64_t unroll = tilingUnroll(bytes, 8);
+    return unroll ? unroll : kCopyUnroll;
   }
   /// The most useful parts of a row of `bytes` copied `unroll` chunks per lane
   /// at a time: its chunk groups, rounded down to a power of two.
@@ -683,11 +696,9 @@ struct DispatchShape {
 /// The most, up to 16, that tiles the row exactly (no range checks), else 8
 /// (with range checks) for rows of at least 256 chunks.
 int64_t fusedRowUnroll(int64_t rowBytes) {
-  const int64_t chunks = rowBytes / 16;
-  for (int64_t unroll = 16; unroll > KernelBuilder::kCopyUnroll; --unroll)
-    if (chunks % (32 * unroll) == 0)
-      return unroll;
-  return chunks >= 32 * 8 ? 8 : KernelBuilder::kCopyUnroll;
+  if (int64_t unroll = KernelBuilder::tilingUnroll(rowBytes, 16))
+    return unroll;
+  return rowBytes / 16 >= 32 * 8 ? 8 : KernelBuilder::kCopyUnroll;
 }
 
 /// Each peer gets flag 1 (release) from the rank's last block or warp
@@ -1604,10 +1615,9 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
     RecordLayout record(fields.size(), tensorMaps);
     gemmMetadata(shape, "x", "weights", builder.getStringAttr("num_rows"), record);
     build = [=](gpu::GPUModuleOp module, const RecordLayout &record) {
-      epic::detail::GroupedGemmShape gemm = shape;
-      gemm.paramStride = record.stride, gemm.mapsOffset = record.mapsOffset;
       OpBuilder b = kernelInsertionPoint(module);
-      epic::detail::buildGroupedGemmKernel(createKernel(b, loc, kernelNames[0], false), gemm);
+      epic::detail::buildGroupedGemmKernel(createKernel(b, loc, kernelNames[0], false),
+                                           withRecord(shape, record));
     };
   } else if (auto fused = dyn_cast<ep::GemmCombineOp>(op)) {
     cfg = fused.getConfig();
@@ -1635,11 +1645,9 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
                                at.maxTiles, cfg.getHidden() / epic::detail::kGemmTileN};
     build = [=](gpu::GPUModuleOp module, const RecordLayout &record) {
       EPLayout fusedLayout = layoutFor(64, record, kCMaxTokens);
-      epic::detail::GroupedGemmShape withRecord = gemm;
-      withRecord.paramStride = record.stride, withRecord.mapsOffset = record.mapsOffset;
       OpBuilder b = kernelInsertionPoint(module);
       buildGemmSendKernel(createKernel(b, loc, kernelNames[0], false), fusedLayout, shape,
-                          withRecord, scratch);
+                          withRecord(gemm, record), scratch);
       buildCombineReduce(createKernel(b, loc, kernelNames[1], false), fusedLayout, shape);
     };
   } else if (auto fused = dyn_cast<ep::DispatchGemmOp>(op)) {
@@ -1673,11 +1681,9 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
                  builder.getI64IntegerAttr(*cfg.getMaxOutputRows()), record);
     build = [=](gpu::GPUModuleOp module, const RecordLayout &record) {
       EPLayout fusedLayout = layoutFor(idxBits, record, kDispatchMaxTokens);
-      epic::detail::GroupedGemmShape withRecord = gemm;
-      withRecord.paramStride = record.stride, withRecord.mapsOffset = record.mapsOffset;
       OpBuilder b = kernelInsertionPoint(module);
       buildDispatchSend(createKernel(b, loc, kernelNames[0], true), fusedLayout, shape);
-      buildCopyGemmKernel(b, loc, kernelNames[1], fusedLayout, shape, withRecord);
+      buildCopyGemmKernel(b, loc, kernelNames[1], fusedLayout, shape, withRecord(gemm, record));
     };
   } else if (auto dispatch = dyn_cast<ep::DispatchOp>(op)) {
     cfg = dispatch.getConfig();
