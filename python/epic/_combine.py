@@ -3,9 +3,12 @@ their signature launched, the outputs handed out (see epic.buffer and epic._plan
 
 from __future__ import annotations
 
+import weakref
+
 from . import _tensors as T
-from ._plans import signatures
+from ._plans import signature, signatures
 from .buffer import _C, _capturing, _check_int, _gemm_dtype
+from .handle import EventOverlap
 
 __all__ = ["combine", "gemm_combine", "grouped_gemm"]
 
@@ -52,6 +55,11 @@ def _run(b, key, kind, spec, variant, pairs, num_sms, make_outputs, streams_args
     """Launches the plan of `key` with a set of outputs: (the outputs per rank, event args)."""
     plan = b._plans.get(key) or b._plan(key, kind, spec, variant, pairs, num_sms, make_outputs)
     stream, streams = b._stream(*streams_args)
+    return _launch(plan, pairs, stream, zero), streams
+
+
+def _launch(plan, pairs, stream, zero=()):
+    """A checked call: a set of outputs taken from the plan's pool, the kernels launched."""
     out = plan.take(_capturing())
     for o in out.per_rank:  # outputs whose rows the kernels write only in part
         for name in zero:
@@ -59,12 +67,68 @@ def _run(b, key, kind, spec, variant, pairs, num_sms, make_outputs, streams_args
     plan.launch(out, pairs, stream)  # the runtime's errors carry the wait reports already
     if not out.sealed:
         out.seal()
-    return out, streams
+    return out
+
+
+class _Replay:
+    """A combine whose options were checked (see epic._dispatch._Replay): a later call with
+    handle objects a checked call passed and tensors of the signatures of that call is the
+    plan's call; anything else returns None and takes the checked path (which adds its
+    handles here if its plan is this one). Handles are known by weak reference: the pool
+    sees no reference of the replay's to them or their tensors."""
+
+    __slots__ = ("key", "known", "signatures")
+    MAX_KNOWN = 4  # the dispatch pool's sets in flight, and some
+
+    def __init__(self, key, pairs):
+        self.key, self.known = key, {}
+        self.signatures = tuple((signature(p[0][1]), signature(p[1][1])) for p in pairs)
+
+    def add(self, handles):
+        if len(self.known) >= self.MAX_KNOWN:
+            self.known.pop(next(iter(self.known)))
+        self.known[id(handles[0])] = [weakref.ref(h) for h in handles]
+
+    def __call__(self, b, x, handle, topk_weights):
+        ranks = b._replay_ranks(x, handle, topk_weights)
+        if ranks is None:
+            return None
+        x, handles, ws = ranks
+        refs = self.known.get(id(handles[0]))
+        if refs is None:
+            return None
+        for h, ref in zip(handles, refs):
+            if ref() is not h:
+                return None
+        if tuple((signature(xr), signature(w)) for xr, w in zip(x, ws)) != self.signatures:
+            return None
+        plan = b._plans.get(self.key)
+        if plan is None:  # dropped from the buffer's plans: the checked path makes it again
+            return None
+        pairs = [[("x", xr), ("topk_weights", w)] + h._bindings()
+                 for xr, w, h in zip(x, ws, handles)]
+        out = _launch(plan, pairs, b._current_stream())
+        return (b._ranks_out([o["combined_x"] for o in out.per_rank]),
+                b._ranks_out([o.get("combined_topk_weights") for o in out.per_rank]),
+                EventOverlap(None))
 
 
 def combine(b, x, handle, topk_weights, bias, num_sms, num_qps, previous_event,
             previous_event_before_epilogue, async_with_compute_stream, allocate_on_comm_stream,
             gemm):
+    # The decode call (no bias, the current stream): a replay of a checked call, when it
+    # passes the same handles and tensors of the same signatures.
+    replay_key = None
+    if bias is None and gemm is None and previous_event is None and \
+            previous_event_before_epilogue is None and not async_with_compute_stream and \
+            not allocate_on_comm_stream:
+        replay_key = ("combine", num_sms, num_qps, type(num_sms), type(num_qps))
+        replay = b._replays.get(replay_key)
+        if replay is not None:
+            result = replay(b, x, handle, topk_weights)
+            if result is not None:
+                return result
+
     if handle is None:
         raise ValueError("handle: required (the EPHandle of the dispatch being reversed)")
     handles = b._handles("handle", handle)
@@ -111,6 +175,11 @@ def combine(b, x, handle, topk_weights, bias, num_sms, num_qps, previous_event,
     out, streams = _run(b, key, kind, spec, variant, pairs, num_sms, make_outputs,
                         (previous_event, allocate_on_comm_stream, async_with_compute_stream,
                          previous_event_before_epilogue))
+    if replay_key is not None and key is not None:
+        replay = b._replays.get(replay_key)
+        if replay is None or replay.key != key:
+            replay = b._remember(replay_key, _Replay(key, pairs))
+        replay.add(handles)
     event = b._finish(streams, async_with_compute_stream, out)
     return (b._ranks_out([o["combined_x"] for o in out.per_rank]),
             b._ranks_out([o.get("combined_topk_weights") for o in out.per_rank]), event)

@@ -6,7 +6,11 @@ signature is checked by the C++ runtime (every argument named) and becomes a pla
 (``epic._C.Plan``): its kernels loaded and its parameter table laid out. Every later call of
 the signature only binds its tensors' addresses and launches (a few microseconds, no
 allocation, no copy, CUDA-graph capturable); a changed shape is a new signature and is
-checked again.
+checked again. The decode calls (dispatch without a handle or CPU sync, combine without biases,
+on the current stream) skip even the adaptation that computes the key: a buffer keeps, per set
+of options, a replay of the last checked call (``epic._dispatch._Replay``,
+``epic._combine._Replay``) that compares the new call's tensors' signatures with that call's
+and binds them to its plan, or hands the call to the checked path.
 
 Outputs come from a pool of output sets per plan. A set is reused by a later call only when
 nothing outside the pool references any of its tensors: no Python reference, no view, no

@@ -30,6 +30,7 @@ __all__ = ["VirtualWorld", "ElasticBuffer", "EPHandle", "EventHandle", "EventOve
 
 _MIB = 1 << 20
 _MAX_RANKS, _MAX_TOPK = 1024, 32
+_MAX_REPLAYS = 64  # option sets of decode calls whose checked call a buffer replays
 _GEMM_DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "f16", "f16": "f16",
                 "float32": "f32", "f32": "f32"}
 
@@ -222,6 +223,7 @@ class ElasticBuffer:
         self._comm_stream = None
         self._device_index = None
         self._plans = PlanCache(output_pool_bytes)  # signature -> OpPlan, and output pools
+        self._replays = {}  # decode-call options -> the replay of their checked call
         self._destroyed = False
         if not self.virtual:
             self._create()
@@ -403,6 +405,7 @@ class ElasticBuffer:
             with _device_wait_reports():
                 torch.cuda.synchronize()
             self._plans.clear()  # the plans and their pooled outputs
+            self._replays.clear()
             self._state.destroy()
         self._state, self._destroyed = None, True
 
@@ -424,6 +427,18 @@ class ElasticBuffer:
                 f"{name}: expected one entry per rank ({self.num_ranks}), got {len(value)}"
             )
         return list(value)
+
+    def _replay_ranks(self, a, b, optional):
+        """A replayed call's two per-rank arguments and an optional one as lists of one entry
+        per rank served, or None where they are not (the checked path says what is wrong)."""
+        if not self.virtual:
+            return [a], [b], [optional]
+        R = self.num_ranks
+        c = [None] * R if optional is None else optional
+        if type(a) is not list or type(b) is not list or type(c) is not list or \
+                len(a) != R or len(b) != R or len(c) != R:
+            return None
+        return a, b, c
 
     def _ranks_out(self, values):
         return values if self.virtual else values[0]
@@ -478,15 +493,27 @@ class ElasticBuffer:
         if C.cuda_device_count() == 0:  # check what can be checked, then say why nothing ran
             C.check(kind, spec, variant, runtime_calls)
         state = self._runtime()
-        import torch
-
         # The stream only decides whether loading kernels is refused (while capturing).
-        stream = torch._C._cuda_getCurrentRawStream(self._device_index)
+        stream = self._current_stream()
         plan = OpPlan(state.plan(kind, spec, variant, runtime_calls, num_sms, stream),
                       C.slots(kind), make_outputs, outputs)
         if key is not None:
             self._plans.add(key, plan)
         return plan
+
+    def _remember(self, key, replay):
+        """Keeps `replay` for calls with options `key` (a bounded number of option sets: the
+        oldest is forgotten first) and returns it."""
+        if key not in self._replays and len(self._replays) >= _MAX_REPLAYS:
+            self._replays.pop(next(iter(self._replays)))
+        self._replays[key] = replay
+        return replay
+
+    def _current_stream(self):
+        """The raw handle of the current CUDA stream of this buffer's device."""
+        import torch
+
+        return torch._C._cuda_getCurrentRawStream(self._device_index)
 
     def _stream(self, previous_event, allocate_on_comm_stream, async_with_compute_stream,
                 previous_event_before_epilogue=None):
@@ -496,7 +523,7 @@ class ElasticBuffer:
 
         if not async_with_compute_stream and previous_event is None and \
                 previous_event_before_epilogue is None and not allocate_on_comm_stream:
-            return torch._C._cuda_getCurrentRawStream(self._device_index), None
+            return self._current_stream(), None
         compute = torch.cuda.current_stream()
         comm = self._comm_stream
         if previous_event is not None:

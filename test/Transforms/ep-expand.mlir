@@ -28,8 +28,14 @@
 // CHECK: comm.red add release scope sys %{{.*}}, %{{.*}} : i64, !llvm.ptr<1>
 // CHECK: comm.wait_flag %{{.*}} ge %{{.*}} rank %[[ME]] scope sys : !llvm.ptr<1>, i64
 // CHECK: gpu.barrier
-// One warp per token: ids grouped by destination rank, master = highest slot.
+// One warp per token. Everything its records hold is read first and at once
+// (its row: 4 16-byte chunks per lane, its scale pack, its weight), in
+// flight while the ids are grouped by destination rank (master = highest
+// slot) and the slots are taken.
 // CHECK: scf.for
+// CHECK-COUNT-4: llvm.load %{{.*}} {alignment = 16 : i64} : !llvm.ptr<1> -> vector<4xi32>
+// CHECK: llvm.load %{{.*}} {alignment = 4 : i64} : !llvm.ptr<1> -> i32
+// CHECK: llvm.load %{{.*}} {alignment = 4 : i64} : !llvm.ptr<1> -> f32
 // CHECK: arith.divsi %{{.*}}, %c8_i32
 // CHECK: nvvm.match.sync any
 // CHECK: llvm.intr.ctlz
@@ -42,13 +48,13 @@
 // CHECK: comm.red add relaxed scope gpu
 // CHECK: comm.atomic_rmw add relaxed scope gpu
 // CHECK: %[[REC:.*]] = comm.peer_ptr %[[WIN]][%{{.*}}], %[[LSA]], %{{.*}} : !llvm.ptr<1>
-// The records go straight into the peers' windows: the row read once in
-// 16-byte vectors and stored to each destination's record, then the 16 scale
-// packs, ids, weights, token and master slot.
-// CHECK: llvm.load %{{.*}} {alignment = 16 : i64} : !llvm.ptr<1> -> vector<4xi32>
+// The records go straight into the peers' windows, only stores: the row held
+// in registers, then the scale pack, ids, weights, token and master slot.
 // CHECK: scf.while
 // CHECK: gpu.shuffle idx
-// CHECK: llvm.store %{{.*}} {alignment = 16 : i64} : vector<4xi32>, !llvm.ptr<1>
+// CHECK-NOT: llvm.load
+// CHECK-COUNT-4: llvm.store %{{.*}} {alignment = 16 : i64} : vector<4xi32>, !llvm.ptr<1>
+// CHECK-NOT: llvm.load
 // --- the count stage, in the rank's last block ---
 // CHECK: comm.atomic_rmw add acq_rel scope sys
 // CHECK: memref.store %{{.*}}, %[[LAST]]

@@ -735,6 +735,56 @@ struct TokenInputs {
         dstSlots(k.pointerParam(kDstSlots)) {}
 };
 
+/// What the dispatch send reads of a token before it routes it: everything
+/// its records hold, loaded at once, so that these loads are in flight while
+/// the routing is read and the slots are taken, and each destination's record
+/// is then only stores (reading them per destination cost a memory round trip
+/// each: three per destination rank, on top of the row's groups in turn).
+struct TokenReads {
+  /// The row, when it is one group of at most kMaxHeldChunks 16-byte chunks
+  /// per lane (chunk `lane + 32 u` at rowOffsets[u]); else empty, and the row
+  /// is copied group by group.
+  SmallVector<Value> row, rowOffsets;
+  /// Scale pack `lane + 32 u` (where packInRange[u]).
+  SmallVector<Value> packs, packInRange;
+  /// The weight of slot `lane` (lane < K; null without weights).
+  Value weight;
+};
+/// 32 registers of a lane (1024-thread blocks leave 64 per thread): FP8 rows
+/// up to 4 KiB, bf16 rows up to 2 Ki wide.
+constexpr int64_t kMaxHeldChunks = 8;
+
+TokenReads readToken(KernelBuilder &k, const DispatchShape &shape, Value x, Value scalePacks,
+                     Value weights, Value token) {
+  const EPLayout &L = k.layout;
+  TokenReads reads;
+  const int64_t chunks = L.rowBytes / 16;
+  if (chunks % 32 == 0 && chunks / 32 <= kMaxHeldChunks) {
+    Value laneBytes = k.wide(k.mul(k.lane, k.i32(16)));
+    for (int64_t u = 0; u < chunks / 32; ++u)
+      reads.rowOffsets.push_back(k.add(laneBytes, k.i64(32 * 16 * u)));
+    reads.row = k.loadChunks(VectorType::get({4}, k.i32T()),
+                             k.at(x, k.mul(k.wide(token), k.i64(L.rowBytes))), reads.rowOffsets, {});
+  }
+  if (shape.scalePacks) {
+    for (int64_t u = 0; u * 32 < L.packs; ++u) {
+      Value p = k.add(k.lane, k.i32(32 * u));
+      Value inRange = k.lt(p, k.i32(L.packs));
+      reads.packInRange.push_back(inRange);
+      reads.packs.push_back(k.choose(inRange, k.i32T(), [&]() -> Value {
+        return k.loadI32(scalePacks, k.add(k.mul(token, k.i32(L.packs)), p));
+      }, [&]() -> Value { return k.i32(0); }));
+    }
+  }
+  if (shape.weights) {
+    FloatType f32 = k.b.getF32Type();
+    reads.weight = k.choose(k.lt(k.lane, k.i32(L.topk)), f32, [&]() -> Value {
+      return k.load(f32, k.at(weights, k.mul(k.add(k.mul(token, k.i32(L.topk)), k.lane), k.i32(4))), 4);
+    }, [&]() -> Value { return arith::ConstantFloatOp::create(k.b, f32, APFloat(0.0f)); });
+  }
+  return reads;
+}
+
 void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape shape) {
   KernelBuilder k(func, L);
   TokenInputs in(k, shape);
@@ -750,6 +800,7 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
 
   // One warp per token: send it once to each destination rank.
   k.loop(k.globalWarp, numTokens, k.numWarps, [&](Value token) {
+    TokenReads reads = readToken(k, shape, x, scalePacks, weights, token);
     auto r = k.route(topkIdx, token);
     Value slotCell = k.add(k.mul(token, k.i32(L.topk)), k.lane);
     if (!shape.cached) {
@@ -784,26 +835,25 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
       Value index = k.add(k.mul(k.wide(k.me), k.wide(k.tmax)), k.wide(slot));
       return k.peer(k.add(k.i64(L.data), k.mul(index, k.i64(L.record))), r.dst);
     }, [&]() -> Value { return LLVM::ZeroOp::create(k.b, k.ptrT()); });
-    // The row is read once and stored to every destination's record; then
-    // each record's scale packs, ids, weights, token and master slot.
-    k.copyRowToEach(k.at(x, k.mul(k.wide(token), k.i64(L.rowBytes))), L.rowBytes, r.masters,
-                    [&](Value master) { return k.shufflePointer(myRecord, master); },
-                    KernelBuilder::wholeRowUnroll(L.rowBytes));
+    // The row is stored to every destination's record (read once: above, or
+    // group by group here when it is too wide to hold); then each record's
+    // scale packs, ids, weights, token and master slot.
+    if (reads.row.empty())
+      k.copyRowToEach(k.at(x, k.mul(k.wide(token), k.i64(L.rowBytes))), L.rowBytes, r.masters,
+                      [&](Value master) { return k.shufflePointer(myRecord, master); },
+                      KernelBuilder::wholeRowUnroll(L.rowBytes));
     k.forEachLane(r.masters, [&](Value master) {
       Value record = k.shufflePointer(myRecord, master);
-      if (shape.scalePacks) {
-        k.loop(k.lane, k.i32(L.packs), k.i32(32), [&](Value p) {
-          Value v = k.loadI32(scalePacks, k.add(k.mul(token, k.i32(L.packs)), p));
-          k.storeI32(v, k.at(record, k.i32(L.rowPad)), p);
-        });
+      if (!reads.row.empty())
+        k.storeChunks(record, reads.row, reads.rowOffsets, {});
+      for (auto [u, v] : llvm::enumerate(reads.packs)) {
+        Value p = k.add(k.lane, k.i32(32 * int64_t(u)));
+        k.when(reads.packInRange[u], [&] { k.storeI32(v, k.at(record, k.i32(L.rowPad)), p); });
       }
       k.when(k.lt(k.lane, k.i32(L.topk)), [&] {
         k.storeI32(r.expert, k.at(record, k.i32(L.idsOff)), k.lane);
-        if (shape.weights) {
-          Value w = k.load(k.b.getF32Type(),
-                           k.at(weights, k.mul(k.add(k.mul(token, k.i32(L.topk)), k.lane), k.i32(4))), 4);
-          k.store(w, k.at(record, k.add(k.i32(L.weightsOff), k.mul(k.lane, k.i32(4)))), 4);
-        }
+        if (reads.weight)
+          k.store(reads.weight, k.at(record, k.add(k.i32(L.weightsOff), k.mul(k.lane, k.i32(4)))), 4);
       });
       k.when(k.eq(k.lane, k.i32(0)), [&] {
         k.store(token, k.at(record, k.i32(L.tokenOff)), 4);
