@@ -59,7 +59,8 @@ def dispatch(b, x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, n
             cumulative_local_expert_recv_stats is None and previous_event is None and \
             previous_event_before_epilogue is None and not async_with_compute_stream and \
             not allocate_on_comm_stream:
-        replay_key = ("dispatch", num_experts, num_max_tokens_per_rank, expert_alignment, num_sms,
+        replay_key = ("dispatch", num_experts, num_max_tokens_per_rank,
+                      b.num_max_tokens_per_rank, expert_alignment, num_sms,
                       num_qps, bool(do_handle_copy), bool(do_expand), bool(do_zero_padding),
                       bool(use_tma_aligned_col_major_sf), type(num_experts),
                       type(num_max_tokens_per_rank), type(expert_alignment), type(num_sms),
