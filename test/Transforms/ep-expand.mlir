@@ -17,6 +17,13 @@
 // CHECK: %[[PARAMS:.*]] = comm.rank_params %[[TABLE]] stride 192 via %[[DC]]
 // CHECK: %[[LSA:.*]] = comm.team lsa %[[DC]]
 // CHECK: %[[ME:.*]] = comm.team_rank %[[LSA]]
+// Warps are numbered across the rank's blocks first (warp * blocks + block):
+// a decode-sized call's tokens go to as many SMs as there are tokens.
+// CHECK: %[[BLOCK:.*]] = arith.index_cast %block_id_x : index to i32
+// CHECK: %[[BLOCKS:.*]] = arith.index_cast %grid_dim_x : index to i32
+// CHECK: %[[WARP:.*]] = arith.divui %{{.*}}, %c32_i32
+// CHECK: %[[BYWARP:.*]] = arith.muli %[[WARP]], %[[BLOCKS]] : i32
+// CHECK: arith.addi %[[BYWARP]], %[[BLOCK]] : i32
 // The handle's copy of the routing (field 16, byte 128), written only when
 // given (do_handle_copy).
 // CHECK: %[[COPYAT:.*]] = llvm.getelementptr %[[PARAMS]][%c128_i64]

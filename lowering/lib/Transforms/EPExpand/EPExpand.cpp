@@ -197,7 +197,11 @@ public:
     lane = remu(tid, i32(32));
     Value warp = divu(tid, i32(32));
     Value warpsPerBlock = divu(threads, i32(32));
-    globalWarp = add(mul(block, warpsPerBlock), warp);
+    // Warp w of block b is the rank's warp w * blocks + b: consecutive work
+    // items (tokens, rows, parts of a row) go to different SMs first. Block
+    // after block, a decode-sized call's 32 tokens all landed on one SM,
+    // whose load/store bandwidth (~200 GB/s) then set the kernel's time.
+    globalWarp = add(mul(warp, blocks), block);
     numWarps = mul(blocks, warpsPerBlock);
     if (func.getNumWorkgroupAttributions())
       sharedFlag = func.getWorkgroupAttributions()[0];
