@@ -7,7 +7,7 @@ import weakref
 
 from . import _tensors as T
 from ._plans import signature, signatures
-from .buffer import _C, _capturing, _check_int, _gemm_dtype
+from .buffer import _C, _capturing, _check_bool, _check_event, _check_int, _gemm_dtype
 from .handle import EventOverlap
 
 __all__ = ["combine", "gemm_combine", "grouped_gemm"]
@@ -120,8 +120,8 @@ def combine(b, x, handle, topk_weights, bias, num_sms, num_qps, previous_event,
     # passes the same handles and tensors of the same signatures.
     replay_key = None
     if bias is None and gemm is None and previous_event is None and \
-            previous_event_before_epilogue is None and not async_with_compute_stream and \
-            not allocate_on_comm_stream:
+            previous_event_before_epilogue is None and async_with_compute_stream is False and \
+            allocate_on_comm_stream is False:
         replay_key = ("combine", num_sms, num_qps, type(num_sms), type(num_qps))
         replay = b._replays.get(replay_key)
         if replay is not None:
@@ -131,6 +131,11 @@ def combine(b, x, handle, topk_weights, bias, num_sms, num_qps, previous_event,
 
     if handle is None:
         raise ValueError("handle: required (the EPHandle of the dispatch being reversed)")
+    for name, flag in (("async_with_compute_stream", async_with_compute_stream),
+                       ("allocate_on_comm_stream", allocate_on_comm_stream)):
+        _check_bool(name, flag)
+    _check_event("previous_event", previous_event)
+    _check_event("previous_event_before_epilogue", previous_event_before_epilogue)
     handles = b._handles("handle", handle)
     xs = b._per_rank("x", x)
     weights = b._per_rank("topk_weights", topk_weights, optional=True)

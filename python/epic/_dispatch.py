@@ -7,7 +7,8 @@ import contextlib
 
 from . import _tensors as T
 from ._plans import signatures
-from .buffer import _C, _capturing, _check_int, _device_wait_reports, _refuse_in_capture
+from .buffer import (_C, _capturing, _check_bool, _check_event, _check_int, _device_wait_reports,
+                     _refuse_in_capture)
 from .handle import HANDLE_SLOTS, EPHandle
 
 __all__ = ["dispatch"]
@@ -54,15 +55,18 @@ def dispatch(b, x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, n
              use_tma_aligned_col_major_sf, gemm):
     # The decode call (no handle, no CPU sync, the current stream): a replay of options
     # already checked, when its tensors have the signatures of that check.
+    # Flags must be real bools (1 == True would share a key): anything else is checked.
     replay_key = None
-    if handle is None and do_cpu_sync is not None and not do_cpu_sync and gemm is None and \
+    if handle is None and do_cpu_sync is False and gemm is None and \
             cumulative_local_expert_recv_stats is None and previous_event is None and \
-            previous_event_before_epilogue is None and not async_with_compute_stream and \
-            not allocate_on_comm_stream:
+            previous_event_before_epilogue is None and async_with_compute_stream is False and \
+            allocate_on_comm_stream is False and type(do_handle_copy) is bool and \
+            type(do_expand) is bool and type(do_zero_padding) is bool and \
+            type(use_tma_aligned_col_major_sf) is bool:
         replay_key = ("dispatch", num_experts, num_max_tokens_per_rank,
                       b.num_max_tokens_per_rank, expert_alignment, num_sms,
-                      num_qps, bool(do_handle_copy), bool(do_expand), bool(do_zero_padding),
-                      bool(use_tma_aligned_col_major_sf), type(num_experts),
+                      num_qps, do_handle_copy, do_expand, do_zero_padding,
+                      use_tma_aligned_col_major_sf, type(num_experts),
                       type(num_max_tokens_per_rank), type(expert_alignment), type(num_sms),
                       type(num_qps))
         replay = b._replays.get(replay_key)
@@ -71,6 +75,16 @@ def dispatch(b, x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, n
             if result is not None:
                 return result
 
+    for name, flag in (("do_handle_copy", do_handle_copy), ("do_expand", do_expand),
+                       ("do_zero_padding", do_zero_padding),
+                       ("use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf),
+                       ("async_with_compute_stream", async_with_compute_stream),
+                       ("allocate_on_comm_stream", allocate_on_comm_stream)):
+        _check_bool(name, flag)
+    if do_cpu_sync is not None:
+        _check_bool("do_cpu_sync", do_cpu_sync)
+    _check_event("previous_event", previous_event)
+    _check_event("previous_event_before_epilogue", previous_event_before_epilogue)
     R = b.num_ranks
     cached = handle is not None
     xs = b._per_rank("x", x)
@@ -128,6 +142,9 @@ def dispatch(b, x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, n
             raise TypeError(f"{b._name('topk_idx', r)}: expected a tensor, got "
                             f"{type(idx).__name__}")
     _two_d(b._name("x", 0), data[0], "[tokens, hidden]")
+    if data[0].shape[1] == 0:
+        raise ValueError(f"{b._name('x', 0)}: rows of 0 elements ([tokens, hidden] with hidden "
+                         f">= 1), got {T.describe(data[0])}")
     _two_d(b._name("topk_idx", 0), idxs[0], "[tokens, top-k]")
     K, (dtype, hidden) = idxs[0].shape[1], (T.dtype_name(data[0]), data[0].shape[1])
     num_packs = packs[0].shape[1] if packs[0] is not None and len(packs[0].shape) == 2 else 0
@@ -322,7 +339,8 @@ def _results(b, out, handles, idxs, counts, spec, tmax, alignment, num_sms, copy
         else:
             hd = EPHandle(
                 do_expand=expand, num_experts=spec["num_experts"], expert_alignment=alignment,
-                num_max_tokens_per_rank=tmax, num_sms=num_sms or b._runtime().blocks_per_rank,
+                num_max_tokens_per_rank=tmax,
+                num_sms=num_sms or b._call_sms(spec, b._runtime().blocks_per_rank),
                 topk_idx=full["topk_idx"], num_recv_tokens=n,
                 num_expanded_tokens=expanded_rows if expand else n,
                 num_recv_tokens_per_expert_list=list(counts[r][1:]) if counts else [],

@@ -22,6 +22,7 @@ import contextlib
 import importlib
 import os
 
+from . import _limits as LIM
 from . import _tensors as T
 from ._plans import OpPlan, PlanCache
 from .handle import EPHandle, EventHandle, EventOverlap
@@ -29,7 +30,8 @@ from .handle import EPHandle, EventHandle, EventOverlap
 __all__ = ["VirtualWorld", "ElasticBuffer", "EPHandle", "EventHandle", "EventOverlap", "topk_idx_t"]
 
 _MIB = 1 << 20
-_MAX_RANKS, _MAX_TOPK = 1024, 32
+_MAX_RANKS, _MAX_TOPK = LIM.MAX_RANKS, LIM.MAX_TOPK
+_MAX_BUFFER_BYTES = 1 << 40  # more than any GPU's memory: a typo, not a buffer
 _MAX_REPLAYS = 64  # option sets of decode calls whose checked call a buffer replays
 _GEMM_DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "f16", "f16": "f16",
                 "float32": "f32", "f32": "f32"}
@@ -83,6 +85,8 @@ class VirtualWorld:
             raise TypeError(f"num_ranks: expected an int, got {type(num_ranks).__name__}")
         if not 1 <= num_ranks <= _MAX_RANKS:
             raise ValueError(f"num_ranks: must be in [1, {_MAX_RANKS}], got {num_ranks}")
+        if device is not None and (not _is_int(device) or device < 0):
+            raise ValueError(f"device: a CUDA device index >= 0 or None, got {device!r}")
         self.num_ranks = num_ranks
         self.device = device
 
@@ -104,6 +108,18 @@ def _check_int(name, value, low, high=None):
         bound = f"[{low}, {high}]" if high is not None else f">= {low}"
         raise ValueError(f"{name}: must be {bound}, got {value}")
     return value
+
+
+def _check_bool(name, value):
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
+    return value
+
+
+def _check_event(name, value):
+    if value is not None and not isinstance(value, EventHandle):
+        raise TypeError(f"{name}: expected an EventHandle (ElasticBuffer.capture()) or None, got "
+                        f"{type(value).__name__}")
 
 
 def _capturing():
@@ -171,16 +187,31 @@ class ElasticBuffer:
                     "group: expected a torch.distributed ProcessGroup or an epic.VirtualWorld, "
                     f"got {type(group).__name__}"
                 ) from None
-        _check_int("num_max_tokens_per_rank", num_max_tokens_per_rank, 0)
-        _check_int("hidden", hidden, 0)
+        _check_int("num_max_tokens_per_rank", num_max_tokens_per_rank, 0,
+                   LIM.MAX_MAX_TOKENS_PER_RANK)
+        _check_int("hidden", hidden, 0, LIM.MAX_HIDDEN)
         _check_int("num_topk", num_topk, 0, _MAX_TOPK)
+        _check_int("sl_idx", sl_idx, 0, 15)  # an InfiniBand service level
+        for name, flag in (("use_fp8_dispatch", use_fp8_dispatch), ("deterministic", deterministic),
+                           ("allow_hybrid_mode", allow_hybrid_mode),
+                           ("allow_multiple_reduction", allow_multiple_reduction),
+                           ("prefer_overlap_with_compute", prefer_overlap_with_compute),
+                           ("explicitly_destroy", explicitly_destroy)):
+            _check_bool(name, flag)
+        if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+            raise TypeError(f"cache_dir: expected a path (str) or None, got "
+                            f"{type(cache_dir).__name__}")
         _check_int("num_cpu_bytes", num_cpu_bytes, 0)
         _check_int("num_allocated_qps", num_allocated_qps, 0)
         _check_int("num_sms", num_sms, 0)
         _check_int("output_pool_bytes", output_pool_bytes, 0)
-        if not isinstance(num_gpu_timeout_secs, (int, float)) or not 0 < num_gpu_timeout_secs <= 2e6:
-            raise ValueError("num_gpu_timeout_secs: must be a positive number of seconds, got "
-                             f"{num_gpu_timeout_secs!r}")
+        for name, secs in (("num_gpu_timeout_secs", num_gpu_timeout_secs),
+                           ("num_cpu_timeout_secs", num_cpu_timeout_secs)):
+            # The kernels' wait bound is at most 2^31 ms (EPLimits.def).
+            if isinstance(secs, bool) or not isinstance(secs, (int, float)) or \
+                    not 0 < secs <= LIM.MAX_TIMEOUT_MS / 1000:
+                raise ValueError(f"{name}: must be a positive number of seconds up to "
+                                 f"{LIM.MAX_TIMEOUT_MS // 1000}, got {secs!r}")
         if num_cpu_bytes:
             raise ValueError(
                 "num_cpu_bytes: host-memory (Engram) storage is not supported by epic; pass 0"
@@ -213,12 +244,12 @@ class ElasticBuffer:
                 group, num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch,
                 allow_hybrid_mode, allow_multiple_reduction,
             )
-        _check_int("num_bytes", num_bytes, 1)
+        _check_int("num_bytes", num_bytes, 1, _MAX_BUFFER_BYTES)
         if num_bytes % (2 * _MIB):
             raise ValueError(f"num_bytes: must be a multiple of 2 MiB, got {num_bytes}")
         self.num_bytes = num_bytes
         self._requested_sms = num_sms
-        self._cache_dir = cache_dir or ""
+        self._cache_dir = os.fspath(cache_dir) if cache_dir is not None else ""
         self._state = None  # the C++ buffer, made on first use in a virtual world
         self._comm_stream = None
         self._device_index = None
@@ -245,9 +276,11 @@ class ElasticBuffer:
             torch.cuda.set_device(self.group.device)
         self._device_index = torch.cuda.current_device()
         runtime = C.Runtime("virtual" if self.virtual else "nccl", self._cache_dir, "")
-        sms = self._requested_sms or self.get_theoretical_num_sms(256, 8)
+        # The most blocks per rank any call may use: the request, else the whole GPU. A call
+        # without num_sms takes the analytic count of its own experts and top-k (_call_sms).
+        device_sms = torch.cuda.get_device_properties(self._device_index).multi_processor_count
+        sms = self._requested_sms or device_sms
         if self.virtual:  # every virtual rank's blocks are resident at once
-            device_sms = torch.cuda.get_device_properties(self._device_index).multi_processor_count
             sms = max(1, min(sms, device_sms // self.num_ranks))
         if self.virtual:
             state = C.Buffer.virtual_world(runtime, self.num_ranks, self.num_bytes, sms)
@@ -495,7 +528,8 @@ class ElasticBuffer:
         state = self._runtime()
         # The stream only decides whether loading kernels is refused (while capturing).
         stream = self._current_stream()
-        plan = OpPlan(state.plan(kind, spec, variant, runtime_calls, num_sms, stream),
+        plan = OpPlan(state.plan(kind, spec, variant, runtime_calls,
+                                 num_sms or self._call_sms(spec, state.blocks_per_rank), stream),
                       C.slots(kind), make_outputs, outputs)
         if key is not None:
             self._plans.add(key, plan)
@@ -514,6 +548,12 @@ class ElasticBuffer:
         import torch
 
         return torch._C._cuda_getCurrentRawStream(self._device_index)
+
+    def _call_sms(self, spec, most):
+        """Blocks per rank of a call without num_sms: DeepEP's analytic count for the call's
+        experts and top-k, at most `most` (the buffer's)."""
+        return max(1, min(most, self.get_theoretical_num_sms(spec["num_experts"],
+                                                             spec["num_topk"])))
 
     def _stream(self, previous_event, allocate_on_comm_stream, async_with_compute_stream,
                 previous_event_before_epilogue=None):

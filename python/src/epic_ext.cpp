@@ -26,7 +26,9 @@
 
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <memory>
+#include <optional>
 
 namespace py = pybind11;
 using namespace epic::runtime;
@@ -101,19 +103,54 @@ DeviceTensor tensorFrom(const std::string &name, const py::handle &entry,
   return out;
 }
 
+/// Field `key` of a spec or variant dict as T (bool, an integer type or std::string): a
+/// missing field (without `fallback`), a value of another type or one T cannot hold is
+/// refused naming the field, before anything else reads it.
+template <typename T>
+T field(const py::dict &d, const char *key, std::optional<T> fallback = std::nullopt) {
+  if (!d.contains(key)) {
+    if (fallback)
+      return *fallback;
+    throw py::value_error(std::string("missing field '") + key + "'");
+  }
+  py::handle v = d[key];
+  auto typeName = [&] { return std::string(py::str(py::type::handle_of(v).attr("__name__"))); };
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!py::isinstance<py::bool_>(v))
+      throw py::type_error(std::string(key) + ": expected a bool, got " + typeName());
+    return v.cast<bool>();
+  } else if constexpr (std::is_integral_v<T>) {
+    if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v))
+      throw py::type_error(std::string(key) + ": expected an int, got " + typeName());
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+    if (overflow || x < (long long)std::numeric_limits<T>::min() ||
+        x > (long long)std::numeric_limits<T>::max())
+      throw py::value_error(std::string(key) + ": " + std::string(py::str(v)) +
+                            " is out of range [" +
+                            std::to_string((long long)std::numeric_limits<T>::min()) + ", " +
+                            std::to_string((long long)std::numeric_limits<T>::max()) + "]");
+    return T(x);
+  } else {
+    if (!py::isinstance<py::str>(v))
+      throw py::type_error(std::string(key) + ": expected a str, got " + typeName());
+    return v.cast<std::string>();
+  }
+}
+
 EPSpec specFrom(const py::dict &d) {
   EPSpec s;
-  s.ranks = d["num_ranks"].cast<int>();
-  s.experts = d["num_experts"].cast<int>();
-  s.topk = d["num_topk"].cast<int>();
-  s.hidden = d["hidden"].cast<int>();
-  s.dtype = d["dtype"].cast<std::string>();
-  s.scalePacks = d["num_scale_packs"].cast<int>();
-  s.expertAlignment = d["expert_alignment"].cast<int>();
-  s.expanded = d["do_expand"].cast<bool>();
-  s.maxTokensPerRank = d["num_max_tokens_per_rank"].cast<int>();
-  s.numSms = d.contains("num_sms") ? d["num_sms"].cast<int>() : 0;
-  s.timeoutMs = d.contains("timeout_ms") ? d["timeout_ms"].cast<int64_t>() : 0;
+  s.ranks = field<int>(d, "num_ranks");
+  s.experts = field<int>(d, "num_experts");
+  s.topk = field<int>(d, "num_topk");
+  s.hidden = field<int>(d, "hidden");
+  s.dtype = field<std::string>(d, "dtype");
+  s.scalePacks = field<int>(d, "num_scale_packs");
+  s.expertAlignment = field<int>(d, "expert_alignment");
+  s.expanded = field<bool>(d, "do_expand");
+  s.maxTokensPerRank = field<int>(d, "num_max_tokens_per_rank");
+  s.numSms = field<int>(d, "num_sms", 0);
+  s.timeoutMs = field<int64_t>(d, "timeout_ms", int64_t(0));
   s.validate();
   return s;
 }
@@ -231,16 +268,16 @@ std::vector<Call> callsFrom(const py::list &calls, const std::vector<Slot<Call>>
 
 DispatchVariant dispatchVariantFrom(const py::dict &d) {
   DispatchVariant v;
-  v.weights = d["weights"].cast<bool>();
-  v.cached = d["cached"].cast<bool>();
-  v.zeroPadding = d["zero_padding"].cast<bool>();
+  v.weights = field<bool>(d, "weights");
+  v.cached = field<bool>(d, "cached");
+  v.zeroPadding = field<bool>(d, "zero_padding");
   return v;
 }
 
 CombineVariant combineVariantFrom(const py::dict &d) {
   CombineVariant v;
-  v.weights = d["weights"].cast<bool>();
-  v.biases = d["biases"].cast<int>();
+  v.weights = field<bool>(d, "weights");
+  v.biases = field<int>(d, "biases");
   return v;
 }
 
@@ -302,7 +339,7 @@ py::object planOrCheck(KernelHost *host, const std::string &kind, const py::dict
                  });
   }
   if (kind == "gemm_combine") {
-    int biases = variant["biases"].cast<int>();
+    int biases = field<int>(variant, "biases");
     auto c = callsFrom(calls, kGemmCombineSlots, offDevice);
     if (host)
       return plan([&] {
@@ -381,14 +418,14 @@ PYBIND11_MODULE(_C, m) {
               ir = combineEntryIR(s, combineVariantFrom(variant), kCombineEntryName);
             } else if (kind == "dispatch_gemm") {
               ir = dispatchGemmEntryIR(s, dispatchVariantFrom(variant),
-                                       variant["n"].cast<int64_t>(),
-                                       variant["out_dtype"].cast<std::string>(),
+                                       field<int64_t>(variant, "n"),
+                                       field<std::string>(variant, "out_dtype"),
                                        kDispatchGemmEntryName);
             } else if (kind == "gemm_combine") {
-              ir = gemmCombineEntryIR(s, variant["biases"].cast<int>(), kGemmCombineEntryName);
+              ir = gemmCombineEntryIR(s, field<int>(variant, "biases"), kGemmCombineEntryName);
             } else if (kind == "grouped_gemm") {
-              ir = groupedGemmEntryIR(s, variant["n"].cast<int64_t>(),
-                                      variant["out_dtype"].cast<std::string>(),
+              ir = groupedGemmEntryIR(s, field<int64_t>(variant, "n"),
+                                      field<std::string>(variant, "out_dtype"),
                                       kGroupedGemmEntryName);
             } else {
               invalid("kind must be dispatch, combine, grouped_gemm, dispatch_gemm or "

@@ -320,10 +320,15 @@ void epic::runtime::checkTopkIndices(const EPSpec &s, const int64_t *idx, int64_
   for (int64_t t = 0; t < tokens; ++t)
     for (int j = 0; j < s.topk; ++j) {
       int64_t e = idx[t * s.topk + j];
+      std::string at = name + "[" + std::to_string(t) + "][" + std::to_string(j) + "]";
       if (e < -1 || e >= s.experts)
-        fail(name + "[" + std::to_string(t) + "][" + std::to_string(j) + "] = " +
-             std::to_string(e) + " is out of range: expert ids are in [0, " +
+        fail(at + " = " + std::to_string(e) + " is out of range: expert ids are in [0, " +
              std::to_string(s.experts) + "), -1 masks a slot");
+      // A token reaches an expert once: a repeated id would be received and summed twice.
+      for (int i = 0; i < j && e >= 0; ++i)
+        if (idx[t * s.topk + i] == e)
+          fail(at + " = " + std::to_string(e) + " repeats slot " + std::to_string(i) +
+               " of the token: each expert at most once per token (-1 masks a slot)");
     }
 }
 

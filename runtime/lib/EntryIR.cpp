@@ -2,6 +2,8 @@
 
 #include "epic/runtime/EntryIR.h"
 
+#include "epic/Dialect/EP/IR/EPLimits.h"
+
 #include <cstdint>
 #include <sstream>
 #include <stdexcept>
@@ -34,37 +36,54 @@ int EPSpec::elementBytes() const {
                               dtype + "\"");
 }
 
-// The same rules as #ep.config's verifier, checked before anything compiles.
+// The same rules as #ep.config's verifier (the bounds from EPLimits.def), checked before
+// anything compiles, with the Python API's argument names.
 void EPSpec::validate() const {
-  require(ranks >= 1 && ranks <= 1024, "num_ranks must be in [1, 1024], got " + dim(ranks));
-  require(experts >= 1 && experts <= 2048,
-          "num_experts must be in [1, 2048], got " + dim(experts));
+  namespace lim = epic::ep::limits;
+  auto inRange = [](const char *name, int64_t value, int64_t low, int64_t high) {
+    require(value >= low && value <= high, std::string(name) + " must be in [" +
+                                               std::to_string(low) + ", " +
+                                               std::to_string(high) + "], got " +
+                                               std::to_string(value));
+  };
+  inRange("num_ranks", ranks, lim::kMinRanks, lim::kMaxRanks);
+  inRange("num_experts", experts, lim::kMinExperts, lim::kMaxExperts);
   require(experts % ranks == 0, "num_experts (" + dim(experts) +
                                     ") must be divisible by the number of ranks (" +
                                     dim(ranks) + ")");
-  require(experts / ranks <= 256,
-          "experts per rank must be at most 256, got " + dim(experts / ranks));
-  require(topk >= 1 && topk <= 32, "num_topk must be in [1, 32], got " + dim(topk));
+  require(experts / ranks <= lim::kMaxLocalExperts,
+          "experts per rank must be at most " + std::to_string(lim::kMaxLocalExperts) +
+              ", got " + dim(experts / ranks));
+  inRange("num_topk", topk, lim::kMinTopk, lim::kMaxTopk);
   require(topk <= experts,
           "num_topk (" + dim(topk) + ") exceeds num_experts (" + dim(experts) + ")");
-  require(hidden >= 1, "hidden must be positive, got " + dim(hidden));
+  inRange("hidden", hidden, lim::kMinHidden, lim::kMaxHidden);
   int bytes = elementBytes();
   require(hidden * bytes % 16 == 0, "hidden (" + dim(hidden) + ") x " + dim(bytes) +
                                         " bytes must be a multiple of 16");
   require(hidden % 8 == 0, "hidden (" + dim(hidden) +
                                ") must be a multiple of 8 (combine reduces 8 channels a step)");
+  inRange("num_scale_packs", scalePacks, lim::kMinScalePacks, lim::kMaxScalePacks);
   require(!isFP8() || scalePacks > 0, "FP8 data needs scale packs (num_scale_packs > 0)");
   require(isFP8() || scalePacks == 0,
           "scale packs (" + dim(scalePacks) + ") are only allowed with FP8 data, not " + dtype);
-  require(expertAlignment >= 1, "expert_alignment must be at least 1, got " + dim(expertAlignment));
-  require(maxTokensPerRank >= 1,
-          "num_max_tokens_per_rank must be positive, got " + dim(maxTokensPerRank));
-  require(int64_t(ranks) * maxTokensPerRank <= INT32_MAX,
-          "num_ranks x num_max_tokens_per_rank overflows the int32 source ids");
-  require(numSms >= 0, "num_sms must not be negative, got " + dim(numSms));
-  require(timeoutMs >= 0 && timeoutMs <= (int64_t(1) << 31),
+  inRange("expert_alignment", expertAlignment, lim::kMinExpertAlignment,
+          lim::kMaxExpertAlignment);
+  inRange("num_max_tokens_per_rank", maxTokensPerRank, 1, lim::kMaxMaxTokensPerRank);
+  inRange("num_sms", numSms, lim::kMinNumSms, lim::kMaxNumSms);
+  require(timeoutMs >= lim::kMinTimeoutMs && timeoutMs <= lim::kMaxTimeoutMs,
           "the GPU timeout must be in [1, 2^31] ms (0: the default), got " +
               std::to_string(timeoutMs));
+  // The kernels index rows and their elements with 32-bit values.
+  int64_t rows = lim::worstCaseRows(ranks, experts, topk, expertAlignment, maxTokensPerRank,
+                                    expanded);
+  int64_t widest = lim::widestRowArray(topk, scalePacks);
+  require(rows * widest <= lim::kMaxElementIndex,
+          "num_max_tokens_per_rank " + dim(maxTokensPerRank) + " needs " + std::to_string(rows) +
+              " rows of up to " + std::to_string(widest) +
+              " elements (ids and metadata, scale packs): more than the kernels' 32-bit "
+              "element indices address (" +
+              std::to_string(lim::kMaxElementIndex) + ")");
 }
 
 std::string EPSpec::configAttr(bool staticTokenCap) const {

@@ -69,7 +69,9 @@
 // Two one-warpgroup blocks per SM (the runtime launches ctas_per_sm x num_sms).
 // JSON: "ctas_per_sm": 2
 // JSON: "name": "moe_send"
-// JSON: "spill_store_bytes": 0
+// At most one register saved around the cold timeout-trap calls (40
+// registers of 255 used: not pressure).
+// JSON: "spill_store_bytes": {{[04]}},
 // JSON: "name": "moe_copy_gemm"
 // JSON: "spill_store_bytes": 0
 func.func @moe(%x: tensor<?x1024xbf16>, %idx: tensor<?x4xi64>, %w: tensor<?x4xf32>,

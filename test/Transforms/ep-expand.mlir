@@ -84,6 +84,15 @@
 // CHECK: comm.local_ptr %{{.*}}[%{{.*}}] : !llvm.ptr<1>
 // Global ids -> local ids of this rank, or -1.
 // CHECK: arith.remsi %{{.*}}, %c8_i32
+// Scale pack p of output row r is element r x 16 + p: an i32 index (EPLimits.def
+// keeps it below 2^31), its byte offset computed in 64 bits.
+// CHECK: %[[PACK:.*]] = llvm.load %{{.*}} {alignment = 4 : i64} : !llvm.ptr<1> -> i32
+// CHECK: %[[ROWP:.*]] = arith.muli %{{.*}}, %c16_i32{{.*}} : i32
+// CHECK: %[[ELEM:.*]] = arith.addi %[[ROWP]], %{{.*}} : i32
+// CHECK: %[[WIDE:.*]] = arith.extsi %[[ELEM]] : i32 to i64
+// CHECK: %[[BYTES:.*]] = arith.muli %[[WIDE]], %c4_i64{{.*}} : i64
+// CHECK: %[[AT:.*]] = llvm.getelementptr %{{.*}}[%[[BYTES]]]
+// CHECK: llvm.store %[[PACK]], %[[AT]] {alignment = 4 : i64} : i32, !llvm.ptr<1>
 // --- the launch function replaces the entry function ---
 // CHECK: func.func @dispatch(%{{.*}}: !comm.dev_comm, %{{.*}}: !comm.window, %{{.*}}: !llvm.ptr, %[[GRID:.*]]: index)
 // CHECK-SAME: epic.cooperative = 1

@@ -84,6 +84,38 @@ def test_constructor_checks(buf):
         sorted_rows.dispatch(xs, idxs, num_experts=E, do_cpu_sync=False)
 
 
+@pytest.mark.parametrize("kwargs, error, pattern", [
+    (dict(num_bytes=2**70), ValueError, r"num_bytes: must be \[1, 1099511627776\]"),
+    (dict(num_bytes=None, num_max_tokens_per_rank=16, hidden=2**40), ValueError,
+     r"hidden: must be \[0, 1048576\], got 1099511627776"),
+    (dict(num_gpu_timeout_secs=True), ValueError, r"num_gpu_timeout_secs: must be a positive"),
+    (dict(num_cpu_timeout_secs=-5), ValueError, r"num_cpu_timeout_secs: must be a positive"),
+    (dict(sl_idx="x"), TypeError, r"sl_idx: expected an int, got str"),
+    (dict(cache_dir=123), TypeError, r"cache_dir: expected a path \(str\) or None, got int"),
+    (dict(use_fp8_dispatch="yes"), TypeError, r"use_fp8_dispatch: expected a bool, got str"),
+])
+def test_constructor_values_out_of_range_are_named(kwargs, error, pattern):
+    args = dict(num_bytes=2 << 20)
+    args.update(kwargs)
+    with pytest.raises(error, match=pattern):
+        epic.ElasticBuffer(epic.VirtualWorld(2), **args)
+
+
+def test_a_virtual_world_device_is_an_index():
+    with pytest.raises(ValueError, match=r"device: a CUDA device index >= 0 or None, got -1"):
+        epic.VirtualWorld(4, device=-1)
+    assert epic.VirtualWorld(4, device=0).device == 0
+
+
+def test_the_default_sms_of_a_call_follow_its_own_experts():
+    """A buffer made without num_sms gives each call DeepEP's analytic count of that call's
+    experts and top-k (never a made-up 256 experts, which 6 ranks do not divide)."""
+    six = epic.ElasticBuffer(epic.VirtualWorld(6), num_bytes=2 << 20)
+    spec = six._spec(6, 48, 4, 256, "bf16", 0, 1, False, 16)
+    assert six._call_sms(spec, 22) == min(22, six.get_theoretical_num_sms(48, 4))
+    assert six._call_sms(spec, 1) == 1
+
+
 def test_the_gpu_timeout_reaches_the_kernel_configuration():
     quick = epic.ElasticBuffer(epic.VirtualWorld(2), num_bytes=2 << 20, num_gpu_timeout_secs=5)
     assert quick._spec(2, 8, 2, 256, "bf16", 0, 1, False, 16)["timeout_ms"] == 5000
@@ -115,7 +147,7 @@ def test_a_valid_call_stops_at_the_device_check(buf):
         (lambda a: a["x"].__setitem__(0, np.zeros((10, H + 8), ml_dtypes.bfloat16)), ValueError,
          r"rank 1: x must have shape bf16\[3, 264\], got bf16\[3, 256\]"),
         (lambda a: a.update(x=[np.zeros((TMAX + 1, H), ml_dtypes.bfloat16)] * R,
-                            topk_idx=[np.zeros((TMAX + 1, K), np.int64)] * R), ValueError,
+                            topk_idx=[np.full((TMAX + 1, K), -1, np.int64)] * R), ValueError,
          r"rank 0: x has 65 tokens, more than num_max_tokens_per_rank \(64\)"),
         (lambda a: a["topk_idx"].__setitem__(2, a["topk_idx"][2].astype(np.int32)), ValueError,
          r"rank 2: topk_idx must be i64, got i32"),
@@ -140,6 +172,18 @@ def test_a_valid_call_stops_at_the_device_check(buf):
          "use_tma_aligned_col_major_sf: needs FP8 input"),
         (lambda a: a.update(cumulative_local_expert_recv_stats=[np.zeros(3, np.int32)] * R),
          ValueError, r"cumulative_local_expert_recv_stats\[0\]: must be \[8\]"),
+        (lambda a: a.update(x=[np.zeros((t.shape[0], 0), ml_dtypes.bfloat16) for t in a["x"]]),
+         ValueError, r"x\[0\]: rows of 0 elements"),
+        (lambda a: a["topk_idx"][1].__setitem__((2, 3), a["topk_idx"][1][2, 0]), ValueError,
+         r"topk_idx\[1\]\[2\]\[3\] = \d+ repeats slot 0 of the token"),
+        (lambda a: a.update(do_expand=1), TypeError, r"do_expand: expected a bool, got int"),
+        (lambda a: a.update(do_cpu_sync="no"), TypeError, r"do_cpu_sync: expected a bool, got str"),
+        (lambda a: a.update(previous_event=5), TypeError,
+         r"previous_event: expected an EventHandle .* got int"),
+        (lambda a: a.update(expert_alignment=2**40), ValueError,
+         r"expert_alignment: 1099511627776 is out of range"),
+        (lambda a: a.update(expert_alignment=2048), ValueError,
+         r"expert_alignment must be in \[1, 1024\], got 2048"),
     ],
 )
 def test_bad_dispatch_arguments_are_named(buf, mutate, error, pattern):
@@ -362,3 +406,37 @@ def test_cuda_errors_at_sync_points_carry_the_device_wait_reports(monkeypatch):
     with B._device_wait_reports():  # nothing raised: nothing asked
         pass
     assert Extension.reports == []
+
+
+@pytest.mark.parametrize("change, error, message", [
+    (dict(num_experts=2**40), ValueError, r"num_experts: 1099511627776 is out of range"),
+    (dict(expert_alignment=2**31), ValueError, r"expert_alignment: 2147483648 is out of range"),
+    (dict(expert_alignment=4096), ValueError, r"expert_alignment must be in \[1, 1024\], got 4096"),
+    (dict(num_scale_packs=2**20), ValueError, r"num_scale_packs must be in \[0, 65536\]"),
+    (dict(num_max_tokens_per_rank=2**28), ValueError,
+     r"num_max_tokens_per_rank 268435456 needs .* rows .* 32-bit element indices"),
+    (dict(hidden="7168"), TypeError, r"hidden: expected an int, got str"),
+    (dict(do_expand=1), TypeError, r"do_expand: expected a bool, got int"),
+    (dict(num_topk=True), TypeError, r"num_topk: expected an int, got bool"),
+])
+def test_the_runtime_names_a_bad_spec_field(tmp_path, change, error, message):
+    """Values a C++ int cannot hold, values out of #ep.config's bounds (EPLimits.def) and
+    mistyped ones are refused naming the field, not as a bare cast error."""
+    runtime = _C.Runtime("virtual", str(tmp_path), "")
+    spec = dict(num_ranks=8, num_experts=256, num_topk=8, hidden=7168, dtype="f8E4M3FN",
+                num_scale_packs=56, expert_alignment=128, do_expand=True,
+                num_max_tokens_per_rank=4096)
+    spec.update(change)
+    with pytest.raises(error, match=message):
+        runtime.kernels(spec, dict(weights=True, cached=False, zero_padding=False), "dispatch")
+
+
+def test_the_runtime_names_a_missing_variant_field(tmp_path):
+    runtime = _C.Runtime("virtual", str(tmp_path), "")
+    spec = dict(num_ranks=2, num_experts=16, num_topk=2, hidden=256, dtype="bf16",
+                num_scale_packs=0, expert_alignment=1, do_expand=False, num_max_tokens_per_rank=8)
+    with pytest.raises(ValueError, match=r"missing field 'weights'"):
+        runtime.kernels(spec, dict(cached=False, zero_padding=False), "dispatch")
+    with pytest.raises(ValueError, match=r"missing field 'num_topk'"):
+        runtime.kernels({k: v for k, v in spec.items() if k != "num_topk"},
+                        dict(weights=False, biases=0), "combine")

@@ -541,6 +541,19 @@ TEST(Calls, TopkIndicesOutOfRange) {
   EXPECT_THROW(checkTopkIndices(f.spec, idx.data(), 3), std::invalid_argument);
 }
 
+TEST(Calls, TopkIndicesRepeatingAnExpert) {
+  CallFixture f;
+  std::vector<int64_t> idx(size_t(2) * 8, -1); // masked slots may repeat -1
+  idx[8 + 1] = 7, idx[8 + 4] = 7;
+  try {
+    checkTopkIndices(f.spec, idx.data(), 2);
+    FAIL() << "expert 7 twice in token 1 accepted";
+  } catch (const std::invalid_argument &e) {
+    EXPECT_NE(std::string(e.what()).find("topk_idx[1][4] = 7 repeats slot 1"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Calls, GroupedGemmArgumentsAreCheckedByName) {
   CallFixture f(false, true);
   const int64_t rows = receiveRows(f.spec);

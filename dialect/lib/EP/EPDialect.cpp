@@ -1,10 +1,13 @@
 //===- EPDialect.cpp - ep dialect, attributes and types -------------------===//
 
 #include "epic/Dialect/EP/IR/EPDialect.h"
+#include "epic/Dialect/EP/IR/EPLimits.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/DialectImplementation.h"
 #include "llvm/ADT/TypeSwitch.h"
+
+#include <limits>
 
 using namespace mlir;
 using namespace epic::ep;
@@ -99,50 +102,76 @@ std::optional<uint64_t> ConfigAttr::getMaxExpandedTokens() const {
   return alignUp(rows, align);
 }
 
+FailureOr<unsigned> epic::ep::parseCount(AsmParser &parser) {
+  SMLoc loc = parser.getCurrentLocation();
+  int64_t value;
+  if (parser.parseInteger(value))
+    return failure();
+  if (value < 0 || value > int64_t(std::numeric_limits<unsigned>::max()))
+    return parser.emitError(loc) << "expected a non-negative integer below 2^32, got " << value;
+  return unsigned(value);
+}
+
 LogicalResult ConfigAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                  unsigned ranks, unsigned experts, unsigned topk,
                                  unsigned hidden, Type dtype, unsigned scalePacks,
                                  unsigned expertAlignment, Layout layout,
                                  unsigned numSms, unsigned maxTokensPerRank) {
-  if (ranks < 1 || ranks > 1024)
-    return emitError() << "ranks must be in [1, 1024], got " << ranks;
-  if (experts < 1 || experts > 2048)
-    return emitError() << "experts must be in [1, 2048], got " << experts;
+  namespace lim = epic::ep::limits;
+  // [low, high] of a field (EPLimits.def).
+  auto inRange = [&](StringRef field, int64_t value, int64_t low, int64_t high) -> LogicalResult {
+    if (value >= low && value <= high)
+      return success();
+    return emitError() << field << " must be in [" << low << ", " << high << "], got " << value;
+  };
+  if (failed(inRange("ranks", ranks, lim::kMinRanks, lim::kMaxRanks)) ||
+      failed(inRange("experts", experts, lim::kMinExperts, lim::kMaxExperts)))
+    return failure();
   if (experts % ranks != 0)
     return emitError() << "experts (" << experts
                        << ") must be divisible by ranks (" << ranks << ")";
-  if (experts / ranks > 256)
-    return emitError() << "experts per rank must be at most 256, got "
-                       << experts / ranks;
-  if (topk < 1 || topk > 32)
-    return emitError() << "topk must be in [1, 32], got " << topk;
+  if (experts / ranks > lim::kMaxLocalExperts)
+    return emitError() << "experts per rank must be at most " << lim::kMaxLocalExperts
+                       << ", got " << experts / ranks;
+  if (failed(inRange("topk", topk, lim::kMinTopk, lim::kMaxTopk)))
+    return failure();
   if (topk > experts)
     return emitError() << "topk (" << topk << ") exceeds experts (" << experts
                        << ")";
   if (!isSupportedDataType(dtype))
     return emitError() << "dtype must be bf16, f16, f32, f8E4M3FN or f8E5M2, got "
                        << dtype;
-  if (hidden < 1)
-    return emitError() << "hidden must be positive";
+  if (failed(inRange("hidden", hidden, lim::kMinHidden, lim::kMaxHidden)))
+    return failure();
   uint64_t rowBytes = uint64_t(hidden) * dtype.getIntOrFloatBitWidth() / 8;
   if (rowBytes % 16 != 0)
     return emitError() << "hidden bytes (" << hidden << " x " << dtype << " = "
                        << rowBytes
                        << " bytes) must be a multiple of 16 for vector copies";
+  if (failed(inRange("scale_packs", scalePacks, lim::kMinScalePacks, lim::kMaxScalePacks)))
+    return failure();
   if (isFP8Type(dtype) && scalePacks == 0)
     return emitError() << "FP8 data (" << dtype
                        << ") needs scale packs: scale_packs must be positive";
   if (!isFP8Type(dtype) && scalePacks != 0)
     return emitError() << "scale_packs (" << scalePacks
                        << ") are only allowed with FP8 data, not " << dtype;
-  if (expertAlignment < 1)
-    return emitError() << "expert_alignment must be at least 1";
+  if (failed(inRange("expert_alignment", expertAlignment, lim::kMinExpertAlignment,
+                     lim::kMaxExpertAlignment)) ||
+      failed(inRange("num_sms", numSms, lim::kMinNumSms, lim::kMaxNumSms)) ||
+      failed(inRange("max_tokens_per_rank", maxTokensPerRank, lim::kMinMaxTokensPerRank,
+                     lim::kMaxMaxTokensPerRank)))
+    return failure();
   // max_tokens_per_rank 0 (omitted): a run-time value, checked by the runtime.
-  // Source global ids (src_rank * Tmax + token) are stored as int32.
-  if (uint64_t(ranks) * maxTokensPerRank > uint64_t(INT32_MAX))
-    return emitError() << "ranks x max_tokens_per_rank (" << ranks << " x "
-                       << maxTokensPerRank << ") overflows the int32 source ids";
-  (void)layout;
-  (void)numSms; // 0 means "the analytic choice"; the runtime caps by the device.
+  // The kernels index rows and their elements with 32-bit values.
+  int64_t rows = lim::worstCaseRows(ranks, experts, topk, expertAlignment, maxTokensPerRank,
+                                    layout == Layout::expanded);
+  int64_t widest = lim::widestRowArray(topk, scalePacks);
+  if (rows * widest > lim::kMaxElementIndex)
+    return emitError() << "max_tokens_per_rank " << maxTokensPerRank << " needs " << rows
+                       << " rows of up to " << widest
+                       << " elements (ids and metadata, scale packs): more than the kernels' "
+                          "32-bit element indices address ("
+                       << lim::kMaxElementIndex << ")";
   return success();
 }

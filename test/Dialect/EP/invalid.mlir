@@ -59,7 +59,7 @@ func.func private @f() attributes {cfg = #c}
 
 // -----
 
-// expected-error@+1 {{hidden must be positive}}
+// expected-error@+1 {{hidden must be in [1, 1048576], got 0}}
 #c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 0, dtype = bf16, max_tokens_per_rank = 8>
 func.func private @f() attributes {cfg = #c}
 
@@ -83,14 +83,75 @@ func.func private @f() attributes {cfg = #c}
 
 // -----
 
-// expected-error@+1 {{expert_alignment must be at least 1}}
+// expected-error@+1 {{expert_alignment must be in [1, 1024], got 0}}
 #c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 128, dtype = bf16, expert_alignment = 0, max_tokens_per_rank = 8>
 func.func private @f() attributes {cfg = #c}
 
 // -----
 
-// expected-error@+1 {{ranks x max_tokens_per_rank (1024 x 4194304) overflows the int32 source ids}}
+// The kernels' 32-bit row and element indices: R x Tmax rows of K + 2 ints.
+// expected-error@+1 {{hidden must be in [1, 1048576], got 2097152}}
+#c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 2097152, dtype = bf16, max_tokens_per_rank = 8>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+1 {{max_tokens_per_rank 4194304 needs 4294967296 rows of up to 4 elements (ids and metadata, scale packs): more than the kernels' 32-bit element indices address (2147482623)}}
 #c = #ep.config<ranks = 1024, experts = 2048, topk = 2, hidden = 128, dtype = bf16, max_tokens_per_rank = 4194304>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// Scale packs per row count too: 4096 tokens x 8 ranks x 2^16 packs.
+// expected-error@+1 {{max_tokens_per_rank 4096 needs 32768 rows of up to 65536 elements}}
+#c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 128, dtype = f8E4M3FN, scale_packs = 65536, max_tokens_per_rank = 4096>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+1 {{scale_packs must be in [0, 65536], got 1048576}}
+#c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 128, dtype = f8E4M3FN, scale_packs = 1048576, max_tokens_per_rank = 4096>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// The expanded layout's rows: align(R x Tmax x min(K, L) + (A - 1) x L, A).
+// expected-error@+1 {{max_tokens_per_rank 33554432 needs 1073742848 rows of up to 6 elements}}
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, expert_alignment = 128, layout = expanded, max_tokens_per_rank = 33554432>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+1 {{expert_alignment must be in [1, 1024], got 2147483648}}
+#c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 128, dtype = bf16, expert_alignment = 2147483648, max_tokens_per_rank = 8>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+2 {{expected a non-negative integer below 2^32, got 1099511627776}}
+// expected-error@+1 {{failed to parse EP_ConfigAttr parameter 'hidden'}}
+#c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 1099511627776, dtype = bf16, max_tokens_per_rank = 8>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// A negative field is refused as written, not read as 2^32 - 1.
+// expected-error@+2 {{expected a non-negative integer below 2^32, got -1}}
+// expected-error@+1 {{failed to parse EP_ConfigAttr parameter 'num_sms'}}
+#c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 128, dtype = bf16, num_sms = -1, max_tokens_per_rank = 8>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+2 {{expected a non-negative integer below 2^32, got -1}}
+// expected-error@+1 {{failed to parse EP_ConfigAttr parameter 'expert_alignment'}}
+#c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 128, dtype = bf16, expert_alignment = -1, max_tokens_per_rank = 8>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+1 {{num_sms must be in [0, 1024], got 5000}}
+#c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 128, dtype = bf16, num_sms = 5000, max_tokens_per_rank = 8>
 func.func private @f() attributes {cfg = #c}
 
 // -----

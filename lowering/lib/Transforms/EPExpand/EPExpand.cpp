@@ -268,6 +268,11 @@ public:
   Value peer(Value bytes, Value rank) {
     return comm::PeerPtrOp::create(b, ptrT(), window, wide(bytes), lsa, rank);
   }
+  /// Element `index` (i32: EPLimits.def keeps every index the kernels compute
+  /// below 2^31) of `bytes` each at `base`, with a 64-bit byte offset.
+  Value elementAt(Value base, Value index, int64_t bytes) {
+    return at(base, mul(wide(index), i64(bytes)));
+  }
   /// Element `element` of the top-k id array at `ids` (the layout's index
   /// type): the i32 `id`, widened or narrowed.
   void storeTopkId(Value id, Value ids, Value element) {
@@ -276,13 +281,13 @@ public:
       id = arith::ExtSIOp::create(b, idxType, id);
     else if (layout.idxBytes < 4)
       id = arith::TruncIOp::create(b, idxType, id);
-    store(id, at(ids, mul(element, i32(layout.idxBytes))), layout.idxBytes);
+    store(id, elementAt(ids, element, layout.idxBytes), layout.idxBytes);
   }
   /// `x` rounded up to a multiple of `a`.
   Value alignUp(Value x, int64_t a) { return mul(divu(add(x, i32(a - 1)), i32(a)), i32(a)); }
   /// An i32 element `index` of the array at `ptr`.
-  Value loadI32(Value ptr, Value index) { return load(i32T(), at(ptr, mul(index, i32(4))), 4); }
-  void storeI32(Value v, Value ptr, Value index) { store(v, at(ptr, mul(index, i32(4))), 4); }
+  Value loadI32(Value ptr, Value index) { return load(i32T(), elementAt(ptr, index, 4), 4); }
+  void storeI32(Value v, Value ptr, Value index) { store(v, elementAt(ptr, index, 4), 4); }
   Value counter(int64_t offset, Value index) {
     return local(add(i32(offset), mul(index, i32(4))));
   }
@@ -602,7 +607,7 @@ public:
     Type idxType = b.getIntegerType(layout.idxBytes * 8);
     r.expert = choose(inTopk, i32T(), [&]() -> Value {
       Value element = add(mul(token, i32(layout.topk)), lane);
-      Value raw = load(idxType, at(topkIdx, mul(element, i32(layout.idxBytes))), layout.idxBytes);
+      Value raw = load(idxType, elementAt(topkIdx, element, layout.idxBytes), layout.idxBytes);
       if (layout.idxBytes == 4)
         return raw;
       return layout.idxBytes > 4 ? arith::TruncIOp::create(b, i32T(), raw).getResult()
@@ -783,7 +788,7 @@ TokenReads readToken(KernelBuilder &k, const DispatchShape &shape, Value x, Valu
   if (shape.weights) {
     FloatType f32 = k.b.getF32Type();
     reads.weight = k.choose(k.lt(k.lane, k.i32(L.topk)), f32, [&]() -> Value {
-      return k.load(f32, k.at(weights, k.mul(k.add(k.mul(token, k.i32(L.topk)), k.lane), k.i32(4))), 4);
+      return k.load(f32, k.elementAt(weights, k.add(k.mul(token, k.i32(L.topk)), k.lane), 4), 4);
     }, [&]() -> Value { return arith::ConstantFloatOp::create(k.b, f32, APFloat(0.0f)); });
   }
   return reads;
@@ -811,10 +816,10 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
       // The routing into the handle's copy as it was given (the warp read it).
       k.when(k.andi(copyIds, k.lt(k.lane, k.i32(L.topk))), [&] {
         Type idxType = k.b.getIntegerType(L.idxBytes * 8);
-        Value id = k.load(idxType, k.at(topkIdx, k.mul(slotCell, k.i32(L.idxBytes))), L.idxBytes);
+        Value id = k.load(idxType, k.elementAt(topkIdx, slotCell, L.idxBytes), L.idxBytes);
         if (L.idxBytes < 8)
           id = arith::ExtSIOp::create(k.b, k.i64T(), id);
-        k.store(id, k.at(idxCopy, k.mul(slotCell, k.i32(8))), 8);
+        k.store(id, k.elementAt(idxCopy, slotCell, 8), 8);
       });
       // Per-(destination rank, local expert) counts of this rank's tokens.
       k.when(r.valid, [&] {
@@ -968,7 +973,7 @@ void zeroPaddingRows(KernelBuilder &k, const EPLayout &L, const DispatchShape &s
       Value zero = arith::ConstantOp::create(k.b, vec, DenseElementsAttr::get(cast<ShapedType>(vec), 0));
       Value base = k.at(recvX, k.mul(k.wide(row), k.i64(L.rowBytes)));
       k.loop(k.lane, k.i32(L.rowBytes / 16), k.i32(32), [&](Value chunk) {
-        k.store(zero, k.at(base, k.mul(chunk, k.i32(16))), 16);
+        k.store(zero, k.elementAt(base, chunk, 16), 16);
       });
       if (shape.scalePacks)
         k.loop(k.lane, k.i32(L.packs), k.i32(32), [&](Value p) {
@@ -977,7 +982,7 @@ void zeroPaddingRows(KernelBuilder &k, const EPLayout &L, const DispatchShape &s
       if (shape.weights)
         k.when(k.eq(k.lane, k.i32(0)), [&] {
           k.store(arith::ConstantFloatOp::create(k.b, k.b.getF32Type(), APFloat(0.0f)),
-                  k.at(recvWeights, k.mul(row, k.i32(4))), 4);
+                  k.elementAt(recvWeights, row, 4), 4);
         });
     });
   });
@@ -1058,7 +1063,7 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
           Value element = k.add(k.mul(row, k.i32(L.topk)), k.lane);
           k.storeTopkId(localId, recvIdx, element);
           if (shape.weights)
-            k.store(recordWeight(record, k.lane), k.at(recvWeights, k.mul(element, k.i32(4))), 4);
+            k.store(recordWeight(record, k.lane), k.elementAt(recvWeights, element, 4), 4);
         });
       });
     } else {
@@ -1086,7 +1091,7 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
         copyPacks(record, out);
         if (shape.weights)
           k.when(k.eq(k.lane, k.i32(0)), [&] {
-            k.store(recordWeight(record, j), k.at(recvWeights, k.mul(out, k.i32(4))), 4);
+            k.store(recordWeight(record, j), k.elementAt(recvWeights, out, 4), 4);
           });
         if (shape.tileDone >= 0) {
           // The row is in place: count it in its GEMM row tile of the expert
@@ -1230,7 +1235,7 @@ void sendExpandedToken(KernelBuilder &k, const EPLayout &L, const CombineShape &
     k.when(k.andi(k.lt(k.lane, k.i32(L.topk)), k.isFirstPart(share)), [&] {
       Value w = k.choose(k.cmp(arith::CmpIPredicate::sge, expandedRow, k.i32(0)), f32,
                          [&]() -> Value {
-        return k.load(f32, k.at(weights, k.mul(expandedRow, k.i32(4))), 4);
+        return k.load(f32, k.elementAt(weights, expandedRow, 4), 4);
       }, [&]() -> Value { return arith::ConstantFloatOp::create(k.b, cast<FloatType>(f32), APFloat(0.0f)); });
       k.store(w, k.at(record, k.add(k.i32(L.combineRow), k.mul(k.lane, k.i32(4)))), 4);
     });
@@ -1241,7 +1246,7 @@ void sendExpandedToken(KernelBuilder &k, const EPLayout &L, const CombineShape &
 /// the source rank's window).
 std::pair<Value, Value> combineDestination(KernelBuilder &k, const EPLayout &L, Value metadata,
                                            Value row) {
-  Value meta = k.at(metadata, k.mul(k.mul(row, k.i32(L.topk + 2)), k.i32(4)));
+  Value meta = k.elementAt(metadata, k.mul(row, k.i32(L.topk + 2)), 4);
   Value gid = k.load(k.i32T(), meta, 4);
   Value back = k.loadI32(meta, k.i32(1));
   Value src = k.divu(gid, k.tmax);
@@ -1271,7 +1276,7 @@ void buildCombineSend(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape
       if (shape.weights) {
         k.when(k.andi(k.lt(k.lane, k.i32(L.topk)), k.isFirstPart(share)), [&] {
           Value w = k.load(k.b.getF32Type(),
-                           k.at(weights, k.mul(k.add(k.mul(row, k.i32(L.topk)), k.lane), k.i32(4))), 4);
+                           k.elementAt(weights, k.add(k.mul(row, k.i32(L.topk)), k.lane), 4), 4);
           k.store(w, k.at(record, k.add(k.i32(L.combineRow), k.mul(k.lane, k.i32(4)))), 4);
         });
       }
@@ -1323,7 +1328,7 @@ void buildCombineReduce(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sha
           Value record = k.local(k.add(k.i64(L.data), k.mul(index, k.i64(L.combineRecord))));
           return k.load(f32, k.at(record, k.add(k.i32(L.combineRow), k.mul(k.lane, k.i32(4)))), 4);
         }, [&]() -> Value { return arith::ConstantFloatOp::create(k.b, cast<FloatType>(f32), APFloat(0.0f)); });
-        k.store(w, k.at(outWeights, k.mul(k.add(k.mul(token, k.i32(L.topk)), k.lane), k.i32(4))), 4);
+        k.store(w, k.elementAt(outWeights, k.add(k.mul(token, k.i32(L.topk)), k.lane), 4), 4);
       });
     }
   });
@@ -1447,7 +1452,7 @@ void buildGemmSendKernel(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sh
 
   // Every received token: its expanded rows point back at it; count them.
   k.loop(k.globalWarp, received, k.numWarps, [&](Value t) {
-    Value meta = k.at(metadata, k.mul(k.mul(t, k.i32(L.topk + 2)), k.i32(4)));
+    Value meta = k.elementAt(metadata, k.mul(t, k.i32(L.topk + 2)), 4);
     Value row = k.choose(k.lt(k.lane, k.i32(L.topk)), k.i32T(),
                          [&]() -> Value { return k.loadI32(meta, k.add(k.lane, k.i32(2))); },
                          [&]() -> Value { return k.i32(-1); });

@@ -9,6 +9,13 @@ def EP_LayoutParameter : EnumParameter<EP_Layout> {
   let defaultValue = "::epic::ep::Layout::plain";
 }
 
+// A non-negative integer field: read as a signed 64-bit value, so that a
+// negative or too large one is refused as written instead of wrapping.
+class EP_CountParameter<string default = ""> : AttrParameter<"unsigned", "non-negative integer"> {
+  let parser = [{ ::epic::ep::parseCount($_parser) }];
+  let defaultValue = default;
+}
+
 def EP_ConfigAttr : AttrDef<EP_Dialect, "Config"> {
   let mnemonic = "config";
   let summary = "buffer and routing configuration of an expert-parallel layer";
@@ -40,16 +47,16 @@ def EP_ConfigAttr : AttrDef<EP_Dialect, "Config"> {
     ```
   }];
   let parameters = (ins
-    "unsigned":$ranks,
-    "unsigned":$experts,
-    "unsigned":$topk,
-    "unsigned":$hidden,
+    EP_CountParameter<>:$ranks,
+    EP_CountParameter<>:$experts,
+    EP_CountParameter<>:$topk,
+    EP_CountParameter<>:$hidden,
     "::mlir::Type":$dtype,
-    DefaultValuedParameter<"unsigned", "0">:$scale_packs,
-    DefaultValuedParameter<"unsigned", "1">:$expert_alignment,
+    EP_CountParameter<"0">:$scale_packs,
+    EP_CountParameter<"1">:$expert_alignment,
     EP_LayoutParameter:$layout,
-    DefaultValuedParameter<"unsigned", "0">:$num_sms,
-    DefaultValuedParameter<"unsigned", "0">:$max_tokens_per_rank
+    EP_CountParameter<"0">:$num_sms,
+    EP_CountParameter<"0">:$max_tokens_per_rank
   );
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;

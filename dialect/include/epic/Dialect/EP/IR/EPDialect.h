@@ -14,6 +14,13 @@
 #include "mlir/IR/OpImplementation.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
+namespace epic::ep {
+/// A non-negative #ep.config field, parsed as a signed 64-bit integer so that
+/// a negative or too large value is refused as written, not wrapped to
+/// unsigned.
+mlir::FailureOr<unsigned> parseCount(mlir::AsmParser &parser);
+} // namespace epic::ep
+
 #include "epic/Dialect/EP/IR/EPOpsDialect.h.inc"
 #include "epic/Dialect/EP/IR/EPEnums.h.inc"
 
