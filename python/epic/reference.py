@@ -31,8 +31,11 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+from . import _limits
+
 __all__ = [
     "MAX_TOPK",
+    "MAX_EXPERT_ALIGNMENT",
     "FP8_E4M3_MAX",
     "bfloat16",
     "float8_e4m3fn",
@@ -52,13 +55,31 @@ __all__ = [
 bfloat16 = np.dtype(ml_dtypes.bfloat16)
 float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)
 
-MAX_TOPK = 32  # one warp lane per top-k slot in the kernels
+# The bounds of a world are #ep.config's (EPLimits.def, the one source the verifier and the
+# runtime use too): the reference refuses what no kernel runs, so a GPU result is never compared
+# against a configuration it cannot have. The alignment bound also keeps aligned counts (a count
+# rounded up to A) far from int32/int64 overflow.
+MAX_TOPK = _limits.MAX_TOPK  # one warp lane per top-k slot in the kernels
+MAX_EXPERT_ALIGNMENT = _limits.MAX_EXPERT_ALIGNMENT
+_MAX_RANKS = _limits.MAX_RANKS
+_MAX_EXPERTS = _limits.MAX_EXPERTS
+_MAX_EXPERTS_PER_RANK = _limits.MAX_LOCAL_EXPERTS
+_HIDDEN_MULTIPLE = 8  # combine reduces 8 channels a step
+_MAX_SOURCE_IDS = 2**31 - 1  # R * Tmax: recv_src_metadata's src_rank * Tmax + token is int32
 FP8_E4M3_MAX = 448.0
 _FP8_AMAX_FLOOR = 1e-4
+# Scale packs travel only with FP8 data (the runtime's rule too).
+_FP8_DTYPES = (float8_e4m3fn, np.dtype(ml_dtypes.float8_e5m2))
 
 
 def align(n, alignment):
-    """Round ``n`` (int or int array) up to a multiple of ``alignment``."""
+    """Round ``n`` (int or int array) up to a multiple of ``alignment`` (an int >= 1)."""
+    alignment = _check_int("alignment", alignment)
+    if isinstance(n, np.ndarray):
+        if not np.issubdtype(n.dtype, np.integer):
+            raise TypeError(f"n: expected int or int array, got {_describe(n)}")
+    elif isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"n: expected int or int array, got {type(n).__name__}")
     return (n + alignment - 1) // alignment * alignment
 
 
@@ -165,12 +186,39 @@ def _describe(a) -> str:
     return f"{a.dtype} array of shape {a.shape}"
 
 
-def _check_int(name, value, minimum=1):
+def _check_int(name, value, minimum=1, maximum=None):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name}: expected int, got {type(value).__name__}")
+    if maximum is not None and not minimum <= value <= maximum:
+        raise ValueError(f"{name}: expected int in [{minimum}, {maximum}], got {value}")
     if value < minimum:
         raise ValueError(f"{name}: expected int >= {minimum}, got {value}")
     return int(value)
+
+
+def _check_number(name, value):
+    """A real number (int or float, not bool) as a Python float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name}: expected a number, got {type(value).__name__}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{name}: {type(value).__name__} too large for a float") from None
+
+
+def _check_dtype(name, value, allowed=None):
+    try:
+        dtype = np.dtype(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: expected a numpy dtype, got {value!r}") from None
+    if allowed is not None and dtype not in allowed:
+        raise TypeError(f"{name}: expected one of {', '.join(map(str, allowed))}, got {dtype}")
+    return dtype
+
+
+def _is_list(values):
+    """A list or tuple of per-rank values (a str or an array is not)."""
+    return isinstance(values, Sequence) and not isinstance(values, (str, bytes, np.ndarray))
 
 
 def _check_array(name, a):
@@ -180,18 +228,23 @@ def _check_array(name, a):
 
 
 def _check_per_rank(name, values, num_ranks):
-    if isinstance(values, np.ndarray) or not isinstance(values, Sequence):
+    if not _is_list(values):
         raise TypeError(f"{name}: expected a list with one entry per rank, got {type(values).__name__}")
     if len(values) != num_ranks:
         raise ValueError(f"{name}: expected {num_ranks} entries (one per rank), got {len(values)}")
     return list(values)
 
 
-def _check_experts(num_experts, num_ranks):
-    num_experts = _check_int("num_experts", num_experts)
-    num_ranks = _check_int("num_ranks", num_ranks)
+def _check_experts(num_experts, num_ranks, prefix=""):
+    num_experts = _check_int(f"{prefix}num_experts", num_experts, 1, _MAX_EXPERTS)
+    num_ranks = _check_int(f"{prefix}num_ranks", num_ranks, 1, _MAX_RANKS)
     if num_experts % num_ranks:
-        raise ValueError(f"num_experts: {num_experts} is not divisible by num_ranks={num_ranks}")
+        raise ValueError(f"{prefix}num_experts: {num_experts} is not divisible by num_ranks={num_ranks}")
+    if num_experts // num_ranks > _MAX_EXPERTS_PER_RANK:
+        raise ValueError(
+            f"{prefix}num_experts: {num_experts} over {num_ranks} ranks is {num_experts // num_ranks} "
+            f"experts per rank, more than {_MAX_EXPERTS_PER_RANK}"
+        )
     return num_experts, num_ranks
 
 
@@ -206,12 +259,16 @@ def _check_topk_idx(name, a, num_experts, num_topk=None):
     k = a.shape[1]
     if not 1 <= k <= MAX_TOPK:
         raise ValueError(f"{name}: top-k must be in [1, {MAX_TOPK}], got K={k}")
+    if k > num_experts:
+        raise ValueError(f"{name}: top-k K={k} exceeds num_experts={num_experts}")
     idx = a.astype(np.int64)
     bad = (idx < -1) | (idx >= num_experts)
+    if a.dtype.kind == "u":  # an id past int64 would wrap, maybe to a valid-looking -1
+        bad |= a >= num_experts
     if bad.any():
         t, j = map(int, np.argwhere(bad)[0])
         raise ValueError(
-            f"{name}: expert id {idx[t, j]} at [{t}, {j}] out of range [-1, {num_experts})"
+            f"{name}: expert id {a[t, j]} at [{t}, {j}] out of range [-1, {num_experts})"
         )
     # Duplicate experts in a row would make "one row per (token, expert)" ambiguous.
     srt = np.sort(idx, axis=1)
@@ -238,6 +295,101 @@ def _check_bf16(name, a, shape, shape_text):
     if a.shape != shape:
         raise ValueError(f"{name}: expected bfloat16 array of shape {shape_text}, got {_describe(a)}")
     return a
+
+
+# What the functions taking handles read from one (DispatchResult's fields of the same names).
+_HANDLE_FIELDS = (
+    "num_ranks", "num_experts", "num_max_tokens_per_rank", "expand", "topk_idx", "recv_x",
+    "recv_src_metadata", "num_recv_tokens_per_expert_list", "num_unaligned_recv_tokens_per_expert",
+)
+
+
+def _check_counts(name, values, n):
+    """``n`` counts >= 0 (a list of ints or an int array) as an array."""
+    try:
+        a = np.asarray(values)
+    except (ValueError, OverflowError):  # ragged
+        a = None
+    if a is None or a.shape != (n,) or not np.issubdtype(a.dtype, np.integer) or (a < 0).any():
+        raise ValueError(f"{name}: expected {n} counts >= 0, got {values!r}")
+    return a
+
+
+def _check_handle(name, h):
+    """Check the structure of a dispatch handle (a :class:`DispatchResult`, possibly with a
+    kernel's arrays swapped in), so that a wrong or corrupt one fails here, named, instead of
+    deep inside an index. Kernel buffers may be worst-case sized: rows are bounded below only."""
+    if not all(hasattr(h, f) for f in _HANDLE_FIELDS):
+        raise TypeError(f"{name}: expected a handle from reference.dispatch, got {type(h).__name__}")
+    num_experts, num_ranks = _check_experts(h.num_experts, h.num_ranks, f"{name}.")
+    _check_int(f"{name}.num_max_tokens_per_rank", h.num_max_tokens_per_rank)
+    k = _check_topk_idx(f"{name}.topk_idx", h.topk_idx, num_experts).shape[1]
+    x = _check_array(f"{name}.recv_x", h.recv_x)
+    if x.ndim != 2:
+        raise ValueError(f"{name}.recv_x: expected array of shape [rows, H], got {_describe(x)}")
+    meta = _check_array(f"{name}.recv_src_metadata", h.recv_src_metadata)
+    if not np.issubdtype(meta.dtype, np.integer) or meta.ndim != 2 or meta.shape[1] != k + 2:
+        raise ValueError(
+            f"{name}.recv_src_metadata: expected int array of shape [N, {k + 2}], got {_describe(meta)}"
+        )
+    num_local = num_experts // num_ranks
+    field = f"{name}.num_recv_tokens_per_expert_list"
+    aligned = _check_counts(field, h.num_recv_tokens_per_expert_list, num_local)
+    field = f"{name}.num_unaligned_recv_tokens_per_expert"
+    if (_check_counts(field, h.num_unaligned_recv_tokens_per_expert, num_local) > aligned).any():
+        raise ValueError(f"{field}: exceeds num_recv_tokens_per_expert_list {aligned.tolist()}")
+    # Plain rows are the metadata's; expanded rows cover every aligned block.
+    rows = int(aligned.sum()) if h.expand else meta.shape[0]
+    if x.shape[0] < rows:
+        raise ValueError(f"{name}.recv_x: expected at least {rows} rows, got {_describe(x)}")
+    rows = x.shape[0] if h.expand else rows  # sort_by_source moves every expanded row
+    for field in ("recv_scale_packs", "recv_topk_weights") + (() if h.expand else ("recv_topk_idx",)):
+        a = getattr(h, field, None)
+        if a is not None and (_check_array(f"{name}.{field}", a).ndim == 0 or a.shape[0] < rows):
+            raise ValueError(f"{name}.{field}: expected at least {rows} rows, got {_describe(a)}")
+    return h
+
+
+def _check_handles(handles):
+    """``handles`` of one world: one handle per rank, agreeing on the world."""
+    if not _is_list(handles) or not handles:
+        raise TypeError("handles: expected a non-empty list of dispatch results, one per rank")
+    handles = [_check_handle(f"handles[{r}]", h) for r, h in enumerate(handles)]
+    h0 = handles[0]
+    for r, h in enumerate(handles):
+        for field in ("num_ranks", "num_experts", "num_max_tokens_per_rank", "expand"):
+            if getattr(h, field) != getattr(h0, field):
+                raise ValueError(f"handles[{r}]: {field} differs from handles[0]")
+        if h.num_ranks != len(handles):
+            raise ValueError(f"handles: got {len(handles)} handles for a world of {h.num_ranks} ranks")
+        if h.topk_idx.shape[1] != h0.topk_idx.shape[1]:
+            raise ValueError(f"handles[{r}]: top-k differs from handles[0]")
+        if h.recv_x.shape[1] != h0.recv_x.shape[1]:
+            raise ValueError(
+                f"handles[{r}]: recv_x rows of hidden size {h.recv_x.shape[1]} differ from "
+                f"handles[0]'s {h0.recv_x.shape[1]}"
+            )
+    return handles
+
+
+def _source_ids(handles):
+    """Per handle, its source global ids (``recv_src_metadata[:, 0]``) as int64, checked to
+    name a token of a source rank (``src * Tmax + t``, ``t < T_src``) at most once; expanded
+    handles' rows (``recv_src_metadata[:, 2:]``) are checked too."""
+    tmax = handles[0].num_max_tokens_per_rank
+    num_tokens = np.array([h.topk_idx.shape[0] for h in handles], dtype=np.int64)
+    out = []
+    for d, h in enumerate(handles):
+        ids = h.recv_src_metadata[:, 0].astype(np.int64)
+        src, tok = np.divmod(ids, tmax)
+        bad = (ids < 0) | (src >= len(handles))
+        bad |= tok >= num_tokens[np.where(bad, 0, src)]
+        if bad.any() or len(np.unique(ids)) != len(ids):
+            raise ValueError(f"handles[{d}]: recv_src_metadata[:, 0] is out of range or not unique")
+        if h.expand:
+            _expanded_row_owners(h, f"handles[{d}]")  # in range, none twice
+        out.append(ids)
+    return out
 
 
 def _to_bf16(a):
@@ -312,12 +464,13 @@ def dispatch(
             verbatim.
         scale_packs: ``None`` or per rank ``[T_r, P]`` array of 4-byte
             elements (float32 scales, int32 packed UE8M0 exponents, ...),
-            never interpreted, transported bit-exactly.
+            never interpreted, transported bit-exactly. Only with FP8 ``xs``
+            (float8_e4m3fn or float8_e5m2).
         num_experts: ``E``, divisible by the number of ranks.
         num_max_tokens_per_rank: ``Tmax``, part of the source global id
-            ``src_rank * Tmax + src_token``. Defaults to ``max(1, max T_r)``.
-        expert_alignment: ``A``; per-local-expert counts are rounded up to a
-            multiple of it.
+            ``src_rank * Tmax + src_token`` (an int32). Defaults to ``max(1, max T_r)``.
+        expert_alignment: ``A`` in ``[1, MAX_EXPERT_ALIGNMENT]``; per-local-expert
+            counts are rounded up to a multiple of it.
         expand: produce the expanded layout (one row per (token, local
             expert), grouped by local expert) instead of one row per token.
         zero_padding: zero the alignment padding rows; requires ``expand``.
@@ -330,15 +483,17 @@ def dispatch(
         canonical order (source rank ascending, then source token ascending;
         in expanded mode the same order inside each expert's block).
     """
-    if isinstance(xs, np.ndarray) or not isinstance(xs, Sequence):
+    if not _is_list(xs):
         raise TypeError(f"xs: expected a list with one [T, H] array per rank, got {type(xs).__name__}")
     if not xs:
         raise ValueError("xs: expected at least one rank")
+    if len(xs) > _MAX_RANKS:
+        raise ValueError(f"xs: expected at most {_MAX_RANKS} ranks, got {len(xs)}")
     xs = list(xs)
     num_ranks = len(xs)
     num_experts, num_ranks = _check_experts(num_experts, num_ranks)
     num_local = num_experts // num_ranks
-    alignment = _check_int("expert_alignment", expert_alignment)
+    alignment = _check_int("expert_alignment", expert_alignment, 1, MAX_EXPERT_ALIGNMENT)
     if zero_padding and not expand:
         raise ValueError("zero_padding: requires expand=True")
 
@@ -360,6 +515,11 @@ def dispatch(
             )
         if x_dtype is not None and x.dtype != x_dtype:
             raise TypeError(f"xs[{r}]: dtype {x.dtype} differs from xs[0].dtype {x_dtype}")
+        if hidden is None and (x.shape[1] < _HIDDEN_MULTIPLE or x.shape[1] % _HIDDEN_MULTIPLE):
+            raise ValueError(
+                f"xs[{r}]: hidden size must be a positive multiple of {_HIDDEN_MULTIPLE}, "
+                f"got {_describe(x)}"
+            )
         x_dtype, hidden = x.dtype, x.shape[1]
 
     if topk_weights is not None:
@@ -369,6 +529,10 @@ def dispatch(
 
     sf_dtype, num_packs = None, None
     if scale_packs is not None:
+        if x_dtype not in _FP8_DTYPES:
+            raise TypeError(
+                f"scale_packs: only for FP8 data (float8_e4m3fn or float8_e5m2), but xs are {x_dtype}"
+            )
         scale_packs = _check_per_rank("scale_packs", scale_packs, num_ranks)
         for r, sf in enumerate(scale_packs):
             _check_array(f"scale_packs[{r}]", sf)
@@ -392,6 +556,10 @@ def dispatch(
             raise ValueError(
                 f"num_max_tokens_per_rank: {tmax} is smaller than the largest token count {max(num_tokens)}"
             )
+    if num_ranks * tmax > _MAX_SOURCE_IDS:
+        raise ValueError(
+            f"num_max_tokens_per_rank: {num_ranks} ranks x {tmax} tokens overflow the int32 source ids"
+        )
 
     results = []
     for dst in range(num_ranks):
@@ -473,7 +641,7 @@ def dispatch(
     return results
 
 
-def _expanded_row_owners(result):
+def _expanded_row_owners(result, name="result"):
     """Metadata row owning each expanded row; -1 for padding.
 
     Raises ValueError if a row is referenced twice or out of range, which
@@ -484,7 +652,7 @@ def _expanded_row_owners(result):
     meta_rows, slots = np.nonzero(result.recv_src_metadata[:, 2:] >= 0)
     rows = result.recv_src_metadata[meta_rows, 2 + slots].astype(np.int64)
     if (rows >= n_exp).any() or len(np.unique(rows)) != len(rows):
-        raise ValueError("recv_src_metadata: expanded row indices are out of range or not unique")
+        raise ValueError(f"{name}.recv_src_metadata: expanded row indices are out of range or not unique")
     owner[rows] = meta_rows
     return owner
 
@@ -499,6 +667,9 @@ def sort_by_source(result):
     padding rows after them, and rewrites ``recv_src_metadata[:, 2:]``.
     Applied to :func:`dispatch` output it is the identity.
     """
+    _check_handle("result", result)
+    if not dataclasses.is_dataclass(result) or isinstance(result, type):  # copied with replace()
+        raise TypeError(f"result: expected a DispatchResult, got {type(result).__name__}")
     meta = result.recv_src_metadata
     order = np.argsort(meta[:, 0], kind="stable")
     meta = meta[order]
@@ -610,19 +781,9 @@ def combine(ys, handles, topk_weights=None, bias=None, expand=None):
         ``combined_topk_weights[t, j]`` is the weight for slot ``j`` sent back
         by the rank owning ``topk_idx[t, j]``, 0 where ``topk_idx[t, j] == -1``.
     """
-    if isinstance(handles, np.ndarray) or not isinstance(handles, Sequence) or not handles:
-        raise TypeError("handles: expected a non-empty list of dispatch results, one per rank")
-    handles = list(handles)
+    handles = _check_handles(handles)
     num_ranks = len(handles)
     h0 = handles[0]
-    for r, h in enumerate(handles):
-        for field in ("num_ranks", "num_experts", "num_max_tokens_per_rank", "expand"):
-            if getattr(h, field) != getattr(h0, field):
-                raise ValueError(f"handles[{r}]: {field} differs from handles[0]")
-        if h.num_ranks != num_ranks:
-            raise ValueError(f"handles: got {num_ranks} handles for a world of {h.num_ranks} ranks")
-        if h.topk_idx.shape[1] != h0.topk_idx.shape[1]:
-            raise ValueError(f"handles[{r}]: top-k differs from handles[0]")
     if expand is None:
         expand = h0.expand
     elif bool(expand) != h0.expand:
@@ -635,17 +796,12 @@ def combine(ys, handles, topk_weights=None, bias=None, expand=None):
     tmax = h0.num_max_tokens_per_rank
 
     ys = _check_per_rank("ys", ys, num_ranks)
-    hidden = None
+    hidden = h0.recv_x.shape[1]  # the rows' hidden size that dispatch moved (handles agree)
     for d, (y, h) in enumerate(zip(ys, handles)):
         n_rows = h.recv_x.shape[0] if expand else h.recv_src_metadata.shape[0]
-        h_text = "H" if hidden is None else str(hidden)
-        _check_array(f"ys[{d}]", y)
-        if y.ndim != 2 or y.shape[0] != n_rows or (hidden is not None and y.shape[1] != hidden):
-            raise ValueError(
-                f"ys[{d}]: expected bfloat16 array of shape [{n_rows}, {h_text}], got {_describe(y)}"
-            )
-        _check_bf16(f"ys[{d}]", y, y.shape, f"[{n_rows}, {h_text}]")
-        hidden = y.shape[1]
+        _check_bf16(
+            f"ys[{d}]", y, (n_rows, hidden), f"[{n_rows}, {hidden}] (the rows dispatch moved to rank {d})"
+        )
 
     if topk_weights is not None:
         topk_weights = _check_per_rank("topk_weights", topk_weights, num_ranks)
@@ -670,15 +826,12 @@ def combine(ys, handles, topk_weights=None, bias=None, expand=None):
             biases[s] = terms
 
     # Row lookup by source global id, so any row order consistent with the
-    # metadata works (kernels permute rows).
+    # metadata works (kernels permute rows). A sorted search, not an R * Tmax
+    # table: Tmax may be up to 2**31 / R. A sentinel past every id ends each list.
     lookups = []
-    for d, h in enumerate(handles):
-        ids = h.recv_src_metadata[:, 0].astype(np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= num_ranks * tmax or len(np.unique(ids)) != len(ids)):
-            raise ValueError(f"handles[{d}]: recv_src_metadata[:, 0] is out of range or not unique")
-        lut = np.full(num_ranks * tmax, -1, dtype=np.int64)
-        lut[ids] = np.arange(len(ids))
-        lookups.append(lut)
+    for ids in _source_ids(handles):
+        order = np.argsort(ids, kind="stable")
+        lookups.append((np.append(ids[order], np.iinfo(np.int64).max), np.append(order, -1)))
 
     out = []
     for s, h_src in enumerate(handles):
@@ -695,7 +848,9 @@ def combine(ys, handles, topk_weights=None, bias=None, expand=None):
             tok = np.nonzero(owned.any(axis=1))[0]
             if not tok.size:
                 continue
-            rows = lookups[d][s * tmax + tok]
+            sorted_ids, order = lookups[d]
+            pos = np.searchsorted(sorted_ids, s * tmax + tok)
+            rows = np.where(sorted_ids[pos] == s * tmax + tok, order[pos], -1)
             if (rows < 0).any():
                 t = int(tok[np.argmax(rows < 0)])
                 raise ValueError(
@@ -748,15 +903,21 @@ def grouped_gemm(result, weights, out_dtype=bfloat16, fill=0.0):
     products summed in float32 (exactly, here in float64, then rounded to float32) and rounded
     once to ``out_dtype``. The GPU's sum order differs: compare with a tolerance, not bitwise.
     """
+    _check_handle("result", result)
     if not result.expand:
-        raise ValueError("grouped_gemm: needs an expanded dispatch result (one row per (token, "
+        raise ValueError("result: grouped_gemm needs an expanded dispatch result (one row per (token, "
                          "local expert) pair)")
-    lhs = np.asarray(result.recv_x)
-    weights = np.asarray(weights)
+    lhs = result.recv_x
+    _check_array("weights", weights)
     L, H = result.num_local_experts, lhs.shape[1]
+    for name, dtype in (("result.recv_x", lhs.dtype), ("weights", weights.dtype)):
+        if dtype.kind not in "iuf" and dtype not in (bfloat16, *_FP8_DTYPES):
+            raise TypeError(f"{name}: expected a numeric array, got {dtype}")
     if weights.ndim != 3 or weights.shape[:2] != (L, H):
         raise ValueError(f"grouped_gemm: weights must be [{L}, {H}, N], got "
                          f"{list(weights.shape)}")
+    out_dtype = _check_dtype("out_dtype", out_dtype, (bfloat16, np.dtype(np.float16), np.dtype(np.float32)))
+    fill = _check_number("fill", fill)
     out = np.full((lhs.shape[0], weights.shape[2]), fill, np.float32)
     starts = result.expert_starts()
     counts = result.num_unaligned_recv_tokens_per_expert
@@ -770,6 +931,14 @@ def grouped_gemm(result, weights, out_dtype=bfloat16, fill=0.0):
 # --------------------------------------------------------------------------
 # FP8 helpers (the caller's convention; dispatch never interprets scales)
 # --------------------------------------------------------------------------
+
+
+def _groups(hidden, group):
+    """``(group, number of groups)`` for ``hidden`` channels. A group wider than the row is
+    one group either way, so it is narrowed to the row: the zero padding of a ragged group
+    never changes its amax, and a huge ``group`` allocates nothing."""
+    group = min(_check_int("group", group), max(hidden, 1))
+    return group, math.ceil(hidden / group)
 
 
 def per_token_cast_to_fp8(x, group=128, use_ue8m0=False):
@@ -796,9 +965,8 @@ def per_token_cast_to_fp8(x, group=128, use_ue8m0=False):
         raise TypeError(f"x: expected float32 or bfloat16 array of shape [T, H], got {_describe(x)}")
     if x.ndim != 2:
         raise ValueError(f"x: expected float32 or bfloat16 array of shape [T, H], got {_describe(x)}")
-    group = _check_int("group", group)
     num_tokens, hidden = x.shape
-    num_groups = math.ceil(hidden / group)
+    group, num_groups = _groups(hidden, group)
 
     xf = np.zeros((num_tokens, num_groups * group), dtype=np.float32)
     xf[:, :hidden] = x.astype(np.float32)
@@ -832,9 +1000,9 @@ def per_token_cast_back(data, scales, group=128, out_dtype=bfloat16):
     if data.dtype != float8_e4m3fn or data.ndim != 2:
         raise TypeError(f"data: expected float8_e4m3fn array of shape [T, H], got {_describe(data)}")
     _check_array("scales", scales)
-    group = _check_int("group", group)
+    out_dtype = _check_dtype("out_dtype", out_dtype)
     num_tokens, hidden = data.shape
-    num_groups = math.ceil(hidden / group)
+    group, num_groups = _groups(hidden, group)
     if scales.dtype == np.float32:
         expected = (num_tokens, num_groups)
     elif scales.dtype == np.int32:
@@ -845,7 +1013,7 @@ def per_token_cast_back(data, scales, group=128, out_dtype=bfloat16):
         raise ValueError(f"scales: expected shape [{expected[0]}, {expected[1]}], got {_describe(scales)}")
     if scales.dtype == np.int32:
         # uint8, not int8: exponent bytes >= 128 are large scales, not negatives.
-        b = np.ascontiguousarray(scales, dtype="<i4").view(np.uint8).reshape(num_tokens, -1)
+        b = np.ascontiguousarray(scales, dtype="<i4").view(np.uint8).reshape(num_tokens, 4 * expected[1])
         scales = (b.astype(np.uint32) << 23).view(np.float32)[:, :num_groups]
     x = data.astype(np.float32) * np.repeat(scales, group, axis=1)[:, :hidden]
     return x.astype(out_dtype)
@@ -873,7 +1041,11 @@ def generate_pre_combine_data(handles, seed=0):
     Returns:
         Per rank, a bfloat16 array aligned with ``recv_x``.
     """
-    handles = list(handles)
+    handles = _check_handles(handles)
+    seed = _check_number("seed", seed)
+    if not math.isfinite(seed):
+        raise ValueError(f"seed: expected a finite number, got {seed}")
+    source_ids = _source_ids(handles)
     h0 = handles[0]
     num_topk = h0.topk_idx.shape[1]
     num_local = h0.num_experts // h0.num_ranks
@@ -891,7 +1063,7 @@ def generate_pre_combine_data(handles, seed=0):
     ys = []
     for d, h in enumerate(handles):
         meta = h.recv_src_metadata.astype(np.int64)
-        gid = meta[:, 0]
+        gid = source_ids[d]
         src_idx = all_idx[offsets[gid // h.num_max_tokens_per_rank] + gid % h.num_max_tokens_per_rank]
         if h.expand:
             y = np.zeros((h.recv_x.shape[0], channel.size), dtype=bfloat16)

@@ -3,6 +3,7 @@
 #include "epic/runtime/Json.h"
 
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -118,8 +119,52 @@ const Json &Json::at(const std::string &key) const {
   return it->second;
 }
 
+namespace {
+const char *kindName(Json::Kind kind) {
+  switch (kind) {
+  case Json::Kind::null: return "null";
+  case Json::Kind::boolean: return "a bool";
+  case Json::Kind::number: return "a number";
+  case Json::Kind::string: return "a string";
+  case Json::Kind::array: return "a list";
+  case Json::Kind::object: return "an object";
+  }
+  return "a value";
+}
+[[noreturn]] void expected(const char *what, const Json &got) {
+  std::string shown = got.kind == Json::Kind::number ? " " + std::to_string(got.number) : "";
+  throw std::runtime_error(std::string("metadata JSON: expected ") + what + ", got " +
+                           kindName(got.kind) + shown);
+}
+} // namespace
+
 int64_t Json::integer() const {
-  if (kind != Kind::number)
-    throw std::runtime_error("metadata JSON: expected a number");
+  // 2^63 itself is not an int64: the bound is exclusive.
+  if (kind != Kind::number || number != std::floor(number) || !(std::fabs(number) < 0x1p63))
+    expected("an integer", *this);
   return int64_t(number);
+}
+
+double Json::real() const {
+  if (kind != Kind::number)
+    expected("a number", *this);
+  return number;
+}
+
+bool Json::flag() const {
+  if (kind != Kind::boolean)
+    expected("a bool", *this);
+  return boolean;
+}
+
+const std::string &Json::text() const {
+  if (kind != Kind::string)
+    expected("a string", *this);
+  return string;
+}
+
+const std::vector<Json> &Json::list() const {
+  if (kind != Kind::array)
+    expected("a list", *this);
+  return array;
 }

@@ -31,10 +31,10 @@ EPSpec specFrom(const Json &j) {
   s.experts = int(j.at("experts").integer());
   s.topk = int(j.at("topk").integer());
   s.hidden = int(j.at("hidden").integer());
-  s.dtype = j.at("dtype").string;
+  s.dtype = j.at("dtype").text();
   s.scalePacks = int(j.at("scale_packs").integer());
   s.expertAlignment = int(j.at("expert_alignment").integer());
-  s.expanded = j.at("expanded").boolean;
+  s.expanded = j.at("expanded").flag();
   s.maxTokensPerRank = int(j.at("max_tokens_per_rank").integer());
   s.numSms = int(j.at("num_sms").integer());
   return s;
@@ -112,8 +112,8 @@ RunPlan RunPlan::parse(const std::string &text) {
     plan.values = json.at("values").integer();
     if (plan.ranks < 1)
       throw std::runtime_error("run plan: ranks must be positive");
-    for (const Json &step : json.at("steps").array)
-      plan.steps.push_back({step.at("op").string, step.at("loc").string, step});
+    for (const Json &step : json.at("steps").list())
+      plan.steps.push_back({step.at("op").text(), step.at("loc").text(), step});
   } catch (const std::runtime_error &e) {
     if (std::string(e.what()).rfind("run plan:", 0) == 0)
       throw;
@@ -127,7 +127,7 @@ RunPlan RunPlan::parse(const std::string &text) {
     values.where = "step " + std::to_string(i) + " (" + step.op + " at " + step.loc + ")";
     try {
       if (step.op == "tokens") {
-        const auto &counts = step.fields.at("per_rank").array;
+        const auto &counts = step.fields.at("per_rank").list();
         if (int(counts.size()) != plan.ranks)
           values.fail("per_rank has " + std::to_string(counts.size()) + " entries for " +
                       std::to_string(plan.ranks) + " ranks");
@@ -145,18 +145,25 @@ RunPlan RunPlan::parse(const std::string &text) {
         values.define(step, "result", Kind::index);
       } else if (step.op == "random") {
         values.use(step, "rows", Kind::index);
-        const std::string &d = step.fields.at("distribution").string;
+        const std::string &d = step.fields.at("distribution").text();
         if (d != "normal" && d != "uniform")
           values.fail("unknown distribution \"" + d + "\"");
-        dtypeBytes(step.fields.at("dtype").string);
+        dtypeBytes(step.fields.at("dtype").text());
         if (step.integer("cols") < 1)
           values.fail("cols must be positive");
+        // The run dialect's rules (run.random's verifier).
+        double scale = step.fields.at("scale").real();
+        if (!(scale > 0) || std::isinf(scale))
+          values.fail("scale must be positive and finite, got " + std::to_string(scale));
         step.integer("seed");
         values.define(step, "result", Kind::tensor);
       } else if (step.op == "routing") {
         values.use(step, "rows", Kind::index);
         if (step.integer("topk") < 1 || step.integer("topk") > step.integer("experts"))
           values.fail("topk must be in [1, experts]");
+        double masked = step.fields.at("masked").real(); // run.routing's verifier
+        if (!(masked >= 0 && masked <= 1))
+          values.fail("masked must be a probability in [0, 1], got " + std::to_string(masked));
         step.integer("seed");
         values.define(step, "result", Kind::tensor);
       } else if (step.op == "dispatch") {
@@ -166,7 +173,7 @@ RunPlan RunPlan::parse(const std::string &text) {
         values.use(step, "scale_packs", Kind::tensor, true);
         values.use(step, "topk_weights", Kind::tensor, true);
         values.use(step, "cached_handle", Kind::handle, true);
-        bool cached = step.fields.at("cached").boolean;
+        bool cached = step.fields.at("cached").flag();
         if (cached != (step.integer("cached_handle") >= 0) ||
             cached == (step.integer("topk_idx") >= 0))
           values.fail("a dispatch takes either topk_idx or a cached handle");
@@ -179,7 +186,7 @@ RunPlan RunPlan::parse(const std::string &text) {
         values.use(step, "x", Kind::tensor);
         values.use(step, "handle", Kind::handle);
         values.use(step, "topk_weights", Kind::tensor, true);
-        const auto &biases = step.fields.at("biases").array;
+        const auto &biases = step.fields.at("biases").list();
         if (biases.size() > 2)
           values.fail("at most two biases");
         for (const Json &bias : biases)
@@ -214,12 +221,12 @@ std::vector<PlanKernel> RunPlan::kernels() const {
     k.spec = specFrom(step.fields.at("spec"));
     k.loc = step.loc;
     if (k.dispatch) {
-      k.dispatchVariant.cached = step.fields.at("cached").boolean;
+      k.dispatchVariant.cached = step.fields.at("cached").flag();
       k.dispatchVariant.weights = step.integer("topk_weights") >= 0;
-      k.dispatchVariant.zeroPadding = step.fields.at("zero_padding").boolean;
+      k.dispatchVariant.zeroPadding = step.fields.at("zero_padding").flag();
     } else {
       k.combineVariant.weights = step.integer("topk_weights") >= 0;
-      k.combineVariant.biases = int(step.fields.at("biases").array.size());
+      k.combineVariant.biases = int(step.fields.at("biases").list().size());
     }
     out.push_back(k);
   }

@@ -117,7 +117,7 @@ private:
   void host(const RunStep &step) {
     if (step.op == "tokens") {
       Value &v = at(step.integer("result"));
-      for (const Json &count : step.fields.at("per_rank").array)
+      for (const Json &count : step.fields.at("per_rank").list())
         v.index.push_back(count.integer());
     } else if (step.op == "constant") {
       at(step.integer("result")).index.assign(size_t(R()), step.integer("value"));
@@ -131,12 +131,12 @@ private:
       Value &v = at(step.integer("result"));
       for (int r = 0; r < R(); ++r) {
         HostTensor t = step.op == "random"
-                           ? randomTensor(step.fields.at("distribution").string,
-                                          step.fields.at("scale").number, step.integer("seed"),
+                           ? randomTensor(step.fields.at("distribution").text(),
+                                          step.fields.at("scale").real(), step.integer("seed"),
                                           r, rows.index[r], step.integer("cols"),
-                                          step.fields.at("dtype").string)
+                                          step.fields.at("dtype").text())
                            : randomRouting(step.integer("experts"),
-                                           step.fields.at("masked").number, step.integer("seed"),
+                                           step.fields.at("masked").real(), step.integer("seed"),
                                            r, rows.index[r], step.integer("topk"));
         v.tensor.push_back(upload(std::move(t)));
       }
@@ -148,7 +148,7 @@ private:
   void print(const RunStep &step) {
     const Value &v = at(step.integer("value"));
     std::FILE *out = options.out;
-    std::fprintf(out, "%s at %s:\n", step.fields.at("what").string.c_str(), step.loc.c_str());
+    std::fprintf(out, "%s at %s:\n", step.fields.at("what").text().c_str(), step.loc.c_str());
     for (int r = 0; r < R(); ++r) {
       std::fprintf(out, "  rank %d: ", r);
       if (!v.index.empty()) {
@@ -278,7 +278,7 @@ private:
     const Value &x = at(step.integer("x"));
     std::shared_ptr<HandleValue> handle = at(step.integer("handle")).handle;
     const int64_t weightsId = step.integer("topk_weights");
-    const auto &biasIds = step.fields.at("biases").array;
+    const auto &biasIds = step.fields.at("biases").list();
     std::vector<CombineCall> calls(static_cast<size_t>(R()));
     for (int r = 0; r < R(); ++r) {
       CombineCall &c = calls[r];

@@ -117,7 +117,7 @@ def sum_doubled(x_ptr, out_ptr, n, BLOCK: el.constexpr):
     el.store(out_ptr, el.sum(acc))
 
 
-# Calls the compiler refuses (the interpreter too, but for the early return): the errors name
+# Calls the compiler refuses (the interpreter refuses the same ones): the errors name
 # the lines that say so.
 @epic.jit
 def countdown(x_ptr, n):

@@ -73,7 +73,7 @@ def not_a_window(x_ptr):
 @epic.jit
 def fails_on_rank_one(win):
     if el.rank() == 1:
-        raise ValueError("the failure")
+        el.store(win, 1 // (el.rank() - 1))  # the line the error names
     el.barrier()
 
 
@@ -84,8 +84,13 @@ def test_kernel_errors_say_where():
         out_of_bounds[(1,)](x, world=epic.VirtualWorld(1))
     with pytest.raises(KernelError, match="el.peer_ptr needs a pointer into a symmetric window"):
         not_a_window[(1,)](x, world=epic.VirtualWorld(1))
-    # The first failure is reported, not the barrier the others were left at.
-    with pytest.raises(KernelError, match=r"rank 1, program \d: ValueError: the failure"):
+    # The first failure is reported, not the barrier the others were left at; an error Python
+    # raised names the kernel's line.
+    from dsl_kernels import line_of
+
+    with pytest.raises(KernelError, match=r"rank 1, program \d: .*test_dsl_interpreter.py:" +
+                       str(line_of(fails_on_rank_one, "names")) +
+                       r": ZeroDivisionError: integer division or modulo by zero"):
         fails_on_rank_one[(2,)](SymmetricMemory(3, 8), world=epic.VirtualWorld(3))
 
 

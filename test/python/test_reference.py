@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -359,7 +360,7 @@ def test_alignment_counts_and_prefix_sums():
 @pytest.mark.parametrize("world", WORLDS, ids=WORLD_IDS)
 def test_expanded_rows_equal_plain_rows(world):
     num_ranks, num_experts, num_topk, max_tokens, align = world
-    rng, xs, idxs, weights = make_world(5, *world[:4])
+    rng, xs, idxs, weights = make_world(5, *world[:4], x_dtype=FP8)  # packs travel with FP8 only
     packs = [rng.integers(-(2**31), 2**31, (len(i), 2), dtype=np.int64).astype(np.int32) for i in idxs]
     kwargs = dict(num_experts=num_experts, expert_alignment=align)
     plain = ref.dispatch(xs, idxs, weights, packs, **kwargs)
@@ -748,7 +749,7 @@ def test_dispatch_and_combine_are_deterministic(expand):
 @pytest.mark.parametrize("world", WORLDS, ids=WORLD_IDS)
 def test_sort_by_source_canonicalizes_kernel_order(world, expand):
     num_ranks, num_experts, num_topk, max_tokens, align = world
-    rng, xs, idxs, weights = make_world(17, *world[:4])
+    rng, xs, idxs, weights = make_world(17, *world[:4], x_dtype=FP8)  # packs travel with FP8 only
     packs = [rng.random((len(i), 3), dtype=np.float32) for i in idxs]
     results = ref.dispatch(
         xs,
@@ -799,6 +800,7 @@ def _dispatch_with(**override):
 
 
 XS, IDXS = _world()
+FP8_XS = [x.astype(FP8) for x in XS]
 T_K = r"expected int array of shape \[T, K\]"
 
 ERROR_CASES = {
@@ -835,7 +837,9 @@ ERROR_CASES = {
         lambda: ref.dispatch_layout(np.array([[0]]), 4.0, 2), TypeError, r"num_experts: expected int"
     ),
     "layout-zero-ranks": (
-        lambda: ref.dispatch_layout(np.array([[0]]), 4, 0), ValueError, r"num_ranks: expected int >= 1"
+        lambda: ref.dispatch_layout(np.array([[0]]), 4, 0),
+        ValueError,
+        r"num_ranks: expected int in \[1, 1024\], got 0",
     ),
     "xs-not-a-list": (_dispatch_with(xs=np.zeros((2, 3, 256))), TypeError, r"xs: expected a list"),
     "xs-empty": (_dispatch_with(xs=[], topk_idxs=[]), ValueError, r"xs: expected at least one rank"),
@@ -879,12 +883,12 @@ ERROR_CASES = {
         r"topk_weights\[1\]: expected float32 array of shape \[2, 2\]",
     ),
     "packs-not-4-bytes": (
-        _dispatch_with(scale_packs=[np.zeros((3, 2)), np.zeros((2, 2))]),
+        _dispatch_with(xs=FP8_XS, scale_packs=[np.zeros((3, 2)), np.zeros((2, 2))]),
         TypeError,
         r"scale_packs\[0\]: expected 4-byte elements",
     ),
     "packs-wrong-shape": (
-        _dispatch_with(scale_packs=[np.zeros((3, 2), np.int32), np.zeros((2, 3), np.int32)]),
+        _dispatch_with(xs=FP8_XS, scale_packs=[np.zeros((3, 2), np.int32), np.zeros((2, 3), np.int32)]),
         ValueError,
         r"scale_packs\[1\]: expected array of shape \[2, 2\]",
     ),
@@ -894,7 +898,9 @@ ERROR_CASES = {
         r"num_max_tokens_per_rank: 2 is smaller than the largest token count 3",
     ),
     "alignment-zero": (
-        _dispatch_with(expert_alignment=0), ValueError, r"expert_alignment: expected int >= 1"
+        _dispatch_with(expert_alignment=0),
+        ValueError,
+        r"expert_alignment: expected int in \[1, 1024\], got 0",
     ),
     "cast-float64": (
         lambda: ref.per_token_cast_to_fp8(np.zeros((2, 128))), TypeError, r"x: expected float32 or bfloat16"
@@ -925,7 +931,7 @@ def test_combine_errors_name_the_argument():
     n0 = results[0].num_recv_tokens
     with pytest.raises(ValueError, match=r"ys: expected 2 entries"):
         ref.combine(ys[:1], results)
-    with pytest.raises(TypeError, match=rf"ys\[0\]: expected bfloat16 array of shape \[{n0}, H\]"):
+    with pytest.raises(TypeError, match=rf"ys\[0\]: expected bfloat16 array of shape \[{n0}, 256\]"):
         ref.combine([ys[0].astype(np.float32), ys[1]], results)
     with pytest.raises(ValueError, match=r"ys\[1\]: expected bfloat16 array of shape"):
         ref.combine([ys[0], ys[1][:1]], results)
@@ -970,3 +976,292 @@ def test_grouped_gemm_multiplies_each_experts_rows_by_its_weights():
         ref.grouped_gemm(ref.dispatch(xs, idxs, num_experts=E)[0], w)
     with pytest.raises(ValueError, match=r"weights must be \[2, 32, N\]"):
         ref.grouped_gemm(results[0], w[:1])
+
+
+# ----------------------------------------------------------------------------
+# Hostile inputs: each is a named TypeError / ValueError raised before any work,
+# never an internal ZeroDivisionError, IndexError, AttributeError or MemoryError
+# ----------------------------------------------------------------------------
+
+
+def _handles(expand=False, **override):
+    """Dispatch results of _world() (with topk weights), rank 1's fields overridden."""
+    xs, idxs = _world()
+    weights = [np.ones(i.shape, np.float32) for i in idxs]
+    results = ref.dispatch(xs, idxs, weights, num_experts=4, expand=expand, expert_alignment=1 + 3 * expand)
+    if override:
+        results[1] = dataclasses.replace(results[1], **override)
+    return results
+
+
+def _combine_with(ys=None, expand=False, **override):
+    handles = _handles(expand, **override)
+    return lambda: ref.combine([h.recv_x for h in _handles(expand)] if ys is None else ys, handles)
+
+
+def _duplicate_expanded_rows():
+    meta = _handles(expand=True)[1].recv_src_metadata.copy()
+    meta[:, 2:] = np.where(meta[:, 2:] >= 0, 0, -1)  # every local slot claims row 0
+    return meta
+
+
+GEMM_W = np.zeros((2, 256, 16), BF16)
+
+HOSTILE_CASES = {
+    # align: used to divide by the alignment.
+    "align-zero": (lambda: ref.align(5, 0), ValueError, r"alignment: expected int >= 1, got 0"),
+    "align-negative": (lambda: ref.align(5, -4), ValueError, r"alignment: expected int >= 1, got -4"),
+    "align-float": (lambda: ref.align(5, 2.5), TypeError, r"alignment: expected int, got float"),
+    "align-str-n": (lambda: ref.align("5", 4), TypeError, r"n: expected int or int array, got str"),
+    "align-float-array-n": (
+        lambda: ref.align(np.array([1.5]), 4), TypeError, r"n: expected int or int array, got float64 array"
+    ),
+    # combine: handles that are not handles used to be AttributeErrors.
+    "combine-str-handles": (
+        lambda: ref.combine([np.zeros((1, 256), BF16)] * 2, ["h0", "h1"]),
+        TypeError,
+        r"handles\[0\]: expected a handle from reference\.dispatch, got str",
+    ),
+    "combine-one-str-handle": (
+        lambda: ref.combine([h.recv_x for h in _handles()], [_handles()[0], "h1"]),
+        TypeError,
+        r"handles\[1\]: expected a handle from reference\.dispatch, got str",
+    ),
+    "combine-handles-a-str": (
+        lambda: ref.combine([], "h0h1"), TypeError, r"handles: expected a non-empty list of dispatch results"
+    ),
+    "combine-too-few-handles": (
+        lambda: ref.combine([h.recv_x for h in _handles()][:1], _handles()[:1]),
+        ValueError,
+        r"handles: got 1 handles for a world of 2 ranks",
+    ),
+    "combine-too-many-handles": (
+        lambda: ref.combine([h.recv_x for h in _handles()] * 2, _handles() * 2),
+        ValueError,
+        r"handles: got 4 handles for a world of 2 ranks",
+    ),
+    "combine-handle-topk-idx-1d": (
+        _combine_with(topk_idx=np.zeros(2, np.int64)),
+        ValueError,
+        r"handles\[1\]\.topk_idx: expected int array of shape \[T, K\]",
+    ),
+    "combine-handle-recv-x-none": (
+        _combine_with(ys=[np.zeros((2, 256), BF16)] * 2, recv_x=None),
+        TypeError,
+        r"handles\[1\]\.recv_x: expected numpy array, got NoneType",
+    ),
+    "combine-handle-metadata-1d": (
+        _combine_with(recv_src_metadata=np.zeros(3, np.int32)),
+        ValueError,
+        r"handles\[1\]\.recv_src_metadata: expected int array of shape \[N, 4\]",
+    ),
+    "combine-handle-counts-wrong-length": (
+        _combine_with(num_recv_tokens_per_expert_list=[1]),
+        ValueError,
+        r"handles\[1\]\.num_recv_tokens_per_expert_list: expected 2 counts >= 0, got \[1\]",
+    ),
+    "combine-expanded-rows-twice": (
+        _combine_with(expand=True, recv_src_metadata=_duplicate_expanded_rows()),
+        ValueError,
+        r"handles\[1\]\.recv_src_metadata: expanded row indices are out of range or not unique",
+    ),
+    # combine: rows of another hidden size than dispatch moved.
+    "combine-other-hidden": (
+        lambda: ref.combine([np.zeros((h.num_recv_tokens, 128), BF16) for h in _handles()], _handles()),
+        ValueError,
+        r"ys\[0\]: expected bfloat16 array of shape \[3, 256\] \(the rows dispatch moved to rank 0\), "
+        r"got bfloat16 array of shape \(3, 128\)",
+    ),
+    "combine-other-hidden-expanded": (
+        lambda: ref.combine(
+            [_handles(True)[0].recv_x, np.zeros((_handles(True)[1].recv_x.shape[0], 64), BF16)],
+            _handles(True),
+        ),
+        ValueError,
+        r"ys\[1\]: expected bfloat16 array of shape \[\d+, 256\] \(the rows dispatch moved to rank 1\), "
+        r"got bfloat16 array of shape \(\d+, 64\)",
+    ),
+    # grouped_gemm: used to be AttributeErrors or numpy's errors.
+    "gemm-none-result": (
+        lambda: ref.grouped_gemm(None, GEMM_W),
+        TypeError,
+        r"result: expected a handle from reference\.dispatch, got NoneType",
+    ),
+    "gemm-none-weights": (
+        lambda: ref.grouped_gemm(_handles(True)[0], None),
+        TypeError,
+        r"weights: expected numpy array, got NoneType",
+    ),
+    "gemm-object-weights": (
+        lambda: ref.grouped_gemm(_handles(True)[0], GEMM_W.astype(object)),
+        TypeError,
+        r"weights: expected a numeric array, got object",
+    ),
+    "gemm-bad-out-dtype": (
+        lambda: ref.grouped_gemm(_handles(True)[0], GEMM_W, out_dtype="junk"),
+        TypeError,
+        r"out_dtype: expected a numpy dtype, got 'junk'",
+    ),
+    "gemm-str-fill": (
+        lambda: ref.grouped_gemm(_handles(True)[0], GEMM_W, fill="nan"),
+        TypeError,
+        r"fill: expected a number, got str",
+    ),
+    # dispatch: expert_alignment and the other limits of a world (the runtime's and #ep.config's).
+    "alignment-2-62": (
+        _dispatch_with(expert_alignment=2**62),
+        ValueError,
+        rf"expert_alignment: expected int in \[1, 1024\], got {2**62}",
+    ),
+    "alignment-2-62-expanded": (
+        _dispatch_with(expert_alignment=2**62, expand=True), ValueError, r"expert_alignment: expected int in"
+    ),
+    "alignment-1025": (
+        _dispatch_with(expert_alignment=1025), ValueError, r"expert_alignment: expected int in \[1, 1024\]"
+    ),
+    "alignment-negative": (
+        _dispatch_with(expert_alignment=-128), ValueError, r"expert_alignment: expected int in \[1, 1024\]"
+    ),
+    "experts-2-62": (
+        _dispatch_with(num_experts=2**62), ValueError, r"num_experts: expected int in \[1, 2048\]"
+    ),
+    "layout-experts-2-62": (
+        lambda: ref.dispatch_layout(np.array([[0]]), 2**62, 2),
+        ValueError,
+        r"num_experts: expected int in \[1, 2048\]",
+    ),
+    "experts-per-rank-512": (
+        lambda: ref.dispatch([np.zeros((1, 8), BF16)], [np.array([[0]])], num_experts=512),
+        ValueError,
+        r"num_experts: 512 over 1 ranks is 512 experts per rank, more than 256",
+    ),
+    "ranks-1025": (
+        lambda: ref.dispatch([np.zeros((0, 8), BF16)] * 1025, [np.zeros((0, 1), np.int64)] * 1025,
+                             num_experts=1025),
+        ValueError,
+        r"xs: expected at most 1024 ranks, got 1025",
+    ),
+    "topk-above-experts": (
+        lambda: ref.dispatch([np.zeros((1, 8), BF16)], [np.array([[0, -1, -1]])], num_experts=2),
+        ValueError,
+        r"topk_idxs\[0\]: top-k K=3 exceeds num_experts=2",
+    ),
+    "hidden-zero": (
+        _dispatch_with(xs=[np.zeros((3, 0), BF16), np.zeros((2, 0), BF16)]),
+        ValueError,
+        r"xs\[0\]: hidden size must be a positive multiple of 8",
+    ),
+    "hidden-12": (
+        _dispatch_with(xs=[np.zeros((3, 12), BF16), np.zeros((2, 12), BF16)]),
+        ValueError,
+        r"xs\[0\]: hidden size must be a positive multiple of 8",
+    ),
+    "tmax-overflows-int32-ids": (
+        _dispatch_with(num_max_tokens_per_rank=2**30),
+        ValueError,
+        r"num_max_tokens_per_rank: 2 ranks x 1073741824 tokens overflow the int32 source ids",
+    ),
+    "uint64-expert-id-wraps-to-minus-one": (
+        lambda: ref.dispatch_layout(np.array([[2**64 - 1]], np.uint64), 4, 2),
+        ValueError,
+        r"topk_idx: expert id 18446744073709551615 at \[0, 0\] out of range",
+    ),
+    # dispatch: scale packs only travel with FP8 data.
+    "packs-with-bf16": (
+        _dispatch_with(scale_packs=[np.zeros((3, 2), np.float32), np.zeros((2, 2), np.float32)]),
+        TypeError,
+        r"scale_packs: only for FP8 data \(float8_e4m3fn or float8_e5m2\), but xs are bfloat16",
+    ),
+    "packs-with-float32": (
+        _dispatch_with(xs=[x.astype(np.float32) for x in XS], scale_packs=[np.zeros((3, 2), np.int32)] * 2),
+        TypeError,
+        r"scale_packs: only for FP8 data",
+    ),
+    # sort_by_source and generate_pre_combine_data on what is not a handle.
+    "sort-none": (
+        lambda: ref.sort_by_source(None), TypeError, r"result: expected a handle from reference\.dispatch"
+    ),
+    "sort-no-local-experts": (
+        lambda: ref.sort_by_source(_handles(True, num_recv_tokens_per_expert_list=[])[1]),
+        ValueError,
+        r"result\.num_recv_tokens_per_expert_list: expected 2 counts >= 0, got \[\]",
+    ),
+    "sort-short-weights": (
+        lambda: ref.sort_by_source(_handles(recv_topk_weights=np.zeros((1, 2), np.float32))[1]),
+        ValueError,
+        r"result\.recv_topk_weights: expected at least 3 rows",
+    ),
+    "generate-empty": (
+        lambda: ref.generate_pre_combine_data([]), TypeError, r"handles: expected a non-empty list"
+    ),
+    "generate-str-handles": (
+        lambda: ref.generate_pre_combine_data(["h0", "h1"]),
+        TypeError,
+        r"handles\[0\]: expected a handle from reference\.dispatch, got str",
+    ),
+    "generate-too-few-handles": (
+        lambda: ref.generate_pre_combine_data(_handles()[:1]),
+        ValueError,
+        r"handles: got 1 handles for a world of 2 ranks",
+    ),
+    "generate-source-id-out-of-range": (
+        lambda: ref.generate_pre_combine_data(_handles(recv_src_metadata=np.full((3, 4), 50, np.int32))),
+        ValueError,
+        r"handles\[1\]: recv_src_metadata\[:, 0\] is out of range or not unique",
+    ),
+    "generate-str-seed": (
+        lambda: ref.generate_pre_combine_data(_handles(), seed="1"), TypeError, r"seed: expected a number"
+    ),
+    "cast-back-bad-out-dtype": (
+        lambda: ref.per_token_cast_back(np.zeros((2, 128), FP8), np.ones((2, 1), np.float32), 128, "junk"),
+        TypeError,
+        r"out_dtype: expected a numpy dtype, got 'junk'",
+    ),
+}
+
+
+@pytest.mark.parametrize("call, exc, match", HOSTILE_CASES.values(), ids=HOSTILE_CASES.keys())
+def test_hostile_input_is_a_named_error(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_limits_themselves_are_accepted():
+    # The bounds are inclusive, and FP8 of either kind carries scale packs.
+    assert ref.MAX_EXPERT_ALIGNMENT == 1024
+    xs, idxs = _world()
+    (r0, _) = ref.dispatch(xs, idxs, num_experts=4, expert_alignment=1024, expand=True)
+    assert r0.num_recv_tokens_per_expert_list == [1024, 1024]
+    (r0,) = ref.dispatch([np.zeros((1, 8), BF16)], [np.array([[255]])], num_experts=256)
+    assert r0.num_unaligned_recv_tokens_per_expert[255] == 1
+    e5m2 = [np.ones((1, 8), np.dtype(ml_dtypes.float8_e5m2))]
+    (r0,) = ref.dispatch(e5m2, [np.array([[0]])], None, [np.full((1, 1), 7, np.int32)], num_experts=2)
+    assert r0.recv_scale_packs.tolist() == [[7]]
+    assert ref.align(5, 4) == 8 and ref.align(np.array([0, 1, 4, 5]), 4).tolist() == [0, 4, 4, 8]
+
+
+def test_combine_with_a_tmax_near_the_int32_limit():
+    # Source ids go up to R * Tmax - 1 = 2**31 - 1: combine finds rows without an R * Tmax table.
+    xs, idxs = _world()
+    tmax = 2**30 - 1
+    results = ref.dispatch(xs, idxs, num_experts=4, num_max_tokens_per_rank=tmax)
+    assert results[0].recv_src_metadata[:, 0].max() >= tmax
+    got = ref.combine([r.recv_x for r in results], results)
+    want = ref.combine([r.recv_x for r in results], ref.dispatch(xs, idxs, num_experts=4))
+    for a, b in zip(got, want):
+        assert_bitwise_equal(a.combined_x, b.combined_x)
+
+
+def test_fp8_casts_with_wide_groups_and_no_tokens():
+    # A group wider than the row is one group: the same result as group == H, nothing allocated
+    # for the padding; zero tokens with UE8M0 packs used to fail a reshape.
+    x = np.random.default_rng(3).standard_normal((2, 96)).astype(np.float32)
+    for ue8m0 in (False, True):
+        data, scales = ref.per_token_cast_to_fp8(x, group=2**40, use_ue8m0=ue8m0)
+        want_data, want_scales = ref.per_token_cast_to_fp8(x, group=96, use_ue8m0=ue8m0)
+        assert_bitwise_equal(data, want_data)
+        assert_bitwise_equal(scales, want_scales)
+        assert_bitwise_equal(ref.per_token_cast_back(data, scales, group=2**40),
+                             ref.per_token_cast_back(data, scales, group=96))
+        empty, packs = ref.per_token_cast_to_fp8(np.zeros((0, 128), np.float32), use_ue8m0=ue8m0)
+        assert ref.per_token_cast_back(empty, packs).shape == (0, 128)

@@ -345,6 +345,29 @@ TEST(RunPlan, ParsesAndChecksValues) {
                   "rows must be an index, value 1 is a tensor");
 }
 
+TEST(RunPlan, RefusesWhatTheRunDialectRefuses) {
+  auto random = [](const std::string &scale) {
+    return std::string(kTokens) + R"(, {"op": "random", "loc": "p.mlir:2:1", "result": 1,
+        "rows": 0, "distribution": "normal", "seed": 1, "dtype": "bf16", "cols": 64, "scale": )" +
+           scale + "}";
+  };
+  expectPlanError(planWith(random("0"), 2), "scale must be positive and finite, got 0");
+  expectPlanError(planWith(random("-1.5"), 2), "scale must be positive and finite, got -1.5");
+  expectPlanError(planWith(random("true"), 2), "expected a number, got a bool");
+  auto routing = [](const std::string &masked) {
+    return std::string(kTokens) + R"(, {"op": "routing", "loc": "p.mlir:2:1", "result": 1,
+        "rows": 0, "experts": 8, "topk": 2, "seed": 2, "masked": )" + masked + "}";
+  };
+  expectPlanError(planWith(routing("2.0"), 2), "masked must be a probability in [0, 1], got 2");
+  expectPlanError(planWith(routing("true"), 2), "expected a number, got a bool");
+  RunPlan::parse(planWith(routing("0.25"), 2));
+  // Token counts are integers, and lists are lists.
+  expectPlanError(planWith(R"({"op": "tokens", "loc": "p.mlir:1:1", "result": 0,
+      "per_rank": [4.5, 2]})", 1), "expected an integer, got a number 4.5");
+  expectPlanError(planWith(R"({"op": "tokens", "loc": "p.mlir:1:1", "result": 0,
+      "per_rank": 4})", 1), "expected a list, got a number");
+}
+
 class RunPlanCache : public ::testing::Test {
 protected:
   void SetUp() override {

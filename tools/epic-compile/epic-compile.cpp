@@ -14,6 +14,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "epic/Compiler.h"
+#include "epic/Support/LargeStack.h"
 
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
@@ -48,7 +49,7 @@ static int write(const std::string &path, const std::string &data) {
   return 0;
 }
 
-int main(int argc, char **argv) {
+static int compileMain(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
   cl::ParseCommandLineOptions(argc, argv, "epic IR -> PTX, cubin and JSON metadata\n");
 
@@ -92,4 +93,8 @@ int main(int argc, char **argv) {
     llvm::errs() << "epic-compile: " << error.what() << "\n";
     return 1;
   }
+}
+
+int main(int argc, char **argv) {
+  return epic::runWithLargeStack([&] { return compileMain(argc, argv); });
 }

@@ -8,6 +8,7 @@
 #include "epic/Conversion/Passes.h"
 #include "epic/InitAllDialects.h"
 #include "epic/Pipelines/EpicToPTX.h"
+#include "epic/Support/LargeStack.h"
 #include "epic/Transforms/Passes.h"
 
 #include "mlir/Conversion/Passes.h"
@@ -29,6 +30,8 @@ int main(int argc, char **argv) {
   epic::registerEpicTransformsPasses();
   epic::registerEpicToPTXPipeline();
 
-  return mlir::asMainReturnCode(mlir::MlirOptMain(
-      argc, argv, "epic optimizer driver (ep and comm dialects)\n", registry));
+  return epic::runWithLargeStack([&] {
+    return mlir::asMainReturnCode(mlir::MlirOptMain(
+        argc, argv, "epic optimizer driver (ep and comm dialects)\n", registry));
+  });
 }

@@ -86,7 +86,21 @@ ShapedType shaped(Type t) { return cast<ShapedType>(t); }
 // DispatchLayoutOp
 //===----------------------------------------------------------------------===//
 
+/// ep ops are host-level: each becomes kernels and a launch (ep-expand), which
+/// cannot happen inside a kernel.
+static LogicalResult verifyOnHost(Operation *op) {
+  for (Operation *parent = op->getParentOp(); parent; parent = parent->getParentOp())
+    if (parent->getName().getStringRef() == "gpu.func" ||
+        parent->getName().getStringRef() == "gpu.module")
+      return op->emitOpError("is a host-level op (it becomes kernels and their launch): it "
+                             "cannot be inside ")
+             << parent->getName();
+  return success();
+}
+
 LogicalResult DispatchLayoutOp::verify() {
+  if (failed(verifyOnHost(*this)))
+    return failure();
   ConfigAttr cfg = getConfig();
   ShapeChecker check{*this};
   ShapedType idx = shaped(getTopkIdx());
@@ -149,6 +163,8 @@ void DispatchOp::build(OpBuilder &builder, OperationState &state,
 }
 
 LogicalResult DispatchOp::verify() {
+  if (failed(verifyOnHost(*this)))
+    return failure();
   ConfigAttr cfg = getConfig();
   ShapeChecker check{*this};
   int64_t hidden = cfg.getHidden(), k = cfg.getTopk();
@@ -314,6 +330,8 @@ static void printDispatchGemmResultTypes(OpAsmPrinter &printer, Operation *, Typ
 //===----------------------------------------------------------------------===//
 
 LogicalResult GroupedGemmOp::verify() {
+  if (failed(verifyOnHost(*this)))
+    return failure();
   ConfigAttr cfg = getConfig();
   ShapeChecker check{*this};
   if (!cfg.isExpanded())
@@ -343,6 +361,8 @@ LogicalResult GroupedGemmOp::verify() {
 }
 
 LogicalResult DispatchGemmOp::verify() {
+  if (failed(verifyOnHost(*this)))
+    return failure();
   ConfigAttr cfg = getConfig();
   ShapeChecker check{*this};
   if (!cfg.isExpanded())
@@ -386,6 +406,8 @@ LogicalResult DispatchGemmOp::verify() {
 }
 
 LogicalResult GemmCombineOp::verify() {
+  if (failed(verifyOnHost(*this)))
+    return failure();
   ConfigAttr cfg = getConfig();
   ShapeChecker check{*this};
   if (!cfg.isExpanded())
@@ -422,6 +444,8 @@ LogicalResult GemmCombineOp::verify() {
 }
 
 LogicalResult CombineOp::verify() {
+  if (failed(verifyOnHost(*this)))
+    return failure();
   ConfigAttr cfg = getConfig();
   ShapeChecker check{*this};
   int64_t hidden = cfg.getHidden(), k = cfg.getTopk();

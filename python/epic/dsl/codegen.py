@@ -35,20 +35,23 @@ Execution model of the generated kernel (one ``gpu.func`` per kernel):
   ``cvt.rn.satfinite.e4m3x2.f32`` / ``cvt.rn.f16x2.e4m3x2`` (``nvvm.convert.*``).
 
 What the compiler does not handle yet raises :class:`CompileError` pointing at the kernel's
-source line (gathers and blocks of atomics are next).
+source line (gathers and blocks of atomics are next). What a kernel's source may hold is checked
+first, by the check the interpreter makes too (:mod:`epic.dsl.checks`), so both refuse the same
+programs alike; an error evaluating a constant expression (``BLOCK // 0``) is a
+:class:`~epic.dsl.checks.SourceError` as well, as the interpreter reports it.
 """
 
 from __future__ import annotations
 
 import ast
-import inspect
-import textwrap
 
 import numpy as np
 
+from . import checks
+from .checks import CompileError, SourceError
 from .jit import CallError, JITFunction
 
-__all__ = ["CompileError", "generate"]
+__all__ = ["CompileError", "SourceError", "generate"]
 
 _MLIR_TYPES = {
     "float32": "f32", "float16": "f16", "bfloat16": "bf16", "float8_e4m3fn": "f8E4M3FN",
@@ -60,10 +63,6 @@ _RECORD_BYTES = 128  # a rank's record in the kernel's by-value parameter table 
 _ORDERING = {"relaxed": 0, "acquire": 1, "release": 2, "acq_rel": 3, "sc": 4}
 _SCOPE = {"cta": 0, "block": 0, "cluster": 1, "gpu": 2, "sys": 3}
 _RELEASING = ("release", "acq_rel", "sc")
-
-
-class CompileError(Exception):
-    """A kernel the compiler cannot translate, with the source line."""
 
 
 def mlir_type(dtype) -> str:
@@ -136,7 +135,7 @@ class Generator(ast.NodeVisitor):
         self.threads = 32 * num_warps
         self.name = name
         self.scope = {}
-        self.tree, self.file, self.first_line = _parse(fn)
+        self.tree, self.file, self.first_line = checks.parse(fn)
         self.line = 0
         self.calls = [fn]  # the kernel, then the @epic.jit functions being inlined (innermost last)
         self.blocks = []  # where ops go: the innermost region's block last
@@ -160,8 +159,17 @@ class Generator(ast.NodeVisitor):
             self.b.set_location(self.file, self.first_line + node.lineno, node.col_offset + 1)
         return super().visit(node)
 
-    def generic_visit(self, node):
-        raise self.error(f"{type(node).__name__} is not supported in kernels", node)
+    def generic_visit(self, node):  # (checks.check_kernel refused it before)
+        raise self.error(checks.UNSUPPORTED.format(type(node).__name__), node)
+
+    def constant(self, node, compute, *args):
+        """`compute(*args)` on constants (constexprs, literals) in Python; what Python raises
+        doing so (``BLOCK // 0``) is the kernel's error at its line, as in the interpreter."""
+        try:
+            return compute(*args)
+        except (ArithmeticError, TypeError, ValueError) as e:
+            raise SourceError(f"{self.file}:{self.first_line + node.lineno}: "
+                              f"{type(e).__name__}: {e}") from None
 
     # --- IR helpers
     def op(self, name, operands=(), results=(), attributes=None, regions=0):
@@ -360,7 +368,7 @@ class Generator(ast.NodeVisitor):
             for t, v in zip(target.elts, value):
                 self.assign(t, v)
         else:
-            raise self.error("only names (and tuples of names) can be assigned", target)
+            raise self.error(checks.ASSIGN_TARGET, target)
 
     def visit_AugAssign(self, node):
         current = self.visit(ast.Name(id=node.target.id, ctx=ast.Load()))
@@ -401,20 +409,16 @@ class Generator(ast.NodeVisitor):
 
     def visit_For(self, node):
         call = node.iter
-        if not (isinstance(call, ast.Call) and isinstance(call.func, (ast.Name, ast.Attribute))):
-            raise self.error("a kernel loops over range(...) or el.static_range(...)", node)
         fname = call.func.attr if isinstance(call.func, ast.Attribute) else call.func.id
         bounds = [self.visit(a) for a in call.args]
         if fname == "static_range":
             if not all(isinstance(v, int) for v in bounds):
-                raise self.error("el.static_range takes constants", node)
-            for i in range(*bounds):
+                raise self.error(checks.STATIC_RANGE, node)
+            for i in self.constant(node, range, *bounds):
                 self.scope[node.target.id] = i
                 for statement in node.body:
                     self.visit(statement)
             return
-        if fname != "range":
-            raise self.error("a kernel loops over range(...) or el.static_range(...)", node)
         if len(bounds) == 1:
             bounds = [0] + bounds
         if len(bounds) == 2:
@@ -460,8 +464,6 @@ class Generator(ast.NodeVisitor):
     def visit_While(self, node):
         """`while` on a scalar condition -> scf.while; variables the body reassigns are carried
         (the condition is evaluated in the `before` region on the carried values)."""
-        if node.orelse:
-            raise self.error("while ... else is not supported in kernels", node)
         self.lift_reassigned(self.assigned_names(node.body))
         carried = [n for n in self.assigned_names(node.body)
                    if n in self.scope and isinstance(self.scope[n], Val)]
@@ -599,7 +601,7 @@ class Generator(ast.NodeVisitor):
         v = self.visit(node.operand)
         if isinstance(node.op, ast.USub):
             if not isinstance(v, Val):
-                return -v
+                return self.constant(node, lambda x: -x, v)
             return self.binary(ast.Sub(), self.lift(0, v), v, node)
         if isinstance(node.op, ast.Not) and not isinstance(v, Val):
             return not v
@@ -631,8 +633,6 @@ class Generator(ast.NodeVisitor):
         return self.compare(ast.NotEq(), v, self.lift(0, v), node)
 
     def visit_Compare(self, node):
-        if len(node.ops) != 1:
-            raise self.error("chained comparisons are not supported", node)
         return self.compare(node.ops[0], self.visit(node.left), self.visit(node.comparators[0]),
                             node)
 
@@ -669,7 +669,7 @@ class Generator(ast.NodeVisitor):
         if isinstance(a, Val) and a.pointer:
             return self.offset_pointer(a, b, op, node)
         if not isinstance(a, Val) and not isinstance(b, Val):
-            return _fold(op, a, b)
+            return self.constant(node, _fold, op, a, b)
         # `s + arange` stays contiguous through adding or subtracting scalars.
         a_base = a.contiguous_base if isinstance(a, Val) and a.block else None
         b_base = b.contiguous_base if isinstance(b, Val) and b.block else None
@@ -692,6 +692,8 @@ class Generator(ast.NodeVisitor):
         name = pair and pair[0 if floating else 1]
         if not name:
             raise self.error(f"{type(op).__name__} is not supported on {x.dtype}", node)
+        if name in ("divsi", "remsi") and not isinstance(b, Val) and b == 0:
+            self.constant(node, _fold, op, 1, 0)  # undefined on the GPU: Python's error
         out = Val(self.op(f"arith.{name}", [x, y], [self.vtype(x)]).result(0), x.dtype, x.block)
         out.contiguous_base = base
         if not floating:
@@ -706,7 +708,7 @@ class Generator(ast.NodeVisitor):
 
     def compare(self, op, a, b, node):
         if not isinstance(a, Val) and not isinstance(b, Val):
-            return _fold(op, a, b)
+            return self.constant(node, _fold, op, a, b)
         a, b = self.unify(a, b, node)
         if a.dtype == "f8E4M3FN":
             raise self.error("comparisons of FP8 values: cast them to f32 first", node)
@@ -788,7 +790,7 @@ class Generator(ast.NodeVisitor):
         module = getattr(fn, "__module__", "")
         if module != "epic.language":
             if fn in (min, max) and not any(isinstance(a, Val) for a in args):
-                return fn(*args)
+                return self.constant(node, fn, *args)
             raise self.error(f"calls to {getattr(fn, '__name__', fn)} are not supported in "
                              "kernels", node)
         handler = getattr(self, f"el_{fn.__name__}", None)
@@ -806,16 +808,9 @@ class Generator(ast.NodeVisitor):
             bound = callee.bind_call(args, kwargs, self.calls, lambda v: not _holds_values(v))
         except CallError as e:
             raise self.error(str(e), node) from None
-        tree, file, first_line = _parse(callee.fn)
-        func = tree.body[0]
-        body = func.body
-        for statement in body:  # a return only at the very end
-            for n in ast.walk(statement):
-                if isinstance(n, ast.Return) and n is not body[-1]:
-                    raise CompileError(
-                        f"{file}:{first_line + n.lineno}: {name}: a return inside a loop or a "
-                        "branch (or before the end) of an @epic.jit function called from a "
-                        "kernel is not supported: return once, at the end of its body")
+        checks.check_called(callee.fn)  # (a return only at the very end of its body)
+        tree, file, first_line = checks.parse(callee.fn)
+        body = tree.body[0].body
         caller = (self.fn, self.scope, self.file, self.first_line, self.line)
         call_site = f"{self.file}:{self.first_line + node.lineno}"
         self.fn, self.scope, self.file, self.first_line = callee.fn, dict(bound.arguments), \
@@ -828,16 +823,15 @@ class Generator(ast.NodeVisitor):
             if isinstance(body[-1], ast.Return) and body[-1].value is not None:
                 result = self.visit(body[-1].value)
         except CompileError as e:
-            raise CompileError(f"{e}\n  in {name}, called at {call_site}") from None
+            raise type(e)(checks.CALLED_AT.format(e, name, call_site)) from None
         finally:
             self.calls.pop()
             self.fn, self.scope, self.file, self.first_line, self.line = caller
             self.b.set_location(self.file, self.first_line + node.lineno, node.col_offset + 1)
         return result
 
-    def visit_Return(self, node):
-        raise self.error("a kernel returns nothing (it stores its results); a return ends the "
-                         "body of an @epic.jit function that a kernel calls", node)
+    def visit_Return(self, node):  # (checks.check_kernel refused it before)
+        raise self.error(checks.KERNEL_RETURN, node)
 
     # --- the language
     def el_program_id(self, node, axis=0):
@@ -1369,23 +1363,13 @@ def _holds_values(v):
     return isinstance(v, Val) or (isinstance(v, tuple) and any(_holds_values(e) for e in v))
 
 
-def _parse(fn):
-    """A kernel's (or an inlined function's) AST, source file and line offset."""
-    try:
-        source = textwrap.dedent(inspect.getsource(fn))
-    except OSError:
-        raise CompileError(f"{fn.__name__}: its source is not available (kernels are compiled "
-                           "from their source file: define them in a module)") from None
-    return ast.parse(source), inspect.getsourcefile(fn) or "<kernel>", \
-        inspect.getsourcelines(fn)[1] - 1
-
-
 def generate(ir, fn, arg_kinds, constexprs, num_warps=4, name=None, abi="direct", ranks=1):
     """The kernel's IR (text): `arg_kinds` = [(name, ("pointer", elem) | ("scalar", type) |
     ("window",))] of the non-constexpr arguments; `constexprs` their values. `abi`: "direct"
     (every argument a kernel parameter) or "runtime" (the runtime's (device communicator,
     window, by-value table of per-rank parameter records) and a launch function with its
     metadata); `ranks`: the world the runtime ABI's table serves (a record per rank on the
-    virtual backend)."""
+    virtual backend). The kernel's source is checked first (checks.check_kernel)."""
+    checks.check_kernel(fn)
     return Generator(ir, fn, arg_kinds, constexprs, num_warps, name or fn.__name__,
                      abi, ranks).generate()

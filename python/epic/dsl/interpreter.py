@@ -7,7 +7,8 @@ which ``el.peer_ptr`` reaches. Every wait and barrier is bounded: on expiry the 
 the rank, the program and what it waited for. A kernel's call of another ``@epic.jit`` function
 runs it in place, with the calling program's context (:func:`call`). All memory accesses are
 sequentially consistent here (one lock for atomics, the GIL for the rest), which every correct
-GPU schedule refines.
+GPU schedule refines. Before it runs, a kernel's source goes through the compiler's check
+(:mod:`epic.dsl.checks`): what the compiler refuses is not run here either, and fails alike.
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ class _Launch:
         self.barrier = threading.Barrier(num_ranks * self.programs)
         self.failed = threading.Event()
         self.timeout_s = timeout_s
+        self.codes = set()  # the kernel's and its called functions' code: where errors point
 
 
 class Context:
@@ -275,13 +277,17 @@ class Context:
 
 def call(context, function, args, kwargs, where):
     """A kernel's call of the @epic.jit function `function` (at `where`, file:line): runs it
-    with the calling program's context, under the compiler's rules (JITFunction.bind_call)."""
+    with the calling program's context, under the compiler's rules (JITFunction.bind_call,
+    checks.check_called)."""
+    from . import checks
     from .jit import CallError
 
     try:
         bound = function.bind_call(args, kwargs, context.calls, _constant)
     except CallError as e:
         raise KernelError(f"{context.where()}: {where}: {e}") from None
+    checks.check_called(function.fn)
+    context.launch.codes.add(function.fn.__code__)
     context.calls.append(function.fn)
     try:
         return function.fn(*bound.args, **bound.kwargs)
@@ -301,8 +307,14 @@ def _check_sem(sem, allowed, what):
 
 def launch(fn, grid, per_rank_args, num_ranks, timeout_s=60.0):
     """Runs `fn` for every (rank, program) of `grid`; `per_rank_args[r]` are rank r's
-    arguments. Raises the first failure, naming where it happened."""
+    arguments. Raises the first failure, naming where it happened (the rank, the program and,
+    for an error Python raised, the kernel's line). Its source is checked first
+    (checks.check_kernel: SourceError)."""
+    from . import checks
+
+    checks.check_kernel(fn)
     shared = _Launch(num_ranks, grid, timeout_s)
+    shared.codes.add(fn.__code__)
     errors = []
 
     def body(rank, program):
@@ -310,7 +322,7 @@ def launch(fn, grid, per_rank_args, num_ranks, timeout_s=60.0):
         try:
             fn(*per_rank_args[rank])
         except BaseException as e:  # noqa: BLE001 - reported with its place
-            errors.append((rank, program, e))
+            errors.append((rank, program, e, _kernel_line(e, shared.codes)))
             shared.failed.set()
             shared.barrier.abort()
         finally:
@@ -329,8 +341,19 @@ def launch(fn, grid, per_rank_args, num_ranks, timeout_s=60.0):
     if errors:
         # The original failure, not the aborts it caused elsewhere.
         errors.sort(key=lambda e: isinstance(e[2], _Aborted))
-        rank, program, error = errors[0]
+        rank, program, error, line = errors[0]
         if isinstance(error, KernelError):
             raise error
-        raise KernelError(f"rank {rank}, program {program}: {type(error).__name__}: {error}") \
-            from error
+        raise KernelError(f"rank {rank}, program {program}: {line + ': ' if line else ''}"
+                          f"{type(error).__name__}: {error}") from error
+
+
+def _kernel_line(error, codes):
+    """file:line of the innermost frame of `error`'s traceback in a kernel or a function it
+    called (`codes`), or None."""
+    line, tb = None, error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in codes:
+            line = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return line

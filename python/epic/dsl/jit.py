@@ -105,25 +105,18 @@ class JITFunction:
 
     def dependencies(self):
         """The @epic.jit functions this one calls, directly or not (their sources are part of
-        the compiled code's identity), by the names its body uses."""
-        import ast
-        import textwrap
+        the compiled code's identity), by the names its body uses (checks.called)."""
+        from . import checks
 
         found, pending = [], [self]
         while pending:
             function = pending.pop()
-            glob = function.fn.__globals__
             try:
-                tree = ast.parse(textwrap.dedent(inspect.getsource(function.fn)))
-            except (OSError, SyntaxError):
+                tree = checks.parse(function.fn)[0]
+            except (checks.CompileError, SyntaxError):
                 continue
-            for node in ast.walk(tree):
-                value = None
-                if isinstance(node, ast.Name):
-                    value = glob.get(node.id)
-                elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-                    value = getattr(glob.get(node.value.id), node.attr, None)
-                if isinstance(value, JITFunction) and value is not self and value not in found:
+            for value in checks.called(function.fn, tree):
+                if value is not self and value not in found:
                     found.append(value)
                     pending.append(value)
         return found
@@ -233,11 +226,12 @@ class JITFunction:
     def _disk_path(self, key):
         import hashlib
 
-        from . import codegen
+        from . import checks, codegen
 
         digest = hashlib.sha256()
         called = [inspect.getsource(f.fn) for f in self.dependencies()]
-        for part in [inspect.getsource(self.fn), repr(key), inspect.getsource(codegen)] + called:
+        for part in [inspect.getsource(self.fn), repr(key), inspect.getsource(codegen),
+                     inspect.getsource(checks)] + called:
             digest.update(part.encode())
             digest.update(b"\0")
         root = os.environ.get("EPIC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache",

@@ -10,3 +10,14 @@ gpu.module @peer_params {
     gpu.return
   }
 }
+
+// -----
+
+// comm ops are device code: in a host function they are refused by name, not
+// lowered into special-register reads on the host.
+func.func @host(%dc: !comm.dev_comm) -> i32 {
+  // expected-error@+1 {{'comm.team' op is device code: it must be in a gpu.func of a gpu.module, not in host function @host}}
+  %lsa = comm.team lsa %dc
+  %me = comm.team_rank %lsa
+  return %me : i32
+}

@@ -80,6 +80,24 @@ func.func @f(%p: !llvm.ptr, %v: i32) {
 
 // -----
 
+// A bound the lowering's nanoseconds (64-bit) could not hold: at most 2^31 ms.
+func.func @f(%p: !llvm.ptr, %v: i32) {
+  // expected-error@+1 {{'comm.wait_flag' op attribute 'timeout_ms' failed to satisfy constraint: 64-bit signless integer attribute whose value is positive whose maximum value is 2147483648}}
+  %s = comm.wait_flag %p ge %v scope sys timeout_ms 9300000000000 : !llvm.ptr, i32
+  return
+}
+
+// -----
+
+func.func @f(%dc: !comm.dev_comm, %i: i32) {
+  %lsa = comm.team lsa %dc
+  // expected-error@+1 {{'comm.barrier' op attribute 'timeout_ms' failed to satisfy constraint: 64-bit signless integer attribute whose value is positive whose maximum value is 2147483648}}
+  comm.barrier %lsa via %dc index %i coop block timeout_ms 2147483649
+  return
+}
+
+// -----
+
 func.func @f() {
   // expected-error@+1 {{a relaxed fence orders nothing; use acquire, release, acq_rel or sc}}
   comm.fence relaxed scope gpu

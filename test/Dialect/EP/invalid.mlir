@@ -686,3 +686,16 @@ func.func @f(%rx: tensor<?x128xbf16>, %w: tensor<8x128x128xbf16>, %h: !ep.handle
   %y, %out = ep.gemm_combine %rx, %w layout(%h : !ep.handle<#c>) : tensor<?x128xbf16>, tensor<8x128x128xbf16> -> tensor<?x128xbf16>, tensor<?x128xbf16>
   return
 }
+
+// -----
+
+// ep ops become kernels and their launch: never inside a kernel.
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 8>
+gpu.module @kernels {
+  gpu.func @k(%idx: tensor<?x4xi64>) kernel {
+    // expected-error@+1 {{'ep.dispatch_layout' op is a host-level op (it becomes kernels and their launch): it cannot be inside gpu.func}}
+    %r, %e, %in = ep.dispatch_layout %idx config #c
+        : tensor<?x4xi64> -> tensor<8xi32>, tensor<64xi32>, tensor<?x8xi1>
+    gpu.return
+  }
+}

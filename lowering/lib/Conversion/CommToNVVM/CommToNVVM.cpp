@@ -793,6 +793,19 @@ struct ConvertCommToNVVMPass
   void runOnOperation() override {
     ModuleOp module = getOperation();
     MLIRContext *ctx = &getContext();
+    // comm ops are device code: outside a gpu.module they would lower into
+    // special-register reads in host code without a word.
+    WalkResult onHost = module.walk([](Operation *op) {
+      if (!isa_and_nonnull<comm::CommDialect>(op->getDialect()) ||
+          op->getParentOfType<gpu::GPUModuleOp>())
+        return WalkResult::advance();
+      auto func = op->getParentOfType<FunctionOpInterface>();
+      op->emitOpError("is device code: it must be in a gpu.func of a gpu.module")
+          << (func ? ", not in host function @" + func.getName().str() : std::string());
+      return WalkResult::interrupt();
+    });
+    if (onHost.wasInterrupted())
+      return signalPassFailure();
     if (backend == CommBackend::nccl) {
       // Said before converting: a failed legalization would not say why.
       WalkResult refused = module.walk([](comm::PeerParamsOp op) {

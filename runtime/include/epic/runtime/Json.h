@@ -28,7 +28,14 @@ struct Json {
 
   /// Member `key` of an object; throws std::runtime_error naming it if absent.
   const Json &at(const std::string &key) const;
+  /// The value as an integer, a number, a bool, a string or a list; each throws
+  /// std::runtime_error saying what was expected (a fractional or too large
+  /// number is not an integer; `true` is not a number).
   int64_t integer() const;
+  double real() const;
+  bool flag() const;
+  const std::string &text() const;
+  const std::vector<Json> &list() const;
 };
 
 } // namespace epic::runtime

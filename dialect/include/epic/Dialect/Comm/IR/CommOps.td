@@ -14,6 +14,12 @@ def Comm_FlagValue : AnyTypeOf<[I32, I64]>;
 // Ranks, teams and pointers
 //===----------------------------------------------------------------------===//
 
+// A wait's bound in milliseconds: positive and at most 2^31 (~24.9 days),
+// which the lowering turns into nanoseconds of a 64-bit clock without
+// overflow (the same bound as the runtime's GPU timeout).
+def Comm_TimeoutMs : DefaultValuedAttr<ConfinedAttr<I64Attr,
+    [IntPositive, IntMaxValue<2147483648>]>, "100000">;
+
 def Comm_TeamOp : Comm_Op<"team", [Pure]> {
   let summary = "a team of the device communicator";
   let description = [{
@@ -292,8 +298,7 @@ def Comm_WaitSignalOp : Comm_Op<"wait_signal", [
   }];
   let arguments = (ins I32:$signal, I64:$expected, Comm_DevCommType:$comm,
                        Optional<I32>:$context_index, Comm_Coop:$coop,
-                       DefaultValuedAttr<ConfinedAttr<I64Attr, [IntPositive]>,
-                                         "100000">:$timeout_ms);
+                       Comm_TimeoutMs:$timeout_ms);
   let results = (outs I64:$seen);
   let assemblyFormat = [{
     $signal `reaches` $expected `via` $comm (`context` `(` $context_index^ `)`)?
@@ -375,8 +380,7 @@ def Comm_BarrierOp : Comm_Op<"barrier", [
   }];
   let arguments = (ins Comm_TeamType:$team, Comm_DevCommType:$comm, I32:$index,
                        Comm_Coop:$coop,
-                       DefaultValuedAttr<ConfinedAttr<I64Attr, [IntPositive]>,
-                                         "100000">:$timeout_ms);
+                       Comm_TimeoutMs:$timeout_ms);
   let assemblyFormat = [{
     $team `via` $comm `index` $index `coop` $coop (`timeout_ms` $timeout_ms^)?
     attr-dict
@@ -529,8 +533,7 @@ def Comm_WaitFlagOp : Comm_Op<"wait_flag", [
   let arguments = (ins LLVM_AnyPointer:$ptr, Comm_Predicate:$predicate,
                        Comm_FlagValue:$value, Optional<I32>:$rank, Optional<I32>:$peer,
                        Comm_Scope:$scope,
-                       DefaultValuedAttr<ConfinedAttr<I64Attr, [IntPositive]>,
-                                         "100000">:$timeout_ms);
+                       Comm_TimeoutMs:$timeout_ms);
   let results = (outs Comm_FlagValue:$seen);
   let assemblyFormat = [{
     $ptr $predicate $value (`rank` $rank^)? (`peer` $peer^)? `scope` $scope
