@@ -7,6 +7,7 @@
 #   tools/device/run.sh latency   # bench/latency.py: per-call wall time, eager and CUDA graphs
 #   tools/device/run.sh dsl       # only the DSL's GPU tests and examples (after the build)
 #   tools/device/run.sh multi     # only bench/ep_multi_gpu.py on every GPU (results into $OUT)
+#   tools/device/run.sh sanitize  # compute-sanitizer memcheck, racecheck, synccheck (ep kernels)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 dev=build/device
@@ -57,6 +58,21 @@ for program in examples/run/*.mlir; do
 done
 run /tmp/epic-gpu/runtime/bin/epic-run test/gpu/run_nccl_one_rank.mlir --backend=nccl --check \
   --cache-dir="$dev/cache"
+fi
+if [[ $only == sanitize ]]; then
+  # compute-sanitizer over the ep kernels on virtual worlds of 2 and 8 ranks (plain, expanded,
+  # zero padding, cached dispatch, combine with weights): every tool must report 0 errors.
+  for tool in memcheck racecheck synccheck; do
+    for ranks in 2 8; do
+      kernels=$dev/kernels/ep_virtual_r$ranks
+      [[ $ranks == 8 ]] && kernels=$dev/kernels/ep_virtual
+      EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run compute-sanitizer --tool "$tool" \
+        --error-exitcode 3 --print-limit 5 python3 test/gpu/ep_virtual.py "$kernels.cubin" \
+        "$kernels.json" "$ranks"
+    done
+  done
+  echo "sanitizers: $([[ $status -eq 0 ]] && echo clean || echo FAILED)"
+  exit $status
 fi
 if [[ $only == multi ]]; then
   EPIC_CACHE_DIR="$dev/cache" torchrun --nproc-per-node "$(nvidia-smi -L | wc -l)" \
