@@ -460,3 +460,24 @@ def test_static_ranges_of_constants_run_and_compile(monkeypatch, tmp_path):
     assert list(x) == [6, 6, 0, 0, 0, 0, 0, 4]
     monkeypatch.setenv("EPIC_CACHE_DIR", str(tmp_path))
     assert "gpu.func" in unrolls_what_is_constant.compile(x, 3, BLOCK=4).asm["ir"]
+
+
+@epic.jit
+def waits_forever(x_ptr, n):
+    el.wait(x_ptr, n, timeout_ms=9300000000000)  # the line the error names
+
+
+@epic.jit
+def barrier_of_no_time(x_ptr, n):
+    el.barrier(timeout_ms=0)  # the line the error names
+
+
+@pytest.mark.parametrize("kernel, what", [(waits_forever, "wait"),
+                                          (barrier_of_no_time, "barrier")])
+def test_a_wait_bound_outside_the_comm_dialects_is_refused_alike(kernel, what, monkeypatch,
+                                                                 tmp_path):
+    """el.wait / el.barrier timeouts: [1, 2^31] ms (what comm's waits take) in both paths."""
+    message = f"el.{what}: timeout_ms must be an int in [1, 2147483648] (ms), got"
+    x = np.zeros(8, np.int32)
+    assert message in str(_interpret(kernel, x, monkeypatch))
+    assert message in str(_compile(kernel, x, monkeypatch, tmp_path))

@@ -61,6 +61,18 @@ LOOP = "a kernel loops over range(...) or el.static_range(...)"
 LOOP_BOUNDS = "range(...) and el.static_range(...) take 1 to 3 bounds, as positional arguments"
 LOOP_TARGET = "a for loop's variable is one name"
 CALLED_AT = "{}\n  in {}, called at {}"  # an error in a called function, then the call site
+# A wait's bound: the comm dialect's (at most 2^31 ms, which the lowering turns into 64-bit
+# nanoseconds); the interpreter and the compiler refuse other values alike.
+MAX_TIMEOUT_MS = 2**31
+
+
+def timeout_error(what, timeout_ms):
+    """The message refusing `timeout_ms` of el.`what`, or None when it is a valid bound."""
+    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or \
+            not 1 <= timeout_ms <= MAX_TIMEOUT_MS:
+        return (f"el.{what}: timeout_ms must be an int in [1, {MAX_TIMEOUT_MS}] (ms), got "
+                f"{timeout_ms!r}")
+    return None
 
 # What the compiler translates (codegen.Generator's visit_* methods), and the parts of them that
 # are not visited on their own.

@@ -1262,6 +1262,8 @@ class Generator(ast.NodeVisitor):
                                        "scope": f"{_SCOPE[scope]} : i32"})
 
     def el_barrier(self, node, timeout_ms=10000):
+        if (message := checks.timeout_error("barrier", timeout_ms)) is not None:
+            raise self.error(message, node)
         block = self.el_program_id(node)
         self.op("comm.barrier", [self.world, self.dev_comm, block], [],
                 {"coop": "2 : i32", "timeout_ms": f"{int(timeout_ms)} : i64"})
@@ -1308,6 +1310,8 @@ class Generator(ast.NodeVisitor):
 
     def el_wait(self, node, p, value, timeout_ms=10000):
         """Thread 0 waits (bounded); the value it saw reaches the whole block."""
+        if (message := checks.timeout_error("wait", timeout_ms)) is not None:
+            raise self.error(message, node)
         if not (isinstance(p, Val) and p.window and p.offsets is None):
             raise self.error("el.wait takes a scalar pointer into the window", node)
         expected = self.lift(value, Val(None, p.pointer))

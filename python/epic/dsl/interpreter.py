@@ -245,6 +245,10 @@ class Context:
         self.atomic_add(pointer, value, None, "release", "sys")
 
     def wait(self, pointer, value, timeout_ms):
+        from . import checks
+
+        if (message := checks.timeout_error("wait", timeout_ms)) is not None:
+            raise KernelError(f"{self.where()}: {message}")
         deadline = time.monotonic() + timeout_ms / 1e3
         while True:
             current = self.load(pointer, None, 0, "acquire", "sys")
@@ -265,6 +269,10 @@ class Context:
         pass  # sequentially consistent here
 
     def barrier(self, timeout_ms):
+        from . import checks
+
+        if (message := checks.timeout_error("barrier", timeout_ms)) is not None:
+            raise KernelError(f"{self.where()}: {message}")
         try:
             self.launch.barrier.wait(timeout=min(timeout_ms / 1e3, self.launch.timeout_s))
         except threading.BrokenBarrierError:
