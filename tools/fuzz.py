@@ -9,6 +9,8 @@ Three targets, each for a share of the time budget, from fixed seeds:
   `epic-opt` with the verifier alone, `--ep-expand`, and `--convert-comm-to-nvvm` of both
   backends. A diagnostic and exit status 1 is the expected answer to a bad input; a signal, an
   assertion, "LLVM ERROR" or a stack dump is a failure.
+* the pipeline: `epic-compile --no-cubin` (ep-expand through PTX) of the mutated cases, the
+  same rule.
 * run plans: `epic-compile --run-plan` of mutated ep programs (examples/run), the same rule.
 * Python: ElasticBuffer, dispatch and combine (numpy inputs: every check runs without a GPU) and
   epic.reference with random hostile arguments: TypeError or ValueError naming an argument is the
@@ -188,8 +190,8 @@ def main():
     programs = [p.read_text() for p in sorted((ROOT / "examples" / "run").glob("*.mlir"))]
     passes = [[], ["--ep-expand"], ["--convert-comm-to-nvvm=backend=virtual"],
               ["--convert-comm-to-nvvm=backend=nccl"]]
-    failures, counts = [], {"ir": 0, "run plans": 0, "python": 0}
-    shares = {"ir": 0.6, "run plans": 0.15, "python": 0.25}
+    failures, counts = [], {"ir": 0, "pipeline": 0, "run plans": 0, "python": 0}
+    shares = {"ir": 0.45, "pipeline": 0.15, "run plans": 0.15, "python": 0.25}
     for target, share in shares.items():
         deadline = time.monotonic() + args.seconds * share
         started = time.monotonic()
@@ -199,6 +201,10 @@ def main():
                 text = mutate_ir(rng, rng.choice(corpus), tokens)
                 argv = [str(opt), "-", "--allow-unregistered-dialect"] + rng.choice(passes)
                 proc, what = run_tool(argv, text), " ".join(argv[3:]) or "verify"
+            elif target == "pipeline":
+                text = mutate_ir(rng, rng.choice(corpus), tokens)
+                argv = [str(compiler), "-", "--no-cubin", "-o", os.path.join(args.out, "ptx")]
+                proc, what = run_tool(argv, text, timeout=60), "epic-compile --no-cubin"
             elif target == "run plans":
                 text = mutate_ir(rng, rng.choice(programs), tokens)
                 argv = [str(compiler), "-", "--run-plan", "-o", os.path.join(args.out, "plan")]
