@@ -12,6 +12,11 @@ Three targets, each for a share of the time budget, from fixed seeds:
 * the pipeline: `epic-compile --no-cubin` (ep-expand through PTX) of the mutated cases, the
   same rule.
 * run plans: `epic-compile --run-plan` of mutated ep programs (examples/run), the same rule.
+* configurations: random dispatch / cached dispatch / combine configurations (1 to 12 ranks,
+  odd counts included, top-k 1 to 9, hidden up to 8192, every dtype, plain and expanded,
+  alignments, weights, biases, zero padding) compiled by the runtime (`epic._C.Runtime.kernels`,
+  through ep-expand, the pipeline and ptxas): a valid one must compile, an invalid one must be a
+  named ValueError / TypeError.
 * Python: ElasticBuffer, dispatch and combine (numpy inputs: every check runs without a GPU) and
   epic.reference with random hostile arguments: TypeError or ValueError naming an argument is the
   expected answer; any other exception type is a failure.
@@ -167,6 +172,29 @@ def python_case(rng):
             lambda: ref.combine(args[0], args[1], topk_weights=args[2]))
 
 
+def config_case(rng, runtime):
+    """(description, callable) compiling the kernels of one random configuration."""
+    ranks = rng.choice([1, 2, 3, 5, 6, 7, 8, 12])
+    experts = ranks * rng.choice([1, 2, 3, 4, 8, 16])
+    fp8 = rng.random() < 0.5
+    dtype = rng.choice(["f8E4M3FN", "f8E5M2"]) if fp8 else rng.choice(["bf16", "f16", "f32"])
+    spec = dict(num_ranks=ranks, num_experts=experts, num_topk=rng.randint(1, min(9, experts)),
+                hidden=8 * rng.randint(1, 1024), dtype=dtype,
+                num_scale_packs=rng.randint(1, 64) if fp8 else 0,
+                expert_alignment=rng.choice([1, 2, 3, 64, 128, 1024]),
+                do_expand=rng.random() < 0.5, num_max_tokens_per_rank=rng.choice([1, 7, 128, 4096]))
+    if rng.random() < 0.5:
+        variant = dict(weights=rng.random() < 0.5, biases=rng.randint(0, 2))
+        spec.update(dtype="bf16", num_scale_packs=0)  # combine sends bf16 rows
+        kind = "combine"
+    else:
+        cached = rng.random() < 0.3
+        variant = dict(weights=not cached and rng.random() < 0.5, cached=cached,
+                       zero_padding=spec["do_expand"] and rng.random() < 0.5)
+        kind = "dispatch"
+    return f"kernels({spec}, {variant}, {kind!r})", lambda: runtime.kernels(spec, variant, kind)
+
+
 # --- driver ------------------------------------------------------------------------------------
 
 
@@ -190,8 +218,13 @@ def main():
     programs = [p.read_text() for p in sorted((ROOT / "examples" / "run").glob("*.mlir"))]
     passes = [[], ["--ep-expand"], ["--convert-comm-to-nvvm=backend=virtual"],
               ["--convert-comm-to-nvvm=backend=nccl"]]
-    failures, counts = [], {"ir": 0, "pipeline": 0, "run plans": 0, "python": 0}
-    shares = {"ir": 0.45, "pipeline": 0.15, "run plans": 0.15, "python": 0.25}
+    failures, counts = [], {"ir": 0, "pipeline": 0, "run plans": 0, "configurations": 0,
+                            "python": 0}
+    shares = {"ir": 0.4, "pipeline": 0.15, "run plans": 0.1, "configurations": 0.15,
+              "python": 0.2}
+    from epic import _C
+
+    runtime = _C.Runtime("virtual", os.path.join(args.out, "kernels"), "")
     for target, share in shares.items():
         deadline = time.monotonic() + args.seconds * share
         started = time.monotonic()
@@ -210,7 +243,7 @@ def main():
                 argv = [str(compiler), "-", "--run-plan", "-o", os.path.join(args.out, "plan")]
                 proc, what = run_tool(argv, text, timeout=60), "epic-compile --run-plan"
             else:
-                what, call = python_case(rng)
+                what, call = python_case(rng) if target == "python" else config_case(rng, runtime)
                 try:
                     call()
                 except (TypeError, ValueError):
