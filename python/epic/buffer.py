@@ -551,9 +551,13 @@ class ElasticBuffer:
 
     def _call_sms(self, spec, most):
         """Blocks per rank of a call without num_sms: DeepEP's analytic count for the call's
-        experts and top-k, at most `most` (the buffer's)."""
-        return max(1, min(most, self.get_theoretical_num_sms(spec["num_experts"],
-                                                             spec["num_topk"])))
+        experts and top-k, at most `most` (the buffer's). A configuration the model cannot
+        take gets `most`: the runtime's checks then name what is wrong with it."""
+        try:
+            analytic = self.get_theoretical_num_sms(spec["num_experts"], spec["num_topk"])
+        except ValueError:
+            return most
+        return max(1, min(most, analytic))
 
     def _stream(self, previous_event, allocate_on_comm_stream, async_with_compute_stream,
                 previous_event_before_epilogue=None):
