@@ -33,6 +33,7 @@ done
   --cache-dir="$out/cache" > /dev/null
 # The configurations the Python API's GPU tests use.
 PYTHONPATH=python EPIC_CACHE_DIR="$out/cache" python3 test/gpu/prepare_buffer_kernels.py
+EPIC_CACHE_DIR="$out/cache" python3 test/gpu/soak.py --compile-only  # run.sh soak's configurations
 python3 examples/quickstart.py --cache-dir "$out/cache" > /dev/null  # no GPU here: compiles only
 EPIC_CACHE_DIR="$out/cache" python3 bench/ep_bench.py --compile-only
 EPIC_CACHE_DIR="$out/cache" python3 bench/latency.py --compile-only

@@ -7,6 +7,7 @@
 #   tools/device/run.sh latency   # bench/latency.py: per-call wall time, eager and CUDA graphs
 #   tools/device/run.sh dsl       # only the DSL's GPU tests and examples (after the build)
 #   tools/device/run.sh multi     # only bench/ep_multi_gpu.py on every GPU (results into $OUT)
+#   tools/device/run.sh soak      # test/gpu/soak.py: 1000 random configurations vs the reference
 #   tools/device/run.sh sanitize  # compute-sanitizer: ep kernels (memcheck, racecheck, synccheck),
 #                                 # the fused GEMM kernels and the DSL examples (memcheck)
 set -uo pipefail
@@ -59,6 +60,12 @@ for program in examples/run/*.mlir; do
 done
 run /tmp/epic-gpu/runtime/bin/epic-run test/gpu/run_nccl_one_rank.mlir --backend=nccl --check \
   --cache-dir="$dev/cache"
+fi
+if [[ $only == soak ]]; then
+  # Random configurations and routings against epic.reference, buffers reused (>= 1000 iterations).
+  EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python EPIC_SUITE_TIMEOUT=${EPIC_SUITE_TIMEOUT:-540} \
+    run python3 test/gpu/soak.py --iterations "${EPIC_SOAK_ITERATIONS:-1000}"
+  exit $status
 fi
 if [[ $only == sanitize ]]; then
   # compute-sanitizer over the ep kernels on virtual worlds of 2 and 8 ranks (plain, expanded,
