@@ -22,13 +22,9 @@ def main(source, out):
         sys.exit(f"gen_limits: no EP_LIMIT lines in {source}")
     snake = [re.sub(r"(?<!^)(?=[A-Z])", "_", name).upper() for name, *_ in limits]
     text = ['"""The bounds of an expert-parallel configuration (generated from EPLimits.def by',
-            'tools/gen_limits.py at build time: edit the .def, not this file)."""', "",
-            "# name: (config field, Python argument, low, high)", "LIMITS = {"]
-    text += [f"    {name!r}: ({field!r}, {argument!r}, {low}, {high}),"
-             for name, field, argument, low, high in limits]
-    text += ["}", ""]
-    for s, (_, _, _, low, high) in zip(snake, limits):
-        text += [f"MIN_{s} = {low}", f"MAX_{s} = {high}"]
+            'tools/gen_limits.py at build time: edit the .def, not this file)."""', ""]
+    for s, (_, field, argument, low, high) in zip(snake, limits):
+        text += [f"# {field} ({argument})", f"MIN_{s} = {low}", f"MAX_{s} = {high}"]
     with open(out, "w") as f:
         f.write("\n".join(text) + "\n")
 

@@ -197,7 +197,7 @@ def dispatch(b, x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, n
     plan = b._plans.get(key) or b._plan(key, kind, spec, variant, pairs, num_sms, make_outputs)
     stream, streams = b._stream(previous_event, allocate_on_comm_stream,
                                 async_with_compute_stream, previous_event_before_epilogue)
-    call = _Call(handles, spec, tmax, alignment, num_sms, copy_routing, do_cpu_sync,
+    call = _Call(handles, spec, tmax, alignment, copy_routing, do_cpu_sync,
                  use_tma_aligned_col_major_sf, gemm is not None)
     result = _launch(b, plan, call, pairs, idxs, stream, streams, stats,
                      async_with_compute_stream)
@@ -210,13 +210,12 @@ class _Call:
     """What a dispatch's launch and results depend on besides its tensors (fixed for a
     plan's signature and options)."""
 
-    __slots__ = ("handles", "spec", "tmax", "alignment", "num_sms", "copy_routing", "do_cpu_sync",
-                 "tma_sf", "gemm")
+    __slots__ = ("handles", "spec", "tmax", "alignment", "copy_routing", "do_cpu_sync", "tma_sf",
+                 "gemm")
 
-    def __init__(self, handles, spec, tmax, alignment, num_sms, copy_routing, do_cpu_sync,
-                 tma_sf, gemm):
+    def __init__(self, handles, spec, tmax, alignment, copy_routing, do_cpu_sync, tma_sf, gemm):
         self.handles, self.spec, self.tmax, self.alignment = handles, spec, tmax, alignment
-        self.num_sms, self.copy_routing, self.do_cpu_sync = num_sms, copy_routing, do_cpu_sync
+        self.copy_routing, self.do_cpu_sync = copy_routing, do_cpu_sync
         self.tma_sf, self.gemm = tma_sf, gemm
 
 
@@ -283,7 +282,7 @@ def _launch(b, plan, c, pairs, idxs, stream, streams, stats, async_with_compute_
         if not out.sealed and not same_every_call:
             out.seal()  # before the results (which the caller holds, not the pool) exist
         results = _results(b, out, c.handles, idxs, counts, c.spec, c.tmax, c.alignment,
-                           c.num_sms, c.copy_routing, c.tma_sf)
+                           plan.sms, c.copy_routing, c.tma_sf)
         if not out.sealed:  # the handles (r[3]) hold the handle's tensors
             out.seal(*((results, _handle_of) if same_every_call else ()))
     for r, s in enumerate(stats):
@@ -340,7 +339,7 @@ def _results(b, out, handles, idxs, counts, spec, tmax, alignment, num_sms, copy
             hd = EPHandle(
                 do_expand=expand, num_experts=spec["num_experts"], expert_alignment=alignment,
                 num_max_tokens_per_rank=tmax,
-                num_sms=num_sms or b._call_sms(spec, b._runtime().blocks_per_rank),
+                num_sms=num_sms,
                 topk_idx=full["topk_idx"], num_recv_tokens=n,
                 num_expanded_tokens=expanded_rows if expand else n,
                 num_recv_tokens_per_expert_list=list(counts[r][1:]) if counts else [],

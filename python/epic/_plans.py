@@ -107,10 +107,11 @@ class OutputSet:
 class OpPlan:
     """A C++ plan with the slot layout of its op and its pool of output sets."""
 
-    __slots__ = ("plan", "slot_index", "slots", "make_outputs", "sets", "cache", "_first")
+    __slots__ = ("plan", "slot_index", "slots", "make_outputs", "sets", "cache", "_first", "sms")
 
-    def __init__(self, plan, slot_names, make_outputs, first_outputs=None, cache=None):
+    def __init__(self, plan, slot_names, make_outputs, first_outputs=None, cache=None, sms=0):
         self.plan = plan
+        self.sms = sms  # the SMs (blocks per rank) its calls use, as DeepEP's handles report
         self.slot_index = {name: i for i, name in enumerate(slot_names)}
         self.slots = plan.slots_per_rank
         # () -> (per-rank dicts of new output tensors), for the pool to call.

@@ -528,9 +528,9 @@ class ElasticBuffer:
         state = self._runtime()
         # The stream only decides whether loading kernels is refused (while capturing).
         stream = self._current_stream()
-        plan = OpPlan(state.plan(kind, spec, variant, runtime_calls,
-                                 num_sms or self._call_sms(spec, state.blocks_per_rank), stream),
-                      C.slots(kind), make_outputs, outputs)
+        sms = num_sms or self._call_sms(spec, state.blocks_per_rank)
+        plan = OpPlan(state.plan(kind, spec, variant, runtime_calls, sms, stream), C.slots(kind),
+                      make_outputs, outputs, sms=sms)
         if key is not None:
             self._plans.add(key, plan)
         return plan
@@ -570,9 +570,7 @@ class ElasticBuffer:
             return self._current_stream(), None
         compute = torch.cuda.current_stream()
         comm = self._comm_stream
-        if previous_event is not None:
-            if not isinstance(previous_event, EventHandle):
-                raise TypeError("previous_event: expected an EventHandle (ElasticBuffer.capture())")
+        if previous_event is not None:  # an EventHandle: the calls check it (_check_event)
             comm.wait_event(previous_event.event)
         else:
             comm.wait_stream(compute)

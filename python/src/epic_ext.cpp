@@ -163,6 +163,13 @@ template <typename Call> struct Slot {
 };
 #define EPIC_SLOT(Call, name, path)                                                             \
   Slot<Call> { name, [](Call &c) -> DeviceTensor & { return c.path; } }
+// The handle's tensors after its routing ids, in epic.handle.HANDLE_SLOTS's order.
+#define EPIC_HANDLE_SLOTS_AFTER_IDS(Call)                                                       \
+  EPIC_SLOT(Call, "dst_buffer_slot_idx", handle.dstBufferSlotIdx),                              \
+      EPIC_SLOT(Call, "recv_src_metadata", handle.recvSrcMetadata),                             \
+      EPIC_SLOT(Call, "psum_num_recv_tokens_per_rank", handle.psumNumRecvTokensPerRank),        \
+      EPIC_SLOT(Call, "num_recv_tokens_per_expert", handle.numRecvTokensPerExpert),             \
+      EPIC_SLOT(Call, "psum_num_recv_tokens_per_expert", handle.psumNumRecvTokensPerExpert)
 const std::vector<Slot<DispatchCall>> kDispatchSlots = {
     EPIC_SLOT(DispatchCall, "x", x),
     EPIC_SLOT(DispatchCall, "x_scale_packs", scalePacks),
@@ -173,11 +180,7 @@ const std::vector<Slot<DispatchCall>> kDispatchSlots = {
     EPIC_SLOT(DispatchCall, "recv_topk_idx", recvTopkIdx),
     EPIC_SLOT(DispatchCall, "recv_topk_weights", recvTopkWeights),
     EPIC_SLOT(DispatchCall, "host_counts", hostCounts),
-    EPIC_SLOT(DispatchCall, "dst_buffer_slot_idx", handle.dstBufferSlotIdx),
-    EPIC_SLOT(DispatchCall, "recv_src_metadata", handle.recvSrcMetadata),
-    EPIC_SLOT(DispatchCall, "psum_num_recv_tokens_per_rank", handle.psumNumRecvTokensPerRank),
-    EPIC_SLOT(DispatchCall, "num_recv_tokens_per_expert", handle.numRecvTokensPerExpert),
-    EPIC_SLOT(DispatchCall, "psum_num_recv_tokens_per_expert", handle.psumNumRecvTokensPerExpert),
+    EPIC_HANDLE_SLOTS_AFTER_IDS(DispatchCall),
     EPIC_SLOT(DispatchCall, "topk_idx_copy", topkIdxCopy)};
 const std::vector<Slot<CombineCall>> kCombineSlots = {
     EPIC_SLOT(CombineCall, "x", x),
@@ -187,16 +190,13 @@ const std::vector<Slot<CombineCall>> kCombineSlots = {
     EPIC_SLOT(CombineCall, "combined_x", combinedX),
     EPIC_SLOT(CombineCall, "combined_topk_weights", combinedTopkWeights),
     EPIC_SLOT(CombineCall, "topk_idx", handle.topkIdx),
-    EPIC_SLOT(CombineCall, "dst_buffer_slot_idx", handle.dstBufferSlotIdx),
-    EPIC_SLOT(CombineCall, "recv_src_metadata", handle.recvSrcMetadata),
-    EPIC_SLOT(CombineCall, "psum_num_recv_tokens_per_rank", handle.psumNumRecvTokensPerRank),
-    EPIC_SLOT(CombineCall, "num_recv_tokens_per_expert", handle.numRecvTokensPerExpert),
-    EPIC_SLOT(CombineCall, "psum_num_recv_tokens_per_expert", handle.psumNumRecvTokensPerExpert)};
+    EPIC_HANDLE_SLOTS_AFTER_IDS(CombineCall)};
 const std::vector<Slot<GroupedGemmCall>> kGroupedGemmSlots = {
     EPIC_SLOT(GroupedGemmCall, "x", x),
     EPIC_SLOT(GroupedGemmCall, "weights", weights),
     EPIC_SLOT(GroupedGemmCall, "out", out),
     EPIC_SLOT(GroupedGemmCall, "psum_num_recv_tokens_per_expert", psumNumRecvTokensPerExpert)};
+#undef EPIC_HANDLE_SLOTS_AFTER_IDS
 #undef EPIC_SLOT
 
 /// A fused call's slots: the inner call's (reached through `inner`), then `own`.

@@ -2,6 +2,8 @@
 
 #include "epic/runtime/Calls.h"
 
+#include "epic/Dialect/EP/IR/EPLimits.h"
+
 #include <algorithm>
 #include <sstream>
 #include <stdexcept>
@@ -146,12 +148,8 @@ std::vector<TensorSpec> epic::runtime::combineOutputs(const EPSpec &s, const Com
 }
 
 int64_t epic::runtime::receiveRows(const EPSpec &s) {
-  const int64_t rows = int64_t(s.ranks) * s.maxTokensPerRank;
-  if (!s.expanded)
-    return rows;
-  const int64_t L = s.experts / s.ranks, A = s.expertAlignment;
-  const int64_t pairs = rows * std::min<int64_t>(s.topk, L) + (A - 1) * L;
-  return (pairs + A - 1) / A * A;
+  return epic::ep::limits::worstCaseRows(s.ranks, s.experts, s.topk, s.expertAlignment,
+                                         s.maxTokensPerRank, s.expanded);
 }
 
 ParamRecord epic::runtime::dispatchRecord(const EPSpec &s, const DispatchVariant &v,

@@ -1,6 +1,7 @@
 //===- EntryIR.cpp - the ep entry functions the runtime compiles ----------===//
 
 #include "epic/runtime/EntryIR.h"
+#include "epic/runtime/Calls.h"
 
 #include "epic/Dialect/EP/IR/EPLimits.h"
 
@@ -40,43 +41,42 @@ int EPSpec::elementBytes() const {
 // anything compiles, with the Python API's argument names.
 void EPSpec::validate() const {
   namespace lim = epic::ep::limits;
-  auto inRange = [](const char *name, int64_t value, int64_t low, int64_t high) {
-    require(value >= low && value <= high, std::string(name) + " must be in [" +
-                                               std::to_string(low) + ", " +
-                                               std::to_string(high) + "], got " +
-                                               std::to_string(value));
+  // [low, high] of a field (EPLimits.def), named as the Python API spells it.
+  auto inRange = [](const lim::Limit &limit, int64_t value, int64_t low = -1) {
+    low = low < 0 ? limit.low : low;
+    require(value >= low && value <= limit.high,
+            std::string(limit.argument) + " must be in [" + std::to_string(low) + ", " +
+                std::to_string(limit.high) + "], got " + std::to_string(value));
   };
-  inRange("num_ranks", ranks, lim::kMinRanks, lim::kMaxRanks);
-  inRange("num_experts", experts, lim::kMinExperts, lim::kMaxExperts);
+  inRange(lim::kRanks, ranks);
+  inRange(lim::kExperts, experts);
   require(experts % ranks == 0, "num_experts (" + dim(experts) +
                                     ") must be divisible by the number of ranks (" +
                                     dim(ranks) + ")");
   require(experts / ranks <= lim::kMaxLocalExperts,
           "experts per rank must be at most " + std::to_string(lim::kMaxLocalExperts) +
               ", got " + dim(experts / ranks));
-  inRange("num_topk", topk, lim::kMinTopk, lim::kMaxTopk);
+  inRange(lim::kTopk, topk);
   require(topk <= experts,
           "num_topk (" + dim(topk) + ") exceeds num_experts (" + dim(experts) + ")");
-  inRange("hidden", hidden, lim::kMinHidden, lim::kMaxHidden);
+  inRange(lim::kHidden, hidden);
   int bytes = elementBytes();
   require(hidden * bytes % 16 == 0, "hidden (" + dim(hidden) + ") x " + dim(bytes) +
                                         " bytes must be a multiple of 16");
   require(hidden % 8 == 0, "hidden (" + dim(hidden) +
                                ") must be a multiple of 8 (combine reduces 8 channels a step)");
-  inRange("num_scale_packs", scalePacks, lim::kMinScalePacks, lim::kMaxScalePacks);
+  inRange(lim::kScalePacks, scalePacks);
   require(!isFP8() || scalePacks > 0, "FP8 data needs scale packs (num_scale_packs > 0)");
   require(isFP8() || scalePacks == 0,
           "scale packs (" + dim(scalePacks) + ") are only allowed with FP8 data, not " + dtype);
-  inRange("expert_alignment", expertAlignment, lim::kMinExpertAlignment,
-          lim::kMaxExpertAlignment);
-  inRange("num_max_tokens_per_rank", maxTokensPerRank, 1, lim::kMaxMaxTokensPerRank);
-  inRange("num_sms", numSms, lim::kMinNumSms, lim::kMaxNumSms);
+  inRange(lim::kExpertAlignment, expertAlignment);
+  inRange(lim::kMaxTokensPerRank, maxTokensPerRank, 1); // a call's cap: at least one token
+  inRange(lim::kNumSms, numSms);
   require(timeoutMs >= lim::kMinTimeoutMs && timeoutMs <= lim::kMaxTimeoutMs,
           "the GPU timeout must be in [1, 2^31] ms (0: the default), got " +
               std::to_string(timeoutMs));
   // The kernels index rows and their elements with 32-bit values.
-  int64_t rows = lim::worstCaseRows(ranks, experts, topk, expertAlignment, maxTokensPerRank,
-                                    expanded);
+  int64_t rows = receiveRows(*this);
   int64_t widest = lim::widestRowArray(topk, scalePacks);
   require(rows * widest <= lim::kMaxElementIndex,
           "num_max_tokens_per_rank " + dim(maxTokensPerRank) + " needs " + std::to_string(rows) +

@@ -25,6 +25,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+sys.path.insert(0, HERE)  # test_elastic_buffer's comparisons
 
 from epic import reference as ref  # noqa: E402
 
@@ -114,9 +115,8 @@ def one_iteration(torch, buffers, config, pattern, seed):
     """One dispatch, cached dispatch and combine of `config`; raises AssertionError naming the
     first difference from the reference."""
     import epic
-    from epic import _tensors as T
-
-    to_torch, to_numpy = T.numpy_to_torch, T.torch_to_numpy
+    # The comparisons of the Python API's GPU tests (torch is there on the GPU machine).
+    from test_elastic_buffer import as_result, check_dispatch, same_bits, to_numpy, to_torch
     ranks, experts, topk, hidden, fp8, alignment, expand, zero_padding, weights = config
     rng = np.random.default_rng(seed)
     if ranks not in buffers:
@@ -140,9 +140,8 @@ def one_iteration(torch, buffers, config, pattern, seed):
     got = []
     for r in range(ranks):
         data, sf = recv[r] if fp8 else (recv[r], None)
-        got.append(as_result(expected[r], data, sf, recv_idx[r], recv_w[r], handles[r],
-                             to_numpy))
-        check_dispatch(expected[r], got[r], handles[r], to_numpy, f"dispatch, rank {r}")
+        got.append(as_result(expected[r], data, sf, recv_idx[r], recv_w[r], handles[r]))
+        check_dispatch(expected[r], got[r], handles[r])
 
     # Cached: new rows, the same routing.
     new_xs, new_sfs = rows(rng, tokens, hidden, fp8)
@@ -155,8 +154,8 @@ def one_iteration(torch, buffers, config, pattern, seed):
                                   expand=expand, zero_padding=zero_padding)
     for r in range(ranks):
         data, sf = again[0][r] if fp8 else (again[0][r], None)
-        result = as_result(expected_again[r], data, sf, again[1][r], None, handles[r], to_numpy)
-        check_dispatch(expected_again[r], result, handles[r], to_numpy, f"cached, rank {r}")
+        result = as_result(expected_again[r], data, sf, again[1][r], None, handles[r])
+        check_dispatch(expected_again[r], result, handles[r])
 
     # Combine: bf16 rows of what each rank received, weights back if the dispatch had them.
     ys = [rng.standard_normal((g.recv_x.shape[0], hidden)).astype(ref.bfloat16) for g in got]
@@ -170,37 +169,6 @@ def one_iteration(torch, buffers, config, pattern, seed):
             assert same_bits(to_numpy(out_w[r]), want[r].combined_topk_weights), \
                 f"combine, rank {r}: combined_topk_weights"
     torch.cuda.synchronize()
-
-
-def same_bits(a, b):
-    return a.shape == b.shape and a.tobytes() == b.tobytes()
-
-
-def as_result(expected, recv_x, recv_sf, recv_idx, recv_w, handle, to_numpy):
-    """A kernel's output as a reference DispatchResult (rows in arrival order)."""
-    import dataclasses
-
-    return dataclasses.replace(
-        expected, recv_x=to_numpy(recv_x), recv_scale_packs=to_numpy(recv_sf),
-        recv_topk_idx=to_numpy(recv_idx), recv_topk_weights=to_numpy(recv_w),
-        recv_src_metadata=to_numpy(handle.recv_src_metadata))
-
-
-def check_dispatch(expected, got, handle, to_numpy, where):
-    """The received rows (in source order), ids, weights, metadata and counts, bitwise."""
-    s = ref.sort_by_source(got)
-    for field in ("recv_x", "recv_scale_packs", "recv_topk_idx", "recv_src_metadata"):
-        e = getattr(expected, field)
-        assert e is None or same_bits(getattr(s, field), e), f"{where}: {field}"
-    if expected.recv_topk_weights is not None:
-        mine = np.ones(expected.recv_topk_weights.shape, bool) if expected.expand else \
-            expected.recv_topk_idx >= 0
-        assert same_bits(np.where(mine, s.recv_topk_weights, 0),
-                         np.where(mine, expected.recv_topk_weights, 0)), f"{where}: weights"
-    assert handle.num_recv_tokens_per_expert_list == expected.num_recv_tokens_per_expert_list, \
-        f"{where}: num_recv_tokens_per_expert_list"
-    assert same_bits(to_numpy(handle.psum_num_recv_tokens_per_expert),
-                     expected.psum_num_recv_tokens_per_expert), f"{where}: expert prefix sums"
 
 
 def main():

@@ -69,7 +69,7 @@ def dispatch_replay(fp8=False):
     b._plans.add("key", plan)
     out = plan.take(False)
     out.seal([(o["recv_x"], None, None, f"handle {r}") for r, o in enumerate(out.per_rank)])
-    call = _dispatch._Call(None, {}, 8, 1, 0, True, False, False, False)
+    call = _dispatch._Call(None, {}, 8, 1, True, False, False, False)
     return b, plan, _dispatch._Replay("key", call, fp8, _plans.signatures(pairs))
 
 

@@ -70,10 +70,6 @@ static bool isSupportedDataType(Type t) {
   return isFP8Type(t) || isa<BFloat16Type, Float16Type, Float32Type>(t);
 }
 
-static uint64_t alignUp(uint64_t value, uint64_t alignment) {
-  return (value + alignment - 1) / alignment * alignment;
-}
-
 bool ConfigAttr::isFP8() const { return isFP8Type(getDtype()); }
 
 uint64_t ConfigAttr::getHiddenBytes() const {
@@ -93,13 +89,11 @@ std::optional<uint64_t> ConfigAttr::getMaxRecvTokens() const {
 }
 
 std::optional<uint64_t> ConfigAttr::getMaxExpandedTokens() const {
-  std::optional<uint64_t> received = getMaxRecvTokens();
-  if (!received)
+  if (!hasStaticTokenCap())
     return std::nullopt;
-  uint64_t local = getNumLocalExperts();
-  uint64_t align = getExpertAlignment();
-  uint64_t rows = *received * std::min<uint64_t>(getTopk(), local) + (align - 1) * local;
-  return alignUp(rows, align);
+  return epic::ep::limits::worstCaseRows(getRanks(), getExperts(), getTopk(),
+                                         getExpertAlignment(), getMaxTokensPerRank(),
+                                         /*expanded=*/true);
 }
 
 FailureOr<unsigned> epic::ep::parseCount(AsmParser &parser) {
@@ -118,14 +112,14 @@ LogicalResult ConfigAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                  unsigned expertAlignment, Layout layout,
                                  unsigned numSms, unsigned maxTokensPerRank) {
   namespace lim = epic::ep::limits;
-  // [low, high] of a field (EPLimits.def).
-  auto inRange = [&](StringRef field, int64_t value, int64_t low, int64_t high) -> LogicalResult {
-    if (value >= low && value <= high)
+  // [low, high] of a field (EPLimits.def), named as #ep.config spells it.
+  auto inRange = [&](const lim::Limit &limit, int64_t value) -> LogicalResult {
+    if (limit.holds(value))
       return success();
-    return emitError() << field << " must be in [" << low << ", " << high << "], got " << value;
+    return emitError() << limit.field << " must be in [" << limit.low << ", " << limit.high
+                       << "], got " << value;
   };
-  if (failed(inRange("ranks", ranks, lim::kMinRanks, lim::kMaxRanks)) ||
-      failed(inRange("experts", experts, lim::kMinExperts, lim::kMaxExperts)))
+  if (failed(inRange(lim::kRanks, ranks)) || failed(inRange(lim::kExperts, experts)))
     return failure();
   if (experts % ranks != 0)
     return emitError() << "experts (" << experts
@@ -133,7 +127,7 @@ LogicalResult ConfigAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   if (experts / ranks > lim::kMaxLocalExperts)
     return emitError() << "experts per rank must be at most " << lim::kMaxLocalExperts
                        << ", got " << experts / ranks;
-  if (failed(inRange("topk", topk, lim::kMinTopk, lim::kMaxTopk)))
+  if (failed(inRange(lim::kTopk, topk)))
     return failure();
   if (topk > experts)
     return emitError() << "topk (" << topk << ") exceeds experts (" << experts
@@ -141,14 +135,14 @@ LogicalResult ConfigAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   if (!isSupportedDataType(dtype))
     return emitError() << "dtype must be bf16, f16, f32, f8E4M3FN or f8E5M2, got "
                        << dtype;
-  if (failed(inRange("hidden", hidden, lim::kMinHidden, lim::kMaxHidden)))
+  if (failed(inRange(lim::kHidden, hidden)))
     return failure();
   uint64_t rowBytes = uint64_t(hidden) * dtype.getIntOrFloatBitWidth() / 8;
   if (rowBytes % 16 != 0)
     return emitError() << "hidden bytes (" << hidden << " x " << dtype << " = "
                        << rowBytes
                        << " bytes) must be a multiple of 16 for vector copies";
-  if (failed(inRange("scale_packs", scalePacks, lim::kMinScalePacks, lim::kMaxScalePacks)))
+  if (failed(inRange(lim::kScalePacks, scalePacks)))
     return failure();
   if (isFP8Type(dtype) && scalePacks == 0)
     return emitError() << "FP8 data (" << dtype
@@ -156,11 +150,9 @@ LogicalResult ConfigAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   if (!isFP8Type(dtype) && scalePacks != 0)
     return emitError() << "scale_packs (" << scalePacks
                        << ") are only allowed with FP8 data, not " << dtype;
-  if (failed(inRange("expert_alignment", expertAlignment, lim::kMinExpertAlignment,
-                     lim::kMaxExpertAlignment)) ||
-      failed(inRange("num_sms", numSms, lim::kMinNumSms, lim::kMaxNumSms)) ||
-      failed(inRange("max_tokens_per_rank", maxTokensPerRank, lim::kMinMaxTokensPerRank,
-                     lim::kMaxMaxTokensPerRank)))
+  if (failed(inRange(lim::kExpertAlignment, expertAlignment)) ||
+      failed(inRange(lim::kNumSms, numSms)) ||
+      failed(inRange(lim::kMaxTokensPerRank, maxTokensPerRank)))
     return failure();
   // max_tokens_per_rank 0 (omitted): a run-time value, checked by the runtime.
   // The kernels index rows and their elements with 32-bit values.

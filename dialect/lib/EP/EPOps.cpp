@@ -86,9 +86,7 @@ ShapedType shaped(Type t) { return cast<ShapedType>(t); }
 // DispatchLayoutOp
 //===----------------------------------------------------------------------===//
 
-/// ep ops are host-level: each becomes kernels and a launch (ep-expand), which
-/// cannot happen inside a kernel.
-static LogicalResult verifyOnHost(Operation *op) {
+LogicalResult epic::ep::verifyOnHost(Operation *op) {
   for (Operation *parent = op->getParentOp(); parent; parent = parent->getParentOp())
     if (parent->getName().getStringRef() == "gpu.func" ||
         parent->getName().getStringRef() == "gpu.module")
@@ -99,8 +97,6 @@ static LogicalResult verifyOnHost(Operation *op) {
 }
 
 LogicalResult DispatchLayoutOp::verify() {
-  if (failed(verifyOnHost(*this)))
-    return failure();
   ConfigAttr cfg = getConfig();
   ShapeChecker check{*this};
   ShapedType idx = shaped(getTopkIdx());
@@ -163,8 +159,6 @@ void DispatchOp::build(OpBuilder &builder, OperationState &state,
 }
 
 LogicalResult DispatchOp::verify() {
-  if (failed(verifyOnHost(*this)))
-    return failure();
   ConfigAttr cfg = getConfig();
   ShapeChecker check{*this};
   int64_t hidden = cfg.getHidden(), k = cfg.getTopk();
@@ -330,8 +324,6 @@ static void printDispatchGemmResultTypes(OpAsmPrinter &printer, Operation *, Typ
 //===----------------------------------------------------------------------===//
 
 LogicalResult GroupedGemmOp::verify() {
-  if (failed(verifyOnHost(*this)))
-    return failure();
   ConfigAttr cfg = getConfig();
   ShapeChecker check{*this};
   if (!cfg.isExpanded())
@@ -361,8 +353,6 @@ LogicalResult GroupedGemmOp::verify() {
 }
 
 LogicalResult DispatchGemmOp::verify() {
-  if (failed(verifyOnHost(*this)))
-    return failure();
   ConfigAttr cfg = getConfig();
   ShapeChecker check{*this};
   if (!cfg.isExpanded())
@@ -406,8 +396,6 @@ LogicalResult DispatchGemmOp::verify() {
 }
 
 LogicalResult GemmCombineOp::verify() {
-  if (failed(verifyOnHost(*this)))
-    return failure();
   ConfigAttr cfg = getConfig();
   ShapeChecker check{*this};
   if (!cfg.isExpanded())
@@ -444,8 +432,6 @@ LogicalResult GemmCombineOp::verify() {
 }
 
 LogicalResult CombineOp::verify() {
-  if (failed(verifyOnHost(*this)))
-    return failure();
   ConfigAttr cfg = getConfig();
   ShapeChecker check{*this};
   int64_t hidden = cfg.getHidden(), k = cfg.getTopk();

@@ -61,7 +61,11 @@ def EP_Layout : I32EnumAttr<"Layout", "layout of the received rows", [
   }];
 }
 
+// Every ep op is host-level: it becomes kernels and their launch (ep-expand),
+// which cannot happen inside a kernel (verified by the trait).
+def EP_HostOp : NativeOpTrait<"HostOp"> { let cppNamespace = "::epic::ep"; }
+
 class EP_Op<string mnemonic, list<Trait> traits = []>
-    : Op<EP_Dialect, mnemonic, traits>;
+    : Op<EP_Dialect, mnemonic, !listconcat(traits, [EP_HostOp])>;
 
 #endif // EPIC_DIALECT_EP_IR_EPBASE_TD

@@ -19,6 +19,15 @@ namespace epic::ep {
 /// a negative or too large value is refused as written, not wrapped to
 /// unsigned.
 mlir::FailureOr<unsigned> parseCount(mlir::AsmParser &parser);
+
+/// `op` is not inside a gpu.func or gpu.module (ep ops become kernels).
+mlir::LogicalResult verifyOnHost(mlir::Operation *op);
+/// The trait of every ep op (EP_HostOp).
+template <typename ConcreteType>
+class HostOp : public mlir::OpTrait::TraitBase<ConcreteType, HostOp> {
+public:
+  static mlir::LogicalResult verifyTrait(mlir::Operation *op) { return verifyOnHost(op); }
+};
 } // namespace epic::ep
 
 #include "epic/Dialect/EP/IR/EPOpsDialect.h.inc"

@@ -11,7 +11,14 @@
 #include <cstdint>
 
 namespace epic::ep::limits {
+/// One bound: the #ep.config field and the Python argument it applies to.
+struct Limit {
+  const char *field, *argument;
+  int64_t low, high;
+  bool holds(int64_t value) const { return value >= low && value <= high; }
+};
 #define EP_LIMIT(Name, field, argument, low, high)                                                \
+  inline constexpr Limit k##Name{field, argument, low, high};                                      \
   inline constexpr int64_t kMin##Name = low;                                                       \
   inline constexpr int64_t kMax##Name = high;
 #include "epic/Dialect/EP/IR/EPLimits.def"
