@@ -74,25 +74,40 @@ def same_bits(a, b):
     return a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
+def rows_differ(got, want):
+    """Which rows of two arrays differ (for an assertion's message)."""
+    if got.shape != want.shape:
+        return f"shape {got.shape}, expected {want.shape}"
+    if got.size == 0:
+        return "empty arrays with different bytes"
+
+    def as_bytes(a):
+        return np.ascontiguousarray(a).reshape(len(a), -1).view(np.uint8)
+    bad = np.nonzero((as_bytes(got) != as_bytes(want)).any(axis=1))[0]
+    return f"{len(bad)} of {len(got)} rows differ, first {bad[:8].tolist()}"
+
+
 def check_dispatch(expected, got, handle):
     s = ref.sort_by_source(got)
     for field in ("recv_x", "recv_scale_packs", "recv_topk_idx", "recv_src_metadata"):
         e = getattr(expected, field)
-        assert e is None or same_bits(getattr(s, field), e), field
+        assert e is None or same_bits(getattr(s, field), e), \
+            f"{field}: {rows_differ(getattr(s, field), e)}"
     if expected.recv_topk_weights is not None:
         if expected.expand:
-            assert same_bits(s.recv_topk_weights, expected.recv_topk_weights)
+            assert same_bits(s.recv_topk_weights, expected.recv_topk_weights), \
+                "recv_topk_weights"
         else:
             mine = expected.recv_topk_idx >= 0
             assert same_bits(np.where(mine, s.recv_topk_weights, 0),
-                             np.where(mine, expected.recv_topk_weights, 0))
-    assert handle.num_recv_tokens_per_expert_list == expected.num_recv_tokens_per_expert_list
-    assert same_bits(to_numpy(handle.psum_num_recv_tokens_per_scaleup_rank),
-                     expected.psum_num_recv_tokens_per_scaleup_rank)
-    assert same_bits(to_numpy(handle.psum_num_recv_tokens_per_expert),
-                     expected.psum_num_recv_tokens_per_expert)
-    assert same_bits(to_numpy(handle.num_unaligned_recv_tokens_per_expert),
-                     expected.num_unaligned_recv_tokens_per_expert)
+                             np.where(mine, expected.recv_topk_weights, 0)), "recv_topk_weights"
+    assert handle.num_recv_tokens_per_expert_list == expected.num_recv_tokens_per_expert_list, \
+        (f"num_recv_tokens_per_expert_list: {handle.num_recv_tokens_per_expert_list}, "
+         f"expected {expected.num_recv_tokens_per_expert_list}")
+    for field in ("psum_num_recv_tokens_per_scaleup_rank", "psum_num_recv_tokens_per_expert",
+                  "num_unaligned_recv_tokens_per_expert"):
+        got, want = to_numpy(getattr(handle, field)), getattr(expected, field)
+        assert same_bits(got, want), f"{field}: {got.tolist()}, expected {want.tolist()}"
 
 
 @pytest.fixture(scope="module", params=[2, 8])

@@ -80,7 +80,7 @@ if [[ $only == sanitize ]]; then
     done
   done
   # The fused GEMM kernels (grouped GEMM, dispatch + GEMM, GEMM + combine) and the DSL's
-  # examples: memcheck (not yet run as part of this mode: see bench/NOTES.md).
+  # examples: memcheck.
   EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run compute-sanitizer --tool memcheck \
     --error-exitcode 3 --print-limit 5 python3 -m pytest -q -p no:cacheprovider \
     test/gpu/test_grouped_gemm.py
