@@ -2,6 +2,8 @@
 
 #include "epic/runtime/KernelHost.h"
 
+#include "epic/Dialect/EP/IR/EPWindow.h"
+
 #include "epic/runtime/Json.h"
 #include "epic/runtime/KernelProvider.h"
 
@@ -35,6 +37,9 @@ struct Loaded {
   std::vector<std::string> kernelNames;
   std::vector<std::string> fields;
   EntryWindow window;
+  /// Fused entries: their scratch, [scratchAt, window.fixed), must be zero
+  /// when they start (-1: none). Their data region ends there.
+  int64_t scratchAt = -1;
   int threads = 256;
   int maxBlocksPerRank = 0;
   int64_t paramStride = 0;
@@ -189,6 +194,13 @@ Loaded &KernelHost::load(const std::string &entryIR, Run &run, bool mayLoad) {
   for (const Json &name : entry.at("kernels").array)
     loaded->kernelNames.push_back(name.string);
   loaded->window = EntryWindow::of(entry);
+  if (entry.object.count("window_scratch_at")) {
+    loaded->scratchAt = entry.at("window_scratch_at").integer();
+    if (loaded->scratchAt < epic::ep::window::kControlEnd ||
+        loaded->scratchAt > loaded->window.fixed)
+      throw std::runtime_error("kernels " + result.key + ": window_scratch_at " +
+                               std::to_string(loaded->scratchAt) + " is outside the window");
+  }
   loaded->threads = int(entry.at("threads").integer());
   loaded->maxBlocksPerRank = int(entry.at("max_blocks_per_rank").integer());
   loaded->paramStride = entry.at("param_stride").integer();
@@ -315,6 +327,7 @@ KernelHost::Prepared KernelHost::prepare(const std::string &entryIR,
     if (auto it = record.find("max_tokens_per_rank"); it != record.end())
       tokens = std::max<int64_t>(tokens, int64_t(it->second.value));
   const int64_t windowNeeded = k.window.bytes(tokens);
+  prepared.dataEnd = k.scratchAt >= 0 ? k.scratchAt : windowNeeded;
   if (windowNeeded > bytesPerRank)
     throw std::invalid_argument(
         "the buffer has " + std::to_string(bytesPerRank) + " bytes per rank, these kernels need " +
@@ -374,11 +387,30 @@ void KernelHost::encodeTensorMaps(Prepared &prepared) const {
   }
 }
 
+void KernelHost::trackWindow(const Prepared &prepared, void *stream) {
+  const Loaded &k = *prepared.kernels;
+  const bool captured = capturing(stream);
+  if (k.scratchAt >= 0) {
+    const int64_t begin = k.scratchAt, end = k.window.fixed;
+    // A graph's replays are not seen here: what ran between them is not
+    // known, so a captured launch always zeroes its scratch first.
+    if (captured || written.overlaps(begin, end) || writtenByGraphs.overlaps(begin, end)) {
+      for (int r = 0; r < servedRanks; ++r)
+        check(cudaMemsetAsync(static_cast<char *>(windowMemory(r)) + begin, 0,
+                              size_t(end - begin), static_cast<cudaStream_t>(stream)),
+              "zeroing the fused kernels' scratch (cudaMemsetAsync)");
+      written.remove(begin, end);
+    }
+  }
+  (captured ? writtenByGraphs : written).add(epic::ep::window::kControlEnd, prepared.dataEnd);
+}
+
 void KernelHost::launch(const Prepared &prepared, void *stream) {
   if (!prepared.kernels)
     throw std::invalid_argument("launch() of an empty prepared entry");
   auto cudaStream = static_cast<cudaStream_t>(stream);
   const Loaded &k = *prepared.kernels;
+  trackWindow(prepared, stream);
   void *comm = commArgument, *window = windowArgument;
   // The table travels by value: the driver copies its bytes into the launch.
   void *args[] = {&comm, &window, const_cast<uint64_t *>(prepared.table.data())};

@@ -2,6 +2,8 @@
 
 #include "epic/runtime/Models.h"
 
+#include "epic/Dialect/EP/IR/EPWindow.h"
+
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -47,17 +49,14 @@ int64_t epic::runtime::kernelWindowBytes(int numRanks, int64_t maxTokensPerRank,
                                          int numTopk, bool fp8Dispatch) {
   require(numRanks >= 1, "num_ranks must be positive, got " + std::to_string(numRanks));
   const int64_t r = numRanks, k = numTopk == 0 ? 32 : numTopk, tm = maxTokensPerRank;
-  const int64_t local = 256, maxBlocks = 1024; // the most ep-expand allows
+  namespace window = epic::ep::window;
+  const int64_t local = epic::ep::limits::kMaxLocalExperts;
   const int64_t packs = fp8Dispatch ? (hidden + 31) / 32 : 0; // as many as DeepEP sizes for
   // Any dtype: the widest element (f32) bounds the row.
-  const int64_t row = align(hidden * (fp8Dispatch ? 1 : 4), 16);
-  const int64_t record = align(row + align(packs * 4, 16) + 8 * k + 8, 16);
-  const int64_t combineRecord = align(hidden * 2, 16) + align(k * 4, 16);
-  int64_t at = 0;
-  for (int64_t bytes : {r * 4, r * local * 4, r * 4, r * local * 4, local * 4, int64_t(4), r * 4,
-                        int64_t(4), r * 4, maxBlocks * 8, maxBlocks * 8})
-    at = align(at + bytes, 256);
-  const int64_t data = align(at, 4096) + std::max(r * tm * record, k * tm * combineRecord);
+  const window::DispatchRecord record(hidden, fp8Dispatch ? 1 : 4, packs, k);
+  const window::CombineRecord combineRecord(hidden, k);
+  const int64_t data =
+      window::kControlEnd + tm * window::dataBytesPerToken(r, k, record, combineRecord);
   if (fp8Dispatch) // the fused GEMM kernels multiply bf16 / f16 rows only
     return data;
   // ep.dispatch_gemm's counters follow: [local experts][64-row tiles] twice.

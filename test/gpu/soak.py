@@ -9,8 +9,8 @@ the GPU run asks for): 1 to 12 virtual ranks (odd counts included), top-k 1 to 9
 256 to 8192 in multiples of 8 (of 128 for FP8), BF16 and FP8 with scale packs, plain and
 expanded, alignments 1 to 128, zero padding, with and without weights. Each iteration draws a
 configuration and a routing pattern: uniform, masked slots (-1), ranks with no tokens, or every
-token routed to one rank's experts. One buffer per rank count and expert count is reused across
-iterations.
+token routed to one rank's experts. One buffer per rank count serves every configuration of
+that count, reused across iterations.
 Prints the configurations tried and every failure; exits 1 if any.
 """
 
@@ -138,7 +138,7 @@ def without_padding(result, zero_padding):
     return dataclasses.replace(result, **fields)
 
 
-def one_iteration(torch, buffers, config, pattern, seed):
+def one_iteration(torch, buffers, config, pattern, seed, buffer_per_config=False):
     """One dispatch, cached dispatch and combine of `config`; raises AssertionError naming the
     first difference from the reference."""
     import epic
@@ -146,10 +146,10 @@ def one_iteration(torch, buffers, config, pattern, seed):
     from test_elastic_buffer import as_result, check_dispatch, same_bits, to_numpy, to_torch
     ranks, experts, topk, hidden, fp8, alignment, expand, zero_padding, weights = config
     rng = np.random.default_rng(seed)
-    # One buffer per rank count and expert count, reused: the window's control region (counts,
-    # cursors, flags) is laid out for the number of local experts, so one buffer does not yet
-    # serve two expert counts (its counters would be read with the other layout).
-    key = (ranks, experts)
+    # One buffer per rank count, reused by every configuration of that count (the window's
+    # control region is at the same offsets for all of them). With --buffer-per-config, one
+    # per (rank count, expert count) instead: to tell a layout problem from a kernel problem.
+    key = (ranks, experts) if buffer_per_config else ranks
     if key not in buffers:
         size = epic.ElasticBuffer.get_buffer_size_hint(epic.VirtualWorld(ranks), TMAX, 8192, 9)
         buffers[key] = epic.ElasticBuffer(epic.VirtualWorld(ranks), num_bytes=size,
@@ -211,6 +211,8 @@ def main():
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--configs", type=int, nargs="*",
                         help="only these configurations (indices into the list)")
+    parser.add_argument("--buffer-per-config", action="store_true",
+                        help="one buffer per rank count and expert count (default: per rank count)")
     parser.add_argument("--fresh", action="store_true",
                         help="a new buffer for every iteration (no state from earlier calls)")
     args = parser.parse_args()
@@ -232,7 +234,8 @@ def main():
                 for buffer in buffers.values():
                     buffer.destroy()
                 buffers.clear()
-            one_iteration(torch, buffers, config, pattern, seed=args.seed * 100003 + i)
+            one_iteration(torch, buffers, config, pattern, seed=args.seed * 100003 + i,
+                          buffer_per_config=args.buffer_per_config)
         except Exception as e:  # noqa: BLE001 - every failure is reported, then the next
             failures.append((i, config, pattern, f"{type(e).__name__}: {e}"))
             print(f"soak: FAILED iteration {i} {config} {pattern}: {type(e).__name__}: {e}",

@@ -10,6 +10,7 @@
 #include "epic/runtime/KernelCache.h"
 #include "epic/runtime/KernelProvider.h"
 #include "epic/runtime/Models.h"
+#include "epic/runtime/WindowBytes.h"
 
 #include <gtest/gtest.h>
 
@@ -28,6 +29,31 @@ namespace {
 constexpr int64_t kMiB = int64_t(1) << 20;
 
 // --- Models: the figures of DeepEP's README and semantics document ----------------
+
+// The window bytes calls wrote data to: a fused kernel's scratch is zeroed
+// only where it overlaps them (once per change of configuration).
+TEST(WindowBytes, MergesRemovesAndFindsOverlaps) {
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  WindowBytes w;
+  w.add(100, 200);
+  w.add(100, 200); // the same call again: nothing new
+  w.add(300, 400);
+  EXPECT_EQ(w.list(), (Ranges{{100, 200}, {300, 400}}));
+  w.add(150, 350); // bridges both
+  EXPECT_EQ(w.list(), (Ranges{{100, 400}}));
+  w.add(400, 500); // touching ranges merge
+  EXPECT_EQ(w.list(), (Ranges{{100, 500}}));
+  w.add(7, 7); // empty
+  EXPECT_EQ(w.list(), (Ranges{{100, 500}}));
+  EXPECT_TRUE(w.overlaps(499, 600));
+  EXPECT_FALSE(w.overlaps(500, 600)); // half-open
+  EXPECT_FALSE(w.overlaps(0, 100));
+  w.remove(200, 300); // splits
+  EXPECT_EQ(w.list(), (Ranges{{100, 200}, {300, 500}}));
+  EXPECT_FALSE(w.overlaps(200, 300));
+  w.remove(0, 1000);
+  EXPECT_TRUE(w.list().empty());
+}
 
 TEST(Models, TheoreticalSmsMatchDeepEPsReadme) {
   // E = 256, K = 8; NVLink 0.9 x 900 GB/s, 400 Gb/s NICs (50 GB/s), H200: 132 SMs.

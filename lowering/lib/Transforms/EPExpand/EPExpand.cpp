@@ -12,6 +12,7 @@
 
 #include "epic/Dialect/Comm/IR/CommDialect.h"
 #include "epic/Dialect/EP/IR/EPDialect.h"
+#include "epic/Dialect/EP/IR/EPWindow.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/IRMapping.h"
@@ -37,16 +38,16 @@ int64_t align(int64_t value, int64_t alignment) {
 // Layout of the window and of the parameter records
 //===----------------------------------------------------------------------===//
 
-/// Entry barriers keep one arrival counter per block index of a rank.
-constexpr int64_t kMaxBlocksPerRank = 1024;
+using epic::ep::window::kMaxBlocksPerRank;
 constexpr int64_t kDefaultTimeoutMs = 100000;
 
-/// Every byte offset the kernels use, fixed by the configuration. The window
-/// holds, in each rank's copy: counters (all zero between operations), then
-/// one data region shared by dispatch ([src rank][Tmax][record]) and combine
-/// ([master slot][Tmax][record]); entry barriers keep them apart in time.
-/// Tmax is the configuration's or, where it leaves it out, a run-time value
-/// (KernelBuilder::tmax): then only the data region's size depends on it.
+/// Every byte offset the kernels use. The window (EPWindow.h) holds, in each
+/// rank's copy: the control region at offsets that are the same for every
+/// configuration, then one data region shared by dispatch ([src rank][Tmax]
+/// [record]) and combine ([master slot][Tmax][record]); entry barriers keep
+/// them apart in time. Tmax is the configuration's or, where it leaves it
+/// out, a run-time value (KernelBuilder::tmax): then only the data region's
+/// size depends on it.
 struct EPLayout {
   int64_t ranks, experts, local, topk, hidden, packs, alignment;
   /// Tmax, or 0: read from record field `tmaxField` at run time.
@@ -56,12 +57,22 @@ struct EPLayout {
   int64_t rowBytes, rowPad, packPad, idsOff, weightsOff, tokenOff, record;
   // Combine record: bf16 row | weights (f32 x K).
   int64_t combineRow, combineRecord;
-  // Counters.
-  int64_t countsIn, expertIn, slots, expertLocal, expertCursor, dispatchDone, dispatchFlags,
-      combineDone, combineFlags, barrierArrivals, barrierEpochs;
+  // Counters (EPWindow.h says what each holds).
+  static constexpr int64_t countsIn = epic::ep::window::kCountsIn,
+                           expertIn = epic::ep::window::kExpertIn,
+                           slots = epic::ep::window::kSlots,
+                           expertLocal = epic::ep::window::kExpertLocal,
+                           expertCursor = epic::ep::window::kExpertCursor,
+                           dispatchDone = epic::ep::window::kDispatchDone,
+                           dispatchFlags = epic::ep::window::kDispatchFlags,
+                           combineDone = epic::ep::window::kCombineDone,
+                           combineFlags = epic::ep::window::kCombineFlags,
+                           barrierArrivals = epic::ep::window::kBarrierArrivals,
+                           barrierEpochs = epic::ep::window::kBarrierEpochs,
+                           data = epic::ep::window::kControlEnd;
   /// The window: `data + tmax * windowPerToken` bytes (windowBytes when
-  /// Tmax is static, else just the counters' `data`).
-  int64_t data, windowPerToken, windowBytes;
+  /// Tmax is static, else just the control region, `data`).
+  int64_t windowPerToken, windowBytes;
   /// Bound of every device-side wait (DeepEP's num_gpu_timeout_secs); the
   /// entry function's `epic.timeout_ms` overrides it.
   int64_t timeoutMs = kDefaultTimeoutMs;
@@ -79,35 +90,12 @@ struct EPLayout {
     alignment = cfg.getExpertAlignment();
     elemBytes = cfg.getDtype().getIntOrFloatBitWidth() / 8;
     idxBytes = idxBits / 8;
-    rowBytes = hidden * elemBytes;
-    rowPad = align(rowBytes, 16);
-    packPad = align(packs * 4, 16);
-    idsOff = rowPad + packPad;
-    weightsOff = idsOff + topk * 4;
-    tokenOff = weightsOff + topk * 4;
-    record = align(tokenOff + 8, 16);
-    combineRow = align(hidden * 2, 16);
-    combineRecord = combineRow + align(topk * 4, 16);
-
-    int64_t at = 0;
-    auto take = [&](int64_t bytes) {
-      int64_t here = at;
-      at = align(at + bytes, 256);
-      return here;
-    };
-    countsIn = take(ranks * 4);
-    expertIn = take(ranks * local * 4);
-    slots = take(ranks * 4);
-    expertLocal = take(ranks * local * 4);
-    expertCursor = take(local * 4);
-    dispatchDone = take(4);
-    dispatchFlags = take(ranks * 4);
-    combineDone = take(4);
-    combineFlags = take(ranks * 4);
-    barrierArrivals = take(kMaxBlocksPerRank * 8);
-    barrierEpochs = take(kMaxBlocksPerRank * 8);
-    data = align(at, 4096);
-    windowPerToken = std::max(ranks * record, topk * combineRecord);
+    epic::ep::window::DispatchRecord d(hidden, elemBytes, packs, topk);
+    rowBytes = d.rowBytes, rowPad = d.rowPad, packPad = d.packPad, idsOff = d.idsOff;
+    weightsOff = d.weightsOff, tokenOff = d.tokenOff, record = d.bytes;
+    epic::ep::window::CombineRecord c(hidden, topk);
+    combineRow = c.rowBytes, combineRecord = c.bytes;
+    windowPerToken = epic::ep::window::dataBytesPerToken(ranks, topk, d, c);
     windowBytes = data + tmax * windowPerToken;
   }
 };
@@ -1636,6 +1624,7 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
   SmallVector<NamedAttribute> extraMetadata;
   bool cooperative = true;
   int64_t windowBytes = -1; // the configuration's layout unless set
+  int64_t scratchAt = -1;   // fused entries: [scratchAt, windowBytes) must be zero at entry
   // The layout the kernels see, with the entry's timeout and record.
   auto layoutFor = [&](unsigned idxBits, const RecordLayout &record, int64_t tmaxField) {
     EPLayout layout(cfg, idxBits);
@@ -1690,7 +1679,7 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
     // still to compute, each 128-row tile's finished column tiles, a rank
     // barrier and the count of row chunks claimed.
     FusedScratch at(cfg);
-    windowBytes = at.end;
+    windowBytes = at.end, scratchAt = at.tileDone;
     gemm.outField = kCX, gemm.psumField = kGCPsumPerExpert;
     gemm.timeoutMs = timeoutMs;
     CombineShape shape{false, static_cast<unsigned>(fused.getBiases().size()), true};
@@ -1723,7 +1712,7 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
     // The tile counters follow the windows (FusedScratch).
     FusedScratch at(cfg);
     int64_t maxTiles = at.maxTiles, tileDone = at.tileDone;
-    windowBytes = at.tileConsumed + at.counters;
+    windowBytes = at.tileConsumed + at.counters, scratchAt = at.tileDone;
     gemm.outField = kDGGemmOut, gemm.psumField = kPsumPerExpert;
     gemm.tileDone = tileDone, gemm.tileConsumed = at.tileConsumed, gemm.maxTiles = maxTiles;
     gemm.timeoutMs = timeoutMs;
@@ -1857,6 +1846,10 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
   if (windowBytes < 0 && !cfg.hasStaticTokenCap())
     launch->setAttr("epic.window_bytes_per_token",
                     builder.getI64IntegerAttr(layout.windowPerToken));
+  // The fused kernels' scratch: zero when they start (they leave it so), but
+  // another configuration's data may have been there (EPWindow.h).
+  if (scratchAt >= 0)
+    launch->setAttr("epic.window_scratch_at", builder.getI64IntegerAttr(scratchAt));
   launch->setAttr("epic.max_blocks_per_rank", builder.getI64IntegerAttr(kMaxBlocksPerRank));
   // The blocks of a launch wait for each other (entry barriers, the count
   // exchange): the runtime must launch them cooperatively (all resident).

@@ -16,6 +16,7 @@
 #include "epic/runtime/Calls.h"
 #include "epic/runtime/Json.h"
 #include "epic/runtime/KernelProvider.h"
+#include "epic/runtime/WindowBytes.h"
 
 #include <cstdint>
 #include <map>
@@ -81,6 +82,7 @@ public:
     Loaded *kernels = nullptr;
     std::vector<uint64_t> table; ///< servedRanks records of param_stride bytes
     int blocks = 0;
+    int64_t dataEnd = 0; ///< the window's data region ends here (EPWindow.h)
   };
 
   /// A call whose signature (configuration, every tensor's dtype and shape,
@@ -228,6 +230,16 @@ protected:
 private:
   /// Encodes the TMA descriptors of `prepared`'s kernels into its records.
   void encodeTensorMaps(Prepared &prepared) const;
+  /// Before a launch: zeroes the fused kernels' scratch on every served rank
+  /// (stream-ordered) where calls may have written data, and remembers the
+  /// data region this launch writes. Every op starts with an entry barrier
+  /// that waits for all ranks, so no peer writes this launch's data before
+  /// the zeroing is done on each rank.
+  void trackWindow(const Prepared &prepared, void *stream);
+  /// Window bytes (of every served rank) that calls may have written data
+  /// to: by launches here, and by launches captured into CUDA graphs (whose
+  /// replays may run at any time, so those bytes stay written).
+  WindowBytes written, writtenByGraphs;
 
   struct TimedKernel {
     std::string name;

@@ -1,0 +1,103 @@
+//===- EPWindow.h - The byte layout of an ElasticBuffer's window ---------===//
+//
+// No MLIR here: ep-expand generates kernels that address these offsets and
+// the runtime sizes buffers and cleans scratch by them, so both include it.
+//
+// A rank's window is, in order:
+//   [0, kControlEnd)          the control region: entry barriers' arrival
+//                             counters and epochs, then the counters of one
+//                             dispatch or combine (all zero between ops);
+//   [kControlEnd, ...)        the data region: dispatch records
+//                             ([source rank][Tmax][record]) or combine
+//                             records ([master slot][Tmax][record]);
+//   after every layout's data the fused GEMM kernels' scratch.
+//
+// The control region's offsets are the same for every configuration,
+// sized by the limits of EPLimits.def: one buffer serves calls of any
+// expert count, token cap, hidden size, dtype or layout, because no call
+// reads another configuration's counters at other offsets (the barrier
+// epochs persist across calls; every other counter is back at zero when a
+// call ends). The data region may hold any bytes between calls. The fused
+// kernels' scratch must be zero when they start, and its place depends on
+// the configuration: it may lie where another configuration's data was, so
+// the runtime zeroes it first when it does (KernelHost: window_scratch_at).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef EPIC_DIALECT_EP_IR_EPWINDOW_H
+#define EPIC_DIALECT_EP_IR_EPWINDOW_H
+
+#include "epic/Dialect/EP/IR/EPLimits.h"
+
+#include <algorithm>
+#include <cstdint>
+
+namespace epic::ep::window {
+
+constexpr int64_t align(int64_t value, int64_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+/// Entry barriers keep one arrival counter and one epoch per block index of
+/// a rank (the most blocks a rank may launch).
+inline constexpr int64_t kMaxBlocksPerRank = 1024;
+
+namespace detail {
+/// The next counter array, on its own 256-byte boundary.
+constexpr int64_t after(int64_t at, int64_t bytes) { return align(at + bytes, 256); }
+} // namespace detail
+
+// The control region, in order. i32 counters unless said otherwise.
+/// [block] i64: arrivals of every rank's block b at entry barrier b.
+inline constexpr int64_t kBarrierArrivals = 0;
+/// [block] i64: how many entry barriers block b of this rank has passed.
+inline constexpr int64_t kBarrierEpochs =
+    detail::after(kBarrierArrivals, kMaxBlocksPerRank * 8);
+/// [source rank]: tokens each source sends here.
+inline constexpr int64_t kCountsIn = detail::after(kBarrierEpochs, kMaxBlocksPerRank * 8);
+/// [source rank][local expert]: rows each source sends to each local expert.
+inline constexpr int64_t kExpertIn = detail::after(kCountsIn, limits::kMaxRanks * 4);
+/// [destination rank]: slots claimed at each destination.
+inline constexpr int64_t kSlots = detail::after(kExpertIn, limits::kMaxExperts * 4);
+/// [source rank][local expert]: a source's first row in each expert's block.
+inline constexpr int64_t kExpertLocal = detail::after(kSlots, limits::kMaxRanks * 4);
+/// [local expert]: rows placed so far in each expert's block.
+inline constexpr int64_t kExpertCursor = detail::after(kExpertLocal, limits::kMaxExperts * 4);
+/// Blocks of this rank done with the dispatch send, then [source rank] flags.
+inline constexpr int64_t kDispatchDone =
+    detail::after(kExpertCursor, limits::kMaxLocalExperts * 4);
+inline constexpr int64_t kDispatchFlags = detail::after(kDispatchDone, 4);
+/// The same for the combine.
+inline constexpr int64_t kCombineDone = detail::after(kDispatchFlags, limits::kMaxRanks * 4);
+inline constexpr int64_t kCombineFlags = detail::after(kCombineDone, 4);
+/// Where the data region starts, for every configuration.
+inline constexpr int64_t kControlEnd = align(detail::after(kCombineFlags, limits::kMaxRanks * 4),
+                                             4096);
+
+/// Bytes of one dispatch record: the row, its scale packs, the top-k ids
+/// (i32) and weights (f32), then the source token and its master slot.
+struct DispatchRecord {
+  int64_t rowBytes, rowPad, packPad, idsOff, weightsOff, tokenOff, bytes;
+  constexpr DispatchRecord(int64_t hidden, int64_t elemBytes, int64_t packs, int64_t topk)
+      : rowBytes(hidden * elemBytes), rowPad(align(rowBytes, 16)), packPad(align(packs * 4, 16)),
+        idsOff(rowPad + packPad), weightsOff(idsOff + topk * 4), tokenOff(weightsOff + topk * 4),
+        bytes(align(tokenOff + 8, 16)) {}
+};
+
+/// Bytes of one combine record: the bf16 row, then the top-k weights (f32).
+struct CombineRecord {
+  int64_t rowBytes, bytes;
+  constexpr CombineRecord(int64_t hidden, int64_t topk)
+      : rowBytes(align(hidden * 2, 16)), bytes(rowBytes + align(topk * 4, 16)) {}
+};
+
+/// Data bytes per token of the cap: the larger of the dispatch region
+/// ([source rank][Tmax][record]) and the combine region ([slot][Tmax][record]).
+constexpr int64_t dataBytesPerToken(int64_t ranks, int64_t topk, const DispatchRecord &dispatch,
+                                    const CombineRecord &combine) {
+  return std::max(ranks * dispatch.bytes, topk * combine.bytes);
+}
+
+} // namespace epic::ep::window
+
+#endif // EPIC_DIALECT_EP_IR_EPWINDOW_H
