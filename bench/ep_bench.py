@@ -200,12 +200,21 @@ class TorchEP:
 
 
 class Timer:
-    def __init__(self, torch, iterations):
+    """Medians of `iterations` runs. Over several processes (bench/ep_multi_gpu.py) every rank
+    must run the same calls in the same order: `sync()` runs before every iteration (a barrier)
+    and `agree(ok)` turns a rank's own verdict into one decision for all ranks (True only if
+    every rank's is), so that no rank retries a measurement alone."""
+
+    def __init__(self, torch, iterations, agree=None, sync=None):
         self.t, self.iterations = torch, iterations
+        self.agree = agree or (lambda ok: ok)
+        self.sync = sync or (lambda: None)
         self.flush_buffer = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 
     def flush(self):
+        """Before each timed call: the L2 flush, then the ranks' barrier."""
         self.flush_buffer.fill_(1)
+        self.sync()
 
     def wall(self, fn):
         """Median wall time (CUDA events around the call, CPU sync included) after L2 flushes."""
@@ -243,7 +252,9 @@ class Timer:
             for event in prof.events():
                 if event.name in found:
                     found[event.name].append(event.device_time_total / 1e6)
-            if all(len(v) >= self.iterations // 2 for v in found.values()):
+            # One decision for all ranks: a rank whose profiler lost records must not repeat
+            # the calls (collectives) while the others go on to the next measurement.
+            if self.agree(all(len(v) >= self.iterations // 2 for v in found.values())):
                 self.source = "cupti"
                 return {name: statistics.median(v) for name, v in found.items()}
         lost = {n: len(v) for n, v in found.items()}

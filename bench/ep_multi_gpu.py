@@ -11,6 +11,11 @@ dispatch/combine built from `all_to_all_single` (what a Megatron-style dispatche
 checked equal to epic's before anything is timed. Per rank: DeepEP's logical bandwidth (local
 traffic included), kernel time from the profiler and wall time from events, after L2 flushes.
 Rank 0 prints the table and writes bench/results/<gpu>x<N>-<date>.json.
+
+The ranks stay in step: a barrier before every timed call, and one decision for all ranks on
+whether a measurement is repeated (ep_bench.Timer's `agree`). A difference from the all-to-all
+fails the run (exit 1, naming the rank, the size and what differed). SM counts the buffer cannot
+run (the analytic 132 on a buffer of fewer blocks) are clipped to the buffer's blocks, said so.
 """
 
 from __future__ import annotations
@@ -38,6 +43,43 @@ def spec(world, tokens, expand=False):
     return dict(num_ranks=world, num_experts=EXPERTS, num_topk=TOPK, hidden=HIDDEN,
                 dtype="f8E4M3FN", num_scale_packs=PACKS, expert_alignment=1, do_expand=expand,
                 num_max_tokens_per_rank=tokens)
+
+
+def fit_sms(requested, analytic, most):
+    """The SM counts to time: `requested` (0 = `analytic`), each at most `most` (the buffer's
+    blocks per rank), deduplicated; and a note per clipped count."""
+    fitted, notes = set(), []
+    for s in requested:
+        want = s or analytic
+        if want > most:
+            notes.append(f"{want} SMs{' (analytic)' if not s else ''} exceed the buffer's {most} "
+                         f"blocks per rank: timed with {most}")
+        fitted.add(min(want, most))
+    return sorted(fitted), notes
+
+
+def equality_failures(everyone):
+    """Lines naming every (rank, tokens) whose epic results differ from the all-to-all's, from
+    every rank's report (the same on every rank: the exit code is one decision)."""
+    lines = []
+    for report in everyone:
+        seen = set()
+        for row in report["rows"]:
+            if "baseline" in row or row["equal_to_all_to_all"] or row["tokens"] in seen:
+                continue
+            seen.add(row["tokens"])
+            lines.append(f"rank {report['rank']}, {row['tokens']} tokens: "
+                         f"{', '.join(row['differs'])} differ from all_to_all_single's")
+    return lines
+
+
+def all_ranks(torch, dist):
+    """`agree(ok)`: True on every rank only if `ok` is True on every rank (an all-reduce)."""
+    def agree(ok):
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device="cuda")
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+    return agree
 
 
 def compile_only(args):
@@ -145,12 +187,16 @@ def main():
 
     rank, world = init_distributed(EXPERTS)
     tmax = max(args.tokens)
+    # The buffer's default: as many blocks per rank as the GPU has SMs. Every call's num_sms
+    # must fit in the blocks the buffer says it has (a larger count would be refused).
     buffer = epic.ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=tmax, hidden=HIDDEN,
-                                num_topk=TOPK, use_fp8_dispatch=True, explicitly_destroy=True,
-                                num_sms=max(max(args.sms), 1))
+                                num_topk=TOPK, use_fp8_dispatch=True, explicitly_destroy=True)
     analytic = buffer.get_theoretical_num_sms(EXPERTS, TOPK)
-    sms_list = sorted({s or analytic for s in args.sms})
-    timer = Timer(torch, args.iterations)
+    sms_list, notes = fit_sms(args.sms, analytic, buffer._runtime().blocks_per_rank)
+    if rank == 0:
+        for note in notes:
+            print(f"note: {note}")
+    timer = Timer(torch, args.iterations, agree=all_ranks(torch, dist), sync=dist.barrier)
     a2a_bw, p2p_bw = nvlink_bandwidth(torch, dist, world, rank)
     baseline = AllToAllEP(torch, dist, world, rank)
     rows = []
@@ -172,15 +218,19 @@ def main():
         mine = torch.argsort(src_rank * tokens + src_tok)
         b_src = b_gid.long()  # rank * tokens + token: the same order key
         theirs = torch.argsort(b_src)
-        same = torch.equal(data.view(torch.uint8)[mine], b_x[theirs])
-        same &= torch.equal(rsf[mine], b_sf[theirs])
+        differs = []
+        if not torch.equal(data.view(torch.uint8)[mine], b_x[theirs]):
+            differs.append("received rows")
+        if not torch.equal(rsf[mine], b_sf[theirs]):
+            differs.append("received scale packs")
         y = (data.float() * rsf.repeat_interleave(128, dim=1)).to(torch.bfloat16)
         combined, _, _ = buffer.combine(y, handle)
         b_y = (b_x.view(torch.float8_e4m3fn).float() * b_sf.repeat_interleave(128, dim=1)) \
             .to(torch.bfloat16)
         # The all-to-all sums in index_add's order, epic in DeepEP's: equal up to bf16 rounding.
-        same &= torch.allclose(combined.float(), baseline.combine(b_y, b_handle).float(),
-                               rtol=1e-2, atol=1e-2)
+        if not torch.allclose(combined.float(), baseline.combine(b_y, b_handle).float(),
+                              rtol=1e-2, atol=1e-2):
+            differs.append("combined tokens")
 
         n_recv = handle.num_recv_tokens
         logical_d = n_recv * (HIDDEN + 4 * PACKS + 8 * TOPK + 4 * TOPK)
@@ -199,7 +249,8 @@ def main():
                              dispatch_wall_s=timer.wall(ep_dispatch),
                              combine_wall_s=timer.wall(ep_combine),
                              dispatch_gbs=logical_d / k_d / 1e9, combine_gbs=logical_c / k_c / 1e9,
-                             equal_to_all_to_all=bool(same)))
+                             equal_to_all_to_all=not differs,
+                             **({"differs": differs} if differs else {})))
         b_d = timer.wall(lambda: baseline.dispatch(x8, sf, idx, w))
         b_c = timer.wall(lambda: baseline.combine(b_y, b_handle))
         rows.append(dict(tokens=tokens, baseline="all_to_all_single", dispatch_wall_s=b_d,
@@ -226,9 +277,13 @@ def main():
         with open(path, "w") as f:
             json.dump(report, f, indent=1)
         print(f"wrote {path}")
+    failures = equality_failures(everyone)
+    if rank == 0:
+        for line in failures:
+            print(f"ep_multi_gpu: FAILED: {line}")
     buffer.destroy()
     dist.destroy_process_group()
-    return 0
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
