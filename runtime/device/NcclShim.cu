@@ -9,8 +9,9 @@
 // compiles it against the headers of the NCCL it links.
 //
 // Waits are bounded here rather than in NCCL (2.28.9 has no device timeouts):
-// signals are polled with readSignal. NCCL's LSA barrier session has no bound
-// in 2.28.9; ours is bounded only in the virtual backend (see closing notes).
+// signals are polled with readSignal, and the LSA barrier is NCCL's session
+// with its wait loop replaced by a bounded one (lsaBarrier). The GIN barriers
+// stay NCCL's: the runtime's device communicator has no GIN resources.
 //
 //===----------------------------------------------------------------------===//
 
@@ -117,14 +118,62 @@ __device__ __forceinline__ int64_t waitSignal(Coop coop, void *comm, int32_t con
   return int64_t(gin.readSignal(uint32_t(signal)));
 }
 
+/// Printed by a timed-out LSA barrier before it traps: the slot, the peer
+/// that did not arrive, and the epochs expected and seen.
+__device__ __noinline__ void barrierTimeoutTrap(int32_t rank, int32_t slot, int32_t peer,
+                                                uint32_t expected, uint32_t seen,
+                                                int64_t timeoutNs) {
+  printf("epic: device wait timed out after %lld ms: rank %d block %d thread %d waited for "
+         "peer %d at LSA barrier slot %d (epoch %u, seen %u)\n",
+         (long long)(timeoutNs / 1000000), (int)rank, (int)blockIdx.x, (int)threadIdx.x,
+         (int)peer, (int)slot, expected, seen);
+  __trap();
+}
+
+/// NCCL's LSA barrier (ncclLsaBarrierSession, unicast) with a bounded wait:
+/// its arrive, then its wait's loop (nccl_device/impl/lsa_barrier__funcs.h of
+/// the NCCL this shim is compiled against) polling each peer's inbox word
+/// until `timeoutNs`, since NCCL's own wait spins forever. The session's
+/// destructor stores the advanced epoch, as after NCCL's wait.
+template <typename Coop>
+__device__ __forceinline__ void lsaBarrier(Coop coop, const ncclDevComm &c, int32_t index,
+                                           int64_t timeoutNs) {
+  int32_t me = ncclTeamWorld(c).rank;
+  // The session reads slot `index` of the barrier state: a slot the
+  // communicator does not have is reported, not read out of bounds.
+  if (index < 0 || index >= c.lsaBarrier.nBarriers) {
+    if (coop.thread_rank() == 0)
+      timeoutTrap("an LSA barrier slot < lsaBarrierCount, not slot", me, index, "<",
+                  c.lsaBarrier.nBarriers, index, 0);
+    coop.sync(); // the others wait for thread 0's report and trap
+  }
+  ncclLsaBarrierSession<Coop> bar(coop, c, ncclTeamTagLsa(), uint32_t(index));
+  bar.arrive(coop, cuda::memory_order_acq_rel);
+  uint32_t expected = bar.epoch + 1;
+#pragma unroll 1
+  for (int i = coop.thread_rank(); i < bar.team.nRanks - 1; i += coop.size()) {
+    int peer = i + (bar.team.rank <= i ? 1 : 0);
+    cuda::atomic_ref<uint32_t> inbox(*bar.ucInbox(bar.team.rank, peer));
+    uint32_t seen = inbox.load(cuda::memory_order_acquire);
+    uint64_t start = nowNs();
+    // Arrived once the inbox reached the epoch (wrapping compare, as NCCL's).
+    while (seen - expected > uint32_t(-1) >> 1) {
+      if (int64_t(nowNs() - start) > timeoutNs)
+        barrierTimeoutTrap(me, index, peer, expected, seen, timeoutNs);
+      seen = inbox.load(cuda::memory_order_acquire);
+    }
+  }
+  bar.epoch = expected;
+  coop.sync();
+}
+
 template <typename Coop>
 __device__ __forceinline__ void barrier(Coop coop, void *comm, int32_t teamKind,
-                                        int32_t index) {
+                                        int32_t index, int64_t timeoutNs) {
   const ncclDevComm &c = dcomm(comm);
   bool singleNode = ncclTeamLsa(c).nRanks == ncclTeamWorld(c).nRanks;
   if (teamKind == 1 || (teamKind == 0 && singleNode)) {
-    ncclLsaBarrierSession<Coop> bar(coop, c, ncclTeamTagLsa(), uint32_t(index));
-    bar.sync(coop, cuda::memory_order_acq_rel);
+    lsaBarrier(coop, c, index, timeoutNs);
   } else if (teamKind == 2) {
     ncclGin gin(c, 0);
     ncclGinBarrierSession<Coop> bar(coop, gin, ncclTeamTagRail(), uint32_t(index));
@@ -201,8 +250,7 @@ EPIC_SHIM_ATTR void *__epic_nccl_peer_ptr(void *comm, void *window, int64_t offs
   }                                                                                      \
   EPIC_SHIM_ATTR void __epic_nccl_barrier_##Coop(void *comm, int32_t teamKind,           \
                                                  int32_t index, int64_t timeoutNs) {     \
-    (void)timeoutNs;                                                                     \
-    barrier(Type{}, comm, teamKind, index);                                              \
+    barrier(Type{}, comm, teamKind, index, timeoutNs);                                   \
   }
 
 EPIC_DEFINE_COOP(thread, ncclCoopThread)

@@ -1,12 +1,15 @@
 # The DSL's communication maps 1:1 onto the comm dialect: peer pointers, put + flush + release
 # signal, bounded waits and atomics by thread 0 (their value reaches the block through shared
-# memory), the world barrier.
+# memory), the world barrier. On the nccl backend (no GIN resources in the runtime's device
+# communicator) el.put is refused, and el.barrier's wait is bounded.
 # RUN: %python -m epic.dsl %s ring --arg win=window --arg out='*i32' --arg N=64 \
 # RUN:     | epic-opt | FileCheck %s
 # RUN: %python -m epic.dsl %s claim --arg win=window --arg owner='*i32' | FileCheck %s --check-prefix=CAS
 # RUN: %python -m epic.dsl %s poll --arg win=window --arg out='*i32' | FileCheck %s --check-prefix=ACQ
-# RUN: %python -m epic.dsl %s ring --arg win=window --arg out='*i32' --arg N=64 --backend nccl \
-# RUN:     --emit ptx | FileCheck %s --check-prefix=NCCL
+# RUN: not %python -m epic.dsl %s ring --arg win=window --arg out='*i32' --arg N=64 \
+# RUN:     --backend nccl 2>&1 | FileCheck %s --check-prefix=NOGIN
+# RUN: %python -m epic.dsl %s meet --arg out='*i32' --backend nccl --emit ptx \
+# RUN:     | FileCheck %s --check-prefix=BOUND
 
 import epic
 import epic.language as el
@@ -19,10 +22,17 @@ def ring(win, out, N: el.constexpr):
     offsets = el.arange(0, N)
     el.store(data + N + offsets, me * 100 + offsets)
     nxt = (me + 1) % R
+    # NOGIN: error: {{.*}}communication.py:[[@LINE+1]]: el.put in kernel ring cannot run on the nccl backend: it is a GIN put, and the runtime's NCCL device communicator has no GIN contexts or signals; copy over NVLink instead: el.store(el.peer_ptr(dst, peer) + offsets, el.load(src + offsets)), then el.signal(el.peer_ptr(flag, peer))
     el.put(el.peer_ptr(data, nxt), data + N, N, signal=el.peer_ptr(win.to(el.int64), nxt))
     el.wait(win.to(el.int64), 1)
     el.store(out + offsets, el.load(data + offsets))
     el.barrier()
+
+
+@epic.jit
+def meet(out):
+    el.barrier(timeout_ms=500)
+    el.store(out, el.rank())
 
 
 @epic.jit
@@ -71,8 +81,14 @@ def poll(win, out):
 # CAS:         %[[SEEN:.*]] = memref.load
 # CAS:         llvm.store %[[SEEN]], %{{.*}} {alignment = 4 : i64} : i32, !llvm.ptr<1>
 
-# NCCL-LABEL: .entry ring(
-# NCCL:         red.release.sys.add.u64
+# The NCCL shim's LSA barrier arrives with release stores into the peers' inboxes, then polls its
+# own against the clock; a timeout reports (a call) and traps (NCCL's own wait never ends).
+# BOUND-LABEL: .entry meet(
+# BOUND:         st.release.sys.b32
+# BOUND:         ld.acquire.sys.b32
+# BOUND:         %globaltimer
+# BOUND:         call.uni
+# BOUND:         trap
 
 # An acquire load is one observation per program instance: thread 0 loads, the block shares it
 # (threads that each loaded a changing counter could take different branches).

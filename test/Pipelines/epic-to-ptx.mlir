@@ -23,11 +23,13 @@
 // ... and waits for its own flag with acquire loads (the bounded wait).
 // PTX: ld.acquire.sys.b32
 // PTX: %globaltimer
-// The LSA barrier of the NCCL shim and the counter barrier of the virtual one.
+// The LSA barrier of the NCCL shim and the counter barrier of the virtual one;
+// the NCCL one's wait is bounded too (NCCL's own spins forever).
 // NCCL: st.release.sys
+// NCCL: %globaltimer
 // VIRTUAL: atom.add.u64
 // PTX: bar.sync
-// The shim was inlined: the only call left is the timeout report.
+// The shim was inlined: the only calls left are the timeout reports.
 // PTX-NOT: call.uni {{.*}}__epic
 // PTX: trap
 

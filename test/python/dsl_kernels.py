@@ -26,6 +26,21 @@ def ring(win, out, N: el.constexpr):
 
 
 @epic.jit
+def ring_nvlink(win, out, N: el.constexpr):
+    """ring without GIN (what the nccl backend runs): stores through the next rank's pointer,
+    then a release signal."""
+    me, R = el.rank(), el.num_ranks()
+    data = (win + 8).to(el.int32)
+    offsets = el.arange(0, N)
+    el.store(data + N + offsets, me * 100 + offsets)
+    nxt = (me + 1) % R
+    el.store(el.peer_ptr(data, nxt) + offsets, el.load(data + N + offsets))
+    el.signal(el.peer_ptr(win.to(el.int64), nxt))
+    el.wait(win.to(el.int64), 1)
+    el.store(out + offsets, el.load(data + offsets))
+
+
+@epic.jit
 def take_slots(win, out):
     """Every program of every rank takes a slot from a counter on rank 0."""
     slot = el.atomic_add(el.peer_ptr(win.to(el.int32), 0), 1, scope="sys")

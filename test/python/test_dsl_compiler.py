@@ -1,6 +1,8 @@
 """The DSL's compiler front end: @epic.jit kernels -> comm + upstream MLIR (built through
 epic._ir) -> PTX and cubin, checked on the IR text; errors point at the kernel's source line."""
 
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ import epic.language as el
 from epic.dsl.codegen import CompileError
 from epic.dsl.jit import SymmetricMemory
 
-from dsl_kernels import ring, scale, take_slots, twice
+from dsl_kernels import line_of, ring, ring_nvlink, scale, take_slots, twice
 
 pytest.importorskip("epic._ir", reason="the DSL compiler is built where LLVM/MLIR are")
 
@@ -33,9 +35,8 @@ def test_blocks_become_per_thread_vectors_with_masked_accesses():
     assert "arith.cmpi slt" in small.asm["ir"] and "vector<1xf32>" in small.asm["ir"]
 
 
-@pytest.mark.parametrize("backend", ["virtual", "nccl"])
-def test_communication_maps_onto_the_comm_dialect(backend):
-    k = ring.compile(SymmetricMemory(2, 4096), np.zeros(64, np.int32), N=64, backend=backend)
+def test_communication_maps_onto_the_comm_dialect():
+    k = ring.compile(SymmetricMemory(2, 4096), np.zeros(64, np.int32), N=64)
     ir = k.asm["ir"]
     assert "%arg1: !comm.window" in ir
     for text in ("comm.team world", "comm.team_rank", "comm.team_size", "comm.local_ptr",
@@ -43,6 +44,74 @@ def test_communication_maps_onto_the_comm_dialect(backend):
                  "comm.red add release scope sys", "comm.wait_flag", "timeout_ms 10000"):
         assert text in ir, text
     assert ".entry ring" in k.asm["ptx"]
+    # On the nccl backend the same ring goes over NVLink: peer stores, then a release signal.
+    k = ring_nvlink.compile(SymmetricMemory(2, 4096), np.zeros(64, np.int32), N=64,
+                            backend="nccl")
+    assert "comm.put" not in k.asm["ir"] and "comm.peer_ptr" in k.asm["ir"]
+    assert ".entry ring_nvlink" in k.asm["ptx"] and "red.release.sys.add.u64" in k.asm["ptx"]
+
+
+@epic.jit
+def send_block(dst, src, n):
+    el.put(dst, src, n)
+
+
+@epic.jit
+def sends_through_a_call(win):
+    send_block(el.peer_ptr(win, 1), win + 64, 8)
+
+
+@epic.jit
+def puts_through_a_local_name(win):
+    copy = el.put
+    copy(el.peer_ptr(win, 1), win + 64, 8)
+
+
+@epic.jit
+def flushes(win):
+    el.flush()
+
+
+def test_the_nccl_backend_refuses_gin_calls_naming_the_kernel_and_the_line(monkeypatch):
+    """The runtime's NCCL device communicator has no GIN contexts or signals: el.put and
+    el.flush (GIN) are refused when a kernel is compiled for backend="nccl", at the call's line
+    (then the call sites), naming the kernel and what to write instead; the virtual world
+    compiles them."""
+    from epic.dsl.checks import SourceError
+
+    win = SymmetricMemory(2, 4096)
+    file = ring.fn.__code__.co_filename
+    with pytest.raises(SourceError) as e:
+        ring.compile(win, np.zeros(64, np.int32), N=64, backend="nccl")
+    assert str(e.value).startswith(
+        f"{file}:{line_of(ring, 'el.put(')}: el.put in kernel ring cannot run on the nccl "
+        "backend: it is a GIN put, and the runtime's NCCL device communicator has no GIN "
+        "contexts or signals; copy over NVLink instead: el.store(el.peer_ptr(dst, peer) + "
+        "offsets, el.load(src + offsets)), then el.signal(el.peer_ptr(flag, peer))")
+    here = re.escape(__file__)
+    with pytest.raises(SourceError, match=(
+            rf"^{here}:{line_of(send_block, 'el.put(')}: el.put in kernel sends_through_a_call "
+            rf"cannot run on the nccl backend: .*\n  in send_block, called at "
+            rf"{here}:{line_of(sends_through_a_call, 'send_block(')}$")):
+        sends_through_a_call.compile(win, backend="nccl")
+    # A call the static check cannot resolve, the code generator refuses alike.
+    with pytest.raises(CompileError, match=(
+            rf"^{here}:{line_of(puts_through_a_local_name, 'copy(')}: el.put in kernel "
+            "puts_through_a_local_name cannot run on the nccl backend")):
+        puts_through_a_local_name.compile(win, backend="nccl")
+    with pytest.raises(SourceError, match=(
+            rf"^{here}:{line_of(flushes, 'el.flush(')}: el.flush in kernel flushes cannot run on "
+            "the nccl backend: it is a GIN flush.*NVLink stores need no flush")):
+        flushes.compile(win, backend="nccl")
+    for kernel in (sends_through_a_call, puts_through_a_local_name, flushes):
+        assert ".entry" in kernel.compile(win).asm["ptx"]  # the virtual world has them
+    # Refused before the caches: a machine without the compiler does not run a stale IR.
+    import sys
+
+    monkeypatch.setitem(sys.modules, "epic._ir", None)
+    monkeypatch.delattr(epic, "_ir", raising=False)
+    with pytest.raises(SourceError, match="el.put in kernel ring"):
+        epic.jit(ring.fn).compile(win, np.zeros(64, np.int32), N=64, backend="nccl")
 
 
 @epic.jit
@@ -362,7 +431,7 @@ def calls_mixes(x_ptr, BLOCK: el.constexpr):
 
 def test_calls_that_cannot_be_inlined_point_at_the_line():
     from dsl_kernels import (calls_countdown, calls_returns_early, calls_with_too_many, countdown,
-                             line_of, passes_a_value_as_constexpr, returns_early)
+                             passes_a_value_as_constexpr, returns_early)
 
     x = np.zeros(64, np.int32)
     there = r"dsl_kernels.py:"

@@ -13,7 +13,7 @@ import epic.language as el
 from epic.dsl.interpreter import KernelError
 from epic.dsl.jit import SymmetricMemory
 
-from dsl_kernels import ring, scale, take_slots, twice
+from dsl_kernels import ring, ring_nvlink, scale, take_slots, twice
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
@@ -31,11 +31,14 @@ def test_blocks_masks_and_per_rank_arguments():
         assert np.array_equal(y, 2 * x)  # the masked tail touched nothing out of bounds
 
 
-def test_one_sided_put_with_signal_and_wait():
+@pytest.mark.parametrize("kernel", [ring, ring_nvlink], ids=["put", "nvlink"])
+def test_one_sided_put_with_signal_and_wait(kernel):
+    """el.put with its signal, and what the nccl backend runs instead of it (stores through a
+    peer pointer, then el.signal), move the same data."""
     R, N = 4, 8
     win = SymmetricMemory(R, 8 + 2 * N * 4)
     outs = [np.zeros(N, np.int32) for _ in range(R)]
-    ring[(1,)](win, outs, N=N, world=epic.VirtualWorld(R))
+    kernel[(1,)](win, outs, N=N, world=epic.VirtualWorld(R))
     for r in range(R):
         assert list(outs[r]) == [((r - 1) % R) * 100 + i for i in range(N)]
 

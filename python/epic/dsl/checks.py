@@ -18,6 +18,10 @@ The rules are the compiler's, read off the source:
   variable, arithmetic on those) is refused, through the calls of ``@epic.jit`` functions too.
   What the check cannot decide the compiler still refuses when it meets it.
 
+Per backend (:func:`check_backend`, made before a kernel is compiled for it): what the backend's
+device communicator cannot serve is refused where the kernel, or a function it calls, calls it:
+on ``nccl``, ``el.put`` and ``el.flush`` (GIN; see ``_UNAVAILABLE``).
+
 A kernel is checked with every ``@epic.jit`` function it names (:func:`check_kernel`), once;
 a function without source (defined interactively) has nothing to check (the compiler refuses it
 for that: :func:`parse`).
@@ -35,7 +39,8 @@ import numpy as np
 
 from .interpreter import KernelError
 
-__all__ = ["CompileError", "SourceError", "check_kernel", "check_called", "parse", "called"]
+__all__ = ["CompileError", "SourceError", "check_kernel", "check_called", "check_backend",
+           "unavailable_error", "parse", "called"]
 
 
 class CompileError(Exception):
@@ -162,6 +167,83 @@ def check_called(fn):
         return
     _check_syntax(fn, parsed, kernel=False)
     _pass(fn, "called")
+
+
+# What a backend's device communicator cannot serve, by the epic.language function that needs
+# it, with what to write instead. The runtime's NCCL device communicator (NcclBuffer.cpp) has LSA
+# barriers and no GIN contexts or signals: an NCCL buffer is one node, every peer reached over
+# NVLink, and asking NCCL 2.28 for GIN changes the shared communicator (GIN registration of every
+# later window). el.put lowers to a GIN put (comm.put) and el.flush to a GIN flush, which would
+# use GIN state that is not there.
+_NO_GIN = "the runtime's NCCL device communicator has no GIN contexts or signals"
+_UNAVAILABLE = {
+    "nccl": {
+        "put": (f"a GIN put, and {_NO_GIN}", "copy over NVLink instead: "
+                "el.store(el.peer_ptr(dst, peer) + offsets, el.load(src + offsets)), then "
+                "el.signal(el.peer_ptr(flag, peer)) (a release: the data is visible before the "
+                "flag)"),
+        "flush": (f"a GIN flush, and {_NO_GIN}", "NVLink stores need no flush: el.signal (a "
+                  "release) or el.fence orders them"),
+    },
+}
+
+
+def unavailable_error(backend, name, kernel):
+    """The message refusing el.`name` in `kernel` on `backend`, or None where it is served."""
+    if name not in _UNAVAILABLE.get(backend, {}):
+        return None
+    why, instead = _UNAVAILABLE[backend][name]
+    return f"el.{name} in kernel {kernel} cannot run on the {backend} backend: it is {why}; {instead}"
+
+
+def check_backend(fn, backend):
+    """Refuses (SourceError) the kernel `fn` for `backend` where it, or an @epic.jit function it
+    calls, calls what the backend cannot serve (_UNAVAILABLE): at the first such call in source
+    order, named like the compiler's errors (the line, then the call sites). Checks the kernel
+    (check_kernel) first, so every path refuses a program with the same first error. Calls the
+    check cannot resolve (a function held in a local name) the compiler refuses when it meets
+    them (codegen's el_put / el_flush)."""
+    check_kernel(fn)
+    if backend in _UNAVAILABLE:
+        _check_calls(fn, fn.__name__, backend, (fn,))
+
+
+def _check_calls(fn, kernel, backend, chain):
+    from .jit import JITFunction
+
+    try:
+        tree, file, first_line = parse(fn)
+    except (CompileError, SyntaxError):
+        return  # nothing to check (the compiler says it needs the source)
+    func = tree.body[0]
+    local = {a.arg for a in ast.walk(func.args) if isinstance(a, ast.arg)} | \
+        {n.id for n in ast.walk(func) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    calls = sorted((n for n in ast.walk(func) if isinstance(n, ast.Call)),
+                   key=lambda n: (n.lineno, n.col_offset))
+    for node in calls:
+        target = _global_value(fn, node.func, local)
+        if getattr(target, "__module__", "") == "epic.language":
+            message = unavailable_error(backend, getattr(target, "__name__", ""), kernel)
+            if message is not None:
+                raise _error(file, first_line, node, message)
+        elif isinstance(target, JITFunction) and target.fn not in chain:  # recursion: refused
+            try:
+                _check_calls(target.fn, kernel, backend, chain + (target.fn,))
+            except SourceError as e:
+                raise SourceError(CALLED_AT.format(e, target.fn.__name__,
+                                                   f"{file}:{first_line + node.lineno}")) from None
+
+
+def _global_value(fn, node, local):
+    """What a called name (`f`, `module.f`) is among `fn`'s globals; None for names the function
+    binds itself (`local`) and for other expressions."""
+    glob = fn.__globals__
+    if isinstance(node, ast.Name):
+        return None if node.id in local else glob.get(node.id)
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+            node.value.id not in local:
+        return getattr(glob.get(node.value.id), node.attr, None)
+    return None
 
 
 def _error(file, first_line, node, message):

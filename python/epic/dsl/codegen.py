@@ -24,8 +24,9 @@ Execution model of the generated kernel (one ``gpu.func`` per kernel):
   the callee name its line, then the call sites;
 * communication: ``el.rank``/``num_ranks`` are the world team's ``comm.team_rank``/``team_size``,
   ``el.signal`` a release ``comm.red``, ``el.wait`` a bounded ``comm.wait_flag`` by thread 0
-  then a block barrier, ``el.put`` a ``comm.put`` of the block then a release signal,
-  ``el.barrier`` a ``comm.barrier`` of the world team.
+  then a block barrier, ``el.put`` a ``comm.put`` of the block then a release signal (GIN on
+  the nccl backend, which has no GIN resources: refused there, with ``el.flush``, see
+  checks.check_backend), ``el.barrier`` a bounded ``comm.barrier`` of the world team.
 
 * reductions: in the thread (``vector.reduction``), across the warp (``gpu.shuffle xor``), across
   warps (shared memory, in warp order); ``el.cumsum`` the same way with ``gpu.shuffle up``;
@@ -123,8 +124,9 @@ class _Stale:
 
 
 class Generator(ast.NodeVisitor):
-    def __init__(self, ir, fn, arg_kinds, constexprs, num_warps, name, abi="direct", ranks=1):
-        self.abi = abi
+    def __init__(self, ir, fn, arg_kinds, constexprs, num_warps, name, abi="direct", ranks=1,
+                 backend="virtual"):
+        self.abi, self.backend = abi, backend  # the IR is the same; what it may call is not
         self.ranks = ranks  # the world a runtime-ABI kernel's parameter table serves
         self.ir, self.fn = ir, fn
         self.context = ir.Context()
@@ -1280,6 +1282,7 @@ class Generator(ast.NodeVisitor):
     def el_put(self, node, dst, src, count, signal=None, signal_value=1):
         """The block copies `count` elements of its window to a peer's (comm.put, LSA or GIN),
         then, with `signal`, adds `signal_value` to that word on the peer (release)."""
+        self.served(node, "put")
         for name, p in (("dst", dst), ("src", src)):
             if not (isinstance(p, Val) and p.window and p.offsets is None):
                 raise self.error(f"el.put: {name} must be a scalar pointer into the window", node)
@@ -1297,7 +1300,15 @@ class Generator(ast.NodeVisitor):
             self.el_signal(node, signal, signal_value)
 
     def el_flush(self, node):
+        self.served(node, "flush")
         self.op("comm.flush", [self.dev_comm], [], {"coop": "2 : i32"})
+
+    def served(self, node, name):
+        """Refuses el.`name` where the backend cannot serve it (checks.check_backend refused
+        the calls it resolves; this, the rest, e.g. through a local name)."""
+        if (message := checks.unavailable_error(self.backend, name,
+                                                self.calls[0].__name__)) is not None:
+            raise self.error(message, node)
 
     def el_signal(self, node, p, value=1):
         if not (isinstance(p, Val) and p.window and p.offsets is None):
@@ -1367,13 +1378,15 @@ def _holds_values(v):
     return isinstance(v, Val) or (isinstance(v, tuple) and any(_holds_values(e) for e in v))
 
 
-def generate(ir, fn, arg_kinds, constexprs, num_warps=4, name=None, abi="direct", ranks=1):
+def generate(ir, fn, arg_kinds, constexprs, num_warps=4, name=None, abi="direct", ranks=1,
+             backend="virtual"):
     """The kernel's IR (text): `arg_kinds` = [(name, ("pointer", elem) | ("scalar", type) |
     ("window",))] of the non-constexpr arguments; `constexprs` their values. `abi`: "direct"
     (every argument a kernel parameter) or "runtime" (the runtime's (device communicator,
     window, by-value table of per-rank parameter records) and a launch function with its
     metadata); `ranks`: the world the runtime ABI's table serves (a record per rank on the
-    virtual backend). The kernel's source is checked first (checks.check_kernel)."""
-    checks.check_kernel(fn)
+    virtual backend); `backend`: what it is compiled for (checks.check_backend). The kernel's
+    source is checked first (checks.check_backend)."""
+    checks.check_backend(fn, backend)
     return Generator(ir, fn, arg_kinds, constexprs, num_warps, name or fn.__name__,
-                     abi, ranks).generate()
+                     abi, ranks, backend).generate()

@@ -182,12 +182,19 @@ class JITFunction:
         """Compiles the kernel for these arguments' specialization (no GPU needed): a
         :class:`CompiledKernel` whose ``asm`` holds the IR, the PTX and the cubin. With
         ``abi="runtime"``, ``ranks`` is the world size of the buffers it runs on (its by-value
-        parameter table holds a record per rank on the virtual backend).
+        parameter table holds a record per rank on the virtual backend). What `backend` cannot
+        serve (el.put and el.flush on nccl: no GIN there) is refused first
+        (:func:`epic.dsl.checks.check_backend`), a :class:`~epic.dsl.checks.SourceError`.
 
         The IR is also kept on disk (``$EPIC_CACHE_DIR/dsl``, keyed by the kernel's source, the
         specialization and the code generator), and with ``abi="runtime"`` its kernels go into
         the runtime's kernel cache: a GPU machine without the compiler (no ``epic._ir``) finds
         both there."""
+        from . import checks
+
+        # Before the caches: a program refused for this backend stays refused where its IR
+        # was compiled before (or elsewhere, into the disk cache).
+        checks.check_backend(self.fn, backend)
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
         key = (self.specialization_key(bound), num_warps, backend, abi,
@@ -212,7 +219,7 @@ class JITFunction:
 
             constexprs = {n: bound.arguments[n] for n in self.constexprs}
             ir_text = generate(_ir, self.fn, self.argument_kinds(bound), constexprs, num_warps,
-                               abi=abi, ranks=ranks)
+                               abi=abi, ranks=ranks, backend=backend)
             compiled = CompiledKernel(self.fn.__name__, ir_text,
                                       _ir.compile(ir_text, backend, True), num_warps)
             _write_atomically(path, json.dumps({"ir": ir_text}))

@@ -9,7 +9,10 @@ signal a word of the destination's window), ``el.signal`` (``comm.red add releas
 ``el.wait`` (``comm.wait_flag``, bounded), ``el.flush``, ``el.barrier`` (``comm.barrier``),
 ``el.fence``, acquire loads and release stores (``comm.load`` / ``comm.store``), scoped atomics
 (``comm.atomic_rmw``). Signals here are words in symmetric windows (NVLink/LSA style); NCCL's GIN
-signal slots will be a separate kind when the network path needs them.
+signal slots will be a separate kind when the network path needs them. ``el.put`` and
+``el.flush`` are GIN operations on the NCCL backend, whose device communicator has no GIN
+resources: a kernel that calls them is refused when compiled for it
+(:func:`epic.dsl.checks.check_backend`).
 
 These functions are what a kernel calls. Under ``EPIC_INTERPRET=1`` they execute on the CPU with
 numpy (``epic.dsl.interpreter``): every (rank, program instance) pair is a thread, so waits
@@ -153,7 +156,8 @@ def peer_ptr(pointer, peer):
 
 def put(dst, src, count, signal=None, signal_value: int = 1):
     """One-sided copy of `count` elements from local `src` to `dst` (a peer's window), then, if
-    given, adds `signal_value` to `signal` once the data is visible (NCCL's GIN put)."""
+    given, adds `signal_value` to `signal` once the data is visible (NCCL's GIN put: refused
+    on the nccl backend, where el.store through el.peer_ptr then el.signal does the same)."""
     _ctx().put(dst, src, count, signal, signal_value)
 
 
@@ -169,12 +173,14 @@ def wait(pointer, value: int, timeout_ms: int = 10_000):
 
 
 def flush():
-    """Waits until this program's puts are complete at their destinations."""
+    """Waits until this program's puts are complete at their destinations (a GIN flush:
+    refused on the nccl backend, like el.put)."""
     _ctx().flush()
 
 
 def barrier(timeout_ms: int = 10_000):
-    """Every program instance of every rank of the launch meets here."""
+    """Every program instance of every rank of the launch meets here; after `timeout_ms` the
+    kernel fails naming the rank and the program (on every backend)."""
     _ctx().barrier(timeout_ms)
 
 
