@@ -23,6 +23,7 @@ import importlib
 import os
 
 from . import _limits as LIM
+from . import _nccl
 from . import _tensors as T
 from ._plans import OpPlan, PlanCache
 from .handle import EPHandle, EventHandle, EventOverlap
@@ -285,11 +286,14 @@ class ElasticBuffer:
         if self.virtual:
             state = C.Buffer.virtual_world(runtime, self.num_ranks, self.num_bytes, sms)
         else:
-            comm_ptr = self._pytorch_comm()
-            unique_id = b"" if comm_ptr else self._broadcast_unique_id(C)
+            comm_ptr, self.nccl_comm_reason = _nccl.pytorch_comm(self.group, C)
+            unique_id = b"" if comm_ptr else _nccl.broadcast_unique_id(self.group, self.rank_idx, C)
+            # Collective: a split of PyTorch's communicator (epic's own, so its barriers never
+            # enter PyTorch's order and it outlives the process group) or a new one; the ranks
+            # then all-gather and compare num_bytes, blocks, NCCL version and SM count.
             state = C.Buffer.nccl(runtime, self.num_ranks, self.rank_idx, unique_id, comm_ptr,
-                                  self.num_bytes, sms)
-            self.nccl_comm_source = "pytorch" if comm_ptr else "new"
+                                  self.num_bytes, sms, self.num_cpu_timeout_secs)
+            self.nccl_comm_source = "pytorch-split" if comm_ptr else "new"
         self._state = state
         self._comm_stream = torch.cuda.Stream(priority=-1)
         if not self.virtual:
@@ -297,31 +301,6 @@ class ElasticBuffer:
             import torch.distributed as dist
 
             dist.barrier(group=self.group)
-
-    def _pytorch_comm(self) -> int:
-        """PyTorch's NCCL communicator of the group, if every rank can reuse it
-        (DeepEP does the same; EPIC_REUSE_NCCL_COMM=0 makes a new one)."""
-        import torch
-        import torch.distributed as dist
-
-        ptr = 0
-        if os.environ.get("EPIC_REUSE_NCCL_COMM", "1") != "0":
-            dist.barrier(group=self.group)  # PyTorch creates its communicator lazily
-            try:
-                backend = self.group._get_backend(torch.device("cuda", torch.cuda.current_device()))
-                ptr = int(backend._comm_ptr())
-            except (AttributeError, RuntimeError, TypeError):
-                ptr = 0
-        everyone = torch.tensor([1 if ptr else 0], device="cuda")
-        dist.all_reduce(everyone, op=dist.ReduceOp.MIN, group=self.group)
-        return ptr if int(everyone.item()) else 0
-
-    def _broadcast_unique_id(self, C) -> bytes:
-        import torch.distributed as dist
-
-        box = [C.nccl_unique_id() if self.rank_idx == 0 else None]
-        dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0), group=self.group)
-        return box[0]
 
     def _runtime(self):
         if self._destroyed:

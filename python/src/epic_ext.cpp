@@ -498,19 +498,22 @@ PYBIND11_MODULE(_C, m) {
       .def_static(
           "nccl",
           [](std::shared_ptr<Runtime> runtime, int worldSize, int rank, py::bytes uniqueId,
-             uintptr_t adoptComm, int64_t bytes, int blocks) {
+             uintptr_t splitComm, int64_t bytes, int blocks, double timeout) {
             auto b = std::make_unique<Buffer>();
             b->runtime = std::move(runtime);
-            b->comm = adoptComm ? std::make_unique<Communicator>(
-                                      reinterpret_cast<ncclComm_t>(adoptComm))
+            b->comm = splitComm ? Communicator::splitOf(reinterpret_cast<ncclComm_t>(splitComm),
+                                                        timeout)
                                 : std::make_unique<Communicator>(worldSize, rank,
-                                                                 std::string(uniqueId));
+                                                                 std::string(uniqueId), timeout);
             b->host = std::make_unique<NcclElasticBuffer>(*b->comm, bytes, b->runtime->provider,
                                                           blocks);
             return b;
           },
           py::arg("runtime"), py::arg("world_size"), py::arg("rank"), py::arg("unique_id"),
-          py::arg("comm_ptr"), py::arg("num_bytes"), py::arg("blocks_per_rank"))
+          py::arg("comm_ptr"), py::arg("num_bytes"), py::arg("blocks_per_rank"),
+          py::arg("timeout_secs") = 300.0,
+          "Collective. comm_ptr: a communicator (PyTorch's) to split epic's from, or 0 for a "
+          "new one from unique_id; timeout_secs bounds every host wait on it.")
       .def_property_readonly("world_size", [](Buffer &b) { return b.host->worldSize(); })
       .def_property_readonly("window_bytes", [](Buffer &b) { return b.host->windowBytes(); })
       .def(
@@ -532,6 +535,7 @@ PYBIND11_MODULE(_C, m) {
                                d["lsa_size"] = i.lsaSize;
                                d["gin"] = i.gin;
                                d["gin_type"] = i.ginType;
+                               d["gin_probed"] = i.ginProbed;
                                d["text"] = i.describe();
                                return d;
                              })
@@ -671,4 +675,6 @@ PYBIND11_MODULE(_C, m) {
     return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
   });
   m.def("nccl_version", &ncclVersion);
+  m.def("nccl_loaded_version", &Communicator::loadedVersion,
+        "NCCL_VERSION_CODE of the NCCL library loaded in this process (ncclGetVersion).");
 }

@@ -8,6 +8,8 @@
 #include <nccl_device.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <memory>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
@@ -54,23 +56,36 @@ static const char *ginTypeName(int type) {
 
 std::string DeviceApiInfo::describe() const {
   std::ostringstream os;
-  os << "NCCL " << version / 10000 << "." << version / 100 % 100 << "." << version % 100
-     << ", rank " << rank << " of " << worldSize << ", LSA team " << lsaRank << " of "
-     << lsaSize << ", GIN "
-     << (gin ? std::string("available (") + ginTypeName(ginType) + ")" : std::string("not available"));
+  os << "NCCL " << ncclVersionName(version) << ", rank " << rank << " of " << worldSize
+     << ", LSA team " << lsaRank << " of " << lsaSize << ", GIN ";
+  if (!ginProbed)
+    os << "not probed (NCCL 2.28 cannot query it without enabling GIN on the communicator)";
+  else
+    os << (gin ? std::string("available (") + ginTypeName(ginType) + ")"
+               : std::string("not available"));
   return os.str();
 }
 
-void Communicator::checkVersion() {
+static_assert(ncclInProgress == kNcclInProgress, "NcclChecks.h's ncclInProgress");
+
+/// A communicator's state: ncclInProgress while a non-blocking call runs.
+static int asyncState(ncclComm_t comm) {
+  ncclResult_t state = ncclSuccess;
+  ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+  return int(r != ncclSuccess ? r : state);
+}
+
+int Communicator::loadedVersion() {
   int version = 0;
   check(ncclGetVersion(&version), "ncclGetVersion");
-  if (version / 100 != NCCL_VERSION_CODE / 100)
-    throw NcclError("the loaded NCCL is " + std::to_string(version) + " but epic was built for " +
-                    std::to_string(NCCL_VERSION_CODE) +
-                    ": the device communicator's layout differs; rebuild epic against it");
+  return version;
+}
+
+void Communicator::checkVersion() {
   if (NCCL_VERSION_CODE < NCCL_VERSION(2, 28, 9))
-    throw NcclError("NCCL " + std::to_string(NCCL_VERSION_CODE) +
+    throw NcclError("NCCL " + ncclVersionName(NCCL_VERSION_CODE) +
                     " has no usable device API: epic needs NCCL >= 2.28.9");
+  checkVersionsEqual(NCCL_VERSION_CODE, loadedVersion());
 }
 
 std::string Communicator::newUniqueId() {
@@ -79,7 +94,17 @@ std::string Communicator::newUniqueId() {
   return std::string(id.internal, sizeof id.internal);
 }
 
-Communicator::Communicator(int worldSize, int rank, const std::string &uniqueId) : owned(true) {
+/// epic's communicators are blocking whatever NCCL_COMM_BLOCKING says: its
+/// host calls then return finished (settle still covers ncclInProgress).
+static ncclConfig_t blockingConfig() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 1;
+  return config;
+}
+
+Communicator::Communicator(int worldSize, int rank, const std::string &uniqueId,
+                           double timeoutSeconds)
+    : timeout(timeoutSeconds) {
   checkVersion();
   if (worldSize < 1 || rank < 0 || rank >= worldSize)
     throw std::invalid_argument("rank " + std::to_string(rank) + " of " +
@@ -89,24 +114,108 @@ Communicator::Communicator(int worldSize, int rank, const std::string &uniqueId)
     throw std::invalid_argument("unique_id must be " + std::to_string(sizeof id.internal) +
                                 " bytes, got " + std::to_string(uniqueId.size()));
   std::memcpy(id.internal, uniqueId.data(), sizeof id.internal);
-  check(ncclCommInitRank(&comm, worldSize, id, rank), "ncclCommInitRank");
+  ncclConfig_t config = blockingConfig();
+  check(ncclCommInitRankConfig(&comm, worldSize, id, rank, &config), "ncclCommInitRankConfig");
 }
 
-Communicator::Communicator(ncclComm_t comm) : comm(comm) {
-  checkVersion();
-  if (!comm)
+Communicator::Communicator(ncclComm_t comm, double timeoutSeconds)
+    : comm(comm), timeout(timeoutSeconds) {}
+
+std::unique_ptr<Communicator> Communicator::splitOf(ncclComm_t parent, double timeoutSeconds) {
+  checkVersion(); // the parent is read by this library: same layout
+  if (!parent)
     throw std::invalid_argument("comm: a null ncclComm_t");
+  // A non-blocking parent may still be initializing, and its split returns
+  // ncclInProgress: wait on the parent's state, bounded, naming the call.
+  auto parentState = [parent] { return asyncState(parent); };
+  check(ncclResult_t(waitWhileInProgress(parentState, "the parent communicator's initialization",
+                                         timeoutSeconds)),
+        "the parent communicator (ncclCommGetAsyncError)");
+  int rank = 0;
+  check(ncclCommUserRank(parent, &rank), "ncclCommUserRank(parent)");
+  // NCCL stores the child when the split's job ends, possibly after a timeout
+  // here: the slot is freed only once that cannot happen any more.
+  auto slot = std::make_unique<ncclComm_t>(nullptr);
+  ncclConfig_t config = blockingConfig();
+  ncclResult_t r = ncclCommSplit(parent, /*color=*/0, /*key=*/rank, slot.get(), &config);
+  if (r == ncclInProgress) {
+    try {
+      r = ncclResult_t(waitWhileInProgress(parentState, "ncclCommSplit", timeoutSeconds));
+    } catch (const NcclError &) {
+      slot.release(); // still NCCL's to write
+      throw;
+    }
+  }
+  check(r, "ncclCommSplit");
+  ncclComm_t child = __atomic_load_n(slot.get(), __ATOMIC_ACQUIRE);
+  if (!child)
+    throw NcclError("ncclCommSplit returned no communicator (NCCL_DEBUG=WARN says why)");
+  return std::unique_ptr<Communicator>(new Communicator(child, timeoutSeconds));
 }
 
 Communicator::~Communicator() {
-  if (owned && comm)
+  if (!comm)
+    return;
+  if (broken)
+    ncclCommAbort(comm); // a collective never finished: destroy would wait for it
+  else
     ncclCommDestroy(comm);
+}
+
+void Communicator::settle(int result, const std::string &what) {
+  if (result == ncclInProgress) {
+    auto state = [this] { return asyncState(comm); };
+    try {
+      result = waitWhileInProgress(state, what, timeout);
+    } catch (const NcclError &) {
+      broken = true;
+      throw;
+    }
+  }
+  check(ncclResult_t(result), what.c_str());
+}
+
+std::vector<char> Communicator::allGather(const void *mine, size_t bytes) {
+  int n = worldSize();
+  // Owned here so every exit frees them.
+  struct Scratch {
+    void *memory = nullptr;
+    cudaStream_t stream = nullptr;
+    ~Scratch() {
+      if (stream)
+        cudaStreamDestroy(stream);
+      if (memory)
+        cudaFree(memory);
+    }
+  } s;
+  check(cudaMalloc(&s.memory, bytes * (n + 1)), "cudaMalloc(all-gather)");
+  check(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "cudaStreamCreate(all-gather)");
+  char *in = static_cast<char *>(s.memory), *out = in + bytes;
+  check(cudaMemcpy(in, mine, bytes, cudaMemcpyHostToDevice), "cudaMemcpy(all-gather)");
+  settle(ncclAllGather(in, out, bytes, ncclChar, comm, s.stream), "ncclAllGather");
+  // Bounded: a rank that never calls it would otherwise hang this one silently.
+  auto pending = [&] {
+    cudaError_t e = cudaStreamQuery(s.stream);
+    return e == cudaErrorNotReady ? kNcclInProgress : int(e);
+  };
+  int status;
+  try {
+    status = waitWhileInProgress(pending, "ncclAllGather of the ranks' buffer arguments (every "
+                                          "rank constructs the buffer)", timeout);
+  } catch (const NcclError &) {
+    broken = true;
+    throw;
+  }
+  check(cudaError_t(status), "ncclAllGather (stream)");
+  std::vector<char> all(bytes * n);
+  check(cudaMemcpy(all.data(), out, all.size(), cudaMemcpyDeviceToHost), "cudaMemcpy(all-gather)");
+  return all;
 }
 
 const DeviceApiInfo &Communicator::deviceApi() {
   if (queried)
     return api;
-  api.version = NCCL_VERSION_CODE;
+  api.version = loadedVersion();
   api.worldSize = ncclTeamWorld(comm).nRanks;
   api.rank = ncclTeamWorld(comm).rank;
   api.lsaSize = ncclTeamLsa(comm).nRanks;
@@ -117,18 +226,12 @@ const DeviceApiInfo &Communicator::deviceApi() {
   if (!props.deviceApiSupport)
     throw NcclError("this communicator does not support the NCCL device API (" + api.describe() + ")");
   api.ginType = int(props.ginType);
+  api.ginProbed = true;
 #else
-  // 2.28 has no query: ask for a device communicator with one GIN signal and
-  // read the type NCCL chose (it fails, with a WARN, where there is no GIN).
-  if (api.worldSize > 1) {
-    ncclDevCommRequirements reqs = requirements(/*lsaBarriers=*/0, /*ginSignals=*/1);
-    reqs.ginContextCount = 1;
-    ncclDevComm probe;
-    if (ncclDevCommCreate(comm, &reqs, &probe) == ncclSuccess) {
-      api.ginType = probe.ginContextCount ? int(probe.ginTypes[0]) : 0;
-      check(ncclDevCommDestroy(comm, &probe), "ncclDevCommDestroy(GIN probe)");
-    }
-  }
+  // 2.28 has no query, and its only probe (a device communicator with a GIN
+  // signal) leaves GIN enabled on the communicator: every later window
+  // registration then needs a GIN network. A one-rank world needs no network.
+  api.ginProbed = api.worldSize == 1;
 #endif
   api.gin = api.ginType != 0;
   queried = true;
@@ -168,25 +271,79 @@ void NcclElasticBuffer::acquire(int blocksPerRank) {
     throw NcclError("the ep kernels reach every peer over NVLink (LSA), but only " +
                     std::to_string(apiInfo.lsaSize) + " of " + std::to_string(apiInfo.worldSize) +
                     " ranks are in this rank's LSA team (multi-node needs the hybrid mode)");
-  check(ncclMemAlloc(&memory, size_t(bytesPerRank)), "ncclMemAlloc(window)");
-  check(cudaMemset(memory, 0, size_t(bytesPerRank)), "cudaMemset(window)");
-  ncclWindow_t w;
-  check(ncclCommWindowRegister(c, memory, size_t(bytesPerRank), &w, NCCL_WIN_COLL_SYMMETRIC),
-        "ncclCommWindowRegister");
-  window = w;
+  checkRanks(blocksPerRank);
+  // The device communicator first: NCCL refuses it without symmetric memory
+  // support, where ncclCommWindowRegister would return a local registration
+  // (or nothing) in place of a symmetric window.
   auto *dev = new ncclDevComm;
   devCommHost = dev;
   // The ep kernels synchronize through the window; comm.barrier users get
   // one LSA barrier slot per block. No GIN: the kernels use LSA peers only.
   ncclDevCommRequirements reqs = requirements(/*lsaBarriers=*/std::max(blocksPerRank, 64), 0);
-  check(ncclDevCommCreate(c, &reqs, dev), "ncclDevCommCreate");
+  ncclResult_t created = ncclDevCommCreate(c, &reqs, dev);
+  if (created == ncclInvalidUsage)
+    throw NcclError("ncclDevCommCreate failed: this communicator has no symmetric memory "
+                    "support (NCCL needs CUDA P2P between all its GPUs, NCCL_WIN_ENABLE=1 and "
+                    "cuMem, NCCL_CUMEM_ENABLE=1); the ep kernels need symmetric windows (" +
+                    apiInfo.describe() + ")");
+  check(created, "ncclDevCommCreate");
   devCommCreated = true;
+  check(ncclMemAlloc(&memory, size_t(bytesPerRank)), "ncclMemAlloc(window)");
+  check(cudaMemset(memory, 0, size_t(bytesPerRank)), "cudaMemset(window)");
+  ncclWindow_t w = nullptr;
+  check(ncclCommWindowRegister(c, memory, size_t(bytesPerRank), &w, NCCL_WIN_COLL_SYMMETRIC),
+        "ncclCommWindowRegister");
+  if (!w)
+    throw NcclError("ncclCommWindowRegister registered no window: symmetric registration is "
+                    "not supported on this communicator (NCCL_WIN_ENABLE=0 or "
+                    "NCCL_LOCAL_REGISTER=0?)");
+  window = w;
   check(cudaMalloc(&commArgument, sizeof(ncclDevComm)), "cudaMalloc(device communicator)");
   check(cudaMemcpy(commArgument, dev, sizeof(ncclDevComm), cudaMemcpyHostToDevice),
         "cudaMemcpy(device communicator)");
   windowArgument = window;
   check(cudaMalloc(&barrierWord, sizeof(int)), "cudaMalloc(barrier word)");
   check(cudaMemset(barrierWord, 0, sizeof(int)), "cudaMemset(barrier word)");
+}
+
+void NcclElasticBuffer::checkRanks(int blocksPerRank) {
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  RankFacts mine;
+  mine.numBytes = bytesPerRank;
+  mine.blocksPerRank = blocksPerRank;
+  mine.ncclVersion = Communicator::loadedVersion();
+  int sms = 0;
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count");
+  mine.smCount = sms;
+  check(cudaDeviceGetPCIBusId(mine.pciBusId, sizeof mine.pciBusId, device),
+        "cudaDeviceGetPCIBusId");
+  std::vector<char> bytes = comm.allGather(&mine, sizeof mine);
+  std::vector<RankFacts> facts(bytes.size() / sizeof(RankFacts));
+  std::memcpy(facts.data(), bytes.data(), bytes.size());
+  checkRanksAgree(facts);
+
+  // Every LSA peer is a rank of this node (acquire refuses others).
+  auto visible = [](const std::string &busId) {
+    int d = -1;
+    if (cudaDeviceGetByPCIBusId(&d, busId.c_str()) != cudaSuccess) {
+      cudaGetLastError(); // not visible here: not a sticky error
+      return -1;
+    }
+    return d;
+  };
+  auto nativeAtomics = [](int a, int b) {
+    int value = 0;
+    check(cudaDeviceGetP2PAttribute(&value, cudaDevP2PAttrNativeAtomicSupported, a, b),
+          "cudaDeviceGetP2PAttribute(native atomics)");
+    return value != 0;
+  };
+  int64_t verdict = p2pAtomicsVerdict(facts, visible, nativeAtomics);
+  bytes = comm.allGather(&verdict, sizeof verdict);
+  std::vector<int64_t> verdicts(facts.size());
+  std::memcpy(verdicts.data(), bytes.data(), bytes.size());
+  const char *assume = std::getenv("EPIC_ASSUME_P2P_ATOMICS");
+  checkP2PVerdicts(facts, verdicts, assume && std::string(assume) == "1");
 }
 
 NcclElasticBuffer::~NcclElasticBuffer() { release(); }
@@ -199,9 +356,9 @@ void *NcclElasticBuffer::windowMemory(int servedRank) const {
 }
 
 void NcclElasticBuffer::barrier(void *stream) {
-  check(ncclAllReduce(barrierWord, barrierWord, 1, ncclInt32, ncclSum, comm.get(),
-                      static_cast<cudaStream_t>(stream)),
-        "ncclAllReduce(barrier)");
+  comm.settle(ncclAllReduce(barrierWord, barrierWord, 1, ncclInt32, ncclSum, comm.get(),
+                            static_cast<cudaStream_t>(stream)),
+              "ncclAllReduce(barrier)");
 }
 
 void NcclElasticBuffer::release() {

@@ -1,7 +1,9 @@
 //===- NcclBuffer.h - the NCCL communicator and ElasticBuffer ---*- C++ -*-===//
 //
-// The real backend: one rank per process. Communicator owns (or adopts) an
-// ncclComm_t and reports what the device API offers; NcclElasticBuffer holds
+// The real backend: one rank per process. Communicator owns an ncclComm_t
+// (a new one, or a split of PyTorch's: never PyTorch's own, so epic's
+// collectives cannot interleave with PyTorch's and epic's lifetime is its own)
+// and reports what the device API offers; NcclElasticBuffer holds
 // the symmetric window (ncclMemAlloc + ncclCommWindowRegister), the device
 // communicator (in device memory, passed to kernels by pointer) and launches
 // what ep-expand made for backend=nccl. NCCL version differences are handled
@@ -12,24 +14,23 @@
 #ifndef EPIC_RUNTIME_NCCLBUFFER_H
 #define EPIC_RUNTIME_NCCLBUFFER_H
 
+#include "epic/runtime/NcclChecks.h"
 #include "epic/runtime/VirtualBuffer.h"
 
+#include <memory>
 #include <string>
+#include <vector>
 
 typedef struct ncclComm *ncclComm_t;
 
 namespace epic::runtime {
-
-/// An NCCL call failed, or the NCCL library cannot be used.
-struct NcclError : public std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 struct DeviceApiInfo {
   int version = 0;    ///< NCCL_VERSION_CODE of the loaded library
   int worldSize = 0, rank = 0;
   int lsaSize = 0, lsaRank = 0;
   bool gin = false;   ///< network one-sided operations available
+  bool ginProbed = false; ///< false: not known (NCCL 2.28 has no query; see deviceApi)
   int ginType = 0;    ///< NCCL's GIN type: 0 none, 2 proxy, 3 GDAKI, 4 GPI, 5 EFA
   std::string describe() const;
 };
@@ -37,10 +38,14 @@ struct DeviceApiInfo {
 class Communicator {
 public:
   /// A new communicator of `worldSize` ranks from a unique id (the 128 bytes
-  /// of ncclUniqueId, e.g. broadcast by torch.distributed); owned.
-  Communicator(int worldSize, int rank, const std::string &uniqueId);
-  /// Adopts an existing communicator (e.g. PyTorch's); not destroyed here.
-  explicit Communicator(ncclComm_t comm);
+  /// of ncclUniqueId, e.g. broadcast by torch.distributed). `timeoutSeconds`
+  /// bounds every host wait on it (e.g. a rank that never joins a collective).
+  Communicator(int worldSize, int rank, const std::string &uniqueId,
+               double timeoutSeconds = 300);
+  /// Collective over `parent` (e.g. PyTorch's communicator, blocking or not):
+  /// ncclCommSplit with every rank, blocking. The split is epic's: its
+  /// collectives never enter the parent's order and it outlives the parent.
+  static std::unique_ptr<Communicator> splitOf(ncclComm_t parent, double timeoutSeconds = 300);
   ~Communicator();
   Communicator(const Communicator &) = delete;
   Communicator &operator=(const Communicator &) = delete;
@@ -52,18 +57,30 @@ public:
   int worldSize() const;
   int rank() const;
   /// What the device API offers on this communicator: world and LSA team,
-  /// whether GIN is available and its type. Collective the first time (on
-  /// NCCL 2.28 GIN is probed by creating a device communicator with GIN
-  /// signals; a one-rank world skips the probe: it never needs the network).
+  /// whether GIN is available and its type. NCCL 2.28 cannot tell without a
+  /// device communicator with GIN signals, which switches GIN on for every
+  /// later window of the communicator and fails without a GIN network: there
+  /// GIN is reported as not probed (ginProbed false; the ep kernels use none).
   const DeviceApiInfo &deviceApi();
 
-  /// Throws NcclError if the library's major.minor differs from the headers'
-  /// the runtime and the device shim were built with.
+  /// Collective: every rank's `bytes` bytes at `mine`, in rank order (an
+  /// ncclAllGather; waits at most the timeout for it).
+  std::vector<char> allGather(const void *mine, size_t bytes);
+
+  /// Throws NcclError unless the loaded library is exactly the version of the
+  /// headers the runtime and the device shim were built with.
   static void checkVersion();
+  /// The loaded library's NCCL_VERSION_CODE (ncclGetVersion).
+  static int loadedVersion();
+  /// Throws unless `result` (an ncclResult_t of `what` on this communicator)
+  /// is ncclSuccess, after a bounded wait where it is ncclInProgress.
+  void settle(int result, const std::string &what);
 
 private:
+  Communicator(ncclComm_t comm, double timeoutSeconds);
   ncclComm_t comm = nullptr;
-  bool owned = false;
+  double timeout;
+  bool broken = false; ///< a wait timed out: destroyed with ncclCommAbort (no wait)
   bool queried = false;
   DeviceApiInfo api;
 };
@@ -77,12 +94,16 @@ public:
 
   const DeviceApiInfo &info() const { return apiInfo; }
   int worldSize() const override { return apiInfo.worldSize; }
-  /// A one-integer ncclAllReduce on `stream` (collective: every rank calls it).
+  /// A one-integer ncclAllReduce on `stream` on epic's communicator
+  /// (collective: every rank calls it).
   void barrier(void *stream = nullptr) override;
   void *windowMemory(int servedRank) const override;
 
 private:
   void acquire(int blocksPerRank);
+  /// All-gathers RankFacts and the ranks' P2P-atomics verdicts; throws the
+  /// same NcclError on every rank where they disagree or a pair lacks them.
+  void checkRanks(int blocksPerRank);
   void release();
 
   Communicator &comm;
