@@ -103,6 +103,17 @@ __device__ __noinline__ void flagTimeoutTrap(const void *flag, const char *relat
   __trap();
 }
 
+/// Printed by comm.agree before it traps: the ranks did not make the same call.
+__device__ __noinline__ void disagreementTrap(int64_t value, int64_t theirs, int32_t rank,
+                                              int32_t peer) {
+  printf("epic: rank %d and rank %d disagree (block %d thread %d): signature %llx here, %llx "
+         "there: every rank must make the same call at the same time (the same op, "
+         "configuration, variant, num_sms and token cap)\n",
+         (int)rank, (int)peer, (int)blockIdx.x, (int)threadIdx.x, (unsigned long long)value,
+         (unsigned long long)theirs);
+  __trap();
+}
+
 } // namespace epic_device
 
 /// Set by the runtime after loading a module (0: nobody reads reports, trap only).
@@ -165,6 +176,19 @@ __device__ __forceinline__ T boundedFlagWait(const void *flag, Load load, int32_
 }
 
 } // namespace epic_device
+
+// Agreement checks are backend independent too.
+EPIC_SHIM_ATTR void EPIC_NAME(agree_i64)(int64_t value, int64_t theirs, int32_t rank,
+                                         int32_t peer) {
+  if (value != theirs)
+    epic_device::disagreementTrap(value, theirs, rank, peer);
+}
+EPIC_SHIM_ATTR void EPIC_NAME(agree_i64_inline)(int64_t value, int64_t theirs, int32_t rank,
+                                                int32_t peer) {
+  if (value != theirs)
+    epic_device::flagTimeoutReportTrap(nullptr, epic_device::kDisagreed, value, theirs, 0, rank,
+                                       peer);
+}
 
 // Flag waits are backend independent: both shims define them.
 #define EPIC_FLAG_WAIT(Name, Inline, T, Load)                                                   \

@@ -75,6 +75,14 @@ std::string epic::runtime::takeDeviceWaitReports() {
     if (r.valid != 1)
       continue;
     char line[320];
+    if (r.predicate == epic_device::kDisagreed)
+      std::snprintf(line, sizeof(line),
+                    "; rank %d and rank %d disagree (block %d thread %d): signature %" PRIx64
+                    " here, %" PRIx64 " there: every rank must make the same call at the same "
+                    "time (the same op, configuration, variant, num_sms and token cap)",
+                    int(r.rank), int(r.peer), int(r.block), int(r.thread),
+                    uint64_t(r.expected), uint64_t(r.seen));
+    else
     std::snprintf(line, sizeof(line),
                   "; device wait timed out after %" PRId64 " ms: rank %d block %d thread %d "
                   "waited for peer %d: the flag at 0x%" PRIx64 " %s %" PRId64 " (seen %" PRId64

@@ -5,8 +5,8 @@
 // hidden size or token cap: a call never reads counters that another
 // configuration left at its own offsets. Two very different configurations
 // here; both must address the barrier epochs at 8192, the token counts at
-// 16384, the send's done counter at 41984 and the data region at 53248, and
-// with a run-time token cap their window starts with the same 53248 bytes.
+// 16384, the send's done counter at 41984 and the data region at 69632, and
+// with a run-time token cap their window starts with the same 69632 bytes.
 
 #few = #ep.config<ranks = 4, experts = 4, topk = 1, hidden = 256, dtype = bf16>
 
@@ -14,9 +14,9 @@
 // CHECK-DAG: arith.constant 8192 : i64
 // CHECK-DAG: arith.constant 16384 : i32
 // CHECK-DAG: arith.constant 41984 : i32
-// CHECK-DAG: arith.constant 53248 : i64
+// CHECK-DAG: arith.constant 69632 : i64
 // CHECK: func.func @few(
-// CHECK-SAME: epic.window_bytes = 53248
+// CHECK-SAME: epic.window_bytes = 69632
 // CHECK-SAME: epic.window_bytes_per_token = 2112
 func.func @few(%x: tensor<?x256xbf16>, %idx: tensor<?x1xi64>)
     -> (tensor<?x256xbf16>, tensor<?x1xi64>, !ep.handle<#few>) {
@@ -33,13 +33,34 @@ func.func @few(%x: tensor<?x256xbf16>, %idx: tensor<?x1xi64>)
 // CHECK-DAG: arith.constant 8192 : i64
 // CHECK-DAG: arith.constant 16384 : i32
 // CHECK-DAG: arith.constant 41984 : i32
-// CHECK-DAG: arith.constant 53248 : i64
+// CHECK-DAG: arith.constant 69632 : i64
 // CHECK: func.func @many(
-// CHECK-SAME: epic.window_bytes = 53248
+// CHECK-SAME: epic.window_bytes = 69632
 // CHECK-SAME: epic.window_bytes_per_token = 114944
 func.func @many(%x: tensor<?x7168xbf16>, %idx: tensor<?x8xi64>)
     -> (tensor<?x7168xbf16>, tensor<?x8xi64>, !ep.handle<#many>) {
   %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x8xi64>) config #many
       : tensor<?x7168xbf16> -> tensor<?x7168xbf16>, tensor<?x8xi64>, !ep.handle<#many>
   return %rx, %ri, %h : tensor<?x7168xbf16>, tensor<?x8xi64>, !ep.handle<#many>
+}
+
+// -----
+
+// The entry barrier carries the op's signature (ep-expand's hash of the
+// configuration and variant, xor the grid and the token cap): block 0's lanes
+// store it into every peer's cell for this rank (at 50688 + parity x 8192: EPWindow.h)
+// before their arrival, then compare every rank's cell after the barrier.
+// CHECK-LABEL: gpu.func @signed_send(
+// CHECK: %[[SIG:.*]] = arith.xori
+// CHECK: comm.store relaxed scope sys %[[SIG]], %{{.*}} : i64
+// CHECK: comm.red add release scope sys
+// CHECK: comm.wait_flag
+// CHECK: %[[THEIRS:.*]] = comm.load relaxed scope sys %{{.*}} : !llvm.ptr<1> -> i64
+// CHECK: comm.agree %[[SIG]], %[[THEIRS]] rank
+#signed = #ep.config<ranks = 2, experts = 2, topk = 1, hidden = 256, dtype = bf16>
+func.func @signed(%x: tensor<?x256xbf16>, %idx: tensor<?x1xi64>)
+    -> (tensor<?x256xbf16>, tensor<?x1xi64>, !ep.handle<#signed>) {
+  %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x1xi64>) config #signed
+      : tensor<?x256xbf16> -> tensor<?x256xbf16>, tensor<?x1xi64>, !ep.handle<#signed>
+  return %rx, %ri, %h : tensor<?x256xbf16>, tensor<?x1xi64>, !ep.handle<#signed>
 }

@@ -273,6 +273,9 @@ func.func @cached(%x: tensor<?x512xbf16>, %h: !ep.handle<#cfg>)
 // CHECK: %[[PARAMS:.*]] = comm.rank_params
 // CHECK: %[[AT:.*]] = llvm.getelementptr %[[PARAMS]][%c120_i64]
 // CHECK: %[[TMAX:.*]] = llvm.load %[[AT]] {alignment = 8 : i64} : !llvm.ptr -> i32
+// The op's signature, checked at the entry barrier, includes the cap.
+// CHECK: %[[CAP:.*]] = arith.extsi %[[TMAX]] : i32 to i64
+// CHECK: arith.muli %[[CAP]], %{{.*}} : i64
 // The record's index in the destination: [me][slot] with Tmax slots per source.
 // CHECK: %[[WIDE:.*]] = arith.extsi %[[TMAX]] : i32 to i64
 // CHECK: arith.muli %{{.*}}, %[[WIDE]] : i64
@@ -288,10 +291,10 @@ func.func @cached(%x: tensor<?x512xbf16>, %h: !ep.handle<#cfg>)
 // CHECK: arith.divui %{{.*}}, %[[TMAX3]] : i32
 // CHECK: arith.remui %{{.*}}, %[[TMAX3]] : i32
 // CHECK: func.func @rt_dispatch(
-// CHECK-SAME: epic.window_bytes = 53248
+// CHECK-SAME: epic.window_bytes = 69632
 // CHECK-SAME: epic.window_bytes_per_token = 8384
 // CHECK: func.func @rt_combine(
-// CHECK-SAME: epic.window_bytes = 53248
+// CHECK-SAME: epic.window_bytes = 69632
 // CHECK-SAME: epic.window_bytes_per_token = 8384
 func.func @rt_dispatch(%x: tensor<?x1024xbf16>, %idx: tensor<?x4xi64>)
     -> (tensor<?x1024xbf16>, tensor<?x4xi64>, !ep.handle<#rt>) {

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -90,7 +91,13 @@ using MakeBuffer = std::function<std::unique_ptr<KernelHost>(int64_t, int)>;
 
 /// Dispatch + combine of `R` ranks served by the buffers `make` returns: all
 /// R ranks in one virtual world, or (R = 1) one NCCL rank in this process.
-void runWorld(KernelProvider &provider, int R, const MakeBuffer &make, const char *what) {
+/// With `disagree`, instead of the checks: rank R-1's record says another
+/// token cap than the others' (as if that process had called with another
+/// num_max_tokens_per_rank), and the launch must trap at the entry barrier
+/// with comm.agree's report naming both ranks (run.sh checks the printed
+/// report; the CUDA context is lost, so this runs in a process of its own).
+void runWorld(KernelProvider &provider, int R, const MakeBuffer &make, const char *what,
+              bool disagree = false) {
   EPSpec spec = epic::test::planSpec(R);
   const int E = spec.experts, K = spec.topk, H = spec.hidden, Tmax = spec.maxTokensPerRank;
   const int L = E / R;
@@ -392,6 +399,19 @@ void runWorld(KernelProvider &provider, int R, const MakeBuffer &make, const cha
   } catch (const NcclError &e) { // 100000 LSA barriers may already be refused by NCCL
     expect(true, std::string("a launch that does not fit is refused by NCCL"));
   }
+  if (disagree) {
+    std::vector<ParamRecord> records = dispatch;
+    records[R - 1]["max_tokens_per_rank"] = uint64_t(Tmax - 1);
+    try {
+      buffer.run(epic::test::planDispatch(R), records);
+    } catch (const std::exception &e) {
+      std::printf("disagree: the launch failed as it must: %s\n", e.what());
+      std::fflush(stdout);
+      std::_Exit(0);
+    }
+    std::printf("disagree: FAILED: ranks with different token caps were not stopped\n");
+    std::_Exit(1);
+  }
   std::vector<ParamRecord> wrong = dispatch;
   wrong[0]["recv_y"] = 0;
   refused("an unknown parameter is refused, by name", "\"recv_y\"",
@@ -400,10 +420,16 @@ void runWorld(KernelProvider &provider, int R, const MakeBuffer &make, const cha
 
 } // namespace
 
-int main() {
+int main(int argc, char **argv) {
   try {
     KernelCache cache;
     KernelProvider provider(cache, {"virtual", "sm_90", ""});
+    if (argc > 1 && std::string(argv[1]) == "disagree") {
+      const int R = 2;
+      runWorld(provider, R, [&](int64_t window, int blocks) {
+        return std::make_unique<VirtualElasticBuffer>(R, window, provider, blocks);
+      }, "virtual world, ranks that disagree", /*disagree=*/true);
+    }
     for (int R : epic::test::planRanks())
       runWorld(provider, R, [&](int64_t window, int blocks) {
         return std::make_unique<VirtualElasticBuffer>(R, window, provider, blocks);

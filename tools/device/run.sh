@@ -8,6 +8,7 @@
 #   tools/device/run.sh dsl       # only the DSL's GPU tests and examples (after the build)
 #   tools/device/run.sh multi     # only bench/ep_multi_gpu.py on every GPU (results into $OUT)
 #   tools/device/run.sh soak      # test/gpu/soak.py: 1000 random configurations vs the reference
+#   tools/device/run.sh stress    # test/gpu/stress.py: 1200 random ops, mixed configurations
 #   tools/device/run.sh sanitize  # compute-sanitizer: ep kernels (memcheck, racecheck, synccheck),
 #                                 # the fused GEMM kernels and the DSL examples (memcheck)
 set -uo pipefail
@@ -55,6 +56,11 @@ run /tmp/epic-gpu/comm_smoke virtual-timeout "$dev/kernels/comm_virtual.cubin"
 run /tmp/epic-gpu/comm_smoke virtual-timeout-report "$dev/kernels/comm_virtual.cubin"
 run /tmp/epic-gpu/comm_smoke ep-nccl "$dev/kernels/ep_nccl.cubin" "$dev/kernels/ep_nccl.json"
 EPIC_CACHE_DIR="$dev/cache" EPIC_DEBUG=1 run /tmp/epic-gpu/runtime/bin/epic-runtime-gpu-test
+# Ranks that call with different token caps: the entry barrier's comm.agree traps naming both
+# (the device printf; the launch's error follows). A process of its own: the context is lost.
+EPIC_CACHE_DIR="$dev/cache" run bash -c "/tmp/epic-gpu/runtime/bin/epic-runtime-gpu-test disagree \
+  2>&1 | tee /tmp/epic-gpu/disagree.log; grep -q 'rank [01] and rank [01] disagree' /tmp/epic-gpu/disagree.log \
+  && grep -q 'the launch failed as it must' /tmp/epic-gpu/disagree.log"
 for program in examples/run/*.mlir; do
   run /tmp/epic-gpu/runtime/bin/epic-run "$program" --check --cache-dir="$dev/cache"
 done
@@ -65,6 +71,14 @@ if [[ $only == soak ]]; then
   # Random configurations and routings against epic.reference, buffers reused (>= 1000 iterations).
   EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python EPIC_SUITE_TIMEOUT=${EPIC_SUITE_TIMEOUT:-540} \
     run python3 test/gpu/soak.py --iterations "${EPIC_SOAK_ITERATIONS:-1000}"
+  exit $status
+fi
+if [[ $only == stress ]]; then
+  # test/gpu/stress.py: random ops on one buffer across configurations (expert counts, token
+  # caps, dtypes, layouts, fused ops), a second buffer, destroy and re-create, per-rank delays;
+  # a virtual world of 8 and one NCCL rank.
+  EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run python3 test/gpu/stress.py --virtual 8
+  EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run torchrun --nproc-per-node 1 test/gpu/stress.py
   exit $status
 fi
 if [[ $only == sanitize ]]; then

@@ -233,3 +233,25 @@ gpu.module @params {
     gpu.return
   }
 }
+
+// -----
+
+// comm.agree: a call of the shim that traps, reporting both values, when
+// they differ; the call-free form (a report slot) in kernels that must not
+// call.
+// CHECK-LABEL: gpu.module @agree
+gpu.module @agree {
+  // CHECK: gpu.func @k(%[[MINE:.*]]: i64, %[[THEIRS:.*]]: i64, %[[ME:.*]]: i32, %[[PEER:.*]]: i32)
+  gpu.func @k(%mine: i64, %theirs: i64, %me: i32, %peer: i32) kernel {
+    // CHECK: llvm.call @__epic_nccl_agree_i64(%[[MINE]], %[[THEIRS]], %[[ME]], %[[PEER]]) : (i64, i64, i32, i32) -> ()
+    comm.agree %mine, %theirs rank %me peer %peer : i64
+    gpu.return
+  }
+  // CHECK: gpu.func @inline(
+  gpu.func @inline(%mine: i64, %theirs: i64, %me: i32, %peer: i32) kernel
+      attributes {comm.inline_waits} {
+    // CHECK: llvm.call @__epic_nccl_agree_i64_inline(
+    comm.agree %mine, %theirs rank %me peer %peer : i64
+    gpu.return
+  }
+}

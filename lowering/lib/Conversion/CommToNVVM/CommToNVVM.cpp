@@ -687,6 +687,18 @@ struct WaitFlagLowering : CommPattern<comm::WaitFlagOp> {
   }
 };
 
+struct AgreeLowering : CommPattern<comm::AgreeOp> {
+  using CommPattern::CommPattern;
+  LogicalResult matchAndRewrite(comm::AgreeOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    Builder b{rewriter, op.getLoc()};
+    b.callShim(op, backend, needsInlineWaits(op) ? "agree_i64_inline" : "agree_i64",
+               {adaptor.getValue(), adaptor.getTheirs(), adaptor.getRank(), adaptor.getPeer()});
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
 /// gpu.func signatures: convert the inputs, keep the workgroup and private
 /// attributions (extra entry-block arguments the generic function pattern
 /// does not know about).
@@ -871,7 +883,7 @@ void epic::populateCommToNVVMConversionPatterns(TypeConverter &converter,
                SignalLowering, WaitSignalLowering, ReadSignalLowering, ResetSignalLowering,
                FlushLowering, BarrierLowering, FenceLowering, LoadLowering, StoreLowering,
                RedLowering, AtomicRMWLowering, AtomicCASLowering,
-               WaitFlagLowering>(converter, ctx, backend);
+               WaitFlagLowering, AgreeLowering>(converter, ctx, backend);
   patterns.add<LaunchFuncOperands, GPUFuncSignature>(converter, ctx);
   populateFunctionOpInterfaceTypeConversionPattern<func::FuncOp>(patterns, converter);
   populateCallOpTypeConversionPattern(patterns, converter);

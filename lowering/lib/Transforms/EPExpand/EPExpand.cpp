@@ -18,6 +18,7 @@
 #include "mlir/IR/IRMapping.h"
 #include "mlir/IR/ImplicitLocOpBuilder.h"
 #include "mlir/IR/SymbolTable.h"
+#include "llvm/Support/xxhash.h"
 
 namespace epic {
 #define GEN_PASS_DEF_EPEXPAND
@@ -78,6 +79,9 @@ struct EPLayout {
   int64_t timeoutMs = kDefaultTimeoutMs;
   /// Bytes per rank of the parameter table (more for fused entries' fields).
   int64_t paramStride = 128;
+  /// The entry's configuration and variant, hashed (opSignatureOf): the
+  /// entry barrier checks that every rank entered the same op.
+  int64_t signature = 0;
 
   EPLayout(ep::ConfigAttr cfg, unsigned idxBits) {
     ranks = cfg.getRanks();
@@ -635,17 +639,36 @@ public:
   /// thread looping over 8 ranks paid eight in turn), then thread 0 bumps its
   /// own epoch and waits (bounded acquire) until its own counter reaches
   /// ranks * epoch. Counters only grow, so nothing is reset.
+  ///
+  /// Block 0 also checks that every rank entered the same op: before its
+  /// arrival each lane stores the op's signature (the configuration and
+  /// variant, ep-expand's constant, with the grid and the token cap) into
+  /// its peer's cell for this rank, released by the arrival; after the
+  /// barrier the lanes compare every rank's cell with their own signature
+  /// (comm.agree traps naming both ranks). Ranks that called different ops,
+  /// or the same with another num_sms, would otherwise wait for blocks that
+  /// never come, or read records of another layout.
   void entryBarrier() {
     Value slot = mul(wide(block), i64(8));
+    Value epochCell = local(add(i64(layout.barrierEpochs), slot));
+    Value checks = eq(block, i32(0));
+    // This barrier's parity: its epoch (the cell's next value) modulo 2.
+    Value parity = arith::AndIOp::create(b, add(load(i64T(), epochCell, 8), i64(1)), i64(1));
+    Value cells = add(i64(epic::ep::window::kOpSignatures),
+                      mul(parity, i64(epic::ep::limits::kMaxRanks * 8)));
+    Value signature = opSignature();
     barrier(); // the block's earlier writes, before warp 0's releases
     when(lt(tid, i32(32)), [&] {
       loop(lane, i32(layout.ranks), i32(32), [&](Value peerRank) {
+        when(checks, [&] {
+          comm::StoreOp::create(b, comm::Ordering::relaxed, comm::Scope::sys, signature,
+                                peer(add(cells, mul(wide(me), i64(8))), peerRank));
+        });
         comm::RedOp::create(b, comm::AtomicKind::add, comm::Ordering::release, comm::Scope::sys,
                             i64(1), peer(add(i64(layout.barrierArrivals), slot), peerRank));
       });
     });
     when(eq(tid, i32(0)), [&] {
-      Value epochCell = local(add(i64(layout.barrierEpochs), slot));
       Value epoch = add(load(i64T(), epochCell, 8), i64(1));
       store(epoch, epochCell, 8);
       comm::WaitFlagOp::create(b, i64T(), local(add(i64(layout.barrierArrivals), slot)),
@@ -653,6 +676,22 @@ public:
                                comm::Scope::sys, layout.timeoutMs);
     });
     barrier(); // what thread 0 acquired, for the whole block
+    when(andi(checks, lt(tid, i32(32))), [&] {
+      loop(lane, i32(layout.ranks), i32(32), [&](Value source) {
+        Value theirs = comm::LoadOp::create(b, i64T(), comm::Ordering::relaxed, comm::Scope::sys,
+                                            local(add(cells, mul(wide(source), i64(8)))));
+        comm::AgreeOp::create(b, signature, theirs, me, source);
+      });
+    });
+  }
+
+  /// What every rank's op must agree on: ep-expand's signature of the
+  /// configuration and variant, the blocks per rank and the token cap.
+  Value opSignature() {
+    // Odd multipliers (splitmix64's): distinct grids and caps move the value.
+    Value grid = mul(wide(blocks), i64(int64_t(0x9E3779B97F4A7C15ULL)));
+    Value cap = mul(wide(tmax), i64(int64_t(0xBF58476D1CE4E5B9ULL)));
+    return arith::XOrIOp::create(b, i64(layout.signature), add(grid, cap));
   }
 };
 
@@ -1598,6 +1637,23 @@ FailureOr<Operation *> entryOp(func::FuncOp func) {
   return epOp;
 }
 
+/// A hash of what the ranks' kernels must agree on, the same in every
+/// process (of the op's text, not of context pointers): the op's name,
+/// attributes (the configuration included) and operand and result types
+/// (which say whether weights, scale packs and biases are there, and their
+/// dtypes), the timeout and the block size.
+int64_t opSignatureOf(Operation *op, int64_t timeoutMs, unsigned threads) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  os << op->getName() << op->getAttrDictionary() << " timeout " << timeoutMs << " threads "
+     << threads;
+  for (Type type : op->getOperandTypes())
+    os << " in " << type;
+  for (Type type : op->getResultTypes())
+    os << " out " << type;
+  return int64_t(llvm::xxh3_64bits(text));
+}
+
 LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
                      bool onePassCachedDispatch) {
   int64_t timeoutMs = kDefaultTimeoutMs;
@@ -1626,8 +1682,10 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
   int64_t windowBytes = -1; // the configuration's layout unless set
   int64_t scratchAt = -1;   // fused entries: [scratchAt, windowBytes) must be zero at entry
   // The layout the kernels see, with the entry's timeout and record.
+  const int64_t signature = opSignatureOf(op, timeoutMs, threads);
   auto layoutFor = [&](unsigned idxBits, const RecordLayout &record, int64_t tmaxField) {
     EPLayout layout(cfg, idxBits);
+    layout.signature = signature;
     layout.timeoutMs = timeoutMs;
     layout.paramStride = record.stride;
     layout.tmaxField = tmaxField;

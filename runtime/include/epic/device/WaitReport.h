@@ -26,11 +26,15 @@ namespace epic_device {
 /// later ones in the same slot trap without writing.
 constexpr int kWaitReportSlots = 64;
 
+/// WaitReport::predicate of a comm.agree report: `expected` is the rank's
+/// value, `seen` the peer's, and nothing was waited for.
+constexpr int32_t kDisagreed = 4;
+
 struct WaitReport {
   uint64_t valid;       ///< 1 once the other fields are written
   uint64_t flag;        ///< address of the flag waited on
   int64_t expected, seen, timeoutNs;
-  int32_t predicate;    ///< 0 ==, 1 !=, 2 >=, 3 >
+  int32_t predicate;    ///< 0 ==, 1 !=, 2 >=, 3 >; kDisagreed: a comm.agree report
   int32_t rank, peer;   ///< -1 if the wait did not name them
   int32_t block, thread;
   int32_t padding;

@@ -541,4 +541,25 @@ def Comm_WaitFlagOp : Comm_Op<"wait_flag", [
   }];
 }
 
+def Comm_AgreeOp : Comm_Op<"agree", [MemoryEffects<[MemWrite]>]> {
+  let summary = "trap, naming both ranks, unless a value equals a peer's";
+  let description = [{
+    Checks that `value` (this rank's) equals `theirs` (what peer `peer` sent,
+    e.g. through the window before an entry barrier) and otherwise reports
+    rank, peer, block, thread and both values, and traps: ranks that must
+    make the same call (the same op, configuration, variant, grid) learn at
+    once that they did not, instead of waiting for each other until a
+    timeout. Reported like `comm.wait_flag`'s timeouts (a printf, or the
+    runtime's mapped report slots in kernels that must not call).
+
+    ```mlir
+    comm.agree %mine, %theirs rank %me peer %src : i64
+    ```
+  }];
+  let arguments = (ins I64:$value, I64:$theirs, I32:$rank, I32:$peer);
+  let assemblyFormat = [{
+    $value `,` $theirs `rank` $rank `peer` $peer attr-dict `:` type($value)
+  }];
+}
+
 #endif // EPIC_DIALECT_COMM_IR_COMMOPS_TD

@@ -5,8 +5,9 @@
 //
 // A rank's window is, in order:
 //   [0, kControlEnd)          the control region: entry barriers' arrival
-//                             counters and epochs, then the counters of one
-//                             dispatch or combine (all zero between ops);
+//                             counters and epochs, the counters of one
+//                             dispatch or combine (all zero between ops),
+//                             the ops' signatures (EPExpand: entryBarrier);
 //   [kControlEnd, ...)        the data region: dispatch records
 //                             ([source rank][Tmax][record]) or combine
 //                             records ([master slot][Tmax][record]);
@@ -70,9 +71,14 @@ inline constexpr int64_t kDispatchFlags = detail::after(kDispatchDone, 4);
 /// The same for the combine.
 inline constexpr int64_t kCombineDone = detail::after(kDispatchFlags, limits::kMaxRanks * 4);
 inline constexpr int64_t kCombineFlags = detail::after(kCombineDone, 4);
+/// [entry barrier parity][source rank] i64: the signature of the op each
+/// rank's block 0 entered (its configuration, variant, grid and token cap),
+/// stored before its barrier arrival and compared after the barrier (two
+/// parities: a rank one barrier ahead writes the other one).
+inline constexpr int64_t kOpSignatures = detail::after(kCombineFlags, limits::kMaxRanks * 4);
 /// Where the data region starts, for every configuration.
-inline constexpr int64_t kControlEnd = align(detail::after(kCombineFlags, limits::kMaxRanks * 4),
-                                             4096);
+inline constexpr int64_t kControlEnd =
+    align(detail::after(kOpSignatures, 2 * limits::kMaxRanks * 8), 4096);
 
 /// Bytes of one dispatch record: the row, its scale packs, the top-k ids
 /// (i32) and weights (f32), then the source token and its master slot.
