@@ -70,15 +70,22 @@ constexpr int64_t kTensorMapBytes = 128; // sizeof(CUtensorMap), 64-byte aligned
 /// Encodes `spec` for one rank's record (its words at `record`) into `out`.
 void encodeTensorMap(const TensorMapSpec &spec, const Loaded &k, const uint64_t *record, int rank,
                      void *out) {
-  auto field = [&](const std::string &name) -> uint64_t {
+  auto field = [&](const std::string &name, bool mayBeZero = false) -> uint64_t {
     size_t i = k.fieldIndex(name);
-    if (i == k.fields.size() || !record[i])
+    if (i == k.fields.size() || (!record[i] && !mayBeZero))
       throw std::invalid_argument("rank " + std::to_string(rank) + ": " + k.kernelNames[0] +
                                   " needs parameter \"" + name + "\" for a TMA descriptor");
     return record[i];
   };
+  const int64_t rows =
+      spec.rowsField.empty() ? spec.rows : int64_t(field(spec.rowsField, /*mayBeZero=*/true));
+  // A rank that received no rows has no tile to load (and its empty tensor
+  // may have no address): its map is never used, so it stays zero.
+  if (rows == 0) {
+    std::memset(out, 0, kTensorMapBytes);
+    return;
+  }
   const uint64_t address = field(spec.field);
-  const int64_t rows = spec.rowsField.empty() ? spec.rows : int64_t(field(spec.rowsField));
   if (address % 16)
     throw std::invalid_argument("rank " + std::to_string(rank) + ": " + spec.field +
                                 " must be 16-byte aligned for the TMA loads of " +
@@ -94,8 +101,7 @@ void encodeTensorMap(const TensorMapSpec &spec, const Loaded &k, const uint64_t 
                                : spec.swizzle == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
                                : spec.swizzle == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
                                                     : CU_TENSOR_MAP_SWIZZLE_NONE;
-  // An empty tensor still needs a valid map (no tile reads it): one row.
-  cuuint64_t dims[2] = {cuuint64_t(spec.cols), cuuint64_t(std::max<int64_t>(rows, 1))};
+  cuuint64_t dims[2] = {cuuint64_t(spec.cols), cuuint64_t(rows)};
   cuuint64_t strides[1] = {cuuint64_t(spec.cols * spec.elemBytes)};
   cuuint32_t box[2] = {cuuint32_t(spec.boxCols), cuuint32_t(spec.boxRows)};
   cuuint32_t elementStrides[2] = {1, 1};

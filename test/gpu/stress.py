@@ -31,6 +31,7 @@ differed); exits 1 on any failure.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -217,10 +218,14 @@ class StepRun:
         sfs = [e["sf"] for e in d]
         self.delay()
         if gemm:
+            # The fused op takes the buffer's token cap (its kernels size scratch by it):
+            # GEMM-capable configurations have that cap (stress_plan.configurations).
+            fused_kw = {k: v for k, v in kw.items() if k != "num_max_tokens_per_rank"}
             recv, recv_w, gemm_out, handles, _ = self.b.dispatch_gemm(
                 self.w.arg(self.x_in(xs, sfs)), self.w.arg(idx), self.w.arg(self.gemm_weights()),
-                topk_weights=self.w.arg(ws) if ws else None, **kw)
-            recv_idx, gemm_out = self.w.out(None), self.w.out(gemm_out)
+                topk_weights=self.w.arg(ws) if ws else None, **fused_kw)
+            # The fused op returns no recv_topk_idx: the check below takes the reference's.
+            recv_idx, gemm_out = [None] * len(served), self.w.out(gemm_out)
         else:
             recv, recv_idx, recv_w, handles, event = self.b.dispatch(
                 self.w.arg(self.x_in(xs, sfs)), self.w.arg(idx),
@@ -228,7 +233,9 @@ class StepRun:
                 **self.stream_kwargs())
             self.finish(event)
             gemm_out = None
-        recv, recv_idx = self.w.out(recv), self.w.out(recv_idx)
+        recv = self.w.out(recv)
+        if not gemm:
+            recv_idx = self.w.out(recv_idx)
         self.recv_w, self.handles = self.w.out(recv_w), self.w.out(handles)
         self.recv = recv
         self.expected = ref.dispatch(
@@ -240,6 +247,8 @@ class StepRun:
             data, sf = recv[i] if c.fp8 else (recv[i], None)
             got = as_result(self.expected[r], data, sf, recv_idx[i], self.recv_w[i],
                             self.handles[i])
+            if gemm:
+                got = dataclasses.replace(got, recv_topk_idx=self.expected[r].recv_topk_idx)
             self.got[r] = got
             try:
                 checked(f"rank {r}", check_dispatch, self.expected[r],

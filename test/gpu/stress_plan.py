@@ -77,9 +77,12 @@ def configurations(ranks):
             hidden = 128 * rng.randint(2, HMAX // 128) if fp8 else 8 * rng.randint(32, HMAX // 8)
         expand = gemm or rng.random() < 0.5
         alignment = rng.choice([64, 128]) if gemm else (rng.choice([1, 4, 128]) if expand else 1)
-        out.append(Config(experts, topk, hidden, fp8, alignment, expand,
-                          expand and rng.random() < 0.5, rng.random() < 0.5, rng.randint(0, 2),
-                          rng.choice([TMAX, TMAX // 2])))
+        zero_padding, weights, biases = expand and rng.random() < 0.5, rng.random() < 0.5, \
+            rng.randint(0, 2)
+        tmax = rng.choice([TMAX, TMAX // 2])
+        # The fused dispatch + GEMM takes the buffer's token cap (TMAX), not a per-call one.
+        out.append(Config(experts, topk, hidden, fp8, alignment, expand, zero_padding, weights,
+                          biases, TMAX if gemm else tmax))
     return out
 
 

@@ -112,6 +112,34 @@ def test_grouped_gemm_matches_torch_per_expert(ranks, experts, hidden, n, tokens
     buffer.destroy()
 
 
+def test_a_rank_that_received_nothing():
+    """Every token goes to rank 0's experts: rank 1 receives no rows, and its expert GEMM (and
+    the fused GEMM + combine) has nothing to do instead of refusing an empty TMA map."""
+    ranks, experts, hidden, n, tokens, alignment = CONFIGS[0]
+    g = torch.Generator(device="cuda").manual_seed(7)
+    buffer = epic.ElasticBuffer(epic.VirtualWorld(ranks), num_max_tokens_per_rank=tokens,
+                                hidden=hidden, num_topk=TOPK, explicitly_destroy=True)
+    L = experts // ranks
+    xs = [torch.randn((tokens, hidden), generator=g, device="cuda").to(torch.bfloat16)
+          for _ in range(ranks)]
+    idxs = [torch.rand((tokens, L), generator=g, device="cuda").topk(TOPK).indices
+            for _ in range(ranks)]  # experts 0 .. L-1: rank 0's
+    recv, _, _, handles, _ = buffer.dispatch(xs, idxs, num_experts=experts, do_expand=True,
+                                             expert_alignment=alignment)
+    ws = [(torch.randn((L, hidden, n), generator=g, device="cuda") / hidden ** 0.5)
+          .to(torch.bfloat16) for _ in range(ranks)]
+    out = buffer.grouped_gemm(recv, ws, handles)
+    torch.cuda.synchronize()
+    assert sum(handles[1].num_recv_tokens_per_expert_list) == 0
+    assert out[1].shape[0] == recv[1].shape[0] and not out[1].any()
+    start, end = expert_rows(handles[0], L, alignment)[0]
+    assert end > start
+    torch.testing.assert_close(out[0][start:end],
+                               (recv[0][start:end].float() @ ws[0][0].float()).to(torch.bfloat16),
+                               rtol=1.6e-2, atol=1e-2)
+    buffer.destroy()
+
+
 def test_grouped_gemm_output_feeds_the_combine():
     """dispatch -> grouped GEMM -> combine, unfused, against torch doing the same math."""
     ranks, experts, hidden, n, tokens, alignment = CONFIGS[0]
