@@ -1,7 +1,7 @@
 //===- GroupedGemm.h - ep.grouped_gemm's Hopper kernel ----------*- C++ -*-===//
 //
 // ep-expand's builder of the grouped GEMM kernel (TMA + wgmma through the
-// NVGPU dialect), kept apart from the communication kernels of EPExpand.cpp.
+// NVGPU dialect), kept apart from the communication kernels (Kernels.h).
 //
 //===----------------------------------------------------------------------===//
 

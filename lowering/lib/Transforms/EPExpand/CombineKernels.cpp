@@ -1,0 +1,136 @@
+//===- CombineKernels.cpp - ep-expand: the combine kernels ------------------===//
+//
+// The combine's send (received rows back to their sources, the expanded
+// layout's rows of a token summed first) and its reduce (each token's records
+// summed in fp32 in slot order, weights and biases).
+//
+//===----------------------------------------------------------------------===//
+
+#include "Kernels.h"
+
+namespace epic::expand {
+using namespace mlir;
+namespace ep = epic::ep;
+namespace comm = epic::comm;
+
+
+/// The expanded combine's send of one received token (`meta`: its row of
+/// recv_src_metadata) by the calling warp: this rank's rows of the token (one
+/// per local slot, columns 2.. of the metadata) summed in fp32 from +0.0 in
+/// increasing slot order and rounded once, into `record` of the source.
+void sendExpandedToken(KernelBuilder &k, const EPLayout &L, const CombineShape &shape, Value x,
+                       Value weights, Value meta, Value record, const RowPart &share) {
+  Type f32 = k.b.getF32Type();
+  // Lane j < K: the token's expanded row of slot j here (-1: none).
+  Value expandedRow = k.choose(k.lt(k.lane, k.i32(L.topk)), k.i32T(),
+                               [&]() -> Value { return k.loadI32(meta, k.add(k.lane, k.i32(2))); },
+                               [&]() -> Value { return k.i32(-1); });
+  Value present = k.ballot(k.cmp(arith::CmpIPredicate::sge, expandedRow, k.i32(0)));
+  k.sumMaskedRows(record, L.hidden * 2, present, [&](Value j) {
+    return k.at(x, k.mul(k.wide(k.shuffle(expandedRow, j)), k.i64(L.hidden * 2)));
+  }, {}, share);
+  if (shape.weights) {
+    // Slot j's weight is that of its expanded row (1-D weights), else 0.
+    k.when(k.andi(k.lt(k.lane, k.i32(L.topk)), k.isFirstPart(share)), [&] {
+      Value w = k.choose(k.cmp(arith::CmpIPredicate::sge, expandedRow, k.i32(0)), f32,
+                         [&]() -> Value {
+        return k.load(f32, k.elementAt(weights, expandedRow, 4), 4);
+      }, [&]() -> Value { return arith::ConstantFloatOp::create(k.b, cast<FloatType>(f32), APFloat(0.0f)); });
+      k.store(w, k.at(record, k.add(k.i32(L.combineRow), k.mul(k.lane, k.i32(4)))), 4);
+    });
+  }
+}
+
+/// Where token `row`'s combine record goes: (its metadata row, the record in
+/// the source rank's window).
+std::pair<Value, Value> combineDestination(KernelBuilder &k, const EPLayout &L, Value metadata,
+                                           Value row) {
+  Value meta = k.elementAt(metadata, k.mul(row, k.i32(L.topk + 2)), 4);
+  Value gid = k.load(k.i32T(), meta, 4);
+  Value back = k.loadI32(meta, k.i32(1));
+  Value src = k.divu(gid, k.tmax);
+  Value token = k.remu(gid, k.tmax);
+  Value master = k.remu(back, k.i32(L.topk));
+  Value index = k.add(k.mul(k.wide(master), k.wide(k.tmax)), k.wide(token));
+  Value record = k.peer(k.add(k.i64(L.data), k.mul(index, k.i64(L.combineRecord))), src);
+  return {meta, record};
+}
+
+void buildCombineSend(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape) {
+  KernelBuilder k(func, L);
+  Value x = k.pointerParam(kCX);
+  Value weights = shape.weights ? k.pointerParam(kCTopkWeights) : Value();
+  Value metadata = k.pointerParam(kCSrcMetadata);
+  Value received = k.loadI32(k.pointerParam(kCPsumPerRank), k.i32(L.ranks - 1));
+  k.entryBarrier();
+
+  // Every received token (a warp, or a share of its row): back to its source,
+  // into [master slot][token].
+  int64_t maxParts = KernelBuilder::maxRowParts(
+      L.hidden * 2, shape.expanded ? KernelBuilder::kSumChunks : KernelBuilder::kCopyUnroll);
+  k.loopRowParts(received, maxParts, [&](Value row, const RowPart &share) {
+    auto [meta, record] = combineDestination(k, L, metadata, row);
+    if (!shape.expanded) {
+      k.copyRow(record, k.at(x, k.mul(k.wide(row), k.i64(L.hidden * 2))), L.hidden * 2, share);
+      if (shape.weights) {
+        k.when(k.andi(k.lt(k.lane, k.i32(L.topk)), k.isFirstPart(share)), [&] {
+          Value w = k.load(k.b.getF32Type(),
+                           k.elementAt(weights, k.add(k.mul(row, k.i32(L.topk)), k.lane), 4), 4);
+          k.store(w, k.at(record, k.add(k.i32(L.combineRow), k.mul(k.lane, k.i32(4)))), 4);
+        });
+      }
+    } else {
+      sendExpandedToken(k, L, shape, x, weights, meta, record, share);
+    }
+  });
+
+  // The rank's last block tells every peer it is done, and waits for all.
+  Value last = k.lastBlockOfRank(L.combineDone);
+  k.when(last, [&] {
+    k.when(k.eq(k.tid, k.i32(0)), [&] {
+      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
+                            k.local(k.i32(L.combineDone)));
+    });
+    exchangeDoneFlags(k, L.combineFlags);
+  });
+}
+
+void buildCombineReduce(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape) {
+  KernelBuilder k(func, L);
+  Value numTokens = k.intParam(kCNumTokens);
+  Value topkIdx = k.pointerParam(kCTopkIdx);
+  Value out = k.pointerParam(kCCombinedX);
+  Value outWeights = shape.weights ? k.pointerParam(kCCombinedWeights) : Value();
+  SmallVector<Value> biases;
+  for (unsigned i = 0; i < shape.biases; ++i)
+    biases.push_back(k.pointerParam(kCBias0 + i));
+  Type f32 = k.b.getF32Type();
+
+  k.loopRowParts(numTokens, KernelBuilder::maxRowParts(L.hidden * 2, KernelBuilder::kSumChunks),
+                 [&](Value token, const RowPart &share) {
+    auto r = k.route(topkIdx, token);
+    Value rowBytes = k.mul(k.wide(token), k.i64(L.hidden * 2));
+    // fp32 from +0.0: the biases, then the master slots' rows in increasing
+    // slot order; one rounding.
+    SmallVector<Value> biasRows;
+    for (Value bias : biases)
+      biasRows.push_back(k.at(bias, rowBytes));
+    k.sumMaskedRows(k.at(out, rowBytes), L.hidden * 2, r.masters, [&](Value j) {
+      Value index = k.add(k.mul(k.wide(j), k.wide(k.tmax)), k.wide(token));
+      return k.local(k.add(k.i64(L.data), k.mul(index, k.i64(L.combineRecord))));
+    }, biasRows, share);
+    if (shape.weights) {
+      // Slot j's weight comes from the record of its rank's master slot.
+      k.when(k.andi(k.lt(k.lane, k.i32(L.topk)), k.isFirstPart(share)), [&] {
+        Value w = k.choose(r.valid, f32, [&]() -> Value {
+          Value index = k.add(k.mul(k.wide(r.masterLane), k.wide(k.tmax)), k.wide(token));
+          Value record = k.local(k.add(k.i64(L.data), k.mul(index, k.i64(L.combineRecord))));
+          return k.load(f32, k.at(record, k.add(k.i32(L.combineRow), k.mul(k.lane, k.i32(4)))), 4);
+        }, [&]() -> Value { return arith::ConstantFloatOp::create(k.b, cast<FloatType>(f32), APFloat(0.0f)); });
+        k.store(w, k.elementAt(outWeights, k.add(k.mul(token, k.i32(L.topk)), k.lane), 4), 4);
+      });
+    }
+  });
+}
+
+} // namespace epic::expand

@@ -1,0 +1,45 @@
+//===- Kernels.h - ep-expand: the kernels ------------------------*- C++ -*-===//
+//
+// The kernels ep-expand builds, each into an empty kernel (createKernel):
+// dispatch (DispatchKernels.cpp), combine (CombineKernels.cpp) and the fused
+// GEMM kernels (FusedKernels.cpp).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef EPIC_LOWERING_TRANSFORMS_EPEXPAND_KERNELS_H
+#define EPIC_LOWERING_TRANSFORMS_EPEXPAND_KERNELS_H
+
+#include "KernelBuilder.h"
+
+namespace epic::expand {
+using namespace mlir;
+namespace ep = epic::ep;
+namespace comm = epic::comm;
+
+// Dispatch.
+void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape shape);
+void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape shape);
+void buildDispatchScatter(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape shape);
+/// The fused copy's 16-byte chunks in flight per lane (DispatchShape::rowUnroll).
+int64_t fusedRowUnroll(int64_t rowBytes);
+
+// Combine.
+void buildCombineSend(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape);
+void buildCombineReduce(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape);
+/// The expanded combine's send of one received token by the calling warp
+/// (shared with the fused GEMM + combine).
+void sendExpandedToken(KernelBuilder &k, const EPLayout &L, const CombineShape &shape, Value x,
+                       Value weights, Value meta, Value record, const RowPart &share = {});
+/// Where a received row goes back to: its metadata row and the source's record.
+std::pair<Value, Value> combineDestination(KernelBuilder &k, const EPLayout &L, Value metadata,
+                                           Value row);
+
+// Fused with the grouped GEMM.
+void buildCopyGemmKernel(OpBuilder &builder, Location loc, StringRef name, const EPLayout &L,
+                         DispatchShape shape, const epic::detail::GroupedGemmShape &gemm);
+void buildGemmSendKernel(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape,
+                         epic::detail::GroupedGemmShape gemm, GemmCombineScratch scratch);
+
+} // namespace epic::expand
+
+#endif // EPIC_LOWERING_TRANSFORMS_EPEXPAND_KERNELS_H
