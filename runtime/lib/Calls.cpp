@@ -3,14 +3,25 @@
 #include "epic/runtime/Calls.h"
 
 #include "epic/Dialect/EP/IR/EPLimits.h"
+#include "epic/Dialect/EP/IR/EPRecords.h"
 
 #include <algorithm>
 #include <sstream>
+#include <string_view>
 #include <stdexcept>
 
 using namespace epic::runtime;
 
 namespace {
+// The records' field names (EPRecords.def): the kernels read the same fields by index.
+namespace dispatch = epic::ep::records::dispatch;
+namespace combine = epic::ep::records::combine;
+namespace grouped_gemm = epic::ep::records::grouped_gemm;
+// putHandle fills the fields the dispatch and combine records share.
+static_assert(std::string_view(dispatch::topk_idx) == combine::topk_idx &&
+              std::string_view(dispatch::recv_src_metadata) == combine::recv_src_metadata &&
+              std::string_view(dispatch::psum_num_recv_tokens_per_rank) ==
+                  combine::psum_num_recv_tokens_per_rank);
 
 std::string shapeText(const std::vector<int64_t> &shape) {
   std::ostringstream os;
@@ -79,9 +90,9 @@ void checkHandle(const EPSpec &s, const Handle &h, int64_t tokens, const char *r
 void putHandle(ParamRecord &r, const EPSpec &s, const Handle &h, int64_t tokens,
                const char *routing = "handle.topk_idx") {
   checkHandle(s, h, tokens, routing);
-  r["topk_idx"] = ParamValue(h.topkIdx, 8);
-  r["recv_src_metadata"] = ParamValue(h.recvSrcMetadata, 4);
-  r["psum_num_recv_tokens_per_rank"] = ParamValue(h.psumNumRecvTokensPerRank, 4);
+  r[dispatch::topk_idx] = ParamValue(h.topkIdx, 8);
+  r[dispatch::recv_src_metadata] = ParamValue(h.recvSrcMetadata, 4);
+  r[dispatch::psum_num_recv_tokens_per_rank] = ParamValue(h.psumNumRecvTokensPerRank, 4);
 }
 
 /// The handle's tensors of a dispatch of `tokens` tokens: what the uncached
@@ -162,53 +173,53 @@ ParamRecord epic::runtime::dispatchRecord(const EPSpec &s, const DispatchVariant
   const int64_t T = c.x.shape[0];
   checkTokens(s, T, "x");
   ParamRecord r;
-  r["x"] = check(c.x, {"x", s.dtype, {T, H}}, true);
+  r[dispatch::x] = check(c.x, {"x", s.dtype, {T, H}}, true);
   if (v.topkIdxBits != 64)
     fail("the typed API takes topk_idx as int64 (DeepEP's topk_idx_t)");
   putHandle(r, s, c.handle, T, v.cached ? "handle.topk_idx" : "topk_idx");
   if (s.isFP8()) {
-    r["scale_packs"] = check(c.scalePacks, {"x_scale_packs", "f32", {T, S}});
+    r[dispatch::scale_packs] = check(c.scalePacks, {"x_scale_packs", "f32", {T, S}});
   } else {
     forbid(c.scalePacks, "x_scale_packs", "x is " + s.dtype + ", not FP8");
   }
   if (v.cached)
     forbid(c.topkWeights, "topk_weights", "a cached dispatch sends no weights");
   else if (v.weights)
-    r["topk_weights"] = check(c.topkWeights, {"topk_weights", "f32", {T, K}});
+    r[dispatch::topk_weights] = check(c.topkWeights, {"topk_weights", "f32", {T, K}});
   else
     forbid(c.topkWeights, "topk_weights", "the dispatch was asked for without weights");
   if (v.cached)
     forbid(c.topkIdxCopy, "handle topk_idx copy", "a cached dispatch writes no handle");
   else if (c.topkIdxCopy.given()) // the send kernel writes it (DeepEP's do_handle_copy)
-    r["topk_idx_copy"] = check(c.topkIdxCopy, {"handle.topk_idx (the copy)", "i64", {T, K}});
+    r[dispatch::topk_idx_copy] = check(c.topkIdxCopy, {"handle.topk_idx (the copy)", "i64", {T, K}});
 
   const int64_t rows = receiveRows(s);
-  r["recv_x"] = check(c.recvX, {"recv_x", s.dtype, {-1, H}, rows}, true);
+  r[dispatch::recv_x] = check(c.recvX, {"recv_x", s.dtype, {-1, H}, rows}, true);
   if (s.isFP8())
-    r["recv_scale_packs"] = check(c.recvScalePacks, {"recv_x_scale_packs", "f32", {-1, S}, rows});
+    r[dispatch::recv_scale_packs] = check(c.recvScalePacks, {"recv_x_scale_packs", "f32", {-1, S}, rows});
   else
     forbid(c.recvScalePacks, "recv_x_scale_packs", "x is not FP8");
   if (!s.expanded)
-    r["recv_topk_idx"] = check(c.recvTopkIdx, {"recv_topk_idx", "i64", {-1, K}, rows});
+    r[dispatch::recv_topk_idx] = check(c.recvTopkIdx, {"recv_topk_idx", "i64", {-1, K}, rows});
   else
     forbid(c.recvTopkIdx, "recv_topk_idx", "the expanded layout receives no top-k ids");
   if (v.weights && !v.cached) {
     if (s.expanded)
-      r["recv_topk_weights"] = check(c.recvTopkWeights, {"recv_topk_weights", "f32", {-1}, rows});
+      r[dispatch::recv_topk_weights] = check(c.recvTopkWeights, {"recv_topk_weights", "f32", {-1}, rows});
     else
-      r["recv_topk_weights"] =
+      r[dispatch::recv_topk_weights] =
           check(c.recvTopkWeights, {"recv_topk_weights", "f32", {-1, K}, rows});
   } else {
     forbid(c.recvTopkWeights, "recv_topk_weights", "no weights are dispatched");
   }
   // A cached dispatch knows its counts from the handle and writes none.
   if (!v.cached || c.hostCounts.given())
-    r["host_counts"] = check(c.hostCounts, {"host_counts", "i32", {1 + L}});
-  r["num_recv_tokens_per_expert"] = ParamValue(c.handle.numRecvTokensPerExpert, 4);
-  r["psum_num_recv_tokens_per_expert"] = ParamValue(c.handle.psumNumRecvTokensPerExpert, 4);
-  r["num_tokens"] = uint64_t(T);
-  r["dst_buffer_slot_idx"] = ParamValue(c.handle.dstBufferSlotIdx, 4);
-  r["max_tokens_per_rank"] = uint64_t(s.maxTokensPerRank);
+    r[dispatch::host_counts] = check(c.hostCounts, {"host_counts", "i32", {1 + L}});
+  r[dispatch::num_recv_tokens_per_expert] = ParamValue(c.handle.numRecvTokensPerExpert, 4);
+  r[dispatch::psum_num_recv_tokens_per_expert] = ParamValue(c.handle.psumNumRecvTokensPerExpert, 4);
+  r[dispatch::num_tokens] = uint64_t(T);
+  r[dispatch::dst_buffer_slot_idx] = ParamValue(c.handle.dstBufferSlotIdx, 4);
+  r[dispatch::max_tokens_per_rank] = uint64_t(s.maxTokensPerRank);
   return r;
 }
 
@@ -226,32 +237,32 @@ ParamRecord epic::runtime::combineRecord(const EPSpec &s, const CombineVariant &
   ParamRecord r;
   putHandle(r, s, c.handle, T);
   const int64_t rows = receiveRows(s);
-  r["x"] = check(c.x, {"x", "bf16", {-1, H}}, true);
+  r[combine::x] = check(c.x, {"x", "bf16", {-1, H}}, true);
   if (c.x.shape[0] > rows)
     fail("x has " + std::to_string(c.x.shape[0]) + " rows, more than a dispatch can receive (" +
          std::to_string(rows) + ")");
   if (v.weights) {
     if (s.expanded)
-      r["topk_weights"] = check(c.topkWeights, {"topk_weights", "f32", {c.x.shape[0]}});
+      r[combine::topk_weights] = check(c.topkWeights, {"topk_weights", "f32", {c.x.shape[0]}});
     else
-      r["topk_weights"] = check(c.topkWeights, {"topk_weights", "f32", {c.x.shape[0], K}});
-    r["combined_topk_weights"] =
+      r[combine::topk_weights] = check(c.topkWeights, {"topk_weights", "f32", {c.x.shape[0], K}});
+    r[combine::combined_topk_weights] =
         check(c.combinedTopkWeights, {"combined_topk_weights", "f32", {T, K}});
   } else {
     forbid(c.topkWeights, "topk_weights", "the combine was asked for without weights");
     forbid(c.combinedTopkWeights, "combined_topk_weights", "no weights are combined");
   }
   if (v.biases >= 1)
-    r["bias0"] = check(c.bias0, {"bias_0", "bf16", {T, H}}, true);
+    r[combine::bias0] = check(c.bias0, {"bias_0", "bf16", {T, H}}, true);
   else
     forbid(c.bias0, "bias_0", "the combine was asked for without biases");
   if (v.biases == 2)
-    r["bias1"] = check(c.bias1, {"bias_1", "bf16", {T, H}}, true);
+    r[combine::bias1] = check(c.bias1, {"bias_1", "bf16", {T, H}}, true);
   else
     forbid(c.bias1, "bias_1", "the combine was asked for with fewer than two biases");
-  r["combined_x"] = check(c.combinedX, {"combined_x", "bf16", {T, H}}, true);
-  r["num_tokens"] = uint64_t(T);
-  r["max_tokens_per_rank"] = uint64_t(s.maxTokensPerRank);
+  r[combine::combined_x] = check(c.combinedX, {"combined_x", "bf16", {T, H}}, true);
+  r[combine::num_tokens] = uint64_t(T);
+  r[combine::max_tokens_per_rank] = uint64_t(s.maxTokensPerRank);
   return r;
 }
 
@@ -263,7 +274,7 @@ ParamRecord epic::runtime::groupedGemmRecord(const EPSpec &s, const GroupedGemmC
     fail("grouped_gemm multiplies bf16 or f16 rows; the buffer dispatches " + s.dtype);
   const int64_t H = s.hidden, L = s.experts / s.ranks;
   ParamRecord r;
-  r["x"] = check(c.x, {"x", s.dtype, {-1, H}}, true);
+  r[grouped_gemm::x] = check(c.x, {"x", s.dtype, {-1, H}}, true);
   if (c.x.shape[0] > receiveRows(s))
     fail("x has " + std::to_string(c.x.shape[0]) + " rows, more than a dispatch can receive (" +
          std::to_string(receiveRows(s)) + ")");
@@ -271,13 +282,13 @@ ParamRecord epic::runtime::groupedGemmRecord(const EPSpec &s, const GroupedGemmC
     fail("weights must have shape " + s.dtype + "[" + std::to_string(L) + ", " +
          std::to_string(H) + ", N], got " + c.weights.describe());
   const int64_t N = c.weights.shape[2];
-  r["weights"] = check(c.weights, {"weights", s.dtype, {L, H, N}}, true);
+  r[grouped_gemm::weights] = check(c.weights, {"weights", s.dtype, {L, H, N}}, true);
   if (c.out.dtype != "bf16" && c.out.dtype != "f16" && c.out.dtype != "f32")
     fail("out must be bf16, f16 or f32, got " + c.out.dtype);
-  r["out"] = check(c.out, {"out", c.out.dtype, {c.x.shape[0], N}}, true);
-  r["psum_num_recv_tokens_per_expert"] = check(
+  r[grouped_gemm::out] = check(c.out, {"out", c.out.dtype, {c.x.shape[0], N}}, true);
+  r[grouped_gemm::psum_num_recv_tokens_per_expert] = check(
       c.psumNumRecvTokensPerExpert, {"handle.psum_num_recv_tokens_per_expert", "i32", {L}});
-  r["num_rows"] = uint64_t(c.x.shape[0]);
+  r[grouped_gemm::num_rows] = uint64_t(c.x.shape[0]);
   return r;
 }
 
@@ -289,10 +300,10 @@ ParamRecord epic::runtime::dispatchGemmRecord(const EPSpec &s, const DispatchVar
     fail("experts must have shape " + s.dtype + "[" + std::to_string(L) + ", " +
          std::to_string(H) + ", N], got " + c.experts.describe());
   const int64_t N = c.experts.shape[2];
-  r["experts"] = check(c.experts, {"experts", s.dtype, {L, H, N}}, true);
+  r[dispatch::experts] = check(c.experts, {"experts", s.dtype, {L, H, N}}, true);
   if (c.gemmOut.dtype != "bf16" && c.gemmOut.dtype != "f16" && c.gemmOut.dtype != "f32")
     fail("gemm_out must be bf16, f16 or f32, got " + c.gemmOut.dtype);
-  r["gemm_out"] =
+  r[dispatch::gemm_out] =
       check(c.gemmOut, {"gemm_out", c.gemmOut.dtype, {c.dispatch.recvX.shape[0], N}}, true);
   return r;
 }
@@ -307,9 +318,10 @@ ParamRecord epic::runtime::gemmCombineRecord(const EPSpec &s, int biases,
   // The GEMM's lhs is the caller's x (the dispatch's rows); its output is the combine's x.
   GroupedGemmCall gemm{c.lhs, c.weights, c.combine.x, c.combine.handle.psumNumRecvTokensPerExpert};
   ParamRecord g = groupedGemmRecord(s, gemm);
-  for (const char *field : {"weights", "psum_num_recv_tokens_per_expert", "num_rows"})
+  for (const char *field : {combine::weights, combine::psum_num_recv_tokens_per_expert,
+                            combine::num_rows})
     r[field] = g.at(field);
-  r["lhs"] = g.at("x");
+  r[combine::lhs] = g.at(grouped_gemm::x);
   return r;
 }
 

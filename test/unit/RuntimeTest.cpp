@@ -12,6 +12,8 @@
 #include "epic/runtime/Models.h"
 #include "epic/runtime/WindowBytes.h"
 
+#include "epic/Dialect/EP/IR/EPRecords.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -389,6 +391,29 @@ TEST(Calls, GoodCallsBecomeTheKernelsRecords) {
   EXPECT_EQ(c.at("max_tokens_per_rank").value, 128u);
   EXPECT_EQ(c.at("bias0").value, f.combine.bias0.data);
   EXPECT_EQ(c.count("bias1"), 0u);
+}
+
+// The runtime fills records by name, the kernels read them by index: every
+// field a record has must be one of the entry's fields (EPRecords.def), or
+// the launch would refuse it as an unknown parameter, on a GPU only.
+TEST(Calls, RecordsHaveOnlyTheKernelsFields) {
+  namespace records = epic::ep::records;
+  auto within = [](const ParamRecord &r, std::vector<std::string> fields) {
+    for (const auto &[name, value] : r)
+      if (std::find(fields.begin(), fields.end(), name) == fields.end())
+        return name;
+    return std::string();
+  };
+  std::vector<std::string> dispatch(std::begin(records::kDispatchFields),
+                                    std::end(records::kDispatchFields));
+  std::vector<std::string> combine(std::begin(records::kCombineFields),
+                                   std::end(records::kCombineFields));
+  for (bool fp8 : {false, true})
+    for (bool expanded : {false, true}) {
+      CallFixture f(fp8, expanded);
+      EXPECT_EQ(within(dispatchRecord(f.spec, f.dispatchVariant, f.dispatch), dispatch), "");
+      EXPECT_EQ(within(combineRecord(f.spec, f.combineVariant, f.combine), combine), "");
+    }
 }
 
 TEST(Calls, OutputsAreWhatTheChecksExpect) {

@@ -22,6 +22,7 @@ namespace epic {
 
 using namespace mlir;
 using namespace epic::expand;
+namespace records = epic::ep::records;
 
 namespace {
 
@@ -135,7 +136,8 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
     cooperative = false;                  // blocks never wait for each other
     windowBytes = 0;
     RecordLayout record(fields.size(), tensorMaps);
-    gemmMetadata(shape, "x", "weights", builder.getStringAttr("num_rows"), record);
+    gemmMetadata(shape, records::grouped_gemm::x, records::grouped_gemm::weights,
+                 builder.getStringAttr(records::grouped_gemm::num_rows), record);
     build = [=](gpu::GPUModuleOp module, const RecordLayout &record) {
       OpBuilder b = kernelInsertionPoint(module);
       epic::detail::buildGroupedGemmKernel(createKernel(b, loc, kernelNames[0], false),
@@ -162,7 +164,8 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
     tensorMaps = 2;
     threads = epic::detail::kGemmThreads;
     RecordLayout record(fields.size(), tensorMaps);
-    gemmMetadata(gemm, "lhs", "weights", builder.getStringAttr("num_rows"), record);
+    gemmMetadata(gemm, records::combine::lhs, records::combine::weights,
+                 builder.getStringAttr(records::combine::num_rows), record);
     GemmCombineScratch scratch{at.rowToken, at.pending, at.colDone, at.arrivals,
                                at.maxTiles, cfg.getHidden() / epic::detail::kGemmTileN};
     build = [=](gpu::GPUModuleOp module, const RecordLayout &record) {
@@ -199,7 +202,7 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
     threads = epic::detail::kGemmThreads;
     RecordLayout record(fields.size(), tensorMaps);
     // The verifier asks for a static Tmax: the recv_x rows are a constant.
-    gemmMetadata(gemm, "recv_x", "experts",
+    gemmMetadata(gemm, records::dispatch::recv_x, records::dispatch::experts,
                  builder.getI64IntegerAttr(*cfg.getMaxOutputRows()), record);
     build = [=](gpu::GPUModuleOp module, const RecordLayout &record) {
       EPLayout fusedLayout = layoutFor(idxBits, record, kDispatchMaxTokens);

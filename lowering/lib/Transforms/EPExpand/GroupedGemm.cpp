@@ -43,8 +43,6 @@ using namespace mlir;
 namespace comm = epic::comm;
 using namespace epic::detail;
 
-const char *const epic::detail::kGroupedGemmFields[5] = {
-    "x", "weights", "out", "psum_num_recv_tokens_per_expert", "num_rows"};
 
 LogicalResult epic::detail::checkGroupedGemmShape(Operation *op, const GroupedGemmShape &s) {
   if (s.hidden % kGemmTileK != 0)

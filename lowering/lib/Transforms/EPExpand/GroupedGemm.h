@@ -8,6 +8,8 @@
 #ifndef EPIC_LOWERING_TRANSFORMS_EPEXPAND_GROUPEDGEMM_H
 #define EPIC_LOWERING_TRANSFORMS_EPEXPAND_GROUPEDGEMM_H
 
+#include "epic/Dialect/EP/IR/EPRecords.h"
+
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/IR/BuiltinAttributes.h"
 
@@ -27,7 +29,8 @@ struct GroupedGemmShape {
   /// (8 bytes each), and the two TMA descriptors (lhs, then weights, 128
   /// bytes apart) at `mapsOffset` within the record.
   int64_t paramStride = 128;
-  int64_t outField = 2, psumField = 3, mapsOffset = 64;
+  int64_t outField = epic::ep::records::kGGOut,
+          psumField = epic::ep::records::kGGPsumPerExpert, mapsOffset = 64;
   /// Fused behind the dispatch's copy (ep.dispatch_gemm): window offsets of
   /// the per-(expert, kGemmTileM-row tile) arrival counters and of the counters of
   /// column tiles done with them, or -1; `maxTiles` row tiles per expert.
@@ -71,7 +74,7 @@ static_assert(kGemmTileM * kGemmTileN * 4 <= kGemmStages * kGemmStageBytes,
 
 /// Fields of the kernel's per-rank parameter record, in order (the TMA
 /// descriptors follow them, see GroupedGemmShape::mapsOffset).
-extern const char *const kGroupedGemmFields[5];
+using epic::ep::records::kGroupedGemmFields; // its record (EPRecords.def)
 
 /// Checks what the kernel supports (tile multiples, element types); emits the
 /// diagnostic on `op`.

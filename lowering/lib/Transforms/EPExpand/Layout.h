@@ -14,6 +14,7 @@
 
 #include "epic/Dialect/Comm/IR/CommDialect.h"
 #include "epic/Dialect/EP/IR/EPDialect.h"
+#include "epic/Dialect/EP/IR/EPRecords.h"
 #include "epic/Dialect/EP/IR/EPWindow.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -103,36 +104,9 @@ struct EPLayout {
 /// Fields of the per-rank parameter records, 8 bytes each (pointers, or
 /// integers in the low 4 bytes), in the order of their enums. A record is
 /// its fields, then (entries with a GEMM) the TMA descriptors (RecordLayout).
-inline constexpr const char *kDispatchFields[] = {
-    "x", "scale_packs", "topk_idx", "topk_weights", "recv_x", "recv_scale_packs",
-    "recv_topk_idx", "recv_topk_weights", "recv_src_metadata",
-    "psum_num_recv_tokens_per_rank", "num_recv_tokens_per_expert",
-    "psum_num_recv_tokens_per_expert", "host_counts", "num_tokens", "dst_buffer_slot_idx",
-    "max_tokens_per_rank", "topk_idx_copy"};
-enum DispatchField {
-  kX, kScalePacks, kTopkIdx, kTopkWeights, kRecvX, kRecvScalePacks, kRecvTopkIdx,
-  kRecvTopkWeights, kRecvSrcMetadata, kPsumPerRank, kExpertCounts, kPsumPerExpert,
-  kHostCounts, kDispatchNumTokens, kDstSlots, kDispatchMaxTokens, kTopkIdxCopy,
-  kNumDispatchFields
-};
-static_assert(std::size(kDispatchFields) == kNumDispatchFields);
-inline constexpr const char *kCombineFields[] = {
-    "x", "topk_weights", "recv_src_metadata", "psum_num_recv_tokens_per_rank", "topk_idx",
-    "bias0", "bias1", "combined_x", "combined_topk_weights", "num_tokens",
-    "max_tokens_per_rank"};
-enum CombineField {
-  kCX, kCTopkWeights, kCSrcMetadata, kCPsumPerRank, kCTopkIdx, kCBias0, kCBias1,
-  kCCombinedX, kCCombinedWeights, kCNumTokens, kCMaxTokens, kNumCombineFields
-};
-static_assert(std::size(kCombineFields) == kNumCombineFields);
-/// ep.dispatch_gemm: the dispatch's fields, then these.
-inline constexpr const char *kDispatchGemmExtraFields[] = {"experts", "gemm_out"};
-enum DispatchGemmField { kDGExperts = kNumDispatchFields, kDGGemmOut, kNumDispatchGemmFields };
-/// ep.gemm_combine: the combine's fields ("x" is the GEMM's output), then these.
-inline constexpr const char *kGemmCombineExtraFields[] = {"lhs", "weights",
-                                               "psum_num_recv_tokens_per_expert", "num_rows"};
-enum GemmCombineField { kGCLhs = kNumCombineFields, kGCWeights, kGCPsumPerExpert, kGCNumRows,
-                        kNumGemmCombineFields };
+// The fields' indices (kX, kRecvX, ...) and names in record order:
+// EPRecords.def, which the runtime fills the records from.
+using namespace epic::ep::records;
 
 /// A record: `fields` 8-byte fields, then `maps` 128-byte TMA descriptors at
 /// a 64-byte aligned offset (where the kernel uses them: the table is a

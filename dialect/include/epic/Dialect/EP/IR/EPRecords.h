@@ -1,0 +1,84 @@
+//===- EPRecords.h - The kernels' parameter records (EPRecords.def) -------===//
+//
+// No MLIR here: ep-expand (field indices) and the runtime (field names)
+// include it. Per entry kind: an enum of field indices in record order, the
+// names in that order, and a namespace of name constants for the runtime
+// (records::dispatch::recv_x is "recv_x"): a misspelled field does not
+// compile.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef EPIC_DIALECT_EP_IR_EPRECORDS_H
+#define EPIC_DIALECT_EP_IR_EPRECORDS_H
+
+namespace epic::ep::records {
+
+enum DispatchField {
+#define EP_DISPATCH_FIELD(Enumerator, name) Enumerator,
+#include "epic/Dialect/EP/IR/EPRecords.def"
+  kNumDispatchFields
+};
+enum CombineField {
+#define EP_COMBINE_FIELD(Enumerator, name) Enumerator,
+#include "epic/Dialect/EP/IR/EPRecords.def"
+  kNumCombineFields
+};
+enum DispatchGemmField {
+  kDispatchGemmFirst = kNumDispatchFields - 1,
+#define EP_DISPATCH_GEMM_FIELD(Enumerator, name) Enumerator,
+#include "epic/Dialect/EP/IR/EPRecords.def"
+  kNumDispatchGemmFields
+};
+enum GemmCombineField {
+  kGemmCombineFirst = kNumCombineFields - 1,
+#define EP_GEMM_COMBINE_FIELD(Enumerator, name) Enumerator,
+#include "epic/Dialect/EP/IR/EPRecords.def"
+  kNumGemmCombineFields
+};
+enum GroupedGemmField {
+#define EP_GROUPED_GEMM_FIELD(Enumerator, name) Enumerator,
+#include "epic/Dialect/EP/IR/EPRecords.def"
+  kNumGroupedGemmFields
+};
+
+/// The names in record order (the fused entries: only the fields they add).
+inline constexpr const char *kDispatchFields[] = {
+#define EP_DISPATCH_FIELD(Enumerator, name) #name,
+#include "epic/Dialect/EP/IR/EPRecords.def"
+};
+inline constexpr const char *kCombineFields[] = {
+#define EP_COMBINE_FIELD(Enumerator, name) #name,
+#include "epic/Dialect/EP/IR/EPRecords.def"
+};
+inline constexpr const char *kDispatchGemmExtraFields[] = {
+#define EP_DISPATCH_GEMM_FIELD(Enumerator, name) #name,
+#include "epic/Dialect/EP/IR/EPRecords.def"
+};
+inline constexpr const char *kGemmCombineExtraFields[] = {
+#define EP_GEMM_COMBINE_FIELD(Enumerator, name) #name,
+#include "epic/Dialect/EP/IR/EPRecords.def"
+};
+inline constexpr const char *kGroupedGemmFields[] = {
+#define EP_GROUPED_GEMM_FIELD(Enumerator, name) #name,
+#include "epic/Dialect/EP/IR/EPRecords.def"
+};
+
+/// Name constants for the runtime, which fills records by name.
+namespace dispatch {
+#define EP_DISPATCH_FIELD(Enumerator, name) inline constexpr const char name[] = #name;
+#define EP_DISPATCH_GEMM_FIELD(Enumerator, name) inline constexpr const char name[] = #name;
+#include "epic/Dialect/EP/IR/EPRecords.def"
+} // namespace dispatch
+namespace combine {
+#define EP_COMBINE_FIELD(Enumerator, name) inline constexpr const char name[] = #name;
+#define EP_GEMM_COMBINE_FIELD(Enumerator, name) inline constexpr const char name[] = #name;
+#include "epic/Dialect/EP/IR/EPRecords.def"
+} // namespace combine
+namespace grouped_gemm {
+#define EP_GROUPED_GEMM_FIELD(Enumerator, name) inline constexpr const char name[] = #name;
+#include "epic/Dialect/EP/IR/EPRecords.def"
+} // namespace grouped_gemm
+
+} // namespace epic::ep::records
+
+#endif // EPIC_DIALECT_EP_IR_EPRECORDS_H
