@@ -70,9 +70,9 @@ class JITFunction:
     def __call__(self, *args, **kwargs):
         """Inside a kernel, a call of another @epic.jit function: the compiler inlines it, the
         interpreter runs it with the calling program's context. Outside, launch with a grid."""
-        from . import interpreter
+        from . import dispatch, interpreter
 
-        context = getattr(interpreter._local, "context", None)
+        context = dispatch.interpreted_program()
         if context is None:
             raise TypeError(f"{self.fn.__name__} is an @epic.jit kernel: launch it as "
                             f"{self.fn.__name__}[grid](...)")
@@ -146,7 +146,7 @@ class JITFunction:
     @staticmethod
     def _value_key(value):
         if hasattr(value, "dtype") and hasattr(value, "shape"):
-            from .codegen import mlir_type
+            from .semantic_core import mlir_type
 
             numpy = isinstance(value, np.ndarray)
             address = value.ctypes.data if numpy else value.data_ptr()
@@ -233,12 +233,12 @@ class JITFunction:
     def _disk_path(self, key):
         import hashlib
 
-        from . import checks, codegen
+        from . import checks, codegen, semantic, semantic_core
 
         digest = hashlib.sha256()
         called = [inspect.getsource(f.fn) for f in self.dependencies()]
-        for part in [inspect.getsource(self.fn), repr(key), inspect.getsource(codegen),
-                     inspect.getsource(checks)] + called:
+        generator = [inspect.getsource(m) for m in (codegen, semantic, semantic_core, checks)]
+        for part in [inspect.getsource(self.fn), repr(key)] + generator + called:
             digest.update(part.encode())
             digest.update(b"\0")
         root = os.environ.get("EPIC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
