@@ -220,13 +220,23 @@ class JITFunction:
             constexprs = {n: bound.arguments[n] for n in self.constexprs}
             ir_text = generate(_ir, self.fn, self.argument_kinds(bound), constexprs, num_warps,
                                abi=abi, ranks=ranks, backend=backend)
-            compiled = CompiledKernel(self.fn.__name__, ir_text,
-                                      _ir.compile(ir_text, backend, True), num_warps)
-            _write_atomically(path, json.dumps({"ir": ir_text}))
-            if abi == "runtime":  # the runtime finds the kernels by the IR's key
+            if abi == "runtime":
+                # One compile per specialization: the runtime finds the kernels by the IR's key
+                # in its kernel cache, so they are compiled here (or taken from there: an
+                # earlier process compiled them) and put there, not compiled again by
+                # epic-compile (the same compiler and options) when a launch asks for them.
                 from epic import _C
 
-                _C.Runtime(backend, "", "").kernels_for_ir(ir_text)
+                runtime = _C.Runtime(backend, "", "")
+                module = runtime.cached_kernels(ir_text)
+                if module is None:
+                    module = _ir.compile(ir_text, backend, True)
+                    runtime.store_kernels(ir_text, module["ptx"], module["cubin"],
+                                          module["metadata"])
+            else:
+                module = _ir.compile(ir_text, backend, True)
+            compiled = CompiledKernel(self.fn.__name__, ir_text, module, num_warps)
+            _write_atomically(path, json.dumps({"ir": ir_text}))
         self.cache[key] = compiled
         return compiled
 
