@@ -72,6 +72,7 @@ class Generator(ast.NodeVisitor):
         self.line = 0
         self.calls = [fn]  # the kernel, then the @epic.jit functions being inlined (innermost last)
 
+    # --- errors and locations
     def error(self, message, node=None):
         line = self.first_line + (node.lineno if node is not None else self.line)
         return CompileError(f"{self.file}:{line}: {message}")
@@ -94,6 +95,7 @@ class Generator(ast.NodeVisitor):
             raise SourceError(f"{self.file}:{self.first_line + node.lineno}: "
                               f"{type(e).__name__}: {e}") from None
 
+    # --- the kernel: its signature (the ABI), arguments and launch function
     def generate(self):
         func = self.tree.body[0]
         if not isinstance(func, ast.FunctionDef):

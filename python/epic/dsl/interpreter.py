@@ -23,6 +23,7 @@ from .values import Values, block
 
 __all__ = ["SymmetricMemory", "Pointer", "launch", "call", "KernelError"]
 
+
 class KernelError(RuntimeError):
     """A kernel failed in the interpreter (names the rank and program instance)."""
 

@@ -37,6 +37,9 @@ _RELEASING = ("release", "acq_rel", "sc")
 
 
 class Semantic(CoreSemantic):
+    """Every primitive of ``epic.language`` (see the module docstring)."""
+
+    # --- memory
     def peer_ptr(self, node, p, peer):
         if not (isinstance(p, Val) and p.window) or p.offsets is not None:
             raise self.error("el.peer_ptr takes a scalar pointer into the window", node)
@@ -150,6 +153,7 @@ class Semantic(CoreSemantic):
             self.unless_all_live(live, self.lanes(p.block), whole, masked)
         return None
 
+    # --- reductions: in the thread, across the warp (shuffles), across warps (shared memory)
     _REDUCE = {"sum": ("add", "addf", "addi"), "max": ("maximumf", "maximumf", "maxsi"),
                "min": ("minimumf", "minimumf", "minsi")}
 
@@ -197,6 +201,7 @@ class Semantic(CoreSemantic):
         self.op("gpu.barrier")  # the buffer may be reused
         return total
 
+    # --- atomics: one per program instance, on thread 0
     def atomic_add(self, node, p, value, mask=None, sem="relaxed", scope="gpu"):
         """One atomic per program instance (thread 0), its old value broadcast to the block."""
         if not (isinstance(p, Val) and p.pointer) or p.offsets is not None or mask is not None:
@@ -307,6 +312,7 @@ class Semantic(CoreSemantic):
             before = plus(earlier, before)
         return self.assemble([plus(before, r) for r in running], x.dtype, x.block)
 
+    # --- communication
     def fence(self, node, scope="sys"):
         self.op("comm.fence", [], [], {"ordering": f"{_ORDERING['acq_rel']} : i32",
                                        "scope": f"{_SCOPE[scope]} : i32"})

@@ -40,7 +40,6 @@ _MLIR_TYPES = {
 _FLOAT = {"f32", "f16", "bf16", "f8E4M3FN"}
 
 
-
 def mlir_type(dtype) -> str:
     name = np.dtype(dtype).name
     if name not in _MLIR_TYPES:
@@ -157,6 +156,7 @@ class CoreSemantic:
         # device communicator, the window (None: none), the world team, the thread id (i32).
         self.kernel_func = self.dev_comm = self.window = self.world = self.tid = None
 
+    # --- where ops go, and the IR's types
     def enter(self, block):
         self.blocks.append(block)
         self.b.set_insertion_point_to_end(block)
@@ -218,6 +218,7 @@ class CoreSemantic:
             return self.const(value, dtype)
         raise self.error(f"cannot use a {type(value).__name__} here")
 
+    # --- values
     def window_base(self):
         """Byte 0 of the window (windows start on pages: the runtime rounds every rank's window
         to 4096 bytes, NCCL registers whole pages)."""
@@ -235,6 +236,7 @@ class CoreSemantic:
             return v
         return self.compare(ast.NotEq(), v, self.lift(0, v), node)
 
+    # --- arithmetic and comparisons (Triton's promotion)
     def unify(self, a, b, node):
         if not isinstance(a, Val) and not isinstance(b, Val):
             return a, b
@@ -321,6 +323,7 @@ class CoreSemantic:
         result = f"vector<{self.lanes(a.block)}xi1>" if a.block else "i1"
         return Val(self.op(name, [a, b], [result], {"predicate": attr}).result(0), "i1", a.block)
 
+    # --- pointers
     def offset_pointer(self, p, offset, op, node):
         if not isinstance(op, ast.Add):
             raise self.error("pointers move by adding element offsets", node)
@@ -370,6 +373,7 @@ class CoreSemantic:
             return None
         return self.compare(ast.Lt(), self.tid, self.const(block, "i32"), None)
 
+    # --- programs, blocks and ranks (builtins)
     def program_id(self, node, axis=0):
         dims = "xyz"[axis]
         return self.index_cast(Val(self.op("gpu.block_id", results=["index"],
@@ -404,6 +408,7 @@ class CoreSemantic:
     def num_ranks(self, node):
         return Val(self.op("comm.team_size", [self.world], ["i32"]).result(0), "i32")
 
+    # --- casts (FP8 through the hardware's conversions)
     def convert(self, v, dtype, node):
         target = mlir_type(dtype)
         if v.dtype == target:
@@ -481,6 +486,7 @@ class CoreSemantic:
                                    {"static_position": f"array<i64: {j}>"}).result(0))
         return self.assemble(out, "f32", v.block)
 
+    # --- value builtins
     def cast(self, node, v, dtype):
         return self.convert(self.lift(v, Val(None, mlir_type(dtype))), dtype, node)
 
@@ -500,6 +506,7 @@ class CoreSemantic:
     def zeros(self, node, shape, dtype):
         return self.full(node, shape, 0, dtype)
 
+    # --- shared memory and guarded regions
     def workgroup_buffer(self, count, dtype):
         """A fresh `count`-element shared-memory buffer (a workgroup memref.global)."""
         name = f"epic_scratch{self.scratch}"
