@@ -32,9 +32,8 @@ import ast
 import numpy as np
 
 from . import checks
-from .checks import CompileError, SourceError
-from .dispatch import BUILTIN
-from .jit import CallError, JITFunction
+from .dispatch import BUILTIN, is_jit_function
+from .errors import CallError, CompileError, SourceError
 from .semantic import CallSite, Semantic, Val
 from .semantic_core import _bits, divisor_of, mlir_type, with_divisor
 
@@ -502,7 +501,7 @@ class Generator(ast.NodeVisitor):
             return self.sem.convert(value, args[0], node)
         if fn in (range,):
             raise self.error("range(...) belongs in a for loop", node)
-        if isinstance(fn, JITFunction):
+        if is_jit_function(fn):
             return self.inline(node, fn, args, kwargs)
         module = getattr(fn, "__module__", "")
         if module != "epic.language":

@@ -17,10 +17,16 @@ import threading
 
 from .values import Values
 
-__all__ = ["BUILTIN", "builtin", "executor", "interpreted_program", "set_interpreted_program"]
+__all__ = ["BUILTIN", "builtin", "executor", "interpreted_program", "set_interpreted_program",
+           "is_jit_function", "is_constexpr"]
 
 # The attribute that marks a builtin: a function both executors implement.
 BUILTIN = "__epic_builtin__"
+# The attributes that mark an @epic.jit function (epic.dsl.jit.JITFunction) and the el.constexpr
+# annotation: what the checks and the compiler recognize without importing epic.dsl.jit or the
+# language (both import them).
+JIT_FUNCTION = "__epic_jit_function__"
+CONSTEXPR = "__epic_constexpr__"
 
 _local = threading.local()
 
@@ -28,6 +34,16 @@ _local = threading.local()
 def builtin(fn):
     setattr(fn, BUILTIN, True)
     return fn
+
+
+def is_jit_function(value):
+    return getattr(type(value), JIT_FUNCTION, False) is True
+
+
+def is_constexpr(annotation):
+    """Whether a parameter's annotation is el.constexpr (or names it: string annotations)."""
+    return getattr(annotation, CONSTEXPR, False) is True or \
+        annotation in ("el.constexpr", "constexpr")
 
 
 def executor(semantic):

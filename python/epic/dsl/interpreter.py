@@ -19,13 +19,10 @@ import time
 import numpy as np
 
 from . import dispatch
+from .errors import CallError, KernelError
 from .values import Values, block
 
 __all__ = ["SymmetricMemory", "Pointer", "launch", "call", "KernelError"]
-
-
-class KernelError(RuntimeError):
-    """A kernel failed in the interpreter (names the rank and program instance)."""
 
 
 class _Aborted(KernelError):
@@ -261,7 +258,6 @@ def call(context, function, args, kwargs, where):
     with the calling program's context, under the compiler's rules (JITFunction.bind_call,
     checks.check_called)."""
     from . import checks
-    from .jit import CallError
 
     try:
         bound = function.bind_call(args, kwargs, context.calls, _constant)

@@ -31,7 +31,9 @@ import os
 
 import numpy as np
 
-from .interpreter import KernelError, SymmetricMemory
+from . import dispatch
+from .errors import CallError, KernelError
+from .interpreter import SymmetricMemory
 
 __all__ = ["jit", "JITFunction", "SymmetricMemory", "KernelError", "interpreting"]
 
@@ -40,19 +42,16 @@ def interpreting() -> bool:
     return os.environ.get("EPIC_INTERPRET", "") not in ("", "0")
 
 
-class CallError(Exception):
-    """A call of an @epic.jit function from a kernel that breaks the rules of
-    :meth:`JITFunction.bind_call`; the compiler and the interpreter report it at the call."""
-
-
 class JITFunction:
     """A kernel: ``kernel[grid](*args, world=..., **constexprs)``."""
+
+    __epic_jit_function__ = True  # (dispatch.JIT_FUNCTION: what the checks and codegen look for)
 
     def __init__(self, fn):
         self.fn = fn
         self.signature = inspect.signature(fn)
         self.constexprs = {name for name, p in self.signature.parameters.items()
-                           if _is_constexpr(p.annotation)}
+                           if dispatch.is_constexpr(p.annotation)}
         self.cache = {}  # compiled kernels by specialization
         functools.update_wrapper(self, fn)
 
@@ -70,7 +69,7 @@ class JITFunction:
     def __call__(self, *args, **kwargs):
         """Inside a kernel, a call of another @epic.jit function: the compiler inlines it, the
         interpreter runs it with the calling program's context. Outside, launch with a grid."""
-        from . import dispatch, interpreter
+        from . import interpreter
 
         context = dispatch.interpreted_program()
         if context is None:
@@ -434,13 +433,6 @@ def _torch_to_numpy(dtype):
     name = str(dtype).replace("torch.", "")
     return np.dtype({"bfloat16": ml_dtypes.bfloat16, "float8_e4m3fn": ml_dtypes.float8_e4m3fn}
                     .get(name, name))
-
-
-def _is_constexpr(annotation):
-    from epic import language
-
-    return annotation is language.constexpr or annotation == "el.constexpr" or \
-        annotation == "constexpr"
 
 
 def jit(fn=None, **options):

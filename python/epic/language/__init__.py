@@ -42,6 +42,8 @@ __all__ = [
 class constexpr:
     """Annotation of a kernel argument whose value specializes the kernel (``BLOCK: el.constexpr``)."""
 
+    __epic_constexpr__ = True  # (dispatch.CONSTEXPR: what the checks and @epic.jit look for)
+
 
 def static_range(*args):
     """A loop unrolled at compile time (its bounds are constants)."""
