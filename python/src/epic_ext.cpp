@@ -454,7 +454,36 @@ PYBIND11_MODULE(_C, m) {
             out["seconds"] = result.seconds;
             return out;
           },
-          py::arg("ir"), "Compiles (or loads) the kernels of entry IR into the kernel cache.");
+          py::arg("ir"), "Compiles (or loads) the kernels of entry IR into the kernel cache.")
+      // The DSL compiles a kernel in process (epic._ir: the compiler epic-compile runs, with the
+      // same options the key names); these let that one compile fill the kernel cache instead
+      // of the provider running epic-compile on the same IR again.
+      .def(
+          "cached_kernels",
+          [](Runtime &r, const std::string &ir) -> py::object {
+            std::optional<CompiledModule> module = r.cache.load(r.provider.keyFor(ir));
+            if (!module)
+              return py::none();
+            py::dict out;
+            out["ptx"] = module->ptx;
+            out["cubin"] = py::bytes(module->cubin);
+            out["metadata"] = module->metadataJson;
+            return out;
+          },
+          py::arg("ir"),
+          "The kernels of entry IR from the kernel cache (ptx, cubin, metadata), or None; "
+          "never compiles.")
+      .def(
+          "store_kernels",
+          [](Runtime &r, const std::string &ir, const std::string &ptx, const py::bytes &cubin,
+             const std::string &metadata) {
+            std::string key = r.provider.keyFor(ir);
+            // An entry already there (another process's) is as good as this one.
+            r.cache.get(key, [&] { return CompiledModule{std::string(cubin), ptx, metadata}; });
+            return key;
+          },
+          py::arg("ir"), py::arg("ptx"), py::arg("cubin"), py::arg("metadata"),
+          "Puts kernels compiled in process for entry IR into the kernel cache (its key).");
 
   py::class_<KernelHost::Prepared>(m, "Prepared")
       .def_property_readonly("key", [](const KernelHost::Prepared &p) { return p.info().key; })

@@ -461,3 +461,25 @@ def test_calls_that_cannot_be_inlined_point_at_the_line():
         calls_mixes.compile(x, BLOCK=64)
     with pytest.raises(TypeError, match=r"launch it as twice\[grid\]"):  # outside a kernel
         twice(1.0)
+
+
+def test_a_runtime_abi_specialization_is_compiled_once(monkeypatch, tmp_path):
+    """The in-process compile fills the runtime's kernel cache (epic-compile is not run on the
+    same IR again), and a new process takes the kernels from there without compiling."""
+    _C = pytest.importorskip("epic._C")
+    import epic._ir as ir
+
+    monkeypatch.setenv("EPIC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("EPIC_COMPILE", "/bin/false")  # a launch that compiled would fail
+    args = (SymmetricMemory(2, 4096), np.zeros(64, np.int32))
+    k = epic.jit(ring.fn).compile(*args, N=64, abi="runtime", ranks=2)
+    runtime = _C.Runtime("virtual", "", "")
+    assert runtime.kernels_for_ir(k.asm["ir"])["source"] != "compiled"  # found, not compiled
+    assert runtime.cached_kernels(k.asm["ir"])["ptx"] == k.asm["ptx"]
+
+    def no_second_compile(*_):
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(ir, "compile", no_second_compile)
+    again = epic.jit(ring.fn).compile(*args, N=64, abi="runtime", ranks=2)  # a fresh cache
+    assert again.asm == k.asm and again.metadata == k.metadata

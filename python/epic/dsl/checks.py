@@ -37,21 +37,11 @@ import weakref
 
 import numpy as np
 
-from .interpreter import KernelError
+from . import dispatch
+from .errors import CompileError, SourceError
 
 __all__ = ["CompileError", "SourceError", "check_kernel", "check_called", "check_backend",
            "unavailable_error", "parse", "called"]
-
-
-class CompileError(Exception):
-    """A kernel the compiler cannot translate, with the source line."""
-
-
-class SourceError(CompileError, KernelError):
-    """An error in a kernel's source found without running it (``file:line: message``): what the
-    static check refuses, and what the compiler finds evaluating constant expressions. Raised
-    alike by the compiler (a :class:`CompileError`) and the interpreter (a
-    :class:`~epic.dsl.interpreter.KernelError`)."""
 
 
 UNSUPPORTED = "{} is not supported in kernels"
@@ -102,8 +92,6 @@ def parse(fn):
 
 def called(fn, tree):
     """The @epic.jit functions `fn`'s source (`tree`) names, in the order it names them."""
-    from .jit import JITFunction
-
     glob, found = fn.__globals__, []
     for node in ast.walk(tree):
         value = None
@@ -111,7 +99,7 @@ def called(fn, tree):
             value = glob.get(node.id)
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             value = getattr(glob.get(node.value.id), node.attr, None)
-        if isinstance(value, JITFunction) and value.fn is not fn and value not in found:
+        if dispatch.is_jit_function(value) and value.fn is not fn and value not in found:
             found.append(value)
     return found
 
@@ -209,8 +197,6 @@ def check_backend(fn, backend):
 
 
 def _check_calls(fn, kernel, backend, chain):
-    from .jit import JITFunction
-
     try:
         tree, file, first_line = parse(fn)
     except (CompileError, SyntaxError):
@@ -226,7 +212,7 @@ def _check_calls(fn, kernel, backend, chain):
             message = unavailable_error(backend, getattr(target, "__name__", ""), kernel)
             if message is not None:
                 raise _error(file, first_line, node, message)
-        elif isinstance(target, JITFunction) and target.fn not in chain:  # recursion: refused
+        elif dispatch.is_jit_function(target) and target.fn not in chain:  # recursion: refused
             try:
                 _check_calls(target.fn, kernel, backend, chain + (target.fn,))
             except SourceError as e:
@@ -421,9 +407,7 @@ class _Constness:
         self.chain = chain + (fn,)  # the kernel, then the functions being called
 
     def kernel(self):
-        from .jit import _is_constexpr
-
-        scope = {name: CONST if _is_constexpr(p.annotation) else
+        scope = {name: CONST if dispatch.is_constexpr(p.annotation) else
                  None if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) else RUNTIME
                  for name, p in inspect.signature(self.fn).parameters.items()}
         self.block(self.func.body, scope)
@@ -569,8 +553,6 @@ class _Constness:
         return None
 
     def call(self, node, scope):
-        from .jit import JITFunction
-
         fn = self.value(node.func, scope)
         args = [self.value(a, scope) for a in node.args]
         kwargs = {k.arg: self.value(k.value, scope) for k in node.keywords}
@@ -579,7 +561,7 @@ class _Constness:
         if not isinstance(fn, _Object):
             return None
         fn = fn.value
-        if isinstance(fn, JITFunction):
+        if dispatch.is_jit_function(fn):
             return self.inline(node, fn, args, kwargs)
         if getattr(fn, "__module__", "") == "epic.language":
             if fn.__name__ in _RUNTIME_EL:

@@ -16,46 +16,17 @@ from __future__ import annotations
 import threading
 import time
 
-import ml_dtypes
 import numpy as np
 
-__all__ = ["SymmetricMemory", "Pointer", "launch", "call", "current", "KernelError"]
+from . import dispatch
+from .errors import CallError, KernelError
+from .values import Values, block
 
-_FP8_MAX = {np.dtype(ml_dtypes.float8_e4m3fn): 448.0, np.dtype(ml_dtypes.float8_e5m2): 57344.0}
-
-
-class KernelError(RuntimeError):
-    """A kernel failed in the interpreter (names the rank and program instance)."""
+__all__ = ["SymmetricMemory", "Pointer", "launch", "call", "KernelError"]
 
 
 class _Aborted(KernelError):
     """A program stopped because another one failed (not the cause)."""
-
-
-class Block(np.ndarray):
-    """A 1-D block value: a numpy array with Triton's ``.to(dtype)``."""
-
-    def to(self, dtype):
-        return cast(self, dtype)
-
-
-def block(values):
-    return np.asarray(values).view(Block)
-
-
-def cast(x, dtype):
-    dtype = np.dtype(dtype)
-    values = np.asarray(x)
-    if dtype in _FP8_MAX:  # saturate, as cvt.rn.satfinite does
-        values = np.clip(values.astype(np.float32), -_FP8_MAX[dtype], _FP8_MAX[dtype])
-    out = values.astype(dtype)
-    return block(out) if out.ndim else out[()]
-
-
-def reduce(op, x, axis):
-    values = np.asarray(x)
-    result = op(values, axis=axis)
-    return block(result) if np.ndim(result) else result[()]
 
 
 class SymmetricMemory:
@@ -121,16 +92,7 @@ def pointer_to(array):
     return Pointer(array.reshape(-1).view(np.uint8), 0, array.dtype)
 
 
-_local = threading.local()
 _atomic = threading.RLock()
-
-
-def current():
-    context = getattr(_local, "context", None)
-    if context is None:
-        raise RuntimeError("epic.language functions run inside an @epic.jit kernel "
-                           "(launched as kernel[grid](...))")
-    return context
 
 
 class _Launch:
@@ -145,22 +107,24 @@ class _Launch:
         self.codes = set()  # the kernel's and its called functions' code: where errors point
 
 
-class Context:
-    """One (rank, program instance): what the el.* functions act on."""
+class Context(Values):
+    """One (rank, program instance): what executes the epic.language builtins it calls (one
+    method each, by the builtin's name, as the compiler's semantic layer has)."""
 
     def __init__(self, launch, rank, program, kernel=None):
-        self.launch, self.rank, self.num_ranks = launch, rank, launch.num_ranks
+        # (not `rank` / `num_ranks`: those are the builtins' methods)
+        self.launch, self.rank_index, self.world_size = launch, rank, launch.num_ranks
         self.program = program
         self.calls = [kernel]  # the kernel, then the @epic.jit functions it is in (innermost last)
 
-    def where(self):
-        return f"rank {self.rank}, program {self.program}"
+    def location(self):
+        return f"rank {self.rank_index}, program {self.program}"
 
     # --- programs
     def program_id(self, axis):
         g = self.launch.grid
         if not 0 <= axis < len(g):
-            raise KernelError(f"{self.where()}: program_id({axis}) of a {len(g)}-D grid")
+            raise KernelError(f"{self.location()}: program_id({axis}) of a {len(g)}-D grid")
         index = self.program
         for a in range(axis):
             index //= g[a]
@@ -169,31 +133,37 @@ class Context:
     def num_programs(self, axis):
         return self.launch.grid[axis]
 
+    def rank(self):
+        return self.rank_index
+
+    def num_ranks(self):
+        return self.world_size
+
     # --- memory
     def load(self, pointer, mask, other, sem, scope):
         _check_sem(sem, ("relaxed", "acquire"), "load")
         if not isinstance(pointer, Pointer):
-            raise KernelError(f"{self.where()}: el.load of a {type(pointer).__name__}, not a pointer")
+            raise KernelError(f"{self.location()}: el.load of a {type(pointer).__name__}, not a pointer")
         if mask is None:
-            values = pointer.typed()[pointer._indices(f"{self.where()}: el.load")]
+            values = pointer.typed()[pointer._indices(f"{self.location()}: el.load")]
             return block(values.copy()) if np.ndim(values) else values[()]
         m = np.broadcast_to(np.asarray(mask, dtype=bool), np.shape(pointer.offset))
         out = np.full(m.shape, other, dtype=pointer.dtype)
         if m.any():
             masked = pointer._moved(np.asarray(pointer.offset)[m])
-            out[m] = pointer.typed()[masked._indices(f"{self.where()}: el.load")]
+            out[m] = pointer.typed()[masked._indices(f"{self.location()}: el.load")]
         return block(out) if out.ndim else out[()]
 
     def store(self, pointer, value, mask, sem, scope):
         _check_sem(sem, ("relaxed", "release"), "store")
         if not isinstance(pointer, Pointer):
-            raise KernelError(f"{self.where()}: el.store to a {type(pointer).__name__}, not a pointer")
+            raise KernelError(f"{self.location()}: el.store to a {type(pointer).__name__}, not a pointer")
         offsets = np.asarray(pointer.offset)
         values = np.broadcast_to(np.asarray(value).astype(pointer.dtype), offsets.shape)
         if mask is not None:
             m = np.broadcast_to(np.asarray(mask, dtype=bool), offsets.shape)
             pointer, values = pointer._moved(offsets[m]), values[m]
-        pointer.typed()[pointer._indices(f"{self.where()}: el.store")] = values
+        pointer.typed()[pointer._indices(f"{self.location()}: el.store")] = values
 
     def atomic_add(self, pointer, value, mask, sem, scope):
         with _atomic:
@@ -217,7 +187,7 @@ class Context:
         with _atomic:
             old = self.load(pointer, None, 0, "relaxed", scope)
             if np.ndim(old):
-                raise KernelError(f"{self.where()}: el.atomic_cas takes one address")
+                raise KernelError(f"{self.location()}: el.atomic_cas takes one address")
             if old == compare:
                 self.store(pointer, value, None, "relaxed", scope)
             return old
@@ -225,12 +195,12 @@ class Context:
     # --- communication
     def peer_ptr(self, pointer, peer):
         if not isinstance(pointer, Pointer) or pointer.symmetric is None:
-            raise KernelError(f"{self.where()}: el.peer_ptr needs a pointer into a symmetric "
+            raise KernelError(f"{self.location()}: el.peer_ptr needs a pointer into a symmetric "
                               "window (epic.dsl.jit.SymmetricMemory)")
         peer = int(peer)
-        if not 0 <= peer < self.num_ranks:
-            raise KernelError(f"{self.where()}: el.peer_ptr to rank {peer} of a world of "
-                              f"{self.num_ranks}")
+        if not 0 <= peer < self.world_size:
+            raise KernelError(f"{self.location()}: el.peer_ptr to rank {peer} of a world of "
+                              f"{self.world_size}")
         memory = pointer.symmetric.ranks[peer]
         return Pointer(memory, pointer.offset, pointer.dtype, pointer.symmetric, peer)
 
@@ -248,16 +218,16 @@ class Context:
         from . import checks
 
         if (message := checks.timeout_error("wait", timeout_ms)) is not None:
-            raise KernelError(f"{self.where()}: {message}")
+            raise KernelError(f"{self.location()}: {message}")
         deadline = time.monotonic() + timeout_ms / 1e3
         while True:
             current = self.load(pointer, None, 0, "acquire", "sys")
             if current >= value:
                 return current
             if self.launch.failed.is_set():
-                raise _Aborted(f"{self.where()}: stopped (another program failed)")
+                raise _Aborted(f"{self.location()}: stopped (another program failed)")
             if time.monotonic() > deadline:
-                raise KernelError(f"{self.where()}: el.wait timed out after {timeout_ms} ms: the "
+                raise KernelError(f"{self.location()}: el.wait timed out after {timeout_ms} ms: the "
                                   f"word at byte {pointer.offset} of rank {pointer.rank}'s window "
                                   f"is {current}, waited for {value}")
             time.sleep(0)
@@ -272,14 +242,14 @@ class Context:
         from . import checks
 
         if (message := checks.timeout_error("barrier", timeout_ms)) is not None:
-            raise KernelError(f"{self.where()}: {message}")
+            raise KernelError(f"{self.location()}: {message}")
         try:
             self.launch.barrier.wait(timeout=min(timeout_ms / 1e3, self.launch.timeout_s))
         except threading.BrokenBarrierError:
             if self.launch.failed.is_set():
-                raise _Aborted(f"{self.where()}: stopped at el.barrier (another program "
+                raise _Aborted(f"{self.location()}: stopped at el.barrier (another program "
                                "failed)") from None
-            raise KernelError(f"{self.where()}: el.barrier timed out after {timeout_ms} ms: not "
+            raise KernelError(f"{self.location()}: el.barrier timed out after {timeout_ms} ms: not "
                               "every program of every rank arrived") from None
 
 
@@ -288,12 +258,11 @@ def call(context, function, args, kwargs, where):
     with the calling program's context, under the compiler's rules (JITFunction.bind_call,
     checks.check_called)."""
     from . import checks
-    from .jit import CallError
 
     try:
         bound = function.bind_call(args, kwargs, context.calls, _constant)
     except CallError as e:
-        raise KernelError(f"{context.where()}: {where}: {e}") from None
+        raise KernelError(f"{context.location()}: {where}: {e}") from None
     checks.check_called(function.fn)
     context.launch.codes.add(function.fn.__code__)
     context.calls.append(function.fn)
@@ -326,7 +295,7 @@ def launch(fn, grid, per_rank_args, num_ranks, timeout_s=60.0):
     errors = []
 
     def body(rank, program):
-        _local.context = Context(shared, rank, program, fn)
+        dispatch.set_interpreted_program(Context(shared, rank, program, fn))
         try:
             fn(*per_rank_args[rank])
         except BaseException as e:  # noqa: BLE001 - reported with its place
@@ -334,7 +303,7 @@ def launch(fn, grid, per_rank_args, num_ranks, timeout_s=60.0):
             shared.failed.set()
             shared.barrier.abort()
         finally:
-            _local.context = None
+            dispatch.set_interpreted_program(None)
 
     threads = [threading.Thread(target=body, args=(r, p), daemon=True)
                for r in range(num_ranks) for p in range(shared.programs)]

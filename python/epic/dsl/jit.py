@@ -31,7 +31,9 @@ import os
 
 import numpy as np
 
-from .interpreter import KernelError, SymmetricMemory
+from . import dispatch
+from .errors import CallError, KernelError
+from .interpreter import SymmetricMemory
 
 __all__ = ["jit", "JITFunction", "SymmetricMemory", "KernelError", "interpreting"]
 
@@ -40,19 +42,16 @@ def interpreting() -> bool:
     return os.environ.get("EPIC_INTERPRET", "") not in ("", "0")
 
 
-class CallError(Exception):
-    """A call of an @epic.jit function from a kernel that breaks the rules of
-    :meth:`JITFunction.bind_call`; the compiler and the interpreter report it at the call."""
-
-
 class JITFunction:
     """A kernel: ``kernel[grid](*args, world=..., **constexprs)``."""
+
+    __epic_jit_function__ = True  # (dispatch.JIT_FUNCTION: what the checks and codegen look for)
 
     def __init__(self, fn):
         self.fn = fn
         self.signature = inspect.signature(fn)
         self.constexprs = {name for name, p in self.signature.parameters.items()
-                           if _is_constexpr(p.annotation)}
+                           if dispatch.is_constexpr(p.annotation)}
         self.cache = {}  # compiled kernels by specialization
         functools.update_wrapper(self, fn)
 
@@ -72,7 +71,7 @@ class JITFunction:
         interpreter runs it with the calling program's context. Outside, launch with a grid."""
         from . import interpreter
 
-        context = getattr(interpreter._local, "context", None)
+        context = dispatch.interpreted_program()
         if context is None:
             raise TypeError(f"{self.fn.__name__} is an @epic.jit kernel: launch it as "
                             f"{self.fn.__name__}[grid](...)")
@@ -146,7 +145,7 @@ class JITFunction:
     @staticmethod
     def _value_key(value):
         if hasattr(value, "dtype") and hasattr(value, "shape"):
-            from .codegen import mlir_type
+            from .semantic_core import mlir_type
 
             numpy = isinstance(value, np.ndarray)
             address = value.ctypes.data if numpy else value.data_ptr()
@@ -220,25 +219,35 @@ class JITFunction:
             constexprs = {n: bound.arguments[n] for n in self.constexprs}
             ir_text = generate(_ir, self.fn, self.argument_kinds(bound), constexprs, num_warps,
                                abi=abi, ranks=ranks, backend=backend)
-            compiled = CompiledKernel(self.fn.__name__, ir_text,
-                                      _ir.compile(ir_text, backend, True), num_warps)
-            _write_atomically(path, json.dumps({"ir": ir_text}))
-            if abi == "runtime":  # the runtime finds the kernels by the IR's key
+            if abi == "runtime":
+                # One compile per specialization: the runtime finds the kernels by the IR's key
+                # in its kernel cache, so they are compiled here (or taken from there: an
+                # earlier process compiled them) and put there, not compiled again by
+                # epic-compile (the same compiler and options) when a launch asks for them.
                 from epic import _C
 
-                _C.Runtime(backend, "", "").kernels_for_ir(ir_text)
+                runtime = _C.Runtime(backend, "", "")
+                module = runtime.cached_kernels(ir_text)
+                if module is None:
+                    module = _ir.compile(ir_text, backend, True)
+                    runtime.store_kernels(ir_text, module["ptx"], module["cubin"],
+                                          module["metadata"])
+            else:
+                module = _ir.compile(ir_text, backend, True)
+            compiled = CompiledKernel(self.fn.__name__, ir_text, module, num_warps)
+            _write_atomically(path, json.dumps({"ir": ir_text}))
         self.cache[key] = compiled
         return compiled
 
     def _disk_path(self, key):
         import hashlib
 
-        from . import checks, codegen
+        from . import checks, codegen, semantic, semantic_core
 
         digest = hashlib.sha256()
         called = [inspect.getsource(f.fn) for f in self.dependencies()]
-        for part in [inspect.getsource(self.fn), repr(key), inspect.getsource(codegen),
-                     inspect.getsource(checks)] + called:
+        generator = [inspect.getsource(m) for m in (codegen, semantic, semantic_core, checks)]
+        for part in [inspect.getsource(self.fn), repr(key)] + generator + called:
             digest.update(part.encode())
             digest.update(b"\0")
         root = os.environ.get("EPIC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
@@ -424,13 +433,6 @@ def _torch_to_numpy(dtype):
     name = str(dtype).replace("torch.", "")
     return np.dtype({"bfloat16": ml_dtypes.bfloat16, "float8_e4m3fn": ml_dtypes.float8_e4m3fn}
                     .get(name, name))
-
-
-def _is_constexpr(annotation):
-    from epic import language
-
-    return annotation is language.constexpr or annotation == "el.constexpr" or \
-        annotation == "constexpr"
 
 
 def jit(fn=None, **options):

@@ -14,9 +14,12 @@ signal slots will be a separate kind when the network path needs them. ``el.put`
 resources: a kernel that calls them is refused when compiled for it
 (:func:`epic.dsl.checks.check_backend`).
 
-These functions are what a kernel calls. Under ``EPIC_INTERPRET=1`` they execute on the CPU with
-numpy (``epic.dsl.interpreter``): every (rank, program instance) pair is a thread, so waits
-between ranks work. The compiler front end reads the same calls from the kernel's AST.
+These functions are what a kernel calls; each builtin is written once, here, and runs on one of
+two executors (:mod:`epic.dsl.dispatch`): compiled, the code generator calls it with its semantic
+layer (``_semantic``, :mod:`epic.dsl.semantic`), which emits the IR; under ``EPIC_INTERPRET=1``
+the interpreter's program instance executes it on the CPU with numpy
+(:mod:`epic.dsl.interpreter`: every (rank, program instance) pair is a thread, so waits between
+ranks work). This module imports neither executor.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from epic.dsl import interpreter as _interp
+from epic.dsl.dispatch import builtin as _builtin
+from epic.dsl.dispatch import executor as _executor
 
 __all__ = [
     "constexpr", "static_range",
@@ -37,6 +41,8 @@ __all__ = [
 
 class constexpr:
     """Annotation of a kernel argument whose value specializes the kernel (``BLOCK: el.constexpr``)."""
+
+    __epic_constexpr__ = True  # (dispatch.CONSTEXPR: what the checks and @epic.jit look for)
 
 
 def static_range(*args):
@@ -54,136 +60,155 @@ int64 = np.dtype(np.int64)
 uint8 = np.dtype(np.uint8)
 
 
-def _ctx():
-    return _interp.current()
-
-
 # --- programs and blocks ----------------------------------------------------------------------
 
 
-def program_id(axis: int = 0) -> int:
+@_builtin
+def program_id(axis: int = 0, _semantic=None) -> int:
     """This program instance's index along `axis` of the grid (on its rank)."""
-    return _ctx().program_id(axis)
+    return _executor(_semantic).program_id(axis)
 
 
-def num_programs(axis: int = 0) -> int:
-    return _ctx().num_programs(axis)
+@_builtin
+def num_programs(axis: int = 0, _semantic=None) -> int:
+    return _executor(_semantic).num_programs(axis)
 
 
-def arange(start: int, end: int):
+@_builtin
+def arange(start: int, end: int, _semantic=None):
     """The block ``[start, end)``; its size must be a power of two."""
-    n = end - start
-    if n <= 0 or n & (n - 1):
-        raise ValueError(f"el.arange: the block size must be a power of two, got {n}")
-    return _interp.block(np.arange(start, end, dtype=np.int32))
+    return _executor(_semantic).arange(start, end)
 
 
-def zeros(shape, dtype):
-    return _interp.block(np.zeros(shape, dtype=dtype))
+@_builtin
+def zeros(shape, dtype, _semantic=None):
+    return _executor(_semantic).zeros(shape, dtype)
 
 
-def full(shape, value, dtype):
-    return _interp.block(np.full(shape, value, dtype=dtype))
+@_builtin
+def full(shape, value, dtype, _semantic=None):
+    return _executor(_semantic).full(shape, value, dtype)
 
 
-def where(condition, x, y):
-    return _interp.block(np.where(condition, x, y))
+@_builtin
+def where(condition, x, y, _semantic=None):
+    return _executor(_semantic).where(condition, x, y)
 
 
-def cast(x, dtype):
+@_builtin
+def cast(x, dtype, _semantic=None):
     """`x` as `dtype` (FP8 saturates to its largest finite value, like the hardware)."""
-    return _interp.cast(x, dtype)
+    return _executor(_semantic).cast(x, dtype)
 
 
-def sum(x, axis=0):  # noqa: A001 - the language's name
-    return _interp.reduce(np.sum, x, axis)
+@_builtin
+def sum(x, axis=0, _semantic=None):  # noqa: A001 - the language's name
+    return _executor(_semantic).sum(x, axis)
 
 
-def max(x, axis=0):  # noqa: A001
-    return _interp.reduce(np.max, x, axis)
+@_builtin
+def max(x, axis=0, _semantic=None):  # noqa: A001
+    return _executor(_semantic).max(x, axis)
 
 
-def min(x, axis=0):  # noqa: A001
-    return _interp.reduce(np.min, x, axis)
+@_builtin
+def min(x, axis=0, _semantic=None):  # noqa: A001
+    return _executor(_semantic).min(x, axis)
 
 
-def cumsum(x, axis=0):
-    return _interp.block(np.cumsum(x, axis=axis).astype(np.asarray(x).dtype))
+@_builtin
+def cumsum(x, axis=0, _semantic=None):
+    return _executor(_semantic).cumsum(x, axis)
 
 
 # --- memory -------------------------------------------------------------------------------------
 
 
-def load(pointer, mask=None, other=0, sem: str = "relaxed", scope: str = "gpu"):
+@_builtin
+def load(pointer, mask=None, other=0, sem: str = "relaxed", scope: str = "gpu", _semantic=None):
     """Values at `pointer` (a pointer or a block of them); masked-out lanes give `other` and
     touch no memory. ``sem="acquire"`` (scalar pointers) orders later accesses after it; it
     is one observation per program instance: thread 0 loads, every thread gets that value."""
-    return _ctx().load(pointer, mask, other, sem, scope)
+    return _executor(_semantic).load(pointer, mask, other, sem, scope)
 
 
-def store(pointer, value, mask=None, sem: str = "relaxed", scope: str = "gpu"):
+@_builtin
+def store(pointer, value, mask=None, sem: str = "relaxed", scope: str = "gpu", _semantic=None):
     """Stores `value` at `pointer` where `mask` holds; ``sem="release"`` orders earlier accesses
     before it."""
-    _ctx().store(pointer, value, mask, sem, scope)
+    _executor(_semantic).store(pointer, value, mask, sem, scope)
 
 
-def atomic_add(pointer, value, mask=None, sem: str = "relaxed", scope: str = "gpu"):
+@_builtin
+def atomic_add(pointer, value, mask=None, sem: str = "relaxed", scope: str = "gpu",
+               _semantic=None):
     """Adds `value` at `pointer` atomically; returns the old value(s)."""
-    return _ctx().atomic_add(pointer, value, mask, sem, scope)
+    return _executor(_semantic).atomic_add(pointer, value, mask, sem, scope)
 
 
-def atomic_cas(pointer, compare, value, sem: str = "relaxed", scope: str = "gpu"):
+@_builtin
+def atomic_cas(pointer, compare, value, sem: str = "relaxed", scope: str = "gpu",
+               _semantic=None):
     """Stores `value` where the old value equals `compare`; returns the old value."""
-    return _ctx().atomic_cas(pointer, compare, value, sem, scope)
+    return _executor(_semantic).atomic_cas(pointer, compare, value, sem, scope)
 
 
 # --- communication (the comm dialect) ------------------------------------------------------------
 
 
-def rank() -> int:
+@_builtin
+def rank(_semantic=None) -> int:
     """This rank in the EP world."""
-    return _ctx().rank
+    return _executor(_semantic).rank()
 
 
-def num_ranks() -> int:
-    return _ctx().num_ranks
+@_builtin
+def num_ranks(_semantic=None) -> int:
+    return _executor(_semantic).num_ranks()
 
 
-def peer_ptr(pointer, peer):
+@_builtin
+def peer_ptr(pointer, peer, _semantic=None):
     """The same place in `peer`'s copy of a symmetric window (NVLink load/store: NCCL's LSA)."""
-    return _ctx().peer_ptr(pointer, peer)
+    return _executor(_semantic).peer_ptr(pointer, peer)
 
 
-def put(dst, src, count, signal=None, signal_value: int = 1):
+@_builtin
+def put(dst, src, count, signal=None, signal_value: int = 1, _semantic=None):
     """One-sided copy of `count` elements from local `src` to `dst` (a peer's window), then, if
     given, adds `signal_value` to `signal` once the data is visible (NCCL's GIN put: refused
     on the nccl backend, where el.store through el.peer_ptr then el.signal does the same)."""
-    _ctx().put(dst, src, count, signal, signal_value)
+    _executor(_semantic).put(dst, src, count, signal, signal_value)
 
 
-def signal(pointer, value: int = 1):
+@_builtin
+def signal(pointer, value: int = 1, _semantic=None):
     """Adds `value` to a signal word (release)."""
-    _ctx().signal(pointer, value)
+    _executor(_semantic).signal(pointer, value)
 
 
-def wait(pointer, value: int, timeout_ms: int = 10_000):
+@_builtin
+def wait(pointer, value: int, timeout_ms: int = 10_000, _semantic=None):
     """Waits until the signal word at `pointer` reaches `value`; after `timeout_ms` the kernel
     fails naming the rank, the program and the word (never hangs silently)."""
-    return _ctx().wait(pointer, value, timeout_ms)
+    return _executor(_semantic).wait(pointer, value, timeout_ms)
 
 
-def flush():
+@_builtin
+def flush(_semantic=None):
     """Waits until this program's puts are complete at their destinations (a GIN flush:
     refused on the nccl backend, like el.put)."""
-    _ctx().flush()
+    _executor(_semantic).flush()
 
 
-def barrier(timeout_ms: int = 10_000):
+@_builtin
+def barrier(timeout_ms: int = 10_000, _semantic=None):
     """Every program instance of every rank of the launch meets here; after `timeout_ms` the
     kernel fails naming the rank and the program (on every backend)."""
-    _ctx().barrier(timeout_ms)
+    _executor(_semantic).barrier(timeout_ms)
 
 
-def fence(scope: str = "sys"):
+@_builtin
+def fence(scope: str = "sys", _semantic=None):
     """Orders this program's memory accesses before and after it."""
-    _ctx().fence(scope)
+    _executor(_semantic).fence(scope)
