@@ -31,6 +31,7 @@ apt_packages=(
   libzstd-dev                                                      # needed by LLVM's CMake config
   cmake ninja-build ccache g++                                     # build
   libgtest-dev pybind11-dev                                        # C++ tests, Python bindings
+  clang-format-22                                                  # tools/lint.sh (C++ style)
 )
 missing=()
 for pkg in "${apt_packages[@]}"; do

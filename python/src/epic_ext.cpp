@@ -161,14 +161,16 @@ template <typename Call> struct Slot {
   const char *name;
   std::function<DeviceTensor &(Call &)> get;
 };
-#define EPIC_SLOT(Call, name, path)                                                             \
-  Slot<Call> { name, [](Call &c) -> DeviceTensor & { return c.path; } }
+#define EPIC_SLOT(Call, name, path)                                                                \
+  Slot<Call> {                                                                                     \
+    name, [](Call &c) -> DeviceTensor & { return c.path; }                                         \
+  }
 // The handle's tensors after its routing ids, in epic.handle.HANDLE_SLOTS's order.
-#define EPIC_HANDLE_SLOTS_AFTER_IDS(Call)                                                       \
-  EPIC_SLOT(Call, "dst_buffer_slot_idx", handle.dstBufferSlotIdx),                              \
-      EPIC_SLOT(Call, "recv_src_metadata", handle.recvSrcMetadata),                             \
-      EPIC_SLOT(Call, "psum_num_recv_tokens_per_rank", handle.psumNumRecvTokensPerRank),        \
-      EPIC_SLOT(Call, "num_recv_tokens_per_expert", handle.numRecvTokensPerExpert),             \
+#define EPIC_HANDLE_SLOTS_AFTER_IDS(Call)                                                          \
+  EPIC_SLOT(Call, "dst_buffer_slot_idx", handle.dstBufferSlotIdx),                                 \
+      EPIC_SLOT(Call, "recv_src_metadata", handle.recvSrcMetadata),                                \
+      EPIC_SLOT(Call, "psum_num_recv_tokens_per_rank", handle.psumNumRecvTokensPerRank),           \
+      EPIC_SLOT(Call, "num_recv_tokens_per_expert", handle.numRecvTokensPerExpert),                \
       EPIC_SLOT(Call, "psum_num_recv_tokens_per_expert", handle.psumNumRecvTokensPerExpert)
 const std::vector<Slot<DispatchCall>> kDispatchSlots = {
     EPIC_SLOT(DispatchCall, "x", x),
@@ -192,8 +194,7 @@ const std::vector<Slot<CombineCall>> kCombineSlots = {
     EPIC_SLOT(CombineCall, "topk_idx", handle.topkIdx),
     EPIC_HANDLE_SLOTS_AFTER_IDS(CombineCall)};
 const std::vector<Slot<GroupedGemmCall>> kGroupedGemmSlots = {
-    EPIC_SLOT(GroupedGemmCall, "x", x),
-    EPIC_SLOT(GroupedGemmCall, "weights", weights),
+    EPIC_SLOT(GroupedGemmCall, "x", x), EPIC_SLOT(GroupedGemmCall, "weights", weights),
     EPIC_SLOT(GroupedGemmCall, "out", out),
     EPIC_SLOT(GroupedGemmCall, "psum_num_recv_tokens_per_expert", psumNumRecvTokensPerExpert)};
 #undef EPIC_HANDLE_SLOTS_AFTER_IDS
@@ -201,13 +202,12 @@ const std::vector<Slot<GroupedGemmCall>> kGroupedGemmSlots = {
 
 /// A fused call's slots: the inner call's (reached through `inner`), then `own`.
 template <typename Call, typename Inner>
-std::vector<Slot<Call>> fusedSlots(const std::vector<Slot<Inner>> &innerSlots,
-                                   Inner Call::*inner, std::vector<Slot<Call>> own) {
+std::vector<Slot<Call>> fusedSlots(const std::vector<Slot<Inner>> &innerSlots, Inner Call::*inner,
+                                   std::vector<Slot<Call>> own) {
   std::vector<Slot<Call>> out;
   for (const Slot<Inner> &slot : innerSlots)
-    out.push_back({slot.name, [get = slot.get, inner](Call &c) -> DeviceTensor & {
-                     return get(c.*inner);
-                   }});
+    out.push_back(
+        {slot.name, [get = slot.get, inner](Call &c) -> DeviceTensor & { return get(c.*inner); }});
   out.insert(out.end(), own.begin(), own.end());
   return out;
 }
@@ -285,8 +285,7 @@ CombineVariant combineVariantFrom(const py::dict &d) {
 /// records and the entry IR only, no GPU needed) or planned on `host`. The
 /// one place the op kinds are told apart.
 py::object planOrCheck(KernelHost *host, const std::string &kind, const py::dict &spec,
-                       const py::dict &variant, const py::list &calls, int blocks,
-                       void *stream) {
+                       const py::dict &variant, const py::list &calls, int blocks, void *stream) {
   EPSpec s = specFrom(spec);
   std::string offDevice; // the first tensor not in CUDA memory, refused after the rest
   // Without a host: what planning checks before it needs the GPU.
@@ -306,25 +305,31 @@ py::object planOrCheck(KernelHost *host, const std::string &kind, const py::dict
     DispatchVariant v = dispatchVariantFrom(variant);
     auto c = callsFrom(calls, kDispatchSlots, offDevice);
     if (host)
-      return plan([&] { return host->planDispatch(s, v, c, blocks, stream, slotNames(kDispatchSlots)); });
-    return check(c, [&](const DispatchCall &call) { return dispatchRecord(s, v, call); },
-                 [&] { dispatchEntryIR(s, v, kDispatchEntryName); });
+      return plan(
+          [&] { return host->planDispatch(s, v, c, blocks, stream, slotNames(kDispatchSlots)); });
+    return check(
+        c, [&](const DispatchCall &call) { return dispatchRecord(s, v, call); },
+        [&] { dispatchEntryIR(s, v, kDispatchEntryName); });
   }
   if (kind == "combine") {
     CombineVariant v = combineVariantFrom(variant);
     auto c = callsFrom(calls, kCombineSlots, offDevice);
     if (host)
-      return plan([&] { return host->planCombine(s, v, c, blocks, stream, slotNames(kCombineSlots)); });
-    return check(c, [&](const CombineCall &call) { return combineRecord(s, v, call); },
-                 [&] { combineEntryIR(s, v, kCombineEntryName); });
+      return plan(
+          [&] { return host->planCombine(s, v, c, blocks, stream, slotNames(kCombineSlots)); });
+    return check(
+        c, [&](const CombineCall &call) { return combineRecord(s, v, call); },
+        [&] { combineEntryIR(s, v, kCombineEntryName); });
   }
   if (kind == "grouped_gemm") {
     auto c = callsFrom(calls, kGroupedGemmSlots, offDevice);
     if (host)
-      return plan(
-          [&] { return host->planGroupedGemm(s, c, blocks, stream, slotNames(kGroupedGemmSlots)); });
-    return check(c, [&](const GroupedGemmCall &call) { return groupedGemmRecord(s, call); },
-                 [&] { checkRanksAgree(c, "the weights' shape or the output dtype", gemmOperands); });
+      return plan([&] {
+        return host->planGroupedGemm(s, c, blocks, stream, slotNames(kGroupedGemmSlots));
+      });
+    return check(
+        c, [&](const GroupedGemmCall &call) { return groupedGemmRecord(s, call); },
+        [&] { checkRanksAgree(c, "the weights' shape or the output dtype", gemmOperands); });
   }
   if (kind == "dispatch_gemm") {
     DispatchVariant v = dispatchVariantFrom(variant);
@@ -333,10 +338,9 @@ py::object planOrCheck(KernelHost *host, const std::string &kind, const py::dict
       return plan([&] {
         return host->planDispatchGemm(s, v, c, blocks, stream, slotNames(kDispatchGemmSlots));
       });
-    return check(c, [&](const DispatchGemmCall &call) { return dispatchGemmRecord(s, v, call); },
-                 [&] {
-                   checkRanksAgree(c, "the experts' shape or the output dtype", fusedGemmOperands);
-                 });
+    return check(
+        c, [&](const DispatchGemmCall &call) { return dispatchGemmRecord(s, v, call); },
+        [&] { checkRanksAgree(c, "the experts' shape or the output dtype", fusedGemmOperands); });
   }
   if (kind == "gemm_combine") {
     int biases = field<int>(variant, "biases");
@@ -345,8 +349,8 @@ py::object planOrCheck(KernelHost *host, const std::string &kind, const py::dict
       return plan([&] {
         return host->planGemmCombine(s, biases, c, blocks, stream, slotNames(kGemmCombineSlots));
       });
-    return check(c, [&](const GemmCombineCall &call) { return gemmCombineRecord(s, biases, call); },
-                 [] {});
+    return check(
+        c, [&](const GemmCombineCall &call) { return gemmCombineRecord(s, biases, call); }, [] {});
   }
   invalid("kind must be dispatch, combine, grouped_gemm, dispatch_gemm or gemm_combine, got \"" +
           kind + "\"");
@@ -417,10 +421,9 @@ PYBIND11_MODULE(_C, m) {
             } else if (kind == "combine") {
               ir = combineEntryIR(s, combineVariantFrom(variant), kCombineEntryName);
             } else if (kind == "dispatch_gemm") {
-              ir = dispatchGemmEntryIR(s, dispatchVariantFrom(variant),
-                                       field<int64_t>(variant, "n"),
-                                       field<std::string>(variant, "out_dtype"),
-                                       kDispatchGemmEntryName);
+              ir = dispatchGemmEntryIR(
+                  s, dispatchVariantFrom(variant), field<int64_t>(variant, "n"),
+                  field<std::string>(variant, "out_dtype"), kDispatchGemmEntryName);
             } else if (kind == "gemm_combine") {
               ir = gemmCombineEntryIR(s, field<int>(variant, "biases"), kGemmCombineEntryName);
             } else if (kind == "grouped_gemm") {
@@ -429,7 +432,8 @@ PYBIND11_MODULE(_C, m) {
                                       kGroupedGemmEntryName);
             } else {
               invalid("kind must be dispatch, combine, grouped_gemm, dispatch_gemm or "
-                      "gemm_combine, got \"" + kind + "\"");
+                      "gemm_combine, got \"" +
+                      kind + "\"");
             }
             KernelProvider::Result result = r.provider.get(ir);
             py::dict out;
@@ -487,17 +491,19 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<KernelHost::Prepared>(m, "Prepared")
       .def_property_readonly("key", [](const KernelHost::Prepared &p) { return p.info().key; })
-      .def_property_readonly("source",
-                             [](const KernelHost::Prepared &p) { return sourceName(p.info().source); })
+      .def_property_readonly(
+          "source", [](const KernelHost::Prepared &p) { return sourceName(p.info().source); })
       .def_property_readonly("seconds",
                              [](const KernelHost::Prepared &p) { return p.info().seconds; })
       .def_property_readonly("blocks_per_rank", &KernelHost::Prepared::blocksPerRank);
 
   py::class_<KernelHost::Plan>(m, "Plan",
                                "A call whose signature was checked once (see KernelHost::Plan)")
-      .def_property_readonly("key", [](const KernelHost::Plan &p) { return p.prepared().info().key; })
+      .def_property_readonly("key",
+                             [](const KernelHost::Plan &p) { return p.prepared().info().key; })
       .def_property_readonly(
-          "source", [](const KernelHost::Plan &p) { return sourceName(p.prepared().info().source); })
+          "source",
+          [](const KernelHost::Plan &p) { return sourceName(p.prepared().info().source); })
       .def_property_readonly("seconds",
                              [](const KernelHost::Plan &p) { return p.prepared().info().seconds; })
       .def_property_readonly("blocks_per_rank",
@@ -518,8 +524,8 @@ PYBIND11_MODULE(_C, m) {
           [](std::shared_ptr<Runtime> runtime, int ranks, int64_t bytes, int blocks) {
             auto b = std::make_unique<Buffer>();
             b->runtime = std::move(runtime);
-            b->host = std::make_unique<VirtualElasticBuffer>(ranks, bytes, b->runtime->provider,
-                                                             blocks);
+            b->host =
+                std::make_unique<VirtualElasticBuffer>(ranks, bytes, b->runtime->provider, blocks);
             return b;
           },
           py::arg("runtime"), py::arg("num_ranks"), py::arg("num_bytes"),
@@ -530,12 +536,12 @@ PYBIND11_MODULE(_C, m) {
              uintptr_t splitComm, int64_t bytes, int blocks, double timeout) {
             auto b = std::make_unique<Buffer>();
             b->runtime = std::move(runtime);
-            b->comm = splitComm ? Communicator::splitOf(reinterpret_cast<ncclComm_t>(splitComm),
-                                                        timeout)
-                                : std::make_unique<Communicator>(worldSize, rank,
-                                                                 std::string(uniqueId), timeout);
-            b->host = std::make_unique<NcclElasticBuffer>(*b->comm, bytes, b->runtime->provider,
-                                                          blocks);
+            b->comm = splitComm
+                          ? Communicator::splitOf(reinterpret_cast<ncclComm_t>(splitComm), timeout)
+                          : std::make_unique<Communicator>(worldSize, rank, std::string(uniqueId),
+                                                           timeout);
+            b->host =
+                std::make_unique<NcclElasticBuffer>(*b->comm, bytes, b->runtime->provider, blocks);
             return b;
           },
           py::arg("runtime"), py::arg("world_size"), py::arg("rank"), py::arg("unique_id"),
@@ -617,10 +623,12 @@ PYBIND11_MODULE(_C, m) {
         b.comm.reset();
       });
 
-  m.def("nccl_unique_id", [] { return py::bytes(Communicator::newUniqueId()); },
-        "128 bytes naming a new NCCL communicator (rank 0 makes it, every rank uses it).");
-  m.def("receive_rows", [](const py::dict &spec) { return receiveRows(specFrom(spec)); },
-        "Rows a receive buffer needs for this configuration (the worst case).");
+  m.def(
+      "nccl_unique_id", [] { return py::bytes(Communicator::newUniqueId()); },
+      "128 bytes naming a new NCCL communicator (rank 0 makes it, every rank uses it).");
+  m.def(
+      "receive_rows", [](const py::dict &spec) { return receiveRows(specFrom(spec)); },
+      "Rows a receive buffer needs for this configuration (the worst case).");
   m.def(
       "check",
       [](const std::string &kind, const py::dict &spec, const py::dict &variant,
@@ -664,8 +672,8 @@ PYBIND11_MODULE(_C, m) {
         "(worst-case shapes), which the caller allocates.");
   m.def(
       "buffer_size_hint",
-      [](int scaleout, int scaleup, bool hybrid, int64_t tokens, int64_t hidden, int topk,
-         bool fp8, bool multipleReduction) {
+      [](int scaleout, int scaleup, bool hybrid, int64_t tokens, int64_t hidden, int topk, bool fp8,
+         bool multipleReduction) {
         Topology t = scaleout > 1 ? Topology::nodes(scaleout, scaleup, hybrid)
                                   : Topology::singleDomain(scaleup);
         return elasticBufferBytes(t, tokens, hidden, topk, fp8, multipleReduction);
@@ -676,8 +684,8 @@ PYBIND11_MODULE(_C, m) {
       "DeepEP's get_buffer_size_hint, or more where epic's kernels need more window.");
   m.def(
       "theoretical_num_sms",
-      [](int scaleout, int scaleup, bool hybrid, int experts, int topk, double rdma,
-         double nvlink, int deviceSms, bool overlap, double smRead, double smWrite) {
+      [](int scaleout, int scaleup, bool hybrid, int experts, int topk, double rdma, double nvlink,
+         int deviceSms, bool overlap, double smRead, double smWrite) {
         Topology t = scaleout > 1 ? Topology::nodes(scaleout, scaleup, hybrid)
                                   : Topology::singleDomain(scaleup);
         return theoreticalNumSms(t, experts, topk, rdma, nvlink, deviceSms, overlap, smRead,

@@ -30,9 +30,12 @@ __device__ __forceinline__ const ncclDevComm &dcomm(void *comm) {
 
 __device__ __forceinline__ ncclTeam team(void *comm, int32_t kind) {
   switch (kind) {
-  case 0: return ncclTeamWorld(dcomm(comm));
-  case 1: return ncclTeamLsa(dcomm(comm));
-  default: return ncclTeamRail(dcomm(comm));
+  case 0:
+    return ncclTeamWorld(dcomm(comm));
+  case 1:
+    return ncclTeamLsa(dcomm(comm));
+  default:
+    return ncclTeamRail(dcomm(comm));
   }
 }
 
@@ -48,24 +51,29 @@ __device__ __forceinline__ ncclTeam team(int32_t n, int32_t rank, int32_t stride
 template <typename F>
 __device__ __forceinline__ void withRemoteAction(int32_t mode, int32_t signal, int64_t add, F f) {
   switch (mode) {
-  case kSignalInc: f(ncclGin_SignalInc{uint32_t(signal)}); break;
-  case kSignalAdd: f(ncclGin_SignalAdd{uint32_t(signal), uint64_t(add)}); break;
-  default: f(ncclGin_None{}); break;
+  case kSignalInc:
+    f(ncclGin_SignalInc{uint32_t(signal)});
+    break;
+  case kSignalAdd:
+    f(ncclGin_SignalAdd{uint32_t(signal), uint64_t(add)});
+    break;
+  default:
+    f(ncclGin_None{});
+    break;
   }
 }
 
 template <typename Coop>
-__device__ __forceinline__ void put(Coop coop, void *comm, int32_t context, ncclTeam tm,
-                                    int32_t peer, void *dstWindow, int64_t dstOffset,
-                                    void *srcWindow, int64_t srcOffset, int64_t bytes,
-                                    int32_t signalMode, int32_t signal, int64_t signalAdd,
-                                    int32_t counterMode, int32_t counter) {
+__device__ __forceinline__ void
+put(Coop coop, void *comm, int32_t context, ncclTeam tm, int32_t peer, void *dstWindow,
+    int64_t dstOffset, void *srcWindow, int64_t srcOffset, int64_t bytes, int32_t signalMode,
+    int32_t signal, int64_t signalAdd, int32_t counterMode, int32_t counter) {
   ncclGin gin(dcomm(comm), context);
   withRemoteAction(signalMode, signal, signalAdd, [&](auto remote) {
     if (counterMode)
       gin.put(tm, peer, ncclWindow_t(dstWindow), size_t(dstOffset), ncclWindow_t(srcWindow),
-              size_t(srcOffset), size_t(bytes), remote,
-              ncclGin_CounterInc{uint32_t(counter)}, coop);
+              size_t(srcOffset), size_t(bytes), remote, ncclGin_CounterInc{uint32_t(counter)},
+              coop);
     else
       gin.put(tm, peer, ncclWindow_t(dstWindow), size_t(dstOffset), ncclWindow_t(srcWindow),
               size_t(srcOffset), size_t(bytes), remote, ncclGin_None{}, coop);
@@ -80,11 +88,11 @@ __device__ __forceinline__ void putValue(Coop coop, void *comm, int32_t context,
   ncclGin gin(dcomm(comm), context);
   withRemoteAction(signalMode, signal, signalAdd, [&](auto remote) {
     if (valueBytes == 8)
-      gin.putValue(tm, peer, ncclWindow_t(dstWindow), size_t(dstOffset), uint64_t(value),
-                   remote, coop);
+      gin.putValue(tm, peer, ncclWindow_t(dstWindow), size_t(dstOffset), uint64_t(value), remote,
+                   coop);
     else
-      gin.putValue(tm, peer, ncclWindow_t(dstWindow), size_t(dstOffset), uint32_t(value),
-                   remote, coop);
+      gin.putValue(tm, peer, ncclWindow_t(dstWindow), size_t(dstOffset), uint32_t(value), remote,
+                   coop);
   });
 }
 
@@ -101,8 +109,7 @@ __device__ __forceinline__ void signalOnly(Coop coop, void *comm, int32_t contex
 
 template <typename Coop>
 __device__ __forceinline__ int64_t waitSignal(Coop coop, void *comm, int32_t context,
-                                              int32_t signal, int64_t expected,
-                                              int64_t timeoutNs) {
+                                              int32_t signal, int64_t expected, int64_t timeoutNs) {
   ncclGin gin(dcomm(comm), context);
   if (coop.thread_rank() == 0) {
     uint64_t seen = gin.readSignal(uint32_t(signal));
@@ -125,8 +132,8 @@ __device__ __noinline__ void barrierTimeoutTrap(int32_t rank, int32_t slot, int3
                                                 int64_t timeoutNs) {
   printf("epic: device wait timed out after %lld ms: rank %d block %d thread %d waited for "
          "peer %d at LSA barrier slot %d (epoch %u, seen %u)\n",
-         (long long)(timeoutNs / 1000000), (int)rank, (int)blockIdx.x, (int)threadIdx.x,
-         (int)peer, (int)slot, expected, seen);
+         (long long)(timeoutNs / 1000000), (int)rank, (int)blockIdx.x, (int)threadIdx.x, (int)peer,
+         (int)slot, expected, seen);
   __trap();
 }
 
@@ -168,8 +175,8 @@ __device__ __forceinline__ void lsaBarrier(Coop coop, const ncclDevComm &c, int3
 }
 
 template <typename Coop>
-__device__ __forceinline__ void barrier(Coop coop, void *comm, int32_t teamKind,
-                                        int32_t index, int64_t timeoutNs) {
+__device__ __forceinline__ void barrier(Coop coop, void *comm, int32_t teamKind, int32_t index,
+                                        int64_t timeoutNs) {
   const ncclDevComm &c = dcomm(comm);
   bool singleNode = ncclTeamLsa(c).nRanks == ncclTeamWorld(c).nRanks;
   if (teamKind == 1 || (teamKind == 0 && singleNode)) {
@@ -207,50 +214,46 @@ EPIC_SHIM_ATTR void *__epic_nccl_local_ptr(void *comm, void *window, int64_t off
   return ncclGetLocalPointer(ncclWindow_t(window), size_t(offset));
 }
 EPIC_SHIM_ATTR void *__epic_nccl_peer_ptr(void *comm, void *window, int64_t offset,
-                                          int32_t teamNranks, int32_t teamRank,
-                                          int32_t teamStride, int32_t peer) {
+                                          int32_t teamNranks, int32_t teamRank, int32_t teamStride,
+                                          int32_t peer) {
   (void)comm;
   return ncclGetPeerPointer(ncclWindow_t(window), size_t(offset),
                             team(teamNranks, teamRank, teamStride), peer);
 }
 
-#define EPIC_DEFINE_COOP(Coop, Type)                                                     \
-  EPIC_SHIM_ATTR void __epic_nccl_put_##Coop(                                            \
-      void *comm, int32_t context, int32_t teamNranks, int32_t teamRank,                \
-      int32_t teamStride, int32_t peer, void *dstWindow, int64_t dstOffset,             \
-      void *srcWindow, int64_t srcOffset, int64_t bytes, int32_t signalMode,            \
-      int32_t signal, int64_t signalAdd, int32_t counterMode, int32_t counter) {        \
-    put(Type{}, comm, context, team(teamNranks, teamRank, teamStride), peer, dstWindow,  \
-        dstOffset, srcWindow, srcOffset, bytes, signalMode, signal, signalAdd,          \
-        counterMode, counter);                                                           \
-  }                                                                                      \
-  EPIC_SHIM_ATTR void __epic_nccl_put_value_##Coop(                                      \
-      void *comm, int32_t context, int32_t teamNranks, int32_t teamRank,                \
-      int32_t teamStride, int32_t peer, void *dstWindow, int64_t dstOffset,             \
-      int64_t value, int32_t valueBytes, int32_t signalMode, int32_t signal,            \
-      int64_t signalAdd) {                                                               \
-    putValue(Type{}, comm, context, team(teamNranks, teamRank, teamStride), peer,        \
-             dstWindow, dstOffset, value, valueBytes, signalMode, signal, signalAdd);    \
-  }                                                                                      \
-  EPIC_SHIM_ATTR void __epic_nccl_signal_##Coop(                                         \
-      void *comm, int32_t context, int32_t teamNranks, int32_t teamRank,                \
-      int32_t teamStride, int32_t peer, int32_t signal, int32_t signalMode,             \
-      int64_t signalAdd) {                                                               \
-    signalOnly(Type{}, comm, context, team(teamNranks, teamRank, teamStride), peer,      \
-               signal, signalMode, signalAdd);                                           \
-  }                                                                                      \
-  EPIC_SHIM_ATTR int64_t __epic_nccl_wait_signal_##Coop(                                 \
-      void *comm, int32_t context, int32_t signal, int64_t expected,                    \
-      int64_t timeoutNs) {                                                               \
-    return waitSignal(Type{}, comm, context, signal, expected, timeoutNs);              \
-  }                                                                                      \
-  EPIC_SHIM_ATTR void __epic_nccl_flush_##Coop(void *comm, int32_t context) {            \
-    ncclGin gin(dcomm(comm), context);                                                   \
-    gin.flush(Type{});                                                                   \
-  }                                                                                      \
-  EPIC_SHIM_ATTR void __epic_nccl_barrier_##Coop(void *comm, int32_t teamKind,           \
-                                                 int32_t index, int64_t timeoutNs) {     \
-    barrier(Type{}, comm, teamKind, index, timeoutNs);                                   \
+#define EPIC_DEFINE_COOP(Coop, Type)                                                               \
+  EPIC_SHIM_ATTR void __epic_nccl_put_##Coop(                                                      \
+      void *comm, int32_t context, int32_t teamNranks, int32_t teamRank, int32_t teamStride,       \
+      int32_t peer, void *dstWindow, int64_t dstOffset, void *srcWindow, int64_t srcOffset,        \
+      int64_t bytes, int32_t signalMode, int32_t signal, int64_t signalAdd, int32_t counterMode,   \
+      int32_t counter) {                                                                           \
+    put(Type{}, comm, context, team(teamNranks, teamRank, teamStride), peer, dstWindow, dstOffset, \
+        srcWindow, srcOffset, bytes, signalMode, signal, signalAdd, counterMode, counter);         \
+  }                                                                                                \
+  EPIC_SHIM_ATTR void __epic_nccl_put_value_##Coop(                                                \
+      void *comm, int32_t context, int32_t teamNranks, int32_t teamRank, int32_t teamStride,       \
+      int32_t peer, void *dstWindow, int64_t dstOffset, int64_t value, int32_t valueBytes,         \
+      int32_t signalMode, int32_t signal, int64_t signalAdd) {                                     \
+    putValue(Type{}, comm, context, team(teamNranks, teamRank, teamStride), peer, dstWindow,       \
+             dstOffset, value, valueBytes, signalMode, signal, signalAdd);                         \
+  }                                                                                                \
+  EPIC_SHIM_ATTR void __epic_nccl_signal_##Coop(                                                   \
+      void *comm, int32_t context, int32_t teamNranks, int32_t teamRank, int32_t teamStride,       \
+      int32_t peer, int32_t signal, int32_t signalMode, int64_t signalAdd) {                       \
+    signalOnly(Type{}, comm, context, team(teamNranks, teamRank, teamStride), peer, signal,        \
+               signalMode, signalAdd);                                                             \
+  }                                                                                                \
+  EPIC_SHIM_ATTR int64_t __epic_nccl_wait_signal_##Coop(                                           \
+      void *comm, int32_t context, int32_t signal, int64_t expected, int64_t timeoutNs) {          \
+    return waitSignal(Type{}, comm, context, signal, expected, timeoutNs);                         \
+  }                                                                                                \
+  EPIC_SHIM_ATTR void __epic_nccl_flush_##Coop(void *comm, int32_t context) {                      \
+    ncclGin gin(dcomm(comm), context);                                                             \
+    gin.flush(Type{});                                                                             \
+  }                                                                                                \
+  EPIC_SHIM_ATTR void __epic_nccl_barrier_##Coop(void *comm, int32_t teamKind, int32_t index,      \
+                                                 int64_t timeoutNs) {                              \
+    barrier(Type{}, comm, teamKind, index, timeoutNs);                                             \
   }
 
 EPIC_DEFINE_COOP(thread, ncclCoopThread)

@@ -52,10 +52,18 @@ __device__ __forceinline__ uint64_t nowNs() {
 __device__ __forceinline__ int64_t loadAcquire64(const void *p, int32_t scope) {
   int64_t v;
   switch (scope) {
-  case kCta: asm volatile("ld.acquire.cta.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory"); break;
-  case kCluster: asm volatile("ld.acquire.cluster.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory"); break;
-  case kGpu: asm volatile("ld.acquire.gpu.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory"); break;
-  default: asm volatile("ld.acquire.sys.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory"); break;
+  case kCta:
+    asm volatile("ld.acquire.cta.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    break;
+  case kCluster:
+    asm volatile("ld.acquire.cluster.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    break;
+  case kGpu:
+    asm volatile("ld.acquire.gpu.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    break;
+  default:
+    asm volatile("ld.acquire.sys.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    break;
   }
   return v;
 }
@@ -63,28 +71,40 @@ __device__ __forceinline__ int64_t loadAcquire64(const void *p, int32_t scope) {
 __device__ __forceinline__ int32_t loadAcquire32(const void *p, int32_t scope) {
   int32_t v;
   switch (scope) {
-  case kCta: asm volatile("ld.acquire.cta.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); break;
-  case kCluster: asm volatile("ld.acquire.cluster.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); break;
-  case kGpu: asm volatile("ld.acquire.gpu.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); break;
-  default: asm volatile("ld.acquire.sys.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); break;
+  case kCta:
+    asm volatile("ld.acquire.cta.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    break;
+  case kCluster:
+    asm volatile("ld.acquire.cluster.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    break;
+  case kGpu:
+    asm volatile("ld.acquire.gpu.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    break;
+  default:
+    asm volatile("ld.acquire.sys.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    break;
   }
   return v;
 }
 
 template <typename T> __device__ __forceinline__ bool holds(T seen, int32_t pred, T value) {
   switch (pred) {
-  case kEq: return seen == value;
-  case kNe: return seen != value;
-  case kGe: return seen >= value;
-  default: return seen > value;
+  case kEq:
+    return seen == value;
+  case kNe:
+    return seen != value;
+  case kGe:
+    return seen >= value;
+  default:
+    return seen > value;
   }
 }
 
 /// Printed by every timed-out wait before it traps: which rank, block and
 /// thread waited for what, and what it saw.
 __device__ __noinline__ void timeoutTrap(const char *what, int32_t rank, int64_t detail,
-                                         const char *relation, int64_t expected,
-                                         int64_t seen, int64_t timeoutNs) {
+                                         const char *relation, int64_t expected, int64_t seen,
+                                         int64_t timeoutNs) {
   printf("epic: device wait timed out after %lld ms: rank %d block %d thread %d waited for "
          "%s %lld %s %lld (seen %lld)\n",
          (long long)(timeoutNs / 1000000), (int)rank, (int)blockIdx.x, (int)threadIdx.x, what,
@@ -98,8 +118,8 @@ __device__ __noinline__ void flagTimeoutTrap(const void *flag, const char *relat
                                              int32_t rank, int32_t peer) {
   printf("epic: device wait timed out after %lld ms: rank %d block %d thread %d waited for "
          "peer %d: the flag at %p %s %lld (seen %lld)\n",
-         (long long)(timeoutNs / 1000000), (int)rank, (int)blockIdx.x, (int)threadIdx.x,
-         (int)peer, flag, relation, (long long)expected, (long long)seen);
+         (long long)(timeoutNs / 1000000), (int)rank, (int)blockIdx.x, (int)threadIdx.x, (int)peer,
+         flag, relation, (long long)expected, (long long)seen);
   __trap();
 }
 
@@ -191,12 +211,11 @@ EPIC_SHIM_ATTR void EPIC_NAME(agree_i64_inline)(int64_t value, int64_t theirs, i
 }
 
 // Flag waits are backend independent: both shims define them.
-#define EPIC_FLAG_WAIT(Name, Inline, T, Load)                                                   \
-  EPIC_SHIM_ATTR T EPIC_NAME(Name)(void *flag, int32_t pred, T value, int32_t scope,            \
-                                   int64_t timeoutNs, int32_t rank, int32_t peer) {             \
-    return epic_device::boundedFlagWait<Inline, T>(                                             \
-        flag, [&] { return epic_device::Load(flag, scope); }, pred, value, timeoutNs, rank,     \
-        peer);                                                                                  \
+#define EPIC_FLAG_WAIT(Name, Inline, T, Load)                                                      \
+  EPIC_SHIM_ATTR T EPIC_NAME(Name)(void *flag, int32_t pred, T value, int32_t scope,               \
+                                   int64_t timeoutNs, int32_t rank, int32_t peer) {                \
+    return epic_device::boundedFlagWait<Inline, T>(                                                \
+        flag, [&] { return epic_device::Load(flag, scope); }, pred, value, timeoutNs, rank, peer); \
   }
 EPIC_FLAG_WAIT(wait_flag_i32, false, int32_t, loadAcquire32)
 EPIC_FLAG_WAIT(wait_flag_i64, false, int64_t, loadAcquire64)

@@ -89,11 +89,10 @@ __device__ __forceinline__ void signalPeer(void *comm, int32_t peerWorld, int32_
 }
 
 template <typename Coop>
-__device__ __forceinline__ void put(Coop coop, void *comm, int32_t context, int32_t teamRank,
-                                    int32_t teamStride, int32_t peer, void *dstWindow,
-                                    int64_t dstOffset, void *srcWindow, int64_t srcOffset,
-                                    int64_t bytes, int32_t signalMode, int32_t signal,
-                                    int64_t signalAdd, int32_t counterMode, int32_t counter) {
+__device__ __forceinline__ void
+put(Coop coop, void *comm, int32_t context, int32_t teamRank, int32_t teamStride, int32_t peer,
+    void *dstWindow, int64_t dstOffset, void *srcWindow, int64_t srcOffset, int64_t bytes,
+    int32_t signalMode, int32_t signal, int64_t signalAdd, int32_t counterMode, int32_t counter) {
   int32_t me = myRank(comm);
   int32_t target = worldPeer(comm, teamRank, teamStride, peer);
   coop.sync(); // the group's earlier writes to the source are done
@@ -104,21 +103,20 @@ __device__ __forceinline__ void put(Coop coop, void *comm, int32_t context, int3
     signalPeer(comm, target, context, signal, signalMode, signalAdd);
     if (counterMode) {
       const EpicVirtualComm &c = vcomm(comm);
-      atomicAdd(reinterpret_cast<unsigned long long *>(
-                    c.counters + (uint64_t(me) * c.num_contexts + context) * c.num_counters +
-                    counter),
-                1ull);
+      atomicAdd(
+          reinterpret_cast<unsigned long long *>(
+              c.counters + (uint64_t(me) * c.num_contexts + context) * c.num_counters + counter),
+          1ull);
     }
   }
   coop.sync();
 }
 
 template <typename Coop>
-__device__ __forceinline__ void putValue(Coop coop, void *comm, int32_t context,
-                                         int32_t teamRank, int32_t teamStride, int32_t peer,
-                                         void *dstWindow, int64_t dstOffset, int64_t value,
-                                         int32_t valueBytes, int32_t signalMode, int32_t signal,
-                                         int64_t signalAdd) {
+__device__ __forceinline__ void putValue(Coop coop, void *comm, int32_t context, int32_t teamRank,
+                                         int32_t teamStride, int32_t peer, void *dstWindow,
+                                         int64_t dstOffset, int64_t value, int32_t valueBytes,
+                                         int32_t signalMode, int32_t signal, int64_t signalAdd) {
   int32_t target = worldPeer(comm, teamRank, teamStride, peer);
   coop.sync();
   if (coop.rank() == 0) {
@@ -134,10 +132,9 @@ __device__ __forceinline__ void putValue(Coop coop, void *comm, int32_t context,
 }
 
 template <typename Coop>
-__device__ __forceinline__ void signalOnly(Coop coop, void *comm, int32_t context,
-                                           int32_t teamRank, int32_t teamStride, int32_t peer,
-                                           int32_t signal, int32_t signalMode,
-                                           int64_t signalAdd) {
+__device__ __forceinline__ void signalOnly(Coop coop, void *comm, int32_t context, int32_t teamRank,
+                                           int32_t teamStride, int32_t peer, int32_t signal,
+                                           int32_t signalMode, int64_t signalAdd) {
   coop.sync();
   if (coop.rank() == 0) {
     __threadfence_system();
@@ -154,8 +151,7 @@ __device__ __forceinline__ bool reached(uint64_t seen, uint64_t least) {
 
 template <typename Coop>
 __device__ __forceinline__ int64_t waitSignal(Coop coop, void *comm, int32_t context,
-                                              int32_t signal, int64_t expected,
-                                              int64_t timeoutNs) {
+                                              int32_t signal, int64_t expected, int64_t timeoutNs) {
   int32_t me = myRank(comm);
   const uint64_t *slot = signalSlot(comm, me, context, signal);
   if (coop.rank() == 0) {
@@ -224,49 +220,44 @@ EPIC_SHIM_ATTR void *__epic_virtual_peer_ptr(void *comm, void *window, int64_t o
   return slice(window, worldPeer(comm, teamRank, teamStride, peer), offset);
 }
 
-#define EPIC_DEFINE_COOP(Coop, Type)                                                     \
-  EPIC_SHIM_ATTR void __epic_virtual_put_##Coop(                                         \
-      void *comm, int32_t context, int32_t teamNranks, int32_t teamRank,                \
-      int32_t teamStride, int32_t peer, void *dstWindow, int64_t dstOffset,             \
-      void *srcWindow, int64_t srcOffset, int64_t bytes, int32_t signalMode,            \
-      int32_t signal, int64_t signalAdd, int32_t counterMode, int32_t counter) {        \
-    (void)teamNranks;                                                                    \
-    put(Type{}, comm, context, teamRank, teamStride, peer, dstWindow, dstOffset,        \
-        srcWindow, srcOffset, bytes, signalMode, signal, signalAdd, counterMode,        \
-        counter);                                                                        \
-  }                                                                                      \
-  EPIC_SHIM_ATTR void __epic_virtual_put_value_##Coop(                                   \
-      void *comm, int32_t context, int32_t teamNranks, int32_t teamRank,                \
-      int32_t teamStride, int32_t peer, void *dstWindow, int64_t dstOffset,             \
-      int64_t value, int32_t valueBytes, int32_t signalMode, int32_t signal,            \
-      int64_t signalAdd) {                                                               \
-    (void)teamNranks;                                                                    \
-    putValue(Type{}, comm, context, teamRank, teamStride, peer, dstWindow, dstOffset,   \
-             value, valueBytes, signalMode, signal, signalAdd);                          \
-  }                                                                                      \
-  EPIC_SHIM_ATTR void __epic_virtual_signal_##Coop(                                      \
-      void *comm, int32_t context, int32_t teamNranks, int32_t teamRank,                \
-      int32_t teamStride, int32_t peer, int32_t signal, int32_t signalMode,             \
-      int64_t signalAdd) {                                                               \
-    (void)teamNranks;                                                                    \
-    signalOnly(Type{}, comm, context, teamRank, teamStride, peer, signal, signalMode,   \
-               signalAdd);                                                               \
-  }                                                                                      \
-  EPIC_SHIM_ATTR int64_t __epic_virtual_wait_signal_##Coop(                              \
-      void *comm, int32_t context, int32_t signal, int64_t expected,                    \
-      int64_t timeoutNs) {                                                               \
-    return waitSignal(Type{}, comm, context, signal, expected, timeoutNs);              \
-  }                                                                                      \
-  EPIC_SHIM_ATTR void __epic_virtual_flush_##Coop(void *comm, int32_t context) {         \
-    (void)comm;                                                                          \
-    (void)context;                                                                       \
-    /* Virtual puts complete before they return: only order them. */                    \
-    __threadfence_system();                                                              \
-    Type{}.sync();                                                                       \
-  }                                                                                      \
-  EPIC_SHIM_ATTR void __epic_virtual_barrier_##Coop(void *comm, int32_t teamKind,        \
-                                                    int32_t index, int64_t timeoutNs) {  \
-    barrier(Type{}, comm, teamKind, index, timeoutNs);                                   \
+#define EPIC_DEFINE_COOP(Coop, Type)                                                               \
+  EPIC_SHIM_ATTR void __epic_virtual_put_##Coop(                                                   \
+      void *comm, int32_t context, int32_t teamNranks, int32_t teamRank, int32_t teamStride,       \
+      int32_t peer, void *dstWindow, int64_t dstOffset, void *srcWindow, int64_t srcOffset,        \
+      int64_t bytes, int32_t signalMode, int32_t signal, int64_t signalAdd, int32_t counterMode,   \
+      int32_t counter) {                                                                           \
+    (void)teamNranks;                                                                              \
+    put(Type{}, comm, context, teamRank, teamStride, peer, dstWindow, dstOffset, srcWindow,        \
+        srcOffset, bytes, signalMode, signal, signalAdd, counterMode, counter);                    \
+  }                                                                                                \
+  EPIC_SHIM_ATTR void __epic_virtual_put_value_##Coop(                                             \
+      void *comm, int32_t context, int32_t teamNranks, int32_t teamRank, int32_t teamStride,       \
+      int32_t peer, void *dstWindow, int64_t dstOffset, int64_t value, int32_t valueBytes,         \
+      int32_t signalMode, int32_t signal, int64_t signalAdd) {                                     \
+    (void)teamNranks;                                                                              \
+    putValue(Type{}, comm, context, teamRank, teamStride, peer, dstWindow, dstOffset, value,       \
+             valueBytes, signalMode, signal, signalAdd);                                           \
+  }                                                                                                \
+  EPIC_SHIM_ATTR void __epic_virtual_signal_##Coop(                                                \
+      void *comm, int32_t context, int32_t teamNranks, int32_t teamRank, int32_t teamStride,       \
+      int32_t peer, int32_t signal, int32_t signalMode, int64_t signalAdd) {                       \
+    (void)teamNranks;                                                                              \
+    signalOnly(Type{}, comm, context, teamRank, teamStride, peer, signal, signalMode, signalAdd);  \
+  }                                                                                                \
+  EPIC_SHIM_ATTR int64_t __epic_virtual_wait_signal_##Coop(                                        \
+      void *comm, int32_t context, int32_t signal, int64_t expected, int64_t timeoutNs) {          \
+    return waitSignal(Type{}, comm, context, signal, expected, timeoutNs);                         \
+  }                                                                                                \
+  EPIC_SHIM_ATTR void __epic_virtual_flush_##Coop(void *comm, int32_t context) {                   \
+    (void)comm;                                                                                    \
+    (void)context;                                                                                 \
+    /* Virtual puts complete before they return: only order them. */                               \
+    __threadfence_system();                                                                        \
+    Type{}.sync();                                                                                 \
+  }                                                                                                \
+  EPIC_SHIM_ATTR void __epic_virtual_barrier_##Coop(void *comm, int32_t teamKind, int32_t index,   \
+                                                    int64_t timeoutNs) {                           \
+    barrier(Type{}, comm, teamKind, index, timeoutNs);                                             \
   }
 
 EPIC_DEFINE_COOP(thread, Thread)

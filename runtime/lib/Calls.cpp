@@ -60,8 +60,9 @@ ParamValue check(const DeviceTensor &t, const Expect &e, bool vectorized = false
     fail(std::string(e.name) + " must have shape " + e.dtype + shapeText(e.shape) + ", got " +
          t.describe());
   if (e.minRows >= 0 && t.shape[0] < e.minRows)
-    fail(std::string(e.name) + " has " + std::to_string(t.shape[0]) + " rows but the buffer can receive " +
-         std::to_string(e.minRows) + " (receive buffers are sized for the worst case)");
+    fail(std::string(e.name) + " has " + std::to_string(t.shape[0]) +
+         " rows but the buffer can receive " + std::to_string(e.minRows) +
+         " (receive buffers are sized for the worst case)");
   if (vectorized && t.data % 16)
     fail(std::string(e.name) + " must be 16-byte aligned (rows move as 16-byte vectors)");
   if (t.data % 4)
@@ -191,12 +192,14 @@ ParamRecord epic::runtime::dispatchRecord(const EPSpec &s, const DispatchVariant
   if (v.cached)
     forbid(c.topkIdxCopy, "handle topk_idx copy", "a cached dispatch writes no handle");
   else if (c.topkIdxCopy.given()) // the send kernel writes it (DeepEP's do_handle_copy)
-    r[dispatch::topk_idx_copy] = check(c.topkIdxCopy, {"handle.topk_idx (the copy)", "i64", {T, K}});
+    r[dispatch::topk_idx_copy] =
+        check(c.topkIdxCopy, {"handle.topk_idx (the copy)", "i64", {T, K}});
 
   const int64_t rows = receiveRows(s);
   r[dispatch::recv_x] = check(c.recvX, {"recv_x", s.dtype, {-1, H}, rows}, true);
   if (s.isFP8())
-    r[dispatch::recv_scale_packs] = check(c.recvScalePacks, {"recv_x_scale_packs", "f32", {-1, S}, rows});
+    r[dispatch::recv_scale_packs] =
+        check(c.recvScalePacks, {"recv_x_scale_packs", "f32", {-1, S}, rows});
   else
     forbid(c.recvScalePacks, "recv_x_scale_packs", "x is not FP8");
   if (!s.expanded)
@@ -205,7 +208,8 @@ ParamRecord epic::runtime::dispatchRecord(const EPSpec &s, const DispatchVariant
     forbid(c.recvTopkIdx, "recv_topk_idx", "the expanded layout receives no top-k ids");
   if (v.weights && !v.cached) {
     if (s.expanded)
-      r[dispatch::recv_topk_weights] = check(c.recvTopkWeights, {"recv_topk_weights", "f32", {-1}, rows});
+      r[dispatch::recv_topk_weights] =
+          check(c.recvTopkWeights, {"recv_topk_weights", "f32", {-1}, rows});
     else
       r[dispatch::recv_topk_weights] =
           check(c.recvTopkWeights, {"recv_topk_weights", "f32", {-1, K}, rows});
@@ -279,15 +283,15 @@ ParamRecord epic::runtime::groupedGemmRecord(const EPSpec &s, const GroupedGemmC
     fail("x has " + std::to_string(c.x.shape[0]) + " rows, more than a dispatch can receive (" +
          std::to_string(receiveRows(s)) + ")");
   if (c.weights.shape.size() != 3 || c.weights.shape[0] != L || c.weights.shape[1] != H)
-    fail("weights must have shape " + s.dtype + "[" + std::to_string(L) + ", " +
-         std::to_string(H) + ", N], got " + c.weights.describe());
+    fail("weights must have shape " + s.dtype + "[" + std::to_string(L) + ", " + std::to_string(H) +
+         ", N], got " + c.weights.describe());
   const int64_t N = c.weights.shape[2];
   r[grouped_gemm::weights] = check(c.weights, {"weights", s.dtype, {L, H, N}}, true);
   if (c.out.dtype != "bf16" && c.out.dtype != "f16" && c.out.dtype != "f32")
     fail("out must be bf16, f16 or f32, got " + c.out.dtype);
   r[grouped_gemm::out] = check(c.out, {"out", c.out.dtype, {c.x.shape[0], N}}, true);
-  r[grouped_gemm::psum_num_recv_tokens_per_expert] = check(
-      c.psumNumRecvTokensPerExpert, {"handle.psum_num_recv_tokens_per_expert", "i32", {L}});
+  r[grouped_gemm::psum_num_recv_tokens_per_expert] =
+      check(c.psumNumRecvTokensPerExpert, {"handle.psum_num_recv_tokens_per_expert", "i32", {L}});
   r[grouped_gemm::num_rows] = uint64_t(c.x.shape[0]);
   return r;
 }
@@ -297,8 +301,8 @@ ParamRecord epic::runtime::dispatchGemmRecord(const EPSpec &s, const DispatchVar
   ParamRecord r = dispatchRecord(s, v, c.dispatch);
   const int64_t H = s.hidden, L = s.experts / s.ranks;
   if (c.experts.shape.size() != 3 || c.experts.shape[0] != L || c.experts.shape[1] != H)
-    fail("experts must have shape " + s.dtype + "[" + std::to_string(L) + ", " +
-         std::to_string(H) + ", N], got " + c.experts.describe());
+    fail("experts must have shape " + s.dtype + "[" + std::to_string(L) + ", " + std::to_string(H) +
+         ", N], got " + c.experts.describe());
   const int64_t N = c.experts.shape[2];
   r[dispatch::experts] = check(c.experts, {"experts", s.dtype, {L, H, N}}, true);
   if (c.gemmOut.dtype != "bf16" && c.gemmOut.dtype != "f16" && c.gemmOut.dtype != "f32")
@@ -318,8 +322,8 @@ ParamRecord epic::runtime::gemmCombineRecord(const EPSpec &s, int biases,
   // The GEMM's lhs is the caller's x (the dispatch's rows); its output is the combine's x.
   GroupedGemmCall gemm{c.lhs, c.weights, c.combine.x, c.combine.handle.psumNumRecvTokensPerExpert};
   ParamRecord g = groupedGemmRecord(s, gemm);
-  for (const char *field : {combine::weights, combine::psum_num_recv_tokens_per_expert,
-                            combine::num_rows})
+  for (const char *field :
+       {combine::weights, combine::psum_num_recv_tokens_per_expert, combine::num_rows})
     r[field] = g.at(field);
   r[combine::lhs] = g.at(grouped_gemm::x);
   return r;
@@ -354,13 +358,15 @@ AddressBindings::AddressBindings(const std::vector<ParamRecord> &records,
       if (at == fields.end())
         fail("rank " + std::to_string(r) + ": unknown parameter \"" + field + "\"");
       slots = std::max(slots, value.slot + 1);
-      bindings.push_back({r, value.slot, size_t(r) * size_t(stride) / 8 + size_t(at - fields.begin()),
+      bindings.push_back({r, value.slot,
+                          size_t(r) * size_t(stride) / 8 + size_t(at - fields.begin()),
                           std::max(1, value.alignment), value.empty});
     }
 }
 
 std::string AddressBindings::name(int rank, int slot) const {
-  std::string n = slot < int(slotNames.size()) ? slotNames[slot] : "tensor #" + std::to_string(slot);
+  std::string n =
+      slot < int(slotNames.size()) ? slotNames[slot] : "tensor #" + std::to_string(slot);
   return servedRanks > 1 ? n + "[" + std::to_string(rank) + "]" : n;
 }
 

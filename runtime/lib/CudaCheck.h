@@ -30,8 +30,7 @@ inline bool capturing(void *stream) {
   if (!stream)
     return false; // the legacy stream is never captured
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  check(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status),
-        "cudaStreamIsCapturing");
+  check(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status), "cudaStreamIsCapturing");
   return status != cudaStreamCaptureStatusNone;
 }
 
@@ -59,8 +58,8 @@ inline const DriverApi &driver() {
     auto resolve = [](const char *name, auto &slot, bool required = true) {
       void *fn = nullptr;
       cudaDriverEntryPointQueryResult found{};
-      cudaError_t e = cudaGetDriverEntryPointByVersion(name, &fn, CUDA_VERSION,
-                                                       cudaEnableDefault, &found);
+      cudaError_t e =
+          cudaGetDriverEntryPointByVersion(name, &fn, CUDA_VERSION, cudaEnableDefault, &found);
       const bool ok = e == cudaSuccess && found == cudaDriverEntryPointSuccess && fn;
       if (!ok && !required)
         return;

@@ -20,9 +20,9 @@ std::string dim(int n) { return std::to_string(n); }
 
 /// The kernels' wait bound, when not the compiler's default.
 std::string timeoutAttr(const epic::runtime::EPSpec &spec) {
-  return spec.timeoutMs ? " attributes {epic.timeout_ms = " + std::to_string(spec.timeoutMs) +
-                              " : i64}"
-                        : "";
+  return spec.timeoutMs
+             ? " attributes {epic.timeout_ms = " + std::to_string(spec.timeoutMs) + " : i64}"
+             : "";
 }
 } // namespace
 
@@ -33,8 +33,8 @@ int EPSpec::elementBytes() const {
     return 4;
   if (isFP8())
     return 1;
-  throw std::invalid_argument("dtype must be bf16, f16, f32, f8E4M3FN or f8E5M2, got \"" +
-                              dtype + "\"");
+  throw std::invalid_argument("dtype must be bf16, f16, f32, f8E4M3FN or f8E5M2, got \"" + dtype +
+                              "\"");
 }
 
 // The same rules as #ep.config's verifier (the bounds from EPLimits.def), checked before
@@ -51,18 +51,18 @@ void EPSpec::validate() const {
   inRange(lim::kRanks, ranks);
   inRange(lim::kExperts, experts);
   require(experts % ranks == 0, "num_experts (" + dim(experts) +
-                                    ") must be divisible by the number of ranks (" +
-                                    dim(ranks) + ")");
-  require(experts / ranks <= lim::kMaxLocalExperts,
-          "experts per rank must be at most " + std::to_string(lim::kMaxLocalExperts) +
-              ", got " + dim(experts / ranks));
+                                    ") must be divisible by the number of ranks (" + dim(ranks) +
+                                    ")");
+  require(experts / ranks <= lim::kMaxLocalExperts, "experts per rank must be at most " +
+                                                        std::to_string(lim::kMaxLocalExperts) +
+                                                        ", got " + dim(experts / ranks));
   inRange(lim::kTopk, topk);
   require(topk <= experts,
           "num_topk (" + dim(topk) + ") exceeds num_experts (" + dim(experts) + ")");
   inRange(lim::kHidden, hidden);
   int bytes = elementBytes();
-  require(hidden * bytes % 16 == 0, "hidden (" + dim(hidden) + ") x " + dim(bytes) +
-                                        " bytes must be a multiple of 16");
+  require(hidden * bytes % 16 == 0,
+          "hidden (" + dim(hidden) + ") x " + dim(bytes) + " bytes must be a multiple of 16");
   require(hidden % 8 == 0, "hidden (" + dim(hidden) +
                                ") must be a multiple of 8 (combine reduces 8 channels a step)");
   inRange(lim::kScalePacks, scalePacks);
@@ -101,8 +101,7 @@ std::string EPSpec::configAttr(bool staticTokenCap) const {
 std::string epic::runtime::dispatchEntryIR(const EPSpec &spec, const DispatchVariant &v,
                                            const std::string &name) {
   spec.validate();
-  require(v.topkIdxBits == 8 || v.topkIdxBits == 16 || v.topkIdxBits == 32 ||
-              v.topkIdxBits == 64,
+  require(v.topkIdxBits == 8 || v.topkIdxBits == 16 || v.topkIdxBits == 32 || v.topkIdxBits == 64,
           "topk_idx must be an 8, 16, 32 or 64-bit integer, got " + dim(v.topkIdxBits) + " bits");
   require(!v.zeroPadding || spec.expanded, "do_zero_padding needs do_expand");
   require(!(v.cached && v.weights), "a cached dispatch takes no topk_weights");
@@ -148,11 +147,10 @@ std::string epic::runtime::dispatchEntryIR(const EPSpec &spec, const DispatchVar
   values += ", %h2";
   std::ostringstream os;
   os << cfg << " = " << spec.configAttr() << "\n"
-     << "func.func @" << name << "(" << args << ") -> (" << results << ")"
-     << timeoutAttr(spec) << " {\n"
-     << "  " << values << " = ep.dispatch %x" << operands
-     << (v.zeroPadding ? " zero_padding" : "") << " config " << cfg << " : " << x << " -> "
-     << results << "\n"
+     << "func.func @" << name << "(" << args << ") -> (" << results << ")" << timeoutAttr(spec)
+     << " {\n"
+     << "  " << values << " = ep.dispatch %x" << operands << (v.zeroPadding ? " zero_padding" : "")
+     << " config " << cfg << " : " << x << " -> " << results << "\n"
      << "  return " << values << " : " << results << "\n}\n";
   return os.str();
 }
@@ -175,10 +173,10 @@ std::string epic::runtime::groupedGemmEntryIR(const EPSpec &spec, int64_t n,
   const std::string handle = "!ep.handle<" + cfg + ">";
   std::ostringstream os;
   os << cfg << " = " << spec.configAttr() << "\n"
-     << "func.func @" << name << "(%x: " << x << ", %w: " << w << ", %h: " << handle << ") -> "
-     << y << timeoutAttr(spec) << " {\n"
-     << "  %y = ep.grouped_gemm %x, %w layout(%h : " << handle << ") : " << x << ", " << w
-     << " -> " << y << "\n"
+     << "func.func @" << name << "(%x: " << x << ", %w: " << w << ", %h: " << handle << ") -> " << y
+     << timeoutAttr(spec) << " {\n"
+     << "  %y = ep.grouped_gemm %x, %w layout(%h : " << handle << ") : " << x << ", " << w << " -> "
+     << y << "\n"
      << "  return %y : " << y << "\n}\n";
   return os.str();
 }
@@ -216,8 +214,8 @@ std::string epic::runtime::dispatchGemmEntryIR(const EPSpec &spec, const Dispatc
   os << cfg << " = " << spec.configAttr(/*staticTokenCap=*/true) << "\n"
      << "func.func @" << name << "(" << args << ", %e: " << e << ") -> (" << types << ", " << y
      << ", " << handle << ")" << timeoutAttr(spec) << " {\n"
-     << "  " << dispatched << ", %h = ep.dispatch %x" << operands << " config " << cfg << " : "
-     << x << " -> " << types << ", " << handle << "\n"
+     << "  " << dispatched << ", %h = ep.dispatch %x" << operands << " config " << cfg << " : " << x
+     << " -> " << types << ", " << handle << "\n"
      << "  %y = ep.grouped_gemm %rx, %e layout(%h : " << handle << ") : " << x << ", " << e
      << " -> " << y << "\n"
      << "  return " << dispatched << ", %y, %h : " << types << ", " << y << ", " << handle
@@ -253,10 +251,9 @@ std::string epic::runtime::gemmCombineEntryIR(const EPSpec &spec, int biases,
   os << cfg << " = " << spec.configAttr(/*staticTokenCap=*/true) << "\n"
      << "func.func @" << name << "(" << args << ") -> (" << y << ", " << y << ")"
      << timeoutAttr(spec) << " {\n"
-     << "  %y = ep.grouped_gemm %x, %w layout(%h : " << handle << ") : " << x << ", " << w
-     << " -> " << y << "\n"
-     << "  %out = ep.combine %y, %h" << bias << " : " << y << ", " << handle << " -> " << y
-     << "\n"
+     << "  %y = ep.grouped_gemm %x, %w layout(%h : " << handle << ") : " << x << ", " << w << " -> "
+     << y << "\n"
+     << "  %out = ep.combine %y, %h" << bias << " : " << y << ", " << handle << " -> " << y << "\n"
      << "  return %y, %out : " << y << ", " << y << "\n}\n";
   return os.str();
 }
@@ -289,8 +286,8 @@ std::string epic::runtime::combineEntryIR(const EPSpec &spec, const CombineVaria
   }
   std::ostringstream os;
   os << cfg << " = " << spec.configAttr() << "\n"
-     << "func.func @" << name << "(" << args << ") -> (" << results << ")"
-     << timeoutAttr(spec) << " {\n"
+     << "func.func @" << name << "(" << args << ") -> (" << results << ")" << timeoutAttr(spec)
+     << " {\n"
      << "  " << values << " = ep.combine %y, %h" << operands << " : " << x << ", " << handle
      << " -> " << results << "\n"
      << "  return " << values << " : " << results << "\n}\n";

@@ -43,10 +43,18 @@ struct Reader {
           fail("unterminated escape");
         char e = text[at++];
         switch (e) {
-        case 'n': out += '\n'; break;
-        case 't': out += '\t'; break;
-        case 'u': out += '?'; at += 4; break; // not produced by epic-compile
-        default: out += e;
+        case 'n':
+          out += '\n';
+          break;
+        case 't':
+          out += '\t';
+          break;
+        case 'u':
+          out += '?';
+          at += 4;
+          break; // not produced by epic-compile
+        default:
+          out += e;
         }
       } else {
         out += c;
@@ -122,12 +130,18 @@ const Json &Json::at(const std::string &key) const {
 namespace {
 const char *kindName(Json::Kind kind) {
   switch (kind) {
-  case Json::Kind::null: return "null";
-  case Json::Kind::boolean: return "a bool";
-  case Json::Kind::number: return "a number";
-  case Json::Kind::string: return "a string";
-  case Json::Kind::array: return "a list";
-  case Json::Kind::object: return "an object";
+  case Json::Kind::null:
+    return "null";
+  case Json::Kind::boolean:
+    return "a bool";
+  case Json::Kind::number:
+    return "a number";
+  case Json::Kind::string:
+    return "a string";
+  case Json::Kind::array:
+    return "a list";
+  case Json::Kind::object:
+    return "an object";
   }
   return "a value";
 }

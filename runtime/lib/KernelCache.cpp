@@ -151,8 +151,8 @@ void KernelCache::store(const std::string &key, const CompiledModule &module) co
     throw std::runtime_error("cannot create the kernel cache under " + root + ": " +
                              error.message());
   std::random_device random;
-  fs::path staging = tmp / (key + "." + std::to_string(::getpid()) + "." +
-                            std::to_string(random()));
+  fs::path staging =
+      tmp / (key + "." + std::to_string(::getpid()) + "." + std::to_string(random()));
   fs::create_directory(staging);
   writeFile(staging / "kernels.cubin", module.cubin);
   writeFile(staging / "kernels.ptx", module.ptx);
@@ -164,13 +164,13 @@ void KernelCache::store(const std::string &key, const CompiledModule &module) co
     int why = errno;
     fs::remove_all(staging, error);
     if (why != EEXIST && why != ENOTEMPTY)
-      throw std::runtime_error("cannot move the kernel cache entry into " +
-                               entryDirectory(key) + ": " + std::strerror(why));
+      throw std::runtime_error("cannot move the kernel cache entry into " + entryDirectory(key) +
+                               ": " + std::strerror(why));
   }
 }
 
 std::optional<std::string> KernelCache::loadText(const std::string &kind,
-                                               const std::string &key) const {
+                                                 const std::string &key) const {
   requireKey(key);
   fs::path path = fs::path(root) / kind / (key + ".json");
   std::error_code error;
@@ -189,8 +189,8 @@ void KernelCache::storeText(const std::string &kind, const std::string &key,
   if (!fs::is_directory(dir) || !fs::is_directory(tmp))
     throw std::runtime_error("cannot create " + dir.string() + ": " + error.message());
   std::random_device random;
-  fs::path staging = tmp / (key + "." + std::to_string(::getpid()) + "." +
-                            std::to_string(random()) + ".json");
+  fs::path staging =
+      tmp / (key + "." + std::to_string(::getpid()) + "." + std::to_string(random()) + ".json");
   writeFile(staging, text);
   // rename(2) of a file replaces the target atomically: readers see the old
   // complete file or the new one (both are the same artifact).

@@ -27,8 +27,7 @@ namespace epic::runtime {
 /// `rowsField`) of `cols` elements, encoded at byte `offset` of each record.
 struct TensorMapSpec {
   std::string field, rowsField;
-  int64_t offset = 0, rows = 0, cols = 0, elemBytes = 2, boxRows = 64, boxCols = 64,
-          swizzle = 128;
+  int64_t offset = 0, rows = 0, cols = 0, elemBytes = 2, boxRows = 64, boxCols = 64, swizzle = 128;
 };
 
 struct Loaded {
@@ -49,7 +48,7 @@ struct Loaded {
   /// Blocks launched per requested block (per SM): one-warpgroup GEMM kernels
   /// run two per SM so that one's loads and epilogue overlap the other's MMAs.
   int ctasPerSm = 1;
-  int dynamicSharedBytes = 0; ///< above 48 KiB needs an opt-in per function
+  int dynamicSharedBytes = 0;          ///< above 48 KiB needs an opt-in per function
   unsigned clusterDims[3] = {1, 1, 1}; ///< thread block clusters (x of the 1-D grid)
   /// Programmatic dependent launch: a kernel may start while the previous
   /// one on the stream finishes (it waits with griddepcontrol.wait).
@@ -248,8 +247,8 @@ Loaded &KernelHost::load(const std::string &entryIR, Run &run, bool mayLoad) {
       spec.swizzle = map.at("swizzle").integer();
       if (spec.offset % 64 || spec.offset < int64_t(8 * loaded->fields.size()) ||
           spec.offset + kTensorMapBytes > loaded->paramStride)
-        throw std::runtime_error("kernels " + result.key + ": the TMA descriptor of " +
-                                 spec.field + " at byte " + std::to_string(spec.offset) +
+        throw std::runtime_error("kernels " + result.key + ": the TMA descriptor of " + spec.field +
+                                 " at byte " + std::to_string(spec.offset) +
                                  " is not a 64-byte aligned place after the record's fields");
       loaded->tensorMaps.push_back(spec);
     }
@@ -306,10 +305,9 @@ KernelHost::Prepared KernelHost::prepare(const std::string &entryIR,
                                          const std::vector<ParamRecord> &records, int blocks,
                                          void *stream) {
   if (blocks < 0 || blocks > blocksPerRank)
-    throw std::invalid_argument("num_sms (" + std::to_string(blocks) +
-                                " blocks per rank) must be in [1, " +
-                                std::to_string(blocksPerRank) +
-                                "], the most this buffer was created for (0: all of them)");
+    throw std::invalid_argument(
+        "num_sms (" + std::to_string(blocks) + " blocks per rank) must be in [1, " +
+        std::to_string(blocksPerRank) + "], the most this buffer was created for (0: all of them)");
   if (blocks == 0)
     blocks = blocksPerRank;
   Prepared prepared;
@@ -345,39 +343,36 @@ KernelHost::Prepared KernelHost::prepare(const std::string &entryIR,
                                 ") exceeds the kernels' maximum " +
                                 std::to_string(k.maxBlocksPerRank));
   if ((int64_t(servedRanks) * blocks) % k.clusterDims[0])
-    throw std::invalid_argument("the kernels run in clusters of " +
-                                std::to_string(k.clusterDims[0]) + " blocks: " +
-                                std::to_string(servedRanks) + " rank(s) x " +
-                                std::to_string(blocks) +
-                                " blocks per rank must be a multiple of it");
+    throw std::invalid_argument(
+        "the kernels run in clusters of " + std::to_string(k.clusterDims[0]) +
+        " blocks: " + std::to_string(servedRanks) + " rank(s) x " + std::to_string(blocks) +
+        " blocks per rank must be a multiple of it");
   // Every rank's blocks wait for each other: all must be resident at once.
   if (k.cooperative && k.residentBlocks < int64_t(servedRanks) * blocks)
-    throw std::invalid_argument("a launch of " + std::to_string(servedRanks) + " ranks x " +
-                                std::to_string(blocks) +
-                                " blocks does not fit on this GPU at once (it holds " +
-                                std::to_string(k.residentBlocks) + " blocks of " +
-                                k.kernelNames[0] + "): use fewer blocks per rank");
+    throw std::invalid_argument(
+        "a launch of " + std::to_string(servedRanks) + " ranks x " + std::to_string(blocks) +
+        " blocks does not fit on this GPU at once (it holds " + std::to_string(k.residentBlocks) +
+        " blocks of " + k.kernelNames[0] + "): use fewer blocks per rank");
   if (envFlag("EPIC_DEBUG")) {
     std::string names;
     for (const std::string &name : k.kernelNames)
       names += (names.empty() ? "" : ", ") + name;
-    std::fprintf(stderr,
-                 "epic: prepared %s: %d rank(s) x %d blocks x %d threads%s%s%s, window %lld of "
-                 "%lld bytes per rank, %lld-byte parameter table\n",
-                 names.c_str(), servedRanks, blocks, k.threads,
-                 k.cooperative ? ", cooperative" : "",
-                 k.clusterDims[0] > 1 ? (", clusters of " + std::to_string(k.clusterDims[0])).c_str()
-                                      : "",
-                 k.programmatic ? ", programmatic dependent launch" : "", (long long)windowNeeded,
-                 (long long)bytesPerRank, (long long)tableBytes);
+    std::fprintf(
+        stderr,
+        "epic: prepared %s: %d rank(s) x %d blocks x %d threads%s%s%s, window %lld of "
+        "%lld bytes per rank, %lld-byte parameter table\n",
+        names.c_str(), servedRanks, blocks, k.threads, k.cooperative ? ", cooperative" : "",
+        k.clusterDims[0] > 1 ? (", clusters of " + std::to_string(k.clusterDims[0])).c_str() : "",
+        k.programmatic ? ", programmatic dependent launch" : "", (long long)windowNeeded,
+        (long long)bytesPerRank, (long long)tableBytes);
   }
   prepared.table.assign(size_t(tableBytes / 8), 0);
   for (int r = 0; r < servedRanks; ++r)
     for (const auto &[name, value] : records[r]) {
       size_t field = k.fieldIndex(name);
       if (field == k.fields.size())
-        throw std::invalid_argument("rank " + std::to_string(r) + ": unknown parameter \"" +
-                                    name + "\" for kernels " + k.kernelNames[0]);
+        throw std::invalid_argument("rank " + std::to_string(r) + ": unknown parameter \"" + name +
+                                    "\" for kernels " + k.kernelNames[0]);
       prepared.table[size_t(r) * k.paramStride / 8 + field] = value.value;
     }
   encodeTensorMaps(prepared);
@@ -402,8 +397,8 @@ void KernelHost::trackWindow(const Prepared &prepared, void *stream) {
     // known, so a captured launch always zeroes its scratch first.
     if (captured || written.overlaps(begin, end) || writtenByGraphs.overlaps(begin, end)) {
       for (int r = 0; r < servedRanks; ++r)
-        check(cudaMemsetAsync(static_cast<char *>(windowMemory(r)) + begin, 0,
-                              size_t(end - begin), static_cast<cudaStream_t>(stream)),
+        check(cudaMemsetAsync(static_cast<char *>(windowMemory(r)) + begin, 0, size_t(end - begin),
+                              static_cast<cudaStream_t>(stream)),
               "zeroing the fused kernels' scratch (cudaMemsetAsync)");
       written.remove(begin, end);
     }
@@ -472,8 +467,8 @@ void KernelHost::Plan::launch(const uint64_t *addresses, size_t count, void *str
 }
 
 KernelHost::Plan KernelHost::plan(const std::string &entryIR,
-                                  const std::vector<ParamRecord> &records, int blocks,
-                                  void *stream, std::vector<std::string> slotNames) {
+                                  const std::vector<ParamRecord> &records, int blocks, void *stream,
+                                  std::vector<std::string> slotNames) {
   Plan p;
   p.host = this;
   p.ready = prepare(entryIR, records, blocks, stream);
@@ -490,8 +485,8 @@ KernelHost::Run KernelHost::launchAndWait(const Prepared &prepared, void *stream
   return prepared.info();
 }
 
-KernelHost::Run KernelHost::run(const std::string &entryIR,
-                                const std::vector<ParamRecord> &records, void *stream) {
+KernelHost::Run KernelHost::run(const std::string &entryIR, const std::vector<ParamRecord> &records,
+                                void *stream) {
   return launchAndWait(prepare(entryIR, records, 0, stream), stream);
 }
 

@@ -91,8 +91,8 @@ CompiledModule KernelProvider::compile(const std::string &ir, const std::string 
   return {readAll(output + ".cubin"), readAll(output + ".ptx"), readAll(output + ".json")};
 }
 
-void KernelProvider::runCompiler(const std::vector<std::string> &arguments,
-                                 const std::string &log, const std::string &what) const {
+void KernelProvider::runCompiler(const std::vector<std::string> &arguments, const std::string &log,
+                                 const std::string &what) const {
   std::string compiler = compilerPath();
   std::vector<char *> argv{const_cast<char *>(compiler.c_str())};
   for (const std::string &argument : arguments)
@@ -109,8 +109,7 @@ void KernelProvider::runCompiler(const std::vector<std::string> &arguments,
   }
   int status = 0;
   if (pid < 0 || ::waitpid(pid, &status, 0) < 0)
-    throw std::runtime_error("cannot start the compiler " + compiler + ": " +
-                             std::strerror(errno));
+    throw std::runtime_error("cannot start the compiler " + compiler + ": " + std::strerror(errno));
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     std::string text = readAll(log);
     if (text.empty())
@@ -156,8 +155,7 @@ KernelProvider::Result KernelProvider::get(const std::string &ir) {
   result.key = keyFor(ir);
   auto start = std::chrono::steady_clock::now();
   result.module = &cache.get(result.key, [&] { return compile(ir, result.key); }, &result.source);
-  result.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (result.source != KernelCache::Source::memory) {
     if (envFlag("EPIC_DUMP_IR"))
       std::fprintf(stderr, "epic: entry IR of kernels %s:\n%s\n", result.key.c_str(), ir.c_str());

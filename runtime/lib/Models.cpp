@@ -66,23 +66,22 @@ int64_t epic::runtime::kernelWindowBytes(int numRanks, int64_t maxTokensPerRank,
   // assumed; more fails at prepare, naming the bytes), pending rows per token,
   // finished column tiles per row tile, the rank barrier and the claimed chunks.
   const int64_t expandedRows = r * tm * std::min<int64_t>(k, local) + 127 * local;
-  const int64_t gemmCombine = align(expandedRows * 4, 256) + align(r * tm * 4, 256) +
-                              tileCounters + 256;
+  const int64_t gemmCombine =
+      align(expandedRows * 4, 256) + align(r * tm * 4, 256) + tileCounters + 256;
   return align(data, 256) + 2 * tileCounters + gemmCombine;
 }
 
 int64_t epic::runtime::elasticBufferBytes(const Topology &t, int64_t maxTokensPerRank,
                                           int64_t hidden, int numTopk, bool fp8Dispatch,
                                           bool allowMultipleReduction) {
-  int64_t deepep = bufferSizeHint(t, maxTokensPerRank, hidden, numTopk, fp8Dispatch,
-                                  allowMultipleReduction);
+  int64_t deepep =
+      bufferSizeHint(t, maxTokensPerRank, hidden, numTopk, fp8Dispatch, allowMultipleReduction);
   int64_t kernels = kernelWindowBytes(t.numRanks, maxTokensPerRank, hidden, numTopk, fp8Dispatch);
   return std::max(deepep, align(kernels, 2 * kMiB));
 }
 
-int64_t epic::runtime::bufferSizeHint(const Topology &t, int64_t maxTokensPerRank,
-                                      int64_t hidden, int numTopk, bool fp8Dispatch,
-                                      bool allowMultipleReduction) {
+int64_t epic::runtime::bufferSizeHint(const Topology &t, int64_t maxTokensPerRank, int64_t hidden,
+                                      int numTopk, bool fp8Dispatch, bool allowMultipleReduction) {
   require(maxTokensPerRank > 0,
           "num_max_tokens_per_rank must be positive, got " + std::to_string(maxTokensPerRank));
   require(hidden > 0, "hidden must be positive, got " + std::to_string(hidden));
@@ -125,13 +124,14 @@ double epic::runtime::expectedGroupsHit(int numExperts, int numTopk, int groups)
   return groups * (1.0 - std::max(missed, 0.0));
 }
 
-int epic::runtime::theoreticalNumSms(const Topology &t, int numExperts, int numTopk,
-                                     double rdmaGBs, double nvlinkGBs, int deviceSms,
-                                     bool preferOverlapWithCompute, double smReadGBs,
-                                     double smWriteGBs) {
-  require(numExperts >= 1 && numExperts % t.numRanks == 0,
-          "num_experts (" + std::to_string(numExperts) + ") must be a positive multiple of "
-              "the number of ranks (" + std::to_string(t.numRanks) + ")");
+int epic::runtime::theoreticalNumSms(const Topology &t, int numExperts, int numTopk, double rdmaGBs,
+                                     double nvlinkGBs, int deviceSms, bool preferOverlapWithCompute,
+                                     double smReadGBs, double smWriteGBs) {
+  require(numExperts >= 1 && numExperts % t.numRanks == 0, "num_experts (" +
+                                                               std::to_string(numExperts) +
+                                                               ") must be a positive multiple of "
+                                                               "the number of ranks (" +
+                                                               std::to_string(t.numRanks) + ")");
   require(numTopk >= 1 && numTopk <= std::min(32, numExperts),
           "num_topk must be in [1, min(32, num_experts)], got " + std::to_string(numTopk));
   require(deviceSms >= 1, "the device SM count must be positive");

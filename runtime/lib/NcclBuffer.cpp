@@ -45,12 +45,18 @@ ncclDevCommRequirements requirements(int lsaBarriers, int ginSignals) {
 
 static const char *ginTypeName(int type) {
   switch (type) {
-  case 0: return "none";
-  case 2: return "proxy";
-  case 3: return "GDAKI";
-  case 4: return "GPI";
-  case 5: return "EFA";
-  default: return "unknown";
+  case 0:
+    return "none";
+  case 2:
+    return "proxy";
+  case 3:
+    return "GDAKI";
+  case 4:
+    return "GPI";
+  case 5:
+    return "EFA";
+  default:
+    return "unknown";
   }
 }
 
@@ -189,7 +195,8 @@ std::vector<char> Communicator::allGather(const void *mine, size_t bytes) {
     }
   } s;
   check(cudaMalloc(&s.memory, bytes * (n + 1)), "cudaMalloc(all-gather)");
-  check(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "cudaStreamCreate(all-gather)");
+  check(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking),
+        "cudaStreamCreate(all-gather)");
   char *in = static_cast<char *>(s.memory), *out = in + bytes;
   check(cudaMemcpy(in, mine, bytes, cudaMemcpyHostToDevice), "cudaMemcpy(all-gather)");
   settle(ncclAllGather(in, out, bytes, ncclChar, comm, s.stream), "ncclAllGather");
@@ -200,8 +207,10 @@ std::vector<char> Communicator::allGather(const void *mine, size_t bytes) {
   };
   int status;
   try {
-    status = waitWhileInProgress(pending, "ncclAllGather of the ranks' buffer arguments (every "
-                                          "rank constructs the buffer)", timeout);
+    status = waitWhileInProgress(pending,
+                                 "ncclAllGather of the ranks' buffer arguments (every "
+                                 "rank constructs the buffer)",
+                                 timeout);
   } catch (const NcclError &) {
     broken = true;
     throw;
@@ -224,7 +233,8 @@ const DeviceApiInfo &Communicator::deviceApi() {
   ncclCommProperties props = NCCL_COMM_PROPERTIES_INITIALIZER;
   check(ncclCommQueryProperties(comm, &props), "ncclCommQueryProperties");
   if (!props.deviceApiSupport)
-    throw NcclError("this communicator does not support the NCCL device API (" + api.describe() + ")");
+    throw NcclError("this communicator does not support the NCCL device API (" + api.describe() +
+                    ")");
   api.ginType = int(props.ginType);
   api.ginProbed = true;
 #else

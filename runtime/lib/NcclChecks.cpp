@@ -23,8 +23,10 @@ void epic::runtime::checkVersionsEqual(int compiledCode, int loadedCode) {
                     " but epic was compiled against NCCL " + ncclVersionName(compiledCode) +
                     "'s headers: the device communicator, its requirements and the window "
                     "struct differ between releases (also patch releases); load NCCL " +
-                    ncclVersionName(compiledCode) + " (LD_LIBRARY_PATH) or rebuild epic "
-                    "against " + ncclVersionName(loadedCode) + " (NCCL_ROOT)");
+                    ncclVersionName(compiledCode) +
+                    " (LD_LIBRARY_PATH) or rebuild epic "
+                    "against " +
+                    ncclVersionName(loadedCode) + " (NCCL_ROOT)");
 }
 
 namespace {
@@ -112,7 +114,8 @@ void epic::runtime::checkP2PVerdicts(const std::vector<RankFacts> &facts,
   for (size_t r = 0; r < verdicts.size(); ++r)
     if (verdicts[r] > 0)
       throw NcclError("no native P2P atomics between " + pair(verdicts[r]) + " (found by rank " +
-                      std::to_string(r) + "): the ep kernels' entry barrier makes system-scope "
+                      std::to_string(r) +
+                      "): the ep kernels' entry barrier makes system-scope "
                       "atomics on peer GPUs (LSA means same node, not NVLink); connect the GPUs "
                       "by NVLink or run one rank per node");
   // Conservative: unless some rank could check every pair, the pairs are not known to be fine.

@@ -207,8 +207,8 @@ struct Problems {
 struct World {
   int64_t R, E, L, K, Tmax, A;
   explicit World(const EPSpec &s)
-      : R(s.ranks), E(s.experts), L(s.experts / s.ranks), K(s.topk),
-        Tmax(s.maxTokensPerRank), A(s.expertAlignment) {}
+      : R(s.ranks), E(s.experts), L(s.experts / s.ranks), K(s.topk), Tmax(s.maxTokensPerRank),
+        A(s.expertAlignment) {}
   int64_t align(int64_t n) const { return (n + A - 1) / A * A; }
 };
 
@@ -285,8 +285,7 @@ std::vector<std::string> epic::runtime::checkDispatch(const EPSpec &spec, bool w
               std::to_string(out.hostCounts[1 + e]) + ", expected " + std::to_string(aligned));
       if (out.numRecvPerExpert.at(e) != counts[e])
         p.add(rank + "num_recv_tokens_per_expert[" + std::to_string(e) + "] is " +
-              std::to_string(out.numRecvPerExpert[e]) + ", expected " +
-              std::to_string(counts[e]));
+              std::to_string(out.numRecvPerExpert[e]) + ", expected " + std::to_string(counts[e]));
       int64_t want = spec.expanded ? starts[e] + counts[e] : psum;
       if (out.psumRecvPerExpert.at(e) != want)
         p.add(rank + "psum_num_recv_tokens_per_expert[" + std::to_string(e) + "] is " +
@@ -329,16 +328,16 @@ std::vector<std::string> epic::runtime::checkDispatch(const EPSpec &spec, bool w
         continue;
       }
       if (m[1] != s * w.K + master)
-        p.add(where(d, "recv_src_metadata", i) + "[1] is " + std::to_string(m[1]) +
-              ", expected " + std::to_string(s * w.K + master) + " (source rank x K + master slot)");
+        p.add(where(d, "recv_src_metadata", i) + "[1] is " + std::to_string(m[1]) + ", expected " +
+              std::to_string(s * w.K + master) + " (source rank x K + master slot)");
       const DispatchRecord &src = ranks[s];
       if (!spec.expanded) {
         if (i < (s ? sourceEnd[s - 1] : 0) || i >= sourceEnd[s])
           p.add(where(d, "recv_x", i) + " holds a token of rank " + std::to_string(s) +
                 " outside that rank's group");
         if (!rowsEqual(out.recvX, i, src.x, t))
-          p.add(where(d, "recv_x", i) + " differs from token " + std::to_string(t) +
-                " of rank " + std::to_string(s));
+          p.add(where(d, "recv_x", i) + " differs from token " + std::to_string(t) + " of rank " +
+                std::to_string(s));
         if (spec.isFP8() && !rowsEqual(out.recvScalePacks, i, src.scalePacks, t))
           p.add(where(d, "recv_x_scale_packs", i) + " differs from the source's");
         for (int64_t j = 0; j < w.K; ++j) {
@@ -367,8 +366,8 @@ std::vector<std::string> epic::runtime::checkDispatch(const EPSpec &spec, bool w
         int64_t local = e % w.L;
         if (row < starts[local] || row >= starts[local] + counts[local] ||
             row >= out.recvX.rows()) {
-          p.add(where(d, "recv_src_metadata", i) + "[" + std::to_string(2 + j) + "] = " +
-                std::to_string(row) + " is outside local expert " + std::to_string(local) +
+          p.add(where(d, "recv_src_metadata", i) + "[" + std::to_string(2 + j) +
+                "] = " + std::to_string(row) + " is outside local expert " + std::to_string(local) +
                 "'s rows [" + std::to_string(starts[local]) + ", " +
                 std::to_string(starts[local] + counts[local]) + ")");
           continue;
@@ -378,8 +377,8 @@ std::vector<std::string> epic::runtime::checkDispatch(const EPSpec &spec, bool w
           continue;
         }
         if (!rowsEqual(out.recvX, row, src.x, t))
-          p.add(where(d, "recv_x", row) + " differs from token " + std::to_string(t) +
-                " of rank " + std::to_string(s));
+          p.add(where(d, "recv_x", row) + " differs from token " + std::to_string(t) + " of rank " +
+                std::to_string(s));
         if (spec.isFP8() && !rowsEqual(out.recvScalePacks, row, src.scalePacks, t))
           p.add(where(d, "recv_x_scale_packs", row) + " differs from the source's");
         if (weights && std::memcmp(out.recvTopkWeights.as<float>() + row,
@@ -432,8 +431,8 @@ std::vector<std::string> epic::runtime::checkCombine(const EPSpec &spec,
         int64_t e = topk(src, t, j, w.K);
         if (e < 0)
           continue;
-        auto it = std::find_if(order.begin(), order.end(),
-                               [&](auto &o) { return o.second == e / w.L; });
+        auto it =
+            std::find_if(order.begin(), order.end(), [&](auto &o) { return o.second == e / w.L; });
         if (it == order.end())
           order.push_back({j, e / w.L});
         else
@@ -448,8 +447,8 @@ std::vector<std::string> epic::runtime::checkCombine(const EPSpec &spec,
       for (auto [master, d] : order) {
         auto it = rowOf[d].find(s * w.Tmax + t);
         if (it == rowOf[d].end()) {
-          found = p.add("rank " + std::to_string(d) + " has no row for token " +
-                        std::to_string(t) + " of rank " + std::to_string(s));
+          found = p.add("rank " + std::to_string(d) + " has no row for token " + std::to_string(t) +
+                        " of rank " + std::to_string(s));
           break;
         }
         const int32_t *m = &handles[d].meta[size_t(it->second * (w.K + 2))];
@@ -488,8 +487,8 @@ std::vector<std::string> epic::runtime::checkCombine(const EPSpec &spec,
         if (e >= 0) {
           int64_t d = e / w.L, i = rowOf[d].at(s * w.Tmax + t);
           const float *rw = ranks[d].topkWeights.as<float>();
-          want = spec.expanded ? rw[handles[d].meta[size_t(i * (w.K + 2) + 2 + j)]]
-                               : rw[i * w.K + j];
+          want =
+              spec.expanded ? rw[handles[d].meta[size_t(i * (w.K + 2) + 2 + j)]] : rw[i * w.K + j];
         }
         float got = out.combinedTopkWeights.as<float>()[t * w.K + j];
         if (std::memcmp(&got, &want, 4) != 0) {

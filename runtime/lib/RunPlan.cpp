@@ -233,8 +233,8 @@ std::vector<PlanKernel> RunPlan::kernels() const {
   return out;
 }
 
-HostTensor epic::runtime::randomTensor(const std::string &distribution, double scale,
-                                       int64_t seed, int rank, int64_t rows, int64_t cols,
+HostTensor epic::runtime::randomTensor(const std::string &distribution, double scale, int64_t seed,
+                                       int rank, int64_t rows, int64_t cols,
                                        const std::string &dtype) {
   HostTensor t(dtype, {rows, cols});
   const uint64_t key = streamKey(seed, rank, 1);
@@ -243,13 +243,14 @@ HostTensor epic::runtime::randomTensor(const std::string &distribution, double s
     double value;
     if (distribution == "normal") {
       // Box-Muller on two uniforms of this element's counter.
-      double u1 = unit(mix(key ^ mix(2 * uint64_t(i)))), u2 = unit(mix(key ^ mix(2 * uint64_t(i) + 1)));
+      double u1 = unit(mix(key ^ mix(2 * uint64_t(i)))),
+             u2 = unit(mix(key ^ mix(2 * uint64_t(i) + 1)));
       value = scale * std::sqrt(-2.0 * std::log1p(-u1)) * std::cos(2 * M_PI * u2);
     } else if (distribution == "uniform") {
       value = scale * unit(mix(key ^ mix(uint64_t(i))));
     } else {
-      throw std::invalid_argument("distribution must be normal or uniform, got \"" +
-                                  distribution + "\"");
+      throw std::invalid_argument("distribution must be normal or uniform, got \"" + distribution +
+                                  "\"");
     }
     storeElement(dtype, value, t.data.data() + size_t(i) * bytes);
   }

@@ -130,14 +130,13 @@ private:
       const Value &rows = at(step.integer("rows"));
       Value &v = at(step.integer("result"));
       for (int r = 0; r < R(); ++r) {
-        HostTensor t = step.op == "random"
-                           ? randomTensor(step.fields.at("distribution").text(),
-                                          step.fields.at("scale").real(), step.integer("seed"),
-                                          r, rows.index[r], step.integer("cols"),
-                                          step.fields.at("dtype").text())
-                           : randomRouting(step.integer("experts"),
-                                           step.fields.at("masked").real(), step.integer("seed"),
-                                           r, rows.index[r], step.integer("topk"));
+        HostTensor t =
+            step.op == "random"
+                ? randomTensor(step.fields.at("distribution").text(),
+                               step.fields.at("scale").real(), step.integer("seed"), r,
+                               rows.index[r], step.integer("cols"), step.fields.at("dtype").text())
+                : randomRouting(step.integer("experts"), step.fields.at("masked").real(),
+                                step.integer("seed"), r, rows.index[r], step.integer("topk"));
         v.tensor.push_back(upload(std::move(t)));
       }
     } else if (step.op == "print") {
@@ -219,8 +218,8 @@ private:
       if (!spec.expanded)
         c.recvTopkIdx = allocate("i64", {capacity, K});
       if (weights)
-        c.recvTopkWeights = spec.expanded ? allocate("f32", {capacity})
-                                          : allocate("f32", {capacity, K});
+        c.recvTopkWeights =
+            spec.expanded ? allocate("f32", {capacity}) : allocate("f32", {capacity, K});
       c.hostCounts = allocate("i32", {1 + L});
     }
     buffer.dispatch(spec, k.dispatchVariant, calls);

@@ -26,24 +26,23 @@ KernelHost::Plan KernelHost::planCombine(const EPSpec &spec, const CombineVarian
                                          const std::vector<CombineCall> &calls, int blocks,
                                          void *stream, std::vector<std::string> slotNames) {
   checkWorld(spec, calls.size());
-  std::vector<ParamRecord> records = recordsOf(
-      calls, [&](const CombineCall &call) { return combineRecord(spec, variant, call); });
+  std::vector<ParamRecord> records =
+      recordsOf(calls, [&](const CombineCall &call) { return combineRecord(spec, variant, call); });
   return plan(combineEntryIR(spec, variant, kCombineEntryName), records, blocks, stream,
               std::move(slotNames));
 }
 
 KernelHost::Plan KernelHost::planGroupedGemm(const EPSpec &spec,
-                                             const std::vector<GroupedGemmCall> &calls,
-                                             int blocks, void *stream,
-                                             std::vector<std::string> slotNames) {
+                                             const std::vector<GroupedGemmCall> &calls, int blocks,
+                                             void *stream, std::vector<std::string> slotNames) {
   checkWorld(spec, calls.size());
-  std::vector<ParamRecord> records = recordsOf(
-      calls, [&](const GroupedGemmCall &call) { return groupedGemmRecord(spec, call); });
+  std::vector<ParamRecord> records =
+      recordsOf(calls, [&](const GroupedGemmCall &call) { return groupedGemmRecord(spec, call); });
   checkRanksAgree(calls, "the weights' shape or the output dtype", gemmOperands);
   const GroupedGemmCall &first = calls.front();
-  return plan(groupedGemmEntryIR(spec, first.weights.shape[2], first.out.dtype,
-                                 kGroupedGemmEntryName),
-              records, blocks, stream, std::move(slotNames));
+  return plan(
+      groupedGemmEntryIR(spec, first.weights.shape[2], first.out.dtype, kGroupedGemmEntryName),
+      records, blocks, stream, std::move(slotNames));
 }
 
 KernelHost::Plan KernelHost::planDispatchGemm(const EPSpec &spec, const DispatchVariant &variant,
@@ -51,24 +50,21 @@ KernelHost::Plan KernelHost::planDispatchGemm(const EPSpec &spec, const Dispatch
                                               int blocks, void *stream,
                                               std::vector<std::string> slotNames) {
   checkWorld(spec, calls.size());
-  std::vector<ParamRecord> records = recordsOf(calls, [&](const DispatchGemmCall &call) {
-    return dispatchGemmRecord(spec, variant, call);
-  });
+  std::vector<ParamRecord> records = recordsOf(
+      calls, [&](const DispatchGemmCall &call) { return dispatchGemmRecord(spec, variant, call); });
   checkRanksAgree(calls, "the experts' shape or the output dtype", fusedGemmOperands);
   const DispatchGemmCall &first = calls.front();
   return plan(dispatchGemmEntryIR(spec, variant, first.experts.shape[2], first.gemmOut.dtype,
-                                   kDispatchGemmEntryName),
+                                  kDispatchGemmEntryName),
               records, blocks, stream, std::move(slotNames));
 }
 
 KernelHost::Plan KernelHost::planGemmCombine(const EPSpec &spec, int biases,
-                                             const std::vector<GemmCombineCall> &calls,
-                                             int blocks, void *stream,
-                                             std::vector<std::string> slotNames) {
+                                             const std::vector<GemmCombineCall> &calls, int blocks,
+                                             void *stream, std::vector<std::string> slotNames) {
   checkWorld(spec, calls.size());
-  std::vector<ParamRecord> records = recordsOf(calls, [&](const GemmCombineCall &call) {
-    return gemmCombineRecord(spec, biases, call);
-  });
+  std::vector<ParamRecord> records = recordsOf(
+      calls, [&](const GemmCombineCall &call) { return gemmCombineRecord(spec, biases, call); });
   return plan(gemmCombineEntryIR(spec, biases, kGemmCombineEntryName), records, blocks, stream,
               std::move(slotNames));
 }

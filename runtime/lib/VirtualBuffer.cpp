@@ -16,12 +16,13 @@ namespace {
 constexpr int kSignals = 64, kCounters = 64, kBarriers = 1024;
 } // namespace
 
-VirtualElasticBuffer::VirtualElasticBuffer(int ranks, int64_t windowBytes,
-                                           KernelProvider &provider, int blocksPerRank)
+VirtualElasticBuffer::VirtualElasticBuffer(int ranks, int64_t windowBytes, KernelProvider &provider,
+                                           int blocksPerRank)
     : KernelHost(provider, ranks, windowBytes, blocksPerRank) {
   if (provider.settings().backend != "virtual")
     throw std::invalid_argument("a virtual world needs kernels compiled for backend=virtual, "
-                                "not " + provider.settings().backend);
+                                "not " +
+                                provider.settings().backend);
   check(cudaFree(nullptr), "cudaFree(0) (creating the CUDA context)");
   check(cudaMalloc(&window, size_t(ranks) * bytesPerRank), "cudaMalloc(window)");
   check(cudaMemset(window, 0, size_t(ranks) * bytesPerRank), "cudaMemset(window)");
@@ -65,4 +66,3 @@ void *VirtualElasticBuffer::windowMemory(int servedRank) const {
                             std::to_string(servedRanks) + " ranks");
   return static_cast<char *>(window) + int64_t(servedRank) * bytesPerRank;
 }
-

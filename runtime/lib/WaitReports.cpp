@@ -52,16 +52,15 @@ WaitReport *mappedSlots() {
 void attachDeviceWaitReports(CUmodule module) {
   CUdeviceptr global = 0;
   size_t bytes = 0;
-  if (driver().moduleGetGlobal(&global, &bytes, module, EPIC_WAIT_REPORT_SYMBOL) !=
-          CUDA_SUCCESS ||
+  if (driver().moduleGetGlobal(&global, &bytes, module, EPIC_WAIT_REPORT_SYMBOL) != CUDA_SUCCESS ||
       bytes != sizeof(void *))
     return; // no call-free waits in this module
   WaitReport *host = mappedSlots();
   void *device = nullptr;
   check(cudaHostGetDevicePointer(&device, host, 0), "cudaHostGetDevicePointer(wait reports)");
-  check(cudaMemcpy(reinterpret_cast<void *>(global), &device, sizeof(device),
-                   cudaMemcpyHostToDevice),
-        "setting " EPIC_WAIT_REPORT_SYMBOL);
+  check(
+      cudaMemcpy(reinterpret_cast<void *>(global), &device, sizeof(device), cudaMemcpyHostToDevice),
+      "setting " EPIC_WAIT_REPORT_SYMBOL);
 }
 
 } // namespace epic::runtime::detail
@@ -80,20 +79,18 @@ std::string epic::runtime::takeDeviceWaitReports() {
                     "; rank %d and rank %d disagree (block %d thread %d): signature %" PRIx64
                     " here, %" PRIx64 " there: every rank must make the same call at the same "
                     "time (the same op, configuration, variant, num_sms and token cap)",
-                    int(r.rank), int(r.peer), int(r.block), int(r.thread),
-                    uint64_t(r.expected), uint64_t(r.seen));
+                    int(r.rank), int(r.peer), int(r.block), int(r.thread), uint64_t(r.expected),
+                    uint64_t(r.seen));
     else
-    std::snprintf(line, sizeof(line),
-                  "; device wait timed out after %" PRId64 " ms: rank %d block %d thread %d "
-                  "waited for peer %d: the flag at 0x%" PRIx64 " %s %" PRId64 " (seen %" PRId64
-                  ")",
-                  int64_t(r.timeoutNs) / 1000000, int(r.rank), int(r.block), int(r.thread),
-                  int(r.peer), uint64_t(r.flag), epic_device::waitPredicateName(r.predicate),
-                  int64_t(r.expected), int64_t(r.seen));
+      std::snprintf(line, sizeof(line),
+                    "; device wait timed out after %" PRId64 " ms: rank %d block %d thread %d "
+                    "waited for peer %d: the flag at 0x%" PRIx64 " %s %" PRId64 " (seen %" PRId64
+                    ")",
+                    int64_t(r.timeoutNs) / 1000000, int(r.rank), int(r.block), int(r.thread),
+                    int(r.peer), uint64_t(r.flag), epic_device::waitPredicateName(r.predicate),
+                    int64_t(r.expected), int64_t(r.seen));
     text += line;
     r.valid = 0;
   }
   return text;
 }
-
-

@@ -36,8 +36,7 @@ inline std::string planDispatch(int ranks) {
 }
 
 inline std::string planCombine(int ranks) {
-  return runtime::combineEntryIR(planSpec(ranks), planCombineVariant,
-                                 runtime::kCombineEntryName);
+  return runtime::combineEntryIR(planSpec(ranks), planCombineVariant, runtime::kCombineEntryName);
 }
 
 /// DeepEP's V3 configuration (EP8, 256 experts, top-8, hidden 7168, FP8

@@ -33,33 +33,33 @@
 #include <string>
 #include <vector>
 
-#define CHECK_CU(call)                                                                   \
-  do {                                                                                   \
-    CUresult r_ = (call);                                                                \
-    if (r_ != CUDA_SUCCESS) {                                                            \
-      const char *s_ = nullptr;                                                          \
-      cuGetErrorString(r_, &s_);                                                         \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, s_);      \
-      std::exit(1);                                                                      \
-    }                                                                                    \
+#define CHECK_CU(call)                                                                             \
+  do {                                                                                             \
+    CUresult r_ = (call);                                                                          \
+    if (r_ != CUDA_SUCCESS) {                                                                      \
+      const char *s_ = nullptr;                                                                    \
+      cuGetErrorString(r_, &s_);                                                                   \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, s_);               \
+      std::exit(1);                                                                                \
+    }                                                                                              \
   } while (0)
-#define CHECK_CUDA(call)                                                                 \
-  do {                                                                                   \
-    cudaError_t r_ = (call);                                                             \
-    if (r_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,           \
-                   cudaGetErrorString(r_));                                              \
-      std::exit(1);                                                                      \
-    }                                                                                    \
+#define CHECK_CUDA(call)                                                                           \
+  do {                                                                                             \
+    cudaError_t r_ = (call);                                                                       \
+    if (r_ != cudaSuccess) {                                                                       \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,                    \
+                   cudaGetErrorString(r_));                                                        \
+      std::exit(1);                                                                                \
+    }                                                                                              \
   } while (0)
-#define CHECK_NCCL(call)                                                                 \
-  do {                                                                                   \
-    ncclResult_t r_ = (call);                                                            \
-    if (r_ != ncclSuccess) {                                                             \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,           \
-                   ncclGetErrorString(r_));                                              \
-      std::exit(1);                                                                      \
-    }                                                                                    \
+#define CHECK_NCCL(call)                                                                           \
+  do {                                                                                             \
+    ncclResult_t r_ = (call);                                                                      \
+    if (r_ != ncclSuccess) {                                                                       \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,                    \
+                   ncclGetErrorString(r_));                                                        \
+      std::exit(1);                                                                                \
+    }                                                                                              \
   } while (0)
 
 namespace {
@@ -184,8 +184,8 @@ int runVirtual(const char *cubin) {
       ok = out[r * (world.stride / 4) + bytes / 4 + i] == pattern((r + R - 1) % R, i);
   expect(ok, "put_signal: the put landed before its signal was seen");
   std::vector<uint64_t> signals(R * 4);
-  CHECK_CUDA(cudaMemcpy(signals.data(), world.comm.signals, signals.size() * 8,
-                        cudaMemcpyDeviceToHost));
+  CHECK_CUDA(
+      cudaMemcpy(signals.data(), world.comm.signals, signals.size() * 8, cudaMemcpyDeviceToHost));
   ok = true;
   for (int r = 0; r < R; ++r)
     ok &= signals[r * 4] == 1;
@@ -207,9 +207,8 @@ int runVirtual(const char *cubin) {
       for (int b = 0; b < blocksPerRank; ++b)
         errors += out[r * (world.stride / 4) + 1024 + b];
     char what[128];
-    std::snprintf(what, sizeof what,
-                  "barrier_rounds #%d: %d rounds, counters %d, %d early reads", launchIndex,
-                  rounds, out[0], errors);
+    std::snprintf(what, sizeof what, "barrier_rounds #%d: %d rounds, counters %d, %d early reads",
+                  launchIndex, rounds, out[0], errors);
     expect(ok && errors == 0, what);
   }
   return failures;
@@ -263,8 +262,7 @@ int runVirtualTimeoutReport(const char *cubin) {
               "thread %d\n",
               int(report.block), (unsigned long long)report.valid,
               report.predicate == 0 ? "==" : "?", (long long)report.expected,
-              (long long)report.seen, (long long)(report.timeoutNs / 1000000),
-              int(report.thread));
+              (long long)report.seen, (long long)(report.timeoutNs / 1000000), int(report.thread));
   expect(report.valid == 1 && report.block == int(block) && report.predicate == 0 &&
              report.expected == 1 && report.seen == 0 && report.timeoutNs == 200000000 &&
              report.rank == -1 && report.peer == -1,
@@ -442,10 +440,14 @@ int runEpNccl(const char *cubin, const char *metadataPath) {
     return 1;
   }
   std::vector<uint64_t> record(size_t(stride / 8), 0);
-  const uint64_t fields[16] = {(uint64_t)dX, 0, (uint64_t)dIdx, (uint64_t)dW, (uint64_t)recvX, 0,
-                               (uint64_t)recvIdx, (uint64_t)recvW, (uint64_t)meta,
-                               (uint64_t)psumRank, (uint64_t)expertCounts, (uint64_t)psumExpert,
-                               (uint64_t)hostCounts, (uint64_t)T, (uint64_t)slots, (uint64_t)Tmax};
+  const uint64_t fields[16] = {(uint64_t)dX,           0,
+                               (uint64_t)dIdx,         (uint64_t)dW,
+                               (uint64_t)recvX,        0,
+                               (uint64_t)recvIdx,      (uint64_t)recvW,
+                               (uint64_t)meta,         (uint64_t)psumRank,
+                               (uint64_t)expertCounts, (uint64_t)psumExpert,
+                               (uint64_t)hostCounts,   (uint64_t)T,
+                               (uint64_t)slots,        (uint64_t)Tmax};
   std::copy(std::begin(fields), std::end(fields), record.begin());
   launch(kernel(module, "dispatch_send"), blocks, threads, {&devCommPtr, &window, record.data()});
   launch(kernel(module, "dispatch_copy"), blocks, threads, {&devCommPtr, &window, record.data()});
@@ -477,9 +479,9 @@ int runEpNccl(const char *cubin, const char *metadataPath) {
 
   // Combine the received rows straight back: one contribution per token.
   void *out = zeros(size_t(T) * H * 2), *outW = zeros(size_t(T) * K * 4);
-  uint64_t crecord[16] = {(uint64_t)recvX, (uint64_t)recvW, (uint64_t)meta, (uint64_t)psumRank,
-                          (uint64_t)dIdx, 0, 0, (uint64_t)out, (uint64_t)outW, (uint64_t)T,
-                          (uint64_t)Tmax};
+  uint64_t crecord[16] = {
+      (uint64_t)recvX, (uint64_t)recvW, (uint64_t)meta, (uint64_t)psumRank, (uint64_t)dIdx, 0, 0,
+      (uint64_t)out,   (uint64_t)outW,  (uint64_t)T,    (uint64_t)Tmax};
   launch(kernel(module, "combine_send"), blocks, threads, {&devCommPtr, &window, crecord});
   launch(kernel(module, "combine_reduce"), blocks, threads, {&devCommPtr, &window, crecord});
   std::vector<uint16_t> ox(size_t(T) * H);
@@ -518,7 +520,9 @@ int main(int argc, char **argv) {
     return result == 0 ? 0 : 1;
   }
   if (argc != 3) {
-    std::fprintf(stderr, "usage: %s virtual|virtual-timeout|virtual-timeout-report|nccl <cubin> | ep-nccl <cubin> <json>\n",
+    std::fprintf(stderr,
+                 "usage: %s virtual|virtual-timeout|virtual-timeout-report|nccl <cubin> | ep-nccl "
+                 "<cubin> <json>\n",
                  argv[0]);
     return 2;
   }
@@ -528,8 +532,8 @@ int main(int argc, char **argv) {
   int result = mode == "virtual"                  ? runVirtual(argv[2])
                : mode == "virtual-timeout"        ? runVirtualTimeout(argv[2])
                : mode == "virtual-timeout-report" ? runVirtualTimeoutReport(argv[2])
-               : mode == "nccl"                   ? runNccl(argv[2])
-                   : (std::fprintf(stderr, "unknown mode %s\n", argv[1]), 2);
+               : mode == "nccl" ? runNccl(argv[2])
+                                : (std::fprintf(stderr, "unknown mode %s\n", argv[1]), 2);
   std::printf("%s: %s\n", argv[1], result == 0 ? "passed" : "FAILED");
   return result == 0 ? 0 : 1;
 }

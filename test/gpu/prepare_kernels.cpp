@@ -3,7 +3,8 @@
 //   EPIC_CACHE_DIR=build/device/cache build/bin/epic-prepare-gpu-kernels
 //
 // Compiles (here, where epic-compile exists) every entry of RuntimePlan.h
-// for backend=virtual (and the one-rank entries for backend=nccl) into the kernel cache that a GPU run carries.
+// for backend=virtual (and the one-rank entries for backend=nccl) into the kernel cache that a GPU
+// run carries.
 //
 //===----------------------------------------------------------------------===//
 
@@ -18,7 +19,8 @@ int main() {
   KernelCache cache;
   KernelProvider provider(cache, {"virtual", "sm_90", ""});
   for (int ranks : epic::test::planRanks())
-    for (const std::string &ir : {epic::test::planDispatch(ranks), epic::test::planCombine(ranks)}) {
+    for (const std::string &ir :
+         {epic::test::planDispatch(ranks), epic::test::planCombine(ranks)}) {
       auto result = provider.get(ir);
       std::printf("%s %s (%.2f s)\n", result.key.c_str(),
                   result.source == KernelCache::Source::compiled ? "compiled" : "cached",
@@ -33,10 +35,11 @@ int main() {
   }
   for (const std::string &ir : {epic::test::planV3Dispatch(), epic::test::planV3Combine()}) {
     auto result = provider.get(ir);
-    std::printf("V3 %s %s %s in %.3f s\n", ir.find("ep.dispatch") != std::string::npos ? "dispatch" : "combine",
-                result.key.c_str(),
-                result.source == KernelCache::Source::compiled ? "compiled (cold)" : "found in the cache",
-                result.seconds);
+    std::printf(
+        "V3 %s %s %s in %.3f s\n",
+        ir.find("ep.dispatch") != std::string::npos ? "dispatch" : "combine", result.key.c_str(),
+        result.source == KernelCache::Source::compiled ? "compiled (cold)" : "found in the cache",
+        result.seconds);
   }
   return 0;
 }

@@ -162,9 +162,11 @@ void runWorld(KernelProvider &provider, int R, const MakeBuffer &make, const cha
     d.out = deviceArray<uint16_t>(size_t(tokens[r]) * H, 0xff);
     d.outW = deviceArray<float>(size_t(tokens[r]) * K, 0xff);
     const int64_t T = tokens[r];
-    Handle handle{tensor(d.idx, "i64", {T, K}), tensor(d.slots, "i32", {T, K}),
+    Handle handle{tensor(d.idx, "i64", {T, K}),
+                  tensor(d.slots, "i32", {T, K}),
                   tensor(d.meta, "i32", {int64_t(R) * Tmax, K + 2}),
-                  tensor(d.psumRank, "i32", {R}), tensor(d.counts, "i32", {L}),
+                  tensor(d.psumRank, "i32", {R}),
+                  tensor(d.counts, "i32", {L}),
                   tensor(d.psumExpert, "i32", {L})};
     DispatchCall &dc = dispatchCalls[r];
     dc.x = tensor(d.x, "bf16", {T, H});
@@ -307,7 +309,8 @@ void runWorld(KernelProvider &provider, int R, const MakeBuffer &make, const cha
     cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-    cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+         "cudaStreamBeginCapture");
     buffer.launch(d, stream);
     buffer.barrier(stream); // NCCL: an all-reduce, captured with the kernels
     buffer.launch(c, stream);
@@ -334,10 +337,13 @@ void runWorld(KernelProvider &provider, int R, const MakeBuffer &make, const cha
     cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
     // The poisoning comes late (after a 50 ms host step): a comm stream that
     // did not wait would combine first and the outputs would read poisoned.
-    cuda(cudaLaunchHostFunc(compute, [](void *) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); },
-                            nullptr), "cudaLaunchHostFunc");
+    cuda(cudaLaunchHostFunc(
+             compute, [](void *) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); },
+             nullptr),
+         "cudaLaunchHostFunc");
     for (int s = 0; s < R; ++s)
-      cuda(cudaMemsetAsync(dev[s].out, 0xff, size_t(tokens[s]) * H * 2, compute), "cudaMemsetAsync");
+      cuda(cudaMemsetAsync(dev[s].out, 0xff, size_t(tokens[s]) * H * 2, compute),
+           "cudaMemsetAsync");
     cuda(cudaEventRecord(ready, compute), "cudaEventRecord");
     buffer.launch(d, stream, {/*previousEvent=*/ready, /*recordEvent=*/false});
     void *done = buffer.launch(c, stream, {nullptr, /*recordEvent=*/true});
@@ -346,7 +352,8 @@ void runWorld(KernelProvider &provider, int R, const MakeBuffer &make, const cha
     for (int s = 0; s < R; ++s) {
       overlapped[s].resize(size_t(tokens[s]) * H);
       cuda(cudaMemcpyAsync(overlapped[s].data(), dev[s].out, overlapped[s].size() * 2,
-                           cudaMemcpyDeviceToHost, compute), "cudaMemcpyAsync");
+                           cudaMemcpyDeviceToHost, compute),
+           "cudaMemcpyAsync");
     }
     cuda(cudaStreamSynchronize(compute), "cudaStreamSynchronize");
     expect(overlapped == reference,
@@ -394,7 +401,8 @@ void runWorld(KernelProvider &provider, int R, const MakeBuffer &make, const cha
     expect(false, "a launch that does not fit on the GPU is refused");
   } catch (const std::invalid_argument &e) {
     std::string what = e.what();
-    expect(what.find("exceeds") != std::string::npos || what.find("does not fit") != std::string::npos,
+    expect(what.find("exceeds") != std::string::npos ||
+               what.find("does not fit") != std::string::npos,
            "a launch that does not fit on the GPU is refused");
   } catch (const NcclError &e) { // 100000 LSA barriers may already be refused by NCCL
     expect(true, std::string("a launch that does not fit is refused by NCCL"));
@@ -426,26 +434,35 @@ int main(int argc, char **argv) {
     KernelProvider provider(cache, {"virtual", "sm_90", ""});
     if (argc > 1 && std::string(argv[1]) == "disagree") {
       const int R = 2;
-      runWorld(provider, R, [&](int64_t window, int blocks) {
-        return std::make_unique<VirtualElasticBuffer>(R, window, provider, blocks);
-      }, "virtual world, ranks that disagree", /*disagree=*/true);
+      runWorld(
+          provider, R,
+          [&](int64_t window, int blocks) {
+            return std::make_unique<VirtualElasticBuffer>(R, window, provider, blocks);
+          },
+          "virtual world, ranks that disagree", /*disagree=*/true);
     }
     for (int R : epic::test::planRanks())
-      runWorld(provider, R, [&](int64_t window, int blocks) {
-        return std::make_unique<VirtualElasticBuffer>(R, window, provider, blocks);
-      }, "virtual world");
+      runWorld(
+          provider, R,
+          [&](int64_t window, int blocks) {
+            return std::make_unique<VirtualElasticBuffer>(R, window, provider, blocks);
+          },
+          "virtual world");
 
     // The NCCL backend through the same runtime path: one rank, a real
     // communicator, symmetric window and device communicator.
     KernelProvider ncclProvider(cache, {"nccl", "sm_90", ""});
     Communicator comm(1, 0, Communicator::newUniqueId());
-    runWorld(ncclProvider, 1, [&](int64_t window, int blocks) {
-      auto buffer = std::make_unique<NcclElasticBuffer>(comm, window, ncclProvider, blocks);
-      static bool described = false;
-      if (!described)
-        std::printf("  %s\n", buffer->info().describe().c_str()), described = true;
-      return buffer;
-    }, "NCCL");
+    runWorld(
+        ncclProvider, 1,
+        [&](int64_t window, int blocks) {
+          auto buffer = std::make_unique<NcclElasticBuffer>(comm, window, ncclProvider, blocks);
+          static bool described = false;
+          if (!described)
+            std::printf("  %s\n", buffer->info().describe().c_str()), described = true;
+          return buffer;
+        },
+        "NCCL");
     refused("an NCCL buffer refuses kernels compiled for backend=virtual", "backend=nccl",
             [&] { NcclElasticBuffer wrong(comm, 1 << 20, provider, 4); });
     // Warm load of the V3 kernels: the disk cache read, then the module load.
@@ -454,7 +471,8 @@ int main(int argc, char **argv) {
     for (const std::string &ir : {epic::test::planV3Dispatch(), epic::test::planV3Combine()}) {
       auto start = std::chrono::steady_clock::now();
       auto prepared = world.prepare(ir, std::vector<ParamRecord>(v3.ranks));
-      double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       std::printf("V3 %s: warm load (cache read + cuModuleLoadData + checks) %.3f ms, from %s\n",
                   ir.find("ep.dispatch") != std::string::npos ? "dispatch" : "combine",
                   seconds * 1e3,

@@ -40,8 +40,10 @@ RankFacts facts(int64_t bytes, int64_t blocks, int64_t version, int64_t sms, con
 }
 
 std::vector<RankFacts> fourRanks() {
-  return {facts(1 << 21, 64, 22809, 132, "0000:18:00.0"), facts(1 << 21, 64, 22809, 132, "0000:2a:00.0"),
-          facts(1 << 21, 64, 22809, 132, "0000:3a:00.0"), facts(1 << 21, 64, 22809, 132, "0000:5d:00.0")};
+  return {facts(1 << 21, 64, 22809, 132, "0000:18:00.0"),
+          facts(1 << 21, 64, 22809, 132, "0000:2a:00.0"),
+          facts(1 << 21, 64, 22809, 132, "0000:3a:00.0"),
+          facts(1 << 21, 64, 22809, 132, "0000:5d:00.0")};
 }
 
 TEST(NcclVersion, NamesBothEncodings) {
@@ -72,13 +74,15 @@ TEST(RanksAgree, EachFieldIsNamedWithTheRanksValues) {
   f[1].numBytes = 1 << 22;
   std::string m = thrown<NcclError>([&] { checkRanksAgree(f); });
   EXPECT_NE(m.find("disagree on num_bytes: 2097152 on ranks 0, 2, 3; 4194304 on rank 1"),
-            std::string::npos) << m;
+            std::string::npos)
+      << m;
 
   f = fourRanks();
   f[3].blocksPerRank = 24;
   m = thrown<NcclError>([&] { checkRanksAgree(f); });
   EXPECT_NE(m.find("blocks per rank (num_sms): 64 on ranks 0, 1, 2; 24 on rank 3"),
-            std::string::npos) << m;
+            std::string::npos)
+      << m;
 
   f = fourRanks();
   f[0].ncclVersion = 22807;
@@ -134,7 +138,9 @@ TEST(P2PAtomics, APairWithoutThemIsRefusedByName) {
   EXPECT_GT(v, 0);
   std::string m = thrown<NcclError>([&] { checkP2PVerdicts(f, {v, v, v, v}, false); });
   EXPECT_NE(m.find("no native P2P atomics between GPU 0000:2a:00.0 (rank 1) and GPU "
-                   "0000:5d:00.0 (rank 3)"), std::string::npos) << m;
+                   "0000:5d:00.0 (rank 3)"),
+            std::string::npos)
+      << m;
   // Also when one rank alone could see it, and even where unchecked pairs are assumed fine.
   EXPECT_NE(thrown<NcclError>([&] { checkP2PVerdicts(f, {0, v, -2, 0}, true); }), "");
 }
@@ -155,7 +161,9 @@ TEST(P2PAtomics, PairsNoRankCanSeeAreRefusedUnlessAssumed) {
     EXPECT_LT(v, 0);
   std::string m = thrown<NcclError>([&] { checkP2PVerdicts(f, verdicts, false); });
   EXPECT_NE(m.find("cannot check native P2P atomics between GPU 0000:18:00.0 (rank 0) and GPU "
-                   "0000:2a:00.0 (rank 1)"), std::string::npos) << m;
+                   "0000:2a:00.0 (rank 1)"),
+            std::string::npos)
+      << m;
   EXPECT_NE(m.find("EPIC_ASSUME_P2P_ATOMICS=1"), std::string::npos) << m;
   EXPECT_NO_THROW(checkP2PVerdicts(f, verdicts, true));
   // One rank that saw (and checked) every pair is enough.
@@ -165,8 +173,8 @@ TEST(P2PAtomics, PairsNoRankCanSeeAreRefusedUnlessAssumed) {
 
 TEST(NonBlocking, InProgressIsWaitedForThenReturned) {
   int polls = 0;
-  int result = waitWhileInProgress([&] { return ++polls < 4 ? kNcclInProgress : 0; },
-                                   "ncclCommSplit", 10);
+  int result =
+      waitWhileInProgress([&] { return ++polls < 4 ? kNcclInProgress : 0; }, "ncclCommSplit", 10);
   EXPECT_EQ(result, 0);
   EXPECT_EQ(polls, 4);
   EXPECT_EQ(waitWhileInProgress([] { return 5; }, "x", 10), 5); // an error is passed on

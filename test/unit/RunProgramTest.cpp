@@ -38,7 +38,7 @@ TEST(Elements, KnownEncodings) {
   EXPECT_EQ(floatToBf16(1.0f + 1.0f / 256), 0x3f80); // tie to even
   EXPECT_EQ(floatToF16(1.0f), 0x3c00);
   EXPECT_EQ(floatToF16(65504.0f), 0x7bff);
-  EXPECT_EQ(floatToF16(1e6f), 0x7c00); // overflow: infinity
+  EXPECT_EQ(floatToF16(1e6f), 0x7c00);      // overflow: infinity
   EXPECT_EQ(floatToF16(-0x1p-24f), 0x8001); // smallest subnormal
   EXPECT_EQ(floatToF8E4M3FN(1.0f), 0x38);
   EXPECT_EQ(floatToF8E4M3FN(448.0f), 0x7e);
@@ -297,8 +297,7 @@ TEST(Reference, CombineIsCheckedBitwise) {
 
   TinyWorld expanded(true, 4);
   std::vector<float> slots = {2, 1, 2, 2, 0};
-  EXPECT_TRUE(
-      checkCombine(expanded.spec, expanded.ranks, expanded.identityCombine(slots)).empty());
+  EXPECT_TRUE(checkCombine(expanded.spec, expanded.ranks, expanded.identityCombine(slots)).empty());
   EXPECT_FALSE(
       checkCombine(expanded.spec, expanded.ranks, expanded.identityCombine(ranksOwning)).empty());
 }
@@ -356,16 +355,21 @@ TEST(RunPlan, RefusesWhatTheRunDialectRefuses) {
   expectPlanError(planWith(random("true"), 2), "expected a number, got a bool");
   auto routing = [](const std::string &masked) {
     return std::string(kTokens) + R"(, {"op": "routing", "loc": "p.mlir:2:1", "result": 1,
-        "rows": 0, "experts": 8, "topk": 2, "seed": 2, "masked": )" + masked + "}";
+        "rows": 0, "experts": 8, "topk": 2, "seed": 2, "masked": )" +
+           masked + "}";
   };
   expectPlanError(planWith(routing("2.0"), 2), "masked must be a probability in [0, 1], got 2");
   expectPlanError(planWith(routing("true"), 2), "expected a number, got a bool");
   RunPlan::parse(planWith(routing("0.25"), 2));
   // Token counts are integers, and lists are lists.
   expectPlanError(planWith(R"({"op": "tokens", "loc": "p.mlir:1:1", "result": 0,
-      "per_rank": [4.5, 2]})", 1), "expected an integer, got a number 4.5");
+      "per_rank": [4.5, 2]})",
+                           1),
+                  "expected an integer, got a number 4.5");
   expectPlanError(planWith(R"({"op": "tokens", "loc": "p.mlir:1:1", "result": 0,
-      "per_rank": 4})", 1), "expected a list, got a number");
+      "per_rank": 4})",
+                           1),
+                  "expected a list, got a number");
 }
 
 class RunPlanCache : public ::testing::Test {

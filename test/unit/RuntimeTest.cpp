@@ -316,8 +316,8 @@ struct CallFixture {
     auto t = [&](const char *dtype, std::vector<int64_t> shape) {
       return DeviceTensor{fakeAddress(++n), dtype, std::move(shape)};
     };
-    Handle h{t("i64", {T, K}), t("i32", {T, K}), t("i32", {R * 128, K + 2}), t("i32", {R}),
-             t("i32", {L}), t("i32", {L})};
+    Handle h{t("i64", {T, K}), t("i32", {T, K}), t("i32", {R * 128, K + 2}),
+             t("i32", {R}),    t("i32", {L}),    t("i32", {L})};
     dispatch.x = t(spec.dtype.c_str(), {T, H});
     if (fp8) {
       dispatch.scalePacks = t("f32", {T, 8});
@@ -488,8 +488,7 @@ TEST(Calls, CachedSignaturesCheckTheAddressesTheyBind) {
   EXPECT_EQ(error(misaligned), "x[1] must be 16-byte aligned, it is at 16392");
   std::vector<uint64_t> missing = addresses;
   missing[2] = 0;
-  EXPECT_EQ(error(missing),
-            "topk_weights[0] is required here but was not given (a null pointer)");
+  EXPECT_EQ(error(missing), "topk_weights[0] is required here but was not given (a null pointer)");
   EXPECT_NE(error({1, 2, 3}).find("expected 2 x 4 tensor addresses"), std::string::npos);
 }
 
@@ -514,7 +513,8 @@ TEST(Calls, TooManyTokens) {
   CallFixture f;
   f.dispatch.x.shape[0] = 129;
   EXPECT_NE(f.dispatchError().find("x has 129 tokens, more than num_max_tokens_per_rank (128)"),
-            std::string::npos) << f.dispatchError();
+            std::string::npos)
+      << f.dispatchError();
 }
 
 TEST(Calls, WrongDtypes) {
@@ -537,15 +537,17 @@ TEST(Calls, BufferTooSmallAndWrongShapes) {
   CallFixture f;
   f.dispatch.recvX.shape[0] = 100;
   EXPECT_NE(f.dispatchError().find("recv_x has 100 rows but the buffer can receive 512"),
-            std::string::npos) << f.dispatchError();
+            std::string::npos)
+      << f.dispatchError();
   CallFixture g;
   g.dispatch.topkWeights.shape = {100, 4};
   EXPECT_NE(g.dispatchError().find("topk_weights must have shape f32[100, 8], got f32[100, 4]"),
-            std::string::npos) << g.dispatchError();
+            std::string::npos)
+      << g.dispatchError();
   CallFixture h;
   h.combine.combinedX.shape = {99, 1024};
-  EXPECT_NE(h.combineError().find("combined_x must have shape bf16[100, 1024]"),
-            std::string::npos) << h.combineError();
+  EXPECT_NE(h.combineError().find("combined_x must have shape bf16[100, 1024]"), std::string::npos)
+      << h.combineError();
 }
 
 TEST(Calls, MissingAndUnexpectedArguments) {
@@ -558,14 +560,15 @@ TEST(Calls, MissingAndUnexpectedArguments) {
   CallFixture g;
   g.dispatch.scalePacks = g.dispatch.topkWeights;
   EXPECT_NE(g.dispatchError().find("x_scale_packs was given but x is bf16, not FP8"),
-            std::string::npos) << g.dispatchError();
+            std::string::npos)
+      << g.dispatchError();
   CallFixture h;
   h.combine.bias1 = h.combine.bias0;
   EXPECT_NE(h.combineError().find("bias_1 was given"), std::string::npos) << h.combineError();
   CallFixture e(false, true);
   e.dispatch.recvTopkIdx = e.dispatch.hostCounts;
-  EXPECT_NE(e.dispatchError().find("the expanded layout receives no top-k ids"),
-            std::string::npos) << e.dispatchError();
+  EXPECT_NE(e.dispatchError().find("the expanded layout receives no top-k ids"), std::string::npos)
+      << e.dispatchError();
 }
 
 TEST(Calls, MisalignedRows) {
@@ -630,12 +633,14 @@ TEST(Calls, GroupedGemmArgumentsAreCheckedByName) {
   EXPECT_NE(error(plain.spec, g).find("needs an expanded dispatch"), std::string::npos);
   GroupedGemmCall bad = g;
   bad.weights.shape = {4, 1024, 256};
-  EXPECT_NE(error(f.spec, bad).find("weights must have shape bf16[8, 1024, N], got bf16[4, 1024, 256]"),
-            std::string::npos);
+  EXPECT_NE(
+      error(f.spec, bad).find("weights must have shape bf16[8, 1024, N], got bf16[4, 1024, 256]"),
+      std::string::npos);
   bad = g;
   bad.out.shape = {rows, 128};
-  EXPECT_NE(error(f.spec, bad).find("out must have shape bf16[" + std::to_string(rows) +
-                                     ", 256], got bf16[" + std::to_string(rows) + ", 128]"),
+  EXPECT_NE(error(f.spec, bad)
+                .find("out must have shape bf16[" + std::to_string(rows) + ", 256], got bf16[" +
+                      std::to_string(rows) + ", 128]"),
             std::string::npos)
       << error(f.spec, bad);
   bad = g;

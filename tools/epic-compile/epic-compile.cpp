@@ -85,7 +85,8 @@ static int compileMain(int argc, char **argv) {
         epic::compileModule((*input)->getBuffer().str(), options, inputFile);
     if (verbose)
       llvm::errs() << result.ptxasLog;
-    int failed = write(prefix + ".ptx", result.ptx) + write(prefix + ".json", result.metadataJson());
+    int failed =
+        write(prefix + ".ptx", result.ptx) + write(prefix + ".json", result.metadataJson());
     if (options.emitCubin)
       failed += write(prefix + ".cubin", result.cubin);
     return failed ? 1 : 0;

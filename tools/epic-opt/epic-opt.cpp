@@ -31,7 +31,7 @@ int main(int argc, char **argv) {
   epic::registerEpicToPTXPipeline();
 
   return epic::runWithLargeStack([&] {
-    return mlir::asMainReturnCode(mlir::MlirOptMain(
-        argc, argv, "epic optimizer driver (ep and comm dialects)\n", registry));
+    return mlir::asMainReturnCode(
+        mlir::MlirOptMain(argc, argv, "epic optimizer driver (ep and comm dialects)\n", registry));
   });
 }

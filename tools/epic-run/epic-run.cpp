@@ -139,7 +139,8 @@ int run(const Options &o) {
     std::fprintf(stderr,
                  "epic-run: no GPU here (%s); the plan and kernels are compiled and cached in %s "
                  "(--compile-only does only that)\n",
-                 e == cudaSuccess ? "no devices" : cudaGetErrorString(e), cache.directory().c_str());
+                 e == cudaSuccess ? "no devices" : cudaGetErrorString(e),
+                 cache.directory().c_str());
     return 1;
   }
   int sms = 0;

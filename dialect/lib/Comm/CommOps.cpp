@@ -10,8 +10,7 @@
 using namespace mlir;
 using namespace epic::comm;
 
-using Effects =
-    SmallVectorImpl<SideEffects::EffectInstance<MemoryEffects::Effect>>;
+using Effects = SmallVectorImpl<SideEffects::EffectInstance<MemoryEffects::Effect>>;
 
 //===----------------------------------------------------------------------===//
 // Ranks, teams and pointers
@@ -28,20 +27,18 @@ namespace {
 /// peer_ptr(win, off, team, team_rank(team)) is this rank's own copy.
 struct PeerPtrOfSelf : public OpRewritePattern<PeerPtrOp> {
   using OpRewritePattern::OpRewritePattern;
-  LogicalResult matchAndRewrite(PeerPtrOp op,
-                                PatternRewriter &rewriter) const override {
+  LogicalResult matchAndRewrite(PeerPtrOp op, PatternRewriter &rewriter) const override {
     auto self = op.getPeer().getDefiningOp<TeamRankOp>();
     if (!self || self.getTeam() != op.getTeam())
       return failure();
-    rewriter.replaceOpWithNewOp<LocalPtrOp>(op, op.getPtr().getType(),
-                                            op.getWindow(), op.getOffset());
+    rewriter.replaceOpWithNewOp<LocalPtrOp>(op, op.getPtr().getType(), op.getWindow(),
+                                            op.getOffset());
     return success();
   }
 };
 } // namespace
 
-void PeerPtrOp::getCanonicalizationPatterns(RewritePatternSet &results,
-                                            MLIRContext *context) {
+void PeerPtrOp::getCanonicalizationPatterns(RewritePatternSet &results, MLIRContext *context) {
   results.add<PeerPtrOfSelf>(context);
 }
 
@@ -49,16 +46,13 @@ void PeerPtrOp::getCanonicalizationPatterns(RewritePatternSet &results,
 // One-sided network operations
 //===----------------------------------------------------------------------===//
 
-static LogicalResult verifySignalOperands(Operation *op, Value signal,
-                                          Value signalAdd) {
+static LogicalResult verifySignalOperands(Operation *op, Value signal, Value signalAdd) {
   if (signalAdd && !signal)
     return op->emitOpError("add(...) needs a signal(...) to add to");
   return success();
 }
 
-LogicalResult PutOp::verify() {
-  return verifySignalOperands(*this, getSignal(), getSignalAdd());
-}
+LogicalResult PutOp::verify() { return verifySignalOperands(*this, getSignal(), getSignalAdd()); }
 
 void PutOp::getEffects(Effects &effects) {
   effects.emplace_back(MemoryEffects::Read::get(), &getSrcWindowMutable(),
@@ -66,8 +60,7 @@ void PutOp::getEffects(Effects &effects) {
   effects.emplace_back(MemoryEffects::Write::get(), &getDstWindowMutable(),
                        WindowMemoryResource::get());
   if (getSignal() || getCounter())
-    effects.emplace_back(MemoryEffects::Write::get(),
-                         SignalMemoryResource::get());
+    effects.emplace_back(MemoryEffects::Write::get(), SignalMemoryResource::get());
 }
 
 namespace {
@@ -75,24 +68,22 @@ namespace {
 /// no-op, with only a signal it is a signal-only operation.
 struct SimplifyEmptyPut : public OpRewritePattern<PutOp> {
   using OpRewritePattern::OpRewritePattern;
-  LogicalResult matchAndRewrite(PutOp op,
-                                PatternRewriter &rewriter) const override {
+  LogicalResult matchAndRewrite(PutOp op, PatternRewriter &rewriter) const override {
     if (!matchPattern(op.getBytes(), m_Zero()) || op.getCounter())
       return failure();
     if (!op.getSignal()) {
       rewriter.eraseOp(op);
       return success();
     }
-    rewriter.replaceOpWithNewOp<SignalOp>(
-        op, op.getSignal(), op.getTeam(), op.getPeer(), op.getComm(),
-        op.getSignalAdd(), op.getContextIndex(), op.getCoop());
+    rewriter.replaceOpWithNewOp<SignalOp>(op, op.getSignal(), op.getTeam(), op.getPeer(),
+                                          op.getComm(), op.getSignalAdd(), op.getContextIndex(),
+                                          op.getCoop());
     return success();
   }
 };
 } // namespace
 
-void PutOp::getCanonicalizationPatterns(RewritePatternSet &results,
-                                        MLIRContext *context) {
+void PutOp::getCanonicalizationPatterns(RewritePatternSet &results, MLIRContext *context) {
   results.add<SimplifyEmptyPut>(context);
 }
 
@@ -104,8 +95,7 @@ void PutValueOp::getEffects(Effects &effects) {
   effects.emplace_back(MemoryEffects::Write::get(), &getWindowMutable(),
                        WindowMemoryResource::get());
   if (getSignal())
-    effects.emplace_back(MemoryEffects::Write::get(),
-                         SignalMemoryResource::get());
+    effects.emplace_back(MemoryEffects::Write::get(), SignalMemoryResource::get());
 }
 
 //===----------------------------------------------------------------------===//
@@ -123,11 +113,9 @@ namespace {
 /// fence; fence (identical) == fence.
 struct EraseRepeatedFence : public OpRewritePattern<FenceOp> {
   using OpRewritePattern::OpRewritePattern;
-  LogicalResult matchAndRewrite(FenceOp op,
-                                PatternRewriter &rewriter) const override {
+  LogicalResult matchAndRewrite(FenceOp op, PatternRewriter &rewriter) const override {
     auto next = dyn_cast_or_null<FenceOp>(op->getNextNode());
-    if (!next || next.getOrdering() != op.getOrdering() ||
-        next.getScope() != op.getScope())
+    if (!next || next.getOrdering() != op.getOrdering() || next.getScope() != op.getScope())
       return failure();
     rewriter.eraseOp(op);
     return success();
@@ -135,20 +123,19 @@ struct EraseRepeatedFence : public OpRewritePattern<FenceOp> {
 };
 } // namespace
 
-void FenceOp::getCanonicalizationPatterns(RewritePatternSet &results,
-                                          MLIRContext *context) {
+void FenceOp::getCanonicalizationPatterns(RewritePatternSet &results, MLIRContext *context) {
   results.add<EraseRepeatedFence>(context);
 }
 
 /// Flag accesses touch the memory their pointer refers to; an acquire also
 /// orders every later access (modeled as a write), a release every earlier
 /// one (modeled as a read).
-static void addFlagEffects(Effects &effects, OpOperand &ptr, bool reads,
-                           bool writes, Ordering ordering) {
-  bool acquire = ordering == Ordering::acquire ||
-                 ordering == Ordering::acq_rel || ordering == Ordering::sc;
-  bool release = ordering == Ordering::release ||
-                 ordering == Ordering::acq_rel || ordering == Ordering::sc;
+static void addFlagEffects(Effects &effects, OpOperand &ptr, bool reads, bool writes,
+                           Ordering ordering) {
+  bool acquire =
+      ordering == Ordering::acquire || ordering == Ordering::acq_rel || ordering == Ordering::sc;
+  bool release =
+      ordering == Ordering::release || ordering == Ordering::acq_rel || ordering == Ordering::sc;
   if (reads)
     effects.emplace_back(MemoryEffects::Read::get(), &ptr);
   if (writes)
@@ -159,57 +146,47 @@ static void addFlagEffects(Effects &effects, OpOperand &ptr, bool reads,
     effects.emplace_back(MemoryEffects::Read::get());
 }
 
-static LogicalResult verifyOrdering(Operation *op, Ordering ordering,
-                                    ArrayRef<Ordering> allowed) {
+static LogicalResult verifyOrdering(Operation *op, Ordering ordering, ArrayRef<Ordering> allowed) {
   if (llvm::is_contained(allowed, ordering))
     return success();
   InFlightDiagnostic diag = op->emitOpError("ordering must be ");
   llvm::interleave(
-      allowed, [&](Ordering o) { diag << stringifyOrdering(o); },
-      [&] { diag << " or "; });
+      allowed, [&](Ordering o) { diag << stringifyOrdering(o); }, [&] { diag << " or "; });
   return diag << ", got " << stringifyOrdering(ordering);
 }
 
 LogicalResult LoadOp::verify() {
-  return verifyOrdering(*this, getOrdering(),
-                        {Ordering::relaxed, Ordering::acquire});
+  return verifyOrdering(*this, getOrdering(), {Ordering::relaxed, Ordering::acquire});
 }
 
 void LoadOp::getEffects(Effects &effects) {
-  addFlagEffects(effects, getPtrMutable(), /*reads=*/true, /*writes=*/false,
-                 getOrdering());
+  addFlagEffects(effects, getPtrMutable(), /*reads=*/true, /*writes=*/false, getOrdering());
 }
 
 LogicalResult StoreOp::verify() {
-  return verifyOrdering(*this, getOrdering(),
-                        {Ordering::relaxed, Ordering::release});
+  return verifyOrdering(*this, getOrdering(), {Ordering::relaxed, Ordering::release});
 }
 
 void StoreOp::getEffects(Effects &effects) {
-  addFlagEffects(effects, getPtrMutable(), /*reads=*/false, /*writes=*/true,
-                 getOrdering());
+  addFlagEffects(effects, getPtrMutable(), /*reads=*/false, /*writes=*/true, getOrdering());
 }
 
 LogicalResult RedOp::verify() {
   if (getKind() == AtomicKind::exch)
     return emitOpError("exch is not a reduction; use comm.atomic_rmw");
-  return verifyOrdering(*this, getOrdering(),
-                        {Ordering::relaxed, Ordering::release});
+  return verifyOrdering(*this, getOrdering(), {Ordering::relaxed, Ordering::release});
 }
 
 void RedOp::getEffects(Effects &effects) {
-  addFlagEffects(effects, getPtrMutable(), /*reads=*/true, /*writes=*/true,
-                 getOrdering());
+  addFlagEffects(effects, getPtrMutable(), /*reads=*/true, /*writes=*/true, getOrdering());
 }
 
 void AtomicRMWOp::getEffects(Effects &effects) {
-  addFlagEffects(effects, getPtrMutable(), /*reads=*/true, /*writes=*/true,
-                 getOrdering());
+  addFlagEffects(effects, getPtrMutable(), /*reads=*/true, /*writes=*/true, getOrdering());
 }
 
 void AtomicCASOp::getEffects(Effects &effects) {
-  addFlagEffects(effects, getPtrMutable(), /*reads=*/true, /*writes=*/true,
-                 getOrdering());
+  addFlagEffects(effects, getPtrMutable(), /*reads=*/true, /*writes=*/true, getOrdering());
 }
 
 #define GET_OP_CLASSES

@@ -91,8 +91,8 @@ std::optional<uint64_t> ConfigAttr::getMaxRecvTokens() const {
 std::optional<uint64_t> ConfigAttr::getMaxExpandedTokens() const {
   if (!hasStaticTokenCap())
     return std::nullopt;
-  return epic::ep::limits::worstCaseRows(getRanks(), getExperts(), getTopk(),
-                                         getExpertAlignment(), getMaxTokensPerRank(),
+  return epic::ep::limits::worstCaseRows(getRanks(), getExperts(), getTopk(), getExpertAlignment(),
+                                         getMaxTokensPerRank(),
                                          /*expanded=*/true);
 }
 
@@ -106,10 +106,9 @@ FailureOr<unsigned> epic::ep::parseCount(AsmParser &parser) {
   return unsigned(value);
 }
 
-LogicalResult ConfigAttr::verify(function_ref<InFlightDiagnostic()> emitError,
-                                 unsigned ranks, unsigned experts, unsigned topk,
-                                 unsigned hidden, Type dtype, unsigned scalePacks,
-                                 unsigned expertAlignment, Layout layout,
+LogicalResult ConfigAttr::verify(function_ref<InFlightDiagnostic()> emitError, unsigned ranks,
+                                 unsigned experts, unsigned topk, unsigned hidden, Type dtype,
+                                 unsigned scalePacks, unsigned expertAlignment, Layout layout,
                                  unsigned numSms, unsigned maxTokensPerRank) {
   namespace lim = epic::ep::limits;
   // [low, high] of a field (EPLimits.def), named as #ep.config spells it.
@@ -122,25 +121,22 @@ LogicalResult ConfigAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   if (failed(inRange(lim::kRanks, ranks)) || failed(inRange(lim::kExperts, experts)))
     return failure();
   if (experts % ranks != 0)
-    return emitError() << "experts (" << experts
-                       << ") must be divisible by ranks (" << ranks << ")";
+    return emitError() << "experts (" << experts << ") must be divisible by ranks (" << ranks
+                       << ")";
   if (experts / ranks > lim::kMaxLocalExperts)
-    return emitError() << "experts per rank must be at most " << lim::kMaxLocalExperts
-                       << ", got " << experts / ranks;
+    return emitError() << "experts per rank must be at most " << lim::kMaxLocalExperts << ", got "
+                       << experts / ranks;
   if (failed(inRange(lim::kTopk, topk)))
     return failure();
   if (topk > experts)
-    return emitError() << "topk (" << topk << ") exceeds experts (" << experts
-                       << ")";
+    return emitError() << "topk (" << topk << ") exceeds experts (" << experts << ")";
   if (!isSupportedDataType(dtype))
-    return emitError() << "dtype must be bf16, f16, f32, f8E4M3FN or f8E5M2, got "
-                       << dtype;
+    return emitError() << "dtype must be bf16, f16, f32, f8E4M3FN or f8E5M2, got " << dtype;
   if (failed(inRange(lim::kHidden, hidden)))
     return failure();
   uint64_t rowBytes = uint64_t(hidden) * dtype.getIntOrFloatBitWidth() / 8;
   if (rowBytes % 16 != 0)
-    return emitError() << "hidden bytes (" << hidden << " x " << dtype << " = "
-                       << rowBytes
+    return emitError() << "hidden bytes (" << hidden << " x " << dtype << " = " << rowBytes
                        << " bytes) must be a multiple of 16 for vector copies";
   if (failed(inRange(lim::kScalePacks, scalePacks)))
     return failure();
@@ -148,8 +144,8 @@ LogicalResult ConfigAttr::verify(function_ref<InFlightDiagnostic()> emitError,
     return emitError() << "FP8 data (" << dtype
                        << ") needs scale packs: scale_packs must be positive";
   if (!isFP8Type(dtype) && scalePacks != 0)
-    return emitError() << "scale_packs (" << scalePacks
-                       << ") are only allowed with FP8 data, not " << dtype;
+    return emitError() << "scale_packs (" << scalePacks << ") are only allowed with FP8 data, not "
+                       << dtype;
   if (failed(inRange(lim::kExpertAlignment, expertAlignment)) ||
       failed(inRange(lim::kNumSms, numSms)) ||
       failed(inRange(lim::kMaxTokensPerRank, maxTokensPerRank)))

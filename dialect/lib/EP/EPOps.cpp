@@ -23,58 +23,51 @@ struct ShapeChecker {
 
   LogicalResult rank(StringRef name, ShapedType type, int64_t rank) const {
     if (type.getRank() != rank)
-      return op->emitOpError() << name << " must have rank " << rank << ", got "
-                               << type;
+      return op->emitOpError() << name << " must have rank " << rank << ", got " << type;
     return success();
   }
 
-  LogicalResult dim(StringRef name, ShapedType type, unsigned index,
-                    int64_t expected, StringRef what) const {
+  LogicalResult dim(StringRef name, ShapedType type, unsigned index, int64_t expected,
+                    StringRef what) const {
     if (expected == ShapedType::kDynamic || type.isDynamicDim(index))
       return success();
     if (type.getDimSize(index) != expected)
-      return op->emitOpError()
-             << name << " dimension " << index << " (" << what << ") must be "
-             << expected << ", got " << type.getDimSize(index);
+      return op->emitOpError() << name << " dimension " << index << " (" << what << ") must be "
+                               << expected << ", got " << type.getDimSize(index);
     return success();
   }
 
-  LogicalResult staticDim(StringRef name, ShapedType type, unsigned index,
-                          int64_t expected, StringRef what) const {
+  LogicalResult staticDim(StringRef name, ShapedType type, unsigned index, int64_t expected,
+                          StringRef what) const {
     if (type.isDynamicDim(index))
       return op->emitOpError() << name << " dimension " << index << " (" << what
                                << ") must be static";
     return dim(name, type, index, expected, what);
   }
 
-  LogicalResult elementType(StringRef name, ShapedType type,
-                            Type expected) const {
+  LogicalResult elementType(StringRef name, ShapedType type, Type expected) const {
     if (type.getElementType() != expected)
-      return op->emitOpError() << name << " element type must be " << expected
-                               << ", got " << type.getElementType();
+      return op->emitOpError() << name << " element type must be " << expected << ", got "
+                               << type.getElementType();
     return success();
   }
 
   /// No bound (`max` empty) when the token cap is a run-time value.
-  LogicalResult maxDim(StringRef name, ShapedType type, unsigned index,
-                       std::optional<uint64_t> max, StringRef what) const {
-    if (max && !type.isDynamicDim(index) &&
-        uint64_t(type.getDimSize(index)) > *max)
-      return op->emitOpError() << name << " dimension " << index << " (" << what
-                               << ") is " << type.getDimSize(index)
-                               << ", more than the maximum " << *max;
+  LogicalResult maxDim(StringRef name, ShapedType type, unsigned index, std::optional<uint64_t> max,
+                       StringRef what) const {
+    if (max && !type.isDynamicDim(index) && uint64_t(type.getDimSize(index)) > *max)
+      return op->emitOpError() << name << " dimension " << index << " (" << what << ") is "
+                               << type.getDimSize(index) << ", more than the maximum " << *max;
     return success();
   }
 
   /// Two token dimensions that must agree when both are static.
-  LogicalResult sameDim(StringRef nameA, ShapedType a, StringRef nameB,
-                        ShapedType b, StringRef what) const {
-    if (a.isDynamicDim(0) || b.isDynamicDim(0) ||
-        a.getDimSize(0) == b.getDimSize(0))
+  LogicalResult sameDim(StringRef nameA, ShapedType a, StringRef nameB, ShapedType b,
+                        StringRef what) const {
+    if (a.isDynamicDim(0) || b.isDynamicDim(0) || a.getDimSize(0) == b.getDimSize(0))
       return success();
-    return op->emitOpError() << nameA << " and " << nameB << " disagree on "
-                             << what << ": " << a.getDimSize(0) << " vs "
-                             << b.getDimSize(0);
+    return op->emitOpError() << nameA << " and " << nameB << " disagree on " << what << ": "
+                             << a.getDimSize(0) << " vs " << b.getDimSize(0);
   }
 };
 
@@ -104,16 +97,11 @@ LogicalResult DispatchLayoutOp::verify() {
   ShapedType perExpert = shaped(getNumTokensPerExpert());
   ShapedType inRank = shaped(getIsTokenInRank());
   if (failed(check.staticDim("topk_idx", idx, 1, cfg.getTopk(), "top-k")) ||
-      failed(check.maxDim("topk_idx", idx, 0, cfg.getTokenCap(),
-                          "tokens")) ||
-      failed(check.staticDim("num_tokens_per_rank", perRank, 0, cfg.getRanks(),
-                             "ranks")) ||
-      failed(check.staticDim("num_tokens_per_expert", perExpert, 0,
-                             cfg.getExperts(), "experts")) ||
-      failed(check.staticDim("is_token_in_rank", inRank, 1, cfg.getRanks(),
-                             "ranks")) ||
-      failed(check.sameDim("topk_idx", idx, "is_token_in_rank", inRank,
-                           "the token count")))
+      failed(check.maxDim("topk_idx", idx, 0, cfg.getTokenCap(), "tokens")) ||
+      failed(check.staticDim("num_tokens_per_rank", perRank, 0, cfg.getRanks(), "ranks")) ||
+      failed(check.staticDim("num_tokens_per_expert", perExpert, 0, cfg.getExperts(), "experts")) ||
+      failed(check.staticDim("is_token_in_rank", inRank, 1, cfg.getRanks(), "ranks")) ||
+      failed(check.sameDim("topk_idx", idx, "is_token_in_rank", inRank, "the token count")))
     return failure();
   return success();
 }
@@ -124,38 +112,33 @@ LogicalResult DispatchLayoutOp::verify() {
 
 /// The result types a dispatch has for these operands: the single source of
 /// truth for the builder; the verifier accepts static refinements of them.
-static void inferDispatchResultTypes(ConfigAttr cfg, Value topkIdx,
-                                     Value scalePacks, Value topkWeights,
-                                     Type &recvX, Type &recvScales,
-                                     Type &recvIdx, Type &recvWeights,
-                                     Type &handle) {
+static void inferDispatchResultTypes(ConfigAttr cfg, Value topkIdx, Value scalePacks,
+                                     Value topkWeights, Type &recvX, Type &recvScales,
+                                     Type &recvIdx, Type &recvWeights, Type &handle) {
   MLIRContext *ctx = cfg.getContext();
   int64_t dyn = ShapedType::kDynamic;
   int64_t k = cfg.getTopk();
   recvX = RankedTensorType::get({dyn, int64_t(cfg.getHidden())}, cfg.getDtype());
-  recvScales = scalePacks
-                   ? RankedTensorType::get({dyn, int64_t(cfg.getScalePacks())},
-                                           shaped(scalePacks).getElementType())
-                   : Type();
-  Type idxElem =
-      topkIdx ? shaped(topkIdx).getElementType() : IntegerType::get(ctx, 64);
+  recvScales = scalePacks ? RankedTensorType::get({dyn, int64_t(cfg.getScalePacks())},
+                                                  shaped(scalePacks).getElementType())
+                          : Type();
+  Type idxElem = topkIdx ? shaped(topkIdx).getElementType() : IntegerType::get(ctx, 64);
   recvIdx = cfg.isExpanded() ? Type() : RankedTensorType::get({dyn, k}, idxElem);
   Type f32 = Float32Type::get(ctx);
-  recvWeights = !topkWeights          ? Type()
-                : cfg.isExpanded()    ? RankedTensorType::get({dyn}, f32)
-                                      : RankedTensorType::get({dyn, k}, f32);
+  recvWeights = !topkWeights       ? Type()
+                : cfg.isExpanded() ? RankedTensorType::get({dyn}, f32)
+                                   : RankedTensorType::get({dyn, k}, f32);
   handle = HandleType::get(ctx, cfg);
 }
 
-void DispatchOp::build(OpBuilder &builder, OperationState &state,
-                       ConfigAttr config, Value x, Value topkIdx,
-                       Value scalePacks, Value topkWeights,
-                       Value cachedHandle, bool zeroPadding) {
+void DispatchOp::build(OpBuilder &builder, OperationState &state, ConfigAttr config, Value x,
+                       Value topkIdx, Value scalePacks, Value topkWeights, Value cachedHandle,
+                       bool zeroPadding) {
   Type recvX, recvScales, recvIdx, recvWeights, handle;
-  inferDispatchResultTypes(config, topkIdx, scalePacks, topkWeights, recvX,
-                           recvScales, recvIdx, recvWeights, handle);
-  build(builder, state, recvX, recvScales, recvIdx, recvWeights, handle, config,
-        x, topkIdx, scalePacks, topkWeights, cachedHandle, zeroPadding);
+  inferDispatchResultTypes(config, topkIdx, scalePacks, topkWeights, recvX, recvScales, recvIdx,
+                           recvWeights, handle);
+  build(builder, state, recvX, recvScales, recvIdx, recvWeights, handle, config, x, topkIdx,
+        scalePacks, topkWeights, cachedHandle, zeroPadding);
 }
 
 LogicalResult DispatchOp::verify() {
@@ -198,22 +181,17 @@ LogicalResult DispatchOp::verify() {
   }
 
   if (cfg.isFP8() && !getScalePacks())
-    return emitOpError("FP8 data (") << cfg.getDtype()
-                                     << ") needs scales(...) scale packs";
+    return emitOpError("FP8 data (") << cfg.getDtype() << ") needs scales(...) scale packs";
   if (!cfg.isFP8() && getScalePacks())
-    return emitOpError("scale packs are only allowed with FP8 data, not ")
-           << cfg.getDtype();
+    return emitOpError("scale packs are only allowed with FP8 data, not ") << cfg.getDtype();
   if (Value sf = getScalePacks()) {
-    if (failed(check.staticDim("scale_packs", shaped(sf), 1, packs,
-                               "packs per row")) ||
-        failed(check.sameDim("x", x, "scale_packs", shaped(sf),
-                             "the token count")))
+    if (failed(check.staticDim("scale_packs", shaped(sf), 1, packs, "packs per row")) ||
+        failed(check.sameDim("x", x, "scale_packs", shaped(sf), "the token count")))
       return failure();
   }
   if (Value w = getTopkWeights()) {
     if (failed(check.staticDim("topk_weights", shaped(w), 1, k, "top-k")) ||
-        failed(check.sameDim("x", x, "topk_weights", shaped(w),
-                             "the token count")))
+        failed(check.sameDim("x", x, "topk_weights", shaped(w), "the token count")))
       return failure();
   }
 
@@ -221,13 +199,11 @@ LogicalResult DispatchOp::verify() {
   if (static_cast<bool>(getRecvScalePacks()) != static_cast<bool>(getScalePacks()))
     return emitOpError("has a recv_scale_packs result iff it has scale packs");
   if (static_cast<bool>(getRecvTopkIdx()) == cfg.isExpanded())
-    return emitOpError(cfg.isExpanded()
-                           ? "with the expanded layout has no recv_topk_idx "
-                             "result"
-                           : "with the plain layout needs a recv_topk_idx "
-                             "result");
-  if (static_cast<bool>(getRecvTopkWeights()) !=
-      static_cast<bool>(getTopkWeights()))
+    return emitOpError(cfg.isExpanded() ? "with the expanded layout has no recv_topk_idx "
+                                          "result"
+                                        : "with the plain layout needs a recv_topk_idx "
+                                          "result");
+  if (static_cast<bool>(getRecvTopkWeights()) != static_cast<bool>(getTopkWeights()))
     return emitOpError("has a recv_topk_weights result iff it has weights");
 
   ShapedType recvX = shaped(getRecvX());
@@ -239,28 +215,24 @@ LogicalResult DispatchOp::verify() {
   if (Value sf = getRecvScalePacks()) {
     if (failed(check.elementType("recv_scale_packs", shaped(sf),
                                  shaped(getScalePacks()).getElementType())) ||
-        failed(check.staticDim("recv_scale_packs", shaped(sf), 1, packs,
-                               "packs per row")) ||
+        failed(check.staticDim("recv_scale_packs", shaped(sf), 1, packs, "packs per row")) ||
         failed(check.sameDim("recv_x", recvX, "recv_scale_packs", shaped(sf),
                              "the received row count")))
       return failure();
   }
   if (Value idx = getRecvTopkIdx()) {
-    if ((getTopkIdx() &&
-         failed(check.elementType("recv_topk_idx", shaped(idx),
-                                  shaped(getTopkIdx()).getElementType()))) ||
+    if ((getTopkIdx() && failed(check.elementType("recv_topk_idx", shaped(idx),
+                                                  shaped(getTopkIdx()).getElementType()))) ||
         failed(check.staticDim("recv_topk_idx", shaped(idx), 1, k, "top-k")) ||
-        failed(check.sameDim("recv_x", recvX, "recv_topk_idx", shaped(idx),
-                             "the received row count")))
+        failed(
+            check.sameDim("recv_x", recvX, "recv_topk_idx", shaped(idx), "the received row count")))
       return failure();
   }
   if (Value w = getRecvTopkWeights()) {
     ShapedType wt = shaped(w);
     if (failed(check.rank("recv_topk_weights", wt, cfg.isExpanded() ? 1 : 2)) ||
-        (!cfg.isExpanded() &&
-         failed(check.staticDim("recv_topk_weights", wt, 1, k, "top-k"))) ||
-        failed(check.sameDim("recv_x", recvX, "recv_topk_weights", wt,
-                             "the received row count")))
+        (!cfg.isExpanded() && failed(check.staticDim("recv_topk_weights", wt, 1, k, "top-k"))) ||
+        failed(check.sameDim("recv_x", recvX, "recv_topk_weights", wt, "the received row count")))
       return failure();
   }
   if (cast<HandleType>(getHandle().getType()).getConfig() != cfg)
@@ -271,11 +243,9 @@ LogicalResult DispatchOp::verify() {
 /// Result types are printed as a plain list; which optional results are in it
 /// follows from the operands already parsed (scale packs, weights) and the
 /// configuration's layout (recv_topk_idx only in the plain layout).
-static ParseResult parseDispatchResultTypes(OpAsmParser &parser, Type &recvX,
-                                            Type &recvScales, Type &recvIdx,
-                                            Type &recvWeights, Type &handle,
-                                            Type scalePacksType,
-                                            Type topkWeightsType,
+static ParseResult parseDispatchResultTypes(OpAsmParser &parser, Type &recvX, Type &recvScales,
+                                            Type &recvIdx, Type &recvWeights, Type &handle,
+                                            Type scalePacksType, Type topkWeightsType,
                                             ConfigAttr config) {
   if (parser.parseType(recvX))
     return failure();
@@ -283,16 +253,14 @@ static ParseResult parseDispatchResultTypes(OpAsmParser &parser, Type &recvX,
     return failure();
   if (!config.isExpanded() && (parser.parseComma() || parser.parseType(recvIdx)))
     return failure();
-  if (topkWeightsType &&
-      (parser.parseComma() || parser.parseType(recvWeights)))
+  if (topkWeightsType && (parser.parseComma() || parser.parseType(recvWeights)))
     return failure();
   return failure(parser.parseComma() || parser.parseType(handle));
 }
 
-static void printDispatchResultTypes(OpAsmPrinter &printer, Operation *,
-                                     Type recvX, Type recvScales, Type recvIdx,
-                                     Type recvWeights, Type handle, Type, Type,
-                                     ConfigAttr) {
+static void printDispatchResultTypes(OpAsmPrinter &printer, Operation *, Type recvX,
+                                     Type recvScales, Type recvIdx, Type recvWeights, Type handle,
+                                     Type, Type, ConfigAttr) {
   printer << recvX;
   for (Type t : {recvScales, recvIdx, recvWeights, handle})
     if (t)
@@ -301,9 +269,8 @@ static void printDispatchResultTypes(OpAsmPrinter &printer, Operation *,
 
 /// ep.dispatch_gemm's results: recv_x, recv_topk_weights iff weights were
 /// given, the GEMM's result, the handle.
-static ParseResult parseDispatchGemmResultTypes(OpAsmParser &parser, Type &recvX,
-                                                Type &recvWeights, Type &result, Type &handle,
-                                                Type topkWeightsType) {
+static ParseResult parseDispatchGemmResultTypes(OpAsmParser &parser, Type &recvX, Type &recvWeights,
+                                                Type &result, Type &handle, Type topkWeightsType) {
   if (parser.parseType(recvX) ||
       (topkWeightsType && (parser.parseComma() || parser.parseType(recvWeights))))
     return failure();
@@ -407,8 +374,8 @@ LogicalResult GemmCombineOp::verify() {
   ShapedType lhs = shaped(getLhs()), rhs = shaped(getRhs()), y = shaped(getResult()),
              out = shaped(getCombinedX());
   if (lhs.getElementType() != cfg.getDtype())
-    return emitOpError("lhs element type ") << lhs.getElementType()
-                                            << " differs from the dispatch's " << cfg.getDtype();
+    return emitOpError("lhs element type ")
+           << lhs.getElementType() << " differs from the dispatch's " << cfg.getDtype();
   if (failed(check.staticDim("lhs", lhs, 1, hidden, "hidden")) ||
       failed(check.maxDim("lhs", lhs, 0, cfg.getMaxOutputRows(), "rows")) ||
       failed(check.elementType("rhs", rhs, lhs.getElementType())) ||
@@ -446,8 +413,7 @@ LogicalResult CombineOp::verify() {
   if (Value w = getTopkWeights()) {
     ShapedType wt = shaped(w);
     if (failed(check.rank("topk_weights", wt, cfg.isExpanded() ? 1 : 2)) ||
-        (!cfg.isExpanded() &&
-         failed(check.staticDim("topk_weights", wt, 1, k, "top-k"))) ||
+        (!cfg.isExpanded() && failed(check.staticDim("topk_weights", wt, 1, k, "top-k"))) ||
         failed(check.sameDim("x", x, "topk_weights", wt, "the row count")))
       return failure();
   }
@@ -456,45 +422,37 @@ LogicalResult CombineOp::verify() {
     return emitOpError("takes at most two biases, got ") << getBiases().size();
   ShapedType out = shaped(getCombinedX());
   if (failed(check.staticDim("combined_x", out, 1, hidden, "hidden")) ||
-      failed(check.maxDim("combined_x", out, 0, cfg.getTokenCap(),
-                          "tokens")))
+      failed(check.maxDim("combined_x", out, 0, cfg.getTokenCap(), "tokens")))
     return failure();
   for (auto [i, bias] : llvm::enumerate(getBiases())) {
     std::string name = "bias #" + std::to_string(i);
     if (failed(check.staticDim(name, shaped(bias), 1, hidden, "hidden")) ||
-        failed(check.sameDim("combined_x", out, name, shaped(bias),
+        failed(check.sameDim("combined_x", out, name, shaped(bias), "the token count")))
+      return failure();
+  }
+
+  if (static_cast<bool>(getCombinedTopkWeights()) != static_cast<bool>(getTopkWeights()))
+    return emitOpError("has a combined_topk_weights result iff it has weights");
+  if (Value w = getCombinedTopkWeights()) {
+    if (failed(check.staticDim("combined_topk_weights", shaped(w), 1, k, "top-k")) ||
+        failed(check.sameDim("combined_x", out, "combined_topk_weights", shaped(w),
                              "the token count")))
       return failure();
   }
-
-  if (static_cast<bool>(getCombinedTopkWeights()) !=
-      static_cast<bool>(getTopkWeights()))
-    return emitOpError("has a combined_topk_weights result iff it has weights");
-  if (Value w = getCombinedTopkWeights()) {
-    if (failed(check.staticDim("combined_topk_weights", shaped(w), 1, k,
-                               "top-k")) ||
-        failed(check.sameDim("combined_x", out, "combined_topk_weights",
-                             shaped(w), "the token count")))
-      return failure();
-  }
   return success();
 }
 
-static ParseResult parseCombineResultTypes(OpAsmParser &parser,
-                                           Type &combinedX,
-                                           Type &combinedWeights,
-                                           Type topkWeightsType) {
+static ParseResult parseCombineResultTypes(OpAsmParser &parser, Type &combinedX,
+                                           Type &combinedWeights, Type topkWeightsType) {
   if (parser.parseType(combinedX))
     return failure();
-  if (topkWeightsType &&
-      (parser.parseComma() || parser.parseType(combinedWeights)))
+  if (topkWeightsType && (parser.parseComma() || parser.parseType(combinedWeights)))
     return failure();
   return success();
 }
 
-static void printCombineResultTypes(OpAsmPrinter &printer, Operation *,
-                                    Type combinedX, Type combinedWeights,
-                                    Type) {
+static void printCombineResultTypes(OpAsmPrinter &printer, Operation *, Type combinedX,
+                                    Type combinedWeights, Type) {
   printer << combinedX;
   if (combinedWeights)
     printer << ", " << combinedWeights;
@@ -511,12 +469,10 @@ struct DropZeroBias : public OpRewritePattern<CombineOp> {
     SplatElementsAttr splat;
     if (!matchPattern(v, m_Constant(&splat)))
       return false;
-    return isa<FloatType>(splat.getElementType()) &&
-           splat.getSplatValue<APFloat>().isPosZero();
+    return isa<FloatType>(splat.getElementType()) && splat.getSplatValue<APFloat>().isPosZero();
   }
 
-  LogicalResult matchAndRewrite(CombineOp op,
-                                PatternRewriter &rewriter) const override {
+  LogicalResult matchAndRewrite(CombineOp op, PatternRewriter &rewriter) const override {
     SmallVector<Value> kept;
     for (Value bias : op.getBiases())
       if (!isPositiveZeroSplat(bias))
@@ -529,8 +485,7 @@ struct DropZeroBias : public OpRewritePattern<CombineOp> {
 };
 } // namespace
 
-void CombineOp::getCanonicalizationPatterns(RewritePatternSet &results,
-                                            MLIRContext *context) {
+void CombineOp::getCanonicalizationPatterns(RewritePatternSet &results, MLIRContext *context) {
   results.add<DropZeroBias>(context);
 }
 

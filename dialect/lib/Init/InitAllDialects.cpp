@@ -27,12 +27,10 @@ void epic::registerEpicDialects(mlir::DialectRegistry &registry) {
 
 void epic::registerAllDialects(mlir::DialectRegistry &registry) {
   registerEpicDialects(registry);
-  registry.insert<mlir::arith::ArithDialect, mlir::cf::ControlFlowDialect,
-                  mlir::func::FuncDialect, mlir::gpu::GPUDialect,
-                  mlir::LLVM::LLVMDialect, mlir::NVVM::NVVMDialect,
-                  mlir::memref::MemRefDialect, mlir::nvgpu::NVGPUDialect,
-                  mlir::scf::SCFDialect, mlir::tensor::TensorDialect,
-                  mlir::vector::VectorDialect>();
+  registry.insert<mlir::arith::ArithDialect, mlir::cf::ControlFlowDialect, mlir::func::FuncDialect,
+                  mlir::gpu::GPUDialect, mlir::LLVM::LLVMDialect, mlir::NVVM::NVVMDialect,
+                  mlir::memref::MemRefDialect, mlir::nvgpu::NVGPUDialect, mlir::scf::SCFDialect,
+                  mlir::tensor::TensorDialect, mlir::vector::VectorDialect>();
 }
 
 void epic::registerCompilerExtensions(mlir::DialectRegistry &registry) {

@@ -45,8 +45,7 @@ LogicalResult TokensOp::verify() {
     return emitOpError() << "per_rank must have one entry per rank, got none";
   for (auto [rank, count] : llvm::enumerate(counts))
     if (count < 0)
-      return emitOpError() << "per_rank[" << rank << "] = " << count
-                           << " is negative";
+      return emitOpError() << "per_rank[" << rank << "] = " << count << " is negative";
   return success();
 }
 

@@ -19,11 +19,11 @@ namespace epic {
 
 struct CompileOptions {
   std::string backend = "nccl"; ///< "nccl" or "virtual"
-  std::string chip = "sm_90a"; // wgmma and TMA need the arch-specific target
+  std::string chip = "sm_90a";  // wgmma and TMA need the arch-specific target
   std::string features = "+ptx82";
   unsigned optLevel = 3;
-  std::string shimDir;  ///< empty: the shims this build made
-  std::string cudaPath; ///< empty: the CUDA toolkit this build found (ptxas)
+  std::string shimDir;   ///< empty: the shims this build made
+  std::string cudaPath;  ///< empty: the CUDA toolkit this build found (ptxas)
   bool emitCubin = true; ///< also assemble with `ptxas -v`
 };
 

@@ -104,8 +104,8 @@ void assemble(epic::CompileResult &result, const epic::CompileOptions &options,
   int status = llvm::sys::ExecuteAndWait(ptxas, args, std::nullopt, redirects, 0, 0, &error);
   result.ptxasLog = readFile(logFile.path);
   if (status != 0)
-    throw epic::CompileError("ptxas failed" + (error.empty() ? "" : " (" + error + ")") +
-                             ":\n" + result.ptxasLog);
+    throw epic::CompileError("ptxas failed" + (error.empty() ? "" : " (" + error + ")") + ":\n" +
+                             result.ptxasLog);
   result.cubin = readFile(cubinFile.path);
 
   // ptxas info : Function properties for NAME
@@ -192,7 +192,8 @@ epic::CompileResult epic::compileModule(const std::string &source, const Compile
     os << "{\"name\": \"" << func.getName() << "\"";
     for (NamedAttribute attr : func->getAttrs())
       if (attr.getName().strref().starts_with("epic."))
-        os << ", \"" << attr.getName().strref().drop_front(5) << "\": " << attributeJson(attr.getValue());
+        os << ", \"" << attr.getName().strref().drop_front(5)
+           << "\": " << attributeJson(attr.getValue());
     os << "}";
     result.entriesJson.push_back(text);
   });

@@ -21,8 +21,7 @@ llvm::StringRef epic::stringifyCommBackend(CommBackend backend) {
 }
 
 std::string epic::getShimBitcodePath(CommBackend backend, llvm::StringRef shimDir) {
-  llvm::SmallString<256> path(shimDir.empty() ? llvm::StringRef(EPIC_DEFAULT_SHIM_DIR)
-                                              : shimDir);
+  llvm::SmallString<256> path(shimDir.empty() ? llvm::StringRef(EPIC_DEFAULT_SHIM_DIR) : shimDir);
   llvm::sys::path::append(path, "epic_shim_" + stringifyCommBackend(backend) + ".bc");
   return std::string(path);
 }

@@ -71,9 +71,9 @@ public:
     if (ranks < 0)
       ranks = tokensRanks < 0 ? 1 : tokensRanks;
     if (tokensRanks >= 0 && tokensRanks != ranks)
-      return tokensOp->emitError() << "epic-run: per_rank has " << tokensRanks
-                                   << " entries but the program's ep ops run on " << ranks
-                                   << " ranks";
+      return tokensOp->emitError()
+             << "epic-run: per_rank has " << tokensRanks
+             << " entries but the program's ep ops run on " << ranks << " ranks";
     return json::Object{{"epic_run_plan", 1},
                         {"ranks", ranks},
                         {"values", int64_t(ids.size())},
@@ -132,22 +132,24 @@ private:
     }
     if (auto random = dyn_cast<run::RandomOp>(op)) {
       auto type = random.getResult().getType();
-      add(op, "random", json::Object{{"result", define(random)},
-           {"rows", use(random.getRows())},
-           {"distribution", run::stringifyDistribution(random.getDistribution()).str()},
-           {"scale", random.getScale().convertToDouble()},
-           {"seed", random.getSeed()},
-           {"dtype", debugString(type.getElementType())},
-           {"cols", type.getDimSize(1)}});
+      add(op, "random",
+          json::Object{{"result", define(random)},
+                       {"rows", use(random.getRows())},
+                       {"distribution", run::stringifyDistribution(random.getDistribution()).str()},
+                       {"scale", random.getScale().convertToDouble()},
+                       {"seed", random.getSeed()},
+                       {"dtype", debugString(type.getElementType())},
+                       {"cols", type.getDimSize(1)}});
       return success();
     }
     if (auto routing = dyn_cast<run::RoutingOp>(op)) {
-      add(op, "routing", json::Object{{"result", define(routing)},
-           {"rows", use(routing.getRows())},
-           {"experts", routing.getExperts()},
-           {"masked", routing.getMasked().convertToDouble()},
-           {"seed", routing.getSeed()},
-           {"topk", routing.getResult().getType().getDimSize(1)}});
+      add(op, "routing",
+          json::Object{{"result", define(routing)},
+                       {"rows", use(routing.getRows())},
+                       {"experts", routing.getExperts()},
+                       {"masked", routing.getMasked().convertToDouble()},
+                       {"seed", routing.getSeed()},
+                       {"topk", routing.getResult().getType().getDimSize(1)}});
       return success();
     }
     if (auto print = dyn_cast<run::PrintOp>(op)) {
@@ -155,12 +157,12 @@ private:
       if (Operation *producer = print.getValue().getDefiningOp()) {
         what = producer->getName().getStringRef().str();
         if (producer->getNumResults() > 1)
-          what += " result #" +
-                  std::to_string(cast<OpResult>(print.getValue()).getResultNumber());
+          what += " result #" + std::to_string(cast<OpResult>(print.getValue()).getResultNumber());
         what += " (" + locString(producer->getLoc()) + ")";
       }
-      add(op, "print", json::Object{{"value", use(print.getValue())}, {"rows", print.getRows()},
-                        {"what", what}});
+      add(op, "print",
+          json::Object{
+              {"value", use(print.getValue())}, {"rows", print.getRows()}, {"what", what}});
       return success();
     }
     if (auto constant = dyn_cast<arith::ConstantOp>(op)) {
@@ -175,13 +177,13 @@ private:
       std::optional<int64_t> index = dim.getConstantIndex();
       if (!index)
         return op->emitError("epic-run: tensor.dim needs a constant dimension index");
-      add(op, "dim", json::Object{{"result", define(dim)}, {"source", use(dim.getSource())}, {"dim", *index}});
+      add(op, "dim",
+          json::Object{{"result", define(dim)}, {"source", use(dim.getSource())}, {"dim", *index}});
       return success();
     }
     if (auto dispatch = dyn_cast<ep::DispatchOp>(op)) {
       ep::ConfigAttr config = dispatch.getConfig();
-      if (failed(world(op, config)) ||
-          failed(requireI64(op, dispatch.getTopkIdx(), "topk_idx")) ||
+      if (failed(world(op, config)) || failed(requireI64(op, dispatch.getTopkIdx(), "topk_idx")) ||
           failed(requireI64(op, dispatch.getRecvTopkIdx(), "recv_topk_idx")))
         return failure();
       for (Value packs : {dispatch.getScalePacks(), dispatch.getRecvScalePacks()})

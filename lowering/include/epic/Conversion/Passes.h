@@ -34,8 +34,7 @@ void populateCommToNVVMTypeConversions(mlir::TypeConverter &converter);
 
 /// Patterns that lower every comm op for `backend`.
 void populateCommToNVVMConversionPatterns(mlir::TypeConverter &converter,
-                                          mlir::RewritePatternSet &patterns,
-                                          CommBackend backend);
+                                          mlir::RewritePatternSet &patterns, CommBackend backend);
 
 #define GEN_PASS_DECL
 #include "epic/Conversion/Passes.h.inc"

@@ -71,7 +71,7 @@ struct ShimEntry {
 #define I64 int64_t
 #define PTR void *
 #define VOID void
-#define EPIC_SHIM(Name, Result, ...)                                           \
+#define EPIC_SHIM(Name, Result, ...)                                                               \
   ShimEntry{llvm::StringLiteral(#Name), &ShimSignature<Result(__VA_ARGS__)>::get},
 constexpr ShimEntry kShims[] = {
 #include "epic/device/ShimABI.def"
@@ -85,15 +85,17 @@ LLVM::LLVMFunctionType lookupShimType(MLIRContext *ctx, StringRef name) {
   for (const ShimEntry &entry : kShims)
     if (entry.name == name)
       return entry.type(ctx);
-  llvm::report_fatal_error(llvm::Twine("epic: no shim function '") + name +
-                           "' in ShimABI.def");
+  llvm::report_fatal_error(llvm::Twine("epic: no shim function '") + name + "' in ShimABI.def");
 }
 
 StringRef coopSuffix(comm::Coop coop) {
   switch (coop) {
-  case comm::Coop::thread: return "thread";
-  case comm::Coop::warp: return "warp";
-  case comm::Coop::block: return "block";
+  case comm::Coop::thread:
+    return "thread";
+  case comm::Coop::warp:
+    return "warp";
+  case comm::Coop::block:
+    return "block";
   }
   llvm_unreachable("unknown coop");
 }
@@ -158,8 +160,7 @@ struct Builder {
   }
 
   /// Calls the backend's shim function `name`, declaring it on first use.
-  Value callShim(Operation *anchor, CommBackend backend, StringRef name,
-                 ValueRange args) const {
+  Value callShim(Operation *anchor, CommBackend backend, StringRef name, ValueRange args) const {
     std::string symbol = (getShimPrefix(backend) + name).str();
     Operation *table = anchor->getParentWithTrait<OpTrait::SymbolTable>();
     auto type = lookupShimType(ctx(), name);
@@ -169,8 +170,7 @@ struct Builder {
       auto decl = LLVM::LLVMFuncOp::create(rewriter, rewriter.getUnknownLoc(), symbol, type);
       decl.setPrivate();
     }
-    auto call = LLVM::CallOp::create(rewriter, loc, type, SymbolRefAttr::get(ctx(), symbol),
-                                     args);
+    auto call = LLVM::CallOp::create(rewriter, loc, type, SymbolRefAttr::get(ctx(), symbol), args);
     return call.getNumResults() ? call.getResult() : Value();
   }
 };
@@ -212,8 +212,7 @@ Value virtualSlice(const Builder &b, Value window, Value rank, Value offset) {
 }
 
 Value virtualRankFromWindow(const Builder &b, Value window) {
-  Value numRanks = b.loadField(window, virtualWindowFields(b.ctx()), EPIC_VWIN_NUM_RANKS,
-                               b.i32());
+  Value numRanks = b.loadField(window, virtualWindowFields(b.ctx()), EPIC_VWIN_NUM_RANKS, b.i32());
   return virtualRank(b, numRanks);
 }
 
@@ -243,8 +242,8 @@ struct TeamLowering : CommPattern<comm::TeamOp> {
       stride = b.callShim(op, backend, "team_stride", {dc, k});
       world = b.callShim(op, backend, "world_rank", {dc});
     } else {
-      Value numRanks = b.loadField(adaptor.getComm(), virtualCommFields(b.ctx()),
-                                   EPIC_VCOMM_NUM_RANKS, b.i32());
+      Value numRanks =
+          b.loadField(adaptor.getComm(), virtualCommFields(b.ctx()), EPIC_VCOMM_NUM_RANKS, b.i32());
       world = virtualRank(b, numRanks);
       // One GPU is one node: world and LSA are all R ranks, a rail is one.
       bool rail = op.getKind() == comm::TeamKind::rail;
@@ -305,10 +304,9 @@ struct LocalPtrLowering : CommPattern<comm::LocalPtrOp> {
                                 ConversionPatternRewriter &rewriter) const override {
     Builder b{rewriter, op.getLoc()};
     Value window = adaptor.getWindow(), offset = adaptor.getOffset();
-    Value pointer =
-        backend == CommBackend::nccl
-            ? b.callShim(op, backend, "local_ptr", {b.null(), window, offset})
-            : virtualSlice(b, window, virtualRankFromWindow(b, window), offset);
+    Value pointer = backend == CommBackend::nccl
+                        ? b.callShim(op, backend, "local_ptr", {b.null(), window, offset})
+                        : virtualSlice(b, window, virtualRankFromWindow(b, window), offset);
     rewriter.replaceOp(op, b.as(pointer, op.getType()));
     return success();
   }
@@ -323,12 +321,12 @@ struct PeerPtrLowering : CommPattern<comm::PeerPtrOp> {
     Value pointer;
     if (backend == CommBackend::nccl) {
       TeamScalars t = teamScalars(b, team);
-      pointer = b.callShim(op, backend, "peer_ptr",
-                           {b.null(), window, adaptor.getOffset(), t.ranks, t.rank, t.stride,
-                            adaptor.getPeer()});
+      pointer = b.callShim(
+          op, backend, "peer_ptr",
+          {b.null(), window, adaptor.getOffset(), t.ranks, t.rank, t.stride, adaptor.getPeer()});
     } else {
-      pointer = virtualSlice(b, window, teamToWorld(b, team, adaptor.getPeer()),
-                             adaptor.getOffset());
+      pointer =
+          virtualSlice(b, window, teamToWorld(b, team, adaptor.getPeer()), adaptor.getOffset());
     }
     rewriter.replaceOp(op, b.as(pointer, op.getType()));
     return success();
@@ -344,8 +342,8 @@ struct RankParamsLowering : CommPattern<comm::RankParamsOp> {
       return success();
     }
     Builder b{rewriter, op.getLoc()};
-    Value numRanks = b.loadField(adaptor.getComm(), virtualCommFields(b.ctx()),
-                                 EPIC_VCOMM_NUM_RANKS, b.i32());
+    Value numRanks =
+        b.loadField(adaptor.getComm(), virtualCommFields(b.ctx()), EPIC_VCOMM_NUM_RANKS, b.i32());
     Value rank = virtualRank(b, numRanks);
     Value rank64 = b.sext64(rank);
     Value bytes = b.mul(rank64, b.i64(op.getStride()));
@@ -380,10 +378,10 @@ struct PutLowering : CommPattern<comm::PutOp> {
     Builder b{rewriter, op.getLoc()};
     TeamScalars t = teamScalars(b, adaptor.getTeam());
     b.callShim(op, backend, ("put_" + coopSuffix(op.getCoop())).str(),
-               {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0),
-                t.ranks, t.rank, t.stride, adaptor.getPeer(), adaptor.getDstWindow(),
-                adaptor.getDstOffset(), adaptor.getSrcWindow(), adaptor.getSrcOffset(),
-                adaptor.getBytes(), b.i32(signalMode(op.getSignal(), op.getSignalAdd())),
+               {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0), t.ranks, t.rank, t.stride,
+                adaptor.getPeer(), adaptor.getDstWindow(), adaptor.getDstOffset(),
+                adaptor.getSrcWindow(), adaptor.getSrcOffset(), adaptor.getBytes(),
+                b.i32(signalMode(op.getSignal(), op.getSignalAdd())),
                 b.orI32(adaptor.getSignal(), 0), b.orI64(adaptor.getSignalAdd(), 0),
                 b.i32(op.getCounter() ? 1 : 0), b.orI32(adaptor.getCounter(), 0)});
     rewriter.eraseOp(op);
@@ -399,9 +397,9 @@ struct PutValueLowering : CommPattern<comm::PutValueOp> {
     TeamScalars t = teamScalars(b, adaptor.getTeam());
     int64_t bytes = op.getValue().getType().getIntOrFloatBitWidth() / 8;
     b.callShim(op, backend, ("put_value_" + coopSuffix(op.getCoop())).str(),
-               {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0),
-                t.ranks, t.rank, t.stride, adaptor.getPeer(), adaptor.getWindow(),
-                adaptor.getOffset(), b.sext64(adaptor.getValue()), b.i32(bytes),
+               {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0), t.ranks, t.rank, t.stride,
+                adaptor.getPeer(), adaptor.getWindow(), adaptor.getOffset(),
+                b.sext64(adaptor.getValue()), b.i32(bytes),
                 b.i32(signalMode(op.getSignal(), op.getSignalAdd())),
                 b.orI32(adaptor.getSignal(), 0), b.orI64(adaptor.getSignalAdd(), 0)});
     rewriter.eraseOp(op);
@@ -416,9 +414,9 @@ struct SignalLowering : CommPattern<comm::SignalOp> {
     Builder b{rewriter, op.getLoc()};
     TeamScalars t = teamScalars(b, adaptor.getTeam());
     b.callShim(op, backend, ("signal_" + coopSuffix(op.getCoop())).str(),
-               {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0),
-                t.ranks, t.rank, t.stride, adaptor.getPeer(), adaptor.getSignal(),
-                b.i32(op.getSignalAdd() ? 2 : 1), b.orI64(adaptor.getSignalAdd(), 0)});
+               {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0), t.ranks, t.rank, t.stride,
+                adaptor.getPeer(), adaptor.getSignal(), b.i32(op.getSignalAdd() ? 2 : 1),
+                b.orI64(adaptor.getSignalAdd(), 0)});
     rewriter.eraseOp(op);
     return success();
   }
@@ -429,10 +427,10 @@ struct WaitSignalLowering : CommPattern<comm::WaitSignalOp> {
   LogicalResult matchAndRewrite(comm::WaitSignalOp op, OpAdaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const override {
     Builder b{rewriter, op.getLoc()};
-    Value seen = b.callShim(op, backend, ("wait_signal_" + coopSuffix(op.getCoop())).str(),
-                            {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0),
-                             adaptor.getSignal(), adaptor.getExpected(),
-                             b.i64(timeoutNs(op.getTimeoutMs()))});
+    Value seen =
+        b.callShim(op, backend, ("wait_signal_" + coopSuffix(op.getCoop())).str(),
+                   {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0), adaptor.getSignal(),
+                    adaptor.getExpected(), b.i64(timeoutNs(op.getTimeoutMs()))});
     rewriter.replaceOp(op, seen);
     return success();
   }
@@ -489,11 +487,16 @@ struct BarrierLowering : CommPattern<comm::BarrierOp> {
 
 LLVM::AtomicOrdering toLLVM(comm::Ordering ordering) {
   switch (ordering) {
-  case comm::Ordering::relaxed: return LLVM::AtomicOrdering::monotonic;
-  case comm::Ordering::acquire: return LLVM::AtomicOrdering::acquire;
-  case comm::Ordering::release: return LLVM::AtomicOrdering::release;
-  case comm::Ordering::acq_rel: return LLVM::AtomicOrdering::acq_rel;
-  case comm::Ordering::sc: return LLVM::AtomicOrdering::seq_cst;
+  case comm::Ordering::relaxed:
+    return LLVM::AtomicOrdering::monotonic;
+  case comm::Ordering::acquire:
+    return LLVM::AtomicOrdering::acquire;
+  case comm::Ordering::release:
+    return LLVM::AtomicOrdering::release;
+  case comm::Ordering::acq_rel:
+    return LLVM::AtomicOrdering::acq_rel;
+  case comm::Ordering::sc:
+    return LLVM::AtomicOrdering::seq_cst;
   }
   llvm_unreachable("unknown ordering");
 }
@@ -501,10 +504,14 @@ LLVM::AtomicOrdering toLLVM(comm::Ordering ordering) {
 /// NVPTX's names for the scopes; the empty one is the system.
 StringRef syncScope(comm::Scope scope) {
   switch (scope) {
-  case comm::Scope::cta: return "block";
-  case comm::Scope::cluster: return "cluster";
-  case comm::Scope::gpu: return "device";
-  case comm::Scope::sys: return "";
+  case comm::Scope::cta:
+    return "block";
+  case comm::Scope::cluster:
+    return "cluster";
+  case comm::Scope::gpu:
+    return "device";
+  case comm::Scope::sys:
+    return "";
   }
   llvm_unreachable("unknown scope");
 }
@@ -536,11 +543,11 @@ struct StoreLowering : CommPattern<comm::StoreOp> {
   using CommPattern::CommPattern;
   LogicalResult matchAndRewrite(comm::StoreOp op, OpAdaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const override {
-    rewriter.replaceOpWithNewOp<LLVM::StoreOp>(
-        op, adaptor.getValue(), adaptor.getPtr(),
-        op.getValue().getType().getIntOrFloatBitWidth() / 8, /*isVolatile=*/false,
-        /*isNonTemporal=*/false, /*isInvariantGroup=*/false, toLLVM(op.getOrdering()),
-        syncScope(op.getScope()));
+    rewriter.replaceOpWithNewOp<LLVM::StoreOp>(op, adaptor.getValue(), adaptor.getPtr(),
+                                               op.getValue().getType().getIntOrFloatBitWidth() / 8,
+                                               /*isVolatile=*/false,
+                                               /*isNonTemporal=*/false, /*isInvariantGroup=*/false,
+                                               toLLVM(op.getOrdering()), syncScope(op.getScope()));
     return success();
   }
 };
@@ -552,24 +559,55 @@ std::string atomicInstruction(StringRef opcode, comm::AtomicKind kind, comm::Ord
                               comm::Scope scope, unsigned bits, std::string &prefix) {
   StringRef order;
   switch (ordering) {
-  case comm::Ordering::relaxed: order = "relaxed"; break;
-  case comm::Ordering::acquire: order = "acquire"; break;
-  case comm::Ordering::release: order = "release"; break;
-  case comm::Ordering::acq_rel: order = "acq_rel"; break;
-  case comm::Ordering::sc: order = "acq_rel"; break; // + a leading fence.sc
+  case comm::Ordering::relaxed:
+    order = "relaxed";
+    break;
+  case comm::Ordering::acquire:
+    order = "acquire";
+    break;
+  case comm::Ordering::release:
+    order = "release";
+    break;
+  case comm::Ordering::acq_rel:
+    order = "acq_rel";
+    break;
+  case comm::Ordering::sc:
+    order = "acq_rel";
+    break; // + a leading fence.sc
   }
   StringRef scopeName = stringifyScope(scope);
   if (ordering == comm::Ordering::sc)
     prefix = ("fence.sc." + scopeName + "; ").str();
   StringRef operation, typeClass;
   switch (kind) {
-  case comm::AtomicKind::add: operation = "add"; typeClass = "u"; break;
-  case comm::AtomicKind::max: operation = "max"; typeClass = "s"; break;
-  case comm::AtomicKind::min: operation = "min"; typeClass = "s"; break;
-  case comm::AtomicKind::bit_or: operation = "or"; typeClass = "b"; break;
-  case comm::AtomicKind::bit_and: operation = "and"; typeClass = "b"; break;
-  case comm::AtomicKind::bit_xor: operation = "xor"; typeClass = "b"; break;
-  case comm::AtomicKind::exch: operation = "exch"; typeClass = "b"; break;
+  case comm::AtomicKind::add:
+    operation = "add";
+    typeClass = "u";
+    break;
+  case comm::AtomicKind::max:
+    operation = "max";
+    typeClass = "s";
+    break;
+  case comm::AtomicKind::min:
+    operation = "min";
+    typeClass = "s";
+    break;
+  case comm::AtomicKind::bit_or:
+    operation = "or";
+    typeClass = "b";
+    break;
+  case comm::AtomicKind::bit_and:
+    operation = "and";
+    typeClass = "b";
+    break;
+  case comm::AtomicKind::bit_xor:
+    operation = "xor";
+    typeClass = "b";
+    break;
+  case comm::AtomicKind::exch:
+    operation = "exch";
+    typeClass = "b";
+    break;
   }
   return (opcode + "." + order + "." + scopeName + "." + operation + "." + typeClass +
           std::to_string(bits))
@@ -587,11 +625,11 @@ Value atomicAsm(ConversionPatternRewriter &rewriter, Location loc, Type type,
     constraints += wide ? ",l" : ",r";
     text += ", $" + std::to_string(i + 1);
   }
-  auto asmOp = LLVM::InlineAsmOp::create(rewriter, loc, TypeRange{type}, operands, text + ";",
-                                         constraints + ",~{memory}", /*has_side_effects=*/true,
-                                         /*is_align_stack=*/false,
-                                         LLVM::tailcallkind::TailCallKind::None,
-                                         LLVM::AsmDialectAttr(), ArrayAttr());
+  auto asmOp =
+      LLVM::InlineAsmOp::create(rewriter, loc, TypeRange{type}, operands, text + ";",
+                                constraints + ",~{memory}", /*has_side_effects=*/true,
+                                /*is_align_stack=*/false, LLVM::tailcallkind::TailCallKind::None,
+                                LLVM::AsmDialectAttr(), ArrayAttr());
   return asmOp.getResult(0);
 }
 
@@ -609,8 +647,8 @@ struct RedLowering : CommPattern<comm::RedOp> {
                               ValueRange{b.generic(adaptor.getPtr()), adaptor.getValue()},
                               prefix + instruction + " [$0], $1;", constraints,
                               /*has_side_effects=*/true, /*is_align_stack=*/false,
-                              LLVM::tailcallkind::TailCallKind::None,
-                              LLVM::AsmDialectAttr(), ArrayAttr());
+                              LLVM::tailcallkind::TailCallKind::None, LLVM::AsmDialectAttr(),
+                              ArrayAttr());
     rewriter.eraseOp(op);
     return success();
   }
@@ -641,12 +679,12 @@ struct AtomicCASLowering : CommPattern<comm::AtomicCASOp> {
     unsigned bits = type.getIntOrFloatBitWidth();
     std::string prefix;
     // atomicInstruction spells "<op>.<order>.<scope>.exch.b<bits>"; cas has the same shape.
-    std::string instruction = atomicInstruction("atom", comm::AtomicKind::exch,
-                                                op.getOrdering(), op.getScope(), bits, prefix);
+    std::string instruction = atomicInstruction("atom", comm::AtomicKind::exch, op.getOrdering(),
+                                                op.getScope(), bits, prefix);
     instruction.replace(instruction.rfind(".exch."), 6, ".cas.");
-    rewriter.replaceOp(op, atomicAsm(rewriter, op.getLoc(), type, prefix + instruction,
-                                     {b.generic(adaptor.getPtr()), adaptor.getCompare(),
-                                      adaptor.getValue()}));
+    rewriter.replaceOp(
+        op, atomicAsm(rewriter, op.getLoc(), type, prefix + instruction,
+                      {b.generic(adaptor.getPtr()), adaptor.getCompare(), adaptor.getValue()}));
     return success();
   }
 };
@@ -676,12 +714,12 @@ struct WaitFlagLowering : CommPattern<comm::WaitFlagOp> {
     std::string shim = wide ? "wait_flag_i64" : "wait_flag_i32";
     if (needsInlineWaits(op))
       shim += "_inline";
-    Value seen = b.callShim(
-        op, backend, shim,
-        {b.generic(adaptor.getPtr()), b.i32(static_cast<int32_t>(op.getPredicate())),
-         adaptor.getValue(), b.i32(static_cast<int32_t>(op.getScope())),
-         b.i64(timeoutNs(op.getTimeoutMs())), b.orI32(adaptor.getRank(), -1),
-         b.orI32(adaptor.getPeer(), -1)});
+    Value seen =
+        b.callShim(op, backend, shim,
+                   {b.generic(adaptor.getPtr()), b.i32(static_cast<int32_t>(op.getPredicate())),
+                    adaptor.getValue(), b.i32(static_cast<int32_t>(op.getScope())),
+                    b.i64(timeoutNs(op.getTimeoutMs())), b.orI32(adaptor.getRank(), -1),
+                    b.orI32(adaptor.getPeer(), -1)});
     rewriter.replaceOp(op, seen);
     return success();
   }
@@ -723,9 +761,8 @@ struct GPUFuncSignature : public OpConversionPattern<gpu::GPUFuncOp> {
     if (!rewriter.applySignatureConversion(&entry, conversion, getTypeConverter()))
       return failure();
     auto inputs = conversion.getConvertedTypes().take_front(type.getNumInputs());
-    rewriter.modifyOpInPlace(op, [&] {
-      op.setFunctionType(FunctionType::get(op.getContext(), inputs, results));
-    });
+    rewriter.modifyOpInPlace(
+        op, [&] { op.setFunctionType(FunctionType::get(op.getContext(), inputs, results)); });
     return success();
   }
 };
@@ -773,9 +810,9 @@ void rewriteBlockIdsToRankLocal(ModuleOp module) {
     b.setInsertionPointToStart(&func.getBody().front());
     Location loc = func.getLoc();
     Type i32 = b.getI32Type();
-    Value commPtr = UnrealizedConversionCastOp::create(
-                        b, loc, LLVM::LLVMPointerType::get(b.getContext()), comm)
-                        .getResult(0);
+    Value commPtr =
+        UnrealizedConversionCastOp::create(b, loc, LLVM::LLVMPointerType::get(b.getContext()), comm)
+            .getResult(0);
     Value numRanks = LLVM::LoadOp::create(b, loc, i32, commPtr); // field 0: num_ranks
     Value blocks = NVVM::GridDimXOp::create(b, loc, i32);
     Value perRank = LLVM::UDivOp::create(b, loc, blocks, numRanks);
@@ -798,8 +835,7 @@ void rewriteBlockIdsToRankLocal(ModuleOp module) {
 // The pass
 //===----------------------------------------------------------------------===//
 
-struct ConvertCommToNVVMPass
-    : public epic::impl::ConvertCommToNVVMBase<ConvertCommToNVVMPass> {
+struct ConvertCommToNVVMPass : public epic::impl::ConvertCommToNVVMBase<ConvertCommToNVVMPass> {
   using ConvertCommToNVVMBase::ConvertCommToNVVMBase;
 
   void runOnOperation() override {
@@ -843,8 +879,8 @@ struct ConvertCommToNVVMPass
       if (auto func = dyn_cast<FunctionOpInterface>(op)) {
         // llvm.func (e.g. the shim declarations) has an LLVM function type.
         auto type = dyn_cast<FunctionType>(func.getFunctionType());
-        return !type || (converter.isSignatureLegal(type) &&
-                         converter.isLegal(&func.getFunctionBody()));
+        return !type ||
+               (converter.isSignatureLegal(type) && converter.isLegal(&func.getFunctionBody()));
       }
       return converter.isLegal(op);
     });
@@ -857,12 +893,10 @@ struct ConvertCommToNVVMPass
 
 void epic::populateCommToNVVMTypeConversions(TypeConverter &converter) {
   converter.addConversion([](Type type) { return type; });
-  converter.addConversion([](comm::DevCommType type) -> Type {
-    return LLVM::LLVMPointerType::get(type.getContext());
-  });
-  converter.addConversion([](comm::WindowType type) -> Type {
-    return LLVM::LLVMPointerType::get(type.getContext());
-  });
+  converter.addConversion(
+      [](comm::DevCommType type) -> Type { return LLVM::LLVMPointerType::get(type.getContext()); });
+  converter.addConversion(
+      [](comm::WindowType type) -> Type { return LLVM::LLVMPointerType::get(type.getContext()); });
   converter.addConversion(
       [](comm::TeamType type) -> Type { return teamStructType(type.getContext()); });
   auto cast = [](OpBuilder &builder, Type type, ValueRange inputs, Location loc) -> Value {
@@ -873,17 +907,16 @@ void epic::populateCommToNVVMTypeConversions(TypeConverter &converter) {
 }
 
 void epic::populateCommToNVVMConversionPatterns(TypeConverter &converter,
-                                                RewritePatternSet &patterns,
-                                                CommBackend backend) {
+                                                RewritePatternSet &patterns, CommBackend backend) {
   MLIRContext *ctx = patterns.getContext();
-  patterns.add<TeamLowering, TeamFieldLowering<comm::TeamRankOp, kTeamRank>,
-               TeamFieldLowering<comm::TeamSizeOp, kTeamRanks>, TeamToWorldLowering,
-               LocalPtrLowering, PeerPtrLowering, RankParamsLowering, PeerParamsLowering,
-               PutLowering, PutValueLowering,
-               SignalLowering, WaitSignalLowering, ReadSignalLowering, ResetSignalLowering,
-               FlushLowering, BarrierLowering, FenceLowering, LoadLowering, StoreLowering,
-               RedLowering, AtomicRMWLowering, AtomicCASLowering,
-               WaitFlagLowering, AgreeLowering>(converter, ctx, backend);
+  patterns
+      .add<TeamLowering, TeamFieldLowering<comm::TeamRankOp, kTeamRank>,
+           TeamFieldLowering<comm::TeamSizeOp, kTeamRanks>, TeamToWorldLowering, LocalPtrLowering,
+           PeerPtrLowering, RankParamsLowering, PeerParamsLowering, PutLowering, PutValueLowering,
+           SignalLowering, WaitSignalLowering, ReadSignalLowering, ResetSignalLowering,
+           FlushLowering, BarrierLowering, FenceLowering, LoadLowering, StoreLowering, RedLowering,
+           AtomicRMWLowering, AtomicCASLowering, WaitFlagLowering, AgreeLowering>(converter, ctx,
+                                                                                  backend);
   patterns.add<LaunchFuncOperands, GPUFuncSignature>(converter, ctx);
   populateFunctionOpInterfaceTypeConversionPattern<func::FuncOp>(patterns, converter);
   populateCallOpTypeConversionPattern(patterns, converter);

@@ -13,7 +13,6 @@ using namespace mlir;
 namespace ep = epic::ep;
 namespace comm = epic::comm;
 
-
 /// The expanded combine's send of one received token (`meta`: its row of
 /// recv_src_metadata) by the calling warp: this rank's rows of the token (one
 /// per local slot, columns 2.. of the metadata) summed in fp32 from +0.0 in
@@ -22,20 +21,26 @@ void sendExpandedToken(KernelBuilder &k, const EPLayout &L, const CombineShape &
                        Value weights, Value meta, Value record, const RowPart &share) {
   Type f32 = k.b.getF32Type();
   // Lane j < K: the token's expanded row of slot j here (-1: none).
-  Value expandedRow = k.choose(k.lt(k.lane, k.i32(L.topk)), k.i32T(),
-                               [&]() -> Value { return k.loadI32(meta, k.add(k.lane, k.i32(2))); },
-                               [&]() -> Value { return k.i32(-1); });
+  Value expandedRow = k.choose(
+      k.lt(k.lane, k.i32(L.topk)), k.i32T(),
+      [&]() -> Value { return k.loadI32(meta, k.add(k.lane, k.i32(2))); },
+      [&]() -> Value { return k.i32(-1); });
   Value present = k.ballot(k.cmp(arith::CmpIPredicate::sge, expandedRow, k.i32(0)));
-  k.sumMaskedRows(record, L.hidden * 2, present, [&](Value j) {
-    return k.at(x, k.mul(k.wide(k.shuffle(expandedRow, j)), k.i64(L.hidden * 2)));
-  }, {}, share);
+  k.sumMaskedRows(
+      record, L.hidden * 2, present,
+      [&](Value j) {
+        return k.at(x, k.mul(k.wide(k.shuffle(expandedRow, j)), k.i64(L.hidden * 2)));
+      },
+      {}, share);
   if (shape.weights) {
     // Slot j's weight is that of its expanded row (1-D weights), else 0.
     k.when(k.andi(k.lt(k.lane, k.i32(L.topk)), k.isFirstPart(share)), [&] {
-      Value w = k.choose(k.cmp(arith::CmpIPredicate::sge, expandedRow, k.i32(0)), f32,
-                         [&]() -> Value {
-        return k.load(f32, k.elementAt(weights, expandedRow, 4), 4);
-      }, [&]() -> Value { return arith::ConstantFloatOp::create(k.b, cast<FloatType>(f32), APFloat(0.0f)); });
+      Value w = k.choose(
+          k.cmp(arith::CmpIPredicate::sge, expandedRow, k.i32(0)), f32,
+          [&]() -> Value { return k.load(f32, k.elementAt(weights, expandedRow, 4), 4); },
+          [&]() -> Value {
+            return arith::ConstantFloatOp::create(k.b, cast<FloatType>(f32), APFloat(0.0f));
+          });
       k.store(w, k.at(record, k.add(k.i32(L.combineRow), k.mul(k.lane, k.i32(4)))), 4);
     });
   }
@@ -106,31 +111,42 @@ void buildCombineReduce(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sha
     biases.push_back(k.pointerParam(kCBias0 + i));
   Type f32 = k.b.getF32Type();
 
-  k.loopRowParts(numTokens, KernelBuilder::maxRowParts(L.hidden * 2, KernelBuilder::kSumChunks),
-                 [&](Value token, const RowPart &share) {
-    auto r = k.route(topkIdx, token);
-    Value rowBytes = k.mul(k.wide(token), k.i64(L.hidden * 2));
-    // fp32 from +0.0: the biases, then the master slots' rows in increasing
-    // slot order; one rounding.
-    SmallVector<Value> biasRows;
-    for (Value bias : biases)
-      biasRows.push_back(k.at(bias, rowBytes));
-    k.sumMaskedRows(k.at(out, rowBytes), L.hidden * 2, r.masters, [&](Value j) {
-      Value index = k.add(k.mul(k.wide(j), k.wide(k.tmax)), k.wide(token));
-      return k.local(k.add(k.i64(L.data), k.mul(index, k.i64(L.combineRecord))));
-    }, biasRows, share);
-    if (shape.weights) {
-      // Slot j's weight comes from the record of its rank's master slot.
-      k.when(k.andi(k.lt(k.lane, k.i32(L.topk)), k.isFirstPart(share)), [&] {
-        Value w = k.choose(r.valid, f32, [&]() -> Value {
-          Value index = k.add(k.mul(k.wide(r.masterLane), k.wide(k.tmax)), k.wide(token));
-          Value record = k.local(k.add(k.i64(L.data), k.mul(index, k.i64(L.combineRecord))));
-          return k.load(f32, k.at(record, k.add(k.i32(L.combineRow), k.mul(k.lane, k.i32(4)))), 4);
-        }, [&]() -> Value { return arith::ConstantFloatOp::create(k.b, cast<FloatType>(f32), APFloat(0.0f)); });
-        k.store(w, k.elementAt(outWeights, k.add(k.mul(token, k.i32(L.topk)), k.lane), 4), 4);
+  k.loopRowParts(
+      numTokens, KernelBuilder::maxRowParts(L.hidden * 2, KernelBuilder::kSumChunks),
+      [&](Value token, const RowPart &share) {
+        auto r = k.route(topkIdx, token);
+        Value rowBytes = k.mul(k.wide(token), k.i64(L.hidden * 2));
+        // fp32 from +0.0: the biases, then the master slots' rows in increasing
+        // slot order; one rounding.
+        SmallVector<Value> biasRows;
+        for (Value bias : biases)
+          biasRows.push_back(k.at(bias, rowBytes));
+        k.sumMaskedRows(
+            k.at(out, rowBytes), L.hidden * 2, r.masters,
+            [&](Value j) {
+              Value index = k.add(k.mul(k.wide(j), k.wide(k.tmax)), k.wide(token));
+              return k.local(k.add(k.i64(L.data), k.mul(index, k.i64(L.combineRecord))));
+            },
+            biasRows, share);
+        if (shape.weights) {
+          // Slot j's weight comes from the record of its rank's master slot.
+          k.when(k.andi(k.lt(k.lane, k.i32(L.topk)), k.isFirstPart(share)), [&] {
+            Value w = k.choose(
+                r.valid, f32,
+                [&]() -> Value {
+                  Value index = k.add(k.mul(k.wide(r.masterLane), k.wide(k.tmax)), k.wide(token));
+                  Value record =
+                      k.local(k.add(k.i64(L.data), k.mul(index, k.i64(L.combineRecord))));
+                  return k.load(
+                      f32, k.at(record, k.add(k.i32(L.combineRow), k.mul(k.lane, k.i32(4)))), 4);
+                },
+                [&]() -> Value {
+                  return arith::ConstantFloatOp::create(k.b, cast<FloatType>(f32), APFloat(0.0f));
+                });
+            k.store(w, k.elementAt(outWeights, k.add(k.mul(token, k.i32(L.topk)), k.lane), 4), 4);
+          });
+        }
       });
-    }
-  });
 }
 
 } // namespace epic::expand

@@ -65,24 +65,30 @@ TokenReads readToken(KernelBuilder &k, const DispatchShape &shape, Value x, Valu
     Value laneBytes = k.wide(k.mul(k.lane, k.i32(16)));
     for (int64_t u = 0; u < chunks / 32; ++u)
       reads.rowOffsets.push_back(k.add(laneBytes, k.i64(32 * 16 * u)));
-    reads.row = k.loadChunks(VectorType::get({4}, k.i32T()),
-                             k.at(x, k.mul(k.wide(token), k.i64(L.rowBytes))), reads.rowOffsets, {});
+    reads.row =
+        k.loadChunks(VectorType::get({4}, k.i32T()),
+                     k.at(x, k.mul(k.wide(token), k.i64(L.rowBytes))), reads.rowOffsets, {});
   }
   if (shape.scalePacks) {
     for (int64_t u = 0; u * 32 < L.packs; ++u) {
       Value p = k.add(k.lane, k.i32(32 * u));
       Value inRange = k.lt(p, k.i32(L.packs));
       reads.packInRange.push_back(inRange);
-      reads.packs.push_back(k.choose(inRange, k.i32T(), [&]() -> Value {
-        return k.loadI32(scalePacks, k.add(k.mul(token, k.i32(L.packs)), p));
-      }, [&]() -> Value { return k.i32(0); }));
+      reads.packs.push_back(k.choose(
+          inRange, k.i32T(),
+          [&]() -> Value { return k.loadI32(scalePacks, k.add(k.mul(token, k.i32(L.packs)), p)); },
+          [&]() -> Value { return k.i32(0); }));
     }
   }
   if (shape.weights) {
     FloatType f32 = k.b.getF32Type();
-    reads.weight = k.choose(k.lt(k.lane, k.i32(L.topk)), f32, [&]() -> Value {
-      return k.load(f32, k.elementAt(weights, k.add(k.mul(token, k.i32(L.topk)), k.lane), 4), 4);
-    }, [&]() -> Value { return arith::ConstantFloatOp::create(k.b, f32, APFloat(0.0f)); });
+    reads.weight = k.choose(
+        k.lt(k.lane, k.i32(L.topk)), f32,
+        [&]() -> Value {
+          return k.load(f32, k.elementAt(weights, k.add(k.mul(token, k.i32(L.topk)), k.lane), 4),
+                        4);
+        },
+        [&]() -> Value { return arith::ConstantFloatOp::create(k.b, f32, APFloat(0.0f)); });
   }
   return reads;
 }
@@ -124,26 +130,30 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
     }
     // Each master lane takes its slot at its destination (all at once), and
     // the address of record [me][slot] of the destination's receive region.
-    Value myRecord = k.choose(r.isMaster, k.ptrT(), [&]() -> Value {
-      Value slot;
-      if (shape.cached) {
-        slot = k.loadI32(dstSlots, slotCell);
-      } else {
-        slot = comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
-                                         comm::Ordering::relaxed, comm::Scope::gpu, k.i32(1),
-                                         k.counter(L.slots, r.dst));
-        k.storeI32(slot, dstSlots, slotCell);
-      }
-      Value index = k.add(k.mul(k.wide(k.me), k.wide(k.tmax)), k.wide(slot));
-      return k.peer(k.add(k.i64(L.data), k.mul(index, k.i64(L.record))), r.dst);
-    }, [&]() -> Value { return LLVM::ZeroOp::create(k.b, k.ptrT()); });
+    Value myRecord = k.choose(
+        r.isMaster, k.ptrT(),
+        [&]() -> Value {
+          Value slot;
+          if (shape.cached) {
+            slot = k.loadI32(dstSlots, slotCell);
+          } else {
+            slot = comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
+                                             comm::Ordering::relaxed, comm::Scope::gpu, k.i32(1),
+                                             k.counter(L.slots, r.dst));
+            k.storeI32(slot, dstSlots, slotCell);
+          }
+          Value index = k.add(k.mul(k.wide(k.me), k.wide(k.tmax)), k.wide(slot));
+          return k.peer(k.add(k.i64(L.data), k.mul(index, k.i64(L.record))), r.dst);
+        },
+        [&]() -> Value { return LLVM::ZeroOp::create(k.b, k.ptrT()); });
     // The row is stored to every destination's record (read once: above, or
     // group by group here when it is too wide to hold); then each record's
     // scale packs, ids, weights, token and master slot.
     if (reads.row.empty())
-      k.copyRowToEach(k.at(x, k.mul(k.wide(token), k.i64(L.rowBytes))), L.rowBytes, r.masters,
-                      [&](Value master) { return k.shufflePointer(myRecord, master); },
-                      KernelBuilder::wholeRowUnroll(L.rowBytes));
+      k.copyRowToEach(
+          k.at(x, k.mul(k.wide(token), k.i64(L.rowBytes))), L.rowBytes, r.masters,
+          [&](Value master) { return k.shufflePointer(myRecord, master); },
+          KernelBuilder::wholeRowUnroll(L.rowBytes));
     k.forEachLane(r.masters, [&](Value master) {
       Value record = k.shufflePointer(myRecord, master);
       if (!reads.row.empty())
@@ -155,7 +165,8 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
       k.when(k.lt(k.lane, k.i32(L.topk)), [&] {
         k.storeI32(r.expert, k.at(record, k.i32(L.idsOff)), k.lane);
         if (reads.weight)
-          k.store(reads.weight, k.at(record, k.add(k.i32(L.weightsOff), k.mul(k.lane, k.i32(4)))), 4);
+          k.store(reads.weight, k.at(record, k.add(k.i32(L.weightsOff), k.mul(k.lane, k.i32(4)))),
+                  4);
       });
       k.when(k.eq(k.lane, k.i32(0)), [&] {
         k.store(token, k.at(record, k.i32(L.tokenOff)), 4);
@@ -187,7 +198,8 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
     // the expert counts and every record this rank sent it.
     k.loop(k.tid, k.i32(L.ranks * L.local), k.threads, [&](Value i) {
       Value from = k.counter(L.expertLocal, i);
-      Value v = comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed, comm::Scope::gpu, from);
+      Value v =
+          comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed, comm::Scope::gpu, from);
       comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), from);
       Value dst = k.divu(i, k.i32(L.local));
       Value slot = k.add(k.mul(k.me, k.i32(L.local)), k.remu(i, k.i32(L.local)));
@@ -197,7 +209,8 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
     k.barrier();
     k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value dst) {
       Value from = k.counter(L.slots, dst);
-      Value c = comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed, comm::Scope::gpu, from);
+      Value c =
+          comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed, comm::Scope::gpu, from);
       comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), from);
       Value encoded = k.sub(k.i32(-1), c);
       comm::StoreOp::create(k.b, comm::Ordering::release, comm::Scope::sys, encoded,
@@ -208,9 +221,8 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
                             k.local(k.i32(L.dispatchDone)));
     });
     // The copy epilogue of the previous call is over: its row cursors can go back to zero.
-    k.loop(k.tid, k.i32(L.local), k.threads, [&](Value e) {
-      k.storeI32(k.i32(0), k.local(k.i32(L.expertCursor)), e);
-    });
+    k.loop(k.tid, k.i32(L.local), k.threads,
+           [&](Value e) { k.storeI32(k.i32(0), k.local(k.i32(L.expertCursor)), e); });
     // Every source's count (bounded acquire wait), reset for the next call.
     k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value src) {
       Value cell = k.counter(L.countsIn, src);
@@ -224,30 +236,36 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
     // (of the counts rounded up to the alignment), the experts' counts
     // (summed over sources, their cells reset) and the host-visible counts.
     k.when(k.lt(k.tid, k.i32(32)), [&] {
-      Value received = k.warpInclusiveScan(L.ranks, [&](Value src) {
-        return std::pair<Value, Value>{k.loadI32(psumPerRank, src), Value()};
-      }, [&](Value src, Value total, Value) { k.storeI32(total, psumPerRank, src); });
+      Value received = k.warpInclusiveScan(
+          L.ranks,
+          [&](Value src) { return std::pair<Value, Value>{k.loadI32(psumPerRank, src), Value()}; },
+          [&](Value src, Value total, Value) { k.storeI32(total, psumPerRank, src); });
       k.when(k.eq(k.lane, k.i32(0)), [&] { k.storeI32(received, hostCounts, k.i32(0)); });
-      k.warpInclusiveScan(L.local, [&](Value e) {
-        auto sum = scf::ForOp::create(k.b, k.i32(0), k.i32(L.ranks), k.i32(1), ValueRange{k.i32(0)});
-        {
-          OpBuilder::InsertionGuard g(k.b);
-          k.b.setInsertionPointToStart(sum.getBody());
-          Value cell = k.counter(L.expertIn, k.add(k.mul(sum.getInductionVar(), k.i32(L.local)), e));
-          Value v = k.load(k.i32T(), cell, 4);
-          k.store(k.i32(0), cell, 4);
-          scf::YieldOp::create(k.b, ValueRange{k.add(sum.getRegionIterArg(0), v)});
-        }
-        Value count = sum.getResult(0);
-        return std::pair<Value, Value>{k.alignUp(count, L.alignment), count};
-      }, [&](Value e, Value end, Value count) {
-        Value aligned = k.alignUp(count, L.alignment);
-        k.storeI32(count, expertCounts, e);
-        // Plain: inclusive prefix of the aligned counts. Expanded: the end of
-        // the expert's real rows, start_e + count_e.
-        k.storeI32(shape.expanded ? k.add(k.sub(end, aligned), count) : end, psumPerExpert, e);
-        k.storeI32(aligned, hostCounts, k.add(e, k.i32(1)));
-      });
+      k.warpInclusiveScan(
+          L.local,
+          [&](Value e) {
+            auto sum =
+                scf::ForOp::create(k.b, k.i32(0), k.i32(L.ranks), k.i32(1), ValueRange{k.i32(0)});
+            {
+              OpBuilder::InsertionGuard g(k.b);
+              k.b.setInsertionPointToStart(sum.getBody());
+              Value cell =
+                  k.counter(L.expertIn, k.add(k.mul(sum.getInductionVar(), k.i32(L.local)), e));
+              Value v = k.load(k.i32T(), cell, 4);
+              k.store(k.i32(0), cell, 4);
+              scf::YieldOp::create(k.b, ValueRange{k.add(sum.getRegionIterArg(0), v)});
+            }
+            Value count = sum.getResult(0);
+            return std::pair<Value, Value>{k.alignUp(count, L.alignment), count};
+          },
+          [&](Value e, Value end, Value count) {
+            Value aligned = k.alignUp(count, L.alignment);
+            k.storeI32(count, expertCounts, e);
+            // Plain: inclusive prefix of the aligned counts. Expanded: the end of
+            // the expert's real rows, start_e + count_e.
+            k.storeI32(shape.expanded ? k.add(k.sub(end, aligned), count) : end, psumPerExpert, e);
+            k.storeI32(aligned, hostCounts, k.add(e, k.i32(1)));
+          });
     });
   });
 }
@@ -263,11 +281,11 @@ void zeroPaddingRows(KernelBuilder &k, const EPLayout &L, const DispatchShape &s
     Value stop = k.add(k.sub(end, count), aligned);
     k.loop(end, stop, k.i32(1), [&](Value row) {
       Type vec = VectorType::get({4}, k.i32T());
-      Value zero = arith::ConstantOp::create(k.b, vec, DenseElementsAttr::get(cast<ShapedType>(vec), 0));
+      Value zero =
+          arith::ConstantOp::create(k.b, vec, DenseElementsAttr::get(cast<ShapedType>(vec), 0));
       Value base = k.at(recvX, k.mul(k.wide(row), k.i64(L.rowBytes)));
-      k.loop(k.lane, k.i32(L.rowBytes / 16), k.i32(32), [&](Value chunk) {
-        k.store(zero, k.elementAt(base, chunk, 16), 16);
-      });
+      k.loop(k.lane, k.i32(L.rowBytes / 16), k.i32(32),
+             [&](Value chunk) { k.store(zero, k.elementAt(base, chunk, 16), 16); });
       if (shape.scalePacks)
         k.loop(k.lane, k.i32(L.packs), k.i32(32), [&](Value p) {
           k.storeI32(k.i32(0), recvPacks, k.add(k.mul(row, k.i32(L.packs)), p));
@@ -306,30 +324,33 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
     });
   };
   auto recordWeight = [&](Value record, Value slot) {
-    return k.load(k.b.getF32Type(),
-                  k.at(record, k.add(k.i32(L.weightsOff), k.mul(slot, k.i32(4)))), 4);
+    return k.load(k.b.getF32Type(), k.at(record, k.add(k.i32(L.weightsOff), k.mul(slot, k.i32(4)))),
+                  4);
   };
 
   // A plain row may be split among warps; an expanded one takes row cursors
   // once per token, so one warp does all of it.
-  int64_t maxParts = shape.expanded ? 1 : KernelBuilder::maxRowParts(L.rowBytes, KernelBuilder::kCopyUnroll);
+  int64_t maxParts =
+      shape.expanded ? 1 : KernelBuilder::maxRowParts(L.rowBytes, KernelBuilder::kCopyUnroll);
   k.loopRowParts(received, maxParts, [&](Value row, const RowPart &share) {
     // Source rank: how many prefix sums are <= row (32 ranks per step).
-    auto search = scf::ForOp::create(k.b, k.i32(0), k.i32(L.ranks), k.i32(32), ValueRange{k.i32(0)});
+    auto search =
+        scf::ForOp::create(k.b, k.i32(0), k.i32(L.ranks), k.i32(32), ValueRange{k.i32(0)});
     {
       OpBuilder::InsertionGuard g(k.b);
       k.b.setInsertionPointToStart(search.getBody());
       Value s = k.add(search.getInductionVar(), k.lane);
-      Value bound = k.choose(k.lt(s, k.i32(L.ranks)), k.i32T(),
-                             [&]() -> Value { return k.loadI32(psum, s); },
-                             [&]() -> Value { return k.i32(INT32_MAX); });
+      Value bound = k.choose(
+          k.lt(s, k.i32(L.ranks)), k.i32T(), [&]() -> Value { return k.loadI32(psum, s); },
+          [&]() -> Value { return k.i32(INT32_MAX); });
       Value below = k.ballot(k.cmp(arith::CmpIPredicate::sle, bound, row));
       scf::YieldOp::create(k.b, ValueRange{k.add(search.getRegionIterArg(0), k.popc(below))});
     }
     Value src = search.getResult(0);
-    Value before = k.choose(k.cmp(arith::CmpIPredicate::sgt, src, k.i32(0)), k.i32T(),
-                            [&]() -> Value { return k.loadI32(psum, k.sub(src, k.i32(1))); },
-                            [&]() -> Value { return k.i32(0); });
+    Value before = k.choose(
+        k.cmp(arith::CmpIPredicate::sgt, src, k.i32(0)), k.i32T(),
+        [&]() -> Value { return k.loadI32(psum, k.sub(src, k.i32(1))); },
+        [&]() -> Value { return k.i32(0); });
     Value slot = k.sub(row, before);
     Value index = k.add(k.mul(k.wide(src), k.wide(k.tmax)), k.wide(slot));
     Value record = k.local(k.add(k.i64(L.data), k.mul(index, k.i64(L.record))));
@@ -339,10 +360,12 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
     Value inTopk = k.lt(k.lane, k.i32(L.topk));
     Value mine, localId;
     auto readIds = [&] {
-      Value e = k.choose(inTopk, k.i32T(),
-                         [&]() -> Value { return k.loadI32(k.at(record, k.i32(L.idsOff)), k.lane); },
-                         [&]() -> Value { return k.i32(-1); });
-      mine = k.andi(k.cmp(arith::CmpIPredicate::sge, e, k.i32(0)), k.eq(k.divs(e, k.i32(L.local)), k.me));
+      Value e = k.choose(
+          inTopk, k.i32T(),
+          [&]() -> Value { return k.loadI32(k.at(record, k.i32(L.idsOff)), k.lane); },
+          [&]() -> Value { return k.i32(-1); });
+      mine = k.andi(k.cmp(arith::CmpIPredicate::sge, e, k.i32(0)),
+                    k.eq(k.divs(e, k.i32(L.local)), k.me));
       localId = k.select(mine, k.rems(e, k.i32(L.local)), k.i32(-1));
     };
     Value metaRow = k.mul(row, k.i32(metaColumns));
@@ -363,29 +386,34 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
       readIds();
       // One output row per local slot: the expert's start plus a cursor
       // (or, cached, the row the handle recorded).
-      Value myRow = k.choose(mine, k.i32T(), [&]() -> Value {
-        if (shape.cached)
-          return k.loadI32(metadata, k.add(metaRow, k.add(k.lane, k.i32(2))));
-        Value start = k.sub(k.loadI32(psumPerExpert, localId), k.loadI32(expertCounts, localId));
-        Value offset = comm::AtomicRMWOp::create(
-            k.b, k.i32T(), comm::AtomicKind::add, comm::Ordering::relaxed, comm::Scope::gpu,
-            k.i32(1), k.counter(L.expertCursor, localId));
-        return k.add(start, offset);
-      }, [&]() -> Value { return k.i32(-1); });
+      Value myRow = k.choose(
+          mine, k.i32T(),
+          [&]() -> Value {
+            if (shape.cached)
+              return k.loadI32(metadata, k.add(metaRow, k.add(k.lane, k.i32(2))));
+            Value start =
+                k.sub(k.loadI32(psumPerExpert, localId), k.loadI32(expertCounts, localId));
+            Value offset = comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
+                                                     comm::Ordering::relaxed, comm::Scope::gpu,
+                                                     k.i32(1), k.counter(L.expertCursor, localId));
+            return k.add(start, offset);
+          },
+          [&]() -> Value { return k.i32(-1); });
       if (!shape.cached)
-        k.when(inTopk, [&] { k.storeI32(myRow, metadata, k.add(metaRow, k.add(k.lane, k.i32(2)))); });
+        k.when(inTopk,
+               [&] { k.storeI32(myRow, metadata, k.add(metaRow, k.add(k.lane, k.i32(2)))); });
       // The record's row is read once and written to every row of the token
       // here; then each row's packs, weight and, fused, its count.
       Value targets = k.ballot(mine);
-      k.copyRowToEach(record, L.rowBytes, targets,
-                      [&](Value j) { return rowOf(k.shuffle(myRow, j)); }, shape.rowUnroll);
+      k.copyRowToEach(
+          record, L.rowBytes, targets, [&](Value j) { return rowOf(k.shuffle(myRow, j)); },
+          shape.rowUnroll);
       k.forEachLane(targets, [&](Value j) {
         Value out = k.shuffle(myRow, j);
         copyPacks(record, out);
         if (shape.weights)
-          k.when(k.eq(k.lane, k.i32(0)), [&] {
-            k.store(recordWeight(record, j), k.elementAt(recvWeights, out, 4), 4);
-          });
+          k.when(k.eq(k.lane, k.i32(0)),
+                 [&] { k.store(recordWeight(record, j), k.elementAt(recvWeights, out, 4), 4); });
         if (shape.tileDone >= 0) {
           // The row is in place: count it in its GEMM row tile of the expert
           // (every lane's stores, then one release by lane 0).
@@ -413,7 +441,8 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
           k.storeI32(k.add(k.mul(src, k.i32(L.topk)), master), metadata, k.add(metaRow, k.i32(1)));
         });
         if (!shape.expanded)
-          k.when(inTopk, [&] { k.storeI32(k.i32(-1), metadata, k.add(metaRow, k.add(k.lane, k.i32(2)))); });
+          k.when(inTopk,
+                 [&] { k.storeI32(k.i32(-1), metadata, k.add(metaRow, k.add(k.lane, k.i32(2)))); });
       });
     }
   });
@@ -443,31 +472,40 @@ void buildDispatchScatter(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape 
   k.loop(k.globalWarp, numTokens, k.numWarps, [&](Value token) {
     auto r = k.route(topkIdx, token);
     // Lane j (valid): the row the token has among d_j's received tokens.
-    Value tokenRow = k.choose(r.valid, k.i32T(), [&]() -> Value {
-      Value psum = k.pointerField(k.peerParams(r.dst), kPsumPerRank);
-      Value before = k.choose(k.cmp(arith::CmpIPredicate::sgt, k.me, k.i32(0)), k.i32T(),
-                              [&]() -> Value { return k.loadI32(psum, k.sub(k.me, k.i32(1))); },
-                              [&]() -> Value { return k.i32(0); });
-      Value slot = k.loadI32(dstSlots, k.add(k.mul(token, k.i32(L.topk)), r.masterLane));
-      return k.add(before, slot);
-    }, [&]() -> Value { return k.i32(-1); });
+    Value tokenRow = k.choose(
+        r.valid, k.i32T(),
+        [&]() -> Value {
+          Value psum = k.pointerField(k.peerParams(r.dst), kPsumPerRank);
+          Value before = k.choose(
+              k.cmp(arith::CmpIPredicate::sgt, k.me, k.i32(0)), k.i32T(),
+              [&]() -> Value { return k.loadI32(psum, k.sub(k.me, k.i32(1))); },
+              [&]() -> Value { return k.i32(0); });
+          Value slot = k.loadI32(dstSlots, k.add(k.mul(token, k.i32(L.topk)), r.masterLane));
+          return k.add(before, slot);
+        },
+        [&]() -> Value { return k.i32(-1); });
     // Lane j: its target row (plain: the token row on masters; expanded: slot
     // j's expanded row) and that row's address in d_j's recv_x.
     Value targetRow = tokenRow;
     Value targets = r.masters;
     if (shape.expanded) {
-      targetRow = k.choose(r.valid, k.i32T(), [&]() -> Value {
-        Value metadata = k.pointerField(k.peerParams(r.dst), kRecvSrcMetadata);
-        return k.loadI32(metadata, k.add(k.mul(tokenRow, k.i32(metaColumns)),
-                                         k.add(k.lane, k.i32(2))));
-      }, [&]() -> Value { return k.i32(-1); });
+      targetRow = k.choose(
+          r.valid, k.i32T(),
+          [&]() -> Value {
+            Value metadata = k.pointerField(k.peerParams(r.dst), kRecvSrcMetadata);
+            return k.loadI32(metadata,
+                             k.add(k.mul(tokenRow, k.i32(metaColumns)), k.add(k.lane, k.i32(2))));
+          },
+          [&]() -> Value { return k.i32(-1); });
       targets = k.ballot(k.cmp(arith::CmpIPredicate::sge, targetRow, k.i32(0)));
     }
-    Value rowAddress = k.choose(k.cmp(arith::CmpIPredicate::sge, targetRow, k.i32(0)), k.ptrT(),
-                                [&]() -> Value {
-      Value recvX = k.pointerField(k.peerParams(r.dst), kRecvX);
-      return k.at(recvX, k.mul(k.wide(targetRow), k.i64(L.rowBytes)));
-    }, [&]() -> Value { return x; });
+    Value rowAddress = k.choose(
+        k.cmp(arith::CmpIPredicate::sge, targetRow, k.i32(0)), k.ptrT(),
+        [&]() -> Value {
+          Value recvX = k.pointerField(k.peerParams(r.dst), kRecvX);
+          return k.at(recvX, k.mul(k.wide(targetRow), k.i64(L.rowBytes)));
+        },
+        [&]() -> Value { return x; });
     k.copyRowToEach(k.at(x, k.mul(k.wide(token), k.i64(L.rowBytes))), L.rowBytes, targets,
                     [&](Value j) { return k.shufflePointer(rowAddress, j); });
     k.forEachLane(targets, [&](Value j) {

@@ -110,14 +110,14 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
   };
   auto gemmMetadata = [&](const epic::detail::GroupedGemmShape &gemm, StringRef lhs,
                           StringRef weights, Attribute rows, const RecordLayout &record) {
-    extraMetadata.push_back(builder.getNamedAttr(
-        "epic.dynamic_shared_bytes",
-        builder.getI64IntegerAttr(epic::detail::kGemmDynamicSharedBytes)));
+    extraMetadata.push_back(
+        builder.getNamedAttr("epic.dynamic_shared_bytes",
+                             builder.getI64IntegerAttr(epic::detail::kGemmDynamicSharedBytes)));
     extraMetadata.push_back(builder.getNamedAttr(
         "epic.ctas_per_sm", builder.getI64IntegerAttr(epic::detail::kGemmCtasPerSm)));
     extraMetadata.push_back(builder.getNamedAttr(
-        "epic.tensor_maps", epic::detail::groupedGemmTensorMaps(builder, gemm, lhs, weights, rows,
-                                                                record.mapsOffset)));
+        "epic.tensor_maps",
+        epic::detail::groupedGemmTensorMaps(builder, gemm, lhs, weights, rows, record.mapsOffset)));
   };
 
   if (auto gemm = dyn_cast<ep::GroupedGemmOp>(op)) {
@@ -125,8 +125,9 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
     auto lhs = cast<ShapedType>(gemm.getLhs().getType());
     auto rhs = cast<ShapedType>(gemm.getRhs().getType());
     epic::detail::GroupedGemmShape shape{
-        cfg.getHidden(), rhs.getDimSize(2), cfg.getNumLocalExperts(), cfg.getExpertAlignment(),
-        lhs.getElementType(), cast<ShapedType>(gemm.getResult().getType()).getElementType()};
+        cfg.getHidden(),          rhs.getDimSize(2),
+        cfg.getNumLocalExperts(), cfg.getExpertAlignment(),
+        lhs.getElementType(),     cast<ShapedType>(gemm.getResult().getType()).getElementType()};
     if (failed(epic::detail::checkGroupedGemmShape(op, shape)))
       return failure();
     kernelNames = {name + "_gemm"};
@@ -145,10 +146,12 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
     };
   } else if (auto fused = dyn_cast<ep::GemmCombineOp>(op)) {
     cfg = fused.getConfig();
-    epic::detail::GroupedGemmShape gemm{
-        cfg.getHidden(), cfg.getHidden(), cfg.getNumLocalExperts(), cfg.getExpertAlignment(),
-        cast<ShapedType>(fused.getLhs().getType()).getElementType(),
-        builder.getBF16Type()};
+    epic::detail::GroupedGemmShape gemm{cfg.getHidden(),
+                                        cfg.getHidden(),
+                                        cfg.getNumLocalExperts(),
+                                        cfg.getExpertAlignment(),
+                                        cast<ShapedType>(fused.getLhs().getType()).getElementType(),
+                                        builder.getBF16Type()};
     if (failed(epic::detail::checkGroupedGemmShape(op, gemm)))
       return failure();
     // Scratch after the windows (FusedScratch): row -> token, each token's rows
@@ -166,7 +169,8 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
     RecordLayout record(fields.size(), tensorMaps);
     gemmMetadata(gemm, records::combine::lhs, records::combine::weights,
                  builder.getStringAttr(records::combine::num_rows), record);
-    GemmCombineScratch scratch{at.rowToken, at.pending, at.colDone, at.arrivals,
+    GemmCombineScratch scratch{at.rowToken, at.pending,
+                               at.colDone,  at.arrivals,
                                at.maxTiles, cfg.getHidden() / epic::detail::kGemmTileN};
     build = [=](gpu::GPUModuleOp module, const RecordLayout &record) {
       EPLayout fusedLayout = layoutFor(64, record, kCMaxTokens);
@@ -179,9 +183,9 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
     cfg = fused.getConfig();
     auto experts = cast<ShapedType>(fused.getExperts().getType());
     epic::detail::GroupedGemmShape gemm{
-        cfg.getHidden(), experts.getDimSize(2), cfg.getNumLocalExperts(),
-        cfg.getExpertAlignment(), cfg.getDtype(),
-        cast<ShapedType>(fused.getResult().getType()).getElementType()};
+        cfg.getHidden(),          experts.getDimSize(2),
+        cfg.getNumLocalExperts(), cfg.getExpertAlignment(),
+        cfg.getDtype(),           cast<ShapedType>(fused.getResult().getType()).getElementType()};
     if (failed(epic::detail::checkGroupedGemmShape(op, gemm)))
       return failure();
     unsigned idxBits = cast<ShapedType>(fused.getTopkIdx().getType()).getElementTypeBitWidth();
@@ -193,8 +197,13 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
     gemm.outField = kDGGemmOut, gemm.psumField = kPsumPerExpert;
     gemm.tileDone = tileDone, gemm.tileConsumed = at.tileConsumed, gemm.maxTiles = maxTiles;
     gemm.timeoutMs = timeoutMs;
-    DispatchShape shape{false, static_cast<bool>(fused.getTopkWeights()), true, false,
-                        fused.getZeroPadding(), tileDone, maxTiles,
+    DispatchShape shape{false,
+                        static_cast<bool>(fused.getTopkWeights()),
+                        true,
+                        false,
+                        fused.getZeroPadding(),
+                        tileDone,
+                        maxTiles,
                         fusedRowUnroll(layout.rowBytes)};
     kernelNames = {name + "_send", name + "_copy_gemm"};
     fields = fieldNames(kDispatchFields, kDispatchGemmExtraFields);
@@ -291,10 +300,9 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
   Value grid = body->getArgument(3);
   for (const std::string &kernel : kernelNames) {
     auto symbol = SymbolRefAttr::get(ctx, moduleName, {FlatSymbolRefAttr::get(ctx, kernel)});
-    gpu::LaunchFuncOp::create(lb, loc, symbol, gpu::KernelDim3{grid, one, one},
-                              gpu::KernelDim3{threadCount, one, one}, Value(),
-                              ValueRange{body->getArgument(0), body->getArgument(1),
-                                         body->getArgument(2)});
+    gpu::LaunchFuncOp::create(
+        lb, loc, symbol, gpu::KernelDim3{grid, one, one}, gpu::KernelDim3{threadCount, one, one},
+        Value(), ValueRange{body->getArgument(0), body->getArgument(1), body->getArgument(2)});
   }
   func::ReturnOp::create(lb, loc);
 
@@ -305,13 +313,12 @@ LogicalResult expand(func::FuncOp func, Operation *op, unsigned threads,
   SmallVector<Attribute> kernelAttrs;
   for (const std::string &kernel : kernelNames)
     kernelAttrs.push_back(builder.getStringAttr(kernel));
-  launch->setAttr("epic.entry", builder.getStringAttr(isa<ep::DispatchOp>(op)   ? "dispatch"
-                                                     : isa<ep::CombineOp>(op) ? "combine"
-                                                     : isa<ep::GroupedGemmOp>(op)
-                                                         ? "grouped_gemm"
-                                                     : isa<ep::DispatchGemmOp>(op)
-                                                         ? "dispatch_gemm"
-                                                         : "gemm_combine"));
+  launch->setAttr("epic.entry",
+                  builder.getStringAttr(isa<ep::DispatchOp>(op)       ? "dispatch"
+                                        : isa<ep::CombineOp>(op)      ? "combine"
+                                        : isa<ep::GroupedGemmOp>(op)  ? "grouped_gemm"
+                                        : isa<ep::DispatchGemmOp>(op) ? "dispatch_gemm"
+                                                                      : "gemm_combine"));
   launch->setAttr("epic.config", cfg);
   launch->setAttr("epic.kernels", builder.getArrayAttr(kernelAttrs));
   launch->setAttr("epic.threads", builder.getI64IntegerAttr(threads));
@@ -372,4 +379,3 @@ struct EPExpandPass : public epic::impl::EPExpandBase<EPExpandPass> {
 };
 
 } // namespace
-

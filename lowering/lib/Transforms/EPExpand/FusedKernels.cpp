@@ -14,7 +14,6 @@ using namespace mlir;
 namespace ep = epic::ep;
 namespace comm = epic::comm;
 
-
 /// Copies the body of `from` (a kernel with ep-expand's signature) before
 /// `b`'s insertion point, its arguments mapped to `to`'s, with its block
 /// index and count replaced by `block`/`blocks`.
@@ -69,7 +68,6 @@ void buildCopyGemmKernel(OpBuilder &builder, Location loc, StringRef name, const
 // The grouped GEMM fused with the combine
 //===----------------------------------------------------------------------===//
 
-
 /// `<name>_gemm_send` (see EPFuseGemmCombine in Passes.td): the combine's
 /// entry barrier, row -> token map and per-token counts, a barrier of the
 /// rank's blocks, the persistent grouped GEMM on all blocks but the send
@@ -89,9 +87,10 @@ void buildGemmSendKernel(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sh
   // Every received token: its expanded rows point back at it; count them.
   k.loop(k.globalWarp, received, k.numWarps, [&](Value t) {
     Value meta = k.elementAt(metadata, k.mul(t, k.i32(L.topk + 2)), 4);
-    Value row = k.choose(k.lt(k.lane, k.i32(L.topk)), k.i32T(),
-                         [&]() -> Value { return k.loadI32(meta, k.add(k.lane, k.i32(2))); },
-                         [&]() -> Value { return k.i32(-1); });
+    Value row = k.choose(
+        k.lt(k.lane, k.i32(L.topk)), k.i32T(),
+        [&]() -> Value { return k.loadI32(meta, k.add(k.lane, k.i32(2))); },
+        [&]() -> Value { return k.i32(-1); });
     Value mine = k.cmp(arith::CmpIPredicate::sge, row, k.i32(0));
     k.when(mine, [&] { k.store(t, k.counter(scratch.rowToken, row), 4); });
     Value count = k.popc(k.ballot(mine));
@@ -102,9 +101,8 @@ void buildGemmSendKernel(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sh
   k.when(k.eq(k.tid, k.i32(0)), [&] {
     comm::RedOp::create(k.b, comm::AtomicKind::add, comm::Ordering::release, comm::Scope::gpu,
                         k.i32(1), k.local(k.i32(scratch.arrivals)));
-    comm::WaitFlagOp::create(k.b, k.i32T(), k.local(k.i32(scratch.arrivals)),
-                             comm::Predicate::ge, k.blocks, k.me, Value(), comm::Scope::gpu,
-                             L.timeoutMs);
+    comm::WaitFlagOp::create(k.b, k.i32T(), k.local(k.i32(scratch.arrivals)), comm::Predicate::ge,
+                             k.blocks, k.me, Value(), comm::Scope::gpu, L.timeoutMs);
   });
   k.barrier();
 
@@ -134,9 +132,9 @@ void buildGemmSendKernel(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sh
   // Chunk c's expert, the expert's first and end rows, and the chunk's index
   // in it: a scan of the experts (the counts are in L1 after the first).
   auto locate = [&](Value c) {
-    auto scan = scf::ForOp::create(
-        k.b, k.i32(0), k.i32(L.local), k.i32(1),
-        ValueRange{k.i32(0), k.i32(0), k.i32(0), k.i32(0), k.i32(0), k.i32(0)});
+    auto scan =
+        scf::ForOp::create(k.b, k.i32(0), k.i32(L.local), k.i32(1),
+                           ValueRange{k.i32(0), k.i32(0), k.i32(0), k.i32(0), k.i32(0), k.i32(0)});
     OpBuilder::InsertionGuard guard(k.b);
     k.b.setInsertionPointToStart(scan.getBody());
     Value e = scan.getInductionVar();
@@ -159,11 +157,14 @@ void buildGemmSendKernel(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sh
   {
     OpBuilder::InsertionGuard guard(k.b);
     k.b.createBlock(&claims.getBefore());
-    Value claim = k.choose(k.eq(k.lane, k.i32(0)), k.i32T(), [&]() -> Value {
-      return comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
-                                       comm::Ordering::relaxed, comm::Scope::gpu, k.i32(1),
-                                       k.local(k.i32(scratch.claimed())));
-    }, [&]() -> Value { return k.i32(0); });
+    Value claim = k.choose(
+        k.eq(k.lane, k.i32(0)), k.i32T(),
+        [&]() -> Value {
+          return comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
+                                           comm::Ordering::relaxed, comm::Scope::gpu, k.i32(1),
+                                           k.local(k.i32(scratch.claimed())));
+        },
+        [&]() -> Value { return k.i32(0); });
     claim = k.shuffle(claim, k.i32(0));
     scf::ConditionOp::create(k.b, k.lt(claim, totalChunks), ValueRange{claim});
     Block *body = k.b.createBlock(&claims.getAfter(), {}, {k.i32T()}, {k.b.getLoc()});
@@ -171,19 +172,25 @@ void buildGemmSendKernel(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sh
     Value e = where.getResult(2), start = where.getResult(3), end = where.getResult(4);
     Value row = k.add(start, k.add(k.mul(where.getResult(5), k.i32(32)), k.lane));
     Value valid = k.lt(row, end);
-    Value token = k.choose(valid, k.i32T(), [&]() -> Value {
-      Value rowTile = k.divu(k.sub(row, start), k.i32(epic::detail::kGemmTileM));
-      Value slot = k.add(k.mul(e, k.i32(scratch.maxTiles)), rowTile);
-      comm::WaitFlagOp::create(k.b, k.i32T(), k.counter(scratch.colDone, slot),
-                               comm::Predicate::ge, k.i32(scratch.columnTiles), k.me, Value(),
-                               comm::Scope::gpu, L.timeoutMs);
-      return k.load(k.i32T(), k.counter(scratch.rowToken, row), 4);
-    }, [&]() -> Value { return k.i32(-1); });
-    Value left = k.choose(valid, k.i32T(), [&]() -> Value {
-      return comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
-                                       comm::Ordering::acq_rel, comm::Scope::gpu, k.i32(-1),
-                                       k.counter(scratch.pending, token));
-    }, [&]() -> Value { return k.i32(0); });
+    Value token = k.choose(
+        valid, k.i32T(),
+        [&]() -> Value {
+          Value rowTile = k.divu(k.sub(row, start), k.i32(epic::detail::kGemmTileM));
+          Value slot = k.add(k.mul(e, k.i32(scratch.maxTiles)), rowTile);
+          comm::WaitFlagOp::create(k.b, k.i32T(), k.counter(scratch.colDone, slot),
+                                   comm::Predicate::ge, k.i32(scratch.columnTiles), k.me, Value(),
+                                   comm::Scope::gpu, L.timeoutMs);
+          return k.load(k.i32T(), k.counter(scratch.rowToken, row), 4);
+        },
+        [&]() -> Value { return k.i32(-1); });
+    Value left = k.choose(
+        valid, k.i32T(),
+        [&]() -> Value {
+          return comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
+                                           comm::Ordering::acq_rel, comm::Scope::gpu, k.i32(-1),
+                                           k.counter(scratch.pending, token));
+        },
+        [&]() -> Value { return k.i32(0); });
     // Every row of those tokens is final (their lanes acquired it).
     k.forEachLane(k.ballot(k.eq(left, k.i32(1))), [&](Value lane) {
       // What the completing lane acquired, for the warp (a ballot or a
@@ -200,11 +207,14 @@ void buildGemmSendKernel(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sh
   // barrier, the claims and the tile counts, tells every peer it is done, and
   // waits for all (the combine send's ending).
   NVVM::SyncWarpOp::create(k.b, k.fullMask()); // the warp's sends, before lane 0's release
-  Value before = k.choose(k.eq(k.lane, k.i32(0)), k.i32T(), [&]() -> Value {
-    return comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
-                                     comm::Ordering::acq_rel, comm::Scope::sys, k.i32(1),
-                                     k.local(k.i32(L.combineDone)));
-  }, [&]() -> Value { return k.i32(0); });
+  Value before = k.choose(
+      k.eq(k.lane, k.i32(0)), k.i32T(),
+      [&]() -> Value {
+        return comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
+                                         comm::Ordering::acq_rel, comm::Scope::sys, k.i32(1),
+                                         k.local(k.i32(L.combineDone)));
+      },
+      [&]() -> Value { return k.i32(0); });
   k.when(k.eq(k.shuffle(before, k.i32(0)), k.sub(k.numWarps, k.i32(1))), [&] {
     NVVM::SyncWarpOp::create(k.b, k.fullMask()); // what lane 0 acquired, for the warp
     k.when(k.eq(k.lane, k.i32(0)), [&] {

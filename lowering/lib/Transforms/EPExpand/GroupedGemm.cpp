@@ -43,7 +43,6 @@ using namespace mlir;
 namespace comm = epic::comm;
 using namespace epic::detail;
 
-
 LogicalResult epic::detail::checkGroupedGemmShape(Operation *op, const GroupedGemmShape &s) {
   if (s.hidden % kGemmTileK != 0)
     return op->emitError("ep-expand: the grouped GEMM steps through K (hidden = ")
@@ -102,7 +101,9 @@ struct GemmBuilder {
   Value select(Value c, Value x, Value y) { return arith::SelectOp::create(b, c, x, y); }
   Value andi(Value x, Value y) { return arith::AndIOp::create(b, x, y); }
   /// Rounds `x` up to a multiple of `a`.
-  Value alignUp(Value x, int64_t a) { return a == 1 ? x : mul(divu(add(x, idx(a - 1)), idx(a)), idx(a)); }
+  Value alignUp(Value x, int64_t a) {
+    return a == 1 ? x : mul(divu(add(x, idx(a - 1)), idx(a)), idx(a));
+  }
   Value ceilDiv(Value x, int64_t d) { return divu(add(x, idx(d - 1)), idx(d)); }
 
   // --- types ----------------------------------------------------------------
@@ -240,153 +241,160 @@ struct GemmBuilder {
       tileBlocks = sub(blocks, idx(shape.commBlocks));
       first = select(ult(block, tileBlocks), block, total);
     }
-    loop(first, total, tileBlocks, ValueRange{idx(0)},
-         [&](Value tile, ValueRange carried) -> SmallVector<Value> {
-      Value g0 = carried[0];
-      // The tile's expert: scan the experts' tile counts. Carried: tiles
-      // before e, the previous expert's end, then the chosen expert, its start,
-      // its end and the tiles before it.
-      ValueRange found = loop(
-          idx(0), idx(L), idx(1), ValueRange{idx(0), idx(0), idx(0), idx(0), idx(0), idx(0)},
-          [&](Value e, ValueRange c) -> SmallVector<Value> {
-            Value start = alignUp(c[1], shape.alignment);
-            Value end = expertEnd(e);
-            Value after = add(c[0], tilesOf(start, end));
-            Value mine = andi(ule(c[0], tile), ult(tile, after));
-            return {after, end, select(mine, e, c[2]), select(mine, start, c[3]),
-                    select(mine, end, c[4]), select(mine, c[0], c[5])};
-          });
-      Value expert = found[2], start = found[3], end = found[4];
-      // Column tile major within the expert: the blocks working at once share
-      // a weight column tile (read from memory once, then from L2) across the
-      // expert's row tiles; the weights are most of the bytes.
-      Value local = sub(tile, found[5]);
-      Value mTiles = ceilDiv(sub(end, start), kGemmTileM);
-      Value mt = remu(local, mTiles);
-      Value row0 = add(start, mul(mt, idx(kGemmTileM)));
-      Value col0 = mul(divu(local, mTiles), idx(kGemmTileN));
-      Value weightRow0 = mul(expert, idx(shape.hidden));
+    loop(
+        first, total, tileBlocks, ValueRange{idx(0)},
+        [&](Value tile, ValueRange carried) -> SmallVector<Value> {
+          Value g0 = carried[0];
+          // The tile's expert: scan the experts' tile counts. Carried: tiles
+          // before e, the previous expert's end, then the chosen expert, its start,
+          // its end and the tiles before it.
+          ValueRange found = loop(idx(0), idx(L), idx(1),
+                                  ValueRange{idx(0), idx(0), idx(0), idx(0), idx(0), idx(0)},
+                                  [&](Value e, ValueRange c) -> SmallVector<Value> {
+                                    Value start = alignUp(c[1], shape.alignment);
+                                    Value end = expertEnd(e);
+                                    Value after = add(c[0], tilesOf(start, end));
+                                    Value mine = andi(ule(c[0], tile), ult(tile, after));
+                                    return {after,
+                                            end,
+                                            select(mine, e, c[2]),
+                                            select(mine, start, c[3]),
+                                            select(mine, end, c[4]),
+                                            select(mine, c[0], c[5])};
+                                  });
+          Value expert = found[2], start = found[3], end = found[4];
+          // Column tile major within the expert: the blocks working at once share
+          // a weight column tile (read from memory once, then from L2) across the
+          // expert's row tiles; the weights are most of the bytes.
+          Value local = sub(tile, found[5]);
+          Value mTiles = ceilDiv(sub(end, start), kGemmTileM);
+          Value mt = remu(local, mTiles);
+          Value row0 = add(start, mul(mt, idx(kGemmTileM)));
+          Value col0 = mul(divu(local, mTiles), idx(kGemmTileN));
+          Value weightRow0 = mul(expert, idx(shape.hidden));
 
-      // Fused: wait until the copy role has placed every row of the tile's
-      // expert, not only the tile's: the blocks on the row tiles that share a
-      // weight column tile then start together and stream it through L2 once.
-      // (Waiting per row tile let the first row tiles race ahead, so every
-      // weight tile came from memory twice: L2 hits 34% instead of 49%, the
-      // fused GEMM 1.45x slower on the H200.)
-      auto tileCounter = [&](int64_t base, Value rowTile) {
-        Value slot = add(mul(expert, idx(shape.maxTiles)), rowTile);
-        return comm::LocalPtrOp::create(b, ptrT(), window,
-                                        i64(add(idx(base), mul(slot, idx(4)))));
-      };
-      if (shape.tileDone >= 0) {
-        when(leader, [&] {
-          Value me = comm::TeamRankOp::create(
-              b, b.getI32Type(),
-              comm::TeamOp::create(b, comm::TeamType::get(ctx), comm::TeamKind::world, comm));
-          loop(idx(0), mTiles, idx(1), ValueRange{}, [&](Value m, ValueRange) {
-            Value left = sub(end, add(start, mul(m, idx(kGemmTileM))));
-            Value rows = select(ult(left, idx(kGemmTileM)), left, idx(kGemmTileM));
-            Value needed = arith::IndexCastOp::create(b, b.getI32Type(), rows);
-            comm::WaitFlagOp::create(b, b.getI32Type(), tileCounter(shape.tileDone, m),
-                                     comm::Predicate::ge, needed, me, Value(), comm::Scope::gpu,
-                                     shape.timeoutMs);
-            return SmallVector<Value>{};
-          });
-          // The rows were written by generic stores; TMA reads through the async proxy.
-          NVVM::FenceProxyOp::create(b, NVVM::ProxyKind::async_global, NVVM::SharedSpaceAttr());
-        });
-        gpu::BarrierOp::create(b);
-      }
-
-      // Fill the ring, then: wait for a stage, multiply (one wgmma group stays
-      // in flight: the tensor cores do not idle while the warps wait), and
-      // refill the stage the previous step read with the step kGemmStages - 1
-      // ahead of this one.
-      for (int64_t i = 0; i < std::min(kGemmStages, kSteps); ++i)
-        issue(add(g0, idx(i)), idx(i), row0, weightRow0, col0);
-      Value init = nvgpu::WarpgroupMmaInitAccumulatorOp::create(b, accT());
-      Value acc = loop(idx(0), idx(kSteps), idx(1), ValueRange{init},
-                       [&](Value k, ValueRange c) -> SmallVector<Value> {
-        Value g = add(g0, k);
-        Value stage = remu(g, idx(kGemmStages));
-        Value parity = arith::IndexCastOp::create(
-            b, b.getI1Type(), remu(divu(g, idx(kGemmStages)), idx(2)));
-        nvgpu::MBarrierTryWaitParityOp::create(b, bars, parity, idx(10000000), stage);
-        Value offset = stageOffset(g);
-        MemRefType lhsTile = smem({kGemmTileM, kGemmTileK}, shape.inType);
-        MemRefType rhsTile = smem({kGemmTileK, kGemmTileN}, shape.inType);
-        Value dA = nvgpu::WarpgroupGenerateDescriptorOp::create(
-            b, nvgpu::WarpgroupMatrixDescriptorType::get(ctx, smemSpaceless(lhsTile)),
-            view(dynamic, offset, lhsTile), lhsMap);
-        Value dB = nvgpu::WarpgroupGenerateDescriptorOp::create(
-            b, nvgpu::WarpgroupMatrixDescriptorType::get(ctx, smemSpaceless(rhsTile)),
-            view(dynamic, add(offset, idx(lhsBytes)), rhsTile), rhsMap);
-        // waitGroup 1: step k - 1's group is complete, this step's may run on.
-        Value d = nvgpu::WarpgroupMmaOp::create(b, accT(), dA, dB, b.getI64IntegerAttr(1),
-                                                UnitAttr(), b.getUnitAttr(), c[0]);
-        gpu::BarrierOp::create(b); // every warp is done with step k - 1's stage
-        Value next = add(k, idx(kGemmStages - 1));
-        when(andi(ult(idx(0), k), ult(next, idx(kSteps))),
-             [&] { issue(add(g, idx(kGemmStages - 1)), next, row0, weightRow0, col0); });
-        return {d};
-      })[0];
-      NVVM::WgmmaWaitGroupSyncOp::create(b, 0); // the last group, before the accumulators are read
-
-      // Epilogue: through shared memory (the ring is idle: every load was
-      // consumed), 8 columns per thread and step, only the expert's rows.
-      MemRefType accTile = smem({kGemmTileM, kGemmTileN}, b.getF32Type());
-      Value staged = view(dynamic, pad, accTile);
-      nvgpu::WarpgroupMmaStoreOp::create(b, acc, staged);
-      gpu::BarrierOp::create(b);
-      const int64_t outBytes = shape.outType.getIntOrFloatBitWidth() / 8;
-      auto chunkF32 = VectorType::get({8}, b.getF32Type());
-      auto chunkOut = VectorType::get({8}, shape.outType);
-      constexpr int64_t chunksPerRow = kGemmTileN / 8;
-      for (int64_t it = 0; it < kGemmTileM * chunksPerRow / kGemmThreads; ++it) {
-        Value chunk = add(idx(it * kGemmThreads), tid);
-        Value r = divu(chunk, idx(chunksPerRow));
-        Value c = mul(remu(chunk, idx(chunksPerRow)), idx(8));
-        Value v = vector::LoadOp::create(b, chunkF32, staged, ValueRange{r, c});
-        if (shape.outType != b.getF32Type())
-          v = arith::TruncFOp::create(b, chunkOut, v);
-        Value row = add(row0, r);
-        when(ult(row, end), [&] {
-          Value element = add(mul(row, idx(shape.n)), add(col0, c));
-          Value at = gep(out, i64(mul(element, idx(outBytes))));
-          LLVM::StoreOp::create(b, v, at, 16);
-        });
-      }
-      if (shape.tileDone >= 0) {
-        // Every tile of the expert waited on all its row tiles' counters: the
-        // expert's last tile (counted in its first row tile's slot) resets them.
-        when(leader, [&] {
-          Value consumed = tileCounter(shape.tileConsumed, idx(0));
-          Value before = comm::AtomicRMWOp::create(
-              b, b.getI32Type(), comm::AtomicKind::add, comm::Ordering::relaxed,
-              comm::Scope::gpu, arith::ConstantIntOp::create(b, 1, 32), consumed);
-          Value tiles = arith::IndexCastOp::create(b, b.getI32Type(),
-                                                   mul(mTiles, idx(nTiles)));
-          Value last = arith::CmpIOp::create(
-              b, arith::CmpIPredicate::eq, before,
-              arith::SubIOp::create(b, tiles, arith::ConstantIntOp::create(b, 1, 32)));
-          when(last, [&] {
-            Value zero = arith::ConstantIntOp::create(b, 0, 32);
-            loop(idx(0), mTiles, idx(1), ValueRange{}, [&](Value m, ValueRange) {
-              LLVM::StoreOp::create(b, zero, tileCounter(shape.tileDone, m), 4);
-              return SmallVector<Value>{};
+          // Fused: wait until the copy role has placed every row of the tile's
+          // expert, not only the tile's: the blocks on the row tiles that share a
+          // weight column tile then start together and stream it through L2 once.
+          // (Waiting per row tile let the first row tiles race ahead, so every
+          // weight tile came from memory twice: L2 hits 34% instead of 49%, the
+          // fused GEMM 1.45x slower on the H200.)
+          auto tileCounter = [&](int64_t base, Value rowTile) {
+            Value slot = add(mul(expert, idx(shape.maxTiles)), rowTile);
+            return comm::LocalPtrOp::create(b, ptrT(), window,
+                                            i64(add(idx(base), mul(slot, idx(4)))));
+          };
+          if (shape.tileDone >= 0) {
+            when(leader, [&] {
+              Value me = comm::TeamRankOp::create(
+                  b, b.getI32Type(),
+                  comm::TeamOp::create(b, comm::TeamType::get(ctx), comm::TeamKind::world, comm));
+              loop(idx(0), mTiles, idx(1), ValueRange{}, [&](Value m, ValueRange) {
+                Value left = sub(end, add(start, mul(m, idx(kGemmTileM))));
+                Value rows = select(ult(left, idx(kGemmTileM)), left, idx(kGemmTileM));
+                Value needed = arith::IndexCastOp::create(b, b.getI32Type(), rows);
+                comm::WaitFlagOp::create(b, b.getI32Type(), tileCounter(shape.tileDone, m),
+                                         comm::Predicate::ge, needed, me, Value(), comm::Scope::gpu,
+                                         shape.timeoutMs);
+                return SmallVector<Value>{};
+              });
+              // The rows were written by generic stores; TMA reads through the async proxy.
+              NVVM::FenceProxyOp::create(b, NVVM::ProxyKind::async_global, NVVM::SharedSpaceAttr());
             });
-            LLVM::StoreOp::create(b, zero, consumed, 4);
-          });
+            gpu::BarrierOp::create(b);
+          }
+
+          // Fill the ring, then: wait for a stage, multiply (one wgmma group stays
+          // in flight: the tensor cores do not idle while the warps wait), and
+          // refill the stage the previous step read with the step kGemmStages - 1
+          // ahead of this one.
+          for (int64_t i = 0; i < std::min(kGemmStages, kSteps); ++i)
+            issue(add(g0, idx(i)), idx(i), row0, weightRow0, col0);
+          Value init = nvgpu::WarpgroupMmaInitAccumulatorOp::create(b, accT());
+          Value acc = loop(
+              idx(0), idx(kSteps), idx(1), ValueRange{init},
+              [&](Value k, ValueRange c) -> SmallVector<Value> {
+                Value g = add(g0, k);
+                Value stage = remu(g, idx(kGemmStages));
+                Value parity = arith::IndexCastOp::create(b, b.getI1Type(),
+                                                          remu(divu(g, idx(kGemmStages)), idx(2)));
+                nvgpu::MBarrierTryWaitParityOp::create(b, bars, parity, idx(10000000), stage);
+                Value offset = stageOffset(g);
+                MemRefType lhsTile = smem({kGemmTileM, kGemmTileK}, shape.inType);
+                MemRefType rhsTile = smem({kGemmTileK, kGemmTileN}, shape.inType);
+                Value dA = nvgpu::WarpgroupGenerateDescriptorOp::create(
+                    b, nvgpu::WarpgroupMatrixDescriptorType::get(ctx, smemSpaceless(lhsTile)),
+                    view(dynamic, offset, lhsTile), lhsMap);
+                Value dB = nvgpu::WarpgroupGenerateDescriptorOp::create(
+                    b, nvgpu::WarpgroupMatrixDescriptorType::get(ctx, smemSpaceless(rhsTile)),
+                    view(dynamic, add(offset, idx(lhsBytes)), rhsTile), rhsMap);
+                // waitGroup 1: step k - 1's group is complete, this step's may run on.
+                Value d = nvgpu::WarpgroupMmaOp::create(b, accT(), dA, dB, b.getI64IntegerAttr(1),
+                                                        UnitAttr(), b.getUnitAttr(), c[0]);
+                gpu::BarrierOp::create(b); // every warp is done with step k - 1's stage
+                Value next = add(k, idx(kGemmStages - 1));
+                when(andi(ult(idx(0), k), ult(next, idx(kSteps))),
+                     [&] { issue(add(g, idx(kGemmStages - 1)), next, row0, weightRow0, col0); });
+                return {d};
+              })[0];
+          NVVM::WgmmaWaitGroupSyncOp::create(b,
+                                             0); // the last group, before the accumulators are read
+
+          // Epilogue: through shared memory (the ring is idle: every load was
+          // consumed), 8 columns per thread and step, only the expert's rows.
+          MemRefType accTile = smem({kGemmTileM, kGemmTileN}, b.getF32Type());
+          Value staged = view(dynamic, pad, accTile);
+          nvgpu::WarpgroupMmaStoreOp::create(b, acc, staged);
+          gpu::BarrierOp::create(b);
+          const int64_t outBytes = shape.outType.getIntOrFloatBitWidth() / 8;
+          auto chunkF32 = VectorType::get({8}, b.getF32Type());
+          auto chunkOut = VectorType::get({8}, shape.outType);
+          constexpr int64_t chunksPerRow = kGemmTileN / 8;
+          for (int64_t it = 0; it < kGemmTileM * chunksPerRow / kGemmThreads; ++it) {
+            Value chunk = add(idx(it * kGemmThreads), tid);
+            Value r = divu(chunk, idx(chunksPerRow));
+            Value c = mul(remu(chunk, idx(chunksPerRow)), idx(8));
+            Value v = vector::LoadOp::create(b, chunkF32, staged, ValueRange{r, c});
+            if (shape.outType != b.getF32Type())
+              v = arith::TruncFOp::create(b, chunkOut, v);
+            Value row = add(row0, r);
+            when(ult(row, end), [&] {
+              Value element = add(mul(row, idx(shape.n)), add(col0, c));
+              Value at = gep(out, i64(mul(element, idx(outBytes))));
+              LLVM::StoreOp::create(b, v, at, 16);
+            });
+          }
+          if (shape.tileDone >= 0) {
+            // Every tile of the expert waited on all its row tiles' counters: the
+            // expert's last tile (counted in its first row tile's slot) resets them.
+            when(leader, [&] {
+              Value consumed = tileCounter(shape.tileConsumed, idx(0));
+              Value before = comm::AtomicRMWOp::create(
+                  b, b.getI32Type(), comm::AtomicKind::add, comm::Ordering::relaxed,
+                  comm::Scope::gpu, arith::ConstantIntOp::create(b, 1, 32), consumed);
+              Value tiles = arith::IndexCastOp::create(b, b.getI32Type(), mul(mTiles, idx(nTiles)));
+              Value last = arith::CmpIOp::create(
+                  b, arith::CmpIPredicate::eq, before,
+                  arith::SubIOp::create(b, tiles, arith::ConstantIntOp::create(b, 1, 32)));
+              when(last, [&] {
+                Value zero = arith::ConstantIntOp::create(b, 0, 32);
+                loop(idx(0), mTiles, idx(1), ValueRange{}, [&](Value m, ValueRange) {
+                  LLVM::StoreOp::create(b, zero, tileCounter(shape.tileDone, m), 4);
+                  return SmallVector<Value>{};
+                });
+                LLVM::StoreOp::create(b, zero, consumed, 4);
+              });
+            });
+          }
+          gpu::BarrierOp::create(b);
+          if (shape.afterTile) // every thread's stores of the tile are done
+            shape.afterTile(b, expert, mt);
+          // The next tile's TMA writes (async proxy) follow these generic accesses.
+          NVVM::FenceProxyOp::create(
+              b, NVVM::ProxyKind::async_shared,
+              NVVM::SharedSpaceAttr::get(ctx, NVVM::SharedSpace::shared_cta));
+          return {add(g0, idx(kSteps))};
         });
-      }
-      gpu::BarrierOp::create(b);
-      if (shape.afterTile) // every thread's stores of the tile are done
-        shape.afterTile(b, expert, mt);
-      // The next tile's TMA writes (async proxy) follow these generic accesses.
-      NVVM::FenceProxyOp::create(b, NVVM::ProxyKind::async_shared,
-                                 NVVM::SharedSpaceAttr::get(ctx, NVVM::SharedSpace::shared_cta));
-      return {add(g0, idx(kSteps))};
-    });
   }
 
   /// The descriptor types name the tile's shape in address space 3 (as the

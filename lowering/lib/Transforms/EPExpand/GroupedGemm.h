@@ -19,18 +19,18 @@ namespace epic::detail {
 
 /// Everything the kernel is specialized on.
 struct GroupedGemmShape {
-  int64_t hidden;      ///< K of the GEMM (the dispatch's hidden size)
-  int64_t n;           ///< columns of every expert's weight matrix
+  int64_t hidden; ///< K of the GEMM (the dispatch's hidden size)
+  int64_t n;      ///< columns of every expert's weight matrix
   int64_t localExperts;
-  int64_t alignment;   ///< the dispatch's expert_alignment (where expert rows start)
-  mlir::Type inType;   ///< bf16 or f16 (lhs and weights)
-  mlir::Type outType;  ///< bf16, f16 or f32
+  int64_t alignment;  ///< the dispatch's expert_alignment (where expert rows start)
+  mlir::Type inType;  ///< bf16 or f16 (lhs and weights)
+  mlir::Type outType; ///< bf16, f16 or f32
   /// Where the kernel's inputs are in the rank's parameter record: fields
   /// (8 bytes each), and the two TMA descriptors (lhs, then weights, 128
   /// bytes apart) at `mapsOffset` within the record.
   int64_t paramStride = 128;
-  int64_t outField = epic::ep::records::kGGOut,
-          psumField = epic::ep::records::kGGPsumPerExpert, mapsOffset = 64;
+  int64_t outField = epic::ep::records::kGGOut, psumField = epic::ep::records::kGGPsumPerExpert,
+          mapsOffset = 64;
   /// Fused behind the dispatch's copy (ep.dispatch_gemm): window offsets of
   /// the per-(expert, kGemmTileM-row tile) arrival counters and of the counters of
   /// column tiles done with them, or -1; `maxTiles` row tiles per expert.

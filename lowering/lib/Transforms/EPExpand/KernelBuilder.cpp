@@ -33,8 +33,7 @@ gpu::GPUFuncOp createKernel(OpBuilder &builder, Location loc, StringRef name, bo
 /// (threads `first`, `first + step`, ...: the block's by default), which then waits
 /// (bounded acquire) for every peer's flag and resets it: all the records
 /// peers sent this rank have landed.
-void exchangeDoneFlags(KernelBuilder &k, int64_t flagsOffset, Value first,
-                       Value step) {
+void exchangeDoneFlags(KernelBuilder &k, int64_t flagsOffset, Value first, Value step) {
   const EPLayout &L = k.layout;
   if (!first) // the whole block
     first = k.tid, step = k.threads;

@@ -143,9 +143,7 @@ public:
   /// An i32 element `index` of the array at `ptr`.
   Value loadI32(Value ptr, Value index) { return load(i32T(), elementAt(ptr, index, 4), 4); }
   void storeI32(Value v, Value ptr, Value index) { store(v, elementAt(ptr, index, 4), 4); }
-  Value counter(int64_t offset, Value index) {
-    return local(add(i32(offset), mul(index, i32(4))));
-  }
+  Value counter(int64_t offset, Value index) { return local(add(i32(offset), mul(index, i32(4)))); }
 
   // --- control flow ---------------------------------------------------------
   /// for (iv = lb; iv < ub; iv += step), i32 bounds.
@@ -181,11 +179,11 @@ public:
   Value shufflePointer(Value ptr, Value srcLane) {
     Value bits = LLVM::PtrToIntOp::create(b, i64T(), ptr);
     Value low = shuffle(arith::TruncIOp::create(b, i32T(), bits), srcLane);
-    Value high = shuffle(arith::TruncIOp::create(b, i32T(), arith::ShRUIOp::create(b, bits, i64(32))),
-                         srcLane);
-    Value joined = arith::OrIOp::create(b, arith::ExtUIOp::create(b, i64T(), low),
-                                        arith::ShLIOp::create(b, arith::ExtUIOp::create(b, i64T(), high),
-                                                              i64(32)));
+    Value high = shuffle(
+        arith::TruncIOp::create(b, i32T(), arith::ShRUIOp::create(b, bits, i64(32))), srcLane);
+    Value joined = arith::OrIOp::create(
+        b, arith::ExtUIOp::create(b, i64T(), low),
+        arith::ShLIOp::create(b, arith::ExtUIOp::create(b, i64T(), high), i64(32)));
     return LLVM::IntToPtrOp::create(b, ptrT(), joined);
   }
   Value ballot(Value pred) {
@@ -205,7 +203,8 @@ public:
     OpBuilder::InsertionGuard guard(b);
     Block *before = b.createBlock(&loop.getBefore(), {}, {i32T()}, {b.getLoc()});
     Value pending = before->getArgument(0);
-    scf::ConditionOp::create(b, cmp(arith::CmpIPredicate::ne, pending, i32(0)), ValueRange{pending});
+    scf::ConditionOp::create(b, cmp(arith::CmpIPredicate::ne, pending, i32(0)),
+                             ValueRange{pending});
     Block *after = b.createBlock(&loop.getAfter(), {}, {i32T()}, {b.getLoc()});
     pending = after->getArgument(0);
     body(cttz(pending));
@@ -273,10 +272,12 @@ public:
   static constexpr int64_t kCopyUnroll = kDefaultRowUnroll;
   void copyRow(Value dst, Value src, int64_t bytes, const RowPart &share = {}) {
     auto vec = VectorType::get({4}, i32T());
-    forEachChunkGroup(bytes, kCopyUnroll, /*warpUniform=*/false,
-                      [&](ArrayRef<Value> offsets, ArrayRef<Value> inRange) {
-      storeChunks(dst, loadChunks(vec, src, offsets, inRange), offsets, inRange);
-    }, share);
+    forEachChunkGroup(
+        bytes, kCopyUnroll, /*warpUniform=*/false,
+        [&](ArrayRef<Value> offsets, ArrayRef<Value> inRange) {
+          storeChunks(dst, loadChunks(vec, src, offsets, inRange), offsets, inRange);
+        },
+        share);
   }
 
   /// The warp copies `bytes` from `src` to `dst(bit)` for each set bit of the
@@ -286,11 +287,11 @@ public:
   void copyRowToEach(Value src, int64_t bytes, Value mask, function_ref<Value(Value)> dst,
                      int64_t unroll = kCopyUnroll) {
     auto vec = VectorType::get({4}, i32T());
-    forEachChunkGroup(bytes, unroll, /*warpUniform=*/true,
-                      [&](ArrayRef<Value> offsets, ArrayRef<Value> inRange) {
-      SmallVector<Value> values = loadChunks(vec, src, offsets, inRange);
-      forEachLane(mask, [&](Value bit) { storeChunks(dst(bit), values, offsets, inRange); });
-    });
+    forEachChunkGroup(
+        bytes, unroll, /*warpUniform=*/true, [&](ArrayRef<Value> offsets, ArrayRef<Value> inRange) {
+          SmallVector<Value> values = loadChunks(vec, src, offsets, inRange);
+          forEachLane(mask, [&](Value bit) { storeChunks(dst(bit), values, offsets, inRange); });
+        });
   }
 
   /// Sums bf16 rows in fp32 into the bf16 row at `dst`: per group of
@@ -310,37 +311,40 @@ public:
         next.push_back(arith::AddFOp::create(b, sum, arith::ExtFOp::create(b, chunkF32, value)));
       return next;
     };
-    forEachChunkGroup(bytes, kSumChunks, /*warpUniform=*/true,
-                      [&](ArrayRef<Value> offsets, ArrayRef<Value> inRange) {
-      SmallVector<Value> sums(kSumChunks, arith::ConstantOp::create(b, chunkF32,
-                                                                    b.getZeroAttr(chunkF32)));
-      for (Value first : firstRows)
-        sums = addRow(sums, loadChunks(chunkBF16, first, offsets, inRange));
-      // while (pending) { j = lowest bit; sums += row j; pending &= pending - 1 }
-      SmallVector<Type> types(kSumChunks + 1, chunkF32);
-      types[0] = i32T();
-      SmallVector<Value> state{mask};
-      state.append(sums);
-      auto rows = scf::WhileOp::create(b, types, state);
-      {
-        OpBuilder::InsertionGuard guard(b);
-        SmallVector<Location> locs(types.size(), b.getLoc());
-        Block *before = b.createBlock(&rows.getBefore(), {}, types, locs);
-        scf::ConditionOp::create(b, cmp(arith::CmpIPredicate::ne, before->getArgument(0), i32(0)),
-                                 before->getArguments());
-        Block *after = b.createBlock(&rows.getAfter(), {}, types, locs);
-        Value pending = after->getArgument(0);
-        SmallVector<Value> values = loadChunks(chunkBF16, row(cttz(pending)), offsets, inRange);
-        SmallVector<Value> next{andi(pending, sub(pending, i32(1)))};
-        SmallVector<Value> carried(after->getArguments().drop_front());
-        next.append(addRow(carried, values));
-        scf::YieldOp::create(b, next);
-      }
-      SmallVector<Value> rounded;
-      for (Value sum : rows.getResults().drop_front())
-        rounded.push_back(arith::TruncFOp::create(b, chunkBF16, sum));
-      storeChunks(dst, rounded, offsets, inRange);
-    }, share);
+    forEachChunkGroup(
+        bytes, kSumChunks, /*warpUniform=*/true,
+        [&](ArrayRef<Value> offsets, ArrayRef<Value> inRange) {
+          SmallVector<Value> sums(kSumChunks,
+                                  arith::ConstantOp::create(b, chunkF32, b.getZeroAttr(chunkF32)));
+          for (Value first : firstRows)
+            sums = addRow(sums, loadChunks(chunkBF16, first, offsets, inRange));
+          // while (pending) { j = lowest bit; sums += row j; pending &= pending - 1 }
+          SmallVector<Type> types(kSumChunks + 1, chunkF32);
+          types[0] = i32T();
+          SmallVector<Value> state{mask};
+          state.append(sums);
+          auto rows = scf::WhileOp::create(b, types, state);
+          {
+            OpBuilder::InsertionGuard guard(b);
+            SmallVector<Location> locs(types.size(), b.getLoc());
+            Block *before = b.createBlock(&rows.getBefore(), {}, types, locs);
+            scf::ConditionOp::create(b,
+                                     cmp(arith::CmpIPredicate::ne, before->getArgument(0), i32(0)),
+                                     before->getArguments());
+            Block *after = b.createBlock(&rows.getAfter(), {}, types, locs);
+            Value pending = after->getArgument(0);
+            SmallVector<Value> values = loadChunks(chunkBF16, row(cttz(pending)), offsets, inRange);
+            SmallVector<Value> next{andi(pending, sub(pending, i32(1)))};
+            SmallVector<Value> carried(after->getArguments().drop_front());
+            next.append(addRow(carried, values));
+            scf::YieldOp::create(b, next);
+          }
+          SmallVector<Value> rounded;
+          for (Value sum : rows.getResults().drop_front())
+            rounded.push_back(arith::TruncFOp::create(b, chunkBF16, sum));
+          storeChunks(dst, rounded, offsets, inRange);
+        },
+        share);
   }
 
   /// Rows [0, n) over the grid's warps. When warps outnumber rows, each row
@@ -433,8 +437,8 @@ public:
     }
     Value scan = run;
     for (int64_t d = 1; d < 32; d *= 2) {
-      Value up = gpu::ShuffleOp::create(b, scan, i32(d), i32(32), gpu::ShuffleMode::UP)
-                     .getShuffleResult();
+      Value up =
+          gpu::ShuffleOp::create(b, scan, i32(d), i32(32), gpu::ShuffleMode::UP).getShuffleResult();
       scan = select(cmp(arith::CmpIPredicate::sge, lane, i32(d)), add(scan, up), scan);
     }
     Value total = shuffle(scan, i32(31));
@@ -460,14 +464,17 @@ public:
     Routing r;
     Value inTopk = lt(lane, i32(layout.topk));
     Type idxType = b.getIntegerType(layout.idxBytes * 8);
-    r.expert = choose(inTopk, i32T(), [&]() -> Value {
-      Value element = add(mul(token, i32(layout.topk)), lane);
-      Value raw = load(idxType, elementAt(topkIdx, element, layout.idxBytes), layout.idxBytes);
-      if (layout.idxBytes == 4)
-        return raw;
-      return layout.idxBytes > 4 ? arith::TruncIOp::create(b, i32T(), raw).getResult()
-                                 : arith::ExtSIOp::create(b, i32T(), raw).getResult();
-    }, [&]() -> Value { return i32(-1); });
+    r.expert = choose(
+        inTopk, i32T(),
+        [&]() -> Value {
+          Value element = add(mul(token, i32(layout.topk)), lane);
+          Value raw = load(idxType, elementAt(topkIdx, element, layout.idxBytes), layout.idxBytes);
+          if (layout.idxBytes == 4)
+            return raw;
+          return layout.idxBytes > 4 ? arith::TruncIOp::create(b, i32T(), raw).getResult()
+                                     : arith::ExtSIOp::create(b, i32T(), raw).getResult();
+        },
+        [&]() -> Value { return i32(-1); });
     r.valid = cmp(arith::CmpIPredicate::sge, r.expert, i32(0));
     r.dst = select(r.valid, divs(r.expert, i32(layout.local)), i32(-1));
     Value group = matchAny(r.dst);
@@ -485,8 +492,9 @@ public:
     Value zero = arith::ConstantIndexOp::create(b, 0);
     barrier();
     when(eq(tid, i32(0)), [&] {
-      Value old = comm::AtomicRMWOp::create(b, i32T(), comm::AtomicKind::add, comm::Ordering::acq_rel,
-                                            comm::Scope::sys, i32(1), local(i32(counterOffset)));
+      Value old =
+          comm::AtomicRMWOp::create(b, i32T(), comm::AtomicKind::add, comm::Ordering::acq_rel,
+                                    comm::Scope::sys, i32(1), local(i32(counterOffset)));
       Value last = arith::ExtUIOp::create(b, i32T(), eq(old, sub(blocks, i32(1))));
       memref::StoreOp::create(b, last, memref, ValueRange{zero});
     });

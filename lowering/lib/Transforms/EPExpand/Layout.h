@@ -57,8 +57,7 @@ struct EPLayout {
   int64_t combineRow, combineRecord;
   // Counters (EPWindow.h says what each holds).
   static constexpr int64_t countsIn = epic::ep::window::kCountsIn,
-                           expertIn = epic::ep::window::kExpertIn,
-                           slots = epic::ep::window::kSlots,
+                           expertIn = epic::ep::window::kExpertIn, slots = epic::ep::window::kSlots,
                            expertLocal = epic::ep::window::kExpertLocal,
                            expertCursor = epic::ep::window::kExpertCursor,
                            dispatchDone = epic::ep::window::kDispatchDone,
@@ -119,13 +118,14 @@ struct RecordLayout {
 
 /// `gemm` reading its parameters from records laid out as `record`.
 inline epic::detail::GroupedGemmShape withRecord(epic::detail::GroupedGemmShape gemm,
-                                          const RecordLayout &record) {
+                                                 const RecordLayout &record) {
   gemm.paramStride = record.stride, gemm.mapsOffset = record.mapsOffset;
   return gemm;
 }
 
 /// `base`'s field names followed by `extra`'s.
-inline SmallVector<StringRef> fieldNames(ArrayRef<const char *> base, ArrayRef<const char *> extra = {}) {
+inline SmallVector<StringRef> fieldNames(ArrayRef<const char *> base,
+                                         ArrayRef<const char *> extra = {}) {
   SmallVector<StringRef> names(base.begin(), base.end());
   names.append(extra.begin(), extra.end());
   return names;

@@ -43,7 +43,7 @@ FailureOr<ep::GroupedGemmOp> fusableGemm(ep::DispatchOp dispatch) {
                   "', not an ep.grouped_gemm");
   if (gemms.size() > 1)
     return refuse(Twine(gemms.size()) + " ep.grouped_gemm ops read the rows; one schedule can "
-                  "feed one of them");
+                                        "feed one of them");
   if (dispatch.isCached())
     return refuse("a cached dispatch replays its routing; fusion covers the routed dispatch");
   ep::ConfigAttr cfg = dispatch.getConfig();
@@ -58,8 +58,7 @@ FailureOr<ep::GroupedGemmOp> fusableGemm(ep::DispatchOp dispatch) {
   return gemm;
 }
 
-struct EPFuseDispatchGemmPass
-    : public epic::impl::EPFuseDispatchGemmBase<EPFuseDispatchGemmPass> {
+struct EPFuseDispatchGemmPass : public epic::impl::EPFuseDispatchGemmBase<EPFuseDispatchGemmPass> {
   void runOnOperation() override {
     SmallVector<ep::DispatchOp> dispatches;
     getOperation().walk([&](ep::DispatchOp op) { dispatches.push_back(op); });
@@ -91,10 +90,9 @@ struct EPFuseDispatchGemmPass
       Value weights = dispatch.getTopkWeights();
       auto fused = ep::DispatchGemmOp::create(
           b, dispatch.getLoc(), dispatch.getRecvX().getType(),
-          weights ? dispatch.getRecvTopkWeights().getType() : Type(),
-          gemm.getResult().getType(), dispatch.getHandle().getType(), dispatch.getConfig(),
-          dispatch.getX(), dispatch.getTopkIdx(), weights, gemm.getRhs(),
-          dispatch.getZeroPadding());
+          weights ? dispatch.getRecvTopkWeights().getType() : Type(), gemm.getResult().getType(),
+          dispatch.getHandle().getType(), dispatch.getConfig(), dispatch.getX(),
+          dispatch.getTopkIdx(), weights, gemm.getRhs(), dispatch.getZeroPadding());
       dispatch.getRecvX().replaceAllUsesWith(fused.getRecvX());
       if (weights)
         dispatch.getRecvTopkWeights().replaceAllUsesWith(fused.getRecvTopkWeights());

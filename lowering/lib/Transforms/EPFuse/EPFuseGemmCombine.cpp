@@ -74,9 +74,9 @@ struct EPFuseGemmCombinePass : public epic::impl::EPFuseGemmCombineBase<EPFuseGe
         continue;
       }
       OpBuilder b(combine);
-      auto fused = ep::GemmCombineOp::create(
-          b, gemm.getLoc(), gemm.getResult().getType(), combine.getCombinedX().getType(),
-          gemm.getLhs(), gemm.getRhs(), gemm.getHandle(), combine.getBiases());
+      auto fused = ep::GemmCombineOp::create(b, gemm.getLoc(), gemm.getResult().getType(),
+                                             combine.getCombinedX().getType(), gemm.getLhs(),
+                                             gemm.getRhs(), gemm.getHandle(), combine.getBiases());
       combine.getCombinedX().replaceAllUsesWith(fused.getCombinedX());
       gemm.getResult().replaceAllUsesWith(fused.getResult());
       combine.erase();

@@ -31,11 +31,11 @@ constexpr int kWaitReportSlots = 64;
 constexpr int32_t kDisagreed = 4;
 
 struct WaitReport {
-  uint64_t valid;       ///< 1 once the other fields are written
-  uint64_t flag;        ///< address of the flag waited on
+  uint64_t valid; ///< 1 once the other fields are written
+  uint64_t flag;  ///< address of the flag waited on
   int64_t expected, seen, timeoutNs;
-  int32_t predicate;    ///< 0 ==, 1 !=, 2 >=, 3 >; kDisagreed: a comm.agree report
-  int32_t rank, peer;   ///< -1 if the wait did not name them
+  int32_t predicate;  ///< 0 ==, 1 !=, 2 >=, 3 >; kDisagreed: a comm.agree report
+  int32_t rank, peer; ///< -1 if the wait did not name them
   int32_t block, thread;
   int32_t padding;
 };
@@ -50,10 +50,14 @@ static_assert(sizeof(WaitReport) == 64, "one report per 64 bytes");
 /// How a report (and the printed one) writes WaitReport::predicate.
 EPIC_WAIT_REPORT_HOST_DEVICE inline const char *waitPredicateName(int32_t predicate) {
   switch (predicate) {
-  case 0: return "==";
-  case 1: return "!=";
-  case 2: return ">=";
-  default: return ">";
+  case 0:
+    return "==";
+  case 1:
+    return "!=";
+  case 2:
+    return ">=";
+  default:
+    return ">";
   }
 }
 

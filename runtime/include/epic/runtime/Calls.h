@@ -69,37 +69,37 @@ struct TensorSpec {
 /// What a dispatch leaves behind for the combine and for cached dispatches
 /// (DeepEP's handle). The uncached dispatch writes it; the others read it.
 struct Handle {
-  DeviceTensor topkIdx;                      ///< i64 [T, K]: the routing
-  DeviceTensor dstBufferSlotIdx;             ///< i32 [T, K]
-  DeviceTensor recvSrcMetadata;              ///< i32 [R * Tmax, K + 2]
-  DeviceTensor psumNumRecvTokensPerRank;     ///< i32 [R]
-  DeviceTensor numRecvTokensPerExpert;       ///< i32 [L]
-  DeviceTensor psumNumRecvTokensPerExpert;   ///< i32 [L]
+  DeviceTensor topkIdx;                    ///< i64 [T, K]: the routing
+  DeviceTensor dstBufferSlotIdx;           ///< i32 [T, K]
+  DeviceTensor recvSrcMetadata;            ///< i32 [R * Tmax, K + 2]
+  DeviceTensor psumNumRecvTokensPerRank;   ///< i32 [R]
+  DeviceTensor numRecvTokensPerExpert;     ///< i32 [L]
+  DeviceTensor psumNumRecvTokensPerExpert; ///< i32 [L]
 };
 
 struct DispatchCall {
-  DeviceTensor x;           ///< [T, H] of the buffer's dtype, T <= Tmax
+  DeviceTensor x; ///< [T, H] of the buffer's dtype, T <= Tmax
   /// i64 [T, K]: where the send kernel copies the routing it reads, for the
   /// handle (DeepEP's do_handle_copy); not given: the handle keeps
   /// handle.topk_idx, the caller's tensor.
   DeviceTensor topkIdxCopy;
-  DeviceTensor scalePacks;  ///< f32 [T, S], FP8 only
-  DeviceTensor topkWeights; ///< f32 [T, K], with DispatchVariant::weights
-  DeviceTensor recvX;       ///< [rows >= receiveRows(spec), H]
+  DeviceTensor scalePacks;      ///< f32 [T, S], FP8 only
+  DeviceTensor topkWeights;     ///< f32 [T, K], with DispatchVariant::weights
+  DeviceTensor recvX;           ///< [rows >= receiveRows(spec), H]
   DeviceTensor recvScalePacks;  ///< f32 [rows, S], FP8 only
   DeviceTensor recvTopkIdx;     ///< i64 [rows, K], plain layout only
   DeviceTensor recvTopkWeights; ///< f32 [rows, K] (plain) or [rows] (expanded)
   DeviceTensor hostCounts;      ///< i32 [1 + L]: received tokens, then per expert (aligned)
-  Handle handle;            ///< topk_idx is the routing input of an uncached dispatch
+  Handle handle;                ///< topk_idx is the routing input of an uncached dispatch
 };
 
 struct CombineCall {
-  DeviceTensor x;           ///< bf16 [rows, H]: the received rows, processed
-  DeviceTensor topkWeights; ///< f32 like recv_topk_weights, with CombineVariant::weights
-  DeviceTensor bias0, bias1;    ///< bf16 [T, H], CombineVariant::biases of them
-  DeviceTensor combinedX;       ///< bf16 [T, H]
+  DeviceTensor x;                   ///< bf16 [rows, H]: the received rows, processed
+  DeviceTensor topkWeights;         ///< f32 like recv_topk_weights, with CombineVariant::weights
+  DeviceTensor bias0, bias1;        ///< bf16 [T, H], CombineVariant::biases of them
+  DeviceTensor combinedX;           ///< bf16 [T, H]
   DeviceTensor combinedTopkWeights; ///< f32 [T, K], with CombineVariant::weights
-  Handle handle;            ///< of the dispatch that received `x`
+  Handle handle;                    ///< of the dispatch that received `x`
 };
 
 /// ep.grouped_gemm on an expanded dispatch's rows: out[i] = x[i] @ weights[e]

@@ -65,8 +65,7 @@ public:
   /// The module for `key`: from memory, else disk, else `compile()` (stored
   /// on disk and in memory). `source`, if given, says where it came from.
   /// Thread-safe; the reference stays valid for the cache's lifetime.
-  const CompiledModule &get(const std::string &key,
-                            const std::function<CompiledModule()> &compile,
+  const CompiledModule &get(const std::string &key, const std::function<CompiledModule()> &compile,
                             Source *source = nullptr);
 
   /// The entry on disk, if any. Throws CacheError for an unusable entry.

@@ -151,11 +151,11 @@ public:
   /// cached), and the plan keeps what later calls of the same signature need
   /// (`slotNames`: the names of the call's tensor slots, for errors).
   Plan planDispatch(const EPSpec &spec, const DispatchVariant &variant,
-                    const std::vector<DispatchCall> &calls, int blocks = 0,
-                    void *stream = nullptr, std::vector<std::string> slotNames = {});
+                    const std::vector<DispatchCall> &calls, int blocks = 0, void *stream = nullptr,
+                    std::vector<std::string> slotNames = {});
   Plan planCombine(const EPSpec &spec, const CombineVariant &variant,
-                   const std::vector<CombineCall> &calls, int blocks = 0,
-                   void *stream = nullptr, std::vector<std::string> slotNames = {});
+                   const std::vector<CombineCall> &calls, int blocks = 0, void *stream = nullptr,
+                   std::vector<std::string> slotNames = {});
   /// ep.grouped_gemm of each served rank's expanded rows (Hopper: TMA +
   /// wgmma; the TMA descriptors are encoded into the records per call).
   Plan planGroupedGemm(const EPSpec &spec, const std::vector<GroupedGemmCall> &calls,

@@ -21,7 +21,7 @@ namespace epic::runtime {
 
 struct CompileSettings {
   std::string backend = "nccl"; ///< "nccl" or "virtual"
-  std::string arch = "sm_90a"; // Hopper-specific: wgmma (ep.grouped_gemm) needs sm_90a
+  std::string arch = "sm_90a";  // Hopper-specific: wgmma (ep.grouped_gemm) needs sm_90a
   /// epic-compile to run on a miss; empty: $EPIC_COMPILE, else the one this
   /// build made (if any), else `epic-compile` on PATH.
   std::string compiler;

@@ -44,8 +44,8 @@ int64_t bufferSizeHint(const Topology &topology, int64_t maxTokensPerRank, int64
 /// upper bound over experts, dtypes and layouts; `numTopk` 0 means 32 and FP8
 /// sizing allows ceil(hidden / 32) scale packs, as DeepEP's formula does.
 /// Unit tests check it against what ep-expand reports.
-int64_t kernelWindowBytes(int numRanks, int64_t maxTokensPerRank, int64_t hidden,
-                          int numTopk = 0, bool fp8Dispatch = false);
+int64_t kernelWindowBytes(int numRanks, int64_t maxTokensPerRank, int64_t hidden, int numTopk = 0,
+                          bool fp8Dispatch = false);
 
 /// What an ElasticBuffer of epic needs: DeepEP's bufferSizeHint, or more if
 /// the kernels' window needs more (2 MiB aligned).

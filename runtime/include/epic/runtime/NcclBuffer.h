@@ -26,12 +26,12 @@ typedef struct ncclComm *ncclComm_t;
 namespace epic::runtime {
 
 struct DeviceApiInfo {
-  int version = 0;    ///< NCCL_VERSION_CODE of the loaded library
+  int version = 0; ///< NCCL_VERSION_CODE of the loaded library
   int worldSize = 0, rank = 0;
   int lsaSize = 0, lsaRank = 0;
-  bool gin = false;   ///< network one-sided operations available
+  bool gin = false;       ///< network one-sided operations available
   bool ginProbed = false; ///< false: not known (NCCL 2.28 has no query; see deviceApi)
-  int ginType = 0;    ///< NCCL's GIN type: 0 none, 2 proxy, 3 GDAKI, 4 GPI, 5 EFA
+  int ginType = 0;        ///< NCCL's GIN type: 0 none, 2 proxy, 3 GDAKI, 4 GPI, 5 EFA
   std::string describe() const;
 };
 
@@ -40,8 +40,7 @@ public:
   /// A new communicator of `worldSize` ranks from a unique id (the 128 bytes
   /// of ncclUniqueId, e.g. broadcast by torch.distributed). `timeoutSeconds`
   /// bounds every host wait on it (e.g. a rank that never joins a collective).
-  Communicator(int worldSize, int rank, const std::string &uniqueId,
-               double timeoutSeconds = 300);
+  Communicator(int worldSize, int rank, const std::string &uniqueId, double timeoutSeconds = 300);
   /// Collective over `parent` (e.g. PyTorch's communicator, blocking or not):
   /// ncclCommSplit with every rank, blocking. The split is epic's: its
   /// collectives never enter the parent's order and it outlives the parent.
@@ -110,9 +109,9 @@ private:
   DeviceApiInfo apiInfo;
   bool devCommCreated = false;
   void *memory = nullptr;
-  void *window = nullptr;       ///< ncclWindow_t
-  void *devCommHost = nullptr;  ///< ncclDevComm (host copy, for destruction)
-  int *barrierWord = nullptr;   ///< the barrier's all-reduce operand
+  void *window = nullptr;      ///< ncclWindow_t
+  void *devCommHost = nullptr; ///< ncclDevComm (host copy, for destruction)
+  int *barrierWord = nullptr;  ///< the barrier's all-reduce operand
 };
 
 } // namespace epic::runtime

@@ -64,11 +64,11 @@ struct DispatchRecord {
   HostTensor x, scalePacks, topkIdx, topkWeights;
   // Outputs of this rank (as the destination).
   HostTensor recvX, recvScalePacks, recvTopkIdx, recvTopkWeights;
-  std::vector<int32_t> meta;                       ///< [received tokens, K + 2]
-  std::vector<int32_t> psumRank;                   ///< [R]
-  std::vector<int32_t> numRecvPerExpert;           ///< [L], unaligned
-  std::vector<int32_t> psumRecvPerExpert;          ///< [L]
-  std::vector<int32_t> hostCounts;                 ///< [1 + L]: tokens, aligned counts
+  std::vector<int32_t> meta;              ///< [received tokens, K + 2]
+  std::vector<int32_t> psumRank;          ///< [R]
+  std::vector<int32_t> numRecvPerExpert;  ///< [L], unaligned
+  std::vector<int32_t> psumRecvPerExpert; ///< [L]
+  std::vector<int32_t> hostCounts;        ///< [1 + L]: tokens, aligned counts
 };
 
 /// Checks a dispatch of every rank of the world (`ranks[d]` is rank d) with
@@ -77,13 +77,12 @@ struct DispatchRecord {
 /// problems found (empty: correct), at most `limit`, each naming the rank,
 /// the row and the field.
 std::vector<std::string> checkDispatch(const EPSpec &spec, bool weights, bool zeroPadding,
-                                       const std::vector<DispatchRecord> &ranks,
-                                       size_t limit = 8);
+                                       const std::vector<DispatchRecord> &ranks, size_t limit = 8);
 
 /// What one rank's combine took and produced.
 struct CombineRecord {
-  HostTensor x;            ///< bf16 rows, aligned with this rank's dispatch output
-  HostTensor topkWeights;  ///< optional, like the dispatch's recv_topk_weights
+  HostTensor x;           ///< bf16 rows, aligned with this rank's dispatch output
+  HostTensor topkWeights; ///< optional, like the dispatch's recv_topk_weights
   std::vector<HostTensor> biases;
   HostTensor combinedX, combinedTopkWeights;
 };
@@ -92,8 +91,7 @@ struct CombineRecord {
 /// given the dispatch (`handles`, their metadata and routing) it reverses.
 std::vector<std::string> checkCombine(const EPSpec &spec,
                                       const std::vector<DispatchRecord> &handles,
-                                      const std::vector<CombineRecord> &ranks,
-                                      size_t limit = 8);
+                                      const std::vector<CombineRecord> &ranks, size_t limit = 8);
 
 /// The received rows of a dispatch in canonical order: sorted by source
 /// (rank, token); expanded: each expert block sorted the same way, padding

@@ -17,13 +17,11 @@
 
 namespace epic::comm {
 /// Every rank's copy of every symmetric window.
-struct WindowMemoryResource
-    : public mlir::SideEffects::Resource::Base<WindowMemoryResource> {
+struct WindowMemoryResource : public mlir::SideEffects::Resource::Base<WindowMemoryResource> {
   llvm::StringRef getName() final { return "comm.window"; }
 };
 /// The network signal slots of the device communicator.
-struct SignalMemoryResource
-    : public mlir::SideEffects::Resource::Base<SignalMemoryResource> {
+struct SignalMemoryResource : public mlir::SideEffects::Resource::Base<SignalMemoryResource> {
   llvm::StringRef getName() final { return "comm.signal"; }
 };
 } // namespace epic::comm

@@ -17,7 +17,7 @@ struct Limit {
   int64_t low, high;
   bool holds(int64_t value) const { return value >= low && value <= high; }
 };
-#define EP_LIMIT(Name, field, argument, low, high)                                                \
+#define EP_LIMIT(Name, field, argument, low, high)                                                 \
   inline constexpr Limit k##Name{field, argument, low, high};                                      \
   inline constexpr int64_t kMin##Name = low;                                                       \
   inline constexpr int64_t kMax##Name = high;

@@ -52,8 +52,7 @@ constexpr int64_t after(int64_t at, int64_t bytes) { return align(at + bytes, 25
 /// [block] i64: arrivals of every rank's block b at entry barrier b.
 inline constexpr int64_t kBarrierArrivals = 0;
 /// [block] i64: how many entry barriers block b of this rank has passed.
-inline constexpr int64_t kBarrierEpochs =
-    detail::after(kBarrierArrivals, kMaxBlocksPerRank * 8);
+inline constexpr int64_t kBarrierEpochs = detail::after(kBarrierArrivals, kMaxBlocksPerRank * 8);
 /// [source rank]: tokens each source sends here.
 inline constexpr int64_t kCountsIn = detail::after(kBarrierEpochs, kMaxBlocksPerRank * 8);
 /// [source rank][local expert]: rows each source sends to each local expert.
@@ -65,8 +64,7 @@ inline constexpr int64_t kExpertLocal = detail::after(kSlots, limits::kMaxRanks 
 /// [local expert]: rows placed so far in each expert's block.
 inline constexpr int64_t kExpertCursor = detail::after(kExpertLocal, limits::kMaxExperts * 4);
 /// Blocks of this rank done with the dispatch send, then [source rank] flags.
-inline constexpr int64_t kDispatchDone =
-    detail::after(kExpertCursor, limits::kMaxLocalExperts * 4);
+inline constexpr int64_t kDispatchDone = detail::after(kExpertCursor, limits::kMaxLocalExperts * 4);
 inline constexpr int64_t kDispatchFlags = detail::after(kDispatchDone, 4);
 /// The same for the combine.
 inline constexpr int64_t kCombineDone = detail::after(kDispatchFlags, limits::kMaxRanks * 4);
