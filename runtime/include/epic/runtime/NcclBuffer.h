@@ -15,7 +15,7 @@
 #define EPIC_RUNTIME_NCCLBUFFER_H
 
 #include "epic/runtime/NcclChecks.h"
-#include "epic/runtime/VirtualBuffer.h"
+#include "epic/runtime/KernelHost.h"
 
 #include <memory>
 #include <string>
