@@ -31,7 +31,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
@@ -106,7 +105,7 @@ def reference_byte_model(args):
     return dict(stats=stats, bytes=model)
 
 
-# --- the plain-PyTorch implementation --------------------------------------------------------------
+# --- the plain-PyTorch implementation ------------------------------------------------------------
 
 
 class TorchEP:
@@ -165,7 +164,7 @@ class TorchEP:
         """Each source's tokens: fp32 sum from +0.0 of every destination's contribution in
         increasing master-slot order (expanded: the destination first sums its rows in slot
         order and rounds to bf16), rounded once."""
-        t, R, L, K = self.t, self.R, self.L, self.K
+        t, R, K = self.t, self.R, self.K
         outs = []
         for s in range(R):
             T, H = idxs[s].shape[0], ys[0].shape[1]
@@ -196,7 +195,7 @@ class TorchEP:
         return outs
 
 
-# --- timing ------------------------------------------------------------------------------------------
+# --- timing --------------------------------------------------------------------------------------
 
 
 class Timer:
@@ -306,7 +305,7 @@ def copy_roofline(torch):
     return 2 * src.numel() / statistics.median(times)
 
 
-# --- one configuration -------------------------------------------------------------------------------
+# --- one configuration ---------------------------------------------------------------------------
 
 
 def make_inputs(torch, R, T, H, E, K, fp8, seed, ragged=True):
@@ -458,7 +457,7 @@ def compile_times(args, spec_tokens, fp8, expand, alignment):
     return result
 
 
-# --- report -------------------------------------------------------------------------------------------
+# --- report --------------------------------------------------------------------------------------
 
 
 def table(results, roofline):
@@ -497,7 +496,8 @@ def plot(results, roofline, ranks, path):
             c = res["config"]
             xs = [row["sms"] for row in res["sweep"]]
             ys = [row[f"{op}_logical_gbs_per_rank"] for row in res["sweep"]]
-            label = f"T={c['tokens']} {'fp8' if c['fp8'] else 'bf16'} {'exp' if c['expand'] else 'plain'}"
+            label = (f"T={c['tokens']} {'fp8' if c['fp8'] else 'bf16'} "
+                     f"{'exp' if c['expand'] else 'plain'}")
             line, = ax.plot(xs, ys, marker="o", label=label)
             torch_gbs = res["bytes"][f"logical_{op}"] / ranks / res[f"pytorch_{op}_wall_s"] / 1e9
             ax.axhline(torch_gbs, color=line.get_color(), linestyle=":", linewidth=1)
@@ -528,7 +528,8 @@ def main():
                         help="compile every kernel set the run needs into the cache, then stop")
     args = parser.parse_args()
     if args.smoke:
-        args.tokens, args.hidden, args.experts, args.sms, args.iterations = [64], 512, 32, [8, 16], 2
+        args.tokens, args.hidden, args.experts, args.sms, args.iterations = (
+            [64], 512, 32, [8, 16], 2)
     configs = []
     for tokens in args.tokens:
         configs += [dict(tokens=tokens, fp8=True, expand=False, alignment=1),

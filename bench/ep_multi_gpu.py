@@ -157,8 +157,8 @@ def nvlink_bandwidth(torch, dist, world, rank, nbytes=1 << 30):
             dist.barrier(group=group)
             start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            ops = [dist.P2POp(dist.isend, src, 1 - rank, group), dist.P2POp(dist.irecv, dst, 1 - rank,
-                                                                          group)]
+            ops = [dist.P2POp(dist.isend, src, 1 - rank, group),
+                   dist.P2POp(dist.irecv, dst, 1 - rank, group)]
             for op in dist.batch_isend_irecv(ops):
                 op.wait()
             stop.record()

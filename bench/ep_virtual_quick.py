@@ -43,7 +43,8 @@ def copy_bandwidth():
 def launch(module, name, world, params, blocks_per_rank):
     """Like the test's launch, without the synchronization (the events time it)."""
     module.get_function(name)((R * blocks_per_rank,), (ev.THREADS,),
-                              (np.uint64(world.comm.data.ptr), np.uint64(world.window_desc.data.ptr),
+                              (np.uint64(world.comm.data.ptr),
+                               np.uint64(world.window_desc.data.ptr),
                                np.uint64(params.data.ptr)))
 
 
@@ -77,7 +78,8 @@ def main():
         dev.append({
             "x": cp.asarray(rng.integers(0, 255, (tokens, H), dtype=np.uint8)),
             "scale_packs": cp.asarray(rng.random((tokens, P), dtype=np.float32)),
-            "topk_idx": cp.asarray(idx), "topk_weights": cp.asarray(rng.random((tokens, K), dtype=np.float32)),
+            "topk_idx": cp.asarray(idx),
+            "topk_weights": cp.asarray(rng.random((tokens, K), dtype=np.float32)),
             "recv_x": cp.empty((R * TMAX, H), cp.uint8),
             "recv_scale_packs": cp.empty((R * TMAX, P), cp.float32),
             "recv_topk_idx": cp.empty((R * TMAX, K), cp.int64),
@@ -95,7 +97,8 @@ def main():
         rows = sum(n_recv)
         b_d = H + 4 * P + 8 * K + 4 * K  # DeepEP's logical bytes per received token
         rec_bytes = H + 4 * P + 8 * K + 8  # what one record carries
-        send_bytes = rows * (H + 4 * P + rec_bytes)  # read the row (once per destination), write the record
+        # read the row (once per destination), write the record
+        send_bytes = rows * (H + 4 * P + rec_bytes)
         copy_bytes = rows * (rec_bytes + H + 4 * P + 8 * K + 4 * K + 4 * (K + 2))
         ys = [cp.asarray(rng.integers(0, 255, (n, 2 * H), dtype=np.uint8)) for n in n_recv]
         cdev = []
@@ -129,10 +132,12 @@ def main():
         print(json.dumps(line))
     print(f"{'blocks/rank':>11} {'send ms':>8} {'copy ms':>8} {'c.send':>8} {'reduce':>8} "
           f"{'disp GB/s/rank':>15} {'comb GB/s/rank':>15}")
-    for l in results:
-        print(f"{l['blocks_per_rank']:>11} {l['dispatch_send_ms']:>8.3f} {l['dispatch_copy_ms']:>8.3f} "
-              f"{l['combine_send_ms']:>8.3f} {l['combine_reduce_ms']:>8.3f} "
-              f"{l['dispatch_logical_GBps_per_rank']:>15.1f} {l['combine_logical_GBps_per_rank']:>15.1f}")
+    for row in results:
+        print(f"{row['blocks_per_rank']:>11} {row['dispatch_send_ms']:>8.3f} "
+              f"{row['dispatch_copy_ms']:>8.3f} "
+              f"{row['combine_send_ms']:>8.3f} {row['combine_reduce_ms']:>8.3f} "
+              f"{row['dispatch_logical_GBps_per_rank']:>15.1f} "
+              f"{row['combine_logical_GBps_per_rank']:>15.1f}")
 
 
 if __name__ == "__main__":

@@ -51,7 +51,8 @@ def compile_only(args):
     keys.append(runtime.kernels(spec, dict(n=args.hidden, out_dtype="bf16"), "grouped_gemm")["key"])
     keys.append(runtime.kernels(spec, dict(weights=False, biases=0), "combine")["key"])
     keys.append(runtime.kernels(spec, dict(weights=True, cached=False, zero_padding=False,
-                                           n=args.hidden, out_dtype="bf16"), "dispatch_gemm")["key"])
+                                           n=args.hidden, out_dtype="bf16"),
+                                "dispatch_gemm")["key"])
     keys.append(runtime.kernels(spec, dict(biases=0), "gemm_combine")["key"])
     print(f"gemm_bench: {len(keys)} kernel sets in {runtime.cache_dir}")
 

@@ -226,7 +226,8 @@ def measure_world(torch, buffer, R, iterations):
             kernel, per_kernel = kernel_times(torch, fn)
             row[name] = dict(wall_us=synced * 1e6, back_to_back_us=back_to_back * 1e6,
                              host_us=host * 1e6, kernel_us=kernel * 1e6,
-                             graph_wall_us=g_synced * 1e6, graph_back_to_back_us=g_back_to_back * 1e6,
+                             graph_wall_us=g_synced * 1e6,
+                             graph_back_to_back_us=g_back_to_back * 1e6,
                              kernels_us=per_kernel)
         stream = torch.cuda.current_stream().cuda_stream
         for kind, op in (("dispatch", "dispatch"), ("combine", "combine")):
@@ -394,7 +395,8 @@ def main():
         virtual8_t128_graph_pair_us=v["pair"]["graph_wall_us"],
         kernel_sets_for_5_caps=sets)
     os.makedirs(args.out, exist_ok=True)
-    png = os.path.join(args.out, f"latency-{report['gpu'].split()[-1].lower()}-{report['date']}.png")
+    png = os.path.join(args.out,
+                       f"latency-{report['gpu'].split()[-1].lower()}-{report['date']}.png")
     report["plot"] = os.path.basename(png) if plot(report, png) else None
     ep_bench.write_report(report, args.out, prefix="latency-")
     print(json.dumps(report["summary"], indent=1))

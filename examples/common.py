@@ -28,7 +28,8 @@ def make_inputs(ranks, tokens, seed=0):
     counts = [tokens - (r * 7) % 32 for r in range(ranks)]  # uneven, every one <= tokens
     xs, sfs, idxs, ws = [], [], [], []
     for t in counts:
-        data, scales = ref.per_token_cast_to_fp8(rng.standard_normal((t, HIDDEN)).astype(np.float32))
+        data, scales = ref.per_token_cast_to_fp8(
+            rng.standard_normal((t, HIDDEN)).astype(np.float32))
         idx = np.array([rng.permutation(EXPERTS)[:TOPK] for _ in range(t)], dtype=np.int64)
         idx = idx.reshape(t, TOPK)
         idx[rng.random(idx.shape) < 0.05] = -1

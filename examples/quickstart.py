@@ -137,7 +137,8 @@ def run_on_gpu(args):
           f"(all {R} ranks, CPU sync included)")
     print(f"  dispatch vs epic.reference (rows, scales, weights, metadata): "
           f"{'ok' if dispatch_ok else 'MISMATCH'}")
-    print(f"  combine vs epic.reference (bitwise, weights back): {'ok' if combine_ok else 'MISMATCH'}")
+    print(f"  combine vs epic.reference (bitwise, weights back): "
+          f"{'ok' if combine_ok else 'MISMATCH'}")
     buffer.destroy()
     return 0 if dispatch_ok and combine_ok else 1
 
@@ -146,7 +147,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=512, help="tokens per rank (at most)")
-    parser.add_argument("--dump-ir", action="store_true", help="print the IR at each stage and the PTX")
+    parser.add_argument("--dump-ir", action="store_true",
+                        help="print the IR at each stage and the PTX")
     parser.add_argument("--cache-dir", default=None, help="kernel cache (default $EPIC_CACHE_DIR)")
     args = parser.parse_args()
     from epic import _C

@@ -90,8 +90,9 @@ def main():
               f"communicator: {buffer.nccl_comm_source}")
         print(f"  rank 0 sent {counts[0]} tokens, received {handle.num_recv_tokens} "
               f"({handle.num_expanded_tokens} expanded rows)")
+        failed = [r for r, o in enumerate(oks) if not o]
         print(f"  combine vs epic.reference on every rank (bitwise): "
-              f"{'ok' if all(oks) else 'MISMATCH on ranks ' + str([r for r, o in enumerate(oks) if not o])}")
+              f"{'ok' if all(oks) else 'MISMATCH on ranks ' + str(failed)}")
     buffer.destroy()
     dist.destroy_process_group()
     return 0 if all(oks) else 1

@@ -50,7 +50,8 @@ EXTREMES = ["0", "-1", "1", "-2147483648", "2147483647", "2147483648", "42949672
 def ir_corpus():
     """Every `// -----` case of the IR tests and the examples (without RUN lines)."""
     cases = []
-    for path in sorted((ROOT / "test").rglob("*.mlir")) + sorted((ROOT / "examples").rglob("*.mlir")):
+    for path in (sorted((ROOT / "test").rglob("*.mlir"))
+                 + sorted((ROOT / "examples").rglob("*.mlir"))):
         text = "\n".join(line for line in path.read_text().splitlines()
                          if "RUN:" not in line and "expected-" not in line)
         cases += [c for c in text.split("// -----") if c.strip()]
@@ -120,7 +121,8 @@ def python_case(rng):
     R, E, K, H = 2, 8, 2, 64
 
     def good_inputs(tokens=3):
-        idx = [np.array([rng.sample(range(E), K) for _ in range(tokens)], np.int64) for _ in range(R)]
+        idx = [np.array([rng.sample(range(E), K) for _ in range(tokens)], np.int64)
+               for _ in range(R)]
         xs = [np.zeros((tokens, H), ml_dtypes.bfloat16) for _ in range(R)]
         return xs, idx
 

@@ -65,7 +65,8 @@ def main():
             gtest = [g + c for g, c in zip(gtest, counts)]
         results["gtest"] = tuple(gtest)
         results["pytest"] = run(
-            "pytest", [sys.executable, "-m", "pytest", "-q", "test/python", f"--junitxml={tmp / 'pytest.xml'}"],
+            "pytest", [sys.executable, "-m", "pytest", "-q", "test/python",
+                       f"--junitxml={tmp / 'pytest.xml'}"],
             tmp / "pytest.xml", env)
 
     print()

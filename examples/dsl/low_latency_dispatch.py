@@ -1,4 +1,5 @@
-"""Low-latency decode dispatch in the DSL: fixed receive slots, FP8 quantization fused into the send.
+"""Low-latency decode dispatch in the DSL: fixed receive slots, FP8 quantization fused \
+into the send.
 
     python examples/dsl/low_latency_dispatch.py [--ranks 4] [--tokens 8]
 

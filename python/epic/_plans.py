@@ -96,7 +96,8 @@ class OutputSet:
     def free(self):
         """Whether nothing outside the pool uses the set: its tensors (a reference, a view, an
         autograd graph) or the objects that hold them."""
-        if _refcounts(self._objects) != self._object_refs or _refcounts(self._tensors) != self._refs:
+        if (_refcounts(self._objects) != self._object_refs
+                or _refcounts(self._tensors) != self._refs):
             return False
         for t in self._tensors:
             if t._use_count() != 1 or t.requires_grad:

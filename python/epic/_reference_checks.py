@@ -72,7 +72,9 @@ def _check_array(name, a):
 
 def _check_per_rank(name, values, num_ranks):
     if not _is_list(values):
-        raise TypeError(f"{name}: expected a list with one entry per rank, got {type(values).__name__}")
+        raise TypeError(
+            f"{name}: expected a list with one entry per rank, got {type(values).__name__}"
+        )
     if len(values) != num_ranks:
         raise ValueError(f"{name}: expected {num_ranks} entries (one per rank), got {len(values)}")
     return list(values)
@@ -82,11 +84,13 @@ def _check_experts(num_experts, num_ranks, prefix=""):
     num_experts = _check_int(f"{prefix}num_experts", num_experts, 1, _MAX_EXPERTS)
     num_ranks = _check_int(f"{prefix}num_ranks", num_ranks, 1, _MAX_RANKS)
     if num_experts % num_ranks:
-        raise ValueError(f"{prefix}num_experts: {num_experts} is not divisible by num_ranks={num_ranks}")
+        raise ValueError(
+            f"{prefix}num_experts: {num_experts} is not divisible by num_ranks={num_ranks}"
+        )
     if num_experts // num_ranks > _MAX_EXPERTS_PER_RANK:
         raise ValueError(
-            f"{prefix}num_experts: {num_experts} over {num_ranks} ranks is {num_experts // num_ranks} "
-            f"experts per rank, more than {_MAX_EXPERTS_PER_RANK}"
+            f"{prefix}num_experts: {num_experts} over {num_ranks} ranks is "
+            f"{num_experts // num_ranks} experts per rank, more than {_MAX_EXPERTS_PER_RANK}"
         )
     return num_experts, num_ranks
 
@@ -125,18 +129,26 @@ def _check_topk_idx(name, a, num_experts, num_topk=None):
 def _check_float32(name, a, shape, shape_text):
     _check_array(name, a)
     if a.dtype != np.float32:
-        raise TypeError(f"{name}: expected float32 array of shape {shape_text}, got {_describe(a)}")
+        raise TypeError(
+            f"{name}: expected float32 array of shape {shape_text}, got {_describe(a)}"
+        )
     if a.shape != shape:
-        raise ValueError(f"{name}: expected float32 array of shape {shape_text}, got {_describe(a)}")
+        raise ValueError(
+            f"{name}: expected float32 array of shape {shape_text}, got {_describe(a)}"
+        )
     return a
 
 
 def _check_bf16(name, a, shape, shape_text):
     _check_array(name, a)
     if a.dtype != bfloat16:
-        raise TypeError(f"{name}: expected bfloat16 array of shape {shape_text}, got {_describe(a)}")
+        raise TypeError(
+            f"{name}: expected bfloat16 array of shape {shape_text}, got {_describe(a)}"
+        )
     if a.shape != shape:
-        raise ValueError(f"{name}: expected bfloat16 array of shape {shape_text}, got {_describe(a)}")
+        raise ValueError(
+            f"{name}: expected bfloat16 array of shape {shape_text}, got {_describe(a)}"
+        )
     return a
 
 
@@ -163,7 +175,9 @@ def _check_handle(name, h):
     kernel's arrays swapped in), so that a wrong or corrupt one fails here, named, instead of
     deep inside an index. Kernel buffers may be worst-case sized: rows are bounded below only."""
     if not all(hasattr(h, f) for f in _HANDLE_FIELDS):
-        raise TypeError(f"{name}: expected a handle from reference.dispatch, got {type(h).__name__}")
+        raise TypeError(
+            f"{name}: expected a handle from reference.dispatch, got {type(h).__name__}"
+        )
     num_experts, num_ranks = _check_experts(h.num_experts, h.num_ranks, f"{name}.")
     _check_int(f"{name}.num_max_tokens_per_rank", h.num_max_tokens_per_rank)
     k = _check_topk_idx(f"{name}.topk_idx", h.topk_idx, num_experts).shape[1]
@@ -173,7 +187,8 @@ def _check_handle(name, h):
     meta = _check_array(f"{name}.recv_src_metadata", h.recv_src_metadata)
     if not np.issubdtype(meta.dtype, np.integer) or meta.ndim != 2 or meta.shape[1] != k + 2:
         raise ValueError(
-            f"{name}.recv_src_metadata: expected int array of shape [N, {k + 2}], got {_describe(meta)}"
+            f"{name}.recv_src_metadata: expected int array of shape [N, {k + 2}], "
+            f"got {_describe(meta)}"
         )
     num_local = num_experts // num_ranks
     field = f"{name}.num_recv_tokens_per_expert_list"
@@ -186,7 +201,8 @@ def _check_handle(name, h):
     if x.shape[0] < rows:
         raise ValueError(f"{name}.recv_x: expected at least {rows} rows, got {_describe(x)}")
     rows = x.shape[0] if h.expand else rows  # sort_by_source moves every expanded row
-    for field in ("recv_scale_packs", "recv_topk_weights") + (() if h.expand else ("recv_topk_idx",)):
+    for field in (("recv_scale_packs", "recv_topk_weights")
+                  + (() if h.expand else ("recv_topk_idx",))):
         a = getattr(h, field, None)
         if a is not None and (_check_array(f"{name}.{field}", a).ndim == 0 or a.shape[0] < rows):
             raise ValueError(f"{name}.{field}: expected at least {rows} rows, got {_describe(a)}")
@@ -204,7 +220,9 @@ def _check_handles(handles):
             if getattr(h, field) != getattr(h0, field):
                 raise ValueError(f"handles[{r}]: {field} differs from handles[0]")
         if h.num_ranks != len(handles):
-            raise ValueError(f"handles: got {len(handles)} handles for a world of {h.num_ranks} ranks")
+            raise ValueError(
+                f"handles: got {len(handles)} handles for a world of {h.num_ranks} ranks"
+            )
         if h.topk_idx.shape[1] != h0.topk_idx.shape[1]:
             raise ValueError(f"handles[{r}]: top-k differs from handles[0]")
         if h.recv_x.shape[1] != h0.recv_x.shape[1]:
@@ -251,6 +269,8 @@ def _expanded_row_owners(result, name="result"):
     meta_rows, slots = np.nonzero(result.recv_src_metadata[:, 2:] >= 0)
     rows = result.recv_src_metadata[meta_rows, 2 + slots].astype(np.int64)
     if (rows >= n_exp).any() or len(np.unique(rows)) != len(rows):
-        raise ValueError(f"{name}.recv_src_metadata: expanded row indices are out of range or not unique")
+        raise ValueError(
+            f"{name}.recv_src_metadata: expanded row indices are out of range or not unique"
+        )
     owner[rows] = meta_rows
     return owner

@@ -28,7 +28,11 @@ from . import _tensors as T
 from ._plans import OpPlan, PlanCache
 from .handle import EPHandle, EventHandle, EventOverlap
 
-__all__ = ["VirtualWorld", "ElasticBuffer", "EPHandle", "EventHandle", "EventOverlap", "topk_idx_t"]
+# topk_idx_t (torch.int64) comes from the module __getattr__ below, so that importing this module
+# does not import torch; ruff cannot see it.
+__all__ = [  # noqa: F822
+    "VirtualWorld", "ElasticBuffer", "EPHandle", "EventHandle", "EventOverlap", "topk_idx_t",
+]
 
 _MIB = 1 << 20
 _MAX_RANKS, _MAX_TOPK = LIM.MAX_RANKS, LIM.MAX_TOPK
@@ -475,7 +479,8 @@ class ElasticBuffer:
         for r, h in enumerate(handles):
             label = self._name(name, r)
             if not isinstance(h, EPHandle):
-                raise TypeError(f"{label}: expected an EPHandle from dispatch, got {type(h).__name__}")
+                raise TypeError(
+                    f"{label}: expected an EPHandle from dispatch, got {type(h).__name__}")
             if h._buffer is not self:
                 raise ValueError(f"{label}: comes from another ElasticBuffer")
             if h._rank != (r if self.virtual else self.rank_idx):
@@ -585,8 +590,9 @@ class ElasticBuffer:
 
         out = {}
         for name, dtype, shape in specs:
-            torch_dtype = like_packs.dtype if name.endswith("scale_packs") and like_packs is not None \
-                else T.torch_dtype(dtype)
+            torch_dtype = (like_packs.dtype
+                           if name.endswith("scale_packs") and like_packs is not None
+                           else T.torch_dtype(dtype))
             out[name] = torch.empty(shape, dtype=torch_dtype, device=f"cuda:{self._device_index}")
         return out
 

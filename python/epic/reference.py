@@ -256,7 +256,9 @@ def dispatch(
         in expanded mode the same order inside each expert's block).
     """
     if not _is_list(xs):
-        raise TypeError(f"xs: expected a list with one [T, H] array per rank, got {type(xs).__name__}")
+        raise TypeError(
+            f"xs: expected a list with one [T, H] array per rank, got {type(xs).__name__}"
+        )
     if not xs:
         raise ValueError("xs: expected at least one rank")
     if len(xs) > _MAX_RANKS:
@@ -280,10 +282,12 @@ def dispatch(
     x_dtype, hidden = None, None
     for r, x in enumerate(xs):
         _check_array(f"xs[{r}]", x)
-        if x.ndim != 2 or x.shape[0] != num_tokens[r] or (hidden is not None and x.shape[1] != hidden):
+        if (x.ndim != 2 or x.shape[0] != num_tokens[r]
+                or (hidden is not None and x.shape[1] != hidden)):
             want = f"[{num_tokens[r]}, {'H' if hidden is None else hidden}]"
             raise ValueError(
-                f"xs[{r}]: expected array of shape {want} (T from topk_idxs[{r}]), got {_describe(x)}"
+                f"xs[{r}]: expected array of shape {want} (T from topk_idxs[{r}]), "
+                f"got {_describe(x)}"
             )
         if x_dtype is not None and x.dtype != x_dtype:
             raise TypeError(f"xs[{r}]: dtype {x.dtype} differs from xs[0].dtype {x_dtype}")
@@ -303,7 +307,8 @@ def dispatch(
     if scale_packs is not None:
         if x_dtype not in _FP8_DTYPES:
             raise TypeError(
-                f"scale_packs: only for FP8 data (float8_e4m3fn or float8_e5m2), but xs are {x_dtype}"
+                "scale_packs: only for FP8 data (float8_e4m3fn or float8_e5m2), "
+                f"but xs are {x_dtype}"
             )
         scale_packs = _check_per_rank("scale_packs", scale_packs, num_ranks)
         for r, sf in enumerate(scale_packs):
@@ -313,10 +318,13 @@ def dispatch(
             ragged = num_packs is not None and sf.ndim == 2 and sf.shape[1] != num_packs
             if sf.ndim != 2 or sf.shape[0] != num_tokens[r] or ragged:
                 want = f"[{num_tokens[r]}, {'P' if num_packs is None else num_packs}]"
-                raise ValueError(f"scale_packs[{r}]: expected array of shape {want}, got {_describe(sf)}")
+                raise ValueError(
+                    f"scale_packs[{r}]: expected array of shape {want}, got {_describe(sf)}"
+                )
             if sf_dtype is not None and sf.dtype != sf_dtype:
                 raise TypeError(
-                    f"scale_packs[{r}]: dtype {sf.dtype} differs from scale_packs[0].dtype {sf_dtype}"
+                    f"scale_packs[{r}]: dtype {sf.dtype} differs from "
+                    f"scale_packs[0].dtype {sf_dtype}"
                 )
             sf_dtype, num_packs = sf.dtype, sf.shape[1]
 
@@ -326,11 +334,13 @@ def dispatch(
         tmax = _check_int("num_max_tokens_per_rank", num_max_tokens_per_rank)
         if tmax < max(num_tokens):
             raise ValueError(
-                f"num_max_tokens_per_rank: {tmax} is smaller than the largest token count {max(num_tokens)}"
+                f"num_max_tokens_per_rank: {tmax} is smaller than the largest token count "
+                f"{max(num_tokens)}"
             )
     if num_ranks * tmax > _MAX_SOURCE_IDS:
         raise ValueError(
-            f"num_max_tokens_per_rank: {num_ranks} ranks x {tmax} tokens overflow the int32 source ids"
+            f"num_max_tokens_per_rank: {num_ranks} ranks x {tmax} tokens overflow "
+            "the int32 source ids"
         )
 
     results = []
@@ -359,10 +369,12 @@ def dispatch(
         x_rows = np.concatenate([xs[s][t] for s, t, _ in parts]).reshape(n_recv, hidden)
         sf_rows = None
         if scale_packs is not None:
-            sf_rows = np.concatenate([scale_packs[s][t] for s, t, _ in parts]).reshape(n_recv, num_packs)
+            sf_rows = np.concatenate([scale_packs[s][t] for s, t, _ in parts]).reshape(
+                n_recv, num_packs)
         w_rows = None
         if topk_weights is not None:
-            w_rows = np.concatenate([topk_weights[s][t] for s, t, _ in parts]).reshape(n_recv, num_topk)
+            w_rows = np.concatenate([topk_weights[s][t] for s, t, _ in parts]).reshape(
+                n_recv, num_topk)
 
         counts = np.array([(local_idx == e).sum() for e in range(num_local)], dtype=np.int64)
         aligned = align(counts, alignment)
@@ -544,7 +556,8 @@ def combine(ys, handles, topk_weights=None, bias=None, expand=None):
         expand = h0.expand
     elif bool(expand) != h0.expand:
         raise ValueError(
-            f"expand: {bool(expand)} does not match the handles (dispatched with expand={h0.expand})"
+            f"expand: {bool(expand)} does not match the handles "
+            f"(dispatched with expand={h0.expand})"
         )
 
     num_topk = h0.topk_idx.shape[1]
@@ -556,7 +569,8 @@ def combine(ys, handles, topk_weights=None, bias=None, expand=None):
     for d, (y, h) in enumerate(zip(ys, handles)):
         n_rows = h.recv_x.shape[0] if expand else h.recv_src_metadata.shape[0]
         _check_bf16(
-            f"ys[{d}]", y, (n_rows, hidden), f"[{n_rows}, {hidden}] (the rows dispatch moved to rank {d})"
+            f"ys[{d}]", y, (n_rows, hidden),
+            f"[{n_rows}, {hidden}] (the rows dispatch moved to rank {d})"
         )
 
     if topk_weights is not None:
@@ -610,7 +624,8 @@ def combine(ys, handles, topk_weights=None, bias=None, expand=None):
             if (rows < 0).any():
                 t = int(tok[np.argmax(rows < 0)])
                 raise ValueError(
-                    f"handles[{d}]: token {t} of rank {s} is routed to rank {d} but was not received"
+                    f"handles[{d}]: token {t} of rank {s} is routed to rank {d} "
+                    "but was not received"
                 )
             owned = owned[tok]
             master = num_topk - 1 - np.argmax(owned[:, ::-1], axis=1)
@@ -618,7 +633,8 @@ def combine(ys, handles, topk_weights=None, bias=None, expand=None):
                 rows = h_dst.recv_src_metadata[rows, 2:].astype(np.int64)  # [n, K] expanded rows
                 if (((rows < 0) | (rows >= ys[d].shape[0])) & owned).any():
                     raise ValueError(
-                        f"handles[{d}]: recv_src_metadata lacks a valid expanded row for a local slot"
+                        f"handles[{d}]: recv_src_metadata lacks a valid expanded row "
+                        "for a local slot"
                     )
             routes.append((d, tok, rows, owned, master))
             if weights is not None:
@@ -661,8 +677,8 @@ def grouped_gemm(result, weights, out_dtype=bfloat16, fill=0.0):
     """
     _check_handle("result", result)
     if not result.expand:
-        raise ValueError("result: grouped_gemm needs an expanded dispatch result (one row per (token, "
-                         "local expert) pair)")
+        raise ValueError("result: grouped_gemm needs an expanded dispatch result "
+                         "(one row per (token, local expert) pair)")
     lhs = result.recv_x
     _check_array("weights", weights)
     L, H = result.num_local_experts, lhs.shape[1]
@@ -672,7 +688,8 @@ def grouped_gemm(result, weights, out_dtype=bfloat16, fill=0.0):
     if weights.ndim != 3 or weights.shape[:2] != (L, H):
         raise ValueError(f"grouped_gemm: weights must be [{L}, {H}, N], got "
                          f"{list(weights.shape)}")
-    out_dtype = _check_dtype("out_dtype", out_dtype, (bfloat16, np.dtype(np.float16), np.dtype(np.float32)))
+    out_dtype = _check_dtype("out_dtype", out_dtype,
+                             (bfloat16, np.dtype(np.float16), np.dtype(np.float32)))
     fill = _check_number("fill", fill)
     out = np.full((lhs.shape[0], weights.shape[2]), fill, np.float32)
     starts = result.expert_starts()
@@ -718,9 +735,13 @@ def per_token_cast_to_fp8(x, group=128, use_ue8m0=False):
     """
     _check_array("x", x)
     if x.dtype not in (np.dtype(np.float32), bfloat16):
-        raise TypeError(f"x: expected float32 or bfloat16 array of shape [T, H], got {_describe(x)}")
+        raise TypeError(
+            f"x: expected float32 or bfloat16 array of shape [T, H], got {_describe(x)}"
+        )
     if x.ndim != 2:
-        raise ValueError(f"x: expected float32 or bfloat16 array of shape [T, H], got {_describe(x)}")
+        raise ValueError(
+            f"x: expected float32 or bfloat16 array of shape [T, H], got {_describe(x)}"
+        )
     num_tokens, hidden = x.shape
     group, num_groups = _groups(hidden, group)
 
@@ -754,7 +775,9 @@ def per_token_cast_back(data, scales, group=128, out_dtype=bfloat16):
     """
     _check_array("data", data)
     if data.dtype != float8_e4m3fn or data.ndim != 2:
-        raise TypeError(f"data: expected float8_e4m3fn array of shape [T, H], got {_describe(data)}")
+        raise TypeError(
+            f"data: expected float8_e4m3fn array of shape [T, H], got {_describe(data)}"
+        )
     _check_array("scales", scales)
     out_dtype = _check_dtype("out_dtype", out_dtype)
     num_tokens, hidden = data.shape
@@ -766,10 +789,13 @@ def per_token_cast_back(data, scales, group=128, out_dtype=bfloat16):
     else:
         raise TypeError(f"scales: expected float32 or int32 array, got {_describe(scales)}")
     if scales.shape != expected:
-        raise ValueError(f"scales: expected shape [{expected[0]}, {expected[1]}], got {_describe(scales)}")
+        raise ValueError(
+            f"scales: expected shape [{expected[0]}, {expected[1]}], got {_describe(scales)}"
+        )
     if scales.dtype == np.int32:
         # uint8, not int8: exponent bytes >= 128 are large scales, not negatives.
-        b = np.ascontiguousarray(scales, dtype="<i4").view(np.uint8).reshape(num_tokens, 4 * expected[1])
+        b = np.ascontiguousarray(scales, dtype="<i4").view(np.uint8).reshape(
+            num_tokens, 4 * expected[1])
         scales = (b.astype(np.uint32) << 23).view(np.float32)[:, :num_groups]
     x = data.astype(np.float32) * np.repeat(scales, group, axis=1)[:, :hidden]
     return x.astype(out_dtype)
@@ -810,7 +836,8 @@ def generate_pre_combine_data(handles, seed=0):
 
     def rows_for(gid, slot):
         phase = ((gid * num_topk + slot) * 131071) % modulus + 1
-        return _to_bf16(np.sin(phase[:, None] / modulus * channel + math.sin(seed)).astype(np.float32))
+        return _to_bf16(
+            np.sin(phase[:, None] / modulus * channel + math.sin(seed)).astype(np.float32))
 
     # All ranks' routing stacked, to look up a source token's row by global id.
     all_idx = np.concatenate([np.asarray(h.topk_idx, dtype=np.int64) for h in handles])
@@ -820,7 +847,8 @@ def generate_pre_combine_data(handles, seed=0):
     for d, h in enumerate(handles):
         meta = h.recv_src_metadata.astype(np.int64)
         gid = source_ids[d]
-        src_idx = all_idx[offsets[gid // h.num_max_tokens_per_rank] + gid % h.num_max_tokens_per_rank]
+        src_idx = all_idx[offsets[gid // h.num_max_tokens_per_rank]
+                          + gid % h.num_max_tokens_per_rank]
         if h.expand:
             y = np.zeros((h.recv_x.shape[0], channel.size), dtype=bfloat16)
             rows, slots = np.nonzero(meta[:, 2:] >= 0)

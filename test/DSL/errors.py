@@ -39,7 +39,7 @@ def changes(x, n):
     v = 0
     # TYPE: error: {{.*}}errors.py:[[@LINE+1]]: v changes type in the loop (i32 before, f32 after)
     for i in range(n):
-        v = el.load(x + i)
+        v = el.load(x + i)  # noqa: F841 - the type change is what this test checks
 
 # ARGS: error: gathers: give --arg for idx, BLOCK
 # NAME: error: {{.*}}errors.py has no @epic.jit kernel 'nothing' (it has: changes, gathers, mixes, spins)

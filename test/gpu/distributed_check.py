@@ -129,7 +129,8 @@ def main():
     slow()
     recv, recv_idx, recv_w, handle, _ = buffer.dispatch(
         to_torch(xs16[rank]), to_torch(idxs[rank]), to_torch(ws[rank]), num_experts=EXPERTS)
-    got = dataclasses.replace(expected[rank], recv_x=to_numpy(recv), recv_topk_idx=to_numpy(recv_idx),
+    got = dataclasses.replace(expected[rank], recv_x=to_numpy(recv),
+                              recv_topk_idx=to_numpy(recv_idx),
                               recv_topk_weights=to_numpy(recv_w),
                               recv_src_metadata=to_numpy(handle.recv_src_metadata))
     s = ref.sort_by_source(got)

@@ -5,11 +5,12 @@ Runs the kernels that epic-compile made from test/gpu/ep_kernels.mlir
 biases, then one) and FP8 (float32 scale packs, weights, no bias), the
 expanded layout (128-row alignment with zero padding, and alignment 1) and
 its combine, and cached dispatches of every layout, with token counts at and
-below the maximum, masked top-k slots and tokens routed nowhere. Dispatch must match the reference as
-sets (the order inside a source rank's group is the order of slot atomics):
-after sorting by source id every row, pack, id, weight and metadata entry is
-bitwise equal, and the counts and prefix sums are exact. Combine must be
-bitwise equal to the reference's fixed-order fp32 sum.
+below the maximum, masked top-k slots and tokens routed nowhere. Dispatch
+must match the reference as sets (the order inside a source rank's group is
+the order of slot atomics): after sorting by source id every row, pack, id,
+weight and metadata entry is bitwise equal, and the counts and prefix sums
+are exact. Combine must be bitwise equal to the reference's fixed-order fp32
+sum.
 
     python3 test/gpu/ep_virtual.py <kernels.cubin> <kernels.json> [ranks (default 8)]
 """
@@ -54,9 +55,11 @@ class VirtualWorld:
         self.barriers = cp.zeros(barriers, dtype=cp.uint64)
         comm = np.zeros(6, np.int32)
         comm[:5] = [R, 1, 4, 1, barriers]
-        ptrs = np.array([self.signals.data.ptr, self.counters.data.ptr, self.barriers.data.ptr], np.uint64)
+        ptrs = np.array([self.signals.data.ptr, self.counters.data.ptr, self.barriers.data.ptr],
+                        np.uint64)
         self.comm = cp.asarray(np.frombuffer(comm.tobytes() + ptrs.tobytes(), np.uint8))
-        win = np.array([self.window.data.ptr, self.stride], np.uint64).tobytes() + np.array([R, 0], np.int32).tobytes()
+        win = (np.array([self.window.data.ptr, self.stride], np.uint64).tobytes()
+               + np.array([R, 0], np.int32).tobytes())
         self.window_desc = cp.asarray(np.frombuffer(win, np.uint8))
 
 
@@ -130,7 +133,8 @@ def run(module, entries, fp8, blocks_per_rank, seed):
     idxs = [make_routing(rng, t) for t in tokens]
     ws = [rng.standard_normal((t, K)).astype(np.float32) for t in tokens]
     if fp8:
-        casts = [ref.per_token_cast_to_fp8(rng.standard_normal((t, H)).astype(np.float32)) for t in tokens]
+        casts = [ref.per_token_cast_to_fp8(rng.standard_normal((t, H)).astype(np.float32))
+                 for t in tokens]
         xs = [c[0] for c in casts]
         sfs = [c[1] for c in casts]
     else:
@@ -164,10 +168,14 @@ def run(module, entries, fp8, blocks_per_rank, seed):
         a, e = dev[r], expected[r]
         n = int(a["host_counts"][0])
         ok_counts &= n == e.num_recv_tokens
-        ok_counts &= bits_equal(cp.asnumpy(a["psum_num_recv_tokens_per_rank"]), e.psum_num_recv_tokens_per_scaleup_rank)
-        ok_counts &= bits_equal(cp.asnumpy(a["num_recv_tokens_per_expert"]), e.num_unaligned_recv_tokens_per_expert)
-        ok_counts &= bits_equal(cp.asnumpy(a["psum_num_recv_tokens_per_expert"]), e.psum_num_recv_tokens_per_expert)
-        ok_counts &= list(cp.asnumpy(a["host_counts"][1:])) == list(e.num_recv_tokens_per_expert_list)
+        ok_counts &= bits_equal(cp.asnumpy(a["psum_num_recv_tokens_per_rank"]),
+                                e.psum_num_recv_tokens_per_scaleup_rank)
+        ok_counts &= bits_equal(cp.asnumpy(a["num_recv_tokens_per_expert"]),
+                                e.num_unaligned_recv_tokens_per_expert)
+        ok_counts &= bits_equal(cp.asnumpy(a["psum_num_recv_tokens_per_expert"]),
+                                e.psum_num_recv_tokens_per_expert)
+        ok_counts &= (list(cp.asnumpy(a["host_counts"][1:]))
+                      == list(e.num_recv_tokens_per_expert_list))
         got = replace(
             e,
             recv_x=cp.asnumpy(a["recv_x"][:n]).view(xs[0].dtype),
@@ -181,7 +189,8 @@ def run(module, entries, fp8, blocks_per_rank, seed):
         for field in ("recv_x", "recv_scale_packs", "recv_topk_idx", "recv_src_metadata"):
             ok_rows &= getattr(e, field) is None or bits_equal(getattr(s, field), getattr(e, field))
         masked = e.recv_topk_idx >= 0  # weights of slots not on this rank are unspecified
-        ok_rows &= bits_equal(np.where(masked, s.recv_topk_weights, 0), np.where(masked, e.recv_topk_weights, 0))
+        ok_rows &= bits_equal(np.where(masked, s.recv_topk_weights, 0),
+                              np.where(masked, e.recv_topk_weights, 0))
     check(ok_counts, "dispatch: token counts, prefix sums, per-expert counts exact")
     check(ok_rows, "dispatch: rows, packs, local ids, weights, metadata bitwise (as sets)")
     check(all(np.all(np.diff(ref.sort_by_source(g).recv_src_metadata[:, 0]) > 0) for g in results),
@@ -191,7 +200,8 @@ def run(module, entries, fp8, blocks_per_rank, seed):
     ys = [rng.standard_normal((g.num_recv_tokens, H)).astype(ml_dtypes.bfloat16) for g in results]
     back = [g.recv_topk_weights for g in results]
     biases = [(rng.standard_normal((t, H)).astype(ml_dtypes.bfloat16),
-               rng.standard_normal((t, H)).astype(ml_dtypes.bfloat16)) for t in tokens] if not fp8 else None
+               rng.standard_normal((t, H)).astype(ml_dtypes.bfloat16))
+              for t in tokens] if not fp8 else None
     want = ref.combine(ys, results, topk_weights=back, bias=biases)
     cdev = []
     for r in range(R):
@@ -210,13 +220,16 @@ def run(module, entries, fp8, blocks_per_rank, seed):
         cdev.append(a)
     cparams = params_table(c_entry["param_fields"], cdev, c_entry["param_stride"])
     launch_entry(module, c_entry, world, cparams, blocks_per_rank)
-    ok_x = all(bits_equal(cp.asnumpy(cdev[r]["combined_x"]).view(ml_dtypes.bfloat16), want[r].combined_x)
+    ok_x = all(bits_equal(cp.asnumpy(cdev[r]["combined_x"]).view(ml_dtypes.bfloat16),
+                          want[r].combined_x)
                for r in range(R))
-    ok_w = all(bits_equal(cp.asnumpy(cdev[r]["combined_topk_weights"]), want[r].combined_topk_weights)
+    ok_w = all(bits_equal(cp.asnumpy(cdev[r]["combined_topk_weights"]),
+                          want[r].combined_topk_weights)
                for r in range(R))
     check(ok_x, "combine: combined_x bitwise equal to the fixed-order fp32 reference")
     check(ok_w, "combine: combined_topk_weights equal the original weights")
-    check(all(bits_equal(want[r].combined_topk_weights, np.where(idxs[r] >= 0, ws[r], 0)) for r in range(R)),
+    check(all(bits_equal(want[r].combined_topk_weights, np.where(idxs[r] >= 0, ws[r], 0))
+              for r in range(R)),
           "combine: (reference) weights round-trip to the dispatch's weights")
     if biases:  # the same rows back with one bias
         want1 = ref.combine(ys, results, topk_weights=back, bias=[(b[0],) for b in biases])
@@ -226,7 +239,8 @@ def run(module, entries, fp8, blocks_per_rank, seed):
             a["combined_x"].fill(0x7FC1)
         b1_params = params_table(b1_entry["param_fields"], cdev, b1_entry["param_stride"])
         launch_entry(module, b1_entry, world, b1_params, blocks_per_rank)
-        check(all(bits_equal(cp.asnumpy(cdev[r]["combined_x"]).view(ml_dtypes.bfloat16), want1[r].combined_x)
+        check(all(bits_equal(cp.asnumpy(cdev[r]["combined_x"]).view(ml_dtypes.bfloat16),
+                             want1[r].combined_x)
                   for r in range(R)), "combine with one bias: bitwise equal to the reference")
     # Counters must be back to zero for the next call: run the same dispatch again.
     launch_entry(module, d_entry, world, params, blocks_per_rank)
@@ -264,11 +278,13 @@ def run_cached(module, entry, world, dev, first, idxs, tokens, blocks_per_rank, 
                       recv_topk_weights=None, recv_scale_packs=None, recv_src_metadata=meta,
                       recv_topk_idx=None if expand else cp.asnumpy(cached[r]["recv_topk_idx"]))
         s, e = ref.sort_by_source(got), want[r]
-        ok &= bits_equal(s.recv_x, e.recv_x) and bits_equal(s.recv_src_metadata, e.recv_src_metadata)
+        ok &= (bits_equal(s.recv_x, e.recv_x)
+               and bits_equal(s.recv_src_metadata, e.recv_src_metadata))
         if not expand:
             ok &= bits_equal(s.recv_topk_idx, e.recv_topk_idx)
         ok &= int(cached[r]["host_counts"][0]) == -7
-    check(ok, f"cached {'expanded ' if expand else ''}dispatch: new rows land where the handle says")
+    check(ok, f"cached {'expanded ' if expand else ''}dispatch: "
+              "new rows land where the handle says")
 
 
 def run_expanded(module, entries, blocks_per_rank, seed, A=128, zero_padding=True, suffix=""):
@@ -289,7 +305,8 @@ def run_expanded(module, entries, blocks_per_rank, seed, A=128, zero_padding=Tru
         dev.append({
             "x": cp.asarray(xs[r].view(np.uint8)), "topk_idx": cp.asarray(idxs[r]),
             "topk_weights": cp.asarray(ws[r]),
-            "recv_x": cp.full((max_rows, H * 2), 0x5A, cp.uint8),  # poisoned: padding must be zeroed
+            # poisoned: padding must be zeroed
+            "recv_x": cp.full((max_rows, H * 2), 0x5A, cp.uint8),
             "recv_topk_weights": cp.full(max_rows, np.nan, cp.float32),
             **handle_buffers(tokens[r]),
         })
@@ -302,8 +319,10 @@ def run_expanded(module, entries, blocks_per_rank, seed, A=128, zero_padding=Tru
         n = int(a["host_counts"][0])
         rows = int(cp.asnumpy(a["host_counts"][1:]).sum())
         ok_counts &= n == e.num_recv_tokens and rows == e.num_expanded_tokens
-        ok_counts &= bits_equal(cp.asnumpy(a["num_recv_tokens_per_expert"]), e.num_unaligned_recv_tokens_per_expert)
-        ok_counts &= bits_equal(cp.asnumpy(a["psum_num_recv_tokens_per_expert"]), e.psum_num_recv_tokens_per_expert)
+        ok_counts &= bits_equal(cp.asnumpy(a["num_recv_tokens_per_expert"]),
+                                e.num_unaligned_recv_tokens_per_expert)
+        ok_counts &= bits_equal(cp.asnumpy(a["psum_num_recv_tokens_per_expert"]),
+                                e.psum_num_recv_tokens_per_expert)
         got = replace(e, recv_x=cp.asnumpy(a["recv_x"][:rows]).view(ml_dtypes.bfloat16),
                       recv_topk_weights=cp.asnumpy(a["recv_topk_weights"][:rows]),
                       recv_src_metadata=cp.asnumpy(a["recv_src_metadata"][:n]))
@@ -330,9 +349,12 @@ def run_expanded(module, entries, blocks_per_rank, seed, A=128, zero_padding=Tru
         })
     cparams = params_table(c_entry["param_fields"], cdev, c_entry["param_stride"])
     launch_entry(module, c_entry, world, cparams, blocks_per_rank)
-    check(all(bits_equal(cp.asnumpy(cdev[r]["combined_x"]).view(ml_dtypes.bfloat16), want[r].combined_x)
-              for r in range(R)), "expanded combine: per-rank fp32 sums, then the origin's, bitwise")
-    check(all(bits_equal(cp.asnumpy(cdev[r]["combined_topk_weights"]), want[r].combined_topk_weights)
+    check(all(bits_equal(cp.asnumpy(cdev[r]["combined_x"]).view(ml_dtypes.bfloat16),
+                         want[r].combined_x)
+              for r in range(R)),
+          "expanded combine: per-rank fp32 sums, then the origin's, bitwise")
+    check(all(bits_equal(cp.asnumpy(cdev[r]["combined_topk_weights"]),
+                         want[r].combined_topk_weights)
               for r in range(R)), "expanded combine: combined_topk_weights")
     run_cached(module, entries[f"dispatch_exp{suffix}_cached"], world, dev, results, idxs, tokens,
                blocks_per_rank, rng, expand=True, zero_padding=zero_padding)

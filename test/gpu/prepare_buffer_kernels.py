@@ -24,7 +24,8 @@ def configs(ranks):
                     num_max_tokens_per_rank=TMAX)
         for zero_padding in ([False, True] if expand else [False]):
             for weights, cached in ((False, False), (True, False), (False, True)):
-                yield spec, dict(weights=weights, cached=cached, zero_padding=zero_padding), "dispatch"
+                yield (spec, dict(weights=weights, cached=cached, zero_padding=zero_padding),
+                       "dispatch")
         for weights, biases in itertools.product([False, True], [0, 1, 2]):
             yield spec, dict(weights=weights, biases=biases), "combine"
 

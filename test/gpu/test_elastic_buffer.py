@@ -7,7 +7,6 @@ torch or a GPU.
 
 import dataclasses
 
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -308,7 +307,8 @@ def test_bad_calls_are_refused_before_any_kernel(world):
         buffer.dispatch([v.cpu() for v in x], idx, num_experts=E)
     too_many = [torch.zeros((TMAX + 1, H), dtype=torch.bfloat16, device="cuda")] * R
     with pytest.raises(ValueError, match="more than num_max_tokens_per_rank"):
-        buffer.dispatch(too_many, [torch.full((TMAX + 1, K), -1, dtype=torch.int64, device="cuda")] * R,
+        buffer.dispatch(too_many,
+                        [torch.full((TMAX + 1, K), -1, dtype=torch.int64, device="cuda")] * R,
                         num_experts=E)
     with pytest.raises(ValueError, match=r"rank 0: topk_idx must be i64, got i32"):
         buffer.dispatch(x, [i.int() for i in idx], num_experts=E)

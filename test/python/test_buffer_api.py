@@ -136,8 +136,10 @@ def test_a_valid_call_stops_at_the_device_check(buf):
 @pytest.mark.parametrize(
     "mutate, error, pattern",
     [
-        (lambda a: a.update(x=a["x"][0]), TypeError, r"x: in a virtual world of 4 ranks pass a list"),
-        (lambda a: a.update(x=a["x"][:3]), ValueError, r"x: expected one entry per rank \(4\), got 3"),
+        (lambda a: a.update(x=a["x"][0]), TypeError,
+         r"x: in a virtual world of 4 ranks pass a list"),
+        (lambda a: a.update(x=a["x"][:3]), ValueError,
+         r"x: expected one entry per rank \(4\), got 3"),
         (lambda a: a["x"].__setitem__(1, a["x"][1].astype(np.float64)), TypeError,
          r"x\[1\]: dtype must be bf16 or f16 or f32 or f8E4M3FN or f8E5M2 or i32 or i64"),
         (lambda a: a["x"].__setitem__(1, a["x"][1].astype(np.float32)), ValueError,
@@ -166,7 +168,8 @@ def test_a_valid_call_stops_at_the_device_check(buf):
         (lambda a: a.update(num_experts=30), ValueError,
          r"num_experts \(30\) must be divisible by the number of ranks \(4\)"),
         (lambda a: a.update(num_experts=None), ValueError, "num_experts: required"),
-        (lambda a: a.update(topk_idx=None), ValueError, "topk_idx: required unless a cached handle"),
+        (lambda a: a.update(topk_idx=None), ValueError,
+         "topk_idx: required unless a cached handle"),
         (lambda a: a.update(do_zero_padding=True), ValueError, "do_zero_padding needs do_expand"),
         (lambda a: a.update(expert_alignment=0), ValueError, r"expert_alignment: must be >= 1"),
         (lambda a: a.update(num_qps=100), ValueError, r"num_qps: must be \[0, 17\]"),
@@ -371,8 +374,8 @@ def test_gemm_combine_checks_its_arguments_before_the_device(buf):
     with pytest.raises(ValueError, match=r"gemm_combine needs an expanded dispatch"):
         buf.gemm_combine(xs, ws, plain)
     handles = [dataclasses.replace(h, do_expand=True) for h in plain]
-    with pytest.raises(ValueError, match=r"rank 0: lhs must be bf16, got f16|rank 0: x must be bf16, "
-                                         r"got f16"):
+    with pytest.raises(ValueError, match=r"rank 0: lhs must be bf16, got f16|"
+                                         r"rank 0: x must be bf16, got f16"):
         buf.gemm_combine([x.astype(np.float16) for x in xs], ws, handles)
     with pytest.raises(ValueError, match=rf"rank 0: weights must be \[{L}, 256, 256\]: the combine "
                                          rf"sends hidden-wide rows, got bf16\[{L}, 256, 128\]"):

@@ -59,7 +59,8 @@ def wait_forever(win):
 
 def test_waits_are_bounded_and_name_the_rank():
     with pytest.raises(KernelError, match=r"rank \d, program 0: el.wait timed out after 50 ms: "
-                                          r"the word at byte 0 of rank \d's window is 0, waited for 1"):
+                                          r"the word at byte 0 of rank \d's window is 0, "
+                                          r"waited for 1"):
         wait_forever[(1,)](SymmetricMemory(2, 8), world=epic.VirtualWorld(2))
 
 

@@ -14,7 +14,8 @@ EXAMPLES = sorted((ROOT / "examples").rglob("*.mlir"))
 def epic_opt(*args, stdin=None):
     if not EPIC_OPT.exists():
         pytest.fail(f"{EPIC_OPT} not found: build epic first (./install.sh) or set EPIC_BUILD_DIR")
-    return subprocess.run([str(EPIC_OPT), *args], input=stdin, capture_output=True, text=True, check=True).stdout
+    return subprocess.run([str(EPIC_OPT), *args], input=stdin, capture_output=True, text=True,
+                          check=True).stdout
 
 
 def test_there_are_examples():
@@ -42,8 +43,9 @@ def test_epic_opt_lists_the_dialects():
 
 
 def test_invalid_config_is_rejected_with_a_named_parameter():
-    bad = "#c = #ep.config<ranks = 8, experts = 100, topk = 2, hidden = 64, dtype = bf16, max_tokens_per_rank = 8>\n" \
-          "func.func private @f() attributes {cfg = #c}\n"
+    bad = ("#c = #ep.config<ranks = 8, experts = 100, topk = 2, hidden = 64, dtype = bf16, "
+           "max_tokens_per_rank = 8>\n"
+           "func.func private @f() attributes {cfg = #c}\n")
     proc = subprocess.run([str(EPIC_OPT), "-"], input=bad, capture_output=True, text=True)
     assert proc.returncode != 0
     assert "experts (100) must be divisible by ranks (8)" in proc.stderr

@@ -58,7 +58,8 @@ def _fake_torch(nccl_version, comm_ptr=0x1234):
     torch.distributed = dist
     dist.ReduceOp = types.SimpleNamespace(MIN="min")
     dist.barrier = lambda group=None: calls.append("barrier")
-    dist.all_reduce = lambda tensor, op=None, group=None: calls.append(("all_reduce", tensor.values))
+    dist.all_reduce = lambda tensor, op=None, group=None: calls.append(
+        ("all_reduce", tensor.values))
 
     class Backend:
         def _comm_ptr(self):

@@ -119,9 +119,13 @@ def simulate_kernel_order(results, seed):
             new = dataclasses.replace(
                 res,
                 recv_x=res.recv_x[perm],
-                recv_scale_packs=None if res.recv_scale_packs is None else res.recv_scale_packs[perm],
+                recv_scale_packs=(
+                    None if res.recv_scale_packs is None else res.recv_scale_packs[perm]
+                ),
                 recv_topk_idx=res.recv_topk_idx[perm],
-                recv_topk_weights=None if res.recv_topk_weights is None else res.recv_topk_weights[perm],
+                recv_topk_weights=(
+                    None if res.recv_topk_weights is None else res.recv_topk_weights[perm]
+                ),
                 recv_src_metadata=meta,
             )
         else:
@@ -133,8 +137,12 @@ def simulate_kernel_order(results, seed):
             new = dataclasses.replace(
                 res,
                 recv_x=res.recv_x[perm],
-                recv_scale_packs=None if res.recv_scale_packs is None else res.recv_scale_packs[perm],
-                recv_topk_weights=None if res.recv_topk_weights is None else res.recv_topk_weights[perm],
+                recv_scale_packs=(
+                    None if res.recv_scale_packs is None else res.recv_scale_packs[perm]
+                ),
+                recv_topk_weights=(
+                    None if res.recv_topk_weights is None else res.recv_topk_weights[perm]
+                ),
                 recv_src_metadata=meta,
             )
         out.append(new)
@@ -164,7 +172,9 @@ def test_package_is_light():
         "print(epic.__version__, "
         "'numpy' in sys.modules, 'epic.reference' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
     assert out.stdout.split() == ["0.1.0", "False", "False"]
     assert epic.reference is ref
 
@@ -232,7 +242,12 @@ def test_dispatch_plain_matches_loop(world):
     _, xs, idxs, weights = make_world(3, *world[:4])
     tmax = max_tokens + 5  # non-default Tmax shows up in the source global id
     results = ref.dispatch(
-        xs, idxs, weights, num_experts=num_experts, num_max_tokens_per_rank=tmax, expert_alignment=align
+        xs,
+        idxs,
+        weights,
+        num_experts=num_experts,
+        num_max_tokens_per_rank=tmax,
+        expert_alignment=align,
     )
     num_local = num_experts // num_ranks
     assert len(results) == num_ranks
@@ -247,7 +262,9 @@ def test_dispatch_plain_matches_loop(world):
                     continue
                 n += 1
                 rows_x.append(xs[s][t])
-                rows_idx.append([row[j] - d * num_local if j in slots else -1 for j in range(num_topk)])
+                rows_idx.append(
+                    [row[j] - d * num_local if j in slots else -1 for j in range(num_topk)]
+                )
                 rows_w.append(weights[s][t])
                 rows_meta.append([s * tmax + t, s * num_topk + max(slots)] + [-1] * num_topk)
                 for j in slots:
@@ -258,9 +275,13 @@ def test_dispatch_plain_matches_loop(world):
         hidden = xs[0].shape[1]
         assert res.rank == d and not res.expand
         assert_bitwise_equal(res.recv_x, np.array(rows_x, dtype=BF16).reshape(n_recv, hidden))
-        np.testing.assert_array_equal(res.recv_topk_idx, np.array(rows_idx).reshape(n_recv, num_topk))
+        np.testing.assert_array_equal(
+            res.recv_topk_idx, np.array(rows_idx).reshape(n_recv, num_topk)
+        )
         assert res.recv_topk_idx.dtype == np.int64
-        assert_bitwise_equal(res.recv_topk_weights, np.array(rows_w, np.float32).reshape(n_recv, num_topk))
+        assert_bitwise_equal(
+            res.recv_topk_weights, np.array(rows_w, np.float32).reshape(n_recv, num_topk)
+        )
         assert res.recv_src_metadata.dtype == np.int32
         want_meta = np.array(rows_meta).reshape(n_recv, num_topk + 2)
         np.testing.assert_array_equal(res.recv_src_metadata, want_meta)
@@ -271,7 +292,9 @@ def test_dispatch_plain_matches_loop(world):
         assert all(type(c) is int for c in res.num_recv_tokens_per_expert_list)
         np.testing.assert_array_equal(res.num_unaligned_recv_tokens_per_expert, counts)
         np.testing.assert_array_equal(res.psum_num_recv_tokens_per_expert, np.cumsum(aligned))
-        np.testing.assert_array_equal(res.psum_num_recv_tokens_per_scaleup_rank, np.cumsum(per_source))
+        np.testing.assert_array_equal(
+            res.psum_num_recv_tokens_per_scaleup_rank, np.cumsum(per_source)
+        )
         for a in (
             res.num_unaligned_recv_tokens_per_expert,
             res.psum_num_recv_tokens_per_expert,
@@ -334,7 +357,9 @@ def test_alignment_counts_and_prefix_sums():
     idx = np.array([[0, 2], [2, 0], [0, 2], [2, -1], [-1, 2]])
     x = np.arange(5 * 128, dtype=np.float32).reshape(5, 128).astype(BF16)
     (plain,) = ref.dispatch([x], [idx], num_experts=3, expert_alignment=4)
-    (expd,) = ref.dispatch([x], [idx], num_experts=3, expert_alignment=4, expand=True, zero_padding=True)
+    (expd,) = ref.dispatch(
+        [x], [idx], num_experts=3, expert_alignment=4, expand=True, zero_padding=True
+    )
     for res in (plain, expd):
         assert res.num_recv_tokens_per_expert_list == [4, 0, 8]
         np.testing.assert_array_equal(res.num_unaligned_recv_tokens_per_expert, [3, 0, 5])
@@ -361,7 +386,9 @@ def test_alignment_counts_and_prefix_sums():
 def test_expanded_rows_equal_plain_rows(world):
     num_ranks, num_experts, num_topk, max_tokens, align = world
     rng, xs, idxs, weights = make_world(5, *world[:4], x_dtype=FP8)  # packs travel with FP8 only
-    packs = [rng.integers(-(2**31), 2**31, (len(i), 2), dtype=np.int64).astype(np.int32) for i in idxs]
+    packs = [
+        rng.integers(-(2**31), 2**31, (len(i), 2), dtype=np.int64).astype(np.int32) for i in idxs
+    ]
     kwargs = dict(num_experts=num_experts, expert_alignment=align)
     plain = ref.dispatch(xs, idxs, weights, packs, **kwargs)
     expd = ref.dispatch(xs, idxs, weights, packs, expand=True, zero_padding=True, **kwargs)
@@ -412,7 +439,9 @@ def test_expanded_rows_equal_plain_rows(world):
 
 def test_zero_padding_requires_expand():
     with pytest.raises(ValueError, match="zero_padding"):
-        ref.dispatch([np.zeros((1, 128), BF16)], [np.array([[0]])], num_experts=2, zero_padding=True)
+        ref.dispatch(
+            [np.zeros((1, 128), BF16)], [np.array([[0]])], num_experts=2, zero_padding=True
+        )
 
 
 # ----------------------------------------------------------------------------
@@ -464,11 +493,14 @@ def test_per_token_cast_ue8m0_packs():
 @pytest.mark.parametrize("pack_dtype", [np.float32, np.int32])
 def test_fp8_and_scale_packs_travel_bit_exactly(expand, pack_dtype):
     num_ranks, num_experts, num_topk = 4, 16, 4
-    rng, xs, idxs, _ = make_world(8, num_ranks, num_experts, num_topk, 24, hidden=384, x_dtype=np.float32)
+    rng, xs, idxs, _ = make_world(
+        8, num_ranks, num_experts, num_topk, 24, hidden=384, x_dtype=np.float32
+    )
     casts = [ref.per_token_cast_to_fp8(x) for x in xs]
     data = [c[0] for c in casts]
     packs = [
-        rng.integers(0, 2**32, c[1].shape, dtype=np.uint64).astype(np.uint32).view(pack_dtype) for c in casts
+        rng.integers(0, 2**32, c[1].shape, dtype=np.uint64).astype(np.uint32).view(pack_dtype)
+        for c in casts
     ]
     if pack_dtype == np.float32:
         packs[0][:1, :1] = np.array([0x7FC01234], np.uint32).view(np.float32)  # NaN payload
@@ -511,7 +543,9 @@ def test_combine_of_recv_x_is_sum_over_distinct_ranks_exact():
     rng = np.random.default_rng(9)
     num_ranks, num_experts, num_topk, hidden = 4, 16, 6, 256
     idxs = [random_topk(rng, 30, num_experts, num_topk) for _ in range(num_ranks)]
-    xs = [rng.integers(-8, 9, (30, hidden)).astype(np.float32).astype(BF16) for _ in range(num_ranks)]
+    xs = [
+        rng.integers(-8, 9, (30, hidden)).astype(np.float32).astype(BF16) for _ in range(num_ranks)
+    ]
     results = ref.dispatch(xs, idxs, num_experts=num_experts)
     combined = ref.combine([r.recv_x for r in results], results)
     for s in range(num_ranks):
@@ -532,16 +566,25 @@ def test_combine_plain_matches_loop(world, num_bias):
     tmax = results[0].num_max_tokens_per_rank
     # Each destination rank sends a distinct row per token, keyed by (rank, source id).
     ys = [
-        np.array([row_value(hidden, d, gid) for gid in r.recv_src_metadata[:, 0]], BF16).reshape(-1, hidden)
+        np.array([row_value(hidden, d, gid) for gid in r.recv_src_metadata[:, 0]], BF16).reshape(
+            -1, hidden
+        )
         for d, r in enumerate(results)
     ]
     biases = [
-        tuple(rng.standard_normal((len(i), hidden)).astype(BF16) for _ in range(num_bias)) for i in idxs
+        tuple(rng.standard_normal((len(i), hidden)).astype(BF16) for _ in range(num_bias))
+        for i in idxs
     ]
     bias_arg = None if num_bias == 0 else [b[0] if num_bias == 1 else b for b in biases]
     combined = ref.combine(ys, results, bias=bias_arg)
     want = expected_combine(
-        idxs, num_experts // num_ranks, lambda d, s, t: row_value(hidden, d, s * tmax + t), hidden, biases
+        idxs,
+        num_experts // num_ranks,
+        lambda d,
+        s,
+        t: row_value(hidden, d, s * tmax + t),
+        hidden,
+        biases,
     )
     for s in range(num_ranks):
         assert_bitwise_equal(combined[s].combined_x, want[s])
@@ -593,7 +636,9 @@ def test_combine_adds_ranks_in_master_slot_order():
         results = ref.dispatch(xs, idxs, num_experts=num_experts)
         ys = [np.full((1, hidden), values[d], np.float32).astype(BF16) for d in range(3)]
         out = ref.combine(ys, results)[0].combined_x
-        np.testing.assert_array_equal(out.astype(np.float32), np.full((1, hidden), expected, np.float32))
+        np.testing.assert_array_equal(
+            out.astype(np.float32), np.full((1, hidden), expected, np.float32)
+        )
 
 
 def test_expanded_stage_one_adds_in_slot_order():
@@ -691,7 +736,9 @@ def test_generated_data_plain_and_expanded_combine_identically(world):
 def test_combined_topk_weights_round_trip(world, expand):
     num_ranks, num_experts, num_topk, max_tokens, align = world
     _, xs, idxs, weights = make_world(14, *world[:4])
-    results = ref.dispatch(xs, idxs, weights, num_experts=num_experts, expert_alignment=align, expand=expand)
+    results = ref.dispatch(
+        xs, idxs, weights, num_experts=num_experts, expert_alignment=align, expand=expand
+    )
     ys = [r.recv_x for r in results]
     combined = ref.combine(ys, results, topk_weights=[r.recv_topk_weights for r in results])
     for s in range(num_ranks):
@@ -712,7 +759,9 @@ def test_combined_topk_weights_come_from_the_owning_rank():
             sent = [np.full(r.recv_x.shape[0], 10.0 * d, np.float32) for d, r in enumerate(results)]
         else:
             sent = [
-                (10.0 * d + np.arange(num_topk, dtype=np.float32))[None].repeat(r.num_recv_tokens, 0)
+                (10.0 * d + np.arange(num_topk, dtype=np.float32))[None].repeat(
+                    r.num_recv_tokens, 0
+                )
                 for d, r in enumerate(results)
             ]
         combined = ref.combine([r.recv_x for r in results], results, topk_weights=sent)
@@ -805,7 +854,9 @@ T_K = r"expected int array of shape \[T, K\]"
 
 ERROR_CASES = {
     "layout-float-idx": (
-        lambda: ref.dispatch_layout(np.zeros((2, 2), np.float32), 4, 2), TypeError, rf"topk_idx: {T_K}"
+        lambda: ref.dispatch_layout(np.zeros((2, 2), np.float32), 4, 2),
+        TypeError,
+        rf"topk_idx: {T_K}",
     ),
     "layout-1d-idx": (
         lambda: ref.dispatch_layout(np.zeros(4, np.int64), 4, 2), ValueError, rf"topk_idx: {T_K}"
@@ -816,7 +867,9 @@ ERROR_CASES = {
         r"topk_idx: expert id 4 at \[0, 1\] out of range",
     ),
     "layout-idx-below-minus-one": (
-        lambda: ref.dispatch_layout(np.array([[0, -2]]), 4, 2), ValueError, r"topk_idx: expert id -2"
+        lambda: ref.dispatch_layout(np.array([[0, -2]]), 4, 2),
+        ValueError,
+        r"topk_idx: expert id -2",
     ),
     "layout-duplicate-expert": (
         lambda: ref.dispatch_layout(np.array([[1, 1]]), 4, 2),
@@ -834,7 +887,9 @@ ERROR_CASES = {
         r"num_experts: 6 is not divisible by num_ranks=4",
     ),
     "layout-float-num-experts": (
-        lambda: ref.dispatch_layout(np.array([[0]]), 4.0, 2), TypeError, r"num_experts: expected int"
+        lambda: ref.dispatch_layout(np.array([[0]]), 4.0, 2),
+        TypeError,
+        r"num_experts: expected int",
     ),
     "layout-zero-ranks": (
         lambda: ref.dispatch_layout(np.array([[0]]), 4, 0),
@@ -842,7 +897,11 @@ ERROR_CASES = {
         r"num_ranks: expected int in \[1, 1024\], got 0",
     ),
     "xs-not-a-list": (_dispatch_with(xs=np.zeros((2, 3, 256))), TypeError, r"xs: expected a list"),
-    "xs-empty": (_dispatch_with(xs=[], topk_idxs=[]), ValueError, r"xs: expected at least one rank"),
+    "xs-empty": (
+        _dispatch_with(xs=[], topk_idxs=[]),
+        ValueError,
+        r"xs: expected at least one rank",
+    ),
     "topk-idxs-wrong-length": (
         _dispatch_with(topk_idxs=IDXS[:1]), ValueError, r"topk_idxs: expected 2 entries"
     ),
@@ -888,7 +947,9 @@ ERROR_CASES = {
         r"scale_packs\[0\]: expected 4-byte elements",
     ),
     "packs-wrong-shape": (
-        _dispatch_with(xs=FP8_XS, scale_packs=[np.zeros((3, 2), np.int32), np.zeros((2, 3), np.int32)]),
+        _dispatch_with(
+            xs=FP8_XS, scale_packs=[np.zeros((3, 2), np.int32), np.zeros((2, 3), np.int32)]
+        ),
         ValueError,
         r"scale_packs\[1\]: expected array of shape \[2, 2\]",
     ),
@@ -903,10 +964,14 @@ ERROR_CASES = {
         r"expert_alignment: expected int in \[1, 1024\], got 0",
     ),
     "cast-float64": (
-        lambda: ref.per_token_cast_to_fp8(np.zeros((2, 128))), TypeError, r"x: expected float32 or bfloat16"
+        lambda: ref.per_token_cast_to_fp8(np.zeros((2, 128))),
+        TypeError,
+        r"x: expected float32 or bfloat16",
     ),
     "cast-back-not-fp8": (
-        lambda: ref.per_token_cast_back(np.zeros((2, 128), np.float32), np.zeros((2, 1), np.float32)),
+        lambda: ref.per_token_cast_back(
+            np.zeros((2, 128), np.float32), np.zeros((2, 1), np.float32)
+        ),
         TypeError,
         r"data: expected float8_e4m3fn",
     ),
@@ -931,15 +996,21 @@ def test_combine_errors_name_the_argument():
     n0 = results[0].num_recv_tokens
     with pytest.raises(ValueError, match=r"ys: expected 2 entries"):
         ref.combine(ys[:1], results)
-    with pytest.raises(TypeError, match=rf"ys\[0\]: expected bfloat16 array of shape \[{n0}, 256\]"):
+    with pytest.raises(
+        TypeError, match=rf"ys\[0\]: expected bfloat16 array of shape \[{n0}, 256\]"
+    ):
         ref.combine([ys[0].astype(np.float32), ys[1]], results)
     with pytest.raises(ValueError, match=r"ys\[1\]: expected bfloat16 array of shape"):
         ref.combine([ys[0], ys[1][:1]], results)
     with pytest.raises(ValueError, match=r"expand: True does not match the handles"):
         ref.combine(ys, results, expand=True)
-    with pytest.raises(ValueError, match=rf"topk_weights\[0\]: expected float32 array of shape \[{n0}, 2\]"):
+    with pytest.raises(
+        ValueError, match=rf"topk_weights\[0\]: expected float32 array of shape \[{n0}, 2\]"
+    ):
         ref.combine(ys, results, topk_weights=[np.zeros((n0, 3), np.float32)] * 2)
-    with pytest.raises(TypeError, match=r"bias\[1\]\[0\]: expected bfloat16 array of shape \[2, 256\]"):
+    with pytest.raises(
+        TypeError, match=r"bias\[1\]\[0\]: expected bfloat16 array of shape \[2, 256\]"
+    ):
         ref.combine(ys, results, bias=[None, np.zeros((2, 256), np.float32)])
     with pytest.raises(ValueError, match=r"bias\[0\]: expected at most two"):
         ref.combine(ys, results, bias=[(xs[0],) * 3, None])
@@ -951,7 +1022,9 @@ def test_combine_errors_name_the_argument():
         ref.combine([ys[0], ys[1][:1]], [results[0], broken])
     expd = ref.dispatch(xs, idxs, num_experts=4, expand=True)
     n_exp = expd[0].recv_x.shape[0]
-    with pytest.raises(ValueError, match=rf"topk_weights\[0\]: expected float32 array of shape \[{n_exp}\]"):
+    with pytest.raises(
+        ValueError, match=rf"topk_weights\[0\]: expected float32 array of shape \[{n_exp}\]"
+    ):
         ref.combine([r.recv_x for r in expd], expd, topk_weights=[np.zeros((1, 1), np.float32)] * 2)
 
 
@@ -970,7 +1043,9 @@ def test_grouped_gemm_multiplies_each_experts_rows_by_its_weights():
             rows = slice(int(starts[e]), int(starts[e] + counts[e]))
             want = res.recv_x[rows].astype(np.float32) @ w[e].astype(np.float32)
             assert np.allclose(y[rows], want, rtol=1e-5, atol=1e-4)
-            pad = slice(int(starts[e] + counts[e]), int(starts[e]) + res.num_recv_tokens_per_expert_list[e])
+            pad = slice(
+                int(starts[e] + counts[e]), int(starts[e]) + res.num_recv_tokens_per_expert_list[e]
+            )
             assert np.isnan(y[pad]).all()  # padding: not an expert's row
     with pytest.raises(ValueError, match="needs an expanded dispatch result"):
         ref.grouped_gemm(ref.dispatch(xs, idxs, num_experts=E)[0], w)
@@ -988,7 +1063,9 @@ def _handles(expand=False, **override):
     """Dispatch results of _world() (with topk weights), rank 1's fields overridden."""
     xs, idxs = _world()
     weights = [np.ones(i.shape, np.float32) for i in idxs]
-    results = ref.dispatch(xs, idxs, weights, num_experts=4, expand=expand, expert_alignment=1 + 3 * expand)
+    results = ref.dispatch(
+        xs, idxs, weights, num_experts=4, expand=expand, expert_alignment=1 + 3 * expand
+    )
     if override:
         results[1] = dataclasses.replace(results[1], **override)
     return results
@@ -1010,11 +1087,17 @@ GEMM_W = np.zeros((2, 256, 16), BF16)
 HOSTILE_CASES = {
     # align: used to divide by the alignment.
     "align-zero": (lambda: ref.align(5, 0), ValueError, r"alignment: expected int >= 1, got 0"),
-    "align-negative": (lambda: ref.align(5, -4), ValueError, r"alignment: expected int >= 1, got -4"),
+    "align-negative": (
+        lambda: ref.align(5, -4),
+        ValueError,
+        r"alignment: expected int >= 1, got -4",
+    ),
     "align-float": (lambda: ref.align(5, 2.5), TypeError, r"alignment: expected int, got float"),
     "align-str-n": (lambda: ref.align("5", 4), TypeError, r"n: expected int or int array, got str"),
     "align-float-array-n": (
-        lambda: ref.align(np.array([1.5]), 4), TypeError, r"n: expected int or int array, got float64 array"
+        lambda: ref.align(np.array([1.5]), 4),
+        TypeError,
+        r"n: expected int or int array, got float64 array",
     ),
     # combine: handles that are not handles used to be AttributeErrors.
     "combine-str-handles": (
@@ -1028,7 +1111,9 @@ HOSTILE_CASES = {
         r"handles\[1\]: expected a handle from reference\.dispatch, got str",
     ),
     "combine-handles-a-str": (
-        lambda: ref.combine([], "h0h1"), TypeError, r"handles: expected a non-empty list of dispatch results"
+        lambda: ref.combine([], "h0h1"),
+        TypeError,
+        r"handles: expected a non-empty list of dispatch results",
     ),
     "combine-too-few-handles": (
         lambda: ref.combine([h.recv_x for h in _handles()][:1], _handles()[:1]),
@@ -1067,9 +1152,12 @@ HOSTILE_CASES = {
     ),
     # combine: rows of another hidden size than dispatch moved.
     "combine-other-hidden": (
-        lambda: ref.combine([np.zeros((h.num_recv_tokens, 128), BF16) for h in _handles()], _handles()),
+        lambda: ref.combine(
+            [np.zeros((h.num_recv_tokens, 128), BF16) for h in _handles()], _handles()
+        ),
         ValueError,
-        r"ys\[0\]: expected bfloat16 array of shape \[3, 256\] \(the rows dispatch moved to rank 0\), "
+        r"ys\[0\]: expected bfloat16 array of shape \[3, 256\] "
+        r"\(the rows dispatch moved to rank 0\), "
         r"got bfloat16 array of shape \(3, 128\)",
     ),
     "combine-other-hidden-expanded": (
@@ -1078,7 +1166,8 @@ HOSTILE_CASES = {
             _handles(True),
         ),
         ValueError,
-        r"ys\[1\]: expected bfloat16 array of shape \[\d+, 256\] \(the rows dispatch moved to rank 1\), "
+        r"ys\[1\]: expected bfloat16 array of shape \[\d+, 256\] "
+        r"\(the rows dispatch moved to rank 1\), "
         r"got bfloat16 array of shape \(\d+, 64\)",
     ),
     # grouped_gemm: used to be AttributeErrors or numpy's errors.
@@ -1114,13 +1203,19 @@ HOSTILE_CASES = {
         rf"expert_alignment: expected int in \[1, 1024\], got {2**62}",
     ),
     "alignment-2-62-expanded": (
-        _dispatch_with(expert_alignment=2**62, expand=True), ValueError, r"expert_alignment: expected int in"
+        _dispatch_with(expert_alignment=2**62, expand=True),
+        ValueError,
+        r"expert_alignment: expected int in",
     ),
     "alignment-1025": (
-        _dispatch_with(expert_alignment=1025), ValueError, r"expert_alignment: expected int in \[1, 1024\]"
+        _dispatch_with(expert_alignment=1025),
+        ValueError,
+        r"expert_alignment: expected int in \[1, 1024\]",
     ),
     "alignment-negative": (
-        _dispatch_with(expert_alignment=-128), ValueError, r"expert_alignment: expected int in \[1, 1024\]"
+        _dispatch_with(expert_alignment=-128),
+        ValueError,
+        r"expert_alignment: expected int in \[1, 1024\]",
     ),
     "experts-2-62": (
         _dispatch_with(num_experts=2**62), ValueError, r"num_experts: expected int in \[1, 2048\]"
@@ -1173,13 +1268,17 @@ HOSTILE_CASES = {
         r"scale_packs: only for FP8 data \(float8_e4m3fn or float8_e5m2\), but xs are bfloat16",
     ),
     "packs-with-float32": (
-        _dispatch_with(xs=[x.astype(np.float32) for x in XS], scale_packs=[np.zeros((3, 2), np.int32)] * 2),
+        _dispatch_with(
+            xs=[x.astype(np.float32) for x in XS], scale_packs=[np.zeros((3, 2), np.int32)] * 2
+        ),
         TypeError,
         r"scale_packs: only for FP8 data",
     ),
     # sort_by_source and generate_pre_combine_data on what is not a handle.
     "sort-none": (
-        lambda: ref.sort_by_source(None), TypeError, r"result: expected a handle from reference\.dispatch"
+        lambda: ref.sort_by_source(None),
+        TypeError,
+        r"result: expected a handle from reference\.dispatch",
     ),
     "sort-no-local-experts": (
         lambda: ref.sort_by_source(_handles(True, num_recv_tokens_per_expert_list=[])[1]),
@@ -1205,15 +1304,21 @@ HOSTILE_CASES = {
         r"handles: got 1 handles for a world of 2 ranks",
     ),
     "generate-source-id-out-of-range": (
-        lambda: ref.generate_pre_combine_data(_handles(recv_src_metadata=np.full((3, 4), 50, np.int32))),
+        lambda: ref.generate_pre_combine_data(
+            _handles(recv_src_metadata=np.full((3, 4), 50, np.int32))
+        ),
         ValueError,
         r"handles\[1\]: recv_src_metadata\[:, 0\] is out of range or not unique",
     ),
     "generate-str-seed": (
-        lambda: ref.generate_pre_combine_data(_handles(), seed="1"), TypeError, r"seed: expected a number"
+        lambda: ref.generate_pre_combine_data(_handles(), seed="1"),
+        TypeError,
+        r"seed: expected a number",
     ),
     "cast-back-bad-out-dtype": (
-        lambda: ref.per_token_cast_back(np.zeros((2, 128), FP8), np.ones((2, 1), np.float32), 128, "junk"),
+        lambda: ref.per_token_cast_back(
+            np.zeros((2, 128), FP8), np.ones((2, 1), np.float32), 128, "junk"
+        ),
         TypeError,
         r"out_dtype: expected a numpy dtype, got 'junk'",
     ),
@@ -1235,7 +1340,9 @@ def test_limits_themselves_are_accepted():
     (r0,) = ref.dispatch([np.zeros((1, 8), BF16)], [np.array([[255]])], num_experts=256)
     assert r0.num_unaligned_recv_tokens_per_expert[255] == 1
     e5m2 = [np.ones((1, 8), np.dtype(ml_dtypes.float8_e5m2))]
-    (r0,) = ref.dispatch(e5m2, [np.array([[0]])], None, [np.full((1, 1), 7, np.int32)], num_experts=2)
+    (r0,) = ref.dispatch(
+        e5m2, [np.array([[0]])], None, [np.full((1, 1), 7, np.int32)], num_experts=2
+    )
     assert r0.recv_scale_packs.tolist() == [[7]]
     assert ref.align(5, 4) == 8 and ref.align(np.array([0, 1, 4, 5]), 4).tolist() == [0, 4, 4, 8]
 

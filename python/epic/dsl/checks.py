@@ -181,7 +181,8 @@ def unavailable_error(backend, name, kernel):
     if name not in _UNAVAILABLE.get(backend, {}):
         return None
     why, instead = _UNAVAILABLE[backend][name]
-    return f"el.{name} in kernel {kernel} cannot run on the {backend} backend: it is {why}; {instead}"
+    return (f"el.{name} in kernel {kernel} cannot run on the {backend} backend: "
+            f"it is {why}; {instead}")
 
 
 def check_backend(fn, backend):

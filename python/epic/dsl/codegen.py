@@ -119,7 +119,8 @@ class Generator(ast.NodeVisitor):
         attributes = {"sym_name": f'"{self.name}"', "function_type": signature,
                       "gpu.kernel": "unit"}
         if self.abi == "runtime":  # the table travels by value, a record per rank served
-            attributes["comm.param_table"] = (f"#comm.param_table<arg = 2, stride = {_RECORD_BYTES}, "
+            attributes["comm.param_table"] = (f"#comm.param_table<arg = 2, "
+                                              f"stride = {_RECORD_BYTES}, "
                                               f"ranks = {self.ranks}>")
         gfunc = sem.op("gpu.func", attributes=attributes, regions=1)
         sem.kernel_func = gfunc
@@ -364,7 +365,8 @@ class Generator(ast.NodeVisitor):
         # Python constants the branches reassign become values of the type the branches give
         # them: a first pass over the branches (then erased) learns those types.
         constants = {n: self.scope[n] for n in self.assigned_names(node.body + node.orelse)
-                     if n in self.scope and isinstance(self.scope[n], (int, float, bool, np.number))}
+                     if n in self.scope
+                     and isinstance(self.scope[n], (int, float, bool, np.number))}
         if constants:
             learned = {}
             probe = self.sem.op("scf.if", [condition], [], regions=2)

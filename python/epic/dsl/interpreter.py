@@ -143,7 +143,8 @@ class Context(Values):
     def load(self, pointer, mask, other, sem, scope):
         _check_sem(sem, ("relaxed", "acquire"), "load")
         if not isinstance(pointer, Pointer):
-            raise KernelError(f"{self.location()}: el.load of a {type(pointer).__name__}, not a pointer")
+            raise KernelError(
+                f"{self.location()}: el.load of a {type(pointer).__name__}, not a pointer")
         if mask is None:
             values = pointer.typed()[pointer._indices(f"{self.location()}: el.load")]
             return block(values.copy()) if np.ndim(values) else values[()]
@@ -157,7 +158,8 @@ class Context(Values):
     def store(self, pointer, value, mask, sem, scope):
         _check_sem(sem, ("relaxed", "release"), "store")
         if not isinstance(pointer, Pointer):
-            raise KernelError(f"{self.location()}: el.store to a {type(pointer).__name__}, not a pointer")
+            raise KernelError(
+                f"{self.location()}: el.store to a {type(pointer).__name__}, not a pointer")
         offsets = np.asarray(pointer.offset)
         values = np.broadcast_to(np.asarray(value).astype(pointer.dtype), offsets.shape)
         if mask is not None:
@@ -227,9 +229,9 @@ class Context(Values):
             if self.launch.failed.is_set():
                 raise _Aborted(f"{self.location()}: stopped (another program failed)")
             if time.monotonic() > deadline:
-                raise KernelError(f"{self.location()}: el.wait timed out after {timeout_ms} ms: the "
-                                  f"word at byte {pointer.offset} of rank {pointer.rank}'s window "
-                                  f"is {current}, waited for {value}")
+                raise KernelError(f"{self.location()}: el.wait timed out after {timeout_ms} "
+                                  f"ms: the word at byte {pointer.offset} of rank "
+                                  f"{pointer.rank}'s window is {current}, waited for {value}")
             time.sleep(0)
 
     def flush(self):

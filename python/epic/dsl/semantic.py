@@ -341,7 +341,8 @@ class Semantic(CoreSemantic):
             if not (isinstance(p, Val) and p.window and p.offsets is None):
                 raise self.error(f"el.put: {name} must be a scalar pointer into the window", node)
         if dst.peer is None or src.peer is not None:
-            raise self.error("el.put copies from this rank's window to a peer's (el.peer_ptr)", node)
+            raise self.error("el.put copies from this rank's window to a peer's (el.peer_ptr)",
+                             node)
         size = np.dtype(_np_of(src.pointer)).itemsize
         nbytes = self.binary(ast.Mult(), self.widen(self.lift(count, None)),
                              self.const(size, "i64"), node)

@@ -40,7 +40,8 @@ __all__ = [
 
 
 class constexpr:
-    """Annotation of a kernel argument whose value specializes the kernel (``BLOCK: el.constexpr``)."""
+    """Annotation of a kernel argument whose value specializes the kernel \
+(``BLOCK: el.constexpr``)."""
 
     __epic_constexpr__ = True  # (dispatch.CONSTEXPR: what the checks and @epic.jit look for)
 
