@@ -26,6 +26,8 @@
 
 #include "GroupedGemm.h"
 
+#include "ArithBuilder.h"
+
 #include "epic/Dialect/Comm/IR/CommDialect.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -79,7 +81,7 @@ ArrayAttr epic::detail::groupedGemmTensorMaps(Builder &b, const GroupedGemmShape
 
 namespace {
 
-struct GemmBuilder {
+struct GemmBuilder : epic::expand::ArithBuilder<GemmBuilder> {
   ImplicitLocOpBuilder &b;
   const GroupedGemmShape &shape;
   MLIRContext *ctx;
@@ -91,15 +93,6 @@ struct GemmBuilder {
 
   // --- index arithmetic -----------------------------------------------------
   Value idx(int64_t v) { return arith::ConstantIndexOp::create(b, v); }
-  Value add(Value x, Value y) { return arith::AddIOp::create(b, x, y); }
-  Value sub(Value x, Value y) { return arith::SubIOp::create(b, x, y); }
-  Value mul(Value x, Value y) { return arith::MulIOp::create(b, x, y); }
-  Value divu(Value x, Value y) { return arith::DivUIOp::create(b, x, y); }
-  Value remu(Value x, Value y) { return arith::RemUIOp::create(b, x, y); }
-  Value ult(Value x, Value y) { return arith::CmpIOp::create(b, arith::CmpIPredicate::ult, x, y); }
-  Value ule(Value x, Value y) { return arith::CmpIOp::create(b, arith::CmpIPredicate::ule, x, y); }
-  Value select(Value c, Value x, Value y) { return arith::SelectOp::create(b, c, x, y); }
-  Value andi(Value x, Value y) { return arith::AndIOp::create(b, x, y); }
   /// Rounds `x` up to a multiple of `a`.
   Value alignUp(Value x, int64_t a) {
     return a == 1 ? x : mul(divu(add(x, idx(a - 1)), idx(a)), idx(a));
@@ -152,12 +145,6 @@ struct GemmBuilder {
       return op.getResults();
     scf::YieldOp::create(b, next);
     return op.getResults();
-  }
-  void when(Value cond, function_ref<void()> body) {
-    auto op = scf::IfOp::create(b, cond, /*withElseRegion=*/false);
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(op.thenBlock());
-    body();
   }
 
   void build(gpu::GPUFuncOp func) {

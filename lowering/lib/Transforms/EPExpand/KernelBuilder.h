@@ -10,6 +10,7 @@
 #ifndef EPIC_LOWERING_TRANSFORMS_EPEXPAND_KERNELBUILDER_H
 #define EPIC_LOWERING_TRANSFORMS_EPEXPAND_KERNELBUILDER_H
 
+#include "ArithBuilder.h"
 #include "Layout.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -34,7 +35,7 @@ struct RowPart {
   Value part, parts;
 };
 
-class KernelBuilder {
+class KernelBuilder : public ArithBuilder<KernelBuilder> {
 public:
   KernelBuilder(gpu::GPUFuncOp func, const EPLayout &layout)
       : b(func.getLoc(), func.getContext()), layout(layout) {
@@ -82,19 +83,6 @@ public:
   Value wide(Value v) {
     return v.getType() == i64T() ? v : arith::ExtSIOp::create(b, i64T(), v).getResult();
   }
-
-  Value add(Value x, Value y) { return arith::AddIOp::create(b, x, y); }
-  Value sub(Value x, Value y) { return arith::SubIOp::create(b, x, y); }
-  Value mul(Value x, Value y) { return arith::MulIOp::create(b, x, y); }
-  Value divu(Value x, Value y) { return arith::DivUIOp::create(b, x, y); }
-  Value remu(Value x, Value y) { return arith::RemUIOp::create(b, x, y); }
-  Value divs(Value x, Value y) { return arith::DivSIOp::create(b, x, y); }
-  Value rems(Value x, Value y) { return arith::RemSIOp::create(b, x, y); }
-  Value cmp(arith::CmpIPredicate p, Value x, Value y) { return arith::CmpIOp::create(b, p, x, y); }
-  Value lt(Value x, Value y) { return cmp(arith::CmpIPredicate::slt, x, y); }
-  Value eq(Value x, Value y) { return cmp(arith::CmpIPredicate::eq, x, y); }
-  Value select(Value c, Value x, Value y) { return arith::SelectOp::create(b, c, x, y); }
-  Value andi(Value x, Value y) { return arith::AndIOp::create(b, x, y); }
 
   // --- memory ---------------------------------------------------------------
   /// `base + bytes` (bytes: i32 or i64).
@@ -152,12 +140,6 @@ public:
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(op.getBody());
     body(op.getInductionVar());
-  }
-  void when(Value cond, function_ref<void()> body) {
-    auto op = scf::IfOp::create(b, cond, /*withElseRegion=*/false);
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(op.thenBlock());
-    body();
   }
   Value choose(Value cond, Type type, function_ref<Value()> then, function_ref<Value()> otherwise) {
     auto op = scf::IfOp::create(b, TypeRange{type}, cond, /*withElseRegion=*/true);
