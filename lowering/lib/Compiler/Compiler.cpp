@@ -29,36 +29,29 @@ using namespace mlir;
 
 namespace {
 
-/// An attribute of a launch function as JSON: integers, strings and arrays
-/// of them natively, anything else as its MLIR text.
-std::string attributeJson(Attribute attr) {
+/// An attribute of a launch function as JSON: integers, strings, arrays and
+/// dictionaries natively, anything else as its MLIR text.
+llvm::json::Value attributeJson(Attribute attr) {
   if (auto integer = dyn_cast<IntegerAttr>(attr))
-    return std::to_string(integer.getInt());
-  std::string text;
+    return integer.getInt();
   if (auto string = dyn_cast<StringAttr>(attr))
-    text = string.getValue().str();
-  else if (auto array = dyn_cast<ArrayAttr>(attr)) {
-    std::string out = "[";
-    for (auto [i, element] : llvm::enumerate(array))
-      out += (i ? ", " : "") + attributeJson(element);
-    return out + "]";
-  } else if (auto dict = dyn_cast<DictionaryAttr>(attr)) {
-    std::string out = "{";
-    for (auto [i, entry] : llvm::enumerate(dict)) {
-      std::string key;
-      llvm::raw_string_ostream ks(key);
-      ks << llvm::json::Value(entry.getName().str());
-      out += (i ? ", " : "") + key + ": " + attributeJson(entry.getValue());
-    }
-    return out + "}";
-  } else {
-    llvm::raw_string_ostream os(text);
-    attr.print(os);
+    return string.getValue().str();
+  if (auto array = dyn_cast<ArrayAttr>(attr)) {
+    llvm::json::Array out;
+    for (Attribute element : array)
+      out.push_back(attributeJson(element));
+    return out;
   }
-  std::string json;
-  llvm::raw_string_ostream os(json);
-  os << llvm::json::Value(text);
-  return json;
+  if (auto dict = dyn_cast<DictionaryAttr>(attr)) {
+    llvm::json::Object out;
+    for (NamedAttribute entry : dict)
+      out[entry.getName().str()] = attributeJson(entry.getValue());
+    return out;
+  }
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  attr.print(os);
+  return text;
 }
 
 /// Removes a temporary file when it goes out of scope.
@@ -187,14 +180,14 @@ epic::CompileResult epic::compileModule(const std::string &source, const Compile
   module->walk([&](func::FuncOp func) {
     if (!func->hasAttr("epic.entry"))
       return;
-    std::string text;
-    llvm::raw_string_ostream os(text);
-    os << "{\"name\": \"" << func.getName() << "\"";
+    // The launch metadata: the launch function's epic.* attributes, by name.
+    llvm::json::Object entry{{"name", func.getName().str()}};
     for (NamedAttribute attr : func->getAttrs())
       if (attr.getName().strref().starts_with("epic."))
-        os << ", \"" << attr.getName().strref().drop_front(5)
-           << "\": " << attributeJson(attr.getValue());
-    os << "}";
+        entry[attr.getName().strref().drop_front(5)] = attributeJson(attr.getValue());
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    os << llvm::json::Value(std::move(entry));
     result.entriesJson.push_back(text);
   });
   module->walk([&](gpu::GPUFuncOp func) {
@@ -245,10 +238,9 @@ std::string epic::CompileResult::metadataJson() const {
   llvm::json::Array entries;
   for (const std::string &entry : entriesJson) {
     llvm::Expected<llvm::json::Value> parsed = llvm::json::parse(entry);
-    if (parsed)
-      entries.push_back(std::move(*parsed));
-    else
-      llvm::consumeError(parsed.takeError());
+    if (!parsed) // entriesJson holds what compileModule serialized: a bug, not an input
+      throw CompileError("launch metadata that is not JSON: " + llvm::toString(parsed.takeError()));
+    entries.push_back(std::move(*parsed));
   }
   llvm::json::Object root{
       {"kernels", std::move(kernelArray)},
