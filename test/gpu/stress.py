@@ -210,27 +210,26 @@ class StepRun:
         from test_elastic_buffer import as_result, check_dispatch
 
         c, d, served = self.c, self.data, self.w.served
-        kw = dict(num_experts=c.experts, num_max_tokens_per_rank=c.tmax,
-                  expert_alignment=c.alignment, do_zero_padding=c.zero_padding)
+        # The fused op takes the buffer's token cap (its kernels size scratch by it): GEMM-capable
+        # configurations have that cap (stress_plan.configurations), the others pass theirs.
+        kw = dict(num_experts=c.experts, expert_alignment=c.alignment,
+                  do_zero_padding=c.zero_padding)
         ws = [self.to_torch(d[r]["w"]) for r in served] if c.weights else None
         idx = [self.to_torch(d[r]["idx"]) for r in served]
         xs = [e["x"] for e in d]
         sfs = [e["sf"] for e in d]
         self.delay()
         if gemm:
-            # The fused op takes the buffer's token cap (its kernels size scratch by it):
-            # GEMM-capable configurations have that cap (stress_plan.configurations).
-            fused_kw = {k: v for k, v in kw.items() if k != "num_max_tokens_per_rank"}
             recv, recv_w, gemm_out, handles, _ = self.b.dispatch_gemm(
                 self.w.arg(self.x_in(xs, sfs)), self.w.arg(idx), self.w.arg(self.gemm_weights()),
-                topk_weights=self.w.arg(ws) if ws else None, **fused_kw)
+                topk_weights=self.w.arg(ws) if ws else None, **kw)
             # The fused op returns no recv_topk_idx: the check below takes the reference's.
             recv_idx, gemm_out = [None] * len(served), self.w.out(gemm_out)
         else:
             recv, recv_idx, recv_w, handles, event = self.b.dispatch(
                 self.w.arg(self.x_in(xs, sfs)), self.w.arg(idx),
-                self.w.arg(ws) if ws else None, do_expand=c.expand, **kw,
-                **self.stream_kwargs())
+                self.w.arg(ws) if ws else None, do_expand=c.expand,
+                num_max_tokens_per_rank=c.tmax, **kw, **self.stream_kwargs())
             self.finish(event)
             gemm_out = None
         recv = self.w.out(recv)

@@ -28,9 +28,8 @@ namespace comm = epic::comm;
 /// 16-byte chunks per lane a row copy keeps in flight (KernelBuilder::kCopyUnroll).
 inline constexpr int64_t kDefaultRowUnroll = 4;
 
-inline int64_t align(int64_t value, int64_t alignment) {
-  return (value + alignment - 1) / alignment * alignment;
-}
+// Byte offsets round up as the window's do.
+using epic::ep::window::align;
 
 //===----------------------------------------------------------------------===//
 // Layout of the window and of the parameter records
