@@ -6,7 +6,7 @@ from __future__ import annotations
 import weakref
 
 from . import _tensors as T
-from ._plans import signature, signatures
+from ._plans import signature, signatures, zero_on_launch_stream
 from .buffer import _C, _capturing, _check_bool, _check_event, _check_int, _gemm_dtype
 from .handle import EventOverlap
 
@@ -51,19 +51,21 @@ def _spec(b, h, topk, dtype=None, expand=None):
                    h.do_expand if expand is None else expand, h.num_max_tokens_per_rank)
 
 
-def _run(b, key, kind, spec, variant, pairs, num_sms, make_outputs, streams_args, zero=()):
-    """Launches the plan of `key` with a set of outputs: (the outputs per rank, event args)."""
+def _run(b, key, kind, spec, variant, pairs, num_sms, make_outputs, streams_args, zero=(),
+         zero_inputs=()):
+    """Launches the plan of `key` with a set of outputs: (the outputs per rank, event args).
+    `zero_inputs`: tensors the kernels write only in part, zeroed on the launch stream."""
     plan = b._plans.get(key) or b._plan(key, kind, spec, variant, pairs, num_sms, make_outputs)
     stream, streams = b._stream(*streams_args)
-    return _launch(plan, pairs, stream, zero), streams
+    zero_on_launch_stream(zero_inputs, streams)
+    return _launch(plan, pairs, stream, zero, streams), streams
 
 
-def _launch(plan, pairs, stream, zero=()):
+def _launch(plan, pairs, stream, zero=(), streams=None):
     """A checked call: a set of outputs taken from the plan's pool, the kernels launched."""
     out = plan.take(_capturing())
-    for o in out.per_rank:  # outputs whose rows the kernels write only in part
-        for name in zero:
-            o[name].zero_()
+    # outputs whose rows the kernels write only in part
+    zero_on_launch_stream([o[name] for o in out.per_rank for name in zero], streams)
     plan.launch(out, pairs, stream)  # the runtime's errors carry the wait reports already
     if not out.sealed:
         out.seal()
@@ -179,7 +181,8 @@ def combine(b, x, handle, topk_weights, bias, num_sms, num_qps, previous_event,
 
     out, streams = _run(b, key, kind, spec, variant, pairs, num_sms, make_outputs,
                         (previous_event, allocate_on_comm_stream, async_with_compute_stream,
-                         previous_event_before_epilogue))
+                         previous_event_before_epilogue),
+                        zero_inputs=xs if gemm is not None else ())
     if replay_key is not None and key is not None:
         replay = b._replays.get(replay_key)
         if replay is None or replay.key != key:
@@ -194,10 +197,9 @@ def gemm_combine(b, x, weights, handle, bias, num_sms, previous_event,
                  async_with_compute_stream, allocate_on_comm_stream):
     handles, xs, ws = _expert_inputs(b, "gemm_combine", x, weights, handle)
     # y: the GEMM's output, which the fused kernel writes and the combine sends; padding rows
-    # are zero (a new tensor per call: it is returned, and the combine's plan binds it).
+    # are zero (a new tensor per call: it is returned, and the combine's plan binds it). The
+    # combine zeroes it on the stream its kernels run on (zero_on_launch_stream).
     ys = [b._allocate([("y", "bf16", tuple(xr.shape))], like=xr)["y"] for xr in xs]
-    for y in ys:
-        y.fill(0) if not T.is_torch(y) else y.zero_()
     combined, _, event = combine(b, b._ranks_out(ys), handle, None, bias, num_sms, 0,
                                  previous_event, None, async_with_compute_stream,
                                  allocate_on_comm_stream, (xs, ws))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 
 from . import _tensors as T
-from ._plans import signatures
+from ._plans import signatures, zero_on_launch_stream
 from .buffer import (_C, _capturing, _check_bool, _check_event, _check_int, _device_wait_reports,
                      _refuse_in_capture)
 from .handle import HANDLE_SLOTS, EPHandle
@@ -258,8 +258,7 @@ def _launch(b, plan, c, pairs, idxs, stream, streams, stats, async_with_compute_
     results (and handles) handed out."""
     out = plan.take(_capturing())
     if c.gemm:  # padding rows are zero (and rows of other experts in a reused set)
-        for o in out.per_rank:
-            o["gemm_out"].zero_()
+        zero_on_launch_stream([o["gemm_out"] for o in out.per_rank], streams)
     plan.launch(out, pairs, stream)  # the runtime's errors carry the wait reports already
 
     # Exact sizes: a cached dispatch knows them from its handle; otherwise they are read back

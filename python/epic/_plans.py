@@ -30,7 +30,10 @@ from __future__ import annotations
 import sys
 from collections import OrderedDict
 
-__all__ = ["OpPlan", "OutputSet", "PlanCache", "MAX_SETS", "MAX_PLANS", "signature", "signatures"]
+from . import _tensors as T
+
+__all__ = ["OpPlan", "OutputSet", "PlanCache", "MAX_SETS", "MAX_PLANS", "signature", "signatures",
+           "zero_on_launch_stream"]
 
 MAX_SETS = 2
 MAX_PLANS = 256
@@ -216,3 +219,21 @@ def _nbytes(t):
         return t.numel() * t.element_size()
     except AttributeError:  # what the pool's tests stand in for tensors with
         return getattr(t, "nbytes", 0)
+
+
+def zero_on_launch_stream(tensors, streams):
+    """Zeroes `tensors` where the kernels will run. `streams`: None (the current stream), or
+    (compute, comm) under DeepEP's stream protocol, where the communication stream waits for
+    `previous_event` only: a zero written on the compute stream could land after the kernels
+    wrote their rows."""
+    if streams is None:
+        for t in tensors:
+            t.fill(0) if not T.is_torch(t) else t.zero_()
+        return
+    import torch
+
+    comm = streams[1]
+    with torch.cuda.stream(comm):
+        for t in tensors:
+            t.zero_()
+            t.record_stream(comm)  # the caller may drop it while the kernels still write it

@@ -26,6 +26,11 @@ By default one buffer serves every expert count and token cap (issue 26's first 
 Every op is bounded: the buffers' GPU timeout is 20 s, and a watchdog ends the process naming
 the op after --op-timeout seconds. Prints per-op counts and every failure (op, rank, what
 differed); exits 1 on any failure.
+
+With 2 or more NCCL processes the run ends with deliberate mismatches, each expecting its
+error: num_bytes differing on one rank (refused at construction, naming num_bytes) and num_sms
+differing on one rank (the kernels trap at the entry barrier naming both ranks; last, since
+the CUDA context is lost). --no-mismatches skips them.
 """
 
 from __future__ import annotations
@@ -309,6 +314,29 @@ class StepRun:
             self.check("grouped_gemm", r, not ys[i][~covered].any(), "padding rows not zero")
         self.ys = ys
 
+    def gemm_rows_differ(self, r, got, want):
+        """Which rows of a GEMM output differ: how many, the first few, and whether they are
+        expert rows or padding and all zero on either side (what tells a race from a wrong
+        product)."""
+        t = self.t
+        e = self.expected[r]
+        valid = t.zeros(want.shape[0], dtype=t.bool, device=want.device)
+        for j, start in enumerate(e.expert_starts().tolist()):
+            valid[start:start + int(e.num_unaligned_recv_tokens_per_expert[j])] = True
+        bad = (got.view(t.int16) != want.view(t.int16)).any(1).nonzero().flatten().tolist()
+        rows = [f"{row}({'expert' if valid[row] else 'padding'}, got "
+                f"{'zero' if not got[row].any() else 'data'}, want "
+                f"{'zero' if not want[row].any() else 'data'})" for row in bad[:4]]
+        # grouped_gemm of the same rows again: a stale `want` or a wrong `got`
+        again = self.w.out(self.b.grouped_gemm(self.w.arg(self.recv), self.w.arg(
+            self.gemm_weights()), self.w.arg(self.handles)))[self.w.served.index(r)]
+        t.cuda.synchronize()
+        same = {name: t.equal(v.view(t.int16), again.view(t.int16))
+                for name, v in (("got", got), ("want", want))}
+        return (f"{len(bad)} of {want.shape[0]} rows ({int(valid.sum())} expert rows), "
+                f"stream {self.s.stream}: {', '.join(rows)}; equal to grouped_gemm run "
+                f"again: {same}")
+
     def combine(self, fused=False):
         """Plain combine of random rows (or of the GEMM's output), or gemm_combine; bitwise
         against epic.reference.combine of the same rows in canonical order."""
@@ -337,18 +365,24 @@ class StepRun:
             ys, out, event = self.b.gemm_combine(self.w.arg(self.recv), self.w.arg(
                 self.gemm_weights()), self.w.arg(self.handles), bias=bias_in,
                 **self.stream_kwargs())
+            # In DeepEP's async protocol the outputs are ready once the event is waited for.
+            self.finish(event)
+            event = None
             out_w = self.w.out(None)
             for i, r in enumerate(served):
-                self.check("gemm_combine", r, t.equal(self.w.out(ys)[i].view(t.int16),
-                                                      self.ys[i].view(t.int16)),
-                           "its GEMM output differs from grouped_gemm's")
+                got_y = self.w.out(ys)[i]
+                if not t.equal(got_y.view(t.int16), self.ys[i].view(t.int16)):
+                    self.check("gemm_combine", r, False,
+                               "its GEMM output differs from grouped_gemm's: "
+                               f"{self.gemm_rows_differ(r, got_y, self.ys[i])}")
         else:
             y_in = [self.to_torch(P.to_arrival(canonical[r], perms[r])) for r in served]
             out, out_w, event = self.b.combine(
                 self.w.arg(y_in), self.w.arg(self.handles),
                 topk_weights=self.w.arg(self.recv_w) if c.weights else None, bias=bias_in,
                 **self.stream_kwargs())
-        self.finish(event)
+        if event is not None:
+            self.finish(event)
         out, out_w = self.w.out(out), self.w.out(out_w)
         weights = c.weights and not fused  # gemm_combine takes no weights
         want = ref.combine(canonical, self.expected, bias=bias, topk_weights=[
@@ -392,6 +426,45 @@ def run_step(torch, world, buffers, step, configs, seed, failures, watchdog):
         watchdog.disarm()
 
 
+def deliberate_mismatches(torch, world, size, configs, watchdog):
+    """Mistakes only several processes can make, each expecting its error (NCCL worlds of 2 or
+    more; the virtual world's ranks share one call): a buffer whose num_bytes differs on rank
+    0, refused at construction naming num_bytes on every rank; then a dispatch whose num_sms
+    differs on rank 0, which the kernels trap at the entry barrier naming both ranks. The trap
+    loses the CUDA context, so this comes last. Returns this rank's failures."""
+    import epic
+
+    failures = []
+    watchdog.arm("deliberate mismatch: num_bytes larger on rank 0")
+    try:
+        epic.ElasticBuffer(world.group, num_bytes=size + (1 << 20) * (world.rank == 0),
+                           num_max_tokens_per_rank=P.TMAX, explicitly_destroy=True).destroy()
+        failures.append(("mismatch num_bytes", world.rank, "accepted"))
+    except Exception as e:  # noqa: BLE001 - what is refused, and how, is the check
+        if "num_bytes" not in str(e):
+            failures.append(("mismatch num_bytes", world.rank, f"refused without naming "
+                             f"num_bytes: {type(e).__name__}: {e}"))
+    watchdog.disarm()
+    c = next(c for c in configs if not c.fp8 and not c.weights)
+    buffer = epic.ElasticBuffer(world.group, num_bytes=size, num_max_tokens_per_rank=P.TMAX,
+                                num_gpu_timeout_secs=P.GPU_TIMEOUT_S, explicitly_destroy=True)
+    x = torch.randn((16, c.hidden), device="cuda").to(torch.bfloat16)
+    idx = torch.rand((16, c.experts), device="cuda").topk(c.topk).indices
+    watchdog.arm("deliberate mismatch: num_sms larger on rank 0 (the kernels trap)")
+    try:
+        buffer.dispatch(x, idx, num_experts=c.experts, expert_alignment=c.alignment,
+                        do_expand=c.expand, do_zero_padding=c.zero_padding,
+                        num_max_tokens_per_rank=c.tmax, num_sms=4 if world.rank == 0 else 2)
+        torch.cuda.synchronize()
+        failures.append(("mismatch num_sms", world.rank, "ran"))
+    except Exception as e:  # noqa: BLE001
+        if "disagree" not in str(e):
+            failures.append(("mismatch num_sms", world.rank, f"failed without naming the "
+                             f"disagreement: {type(e).__name__}: {e}"))
+    watchdog.disarm()
+    return failures
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=1200)
@@ -403,6 +476,8 @@ def main():
                         help="seconds an op may take before the watchdog ends the run")
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--world-size", type=int, default=1)
+    parser.add_argument("--no-mismatches", action="store_true",
+                        help="skip the deliberate mismatches at the end (NCCL, 2+ ranks)")
     args = parser.parse_args()
     if args.compile_only:
         return compile_only(args)
@@ -454,6 +529,17 @@ def main():
     watchdog.disarm()
     if world.rank == 0:
         report(args, world, counts, done, start, everyone)
+    if not world.virtual and world.ranks > 1 and not args.no_mismatches:
+        # Last: the trap loses the CUDA context; each rank reports its own outcome.
+        mismatched = deliberate_mismatches(torch, world, buffers.size, configs, watchdog)
+        for what, rank, detail in mismatched:
+            print(f"stress: FAILED {what} rank {rank}: {detail}", flush=True)
+        print(f"stress: rank {world.rank}: deliberate mismatches "
+              f"{'refused as expected' if not mismatched else 'NOT refused as expected'}",
+              flush=True)
+        watchdog.stop()
+        sys.stdout.flush()
+        os._exit(1 if any(everyone) or mismatched else 0)
     watchdog.stop()
     if not world.virtual:
         world.dist.destroy_process_group()

@@ -337,3 +337,37 @@ def test_expert_gemm_ops_replay_from_a_cuda_graph():
             assert torch.equal(captured[3][r].view(torch.int16), eager[3][r].view(torch.int16)), \
                 f"rank {r}: the replayed combine differs from the eager one"
     buffer.destroy()
+
+
+def test_gemm_combine_zeroes_its_output_on_the_communication_stream():
+    """With previous_event (DeepEP's stream protocol) gemm_combine runs on the communication
+    stream, which waits for that event only. The compute stream is kept busy after the event:
+    zeroes for the GEMM output's padding rows written there would land after the kernels' rows
+    (what test/gpu/stress.py found with one NCCL rank)."""
+    ranks, experts, hidden, n, tokens, alignment = CONFIGS[0]
+    g = torch.Generator(device="cuda").manual_seed(47)
+    buffer = epic.ElasticBuffer(epic.VirtualWorld(ranks), num_max_tokens_per_rank=tokens,
+                                hidden=hidden, num_topk=TOPK, explicitly_destroy=True)
+    L = experts // ranks
+    ws = [(torch.randn((L, hidden, hidden), generator=g, device="cuda") / hidden ** 0.5)
+          .to(torch.bfloat16) for _ in range(ranks)]
+    xs = [torch.randn((tokens, hidden), generator=g, device="cuda").to(torch.bfloat16)
+          for _ in range(ranks)]
+    idxs = [torch.rand((tokens, experts), generator=g, device="cuda").topk(TOPK).indices
+            for _ in range(ranks)]
+    recv, _, _, handles, _ = buffer.dispatch(xs, idxs, num_experts=experts, do_expand=True,
+                                             expert_alignment=alignment)
+    want = buffer.grouped_gemm(recv, ws, handles)
+    buffer.gemm_combine(recv, ws, handles)  # the plan made, the kernels loaded (which syncs)
+    torch.cuda.synchronize()
+    event = buffer.capture()
+    torch.cuda._sleep(200_000_000)  # about 0.1 s of compute-stream work after the event
+    ys, _, done = buffer.gemm_combine(recv, ws, handles, previous_event=event,
+                                      async_with_compute_stream=True)
+    done.current_stream_wait()
+    torch.cuda.synchronize()
+    for r in range(ranks):
+        assert want[r].any(), f"rank {r}: no rows to compare"
+        assert torch.equal(ys[r].view(torch.int16), want[r].view(torch.int16)), \
+            f"rank {r}: gemm_combine's GEMM output differs from grouped_gemm's"
+    buffer.destroy()
