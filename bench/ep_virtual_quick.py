@@ -1,4 +1,4 @@
-"""First timing of ep-expand's kernels: DeepEP's V3 configuration on 8 virtual ranks.
+"""First timing of convert-ep-to-comm's kernels: DeepEP's V3 configuration on 8 virtual ranks.
 
 Not the benchmark instrument (that is the bench issue's ep_bench.py): a quick
 measurement of where the first kernels stand, run on one H200 through CuPy:

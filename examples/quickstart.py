@@ -55,11 +55,12 @@ def show_compiler(args, backend="virtual"):
             print(f"--- {kind}: entry IR (the ep op) ---\n{k['ir']}")
             tool = epic_opt()
             if tool:
-                expanded = subprocess.run([tool, "--ep-expand", "-"], input=k["ir"], text=True,
-                                          capture_output=True, check=True).stdout
-                print(f"--- {kind}: after ep-expand (comm + upstream ops) ---\n{expanded}")
+                lowered = subprocess.run([tool, "--convert-ep-to-comm", "-"], input=k["ir"],
+                                         text=True, capture_output=True, check=True).stdout
+                print(f"--- {kind}: after convert-ep-to-comm (comm + upstream ops) ---\n{lowered}")
             else:
-                print(f"--- {kind}: (epic-opt is not here: the ep-expand stage is not shown) ---")
+                print(f"--- {kind}: (epic-opt is not here: the convert-ep-to-comm stage is not "
+                      "shown) ---")
             print(f"--- {kind}: PTX ---\n{k['ptx']}")
     return k
 

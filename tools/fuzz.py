@@ -6,17 +6,17 @@ Three targets, each for a share of the time budget, from fixed seeds:
 
 * IR: the split cases of every .mlir test file, mutated (tokens swapped for other tokens of the
   corpus, numbers replaced by extreme values, lines dropped or duplicated, bytes flipped), through
-  `epic-opt` with the verifier alone, `--ep-expand`, and `--convert-comm-to-nvvm` of both
+  `epic-opt` with the verifier alone, `--convert-ep-to-comm`, and `--convert-comm-to-nvvm` of both
   backends. A diagnostic and exit status 1 is the expected answer to a bad input; a signal, an
   assertion, "LLVM ERROR" or a stack dump is a failure.
-* the pipeline: `epic-compile --no-cubin` (ep-expand through PTX) of the mutated cases, the
+* the pipeline: `epic-compile --no-cubin` (convert-ep-to-comm through PTX) of the mutated cases, the
   same rule.
 * run plans: `epic-compile --run-plan` of mutated ep programs (examples/run), the same rule.
 * configurations: random dispatch / cached dispatch / combine configurations (1 to 12 ranks,
   odd counts included, top-k 1 to 9, hidden up to 8192, every dtype, plain and expanded,
   alignments, weights, biases, zero padding) compiled by the runtime (`epic._C.Runtime.kernels`,
-  through ep-expand, the pipeline and ptxas): a valid one must compile, an invalid one must be a
-  named ValueError / TypeError.
+  through convert-ep-to-comm, the pipeline and ptxas): a valid one must compile, an invalid one
+  must be a named ValueError / TypeError.
 * Python: ElasticBuffer, dispatch and combine (numpy inputs: every check runs without a GPU) and
   epic.reference with random hostile arguments: TypeError or ValueError naming an argument is the
   expected answer; any other exception type is a failure.
@@ -218,7 +218,7 @@ def main():
     corpus = ir_corpus()
     tokens = sorted({t for c in corpus for t in TOKEN.findall(c)})
     programs = [p.read_text() for p in sorted((ROOT / "examples" / "run").glob("*.mlir"))]
-    passes = [[], ["--ep-expand"], ["--convert-comm-to-nvvm=backend=virtual"],
+    passes = [[], ["--convert-ep-to-comm"], ["--convert-comm-to-nvvm=backend=virtual"],
               ["--convert-comm-to-nvvm=backend=nccl"]]
     failures, counts = [], {"ir": 0, "pipeline": 0, "run plans": 0, "configurations": 0,
                             "python": 0}

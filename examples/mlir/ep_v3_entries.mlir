@@ -1,7 +1,7 @@
 // DeepEP's V3 configuration as the runtime's entry functions: one ep op per
 // function. Compile them to kernels, PTX, a cubin and launch metadata:
 //
-//   build/bin/epic-opt examples/mlir/ep_v3_entries.mlir --ep-expand
+//   build/bin/epic-opt examples/mlir/ep_v3_entries.mlir --convert-ep-to-comm
 //   build/bin/epic-compile examples/mlir/ep_v3_entries.mlir --backend=virtual -o /tmp/v3 -v
 
 #v3 = #ep.config<ranks = 8, experts = 256, topk = 8, hidden = 7168, dtype = f8E4M3FN,

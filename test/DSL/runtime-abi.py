@@ -1,7 +1,7 @@
 # abi=runtime: what the runtime launches on an ElasticBuffer. Arguments come from the rank's
 # 128-byte record of the by-value parameter table (comm.param_table, comm.rank_params), the
 # window is the buffer's, and a launch function carries the metadata the runtime reads (like
-# ep-expand's entry functions).
+# convert-ep-to-comm's entry functions).
 # RUN: env EPIC_CACHE_DIR=%t %python -m epic.dsl %s copy_rows --arg src='*bf16' --arg dst='*bf16' \
 # RUN:     --arg rows=i32 --arg win=window --arg H=7168 --arg BH=1024 --abi runtime --ranks 4 \
 # RUN:     | epic-opt | FileCheck %s

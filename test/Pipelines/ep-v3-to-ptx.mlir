@@ -1,5 +1,5 @@
 // DeepEP's V3 configuration (EP8, 256 experts, top-8, hidden 7168, FP8
-// dispatch with 56 scale packs per row, BF16 combine) through ep-expand and
+// dispatch with 56 scale packs per row, BF16 combine) through convert-ep-to-comm and
 // the whole PTX pipeline, both backends: 16-byte vector copies, release /
 // acquire at system scope, and ptxas (sm_90a, -O3) accepts every kernel with
 // no spills.

@@ -1,5 +1,5 @@
 // The fused dispatch + GEMM and GEMM + combine through epic-compile (fusion,
-// ep-expand, the whole pipeline, ptxas) on both backends. Their kernels wait
+// convert-ep-to-comm, the whole pipeline, ptxas) on both backends. Their kernels wait
 // on flags inside a wgmma pipeline: the waits must be the call-free ones
 // (a call, even the cold printf of a timeout report, makes ptxas serialize
 // every wgmma of the kernel: C7510, measured 1.45x slower on the H200).

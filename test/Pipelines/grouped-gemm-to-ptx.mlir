@@ -1,4 +1,4 @@
-// ep.grouped_gemm through ep-expand and the whole pipeline for sm_90a
+// ep.grouped_gemm through convert-ep-to-comm and the whole pipeline for sm_90a
 // (DeepEP V3's hidden size, N = 2048 per expert): TMA tensor loads with
 // mbarrier transactions, wgmma m64n128k16 on bf16 with B transposed, and ptxas
 // accepts the kernel with no spills.

@@ -7,7 +7,7 @@
 //   comm_smoke nccl <cubin>             the NCCL backend with nranks = 1
 //   comm_smoke virtual-timeout <cubin>  a wait nobody satisfies must trap
 //   comm_smoke virtual-timeout-report <cubin>  ... a call-free one, its report in mapped memory
-//   comm_smoke ep-nccl <cubin> <json>   ep-expand's dispatch + combine, NCCL, nranks = 1
+//   comm_smoke ep-nccl <cubin> <json>   convert-ep-to-comm's dispatch + combine, NCCL, nranks = 1
 //
 // Every CUDA/NCCL call is checked; any mismatch prints what differed and
 // exits non-zero.
@@ -335,7 +335,7 @@ int runNccl(const char *cubin) {
   return failures;
 }
 
-// --- ep-expand's kernels on NCCL with one rank ------------------------------------
+// --- convert-ep-to-comm's kernels on NCCL with one rank ------------------------------------
 
 /// The integer after `"key": ` in the metadata JSON (first occurrence).
 long long jsonInt(const std::string &json, const std::string &key) {
@@ -357,7 +357,7 @@ int runEpNccl(const char *cubin, const char *metadataPath) {
   const int T = 200, K = 4, E = 8, H = 1024, Tmax = 256, blocks = 4, threads = 256;
   std::ifstream in(metadataPath);
   std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  // The parameter records' layout is ep-expand's (Passes.td); fail loudly if it moved.
+  // The parameter records' layout is convert-ep-to-comm's (Passes.td); fail loudly if it moved.
   const char *dispatchFields =
       "\"x\",\n        \"scale_packs\",\n        \"topk_idx\",\n        \"topk_weights\",\n        "
       "\"recv_x\"";
@@ -427,7 +427,7 @@ int runEpNccl(const char *cubin, const char *metadataPath) {
        *recvW = zeros(size_t(Tmax) * K * 4), *meta = zeros(size_t(Tmax) * (K + 2) * 4),
        *psumRank = zeros(4), *expertCounts = zeros(E * 4), *psumExpert = zeros(E * 4),
        *hostCounts = zeros((1 + E) * 4), *slots = zeros(size_t(T) * K * 4);
-  // ep-expand's dispatch record: x, scale_packs, topk_idx, topk_weights, recv_x,
+  // convert-ep-to-comm's dispatch record: x, scale_packs, topk_idx, topk_weights, recv_x,
   // recv_scale_packs, recv_topk_idx, recv_topk_weights, recv_src_metadata, psum per rank,
   // per-expert counts, psum per expert, host counts, num_tokens, dst_buffer_slot_idx,
   // max_tokens_per_rank, topk_idx_copy. The table (one rank's record here) is a by-value kernel

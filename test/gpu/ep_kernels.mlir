@@ -1,4 +1,4 @@
-// Entry functions of the GPU check of ep-expand (test/gpu/ep_virtual.py runs
+// Entry functions of the GPU check of convert-ep-to-comm (test/gpu/ep_virtual.py runs
 // them on one H200 as 8 virtual ranks and compares with epic.reference):
 // BF16 dispatch with weights and combines with weights and two or one biases;
 // FP8 dispatch with float32 scale packs and a combine with weights (no bias).

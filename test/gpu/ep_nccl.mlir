@@ -1,4 +1,4 @@
-// ep-expand's kernels on the real NCCL backend with one rank (comm_smoke
+// convert-ep-to-comm's kernels on the real NCCL backend with one rank (comm_smoke
 // ep-nccl): the window is registered with NCCL, peers are reached through
 // ncclGetPeerPointer and the entry barriers are NCCL LSA barriers.
 // RUN: epic-compile %s --backend=nccl -o %t && FileCheck %s < %t.json

@@ -1,4 +1,4 @@
-"""GPU check of ep-expand on one GPU: R virtual ranks, against epic.reference.
+"""GPU check of convert-ep-to-comm on one GPU: R virtual ranks, against epic.reference.
 
 Runs the kernels that epic-compile made from test/gpu/ep_kernels.mlir
 (virtual backend) through CuPy: dispatch and combine, BF16 (weights, two

@@ -1,6 +1,7 @@
 //===- EntryIRTest.cpp - the runtime's entry IR parses, verifies, expands -===//
 
 #include "epic/InitAllDialects.h"
+#include "epic/Conversion/Passes.h"
 #include "epic/Transforms/Passes.h"
 #include "epic/runtime/EntryIR.h"
 #include "epic/runtime/Models.h"
@@ -34,7 +35,7 @@ std::string expand(const std::string &ir) {
   if (!module)
     return "parse failed: " + diagnostics;
   mlir::PassManager pm(&context);
-  pm.addPass(epic::createEPExpand());
+  pm.addPass(epic::createConvertEPToComm());
   if (mlir::failed(pm.run(*module)))
     return "ep-expand failed: " + diagnostics;
   return diagnostics;
@@ -50,7 +51,7 @@ bool expandThen(const std::string &ir, llvm::function_ref<void(mlir::func::FuncO
   mlir::PassManager pm(&context);
   pm.addNestedPass<mlir::func::FuncOp>(epic::createEPFuseDispatchGemm());
   pm.addNestedPass<mlir::func::FuncOp>(epic::createEPFuseGemmCombine());
-  pm.addPass(epic::createEPExpand());
+  pm.addPass(epic::createConvertEPToComm());
   if (!module || mlir::failed(pm.run(*module)))
     return false;
   module->walk(inspect);

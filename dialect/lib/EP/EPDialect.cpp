@@ -14,6 +14,7 @@ using namespace epic::ep;
 
 #include "epic/Dialect/EP/IR/EPOpsDialect.cpp.inc"
 #include "epic/Dialect/EP/IR/EPEnums.cpp.inc"
+#include "epic/Dialect/EP/IR/EPInterfaces.cpp.inc"
 
 #define GET_ATTRDEF_CLASSES
 #include "epic/Dialect/EP/IR/EPAttrs.cpp.inc"

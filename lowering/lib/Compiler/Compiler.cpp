@@ -171,7 +171,7 @@ epic::CompileResult epic::compileModule(const std::string &source, const Compile
   PassManager expand(&context);
   expand.addNestedPass<func::FuncOp>(createEPFuseDispatchGemm());
   expand.addNestedPass<func::FuncOp>(createEPFuseGemmCombine());
-  expand.addPass(createEPExpand(getEPExpandOptions(pipeline)));
+  expand.addPass(createConvertEPToComm(getEPToCommOptions(pipeline)));
   if (failed(expand.run(*module)))
     throw CompileError("expanding the ep ops of " + sourceName + " failed:\n" + diagnostics);
 

@@ -26,10 +26,10 @@ std::string epic::getShimBitcodePath(CommBackend backend, llvm::StringRef shimDi
   return std::string(path);
 }
 
-epic::EPExpandOptions epic::getEPExpandOptions(const EpicToPTXOptions &options) {
-  EPExpandOptions expand;
-  expand.onePassCachedDispatch = options.backend == CommBackend::virtual_;
-  return expand;
+epic::ConvertEPToCommOptions epic::getEPToCommOptions(const EpicToPTXOptions &options) {
+  ConvertEPToCommOptions lowering;
+  lowering.onePassCachedDispatch = options.backend == CommBackend::virtual_;
+  return lowering;
 }
 
 void epic::buildEpicToPTXPipeline(OpPassManager &pm, const EpicToPTXOptions &options) {
@@ -38,7 +38,7 @@ void epic::buildEpicToPTXPipeline(OpPassManager &pm, const EpicToPTXOptions &opt
 
   // ep ops -> kernels of comm + upstream ops, then communication: it still
   // sees the comm types and gpu.block_id.
-  pm.addPass(createEPExpand(getEPExpandOptions(options)));
+  pm.addPass(createConvertEPToComm(getEPToCommOptions(options)));
   pm.addPass(createConvertCommToNVVM(commOptions));
 
   GpuNVVMAttachTargetOptions target;

@@ -188,7 +188,7 @@ class Generator(ast.NodeVisitor):
 
     def launch_function(self, kinds):
         """What the runtime reads (compileModule's metadata "entries"): kernel, threads, the
-        parameter fields in record order; like ep-expand's launch functions."""
+        parameter fields in record order; like convert-ep-to-comm's launch functions."""
         op = self.sem.op
         self.b.set_insertion_point_to_end(self.module.body)
         params = ["!comm.dev_comm", "!comm.window", "!llvm.ptr", "index"]

@@ -3,8 +3,18 @@
 #ifndef EPIC_CONVERSION_PASSES_H
 #define EPIC_CONVERSION_PASSES_H
 
+#include "epic/Dialect/Comm/IR/CommDialect.h"
+#include "epic/Dialect/EP/IR/EPDialect.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/NVGPU/IR/NVGPUDialect.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/Pass.h"
 
@@ -35,6 +45,13 @@ void populateCommToNVVMTypeConversions(mlir::TypeConverter &converter);
 /// Patterns that lower every comm op for `backend`.
 void populateCommToNVVMConversionPatterns(mlir::TypeConverter &converter,
                                           mlir::RewritePatternSet &patterns, CommBackend backend);
+
+/// The patterns of convert-ep-to-comm: one per ep op with kernels, each
+/// replacing the entry function that holds its op (see Passes.td) with the
+/// op's kernels (in the module's `gpu.module @ep_kernels`, which must exist)
+/// and their launch function; blocks of `threads` threads.
+void populateEPToCommConversionPatterns(mlir::RewritePatternSet &patterns, unsigned threads,
+                                        bool onePassCachedDispatch);
 
 #define GEN_PASS_DECL
 #include "epic/Conversion/Passes.h.inc"

@@ -5,6 +5,157 @@
 
 include "mlir/Pass/PassBase.td"
 
+def ConvertEPToComm : Pass<"convert-ep-to-comm", "::mlir::ModuleOp"> {
+  let summary = "lower ep ops to communication kernels and their launches";
+  let description = [{
+    A dialect conversion: one pattern per ep op that has kernels (the ops
+    of `ep::KernelOpInterface`: dispatch, combine, grouped_gemm and the fused
+    dispatch_gemm and gemm_combine). Each rewrites the function that holds
+    it (the op and its `return`: the entry form the runtime generates per
+    configuration) into
+
+    * kernels in the module's `gpu.module @ep_kernels` (one cubin), built
+      from `comm` ops and upstream dialects,
+      specialized on the op's `#ep.config` (ranks, experts, top-k, hidden,
+      data and index types, scale packs, alignment) — everything but token
+      counts and pointers is a compile-time constant; and
+    * a host function of the same name that launches them in order:
+      `(%comm: !comm.dev_comm, %window: !comm.window, %params: !llvm.ptr<1>,
+      %grid: index)`.
+
+    Kernels take the device communicator, the symmetric window and a table of
+    per-rank parameter records (`comm.rank_params`): each record is 8-byte
+    fields named by the launch function's `epic.param_fields`; the window's
+    layout (`epic.window_bytes`) is fixed by the configuration. The same
+    kernels serve both backends of `convert-comm-to-nvvm`. `epic.cooperative
+    = 1` asks the runtime for a cooperative launch: the blocks of one launch
+    wait for each other, so all of them must be resident at once. Every
+    device-side wait is bounded: 100 s, or the entry function's
+    `epic.timeout_ms` (DeepEP's `num_gpu_timeout_secs`, in milliseconds),
+    which the launch function repeats; on expiry the wait names the rank and
+    peer and traps.
+
+    **Entry barriers** (every send kernel starts with one, so remote buffers
+    are free): block b of each rank meets block b of every other rank through
+    monotonic arrival counters in the window (`comm.red` release, bounded
+    `comm.wait_flag` acquire), at most `epic.max_blocks_per_rank` blocks.
+
+    **Dispatch** (`<name>_send`, `<name>_copy`), direct mode, DeepEP V2's
+    protocol: an entry barrier; then one warp per token:
+    lanes read the K expert ids, `nvvm.match.sync` groups them by
+    destination rank, the highest lane of each group (the master slot) takes
+    a slot in the destination's receive region `[source rank][Tmax][record]`
+    with a local atomic (so nothing waits for counts before sending), and
+    the warp writes the record — hidden row in 16-byte vectors, scale packs,
+    expert ids, weights, source token and master slot — straight into the
+    peer's window over its LSA pointer. The last block of the rank to finish
+    (an acq_rel arrival counter) publishes the per-expert and per-rank counts
+    to every peer (release), waits for every peer's counts (bounded acquire
+    waits), resets the counters, and writes the prefix sums and
+    expert-aligned counts into the handle and the host-visible counts. The
+    copy kernel then moves each received record into its row of the plain
+    layout, translating expert ids to local ids or -1 and writing
+    `recv_src_metadata` (`src_rank * Tmax + token`, `src_rank * K + master
+    slot`, -1 ...).
+
+    **Combine** (`<name>_send`, `<name>_reduce`): an entry barrier, then one
+    warp per received row writes the bf16 row (and its K weights) into the
+    source rank's region `[master slot][Tmax][record]`; the last block
+    signals every peer and waits for every peer's signal. The reduce kernel
+    sums, per token and 8 channels per lane, in fp32 from +0.0: the biases,
+    then the rows of the master slots in increasing slot order, and rounds to
+    bf16 once — bitwise DeepEP's order. It walks the set bits of the masters'
+    ballot (absent slots cost nothing) and loads four 16-byte chunks of a lane
+    per row before adding them, so each lane keeps four loads in flight.
+    `combined_topk_weights[t, j]` comes from the record of the rank that owns
+    slot `j`.
+
+    **Expanded layout**: the copy kernel gives each (token, local expert)
+    pair a row `start_e + cursor_e++` (a local atomic per expert, so rows of
+    an expert come in arrival order), writes it to `recv_src_metadata[:, 2 +
+    slot]`, and with `zero_padding` zeroes rows `[start_e + count_e, start_e +
+    align(count_e))`. Its combine first sums the rank's rows of a token in
+    fp32 in increasing slot order (one rounding, the same row walk as the
+    reduce) and sends that one row.
+
+    **Block size**: the data kernels run `threads-per-block` threads (1024 by
+    default: 32 warps, DeepEP's warps per SM, so one block per SM keeps
+    enough 16-byte accesses in flight to reach the memory bandwidth), known to
+    every kernel (`known_block_size`, hence `.reqntid` for ptxas, which
+    budgets 64 registers per thread).
+
+    **Cached dispatch** replays the handle: the send kernel takes each master
+    slot's receive slot from `dst_buffer_slot_idx` (which every non-cached
+    dispatch writes) instead of an atomic, skips the count exchange (the
+    last block only exchanges done flags), and the copy kernel puts every
+    record at the row the handle's prefix sums (plain) or
+    `recv_src_metadata` (expanded) give: bitwise the same rows. With
+    `one-pass-cached-dispatch` (a backend with one address space: the
+    virtual world, which `epic-to-ptx` sets it for) a cached dispatch is one
+    kernel, `<name>_scatter`, and no window traffic: one warp per token reads
+    each destination's parameter record (`comm.peer_params`), finds the
+    token's row there (the destination's prefix sum before this rank plus
+    the replayed slot; expanded: that row of its `recv_src_metadata`), reads
+    the token's row once and stores it to every target row, then the scale
+    packs and (plain) the local top-k ids. No entry barrier and no done
+    flags: the launch serves every rank, so its end orders every write.
+
+    **Grouped GEMM** (`<name>_gemm`, sm_90a): one persistent kernel of one
+    warpgroup per block, two blocks per SM (`epic.ctas_per_sm`); block b of a
+    rank takes tiles b, b + B, ... of (local expert, 128-column tile of N,
+    128-row tile of its rows), row tiles fastest so that the blocks at work
+    share each weight tile through L2 (the weights are most of the bytes), the
+    experts' row ranges read from the handle's per-expert prefix sums. K
+    advances in steps of 64 through a ring of 3 shared-memory stages filled by
+    TMA (`nvgpu.tma.async.load`, 128-byte swizzle, an `nvgpu.mbarrier`
+    transaction per stage) and consumed by `nvgpu.warpgroup.mma` (wgmma
+    m64n128k16, two per k16 step, B N-contiguous) with one wgmma group in
+    flight; the epilogue goes through shared memory and stores only the tile's
+    expert rows. The launch function asks for 99 KiB of dynamic shared
+    memory and two TMA descriptors (`epic.tensor_maps`: tensor field, rows,
+    columns, box, swizzle) that the runtime encodes per call into the
+    parameter memory (record field `tensor_maps`). Not cooperative.
+
+    Not generated yet: hybrid (RDMA + NVLink) mode and GIN puts for peers
+    outside the LSA team, Hopper bulk copies (`cp.async.bulk`) staged in
+    shared memory instead of 16-byte vector copies, and `num_sms`-specific
+    warp roles (the kernels are grid-agnostic: any block count per rank).
+
+    ```mlir
+    // before
+    func.func @dispatch(%x: tensor<?x7168xbf16>, %idx: tensor<?x8xi64>)
+        -> (tensor<?x7168xbf16>, tensor<?x8xi64>, !ep.handle<#cfg>) {
+      %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x8xi64>) config #cfg : ...
+      return %rx, %ri, %h : ...
+    }
+    // after
+    gpu.module @ep_kernels { gpu.func @dispatch_send(...) kernel {...}
+                             gpu.func @dispatch_copy(...) kernel {...} }
+    func.func @dispatch(%comm: !comm.dev_comm, %window: !comm.window,
+                        %params: !llvm.ptr<1>, %grid: index)
+        attributes {epic.param_fields = ["x", ...], epic.window_bytes = ...} {
+      gpu.launch_func @ep_kernels::@dispatch_send blocks in (%grid, ...) ...
+      gpu.launch_func @ep_kernels::@dispatch_copy blocks in (%grid, ...) ...
+      return
+    }
+    ```
+  }];
+  let options = [
+    Option<"threadsPerBlock", "threads-per-block", "unsigned", /*default=*/"1024",
+           "threads of every kernel block (a multiple of 32)">,
+    Option<"onePassCachedDispatch", "one-pass-cached-dispatch", "bool", /*default=*/"false",
+           "a cached dispatch writes every row straight into its destination's "
+           "outputs (needs every rank's tensors in one address space: the virtual "
+           "backend)">
+  ];
+  let dependentDialects = ["::mlir::gpu::GPUDialect", "::mlir::scf::SCFDialect",
+                           "::mlir::arith::ArithDialect", "::mlir::LLVM::LLVMDialect",
+                           "::mlir::NVVM::NVVMDialect", "::mlir::memref::MemRefDialect",
+                           "::mlir::vector::VectorDialect",
+                           "::mlir::nvgpu::NVGPUDialect",
+                           "::epic::comm::CommDialect"];
+}
+
 def ConvertCommToNVVM : Pass<"convert-comm-to-nvvm", "::mlir::ModuleOp"> {
   let summary = "lower the comm dialect to NVVM/LLVM and device-shim calls";
   let description = [{

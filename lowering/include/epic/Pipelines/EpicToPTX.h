@@ -46,9 +46,9 @@ llvm::StringRef stringifyCommBackend(CommBackend backend);
 /// build wrote them to when `shimDir` is empty.
 std::string getShimBitcodePath(CommBackend backend, llvm::StringRef shimDir);
 
-/// ep-expand's options for the pipeline's backend (a cached dispatch is one
+/// convert-ep-to-comm's options for the pipeline's backend (a cached dispatch is one
 /// pass where every rank's tensors share one address space: virtual).
-EPExpandOptions getEPExpandOptions(const EpicToPTXOptions &options);
+ConvertEPToCommOptions getEPToCommOptions(const EpicToPTXOptions &options);
 
 /// comm-to-nvvm -> attach the NVVM target (linking the shim) -> gpu/arith/
 /// cf/... to NVVM and LLVM -> gpu-module-to-binary. Kernels use the bare

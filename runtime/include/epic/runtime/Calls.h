@@ -4,7 +4,7 @@
 // (pointer, dtype, shape) in DeepEP's names. Everything is checked against
 // the buffer's configuration on the host, before any kernel is asked for,
 // and every error names the argument. The checked call becomes the kernels'
-// parameter record (the field names ep-expand's `epic.param_fields` lists),
+// parameter record (the field names convert-ep-to-comm's `epic.param_fields` lists),
 // whose tensor fields remember which of the call's tensors they hold, so a
 // plan (KernelHost::Plan) can bind the next call's addresses without
 // checking shapes again. The shapes of every output and handle tensor are

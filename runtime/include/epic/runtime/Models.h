@@ -39,11 +39,11 @@ int64_t bufferSizeHint(const Topology &topology, int64_t maxTokensPerRank, int64
                        bool allowMultipleReduction = true);
 
 /// Bytes of the symmetric window epic's dispatch/combine kernels use per rank
-/// (ep-expand's layout, lowering/lib/Transforms/EPExpand: counters, then the
+/// (convert-ep-to-comm's layout, lowering/lib/Conversion/EPToComm: counters, then the
 /// larger of R x Tmax dispatch records and K x Tmax combine records), an
 /// upper bound over experts, dtypes and layouts; `numTopk` 0 means 32 and FP8
 /// sizing allows ceil(hidden / 32) scale packs, as DeepEP's formula does.
-/// Unit tests check it against what ep-expand reports.
+/// Unit tests check it against what convert-ep-to-comm reports.
 int64_t kernelWindowBytes(int numRanks, int64_t maxTokensPerRank, int64_t hidden, int numTopk = 0,
                           bool fp8Dispatch = false);
 

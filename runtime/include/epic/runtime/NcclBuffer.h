@@ -6,7 +6,7 @@
 // and reports what the device API offers; NcclElasticBuffer holds
 // the symmetric window (ncclMemAlloc + ncclCommWindowRegister), the device
 // communicator (in device memory, passed to kernels by pointer) and launches
-// what ep-expand made for backend=nccl. NCCL version differences are handled
+// what convert-ep-to-comm made for backend=nccl. NCCL version differences are handled
 // in NcclBuffer.cpp's `requirements()` and `checkVersion()` only.
 //
 //===----------------------------------------------------------------------===//

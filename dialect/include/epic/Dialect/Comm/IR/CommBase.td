@@ -19,7 +19,7 @@ def Comm_Dialect : Dialect {
   let cppNamespace = "::epic::comm";
   let summary = "device-level one-sided communication over symmetric windows";
   let description = [{
-    The `comm` dialect is what `ep-expand` produces for the communication part
+    The `comm` dialect is what `convert-ep-to-comm` produces for the communication part
     of dispatch and combine, and what `convert-comm-to-nvvm` lowers to the NCCL
     device API (`backend=nccl`) or to plain loads, stores and atomics on one
     GPU (`backend=virtual`). It can express everything the NCCL device API

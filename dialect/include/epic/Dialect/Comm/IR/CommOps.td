@@ -151,7 +151,7 @@ def Comm_PeerParamsOp : Comm_Op<"peer_params", [Pure,
     `base + peer * stride`. Only a backend that serves every rank in one
     launch has the other ranks' records (and the tensors they point to) in
     its address space: the virtual backend. A kernel that reads a peer's
-    record writes straight into that rank's tensors (ep-expand's one-pass
+    record writes straight into that rank's tensors (convert-ep-to-comm's one-pass
     cached dispatch); `convert-comm-to-nvvm` refuses the op for the nccl
     backend, whose processes see only their own record.
 

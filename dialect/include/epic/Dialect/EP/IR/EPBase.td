@@ -3,7 +3,7 @@
 // The ep dialect states *what* moves in Mixture-of-Experts expert parallelism:
 // the routing layout, dispatch (tokens to the ranks that own their experts) and
 // combine (expert outputs back to their source ranks, summed). How it moves is
-// the business of the comm dialect that ep-expand lowers to.
+// the business of the comm dialect that convert-ep-to-comm lowers to.
 //
 //===----------------------------------------------------------------------===//
 
@@ -61,11 +61,9 @@ def EP_Layout : I32EnumAttr<"Layout", "layout of the received rows", [
   }];
 }
 
-// Every ep op is host-level: it becomes kernels and their launch (ep-expand),
-// which cannot happen inside a kernel (verified by the trait).
+// Every ep op is host-level: it becomes kernels and their launch
+// (convert-ep-to-comm), which cannot happen inside a kernel (verified by the
+// trait).
 def EP_HostOp : NativeOpTrait<"HostOp"> { let cppNamespace = "::epic::ep"; }
-
-class EP_Op<string mnemonic, list<Trait> traits = []>
-    : Op<EP_Dialect, mnemonic, !listconcat(traits, [EP_HostOp])>;
 
 #endif // EPIC_DIALECT_EP_IR_EPBASE_TD

@@ -39,6 +39,8 @@ public:
 #define GET_TYPEDEF_CLASSES
 #include "epic/Dialect/EP/IR/EPTypes.h.inc"
 
+#include "epic/Dialect/EP/IR/EPInterfaces.h.inc"
+
 #define GET_OP_CLASSES
 #include "epic/Dialect/EP/IR/EPOps.h.inc"
 

@@ -14,6 +14,29 @@ def EP_TopkIdxTensor : 2DTensorOf<[I8, I16, I32, I64]>;
 def EP_WeightTensor : TensorRankOf<[F32], [1, 2]>;
 def EP_BF16RowTensor : 2DTensorOf<[BF16]>;
 
+// What the lowering and the runtime's launch metadata need to know of an op
+// that becomes kernels: one interface instead of a list of op classes in
+// every place that asks.
+def EP_KernelOpInterface : OpInterface<"KernelOpInterface"> {
+  let cppNamespace = "::epic::ep";
+  let description = [{
+    An ep op that `convert-ep-to-comm` lowers to kernels and one launch
+    function. The launch metadata names its kind (`epic.entry`, the op's
+    mnemonic: `dispatch`, `combine`, `grouped_gemm`, `dispatch_gemm`,
+    `gemm_combine`) and the configuration its kernels are specialized on.
+  }];
+  let methods = [
+    InterfaceMethod<"The kind of launch the runtime reads (the op's mnemonic).",
+      "::llvm::StringRef", "getEntryKind", (ins), [{}],
+      [{ return $_op->getName().stripDialect(); }]>,
+    InterfaceMethod<"The configuration the op's kernels are specialized on.",
+      "::epic::ep::ConfigAttr", "getConfig">,
+  ];
+}
+
+class EP_Op<string mnemonic, list<Trait> traits = []>
+    : Op<EP_Dialect, mnemonic, !listconcat(traits, [EP_HostOp])>;
+
 //===----------------------------------------------------------------------===//
 // ep.dispatch_layout
 //===----------------------------------------------------------------------===//
@@ -51,7 +74,7 @@ def EP_DispatchLayoutOp : EP_Op<"dispatch_layout", [Pure]> {
 // ep.dispatch
 //===----------------------------------------------------------------------===//
 
-def EP_DispatchOp : EP_Op<"dispatch", [AttrSizedOperandSegments,
+def EP_DispatchOp : EP_Op<"dispatch", [EP_KernelOpInterface, AttrSizedOperandSegments,
                                         AttrSizedResultSegments]> {
   let summary = "send every token to the ranks that own its top-k experts";
   let description = [{
@@ -162,7 +185,7 @@ def EP_DispatchOp : EP_Op<"dispatch", [AttrSizedOperandSegments,
 // ep.combine
 //===----------------------------------------------------------------------===//
 
-def EP_CombineOp : EP_Op<"combine", [AttrSizedOperandSegments]> {
+def EP_CombineOp : EP_Op<"combine", [EP_KernelOpInterface, AttrSizedOperandSegments]> {
   let summary = "send expert outputs back to their source ranks and sum them";
   let description = [{
     DeepEP V2's combine, direct mode, the reverse of the `ep.dispatch` that
@@ -232,7 +255,7 @@ def EP_CombineOp : EP_Op<"combine", [AttrSizedOperandSegments]> {
 // ep.grouped_gemm
 //===----------------------------------------------------------------------===//
 
-def EP_GroupedGemmOp : EP_Op<"grouped_gemm", [Pure]> {
+def EP_GroupedGemmOp : EP_Op<"grouped_gemm", [EP_KernelOpInterface, Pure]> {
   let summary = "the MoE expert GEMM on a dispatch's expanded layout";
   let description = [{
     Multiplies every local expert's rows of an expanded-layout dispatch
@@ -258,7 +281,7 @@ def EP_GroupedGemmOp : EP_Op<"grouped_gemm", [Pure]> {
     the layout of `torch.stack([w_e for e in experts])` with `w_e : [hidden,
     N]`), `result` is `[rows, N]` in BF16, F16 or F32.
 
-    On Hopper `ep-expand` lowers it to a persistent kernel: TMA loads of
+    On Hopper `convert-ep-to-comm` lowers it to a persistent kernel: TMA loads of
     64 x 64 boxes into a multi-stage shared-memory ring (mbarrier
     transactions), `wgmma` through the NVGPU dialect, a tile scheduler over
     (expert, 128-column tile, 128-row tile). The compiler can fuse it with
@@ -294,14 +317,14 @@ def EP_GroupedGemmOp : EP_Op<"grouped_gemm", [Pure]> {
 // ep.dispatch_gemm
 //===----------------------------------------------------------------------===//
 
-def EP_DispatchGemmOp : EP_Op<"dispatch_gemm", []> {
+def EP_DispatchGemmOp : EP_Op<"dispatch_gemm", [EP_KernelOpInterface]> {
   let summary = "an expanded dispatch fused with the expert GEMM on its rows";
   let description = [{
     What `ep-fuse-dispatch-gemm` makes of an `ep.dispatch` (expanded layout,
     BF16/F16, not cached) whose rows feed an `ep.grouped_gemm` on its handle:
     the same results as the two ops one after the other (`recv_x`,
     `recv_topk_weights`, the handle, and `result` = the GEMM's output), but
-    one schedule. `ep-expand` lowers it to the dispatch's send kernel, then
+    one schedule. `convert-ep-to-comm` lowers it to the dispatch's send kernel, then
     one cooperative kernel in which every block first places its share of
     the received rows in their experts' ranges, counting each in its 128-row
     tile (release), then runs GEMM tiles, each waiting (bounded acquire) for
@@ -344,13 +367,13 @@ def EP_DispatchGemmOp : EP_Op<"dispatch_gemm", []> {
 // ep.gemm_combine
 //===----------------------------------------------------------------------===//
 
-def EP_GemmCombineOp : EP_Op<"gemm_combine", []> {
+def EP_GemmCombineOp : EP_Op<"gemm_combine", [EP_KernelOpInterface]> {
   let summary = "the expert GEMM fused with the combine of its output rows";
   let description = [{
     What `ep-fuse-gemm-combine` makes of an `ep.grouped_gemm` (BF16 output,
     N = hidden) whose output is combined on the same handle: `result` is the
     GEMM's output, `combined_x` the combine's, bitwise as if the two ops ran
-    one after the other. `ep-expand` lowers it to one cooperative kernel in
+    one after the other. `convert-ep-to-comm` lowers it to one cooperative kernel in
     which all of a rank's blocks but one run the persistent GEMM and count
     each stored tile in its 128-row tile's counter, while the last block's
     warps (and every other warp once its block is out of tiles) claim the

@@ -1,6 +1,6 @@
 //===- EPRecords.h - The kernels' parameter records (EPRecords.def) -------===//
 //
-// No MLIR here: ep-expand (field indices) and the runtime (field names)
+// No MLIR here: convert-ep-to-comm (field indices) and the runtime (field names)
 // include it. Per entry kind: an enum of field indices in record order, the
 // names in that order, and a namespace of name constants for the runtime
 // (records::dispatch::recv_x is "recv_x"): a misspelled field does not

@@ -1,13 +1,13 @@
 //===- EPWindow.h - The byte layout of an ElasticBuffer's window ---------===//
 //
-// No MLIR here: ep-expand generates kernels that address these offsets and
+// No MLIR here: convert-ep-to-comm generates kernels that address these offsets and
 // the runtime sizes buffers and cleans scratch by them, so both include it.
 //
 // A rank's window is, in order:
 //   [0, kControlEnd)          the control region: entry barriers' arrival
 //                             counters and epochs, the counters of one
 //                             dispatch or combine (all zero between ops),
-//                             the ops' signatures (EPExpand: entryBarrier);
+//                             the ops' signatures (KernelBuilder::entryBarrier);
 //   [kControlEnd, ...)        the data region: dispatch records
 //                             ([source rank][Tmax][record]) or combine
 //                             records ([master slot][Tmax][record]);

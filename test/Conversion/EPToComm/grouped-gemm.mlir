@@ -1,10 +1,10 @@
-// ep-expand of ep.grouped_gemm: one persistent kernel of one warpgroup (two
+// convert-ep-to-comm of ep.grouped_gemm: one persistent kernel of one warpgroup (two
 // blocks per SM). The launch function asks for 97 KiB of dynamic shared memory
 // (3 stages of 32 KiB + alignment slack) and two TMA descriptors the runtime encodes per
 // call; the kernel loads stages with TMA (mbarrier transactions), multiplies
 // with wgmma (NVGPU's warpgroup.mma, B transposed: N is contiguous) and
 // stores only the rows of each tile's expert.
-// RUN: epic-opt %s --ep-expand | FileCheck %s
+// RUN: epic-opt %s --convert-ep-to-comm | FileCheck %s
 
 #cfg = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 1024, dtype = bf16,
                   expert_alignment = 128, layout = expanded, max_tokens_per_rank = 256>

@@ -47,13 +47,13 @@ using namespace epic::detail;
 
 LogicalResult epic::detail::checkGroupedGemmShape(Operation *op, const GroupedGemmShape &s) {
   if (s.hidden % kGemmTileK != 0)
-    return op->emitError("ep-expand: the grouped GEMM steps through K (hidden = ")
+    return op->emitError("convert-ep-to-comm: the grouped GEMM steps through K (hidden = ")
            << s.hidden << ") in tiles of " << kGemmTileK << ": it must be a multiple";
   if (s.n % kGemmTileN != 0)
-    return op->emitError("ep-expand: the grouped GEMM's output tiles are ")
+    return op->emitError("convert-ep-to-comm: the grouped GEMM's output tiles are ")
            << kGemmTileN << " columns wide: N (" << s.n << ") must be a multiple";
   if (s.alignment < 1)
-    return op->emitError("ep-expand: expert_alignment must be positive");
+    return op->emitError("convert-ep-to-comm: expert_alignment must be positive");
   return success();
 }
 

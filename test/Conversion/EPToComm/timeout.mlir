@@ -1,6 +1,6 @@
 // The entry function's epic.timeout_ms bounds every device-side wait of its
 // kernels (DeepEP's num_gpu_timeout_secs); without it the bound is 100 s.
-// RUN: epic-opt %s --split-input-file --ep-expand | FileCheck %s
+// RUN: epic-opt %s --split-input-file --convert-ep-to-comm | FileCheck %s
 
 #cfg = #ep.config<ranks = 4, experts = 16, topk = 4, hidden = 256, dtype = bf16,
                   max_tokens_per_rank = 64>

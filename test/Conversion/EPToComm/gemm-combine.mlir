@@ -1,4 +1,4 @@
-// ep-expand of ep.gemm_combine (what ep-fuse-gemm-combine makes): one
+// convert-ep-to-comm of ep.gemm_combine (what ep-fuse-gemm-combine makes): one
 // cooperative kernel that starts with the combine's entry barrier, maps rows
 // to tokens and meets the rank's other blocks; then the rank's blocks but the
 // last run the grouped GEMM, thread 0 counting each stored tile in its
@@ -9,7 +9,7 @@
 // the warp sends each token whose count that ended (the combine's send: rows
 // summed in slot order, one rounding). The rank's last warp resets the
 // counters and exchanges the done flags; the reduce is unchanged.
-// RUN: epic-opt %s --ep-expand | FileCheck %s
+// RUN: epic-opt %s --convert-ep-to-comm | FileCheck %s
 // RUN: epic-compile %s --backend=nccl -o %t
 // RUN: FileCheck %s --check-prefix=JSON < %t.json
 

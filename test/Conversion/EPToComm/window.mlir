@@ -1,4 +1,4 @@
-// RUN: epic-opt %s --split-input-file --ep-expand | FileCheck %s
+// RUN: epic-opt %s --split-input-file --convert-ep-to-comm | FileCheck %s
 
 // The window's control region has the same offsets for every configuration
 // (EPWindow.h), so that one buffer serves calls of any expert count, top-k,
@@ -46,7 +46,7 @@ func.func @many(%x: tensor<?x7168xbf16>, %idx: tensor<?x8xi64>)
 
 // -----
 
-// The entry barrier carries the op's signature (ep-expand's hash of the
+// The entry barrier carries the op's signature (convert-ep-to-comm's hash of the
 // configuration and variant, xor the grid and the token cap): block 0's lanes
 // store it into every peer's cell for this rank (at 50688 + parity x 8192: EPWindow.h)
 // before their arrival, then compare every rank's cell after the barrier.

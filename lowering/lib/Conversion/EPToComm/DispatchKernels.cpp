@@ -1,4 +1,4 @@
-//===- DispatchKernels.cpp - ep-expand: the dispatch kernels ----------------===//
+//===- DispatchKernels.cpp - convert-ep-to-comm: the dispatch kernels ----------------===//
 //
 // The dispatch's send (routing, counts, records to every destination), its
 // copy epilogue (records into the plain or expanded layout, zero padding)

@@ -1,4 +1,4 @@
-//===- KernelBuilder.cpp - ep-expand: kernels and done flags ----------------===//
+//===- KernelBuilder.cpp - convert-ep-to-comm: kernels and done flags ----------------===//
 //
 // The kernels' common shell and the done-flag exchange that ends a send.
 //

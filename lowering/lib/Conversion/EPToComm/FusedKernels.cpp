@@ -1,4 +1,4 @@
-//===- FusedKernels.cpp - ep-expand: kernels fused with the GEMM ------------===//
+//===- FusedKernels.cpp - convert-ep-to-comm: kernels fused with the GEMM ------------===//
 //
 // ep.dispatch_gemm's copy + GEMM kernel and ep.gemm_combine's GEMM + send
 // kernel, built from the dispatch, combine and grouped GEMM kernels.
@@ -14,7 +14,7 @@ using namespace mlir;
 namespace ep = epic::ep;
 namespace comm = epic::comm;
 
-/// Copies the body of `from` (a kernel with ep-expand's signature) before
+/// Copies the body of `from` (a kernel with convert-ep-to-comm's signature) before
 /// `b`'s insertion point, its arguments mapped to `to`'s, with its block
 /// index and count replaced by `block`/`blocks`.
 void inlineKernelBody(OpBuilder &b, gpu::GPUFuncOp from, gpu::GPUFuncOp to, Value block,

@@ -1,4 +1,4 @@
-//===- Layout.h - ep-expand: the window, the records, the kernels' shapes -===//
+//===- Layout.h - convert-ep-to-comm: the window, the records, the kernels' shapes -===//
 //
 // The byte layout the kernels use (EPLayout: the window of EPWindow.h for one
 // configuration, the dispatch and combine records), the parameter records'
@@ -7,8 +7,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef EPIC_LOWERING_TRANSFORMS_EPEXPAND_LAYOUT_H
-#define EPIC_LOWERING_TRANSFORMS_EPEXPAND_LAYOUT_H
+#ifndef EPIC_LOWERING_CONVERSION_EPTOCOMM_LAYOUT_H
+#define EPIC_LOWERING_CONVERSION_EPTOCOMM_LAYOUT_H
 
 #include "GroupedGemm.h"
 
@@ -188,4 +188,4 @@ static_assert(kGemmCombineSendBlocks < epic::detail::kGemmCtasPerSm);
 
 } // namespace epic::expand
 
-#endif // EPIC_LOWERING_TRANSFORMS_EPEXPAND_LAYOUT_H
+#endif // EPIC_LOWERING_CONVERSION_EPTOCOMM_LAYOUT_H

@@ -1,12 +1,12 @@
 //===- GroupedGemm.h - ep.grouped_gemm's Hopper kernel ----------*- C++ -*-===//
 //
-// ep-expand's builder of the grouped GEMM kernel (TMA + wgmma through the
+// convert-ep-to-comm's builder of the grouped GEMM kernel (TMA + wgmma through the
 // NVGPU dialect), kept apart from the communication kernels (Kernels.h).
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef EPIC_LOWERING_TRANSFORMS_EPEXPAND_GROUPEDGEMM_H
-#define EPIC_LOWERING_TRANSFORMS_EPEXPAND_GROUPEDGEMM_H
+#ifndef EPIC_LOWERING_CONVERSION_EPTOCOMM_GROUPEDGEMM_H
+#define EPIC_LOWERING_CONVERSION_EPTOCOMM_GROUPEDGEMM_H
 
 #include "epic/Dialect/EP/IR/EPRecords.h"
 
@@ -80,7 +80,7 @@ using epic::ep::records::kGroupedGemmFields; // its record (EPRecords.def)
 /// diagnostic on `op`.
 mlir::LogicalResult checkGroupedGemmShape(mlir::Operation *op, const GroupedGemmShape &shape);
 
-/// Fills `func` (ep-expand's kernel signature: device communicator, window,
+/// Fills `func` (convert-ep-to-comm's kernel signature: device communicator, window,
 /// parameter table) with the persistent grouped GEMM.
 void buildGroupedGemmKernel(mlir::gpu::GPUFuncOp func, const GroupedGemmShape &shape);
 
@@ -95,4 +95,4 @@ mlir::ArrayAttr groupedGemmTensorMaps(mlir::Builder &b, const GroupedGemmShape &
 
 } // namespace epic::detail
 
-#endif // EPIC_LOWERING_TRANSFORMS_EPEXPAND_GROUPEDGEMM_H
+#endif // EPIC_LOWERING_CONVERSION_EPTOCOMM_GROUPEDGEMM_H

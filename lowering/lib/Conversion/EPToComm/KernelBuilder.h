@@ -1,4 +1,4 @@
-//===- KernelBuilder.h - ep-expand: building kernel code ---------*- C++ -*-===//
+//===- KernelBuilder.h - convert-ep-to-comm: building kernel code ---------*- C++ -*-===//
 //
 // A small typed builder over the arith, scf, gpu, nvvm and comm ops that the
 // dispatch, combine and fused kernels are written with: constants, integer
@@ -7,8 +7,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef EPIC_LOWERING_TRANSFORMS_EPEXPAND_KERNELBUILDER_H
-#define EPIC_LOWERING_TRANSFORMS_EPEXPAND_KERNELBUILDER_H
+#ifndef EPIC_LOWERING_CONVERSION_EPTOCOMM_KERNELBUILDER_H
+#define EPIC_LOWERING_CONVERSION_EPTOCOMM_KERNELBUILDER_H
 
 #include "ArithBuilder.h"
 #include "Layout.h"
@@ -495,7 +495,7 @@ public:
   ///
   /// Block 0 also checks that every rank entered the same op: before its
   /// arrival each lane stores the op's signature (the configuration and
-  /// variant, ep-expand's constant, with the grid and the token cap) into
+  /// variant, convert-ep-to-comm's constant, with the grid and the token cap) into
   /// its peer's cell for this rank, released by the arrival; after the
   /// barrier the lanes compare every rank's cell with their own signature
   /// (comm.agree traps naming both ranks). Ranks that called different ops,
@@ -538,7 +538,7 @@ public:
     });
   }
 
-  /// What every rank's op must agree on: ep-expand's signature of the
+  /// What every rank's op must agree on: convert-ep-to-comm's signature of the
   /// configuration and variant, the blocks per rank and the token cap.
   Value opSignature() {
     // Odd multipliers (splitmix64's): distinct grids and caps move the value.
@@ -548,7 +548,7 @@ public:
   }
 };
 
-/// A kernel with ep-expand's signature (device communicator, window, the
+/// A kernel with convert-ep-to-comm's signature (device communicator, window, the
 /// parameter table), empty but for its gpu.return; `sharedFlag`: one i32 of
 /// shared memory (KernelBuilder::sharedFlag).
 gpu::GPUFuncOp createKernel(OpBuilder &builder, Location loc, StringRef name, bool sharedFlag);
@@ -561,4 +561,4 @@ void exchangeDoneFlags(KernelBuilder &k, int64_t flagsOffset, Value first = {}, 
 
 } // namespace epic::expand
 
-#endif // EPIC_LOWERING_TRANSFORMS_EPEXPAND_KERNELBUILDER_H
+#endif // EPIC_LOWERING_CONVERSION_EPTOCOMM_KERNELBUILDER_H

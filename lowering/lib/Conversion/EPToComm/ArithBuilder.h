@@ -1,4 +1,4 @@
-//===- ArithBuilder.h - ep-expand: integer math and `when` for builders --===//
+//===- ArithBuilder.h - convert-ep-to-comm: integer math and `when` for builders --===//
 //
 // What both kernel builders (KernelBuilder for the communication kernels,
 // the grouped GEMM's builder) write their index arithmetic and conditionals
@@ -6,8 +6,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef EPIC_LOWERING_TRANSFORMS_EPEXPAND_ARITHBUILDER_H
-#define EPIC_LOWERING_TRANSFORMS_EPEXPAND_ARITHBUILDER_H
+#ifndef EPIC_LOWERING_CONVERSION_EPTOCOMM_ARITHBUILDER_H
+#define EPIC_LOWERING_CONVERSION_EPTOCOMM_ARITHBUILDER_H
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
@@ -51,4 +51,4 @@ public:
 
 } // namespace epic::expand
 
-#endif // EPIC_LOWERING_TRANSFORMS_EPEXPAND_ARITHBUILDER_H
+#endif // EPIC_LOWERING_CONVERSION_EPTOCOMM_ARITHBUILDER_H

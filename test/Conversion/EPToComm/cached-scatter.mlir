@@ -1,9 +1,9 @@
-// ep-expand with one-pass-cached-dispatch (what epic-to-ptx sets for the
+// convert-ep-to-comm with one-pass-cached-dispatch (what epic-to-ptx sets for the
 // virtual backend): a cached dispatch is one kernel that writes every row into
 // its destination's outputs, read through the destination's parameter record.
-// RUN: epic-opt %s --split-input-file --ep-expand=one-pass-cached-dispatch=true | FileCheck %s
+// RUN: epic-opt %s --split-input-file --convert-ep-to-comm=one-pass-cached-dispatch=true | FileCheck %s
 // Without the option (the nccl backend) the cached dispatch keeps send + copy.
-// RUN: epic-opt %s --split-input-file --ep-expand | FileCheck %s --check-prefix=STAGED
+// RUN: epic-opt %s --split-input-file --convert-ep-to-comm | FileCheck %s --check-prefix=STAGED
 
 #cfg = #ep.config<ranks = 4, experts = 16, topk = 4, hidden = 512, dtype = f8E4M3FN,
                   scale_packs = 4, max_tokens_per_rank = 128>

@@ -1,6 +1,6 @@
-// ep-expand: one entry function per ep op becomes kernels of comm + upstream
+// convert-ep-to-comm: one entry function per ep op becomes kernels of comm + upstream
 // ops in @ep_kernels and a launch function of the same name.
-// RUN: epic-opt %s --split-input-file --ep-expand | FileCheck %s
+// RUN: epic-opt %s --split-input-file --convert-ep-to-comm | FileCheck %s
 
 #cfg = #ep.config<ranks = 8, experts = 64, topk = 6, hidden = 2048, dtype = f8E4M3FN,
                   scale_packs = 16, expert_alignment = 128, max_tokens_per_rank = 512>

@@ -1,13 +1,13 @@
-//===- Kernels.h - ep-expand: the kernels ------------------------*- C++ -*-===//
+//===- Kernels.h - convert-ep-to-comm: the kernels ------------------------*- C++ -*-===//
 //
-// The kernels ep-expand builds, each into an empty kernel (createKernel):
+// The kernels convert-ep-to-comm builds, each into an empty kernel (createKernel):
 // dispatch (DispatchKernels.cpp), combine (CombineKernels.cpp) and the fused
 // GEMM kernels (FusedKernels.cpp).
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef EPIC_LOWERING_TRANSFORMS_EPEXPAND_KERNELS_H
-#define EPIC_LOWERING_TRANSFORMS_EPEXPAND_KERNELS_H
+#ifndef EPIC_LOWERING_CONVERSION_EPTOCOMM_KERNELS_H
+#define EPIC_LOWERING_CONVERSION_EPTOCOMM_KERNELS_H
 
 #include "KernelBuilder.h"
 
@@ -42,4 +42,4 @@ void buildGemmSendKernel(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sh
 
 } // namespace epic::expand
 
-#endif // EPIC_LOWERING_TRANSFORMS_EPEXPAND_KERNELS_H
+#endif // EPIC_LOWERING_CONVERSION_EPTOCOMM_KERNELS_H

@@ -1,4 +1,4 @@
-//===- CombineKernels.cpp - ep-expand: the combine kernels ------------------===//
+//===- CombineKernels.cpp - convert-ep-to-comm: the combine kernels ------------------===//
 //
 // The combine's send (received rows back to their sources, the expanded
 // layout's rows of a token summed first) and its reduce (each token's records

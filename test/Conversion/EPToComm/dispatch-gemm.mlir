@@ -1,11 +1,11 @@
-// ep-expand of ep.dispatch_gemm (what ep-fuse-dispatch-gemm makes): the
+// convert-ep-to-comm of ep.dispatch_gemm (what ep-fuse-dispatch-gemm makes): the
 // dispatch's send kernel, then one cooperative kernel whose blocks first copy
 // their share of the rows into the expanded layout and count them per 128-row
 // tile (fence, warp sync, one release add per row), then run the grouped GEMM,
 // each tile's loads preceded by bounded acquire waits for the counts of every
 // row tile of its expert (so the tiles sharing a weight tile start together)
 // and a proxy fence (TMA reads what generic stores wrote).
-// RUN: epic-opt %s --ep-expand | FileCheck %s
+// RUN: epic-opt %s --convert-ep-to-comm | FileCheck %s
 // RUN: epic-compile %s --backend=virtual -o %t
 // RUN: FileCheck %s --check-prefix=JSON < %t.json
 

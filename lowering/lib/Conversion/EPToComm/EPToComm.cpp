@@ -1,0 +1,496 @@
+//===- EPToComm.cpp - ep ops to communication kernels ---------------------===//
+//
+// See ConvertEPToComm in Conversion/Passes.td for the protocol. A dialect
+// conversion: one pattern per op of ep::KernelOpInterface. Each pattern
+// plans the op's kernels (names, parameter record, window, launch shape),
+// builds them into the module's gpu.module (Kernels.h), and replaces the
+// entry function that holds the op with the launch function the runtime
+// calls, carrying the launch metadata. The pass checks the entry form first,
+// so its diagnostics name what is wrong rather than "failed to legalize".
+// Layout.h has the window and records, KernelBuilder.h the builder the
+// kernels are written with.
+//
+//===----------------------------------------------------------------------===//
+
+#include "epic/Conversion/Passes.h"
+
+#include "Kernels.h"
+
+#include "mlir/IR/SymbolTable.h"
+#include "mlir/Transforms/DialectConversion.h"
+#include "llvm/Support/xxhash.h"
+
+namespace epic {
+#define GEN_PASS_DEF_CONVERTEPTOCOMM
+#include "epic/Conversion/Passes.h.inc"
+} // namespace epic
+
+using namespace mlir;
+using namespace epic::expand;
+namespace records = epic::ep::records;
+
+namespace {
+
+constexpr StringLiteral kKernelModule = "ep_kernels";
+
+OpBuilder kernelInsertionPoint(gpu::GPUModuleOp module) {
+  Block *body = module.getBody();
+  if (!body->empty() && body->back().hasTrait<OpTrait::IsTerminator>())
+    return OpBuilder(&body->back());
+  return OpBuilder::atBlockEnd(body);
+}
+
+/// The entry function's bound of the kernels' waits (epic.timeout_ms), or
+/// the default; a diagnostic on the function if it is out of range.
+FailureOr<int64_t> entryTimeout(func::FuncOp func) {
+  Attribute attr = func->getAttr("epic.timeout_ms");
+  if (!attr)
+    return kDefaultTimeoutMs;
+  auto value = dyn_cast<IntegerAttr>(attr);
+  if (!value || value.getInt() < 1 || value.getInt() > (int64_t(1) << 31))
+    return func.emitError("convert-ep-to-comm: epic.timeout_ms must be an integer in [1, 2^31] "
+                          "(milliseconds), got ")
+           << attr;
+  return value.getInt();
+}
+
+/// The entry form: `func` holds one ep op with kernels and its return. A
+/// diagnostic otherwise; success with nothing to do for a function without
+/// such an op.
+LogicalResult checkEntryForm(func::FuncOp func) {
+  Operation *epOp = nullptr;
+  bool hasKernelOp = false;
+  func.walk([&](ep::KernelOpInterface) { hasKernelOp = true; });
+  if (!hasKernelOp)
+    return success();
+  for (Operation &op : func.getBody().front()) {
+    if (isa<ep::KernelOpInterface>(op)) {
+      if (epOp)
+        return func.emitError("convert-ep-to-comm: expected one ep.dispatch, ep.combine or "
+                              "ep.grouped_gemm per function, found a second one");
+      epOp = &op;
+    } else if (!isa<func::ReturnOp>(op)) {
+      return op.emitError("convert-ep-to-comm: an ep op must be alone in its function (the "
+                          "entry form the runtime generates); found '")
+             << op.getName() << "'";
+    }
+  }
+  if (!epOp) // an ep op nested in a region of the function
+    return func.emitError("convert-ep-to-comm: an ep op must be alone in its function (the entry "
+                          "form the runtime generates), not nested in a region");
+  return entryTimeout(func);
+}
+
+/// A hash of what the ranks' kernels must agree on, the same in every
+/// process (of the op's text, not of context pointers): the op's name,
+/// attributes (the configuration included) and operand and result types
+/// (which say whether weights, scale packs and biases are there, and their
+/// dtypes), the timeout and the block size.
+int64_t opSignatureOf(Operation *op, int64_t timeoutMs, unsigned threads) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  os << op->getName() << op->getAttrDictionary() << " timeout " << timeoutMs << " threads "
+     << threads;
+  for (Type type : op->getOperandTypes())
+    os << " in " << type;
+  for (Type type : op->getResultTypes())
+    os << " out " << type;
+  return int64_t(llvm::xxh3_64bits(text));
+}
+
+/// The entry being lowered: its name, the bound of its waits and the pass's
+/// options.
+struct Entry {
+  std::string name;
+  int64_t timeoutMs;
+  unsigned threads;
+  bool onePassCachedDispatch;
+};
+
+/// What an op lowers to: its kernels (made by `build` into the gpu.module),
+/// their launch, the parameter record they read and the window they need.
+struct KernelPlan {
+  ep::ConfigAttr cfg;
+  SmallVector<std::string> kernels;
+  SmallVector<StringRef> fields;
+  int64_t tensorMaps = 0; // TMA descriptors at the end of each record
+  unsigned threads;
+  bool cooperative = true;
+  int64_t windowBytes = -1; // the configuration's layout unless set
+  int64_t scratchAt = -1;   // fused entries: [scratchAt, windowBytes) must be zero at entry
+  int64_t signature = 0;
+  int64_t timeoutMs = 0;
+  SmallVector<NamedAttribute> extraMetadata;
+  /// Builds the kernels (the plan passed back: its layout(), its names).
+  std::function<void(const KernelPlan &, gpu::GPUModuleOp, const RecordLayout &)> build;
+
+  /// The signature hashes the pass's block size even where the op's kernels
+  /// launch their own (`threads`): it names the lowering the ranks ran.
+  KernelPlan(Operation *op, ep::ConfigAttr cfg, const Entry &entry, unsigned threads)
+      : cfg(cfg), threads(threads), signature(opSignatureOf(op, entry.timeoutMs, entry.threads)),
+        timeoutMs(entry.timeoutMs) {}
+
+  RecordLayout record() const { return RecordLayout(fields.size(), tensorMaps); }
+  /// The layout the kernels see, with the entry's timeout and record.
+  EPLayout layout(unsigned idxBits, const RecordLayout &record, int64_t tmaxField) const {
+    EPLayout layout(cfg, idxBits);
+    layout.signature = signature;
+    layout.timeoutMs = timeoutMs;
+    layout.paramStride = record.stride;
+    layout.tmaxField = tmaxField;
+    return layout;
+  }
+  /// The grouped GEMM's launch: shared memory, CTAs per SM, TMA descriptors.
+  void addGemmMetadata(Builder &b, const epic::detail::GroupedGemmShape &gemm, StringRef lhs,
+                       StringRef weights, Attribute rows) {
+    extraMetadata.push_back(b.getNamedAttr(
+        "epic.dynamic_shared_bytes", b.getI64IntegerAttr(epic::detail::kGemmDynamicSharedBytes)));
+    extraMetadata.push_back(
+        b.getNamedAttr("epic.ctas_per_sm", b.getI64IntegerAttr(epic::detail::kGemmCtasPerSm)));
+    extraMetadata.push_back(b.getNamedAttr(
+        "epic.tensor_maps",
+        epic::detail::groupedGemmTensorMaps(b, gemm, lhs, weights, rows, record().mapsOffset)));
+  }
+};
+
+/// The grouped GEMM of a configuration's local experts: hidden x `n`
+/// weights, rows of `lhs`, results of `out`.
+epic::detail::GroupedGemmShape gemmShapeOf(ep::ConfigAttr cfg, int64_t n, Type lhs, Type out) {
+  return {cfg.getHidden(), n, cfg.getNumLocalExperts(), cfg.getExpertAlignment(), lhs, out};
+}
+
+/// Builds `plan`'s kernels into the module's gpu.module and replaces `func`
+/// with the launch function of the same name, carrying the launch metadata.
+void emitLaunch(func::FuncOp func, ep::KernelOpInterface op, const KernelPlan &plan,
+                ConversionPatternRewriter &rewriter) {
+  MLIRContext *ctx = func.getContext();
+  Location loc = op->getLoc();
+  const RecordLayout record = plan.record();
+  auto kernelModule = SymbolTable::lookupNearestSymbolFrom<gpu::GPUModuleOp>(
+      func, StringAttr::get(ctx, kKernelModule));
+  plan.build(plan, kernelModule, record);
+  // The launch's block size, known to the kernels: ptxas sizes their register
+  // budget for it (.reqntid), so a launch of `threads` always fits an SM. The
+  // records travel by value, one per rank a launch serves.
+  auto table = comm::ParamTableAttr::get(ctx, 2, record.stride, plan.cfg.getRanks());
+  for (const std::string &kernel : plan.kernels)
+    if (auto fn = kernelModule.lookupSymbol<gpu::GPUFuncOp>(kernel)) {
+      fn.setKnownBlockSizeAttr(rewriter.getDenseI32ArrayAttr({int32_t(plan.threads), 1, 1}));
+      fn->setAttr(comm::ParamTableAttr::getAttrName(), table);
+    }
+
+  // The launch function replaces the entry function.
+  OpBuilder::InsertionGuard guard(rewriter);
+  rewriter.setInsertionPoint(func);
+  Type args[] = {comm::DevCommType::get(ctx), comm::WindowType::get(ctx),
+                 LLVM::LLVMPointerType::get(ctx), rewriter.getIndexType()};
+  auto launch =
+      func::FuncOp::create(rewriter, loc, func.getName(), rewriter.getFunctionType(args, {}));
+  Block *body = rewriter.createBlock(&launch.getBody(), {}, args,
+                                     SmallVector<Location>(std::size(args), loc));
+  Value one = arith::ConstantIndexOp::create(rewriter, loc, 1);
+  Value threadCount = arith::ConstantIndexOp::create(rewriter, loc, plan.threads);
+  Value grid = body->getArgument(3);
+  for (const std::string &kernel : plan.kernels) {
+    auto symbol = SymbolRefAttr::get(ctx, kKernelModule, {FlatSymbolRefAttr::get(ctx, kernel)});
+    gpu::LaunchFuncOp::create(
+        rewriter, loc, symbol, gpu::KernelDim3{grid, one, one},
+        gpu::KernelDim3{threadCount, one, one}, Value(),
+        ValueRange{body->getArgument(0), body->getArgument(1), body->getArgument(2)});
+  }
+  func::ReturnOp::create(rewriter, loc);
+
+  EPLayout layout(plan.cfg, 64);
+  SmallVector<Attribute> fieldAttrs;
+  for (StringRef field : plan.fields)
+    fieldAttrs.push_back(rewriter.getStringAttr(field));
+  SmallVector<Attribute> kernelAttrs;
+  for (const std::string &kernel : plan.kernels)
+    kernelAttrs.push_back(rewriter.getStringAttr(kernel));
+  auto i64 = [&](int64_t value) { return rewriter.getI64IntegerAttr(value); };
+  launch->setAttr("epic.entry", rewriter.getStringAttr(op.getEntryKind()));
+  launch->setAttr("epic.config", plan.cfg);
+  launch->setAttr("epic.kernels", rewriter.getArrayAttr(kernelAttrs));
+  launch->setAttr("epic.threads", i64(plan.threads));
+  launch->setAttr("epic.param_fields", rewriter.getArrayAttr(fieldAttrs));
+  launch->setAttr("epic.param_stride", i64(record.stride));
+  launch->setAttr("epic.window_bytes",
+                  i64(plan.windowBytes >= 0 ? plan.windowBytes : layout.windowBytes));
+  // A run-time Tmax: the window needs window_bytes + Tmax x this.
+  if (plan.windowBytes < 0 && !plan.cfg.hasStaticTokenCap())
+    launch->setAttr("epic.window_bytes_per_token", i64(layout.windowPerToken));
+  // The fused kernels' scratch: zero when they start (they leave it so), but
+  // another configuration's data may have been there (EPWindow.h).
+  if (plan.scratchAt >= 0)
+    launch->setAttr("epic.window_scratch_at", i64(plan.scratchAt));
+  launch->setAttr("epic.max_blocks_per_rank", i64(kMaxBlocksPerRank));
+  // The blocks of a launch wait for each other (entry barriers, the count
+  // exchange): the runtime must launch them cooperatively (all resident).
+  launch->setAttr("epic.cooperative", i64(plan.cooperative ? 1 : 0));
+  launch->setAttr("epic.timeout_ms", i64(plan.timeoutMs));
+  for (NamedAttribute attr : plan.extraMetadata)
+    launch->setAttr(attr.getName(), attr.getValue());
+  rewriter.eraseOp(func);
+}
+
+/// The common part of every op's pattern: the entry, the plan (each op's
+/// own), then the kernels and the launch. Plans check everything before
+/// building anything, so a pattern that fails has changed nothing.
+template <typename OpT> class KernelOpLowering : public OpConversionPattern<OpT> {
+public:
+  KernelOpLowering(MLIRContext *ctx, unsigned threads, bool onePassCachedDispatch)
+      : OpConversionPattern<OpT>(ctx), threads(threads),
+        onePassCachedDispatch(onePassCachedDispatch) {}
+
+  LogicalResult matchAndRewrite(OpT op, typename OpT::Adaptor,
+                                ConversionPatternRewriter &rewriter) const final {
+    auto func = dyn_cast<func::FuncOp>(op->getParentOp());
+    if (!func) // the pass checked the entry form
+      return rewriter.notifyMatchFailure(op, "not in an entry function");
+    FailureOr<int64_t> timeoutMs = entryTimeout(func);
+    if (failed(timeoutMs))
+      return failure();
+    Entry entry{func.getName().str(), *timeoutMs, threads, onePassCachedDispatch};
+    FailureOr<KernelPlan> plan = planKernels(op, entry, rewriter);
+    if (failed(plan))
+      return failure();
+    emitLaunch(func, cast<ep::KernelOpInterface>(op.getOperation()), *plan, rewriter);
+    return success();
+  }
+
+protected:
+  /// The op's kernels, checked, not yet built.
+  virtual FailureOr<KernelPlan> planKernels(OpT op, const Entry &entry, Builder &b) const = 0;
+
+private:
+  unsigned threads;
+  bool onePassCachedDispatch;
+};
+
+struct DispatchOpLowering : KernelOpLowering<ep::DispatchOp> {
+  using KernelOpLowering::KernelOpLowering;
+  FailureOr<KernelPlan> planKernels(ep::DispatchOp dispatch, const Entry &entry,
+                                    Builder &) const override {
+    KernelPlan plan(dispatch, dispatch.getConfig(), entry, entry.threads);
+    // A cached dispatch reads the handle's routing, which the runtime keeps as int64.
+    unsigned idxBits =
+        dispatch.isCached()
+            ? 64
+            : cast<ShapedType>(dispatch.getTopkIdx().getType()).getElementTypeBitWidth();
+    DispatchShape shape{static_cast<bool>(dispatch.getScalePacks()),
+                        static_cast<bool>(dispatch.getTopkWeights()), plan.cfg.isExpanded(),
+                        dispatch.isCached(), dispatch.getZeroPadding()};
+    plan.fields = fieldNames(kDispatchFields);
+    const bool scatter = shape.cached && entry.onePassCachedDispatch;
+    if (scatter) {
+      plan.kernels = {entry.name + "_scatter"};
+      plan.cooperative = false; // no rank waits for another
+    } else {
+      plan.kernels = {entry.name + "_send", entry.name + "_copy"};
+    }
+    Location loc = dispatch.getLoc();
+    plan.build = [idxBits, shape, scatter, loc](const KernelPlan &plan, gpu::GPUModuleOp module,
+                                                const RecordLayout &record) {
+      const auto &names = plan.kernels;
+      EPLayout layout = plan.layout(idxBits, record, kDispatchMaxTokens);
+      OpBuilder b = kernelInsertionPoint(module);
+      if (scatter) {
+        buildDispatchScatter(createKernel(b, loc, names[0], false), layout, shape);
+        return;
+      }
+      buildDispatchSend(createKernel(b, loc, names[0], true), layout, shape);
+      buildDispatchCopy(createKernel(b, loc, names[1], false), layout, shape);
+    };
+    return plan;
+  }
+};
+
+struct CombineOpLowering : KernelOpLowering<ep::CombineOp> {
+  using KernelOpLowering::KernelOpLowering;
+  FailureOr<KernelPlan> planKernels(ep::CombineOp combine, const Entry &entry,
+                                    Builder &) const override {
+    KernelPlan plan(combine, combine.getConfig(), entry, entry.threads);
+    if (plan.cfg.getHidden() % 8 != 0)
+      return combine->emitError("convert-ep-to-comm: combine reduces 8 bf16 channels per step, "
+                                "so hidden (")
+             << plan.cfg.getHidden() << ") must be a multiple of 8";
+    CombineShape shape{static_cast<bool>(combine.getTopkWeights()),
+                       static_cast<unsigned>(combine.getBiases().size()), plan.cfg.isExpanded()};
+    plan.kernels = {entry.name + "_send", entry.name + "_reduce"};
+    plan.fields = fieldNames(kCombineFields);
+    Location loc = combine.getLoc();
+    plan.build = [shape, loc](const KernelPlan &plan, gpu::GPUModuleOp module,
+                              const RecordLayout &record) {
+      const auto &names = plan.kernels;
+      // The routing comes from the handle (topk_idx of the dispatch); int64.
+      EPLayout layout = plan.layout(64, record, kCMaxTokens);
+      OpBuilder b = kernelInsertionPoint(module);
+      buildCombineSend(createKernel(b, loc, names[0], true), layout, shape);
+      buildCombineReduce(createKernel(b, loc, names[1], false), layout, shape);
+    };
+    return plan;
+  }
+};
+
+struct GroupedGemmOpLowering : KernelOpLowering<ep::GroupedGemmOp> {
+  using KernelOpLowering::KernelOpLowering;
+  FailureOr<KernelPlan> planKernels(ep::GroupedGemmOp gemm, const Entry &entry,
+                                    Builder &b) const override {
+    // One warpgroup per block; blocks never wait for each other.
+    KernelPlan plan(gemm, gemm.getConfig(), entry, epic::detail::kGemmThreads);
+    ep::ConfigAttr cfg = plan.cfg;
+    auto lhs = cast<ShapedType>(gemm.getLhs().getType());
+    auto rhs = cast<ShapedType>(gemm.getRhs().getType());
+    epic::detail::GroupedGemmShape shape =
+        gemmShapeOf(cfg, rhs.getDimSize(2), lhs.getElementType(),
+                    cast<ShapedType>(gemm.getResult().getType()).getElementType());
+    if (failed(epic::detail::checkGroupedGemmShape(gemm, shape)))
+      return failure();
+    plan.kernels = {entry.name + "_gemm"};
+    plan.fields = fieldNames(epic::detail::kGroupedGemmFields);
+    plan.tensorMaps = 2;
+    plan.cooperative = false;
+    plan.windowBytes = 0;
+    plan.addGemmMetadata(b, shape, records::grouped_gemm::x, records::grouped_gemm::weights,
+                         b.getStringAttr(records::grouped_gemm::num_rows));
+    Location loc = gemm.getLoc();
+    plan.build = [shape, loc](const KernelPlan &plan, gpu::GPUModuleOp module,
+                              const RecordLayout &record) {
+      const auto &names = plan.kernels;
+      OpBuilder b = kernelInsertionPoint(module);
+      epic::detail::buildGroupedGemmKernel(createKernel(b, loc, names[0], false),
+                                           withRecord(shape, record));
+    };
+    return plan;
+  }
+};
+
+struct DispatchGemmOpLowering : KernelOpLowering<ep::DispatchGemmOp> {
+  using KernelOpLowering::KernelOpLowering;
+  FailureOr<KernelPlan> planKernels(ep::DispatchGemmOp fused, const Entry &entry,
+                                    Builder &b) const override {
+    KernelPlan plan(fused, fused.getConfig(), entry, epic::detail::kGemmThreads);
+    ep::ConfigAttr cfg = plan.cfg;
+    auto experts = cast<ShapedType>(fused.getExperts().getType());
+    epic::detail::GroupedGemmShape gemm =
+        gemmShapeOf(cfg, experts.getDimSize(2), cfg.getDtype(),
+                    cast<ShapedType>(fused.getResult().getType()).getElementType());
+    if (failed(epic::detail::checkGroupedGemmShape(fused, gemm)))
+      return failure();
+    unsigned idxBits = cast<ShapedType>(fused.getTopkIdx().getType()).getElementTypeBitWidth();
+    EPLayout layout(cfg, idxBits);
+    // The tile counters follow the windows (FusedScratch).
+    FusedScratch at(cfg);
+    plan.windowBytes = at.tileConsumed + at.counters, plan.scratchAt = at.tileDone;
+    gemm.outField = kDGGemmOut, gemm.psumField = kPsumPerExpert;
+    gemm.tileDone = at.tileDone, gemm.tileConsumed = at.tileConsumed, gemm.maxTiles = at.maxTiles;
+    gemm.timeoutMs = entry.timeoutMs;
+    DispatchShape shape{false,
+                        static_cast<bool>(fused.getTopkWeights()),
+                        true,
+                        false,
+                        fused.getZeroPadding(),
+                        at.tileDone,
+                        at.maxTiles,
+                        fusedRowUnroll(layout.rowBytes)};
+    plan.kernels = {entry.name + "_send", entry.name + "_copy_gemm"};
+    plan.fields = fieldNames(kDispatchFields, kDispatchGemmExtraFields);
+    plan.tensorMaps = 2;
+    // The verifier asks for a static Tmax: the recv_x rows are a constant.
+    plan.addGemmMetadata(b, gemm, records::dispatch::recv_x, records::dispatch::experts,
+                         b.getI64IntegerAttr(*cfg.getMaxOutputRows()));
+    Location loc = fused.getLoc();
+    plan.build = [idxBits, shape, gemm, loc](const KernelPlan &plan, gpu::GPUModuleOp module,
+                                             const RecordLayout &record) {
+      const auto &names = plan.kernels;
+      EPLayout fusedLayout = plan.layout(idxBits, record, kDispatchMaxTokens);
+      OpBuilder b = kernelInsertionPoint(module);
+      buildDispatchSend(createKernel(b, loc, names[0], true), fusedLayout, shape);
+      buildCopyGemmKernel(b, loc, names[1], fusedLayout, shape, withRecord(gemm, record));
+    };
+    return plan;
+  }
+};
+
+struct GemmCombineOpLowering : KernelOpLowering<ep::GemmCombineOp> {
+  using KernelOpLowering::KernelOpLowering;
+  FailureOr<KernelPlan> planKernels(ep::GemmCombineOp fused, const Entry &entry,
+                                    Builder &b) const override {
+    KernelPlan plan(fused, fused.getConfig(), entry, epic::detail::kGemmThreads);
+    ep::ConfigAttr cfg = plan.cfg;
+    epic::detail::GroupedGemmShape gemm =
+        gemmShapeOf(cfg, cfg.getHidden(),
+                    cast<ShapedType>(fused.getLhs().getType()).getElementType(), b.getBF16Type());
+    if (failed(epic::detail::checkGroupedGemmShape(fused, gemm)))
+      return failure();
+    // Scratch after the windows (FusedScratch): row -> token, each token's rows
+    // still to compute, each 128-row tile's finished column tiles, a rank
+    // barrier and the count of row chunks claimed.
+    FusedScratch at(cfg);
+    plan.windowBytes = at.end, plan.scratchAt = at.tileDone;
+    gemm.outField = kCX, gemm.psumField = kGCPsumPerExpert;
+    gemm.timeoutMs = entry.timeoutMs;
+    CombineShape shape{false, static_cast<unsigned>(fused.getBiases().size()), true};
+    plan.kernels = {entry.name + "_gemm_send", entry.name + "_reduce"};
+    plan.fields = fieldNames(kCombineFields, kGemmCombineExtraFields);
+    plan.tensorMaps = 2;
+    plan.addGemmMetadata(b, gemm, records::combine::lhs, records::combine::weights,
+                         b.getStringAttr(records::combine::num_rows));
+    GemmCombineScratch scratch{at.rowToken, at.pending,
+                               at.colDone,  at.arrivals,
+                               at.maxTiles, cfg.getHidden() / epic::detail::kGemmTileN};
+    Location loc = fused.getLoc();
+    plan.build = [shape, gemm, scratch, loc](const KernelPlan &plan, gpu::GPUModuleOp module,
+                                             const RecordLayout &record) {
+      const auto &names = plan.kernels;
+      EPLayout fusedLayout = plan.layout(64, record, kCMaxTokens);
+      OpBuilder b = kernelInsertionPoint(module);
+      buildGemmSendKernel(createKernel(b, loc, names[0], false), fusedLayout, shape,
+                          withRecord(gemm, record), scratch);
+      buildCombineReduce(createKernel(b, loc, names[1], false), fusedLayout, shape);
+    };
+    return plan;
+  }
+};
+
+struct ConvertEPToCommPass : public epic::impl::ConvertEPToCommBase<ConvertEPToCommPass> {
+  using ConvertEPToCommBase::ConvertEPToCommBase;
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    if (threadsPerBlock % 32 != 0 || threadsPerBlock == 0 || threadsPerBlock > 1024) {
+      module.emitError("convert-ep-to-comm: threads-per-block must be a multiple of 32 in "
+                       "[32, 1024], got ")
+          << threadsPerBlock;
+      return signalPassFailure();
+    }
+    bool failed = false, any = false;
+    module.walk([&](func::FuncOp func) { failed |= mlir::failed(checkEntryForm(func)); });
+    module.walk([&](ep::KernelOpInterface) { any = true; });
+    if (failed)
+      return signalPassFailure();
+    if (!any)
+      return;
+
+    // The kernels go into the module's one gpu.module (one cubin for the runtime).
+    OpBuilder builder(module.getBodyRegion());
+    module->setAttr(gpu::GPUDialect::getContainerModuleAttrName(), builder.getUnitAttr());
+    if (!isa_and_nonnull<gpu::GPUModuleOp>(SymbolTable::lookupSymbolIn(module, kKernelModule)))
+      gpu::GPUModuleOp::create(builder, module.getLoc(), kKernelModule);
+
+    ConversionTarget target(getContext());
+    target.markUnknownOpDynamicallyLegal(
+        [](Operation *op) { return !isa<ep::KernelOpInterface>(op); });
+    RewritePatternSet patterns(&getContext());
+    epic::populateEPToCommConversionPatterns(patterns, threadsPerBlock, onePassCachedDispatch);
+    if (mlir::failed(applyPartialConversion(module, target, std::move(patterns))))
+      signalPassFailure();
+  }
+};
+
+} // namespace
+
+void epic::populateEPToCommConversionPatterns(RewritePatternSet &patterns, unsigned threads,
+                                              bool onePassCachedDispatch) {
+  patterns.add<DispatchOpLowering, CombineOpLowering, GroupedGemmOpLowering, DispatchGemmOpLowering,
+               GemmCombineOpLowering>(patterns.getContext(), threads, onePassCachedDispatch);
+}
