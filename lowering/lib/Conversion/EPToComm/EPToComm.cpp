@@ -267,6 +267,29 @@ private:
   bool onePassCachedDispatch;
 };
 
+/// DeepEP's get_dispatch_layout: counts zeroed, then a thread per token.
+struct DispatchLayoutOpLowering : KernelOpLowering<ep::DispatchLayoutOp> {
+  using KernelOpLowering::KernelOpLowering;
+  FailureOr<KernelPlan> planKernels(ep::DispatchLayoutOp op, const Entry &entry,
+                                    Builder &) const override {
+    KernelPlan plan(op, op.getConfig(), entry, entry.threads);
+    unsigned idxBits = cast<ShapedType>(op.getTopkIdx().getType()).getElementTypeBitWidth();
+    plan.kernels = {entry.name + "_zero", entry.name + "_count"};
+    plan.fields = fieldNames(kLayoutFields);
+    plan.cooperative = false; // nothing waits
+    plan.windowBytes = 0;     // nothing crosses ranks
+    Location loc = op.getLoc();
+    plan.build = [idxBits, loc](const KernelPlan &plan, gpu::GPUModuleOp module,
+                                const RecordLayout &record) {
+      EPLayout layout = plan.layout(idxBits, record, kLNumTokens);
+      OpBuilder b = kernelInsertionPoint(module);
+      buildLayoutZero(createKernel(b, loc, plan.kernels[0], false), layout);
+      buildLayoutCount(createKernel(b, loc, plan.kernels[1], false), layout);
+    };
+    return plan;
+  }
+};
+
 struct DispatchOpLowering : KernelOpLowering<ep::DispatchOp> {
   using KernelOpLowering::KernelOpLowering;
   FailureOr<KernelPlan> planKernels(ep::DispatchOp dispatch, const Entry &entry,
@@ -491,6 +514,7 @@ struct ConvertEPToCommPass : public epic::impl::ConvertEPToCommBase<ConvertEPToC
 
 void epic::populateEPToCommConversionPatterns(RewritePatternSet &patterns, unsigned threads,
                                               bool onePassCachedDispatch) {
-  patterns.add<DispatchOpLowering, CombineOpLowering, GroupedGemmOpLowering, DispatchGemmOpLowering,
-               GemmCombineOpLowering>(patterns.getContext(), threads, onePassCachedDispatch);
+  patterns.add<DispatchLayoutOpLowering, DispatchOpLowering, CombineOpLowering,
+               GroupedGemmOpLowering, DispatchGemmOpLowering, GemmCombineOpLowering>(
+      patterns.getContext(), threads, onePassCachedDispatch);
 }

@@ -117,6 +117,16 @@ public:
     return at(base, mul(wide(index), i64(bytes)));
   }
   /// Element `element` of the top-k id array at `ids` (the layout's index
+  /// type) as i32, narrowed or sign-extended.
+  Value loadTopkId(Value ids, Value element) {
+    Value raw = load(b.getIntegerType(layout.idxBytes * 8),
+                     elementAt(ids, element, layout.idxBytes), layout.idxBytes);
+    if (layout.idxBytes == 4)
+      return raw;
+    return layout.idxBytes > 4 ? arith::TruncIOp::create(b, i32T(), raw).getResult()
+                               : arith::ExtSIOp::create(b, i32T(), raw).getResult();
+  }
+  /// Element `element` of the top-k id array at `ids` (the layout's index
   /// type): the i32 `id`, widened or narrowed.
   void storeTopkId(Value id, Value ids, Value element) {
     Type idxType = b.getIntegerType(layout.idxBytes * 8);
@@ -445,17 +455,9 @@ public:
   Routing route(Value topkIdx, Value token) {
     Routing r;
     Value inTopk = lt(lane, i32(layout.topk));
-    Type idxType = b.getIntegerType(layout.idxBytes * 8);
     r.expert = choose(
         inTopk, i32T(),
-        [&]() -> Value {
-          Value element = add(mul(token, i32(layout.topk)), lane);
-          Value raw = load(idxType, elementAt(topkIdx, element, layout.idxBytes), layout.idxBytes);
-          if (layout.idxBytes == 4)
-            return raw;
-          return layout.idxBytes > 4 ? arith::TruncIOp::create(b, i32T(), raw).getResult()
-                                     : arith::ExtSIOp::create(b, i32T(), raw).getResult();
-        },
+        [&]() -> Value { return loadTopkId(topkIdx, add(mul(token, i32(layout.topk)), lane)); },
         [&]() -> Value { return i32(-1); });
     r.valid = cmp(arith::CmpIPredicate::sge, r.expert, i32(0));
     r.dst = select(r.valid, divs(r.expert, i32(layout.local)), i32(-1));

@@ -1,8 +1,8 @@
 //===- Kernels.h - convert-ep-to-comm: the kernels ------------------------*- C++ -*-===//
 //
 // The kernels convert-ep-to-comm builds, each into an empty kernel (createKernel):
-// dispatch (DispatchKernels.cpp), combine (CombineKernels.cpp) and the fused
-// GEMM kernels (FusedKernels.cpp).
+// dispatch (DispatchKernels.cpp), combine (CombineKernels.cpp), the dispatch
+// layout (LayoutKernels.cpp) and the fused GEMM kernels (FusedKernels.cpp).
 //
 //===----------------------------------------------------------------------===//
 
@@ -33,6 +33,11 @@ void sendExpandedToken(KernelBuilder &k, const EPLayout &L, const CombineShape &
 /// Where a received row goes back to: its metadata row and the source's record.
 std::pair<Value, Value> combineDestination(KernelBuilder &k, const EPLayout &L, Value metadata,
                                            Value row);
+
+// ep.dispatch_layout (LayoutKernels.cpp): the counts zeroed, then a thread
+// per token.
+void buildLayoutZero(gpu::GPUFuncOp func, const EPLayout &L);
+void buildLayoutCount(gpu::GPUFuncOp func, const EPLayout &L);
 
 // Fused with the grouped GEMM.
 void buildCopyGemmKernel(OpBuilder &builder, Location loc, StringRef name, const EPLayout &L,

@@ -22,8 +22,9 @@ def EP_KernelOpInterface : OpInterface<"KernelOpInterface"> {
   let description = [{
     An ep op that `convert-ep-to-comm` lowers to kernels and one launch
     function. The launch metadata names its kind (`epic.entry`, the op's
-    mnemonic: `dispatch`, `combine`, `grouped_gemm`, `dispatch_gemm`,
-    `gemm_combine`) and the configuration its kernels are specialized on.
+    mnemonic: `dispatch_layout`, `dispatch`, `combine`, `grouped_gemm`,
+    `dispatch_gemm`, `gemm_combine`) and the configuration its kernels are
+    specialized on.
   }];
   let methods = [
     InterfaceMethod<"The kind of launch the runtime reads (the op's mnemonic).",
@@ -41,7 +42,7 @@ class EP_Op<string mnemonic, list<Trait> traits = []>
 // ep.dispatch_layout
 //===----------------------------------------------------------------------===//
 
-def EP_DispatchLayoutOp : EP_Op<"dispatch_layout", [Pure]> {
+def EP_DispatchLayoutOp : EP_Op<"dispatch_layout", [EP_KernelOpInterface, Pure]> {
   let summary = "count the tokens each rank and each expert receives from this rank";
   let description = [{
     Computes, from this rank's routing table `topk_idx` (`[T, K]`, global

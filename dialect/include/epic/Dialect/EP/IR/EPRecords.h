@@ -40,6 +40,11 @@ enum GroupedGemmField {
 #include "epic/Dialect/EP/IR/EPRecords.def"
   kNumGroupedGemmFields
 };
+enum LayoutField {
+#define EP_LAYOUT_FIELD(Enumerator, name) Enumerator,
+#include "epic/Dialect/EP/IR/EPRecords.def"
+  kNumLayoutFields
+};
 
 /// The names in record order (the fused entries: only the fields they add).
 inline constexpr const char *kDispatchFields[] = {
@@ -62,6 +67,10 @@ inline constexpr const char *kGroupedGemmFields[] = {
 #define EP_GROUPED_GEMM_FIELD(Enumerator, name) #name,
 #include "epic/Dialect/EP/IR/EPRecords.def"
 };
+inline constexpr const char *kLayoutFields[] = {
+#define EP_LAYOUT_FIELD(Enumerator, name) #name,
+#include "epic/Dialect/EP/IR/EPRecords.def"
+};
 
 /// Name constants for the runtime, which fills records by name.
 namespace dispatch {
@@ -78,6 +87,10 @@ namespace grouped_gemm {
 #define EP_GROUPED_GEMM_FIELD(Enumerator, name) inline constexpr const char name[] = #name;
 #include "epic/Dialect/EP/IR/EPRecords.def"
 } // namespace grouped_gemm
+namespace layout {
+#define EP_LAYOUT_FIELD(Enumerator, name) inline constexpr const char name[] = #name;
+#include "epic/Dialect/EP/IR/EPRecords.def"
+} // namespace layout
 
 } // namespace epic::ep::records
 
