@@ -22,10 +22,10 @@ int epic::runtime::dtypeBytes(const std::string &dtype) {
     return 4;
   if (dtype == "i64")
     return 8;
-  if (dtype == "f8E4M3FN" || dtype == "f8E5M2")
+  if (dtype == "f8E4M3FN" || dtype == "f8E5M2" || dtype == "i1")
     return 1;
   throw std::invalid_argument("unknown dtype \"" + dtype +
-                              "\" (bf16, f16, f32, f8E4M3FN, f8E5M2, i32, i64)");
+                              "\" (bf16, f16, f32, f8E4M3FN, f8E5M2, i1, i32, i64)");
 }
 
 HostTensor::HostTensor(std::string dtype, std::vector<int64_t> shape)
@@ -169,6 +169,8 @@ double HostTensor::at(int64_t i) const {
     return f8E4M3FNToFloat(*p);
   if (dtype == "f8E5M2")
     return f8E5M2ToFloat(*p);
+  if (dtype == "i1") // a byte, 0 or 1
+    return *p;
   if (dtype == "i32") {
     int32_t v;
     std::memcpy(&v, p, 4);
@@ -538,4 +540,88 @@ std::vector<int64_t> epic::runtime::canonicalRows(const EPSpec &spec,
     start += w.align(count);
   }
   return rows;
+}
+
+std::vector<std::string> epic::runtime::checkDispatchLayout(const EPSpec &spec,
+                                                            const std::vector<LayoutRecord> &ranks,
+                                                            size_t limit) {
+  Problems p{limit};
+  const World w(spec);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const LayoutRecord &rec = ranks[r];
+    const int64_t T = rec.topkIdx.rows();
+    std::vector<int32_t> perRank(size_t(w.R), 0), perExpert(size_t(w.E), 0);
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<bool> in(size_t(w.R), false);
+      for (int64_t j = 0; j < w.K; ++j) {
+        int64_t e = int64_t(rec.topkIdx.at(t * w.K + j));
+        if (e < 0 || e >= w.E)
+          continue;
+        ++perExpert[size_t(e)];
+        in[size_t(e / w.L)] = true;
+      }
+      for (int64_t d = 0; d < w.R; ++d) {
+        perRank[size_t(d)] += in[size_t(d)];
+        if ((rec.inRank.at(t * w.R + d) != 0) != in[size_t(d)])
+          p.add("rank " + std::to_string(r) + ": is_token_in_rank[" + std::to_string(t) + ", " +
+                std::to_string(d) + "] is " + (in[size_t(d)] ? "false" : "true") +
+                ", expected " + (in[size_t(d)] ? "true" : "false"));
+      }
+    }
+    auto compare = [&](const char *name, const std::vector<int32_t> &got,
+                       const std::vector<int32_t> &want) {
+      for (size_t i = 0; i < want.size(); ++i)
+        if (i >= got.size() || got[i] != want[i])
+          p.add("rank " + std::to_string(r) + ": " + name + "[" + std::to_string(i) + "] is " +
+                (i < got.size() ? std::to_string(got[i]) : std::string("missing")) +
+                ", expected " + std::to_string(want[i]));
+    };
+    compare("num_tokens_per_rank", rec.perRank, perRank);
+    compare("num_tokens_per_expert", rec.perExpert, perExpert);
+  }
+  return p.result();
+}
+
+std::vector<std::string> epic::runtime::checkGroupedGemm(const EPSpec &spec,
+                                                         const std::vector<DispatchRecord> &handles,
+                                                         const std::vector<GemmRecord> &ranks,
+                                                         size_t limit) {
+  Problems p{limit};
+  const World w(spec);
+  const int64_t H = spec.hidden;
+  if (handles.size() != ranks.size()) {
+    p.add("expected one handle per grouped GEMM record");
+    return p.result();
+  }
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const GemmRecord &g = ranks[r];
+    const int64_t N = g.weights.shape.at(2);
+    std::vector<bool> expertRow(size_t(g.out.rows()), false);
+    int64_t end = 0;
+    for (int64_t e = 0; e < w.L; ++e) {
+      // Expert e's rows: [align(psum[e - 1]), psum[e]) of the expanded layout.
+      const int64_t start = w.align(end);
+      end = handles[r].psumRecvPerExpert.at(size_t(e));
+      for (int64_t row = start; row < end && row < g.out.rows(); ++row) {
+        expertRow[size_t(row)] = true;
+        for (int64_t n = 0; n < N; ++n) {
+          double want = 0;
+          for (int64_t h = 0; h < H; ++h)
+            want += g.x.at(row * H + h) * g.weights.at((e * H + h) * N + n);
+          double got = g.out.at(row * N + n);
+          // The kernel sums in fp32 in its own order and rounds once to the output type.
+          if (!(std::abs(got - want) <= 1e-2 + 1.6e-2 * std::abs(want))) {
+            p.add(where(int64_t(r), "grouped GEMM out", row) + " column " + std::to_string(n) +
+                  " (expert " + std::to_string(e) + ") is " + std::to_string(got) +
+                  ", expected " + std::to_string(want));
+            break;
+          }
+        }
+      }
+    }
+    for (int64_t row = 0; row < g.out.rows(); ++row)
+      if (!expertRow[size_t(row)] && !rowIsZero(g.out, row))
+        p.add(where(int64_t(r), "grouped GEMM out", row) + " is a padding row and not zero");
+  }
+  return p.result();
 }

@@ -428,3 +428,65 @@ func.func @main() {
 }
 
 } // namespace
+
+// --- dispatch_layout and grouped GEMM references ------------------------------------
+
+namespace {
+/// Two ranks, 4 experts (2 per rank), top-2: token 0 -> experts 0, 1 (rank 0 twice),
+/// token 1 -> experts 3, -1, token 2 -> experts 2, 0.
+LayoutRecord layoutOfThreeTokens(EPSpec &spec) {
+  spec.ranks = 2, spec.experts = 4, spec.topk = 2, spec.hidden = 8, spec.maxTokensPerRank = 4;
+  LayoutRecord rec;
+  rec.topkIdx = HostTensor("i64", {3, 2});
+  const int64_t ids[] = {0, 1, 3, -1, 2, 0};
+  std::memcpy(rec.topkIdx.data.data(), ids, sizeof(ids));
+  rec.perRank = {2, 2};
+  rec.perExpert = {2, 1, 1, 1};
+  rec.inRank = HostTensor("i1", {3, 2});
+  const uint8_t in[] = {1, 0, 0, 1, 1, 1};
+  std::memcpy(rec.inRank.data.data(), in, sizeof(in));
+  return rec;
+}
+} // namespace
+
+TEST(Reference, DispatchLayoutCountsATokenOncePerRank) {
+  EPSpec spec;
+  LayoutRecord rec = layoutOfThreeTokens(spec);
+  EXPECT_TRUE(checkDispatchLayout(spec, {rec}).empty());
+  LayoutRecord twice = rec;
+  twice.perRank[0] = 3; // token 0 counted for each of its two experts on rank 0
+  EXPECT_TRUE(
+      mentions(checkDispatchLayout(spec, {twice}), "num_tokens_per_rank[0] is 3, expected 2"));
+  LayoutRecord masked = rec;
+  masked.perExpert[3] = 2;
+  EXPECT_TRUE(mentions(checkDispatchLayout(spec, {masked}), "num_tokens_per_expert[3]"));
+  LayoutRecord flag = rec;
+  flag.inRank.data[2] = 1; // token 1 has no expert on rank 0
+  EXPECT_TRUE(mentions(checkDispatchLayout(spec, {flag}), "is_token_in_rank[1, 0]"));
+}
+
+TEST(Reference, GroupedGemmChecksExpertRowsAndPadding) {
+  // One rank, two local experts, alignment 2: expert 0 has rows [0, 1), padding row 1,
+  // expert 1 rows [2, 4). hidden 2, N 1; weights: expert 0 sums, expert 1 takes the first.
+  EPSpec spec;
+  spec.ranks = 1, spec.experts = 2, spec.topk = 1, spec.hidden = 2, spec.expertAlignment = 2;
+  DispatchRecord handle;
+  handle.psumRecvPerExpert = {1, 4};
+  GemmRecord g;
+  g.x = HostTensor("f32", {4, 2});
+  const float x[] = {1, 2, 9, 9, 3, 4, 5, 6};
+  std::memcpy(g.x.data.data(), x, sizeof(x));
+  g.weights = HostTensor("f32", {2, 2, 1});
+  const float w[] = {1, 1, 1, 0};
+  std::memcpy(g.weights.data.data(), w, sizeof(w));
+  g.out = HostTensor("f32", {4, 1});
+  const float out[] = {3, 0, 3, 5};
+  std::memcpy(g.out.data.data(), out, sizeof(out));
+  EXPECT_TRUE(checkGroupedGemm(spec, {handle}, {g}).empty());
+  GemmRecord wrong = g;
+  wrong.out.as<float>()[3] = 6;
+  EXPECT_TRUE(mentions(checkGroupedGemm(spec, {handle}, {wrong}), "out[3] column 0 (expert 1)"));
+  GemmRecord padding = g;
+  padding.out.as<float>()[1] = 1;
+  EXPECT_TRUE(mentions(checkGroupedGemm(spec, {handle}, {padding}), "padding row"));
+}

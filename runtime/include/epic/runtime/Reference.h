@@ -93,6 +93,34 @@ std::vector<std::string> checkCombine(const EPSpec &spec,
                                       const std::vector<DispatchRecord> &handles,
                                       const std::vector<CombineRecord> &ranks, size_t limit = 8);
 
+/// What one rank's ep.dispatch_layout took and produced.
+struct LayoutRecord {
+  HostTensor topkIdx;             ///< [T, K] i64
+  std::vector<int32_t> perRank;   ///< [R]
+  std::vector<int32_t> perExpert; ///< [E]
+  HostTensor inRank;              ///< [T, R] i1 (a byte each)
+};
+
+/// Checks every rank's dispatch layout exactly: a token counts once per rank
+/// that owns one of its experts, and once per expert; -1 counts nowhere.
+std::vector<std::string> checkDispatchLayout(const EPSpec &spec,
+                                             const std::vector<LayoutRecord> &ranks,
+                                             size_t limit = 8);
+
+/// What one rank's ep.grouped_gemm took and produced: an expanded dispatch's
+/// rows, the rank's expert weights [L, hidden, N] and the output [rows, N].
+struct GemmRecord {
+  HostTensor x, weights, out;
+};
+
+/// Checks every rank's grouped GEMM against a float64 product: each expert's
+/// rows (from its dispatch, `handles`) within |got - want| <= 0.01 + 0.016
+/// |want| (fp32 sums in the kernel's order, one rounding to bf16), padding
+/// rows zero.
+std::vector<std::string> checkGroupedGemm(const EPSpec &spec,
+                                          const std::vector<DispatchRecord> &handles,
+                                          const std::vector<GemmRecord> &ranks, size_t limit = 8);
+
 /// The received rows of a dispatch in canonical order: sorted by source
 /// (rank, token); expanded: each expert block sorted the same way, padding
 /// left out. Indices into the record's recv tensors.
