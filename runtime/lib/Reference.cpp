@@ -564,8 +564,8 @@ std::vector<std::string> epic::runtime::checkDispatchLayout(const EPSpec &spec,
         perRank[size_t(d)] += in[size_t(d)];
         if ((rec.inRank.at(t * w.R + d) != 0) != in[size_t(d)])
           p.add("rank " + std::to_string(r) + ": is_token_in_rank[" + std::to_string(t) + ", " +
-                std::to_string(d) + "] is " + (in[size_t(d)] ? "false" : "true") +
-                ", expected " + (in[size_t(d)] ? "true" : "false"));
+                std::to_string(d) + "] is " + (in[size_t(d)] ? "false" : "true") + ", expected " +
+                (in[size_t(d)] ? "true" : "false"));
       }
     }
     auto compare = [&](const char *name, const std::vector<int32_t> &got,
@@ -573,8 +573,8 @@ std::vector<std::string> epic::runtime::checkDispatchLayout(const EPSpec &spec,
       for (size_t i = 0; i < want.size(); ++i)
         if (i >= got.size() || got[i] != want[i])
           p.add("rank " + std::to_string(r) + ": " + name + "[" + std::to_string(i) + "] is " +
-                (i < got.size() ? std::to_string(got[i]) : std::string("missing")) +
-                ", expected " + std::to_string(want[i]));
+                (i < got.size() ? std::to_string(got[i]) : std::string("missing")) + ", expected " +
+                std::to_string(want[i]));
     };
     compare("num_tokens_per_rank", rec.perRank, perRank);
     compare("num_tokens_per_expert", rec.perExpert, perExpert);
@@ -612,8 +612,8 @@ std::vector<std::string> epic::runtime::checkGroupedGemm(const EPSpec &spec,
           // The kernel sums in fp32 in its own order and rounds once to the output type.
           if (!(std::abs(got - want) <= 1e-2 + 1.6e-2 * std::abs(want))) {
             p.add(where(int64_t(r), "grouped GEMM out", row) + " column " + std::to_string(n) +
-                  " (expert " + std::to_string(e) + ") is " + std::to_string(got) +
-                  ", expected " + std::to_string(want));
+                  " (expert " + std::to_string(e) + ") is " + std::to_string(got) + ", expected " +
+                  std::to_string(want));
             break;
           }
         }

@@ -5,12 +5,16 @@
 // RUN: not epic-compile %t/unsupported.mlir --run-plan -o - 2>&1 | FileCheck %s --check-prefix=OP
 // RUN: not epic-compile %t/worlds.mlir --run-plan -o - 2>&1 | FileCheck %s --check-prefix=WORLD
 // RUN: not epic-compile %t/tokens.mlir --run-plan -o - 2>&1 | FileCheck %s --check-prefix=TOKENS
+// RUN: not epic-compile %t/recursion.mlir --run-plan -o - 2>&1 | FileCheck %s --check-prefix=RECURSION
+// RUN: not epic-compile %t/external.mlir --run-plan -o - 2>&1 | FileCheck %s --check-prefix=EXTERNAL
 
 // NOMAIN: an epic-run program needs a func.func @main
 // ARGS: arguments.mlir:1:1: error: epic-run: @main takes no arguments and returns nothing
 // OP: unsupported.mlir:3:8: error: epic-run: 'arith.addi' is not supported in a run program
 // WORLD: worlds.mlir:9:18: error: epic-run: every ep op of a program runs on one EP world; this one has 4 ranks, an earlier one 2
 // TOKENS: tokens.mlir:3:8: error: epic-run: per_rank has 3 entries but the program's ep ops run on 2 ranks
+// RECURSION: recursion.mlir:2:3: error: epic-run: @f calls itself (recursion has no plan)
+// EXTERNAL: external.mlir:3:3: error: epic-run: @g is not a function with a body in this module
 
 //--- no-main.mlir
 func.func @other() {
@@ -47,5 +51,20 @@ func.func @main() {
   %i = run.routing experts 8 seed 1 rows %t : tensor<?x2xi64>
   %rx, %ri, %h = ep.dispatch %x topk(%i : tensor<?x2xi64>) config #a
       : tensor<?x64xbf16> -> tensor<?x64xbf16>, tensor<?x2xi64>, !ep.handle<#a>
+  return
+}
+//--- recursion.mlir
+func.func @f() {
+  func.call @f() : () -> ()
+  return
+}
+func.func @main() {
+  func.call @f() : () -> ()
+  return
+}
+//--- external.mlir
+func.func private @g()
+func.func @main() {
+  func.call @g() : () -> ()
   return
 }

@@ -32,9 +32,10 @@ LogicalResult verifyRowsShape(Operation *op, ShapedType type, StringRef what) {
     return op->emitOpError() << "result dimension 0 must be dynamic (it is the `rows` "
                                 "operand), got "
                              << type;
-  if (type.isDynamicDim(1) || type.getDimSize(1) < 1)
-    return op->emitOpError() << "result dimension 1 (" << what
-                             << ") must be static and positive, got " << type;
+  for (int64_t d = 1; d < type.getRank(); ++d)
+    if (type.isDynamicDim(d) || type.getDimSize(d) < 1)
+      return op->emitOpError() << "result dimension " << d << " (" << what
+                               << ") must be static and positive, got " << type;
   return success();
 }
 } // namespace

@@ -14,13 +14,16 @@
 #include "epic/Dialect/Run/IR/RunDialect.h"
 #include "epic/InitAllDialects.h"
 #include "epic/Support/SourceParser.h"
+#include "epic/Transforms/Passes.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/SymbolTable.h"
 #include "mlir/Parser/Parser.h"
+#include "mlir/Pass/PassManager.h"
 #include "mlir/Support/DebugStringHelper.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
@@ -139,7 +142,10 @@ private:
                        {"scale", random.getScale().convertToDouble()},
                        {"seed", random.getSeed()},
                        {"dtype", debugString(type.getElementType())},
-                       {"cols", type.getDimSize(1)}});
+                       {"cols", ShapedType::getNumElements(type.getShape().drop_front())}});
+      if (type.getRank() > 2) // the row's shape (expert weights: [L, hidden, N])
+        steps.back().getAsObject()->insert(
+            {"row_shape", json::Array(type.getShape().drop_front())});
       return success();
     }
     if (auto routing = dyn_cast<run::RoutingOp>(op)) {
@@ -225,15 +231,99 @@ private:
       add(op, "combine", std::move(step));
       return success();
     }
-    if (auto ret = dyn_cast<func::ReturnOp>(op))
+    if (auto call = dyn_cast<func::CallOp>(op))
+      return inlineCall(call);
+    if (auto cast = dyn_cast<tensor::CastOp>(op)) { // a type refinement: the same tensor
+      ids[cast.getResult()] = use(cast.getSource());
       return success();
+    }
+    if (auto layout = dyn_cast<ep::DispatchLayoutOp>(op)) {
+      if (failed(world(op, layout.getConfig())) ||
+          failed(requireI64(op, layout.getTopkIdx(), "topk_idx")))
+        return failure();
+      add(op, "dispatch_layout",
+          json::Object{{"spec", specJson(layout.getConfig())},
+                       {"topk_idx", use(layout.getTopkIdx())},
+                       {"num_tokens_per_rank", define(layout.getNumTokensPerRank())},
+                       {"num_tokens_per_expert", define(layout.getNumTokensPerExpert())},
+                       {"is_token_in_rank", define(layout.getIsTokenInRank())}});
+      return success();
+    }
+    if (auto gemm = dyn_cast<ep::GroupedGemmOp>(op)) {
+      ep::ConfigAttr config = gemm.getConfig();
+      if (failed(world(op, config)))
+        return failure();
+      auto out = cast<ShapedType>(gemm.getResult().getType());
+      add(op, "grouped_gemm",
+          json::Object{{"spec", specJson(config)},
+                       {"x", use(gemm.getLhs())},
+                       {"weights", use(gemm.getRhs())},
+                       {"handle", use(gemm.getHandle())},
+                       {"n", out.getDimSize(1)},
+                       {"out_dtype", debugString(out.getElementType())},
+                       {"result", define(gemm.getResult())}});
+      return success();
+    }
+    if (auto fused = dyn_cast<ep::DispatchGemmOp>(op)) {
+      ep::ConfigAttr config = fused.getConfig();
+      if (failed(world(op, config)) || failed(requireI64(op, fused.getTopkIdx(), "topk_idx")))
+        return failure();
+      auto out = cast<ShapedType>(fused.getResult().getType());
+      json::Object step{{"spec", specJson(config)},
+                        {"zero_padding", fused.getZeroPadding()},
+                        {"x", use(fused.getX())},
+                        {"topk_idx", use(fused.getTopkIdx())},
+                        {"topk_weights", use(fused.getTopkWeights())},
+                        {"experts", use(fused.getExperts())},
+                        {"n", out.getDimSize(1)},
+                        {"out_dtype", debugString(out.getElementType())}};
+      step["recv_x"] = define(fused.getRecvX());
+      step["recv_topk_weights"] =
+          fused.getRecvTopkWeights() ? define(fused.getRecvTopkWeights()) : -1;
+      step["result"] = define(fused.getResult());
+      step["handle"] = define(fused.getHandle());
+      add(op, "dispatch_gemm", std::move(step));
+      return success();
+    }
+    if (auto ret = dyn_cast<func::ReturnOp>(op)) {
+      if (!callStack.empty()) { // the callee's results are the call's
+        for (auto [result, value] : llvm::zip(callStack.back()->getResults(), ret.getOperands()))
+          ids[result] = use(value);
+      }
+      return success();
+    }
     return op->emitError() << "epic-run: '" << op->getName()
                            << "' is not supported in a run program (it may use run.tokens, "
-                              "run.random, run.routing, run.print, ep.dispatch, ep.combine, "
-                              "tensor.dim and index arith.constant)";
+                              "run.random, run.routing, run.print, ep.dispatch_layout, "
+                              "ep.dispatch, ep.grouped_gemm, ep.combine, func.call, "
+                              "tensor.dim, tensor.cast and index arith.constant)";
+  }
+
+  /// A call of a function of the module: its ops become steps here, its
+  /// arguments the call's operands, its results what it returns.
+  LogicalResult inlineCall(func::CallOp call) {
+    auto callee = SymbolTable::lookupNearestSymbolFrom<func::FuncOp>(call, call.getCalleeAttr());
+    if (!callee || callee.isExternal())
+      return call.emitError() << "epic-run: @" << call.getCallee()
+                              << " is not a function with a body in this module";
+    if (!callee.getBody().hasOneBlock())
+      return callee.emitError("epic-run: a called function must be one block (no control flow)");
+    for (func::CallOp outer : callStack)
+      if (outer.getCallee() == call.getCallee())
+        return call.emitError() << "epic-run: @" << call.getCallee()
+                                << " calls itself (recursion has no plan)";
+    for (auto [argument, operand] : llvm::zip(callee.getArguments(), call.getOperands()))
+      ids[argument] = use(operand);
+    callStack.push_back(call);
+    for (Operation &op : callee.getBody().front())
+      if (failed(step(&op)))
+        return failure();
+    callStack.pop_back();
+    return success();
   }
 
   func::FuncOp main;
+  SmallVector<func::CallOp> callStack;
   llvm::DenseMap<Value, int64_t> ids;
   json::Array steps;
   int64_t ranks = -1, tokensRanks = -1;
@@ -254,6 +344,13 @@ std::string epic::translateRunProgram(const std::string &source, const std::stri
   OwningOpRef<ModuleOp> module = parser.parse();
   if (!module)
     throw CompileError("cannot parse " + sourceName + ":\n" + diagnostics);
+  // The fusion passes rewrite what they can fuse, as epic-compile does: a
+  // program runs the kernels it would compile to.
+  PassManager fuse(&context);
+  fuse.addNestedPass<func::FuncOp>(createEPFuseDispatchGemm());
+  fuse.addNestedPass<func::FuncOp>(createEPFuseGemmCombine());
+  if (failed(fuse.run(*module)))
+    throw CompileError("fusing the ep ops of " + sourceName + " failed:\n" + diagnostics);
   auto main = module->lookupSymbol<func::FuncOp>("main");
   if (!main)
     throw CompileError(sourceName + ": an epic-run program needs a func.func @main");

@@ -33,6 +33,15 @@ func.func @f(%t: index) {
 
 // -----
 
+// A row of a 3-D tensor (a rank's expert weights) has a static shape too.
+func.func @f(%t: index) {
+  // expected-error@+1 {{result dimension 2 (columns) must be static and positive}}
+  %x = run.random normal seed 1 rows %t : tensor<?x64x?xbf16>
+  return
+}
+
+// -----
+
 func.func @f(%t: index) {
   // expected-error@+1 {{scale must be positive and finite, got -1}}
   %x = run.random uniform scale -1.0 seed 1 rows %t : tensor<?x8xf32>
@@ -42,7 +51,7 @@ func.func @f(%t: index) {
 // -----
 
 func.func @f(%t: index) {
-  // expected-error@+1 {{must be 2D tensor of bfloat16 type or 16-bit float or 32-bit float or f8E4M3FN type or f8E5M2 type values}}
+  // expected-error@+1 {{must be 2D/3D tensor of bfloat16 type or 16-bit float or 32-bit float or f8E4M3FN type or f8E5M2 type values}}
   %x = run.random normal seed 1 rows %t : tensor<?x8xi32>
   return
 }

@@ -103,9 +103,8 @@ struct LayoutRecord {
 
 /// Checks every rank's dispatch layout exactly: a token counts once per rank
 /// that owns one of its experts, and once per expert; -1 counts nowhere.
-std::vector<std::string> checkDispatchLayout(const EPSpec &spec,
-                                             const std::vector<LayoutRecord> &ranks,
-                                             size_t limit = 8);
+std::vector<std::string>
+checkDispatchLayout(const EPSpec &spec, const std::vector<LayoutRecord> &ranks, size_t limit = 8);
 
 /// What one rank's ep.grouped_gemm took and produced: an expanded dispatch's
 /// rows, the rank's expert weights [L, hidden, N] and the output [rows, N].

@@ -79,9 +79,11 @@ def Run_TokensOp : Run_Op<"tokens", [Pure]> {
 }
 
 def Run_RandomOp : Run_Op<"random", [Pure]> {
-  let summary = "a [rows, N] tensor of deterministic random values";
+  let summary = "a [rows, N] (or [rows, D1, D2]) tensor of deterministic random values";
   let description = [{
-    `rows` x N values, N the static second dimension of the result type:
+    `rows` rows of values, each row of the static shape of the result's
+    other dimensions (N, or D1 x D2: a rank's expert weights are
+    `rows %L : tensor<?xHxNxbf16>`):
     `normal` draws from N(0, scale^2), `uniform` from [0, scale). Values are
     rounded to the element type (FP8: saturated to its largest finite
     value). The generator is counter based: the values depend only on
@@ -95,7 +97,7 @@ def Run_RandomOp : Run_Op<"random", [Pure]> {
   let arguments = (ins Run_Distribution:$distribution,
                        DefaultValuedAttr<F64Attr, "1.0">:$scale,
                        I64Attr:$seed, Index:$rows);
-  let results = (outs 2DTensorOf<[BF16, F16, F32, F8E4M3FN, F8E5M2]>:$result);
+  let results = (outs TensorRankOf<[BF16, F16, F32, F8E4M3FN, F8E5M2], [2, 3]>:$result);
   let assemblyFormat = [{
     $distribution (`scale` $scale^)? `seed` $seed `rows` $rows attr-dict `:` type($result)
   }];

@@ -1,0 +1,60 @@
+// A whole program: @main calls a layer function (layout, dispatch, expert GEMM,
+// combine); the callee's ops become steps on the caller's values, and the
+// fusion passes run first (the dispatch feeding the GEMM becomes one step).
+// RUN: epic-compile %s --run-plan -o - | FileCheck %s
+
+#cfg = #ep.config<ranks = 2, experts = 4, topk = 2, hidden = 128, dtype = bf16,
+                  expert_alignment = 16, layout = expanded, max_tokens_per_rank = 32>
+
+func.func @layer(%x: tensor<?x128xbf16>, %idx: tensor<?x2xi64>, %w: tensor<2x128x128xbf16>)
+    -> (tensor<?x128xbf16>, tensor<2xi32>) {
+  %per_rank, %per_expert, %in_rank = ep.dispatch_layout %idx config #cfg
+      : tensor<?x2xi64> -> tensor<2xi32>, tensor<4xi32>, tensor<?x2xi1>
+  %rx, %h = ep.dispatch %x topk(%idx : tensor<?x2xi64>) config #cfg
+      : tensor<?x128xbf16> -> tensor<?x128xbf16>, !ep.handle<#cfg>
+  %y = ep.grouped_gemm %rx, %w layout(%h : !ep.handle<#cfg>)
+      : tensor<?x128xbf16>, tensor<2x128x128xbf16> -> tensor<?x128xbf16>
+  %out = ep.combine %y, %h : tensor<?x128xbf16>, !ep.handle<#cfg> -> tensor<?x128xbf16>
+  return %out, %per_rank : tensor<?x128xbf16>, tensor<2xi32>
+}
+
+// CHECK: "ranks": 2,
+// CHECK: "op": "random",
+// CHECK: "op": "routing",
+// Expert weights: a 3-D random tensor, rows = experts per rank.
+// CHECK: "cols": 16384,
+// CHECK: "op": "random",
+// CHECK: "result": [[W3:[0-9]+]],
+// CHECK-NEXT: "row_shape": [
+// CHECK-NEXT: 128,
+// CHECK-NEXT: 128
+// The layout step reads the caller's routing (value 2).
+// CHECK: "is_token_in_rank": [[IN:[0-9]+]],
+// CHECK: "op": "dispatch_layout",
+// CHECK: "topk_idx": 2
+// The dispatch and the GEMM, fused; the cast is the same value.
+// CHECK: "experts": [[W3]],
+// CHECK: "n": 128,
+// CHECK: "op": "dispatch_gemm",
+// CHECK: "out_dtype": "bf16",
+// CHECK: "result": [[Y:[0-9]+]],
+// CHECK: "x": 1
+// CHECK: "op": "combine",
+// CHECK: "x": [[Y]]
+// What @layer returned is what the call defines: the layout's per-rank counts.
+// CHECK: "op": "print",
+// CHECK: "value": {{[0-9]+}},
+// CHECK-NEXT: "what": "func.call result #1
+func.func @main() {
+  %t = run.tokens per_rank [32, 5]
+  %x = run.random normal seed 1 rows %t : tensor<?x128xbf16>
+  %idx = run.routing experts 4 seed 2 rows %t : tensor<?x2xi64>
+  %c2 = arith.constant 2 : index
+  %w = run.random normal scale 0.1 seed 3 rows %c2 : tensor<?x128x128xbf16>
+  %experts = tensor.cast %w : tensor<?x128x128xbf16> to tensor<2x128x128xbf16>
+  %out, %per_rank = func.call @layer(%x, %idx, %experts)
+      : (tensor<?x128xbf16>, tensor<?x2xi64>, tensor<2x128x128xbf16>)
+      -> (tensor<?x128xbf16>, tensor<2xi32>)
+  run.print %per_rank : tensor<2xi32>
+  return
+}
