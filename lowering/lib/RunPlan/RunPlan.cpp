@@ -3,12 +3,14 @@
 // epic-run executes programs on machines without MLIR: the program is
 // checked and translated here, into a JSON list of steps over numbered
 // values, which the runtime (runtime/include/epic/runtime/RunProgram.h)
-// executes. Every ep op keeps its full configuration, so the runtime asks
-// for exactly the kernels the op would compile to.
+// executes. Every ep op keeps its full configuration, spelled as a kernel
+// request's spec (KernelRequest.def), so the runtime asks for exactly the
+// kernels the op would compile to.
 //
 //===----------------------------------------------------------------------===//
 
 #include "epic/Compiler.h"
+#include "epic/EntryBuilder.h"
 
 #include "epic/Dialect/EP/IR/EPDialect.h"
 #include "epic/Dialect/Run/IR/RunDialect.h"
@@ -38,19 +40,6 @@ std::string locString(Location loc) {
             std::to_string(file.getColumn()))
         .str();
   return "<unknown>";
-}
-
-json::Object specJson(epic::ep::ConfigAttr config) {
-  return json::Object{{"ranks", config.getRanks()},
-                      {"experts", config.getExperts()},
-                      {"topk", config.getTopk()},
-                      {"hidden", config.getHidden()},
-                      {"dtype", debugString(config.getDtype())},
-                      {"scale_packs", config.getScalePacks()},
-                      {"expert_alignment", config.getExpertAlignment()},
-                      {"expanded", config.isExpanded()},
-                      {"max_tokens_per_rank", config.getMaxTokensPerRank()},
-                      {"num_sms", config.getNumSms()}};
 }
 
 /// Walks @main once, numbering values and writing one step per op.
@@ -190,7 +179,7 @@ private:
         if (packs && !cast<ShapedType>(packs.getType()).getElementType().isF32())
           return op->emitError("epic-run: scale packs must be f32 (the runtime passes "
                                "float32 scales)");
-      json::Object step{{"spec", specJson(config)},
+      json::Object step{{"spec", epic::configJson(config)},
                         {"cached", dispatch.isCached()},
                         {"zero_padding", dispatch.getZeroPadding()},
                         {"x", use(dispatch.getX())},
@@ -214,7 +203,7 @@ private:
       json::Array biases;
       for (Value bias : combine.getBiases())
         biases.push_back(use(bias));
-      json::Object step{{"spec", specJson(combine.getConfig())},
+      json::Object step{{"spec", epic::configJson(combine.getConfig())},
                         {"x", use(combine.getX())},
                         {"handle", use(combine.getHandle())},
                         {"topk_weights", use(combine.getTopkWeights())},
