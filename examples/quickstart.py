@@ -43,19 +43,23 @@ def show_compiler(args, backend="virtual"):
 
     runtime = _C.Runtime(backend, args.cache_dir or "", "")
     for kind, variant in V3_VARIANTS:
-        k = runtime.kernels(v3_spec(args.ranks, args.tokens), variant, kind)
+        spec = v3_spec(args.ranks, args.tokens)
+        k = runtime.kernels(spec, variant, kind)
         meta = json.loads(k["metadata"])
         kernels = ", ".join(f"{m['name']} ({m['registers']} registers, {m['spill_store_bytes']} "
                             f"bytes spilled)" for m in meta["kernels"])
-        print(f"  {kind}: entry IR {len(k['ir'].splitlines())} lines -> PTX "
+        print(f"  {kind}: kernel request {len(k['request'])} bytes -> PTX "
               f"{len(k['ptx'].splitlines())} lines -> cubin {k['cubin_bytes']} bytes "
               f"[{k['source']} in {k['seconds']:.3f} s]")
         print(f"    kernels: {kernels}")
         if args.dump_ir:
-            print(f"--- {kind}: entry IR (the ep op) ---\n{k['ir']}")
+            # The runtime writes no IR: the compiler builds the ep op from the request.
+            ir = runtime.entry_ir(spec, variant, kind)
+            print(f"--- {kind}: kernel request ---\n{k['request']}")
+            print(f"--- {kind}: entry IR (the ep op) ---\n{ir}")
             tool = epic_opt()
             if tool:
-                lowered = subprocess.run([tool, "--convert-ep-to-comm", "-"], input=k["ir"],
+                lowered = subprocess.run([tool, "--convert-ep-to-comm", "-"], input=ir,
                                          text=True, capture_output=True, check=True).stdout
                 print(f"--- {kind}: after convert-ep-to-comm (comm + upstream ops) ---\n{lowered}")
             else:

@@ -12,9 +12,9 @@
 #include "DLPack.h"
 
 #include "epic/runtime/Calls.h"
-#include "epic/runtime/EntryIR.h"
 #include "epic/runtime/KernelCache.h"
 #include "epic/runtime/KernelProvider.h"
+#include "epic/runtime/KernelRequest.h"
 #include "epic/runtime/Models.h"
 #include "epic/runtime/NcclBuffer.h"
 #include "epic/runtime/Reference.h"
@@ -281,17 +281,37 @@ CombineVariant combineVariantFrom(const py::dict &d) {
   return v;
 }
 
+/// The request of `kind` for Python's spec and variant dicts.
+KernelRequest requestFrom(const std::string &kind, const py::dict &spec, const py::dict &variant) {
+  EPSpec s = specFrom(spec);
+  switch (kindNamed(kind)) {
+  case KernelKind::dispatch:
+    return dispatchRequest(s, dispatchVariantFrom(variant));
+  case KernelKind::combine:
+    return combineRequest(s, combineVariantFrom(variant));
+  case KernelKind::groupedGemm:
+    return groupedGemmRequest(s, field<int64_t>(variant, "n"),
+                              field<std::string>(variant, "out_dtype"));
+  case KernelKind::dispatchGemm:
+    return dispatchGemmRequest(s, dispatchVariantFrom(variant), field<int64_t>(variant, "n"),
+                               field<std::string>(variant, "out_dtype"));
+  case KernelKind::gemmCombine:
+    return gemmCombineRequest(s, field<int>(variant, "biases"));
+  }
+  invalid("unknown kind \"" + kind + "\"");
+}
+
 /// An op's calls from Python made typed, then checked (`host` null: the
-/// records and the entry IR only, no GPU needed) or planned on `host`. The
+/// records and the request only, no GPU needed) or planned on `host`. The
 /// one place the op kinds are told apart.
 py::object planOrCheck(KernelHost *host, const std::string &kind, const py::dict &spec,
                        const py::dict &variant, const py::list &calls, int blocks, void *stream) {
   EPSpec s = specFrom(spec);
   std::string offDevice; // the first tensor not in CUDA memory, refused after the rest
   // Without a host: what planning checks before it needs the GPU.
-  auto check = [&](const auto &calls, auto &&record, auto &&entryIR) -> py::object {
+  auto check = [&](const auto &calls, auto &&record, auto &&request) -> py::object {
     recordsOf(calls, record);
-    entryIR();
+    request();
     if (!offDevice.empty())
       invalid(offDevice);
     return py::none();
@@ -301,7 +321,8 @@ py::object planOrCheck(KernelHost *host, const std::string &kind, const py::dict
       invalid(offDevice);
     return py::cast(make());
   };
-  if (kind == "dispatch") {
+  switch (kindNamed(kind)) {
+  case KernelKind::dispatch: {
     DispatchVariant v = dispatchVariantFrom(variant);
     auto c = callsFrom(calls, kDispatchSlots, offDevice);
     if (host)
@@ -309,9 +330,9 @@ py::object planOrCheck(KernelHost *host, const std::string &kind, const py::dict
           [&] { return host->planDispatch(s, v, c, blocks, stream, slotNames(kDispatchSlots)); });
     return check(
         c, [&](const DispatchCall &call) { return dispatchRecord(s, v, call); },
-        [&] { dispatchEntryIR(s, v, kDispatchEntryName); });
+        [&] { dispatchRequest(s, v); });
   }
-  if (kind == "combine") {
+  case KernelKind::combine: {
     CombineVariant v = combineVariantFrom(variant);
     auto c = callsFrom(calls, kCombineSlots, offDevice);
     if (host)
@@ -319,9 +340,9 @@ py::object planOrCheck(KernelHost *host, const std::string &kind, const py::dict
           [&] { return host->planCombine(s, v, c, blocks, stream, slotNames(kCombineSlots)); });
     return check(
         c, [&](const CombineCall &call) { return combineRecord(s, v, call); },
-        [&] { combineEntryIR(s, v, kCombineEntryName); });
+        [&] { combineRequest(s, v); });
   }
-  if (kind == "grouped_gemm") {
+  case KernelKind::groupedGemm: {
     auto c = callsFrom(calls, kGroupedGemmSlots, offDevice);
     if (host)
       return plan([&] {
@@ -331,7 +352,7 @@ py::object planOrCheck(KernelHost *host, const std::string &kind, const py::dict
         c, [&](const GroupedGemmCall &call) { return groupedGemmRecord(s, call); },
         [&] { checkRanksAgree(c, "the weights' shape or the output dtype", gemmOperands); });
   }
-  if (kind == "dispatch_gemm") {
+  case KernelKind::dispatchGemm: {
     DispatchVariant v = dispatchVariantFrom(variant);
     auto c = callsFrom(calls, kDispatchGemmSlots, offDevice);
     if (host)
@@ -342,7 +363,7 @@ py::object planOrCheck(KernelHost *host, const std::string &kind, const py::dict
         c, [&](const DispatchGemmCall &call) { return dispatchGemmRecord(s, v, call); },
         [&] { checkRanksAgree(c, "the experts' shape or the output dtype", fusedGemmOperands); });
   }
-  if (kind == "gemm_combine") {
+  case KernelKind::gemmCombine: {
     int biases = field<int>(variant, "biases");
     auto c = callsFrom(calls, kGemmCombineSlots, offDevice);
     if (host)
@@ -352,8 +373,8 @@ py::object planOrCheck(KernelHost *host, const std::string &kind, const py::dict
     return check(
         c, [&](const GemmCombineCall &call) { return gemmCombineRecord(s, biases, call); }, [] {});
   }
-  invalid("kind must be dispatch, combine, grouped_gemm, dispatch_gemm or gemm_combine, got \"" +
-          kind + "\"");
+  }
+  invalid("unknown kind \"" + kind + "\"");
 }
 
 /// (name, dtype, shape) of what a call of `kind` writes, for the caller to allocate.
@@ -414,30 +435,10 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "kernels",
           [](Runtime &r, const py::dict &spec, const py::dict &variant, const std::string &kind) {
-            EPSpec s = specFrom(spec);
-            std::string ir;
-            if (kind == "dispatch") {
-              ir = dispatchEntryIR(s, dispatchVariantFrom(variant), kDispatchEntryName);
-            } else if (kind == "combine") {
-              ir = combineEntryIR(s, combineVariantFrom(variant), kCombineEntryName);
-            } else if (kind == "dispatch_gemm") {
-              ir = dispatchGemmEntryIR(
-                  s, dispatchVariantFrom(variant), field<int64_t>(variant, "n"),
-                  field<std::string>(variant, "out_dtype"), kDispatchGemmEntryName);
-            } else if (kind == "gemm_combine") {
-              ir = gemmCombineEntryIR(s, field<int>(variant, "biases"), kGemmCombineEntryName);
-            } else if (kind == "grouped_gemm") {
-              ir = groupedGemmEntryIR(s, field<int64_t>(variant, "n"),
-                                      field<std::string>(variant, "out_dtype"),
-                                      kGroupedGemmEntryName);
-            } else {
-              invalid("kind must be dispatch, combine, grouped_gemm, dispatch_gemm or "
-                      "gemm_combine, got \"" +
-                      kind + "\"");
-            }
-            KernelProvider::Result result = r.provider.get(ir);
+            KernelInput input(requestFrom(kind, spec, variant));
+            KernelProvider::Result result = r.provider.get(input);
             py::dict out;
-            out["ir"] = ir;
+            out["request"] = input.text();
             out["ptx"] = result.module->ptx;
             out["metadata"] = result.module->metadataJson;
             out["cubin_bytes"] = result.module->cubin.size();
@@ -449,9 +450,17 @@ PYBIND11_MODULE(_C, m) {
           py::arg("spec"), py::arg("variant"), py::arg("kind"),
           "Compiles (or loads) the kernels of one op; no GPU needed.")
       .def(
+          "entry_ir",
+          [](Runtime &r, const py::dict &spec, const py::dict &variant, const std::string &kind) {
+            return r.provider.entryIR(requestFrom(kind, spec, variant));
+          },
+          py::arg("spec"), py::arg("variant"), py::arg("kind"),
+          "The entry IR (the ep op) the compiler builds for one op's kernels; needs the "
+          "compiler.")
+      .def(
           "kernels_for_ir",
           [](Runtime &r, const std::string &ir) {
-            KernelProvider::Result result = r.provider.get(ir);
+            KernelProvider::Result result = r.provider.get(KernelInput::fromIR(ir));
             py::dict out;
             out["key"] = result.key;
             out["source"] = sourceName(result.source);
@@ -465,7 +474,8 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "cached_kernels",
           [](Runtime &r, const std::string &ir) -> py::object {
-            std::optional<CompiledModule> module = r.cache.load(r.provider.keyFor(ir));
+            std::optional<CompiledModule> module =
+                r.cache.load(r.provider.keyFor(KernelInput::fromIR(ir)));
             if (!module)
               return py::none();
             py::dict out;
@@ -481,7 +491,7 @@ PYBIND11_MODULE(_C, m) {
           "store_kernels",
           [](Runtime &r, const std::string &ir, const std::string &ptx, const py::bytes &cubin,
              const std::string &metadata) {
-            std::string key = r.provider.keyFor(ir);
+            std::string key = r.provider.keyFor(KernelInput::fromIR(ir));
             // An entry already there (another process's) is as good as this one.
             r.cache.get(key, [&] { return CompiledModule{std::string(cubin), ptx, metadata}; });
             return key;
@@ -594,7 +604,7 @@ PYBIND11_MODULE(_C, m) {
             std::vector<ParamRecord> typed;
             for (const auto &record : records)
               typed.emplace_back(record.begin(), record.end());
-            return b.host->prepare(ir, typed, blocks);
+            return b.host->prepare(KernelInput::fromIR(ir), typed, blocks);
           },
           py::arg("ir"), py::arg("records"), py::arg("blocks_per_rank") = 0,
           "Kernels of any entry IR with a launch function (e.g. an @epic.jit kernel's), one "

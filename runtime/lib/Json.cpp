@@ -182,3 +182,54 @@ const std::vector<Json> &Json::list() const {
     expected("a list", *this);
   return array;
 }
+
+namespace {
+/// `text` as a JSON string: quotes, backslashes and control characters escaped.
+std::string quoted(const std::string &text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      static const char digits[] = "0123456789abcdef";
+      out += "\\u00";
+      out += digits[(c >> 4) & 0xf];
+      out += digits[c & 0xf];
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+} // namespace
+
+void JsonObjectWriter::addKey(const std::string &key) {
+  if (text.size() > 1)
+    text += ',';
+  text += quoted(key) + ':';
+}
+
+JsonObjectWriter &JsonObjectWriter::add(const std::string &key, int64_t value) {
+  addKey(key);
+  text += std::to_string(value);
+  return *this;
+}
+
+JsonObjectWriter &JsonObjectWriter::add(const std::string &key, bool value) {
+  addKey(key);
+  text += value ? "true" : "false";
+  return *this;
+}
+
+JsonObjectWriter &JsonObjectWriter::add(const std::string &key, const std::string &value) {
+  addKey(key);
+  text += quoted(value);
+  return *this;
+}
+
+JsonObjectWriter &JsonObjectWriter::add(const std::string &key, const JsonObjectWriter &object) {
+  addKey(key);
+  text += object.str();
+  return *this;
+}

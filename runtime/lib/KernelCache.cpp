@@ -95,7 +95,7 @@ std::string epic::runtime::kernelKey(const KernelKeyParts &parts) {
   Hasher h;
   h.add("epic-kernel-v1");
   for (const std::string *part :
-       {&parts.ir, &parts.options, &parts.ncclVersion, &parts.shimHash, &parts.arch})
+       {&parts.input, &parts.options, &parts.ncclVersion, &parts.shimHash, &parts.arch})
     h.add(*part);
   return h.hex();
 }

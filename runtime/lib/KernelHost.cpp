@@ -175,8 +175,8 @@ KernelHost::~KernelHost() {
   }
 }
 
-Loaded &KernelHost::load(const std::string &entryIR, Run &run, bool mayLoad) {
-  KernelProvider::Result result = provider.get(entryIR);
+Loaded &KernelHost::load(const KernelInput &input, Run &run, bool mayLoad) {
+  KernelProvider::Result result = provider.get(input);
   run.key = result.key;
   run.source = result.source;
   run.seconds = result.seconds;
@@ -301,7 +301,7 @@ Loaded &KernelHost::load(const std::string &entryIR, Run &run, bool mayLoad) {
   return *raw;
 }
 
-KernelHost::Prepared KernelHost::prepare(const std::string &entryIR,
+KernelHost::Prepared KernelHost::prepare(const KernelInput &input,
                                          const std::vector<ParamRecord> &records, int blocks,
                                          void *stream) {
   if (blocks < 0 || blocks > blocksPerRank)
@@ -311,7 +311,7 @@ KernelHost::Prepared KernelHost::prepare(const std::string &entryIR,
   if (blocks == 0)
     blocks = blocksPerRank;
   Prepared prepared;
-  Loaded &k = load(entryIR, prepared.run, !capturing(stream));
+  Loaded &k = load(input, prepared.run, !capturing(stream));
   prepared.kernels = &k;
   blocks *= k.ctasPerSm; // per rank, as launched
   prepared.blocks = blocks;
@@ -466,12 +466,12 @@ void KernelHost::Plan::launch(const uint64_t *addresses, size_t count, void *str
   host->launch(ready, stream);
 }
 
-KernelHost::Plan KernelHost::plan(const std::string &entryIR,
+KernelHost::Plan KernelHost::plan(const KernelRequest &request,
                                   const std::vector<ParamRecord> &records, int blocks, void *stream,
                                   std::vector<std::string> slotNames) {
   Plan p;
   p.host = this;
-  p.ready = prepare(entryIR, records, blocks, stream);
+  p.ready = prepare(request, records, blocks, stream);
   const Loaded &k = *p.ready.kernels;
   p.bindings = AddressBindings(records, k.fields, k.paramStride, std::move(slotNames));
   if (!k.tensorMaps.empty())
@@ -485,9 +485,9 @@ KernelHost::Run KernelHost::launchAndWait(const Prepared &prepared, void *stream
   return prepared.info();
 }
 
-KernelHost::Run KernelHost::run(const std::string &entryIR, const std::vector<ParamRecord> &records,
+KernelHost::Run KernelHost::run(const KernelInput &input, const std::vector<ParamRecord> &records,
                                 void *stream) {
-  return launchAndWait(prepare(entryIR, records, 0, stream), stream);
+  return launchAndWait(prepare(input, records, 0, stream), stream);
 }
 
 void KernelHost::checkWorld(const EPSpec &spec, size_t calls) const {

@@ -1,4 +1,4 @@
-//===- KernelProvider.cpp - kernels for an entry IR, cached ---------------===//
+//===- KernelProvider.cpp - kernels for a request, cached -----------------===//
 
 #include "epic/runtime/KernelProvider.h"
 
@@ -61,9 +61,12 @@ KernelProvider::KernelProvider(KernelCache &cache, CompileSettings settings)
                                 compileSettings.backend + "\"");
 }
 
-std::string KernelProvider::keyFor(const std::string &ir) const {
-  return kernelKey({ir, "backend=" + compileSettings.backend + " O=3 features=+ptx82",
-                    ncclVersion(), shimHash(), compileSettings.arch});
+std::string KernelProvider::keyFor(const KernelInput &input) const {
+  // A request's key says so: no request's JSON can then share a key with IR.
+  std::string options = "backend=" + compileSettings.backend + " O=3 features=+ptx82";
+  if (input.isRequest())
+    options += " request";
+  return kernelKey({input.text(), options, ncclVersion(), shimHash(), compileSettings.arch});
 }
 
 std::string KernelProvider::compilerPath() const {
@@ -78,21 +81,38 @@ std::string KernelProvider::compilerPath() const {
   return "epic-compile";
 }
 
-CompiledModule KernelProvider::compile(const std::string &ir, const std::string &key) const {
+std::string KernelProvider::inputArgument(const KernelInput &input, const std::string &directory) {
+  fs::path path = fs::path(directory) / (input.isRequest() ? "request.json" : "entry.mlir");
+  std::ofstream(path) << input.text();
+  return input.isRequest() ? "--request=" + path.string() : path.string();
+}
+
+CompiledModule KernelProvider::compile(const KernelInput &input, const std::string &key) const {
   WorkDirectory scratch("epic-compile-" + key);
   const fs::path &work = scratch.path;
-  {
-    std::ofstream(work / "entry.mlir") << ir;
-  }
   std::string output = (work / "kernels").string();
-  runCompiler({(work / "entry.mlir").string(), "--backend=" + compileSettings.backend,
+  runCompiler({inputArgument(input, work.string()), "--backend=" + compileSettings.backend,
                "--chip=" + compileSettings.arch, "-o", output},
               (work / "log").string(), "kernel " + key);
   return {readAll(output + ".cubin"), readAll(output + ".ptx"), readAll(output + ".json")};
 }
 
+std::string KernelProvider::entryIR(const KernelRequest &request) const {
+  KernelInput input(request);
+  return entryIROf(input, keyFor(input));
+}
+
+std::string KernelProvider::entryIROf(const KernelInput &input, const std::string &key) const {
+  WorkDirectory scratch("epic-entry-ir-" + key);
+  const fs::path &work = scratch.path;
+  std::string output = (work / "printed.mlir").string();
+  runCompiler({inputArgument(input, work.string()), "--print-entry-ir"}, (work / "log").string(),
+              "the entry IR of kernel " + key, output);
+  return readAll(output);
+}
+
 void KernelProvider::runCompiler(const std::vector<std::string> &arguments, const std::string &log,
-                                 const std::string &what) const {
+                                 const std::string &what, const std::string &output) const {
   std::string compiler = compilerPath();
   std::vector<char *> argv{const_cast<char *>(compiler.c_str())};
   for (const std::string &argument : arguments)
@@ -102,7 +122,8 @@ void KernelProvider::runCompiler(const std::vector<std::string> &arguments, cons
   if (pid == 0) {
     std::FILE *out = std::freopen(log.c_str(), "w", stderr);
     (void)out;
-    ::dup2(::fileno(stderr), ::fileno(stdout));
+    if (output.empty() || !std::freopen(output.c_str(), "w", stdout))
+      ::dup2(::fileno(stderr), ::fileno(stdout));
     ::execvp(compiler.c_str(), argv.data());
     std::fprintf(stderr, "cannot run %s: %s\n", compiler.c_str(), std::strerror(errno));
     std::_Exit(127);
@@ -150,15 +171,34 @@ std::string KernelProvider::runPlan(const std::string &path) {
   return plan;
 }
 
-KernelProvider::Result KernelProvider::get(const std::string &ir) {
+void KernelProvider::dumpEntryIR(const KernelInput &input, const std::string &key) const {
+  if (!input.isRequest()) {
+    std::fprintf(stderr, "epic: entry IR of kernels %s:\n%s\n", key.c_str(), input.text().c_str());
+    return;
+  }
+  std::string ir;
+  try {
+    ir = entryIROf(input, key);
+  } catch (const std::runtime_error &e) {
+    // Kernels loaded from a cache filled elsewhere: the request is what there is.
+    std::fprintf(stderr, "epic: kernel request of kernels %s (no entry IR: %s):\n%s\n", key.c_str(),
+                 e.what(), input.text().c_str());
+    return;
+  }
+  std::fprintf(stderr, "epic: entry IR of kernels %s (kernel request %s):\n%s\n", key.c_str(),
+               input.text().c_str(), ir.c_str());
+}
+
+KernelProvider::Result KernelProvider::get(const KernelInput &input) {
   Result result;
-  result.key = keyFor(ir);
+  result.key = keyFor(input);
   auto start = std::chrono::steady_clock::now();
-  result.module = &cache.get(result.key, [&] { return compile(ir, result.key); }, &result.source);
+  result.module =
+      &cache.get(result.key, [&] { return compile(input, result.key); }, &result.source);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (result.source != KernelCache::Source::memory) {
     if (envFlag("EPIC_DUMP_IR"))
-      std::fprintf(stderr, "epic: entry IR of kernels %s:\n%s\n", result.key.c_str(), ir.c_str());
+      dumpEntryIR(input, result.key);
     if (envFlag("EPIC_DUMP_PTX"))
       std::fprintf(stderr, "epic: PTX of kernels %s:\n%s\n", result.key.c_str(),
                    result.module->ptx.c_str());

@@ -25,18 +25,16 @@ const char *kindName(Kind kind) {
   }
 }
 
+void read(const Json &j, int &value) { value = int(j.integer()); }
+void read(const Json &j, bool &value) { value = j.flag(); }
+void read(const Json &j, std::string &value) { value = j.text(); }
+
+/// An ep op's configuration, spelled as a kernel request's (the compiler
+/// writes it so, lowering/lib/RunPlan).
 EPSpec specFrom(const Json &j) {
   EPSpec s;
-  s.ranks = int(j.at("ranks").integer());
-  s.experts = int(j.at("experts").integer());
-  s.topk = int(j.at("topk").integer());
-  s.hidden = int(j.at("hidden").integer());
-  s.dtype = j.at("dtype").text();
-  s.scalePacks = int(j.at("scale_packs").integer());
-  s.expertAlignment = int(j.at("expert_alignment").integer());
-  s.expanded = j.at("expanded").flag();
-  s.maxTokensPerRank = int(j.at("max_tokens_per_rank").integer());
-  s.numSms = int(j.at("num_sms").integer());
+#define EP_REQUEST_CONFIG_FIELD(member, name, Type) read(j.at(name), s.member);
+#include "epic/runtime/KernelRequest.def"
   return s;
 }
 
@@ -88,9 +86,8 @@ double unit(uint64_t bits) { return double(bits >> 11) * 0x1.0p-53; }
 
 } // namespace
 
-std::string PlanKernel::entryIR() const {
-  return dispatch ? dispatchEntryIR(spec, dispatchVariant, kDispatchEntryName)
-                  : combineEntryIR(spec, combineVariant, kCombineEntryName);
+KernelRequest PlanKernel::request() const {
+  return dispatch ? dispatchRequest(spec, dispatchVariant) : combineRequest(spec, combineVariant);
 }
 
 RunPlan RunPlan::parse(const std::string &text) {

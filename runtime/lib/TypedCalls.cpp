@@ -1,7 +1,8 @@
 //===- TypedCalls.cpp - DeepEP's calls as plans of ep entries -------------===//
 //
 // The typed entry points of KernelHost: each checks its calls (Calls.h) and
-// the world, writes the entry IR of its ep op (EntryIR.h) and makes a plan.
+// the world, asks for the kernels of its ep op (a KernelRequest) and makes a
+// plan.
 
 #include "epic/runtime/KernelHost.h"
 
@@ -18,8 +19,7 @@ KernelHost::Plan KernelHost::planDispatch(const EPSpec &spec, const DispatchVari
   checkWorld(spec, calls.size());
   std::vector<ParamRecord> records = recordsOf(
       calls, [&](const DispatchCall &call) { return dispatchRecord(spec, variant, call); });
-  return plan(dispatchEntryIR(spec, variant, kDispatchEntryName), records, blocks, stream,
-              std::move(slotNames));
+  return plan(dispatchRequest(spec, variant), records, blocks, stream, std::move(slotNames));
 }
 
 KernelHost::Plan KernelHost::planCombine(const EPSpec &spec, const CombineVariant &variant,
@@ -28,8 +28,7 @@ KernelHost::Plan KernelHost::planCombine(const EPSpec &spec, const CombineVarian
   checkWorld(spec, calls.size());
   std::vector<ParamRecord> records =
       recordsOf(calls, [&](const CombineCall &call) { return combineRecord(spec, variant, call); });
-  return plan(combineEntryIR(spec, variant, kCombineEntryName), records, blocks, stream,
-              std::move(slotNames));
+  return plan(combineRequest(spec, variant), records, blocks, stream, std::move(slotNames));
 }
 
 KernelHost::Plan KernelHost::planGroupedGemm(const EPSpec &spec,
@@ -40,9 +39,8 @@ KernelHost::Plan KernelHost::planGroupedGemm(const EPSpec &spec,
       recordsOf(calls, [&](const GroupedGemmCall &call) { return groupedGemmRecord(spec, call); });
   checkRanksAgree(calls, "the weights' shape or the output dtype", gemmOperands);
   const GroupedGemmCall &first = calls.front();
-  return plan(
-      groupedGemmEntryIR(spec, first.weights.shape[2], first.out.dtype, kGroupedGemmEntryName),
-      records, blocks, stream, std::move(slotNames));
+  return plan(groupedGemmRequest(spec, first.weights.shape[2], first.out.dtype), records, blocks,
+              stream, std::move(slotNames));
 }
 
 KernelHost::Plan KernelHost::planDispatchGemm(const EPSpec &spec, const DispatchVariant &variant,
@@ -54,8 +52,7 @@ KernelHost::Plan KernelHost::planDispatchGemm(const EPSpec &spec, const Dispatch
       calls, [&](const DispatchGemmCall &call) { return dispatchGemmRecord(spec, variant, call); });
   checkRanksAgree(calls, "the experts' shape or the output dtype", fusedGemmOperands);
   const DispatchGemmCall &first = calls.front();
-  return plan(dispatchGemmEntryIR(spec, variant, first.experts.shape[2], first.gemmOut.dtype,
-                                  kDispatchGemmEntryName),
+  return plan(dispatchGemmRequest(spec, variant, first.experts.shape[2], first.gemmOut.dtype),
               records, blocks, stream, std::move(slotNames));
 }
 
@@ -65,8 +62,7 @@ KernelHost::Plan KernelHost::planGemmCombine(const EPSpec &spec, int biases,
   checkWorld(spec, calls.size());
   std::vector<ParamRecord> records = recordsOf(
       calls, [&](const GemmCombineCall &call) { return gemmCombineRecord(spec, biases, call); });
-  return plan(gemmCombineEntryIR(spec, biases, kGemmCombineEntryName), records, blocks, stream,
-              std::move(slotNames));
+  return plan(gemmCombineRequest(spec, biases), records, blocks, stream, std::move(slotNames));
 }
 
 KernelHost::Run KernelHost::dispatch(const EPSpec &spec, const DispatchVariant &variant,

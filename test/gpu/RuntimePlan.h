@@ -1,15 +1,15 @@
 //===- RuntimePlan.h - what the runtime GPU test runs ------------*- C++ -*-===//
 //
-// The entry functions of test/gpu/runtime_virtual.cpp, shared with
+// The kernel requests of test/gpu/runtime_virtual.cpp, shared with
 // prepare_kernels.cpp, which compiles them into the kernel cache here (the
-// GPU machine has no compiler): the same spec gives the same IR and key.
+// GPU machine has no compiler): the same spec gives the same request and key.
 //
 //===----------------------------------------------------------------------===//
 
 #ifndef EPIC_TEST_GPU_RUNTIMEPLAN_H
 #define EPIC_TEST_GPU_RUNTIMEPLAN_H
 
-#include "epic/runtime/EntryIR.h"
+#include "epic/runtime/KernelRequest.h"
 
 #include <string>
 #include <vector>
@@ -29,14 +29,13 @@ inline runtime::EPSpec planSpec(int ranks) {
 inline const runtime::DispatchVariant planDispatchVariant = {/*weights=*/true, false, false, 64};
 inline const runtime::CombineVariant planCombineVariant = {/*weights=*/true, /*biases=*/2};
 
-/// The entries the typed API (KernelHost::dispatch/combine) asks for.
-inline std::string planDispatch(int ranks) {
-  return runtime::dispatchEntryIR(planSpec(ranks), planDispatchVariant,
-                                  runtime::kDispatchEntryName);
+/// The requests the typed API (KernelHost::dispatch/combine) makes.
+inline runtime::KernelRequest planDispatch(int ranks) {
+  return runtime::dispatchRequest(planSpec(ranks), planDispatchVariant);
 }
 
-inline std::string planCombine(int ranks) {
-  return runtime::combineEntryIR(planSpec(ranks), planCombineVariant, runtime::kCombineEntryName);
+inline runtime::KernelRequest planCombine(int ranks) {
+  return runtime::combineRequest(planSpec(ranks), planCombineVariant);
 }
 
 /// DeepEP's V3 configuration (EP8, 256 experts, top-8, hidden 7168, FP8
@@ -47,11 +46,11 @@ inline runtime::EPSpec v3Spec() {
   s.scalePacks = 56, s.expertAlignment = 128, s.maxTokensPerRank = 4096;
   return s;
 }
-inline std::string planV3Dispatch() {
-  return runtime::dispatchEntryIR(v3Spec(), {/*weights=*/true, false, false, 64}, "v3_dispatch");
+inline runtime::KernelRequest planV3Dispatch() {
+  return runtime::dispatchRequest(v3Spec(), {/*weights=*/true, false, false, 64}, "v3_dispatch");
 }
-inline std::string planV3Combine() {
-  return runtime::combineEntryIR(v3Spec(), {/*weights=*/true, /*biases=*/0}, "v3_combine");
+inline runtime::KernelRequest planV3Combine() {
+  return runtime::combineRequest(v3Spec(), {/*weights=*/true, /*biases=*/0}, "v3_combine");
 }
 
 inline const std::vector<int> &planRanks() {

@@ -19,27 +19,26 @@ int main() {
   KernelCache cache;
   KernelProvider provider(cache, {"virtual", "sm_90", ""});
   for (int ranks : epic::test::planRanks())
-    for (const std::string &ir :
+    for (const KernelRequest &request :
          {epic::test::planDispatch(ranks), epic::test::planCombine(ranks)}) {
-      auto result = provider.get(ir);
+      auto result = provider.get(request);
       std::printf("%s %s (%.2f s)\n", result.key.c_str(),
                   result.source == KernelCache::Source::compiled ? "compiled" : "cached",
                   result.seconds);
     }
   // The NCCL backend runs one rank per process: one rank on one GPU.
   KernelProvider nccl(cache, {"nccl", "sm_90", ""});
-  for (const std::string &ir : {epic::test::planDispatch(1), epic::test::planCombine(1)}) {
-    auto result = nccl.get(ir);
+  for (const KernelRequest &request : {epic::test::planDispatch(1), epic::test::planCombine(1)}) {
+    auto result = nccl.get(request);
     std::printf("nccl %s %s\n", result.key.c_str(),
                 result.source == KernelCache::Source::compiled ? "compiled" : "cached");
   }
-  for (const std::string &ir : {epic::test::planV3Dispatch(), epic::test::planV3Combine()}) {
-    auto result = provider.get(ir);
-    std::printf(
-        "V3 %s %s %s in %.3f s\n",
-        ir.find("ep.dispatch") != std::string::npos ? "dispatch" : "combine", result.key.c_str(),
-        result.source == KernelCache::Source::compiled ? "compiled (cold)" : "found in the cache",
-        result.seconds);
+  for (const KernelRequest &request : {epic::test::planV3Dispatch(), epic::test::planV3Combine()}) {
+    auto result = provider.get(request);
+    std::printf("V3 %s %s %s in %.3f s\n", kindName(request.kind), result.key.c_str(),
+                result.source == KernelCache::Source::compiled ? "compiled (cold)"
+                                                               : "found in the cache",
+                result.seconds);
   }
   return 0;
 }

@@ -366,22 +366,25 @@ void runWorld(KernelProvider &provider, int R, const MakeBuffer &make, const cha
 
   // Launch attributes the metadata may ask for: the same kernels with
   // clusters of 2 blocks and programmatic dependent launch, stored in the
-  // cache under entry IR of their own, give the same results.
+  // cache under a request of their own (another entry name), give the same
+  // results.
   {
-    auto withAttributes = [&](const std::string &ir) {
-      std::string variant = ir + "\n// launch attributes: clusters of 2, programmatic launch\n";
-      CompiledModule module = *provider.get(ir).module;
+    auto withAttributes = [&](const KernelRequest &request) {
+      KernelRequest variant = request;
+      variant.name += "_clusters_of_2";
+      CompiledModule module = *provider.get(request).module;
       const std::string cooperative = "\"cooperative\": 1,";
       size_t at = module.metadataJson.find(cooperative);
       if (at == std::string::npos)
-        throw std::runtime_error("no cooperative attribute in the metadata of " + ir);
+        throw std::runtime_error("no cooperative attribute in the metadata of " +
+                                 std::string(kindName(request.kind)));
       module.metadataJson.insert(at + cooperative.size(),
                                  " \"cluster_dims\": [2, 1, 1], \"programmatic_launch\": 1,");
       KernelCache(provider.cacheDirectory()).store(provider.keyFor(variant), module);
       return variant;
     };
-    std::string d2 = withAttributes(epic::test::planDispatch(R));
-    std::string c2 = withAttributes(epic::test::planCombine(R));
+    KernelRequest d2 = withAttributes(epic::test::planDispatch(R));
+    KernelRequest c2 = withAttributes(epic::test::planCombine(R));
     for (int s = 0; s < R; ++s)
       cuda(cudaMemset(dev[s].out, 0xff, size_t(tokens[s]) * H * 2), "cudaMemset");
     buffer.run(d2, dispatch);
@@ -468,14 +471,14 @@ int main(int argc, char **argv) {
     // Warm load of the V3 kernels: the disk cache read, then the module load.
     epic::runtime::EPSpec v3 = epic::test::v3Spec();
     VirtualElasticBuffer world(v3.ranks, 480 << 20, provider, 16);
-    for (const std::string &ir : {epic::test::planV3Dispatch(), epic::test::planV3Combine()}) {
+    for (const KernelRequest &request :
+         {epic::test::planV3Dispatch(), epic::test::planV3Combine()}) {
       auto start = std::chrono::steady_clock::now();
-      auto prepared = world.prepare(ir, std::vector<ParamRecord>(v3.ranks));
+      auto prepared = world.prepare(request, std::vector<ParamRecord>(v3.ranks));
       double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       std::printf("V3 %s: warm load (cache read + cuModuleLoadData + checks) %.3f ms, from %s\n",
-                  ir.find("ep.dispatch") != std::string::npos ? "dispatch" : "combine",
-                  seconds * 1e3,
+                  kindName(request.kind), seconds * 1e3,
                   prepared.info().source == KernelCache::Source::disk ? "disk" : "memory/compiler");
     }
   } catch (const std::exception &e) {

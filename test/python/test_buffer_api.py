@@ -5,6 +5,7 @@ C++ runtime's (epic._C checks a call's tensors by name, "rank r: ..." in a
 virtual world); the Python layer adapts arguments and names what it adapts."""
 
 import dataclasses
+import json
 
 import ml_dtypes
 import numpy as np
@@ -283,7 +284,13 @@ def test_the_compiler_makes_the_kernels_of_a_configuration_without_a_gpu(tmp_pat
     dispatch = runtime.kernels(spec, dict(weights=True, cached=False, zero_padding=False),
                                "dispatch")
     assert dispatch["source"] == "compiled" and dispatch["cubin_bytes"] > 0
-    assert "ep.dispatch" in dispatch["ir"] and ".entry ep_dispatch_send" in dispatch["ptx"]
+    request = json.loads(dispatch["request"])
+    assert request["kind"] == "dispatch" and request["dispatch"]["weights"] is True
+    assert request["spec"]["max_tokens_per_rank"] == 0  # a run-time value of the kernels
+    assert ".entry ep_dispatch_send" in dispatch["ptx"]
+    entry = runtime.entry_ir(spec, dict(weights=True, cached=False, zero_padding=False),
+                             "dispatch")
+    assert "ep.dispatch" in entry and "func.func @ep_dispatch(" in entry
     again = runtime.kernels(spec, dict(weights=True, cached=False, zero_padding=False), "dispatch")
     assert again["source"] == "memory" and again["key"] == dispatch["key"]
     combine = runtime.kernels(spec, dict(weights=False, biases=2), "combine")
@@ -306,8 +313,8 @@ def test_quickstart_without_a_gpu_compiles_and_says_so(tmp_path):
                           "--tokens", "64", "--cache-dir", str(tmp_path)],
                          capture_output=True, text=True, check=True).stdout
     assert "no CUDA GPU here, so nothing runs" in out
-    assert "dispatch: entry IR" in out and "ep_dispatch_send (" in out
-    assert "combine: entry IR" in out and "ep_combine_reduce (" in out
+    assert "dispatch: kernel request" in out and "ep_dispatch_send (" in out
+    assert "combine: kernel request" in out and "ep_combine_reduce (" in out
 
 
 def test_window_tensor_checks_the_rank_then_needs_the_device():

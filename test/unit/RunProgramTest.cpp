@@ -412,7 +412,9 @@ func.func @main() {
   ASSERT_EQ(plan.kernels().size(), 2u);
   EXPECT_TRUE(plan.kernels()[0].dispatch);
   EXPECT_EQ(plan.kernels()[0].spec.hidden, 64);
-  EXPECT_NE(plan.kernels()[1].entryIR().find("ep.combine"), std::string::npos);
+  EXPECT_EQ(plan.kernels()[1].request().kind, KernelKind::combine);
+  EXPECT_NE(plan.kernels()[1].request().json().find(R"("combine":{"weights":false,"biases":0})"),
+            std::string::npos);
   KernelProvider offline(cache, {"virtual", "sm_90", "/nonexistent/epic-compile"});
   EXPECT_EQ(offline.runPlan(program), provider.runPlan(program));
 

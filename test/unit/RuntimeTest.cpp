@@ -6,7 +6,6 @@
 //===----------------------------------------------------------------------===//
 
 #include "epic/runtime/Calls.h"
-#include "epic/runtime/EntryIR.h"
 #include "epic/runtime/KernelCache.h"
 #include "epic/runtime/KernelProvider.h"
 #include "epic/runtime/Models.h"
@@ -147,15 +146,15 @@ TEST_F(CacheTest, KeyDependsOnEveryPart) {
   keys.insert(kernelKey(base));
   for (int i = 0; i < 5; ++i) {
     KernelKeyParts p = base;
-    std::string *fields[] = {&p.ir, &p.options, &p.ncclVersion, &p.shimHash, &p.arch};
+    std::string *fields[] = {&p.input, &p.options, &p.ncclVersion, &p.shimHash, &p.arch};
     *fields[i] += "x";
     keys.insert(kernelKey(p));
   }
   EXPECT_EQ(keys.size(), 6u);
   // Bytes moved from one part to the next make another key.
   KernelKeyParts a = base, b = base;
-  a.ir = "ab", a.options = "c";
-  b.ir = "a", b.options = "bc";
+  a.input = "ab", a.options = "c";
+  b.input = "a", b.options = "bc";
   EXPECT_NE(kernelKey(a), kernelKey(b));
   EXPECT_EQ(kernelKey(base), kernelKey(parts()));
   EXPECT_EQ(kernelKey(base).size(), 32u);
@@ -243,22 +242,23 @@ EPSpec smallSpec() {
 TEST_F(CacheTest, ProviderCompilesOnceThenLoads) {
   KernelCache cache(dir.string());
   KernelProvider provider(cache, {"virtual", "sm_90", ""});
-  std::string ir = dispatchEntryIR(smallSpec(), {}, "dispatch");
-  auto first = provider.get(ir);
+  KernelInput request = dispatchRequest(smallSpec(), {}, "dispatch");
+  auto first = provider.get(request);
   EXPECT_EQ(first.source, KernelCache::Source::compiled);
   EXPECT_FALSE(first.module->cubin.empty());
   EXPECT_NE(first.module->metadataJson.find("\"dispatch_send\""), std::string::npos);
   EXPECT_NE(first.module->ptx.find(".entry dispatch_copy"), std::string::npos);
-  EXPECT_EQ(provider.get(ir).source, KernelCache::Source::memory);
+  EXPECT_EQ(provider.get(request).source, KernelCache::Source::memory);
   KernelCache again(dir.string());
   KernelProvider fresh(again, {"virtual", "sm_90", "/nonexistent/epic-compile"});
-  auto warm = fresh.get(ir);
+  auto warm = fresh.get(request);
   EXPECT_EQ(warm.source, KernelCache::Source::disk);
   EXPECT_EQ(warm.module->cubin, first.module->cubin);
   // The key covers the backend and the architecture.
   KernelProvider nccl(cache, {"nccl", "sm_90", ""});
-  EXPECT_NE(nccl.keyFor(ir), provider.keyFor(ir));
-  EXPECT_NE(KernelProvider(cache, {"virtual", "sm_100", ""}).keyFor(ir), provider.keyFor(ir));
+  EXPECT_NE(nccl.keyFor(request), provider.keyFor(request));
+  EXPECT_NE(KernelProvider(cache, {"virtual", "sm_100", ""}).keyFor(request),
+            provider.keyFor(request));
   EXPECT_EQ(shimHash().size(), 64u);
   std::string version = ncclVersion();
   EXPECT_EQ(std::count(version.begin(), version.end(), '.'), 2) << version;
@@ -268,7 +268,7 @@ TEST_F(CacheTest, ProviderSaysWhatToDoWithoutACompiler) {
   KernelCache cache(dir.string());
   KernelProvider provider(cache, {"virtual", "sm_90", "/nonexistent/epic-compile"});
   try {
-    provider.get(dispatchEntryIR(smallSpec(), {}, "dispatch"));
+    provider.get(dispatchRequest(smallSpec(), {}, "dispatch"));
     FAIL() << "a missing compiler went unnoticed";
   } catch (const std::runtime_error &e) {
     std::string what = e.what();
@@ -278,11 +278,41 @@ TEST_F(CacheTest, ProviderSaysWhatToDoWithoutACompiler) {
   EXPECT_THROW(KernelProvider(cache, {"gloo", "sm_90", ""}), std::invalid_argument);
 }
 
+// The runtime writes no IR: a request's entry IR comes from the compiler, for
+// people (EPIC_DUMP_IR) and the Python API (Runtime.entry_ir).
+TEST_F(CacheTest, TheCompilerPrintsARequestsEntryIR) {
+  KernelCache cache(dir.string());
+  KernelProvider provider(cache, {"virtual", "sm_90", ""});
+  KernelRequest request = dispatchRequest(smallSpec(), {}, "dispatch");
+  std::string ir = provider.entryIR(request);
+  EXPECT_NE(ir.find("func.func @dispatch("), std::string::npos) << ir;
+  EXPECT_NE(ir.find("ep.dispatch %arg0 topk(%arg1 : tensor<?x2xi64>) config"), std::string::npos)
+      << ir;
+
+  ::setenv("EPIC_DUMP_IR", "1", 1);
+  testing::internal::CaptureStderr();
+  provider.get(request);
+  std::string compiled = testing::internal::GetCapturedStderr();
+  KernelCache again(dir.string());
+  KernelProvider offline(again, {"virtual", "sm_90", "/nonexistent/epic-compile"});
+  testing::internal::CaptureStderr();
+  offline.get(request);
+  std::string loaded = testing::internal::GetCapturedStderr();
+  ::unsetenv("EPIC_DUMP_IR");
+  EXPECT_NE(compiled.find("epic: entry IR of kernels"), std::string::npos) << compiled;
+  EXPECT_NE(compiled.find(request.json()), std::string::npos) << compiled;
+  EXPECT_NE(compiled.find("ep.dispatch %arg0"), std::string::npos) << compiled;
+  // Without a compiler (a cache filled elsewhere) the request is what there is.
+  EXPECT_NE(loaded.find("epic: kernel request of kernels"), std::string::npos) << loaded;
+  EXPECT_NE(loaded.find(request.json()), std::string::npos) << loaded;
+  EXPECT_THROW(offline.entryIR(request), std::runtime_error);
+}
+
 TEST_F(CacheTest, ProviderReportsCompilerErrors) {
   KernelCache cache(dir.string());
   KernelProvider provider(cache, {"virtual", "sm_90", ""});
   try {
-    provider.get("func.func @f() { ep.nonsense }");
+    provider.get(KernelInput::fromIR("func.func @f() { ep.nonsense }"));
     FAIL() << "broken IR compiled";
   } catch (const std::runtime_error &e) {
     EXPECT_NE(std::string(e.what()).find("epic-compile failed"), std::string::npos) << e.what();

@@ -11,11 +11,19 @@
 // checks an epic-run program (see the run dialect) and writes its run plan,
 // out/program.plan.json (`-o -`: to stdout), which tools/epic-run executes.
 //
+//   epic-compile --request=request.json -o out/kernels [--backend=...]
+//   epic-compile --request=request.json --print-entry-ir
+//
+// compile the kernels of a kernel request, the JSON the runtime asks for
+// kernels with (runtime/include/epic/runtime/KernelRequest.def), or print the
+// entry IR the compiler builds for it (to stdout).
+//
 //===----------------------------------------------------------------------===//
 
 #include "epic/Compiler.h"
 #include "epic/Support/LargeStack.h"
 
+#include "mlir/IR/AsmState.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/InitLLVM.h"
@@ -24,7 +32,13 @@
 
 namespace cl = llvm::cl;
 
-static cl::opt<std::string> inputFile(cl::Positional, cl::desc("<input .mlir>"), cl::Required);
+static cl::opt<std::string> inputFile(cl::Positional, cl::desc("<input .mlir>"));
+static cl::opt<std::string> requestFile("request",
+                                        cl::desc("a kernel request (JSON) instead of an input"),
+                                        cl::value_desc("file"));
+static cl::opt<bool>
+    printEntryIRRequested("print-entry-ir",
+                          cl::desc("print the entry IR of --request (no kernels)"));
 static cl::opt<std::string> outputPrefix("o", cl::desc("output prefix (default: the input's)"),
                                          cl::value_desc("prefix"));
 static cl::opt<std::string> backend("backend", cl::desc("nccl or virtual"), cl::init("nccl"));
@@ -51,13 +65,29 @@ static int write(const std::string &path, const std::string &data) {
 
 static int compileMain(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
+  // --print-entry-ir prints as asked (e.g. --mlir-print-op-generic).
+  mlir::registerAsmPrinterCLOptions();
   cl::ParseCommandLineOptions(argc, argv, "epic IR -> PTX, cubin and JSON metadata\n");
 
-  auto input = llvm::MemoryBuffer::getFileOrSTDIN(inputFile);
-  if (!input) {
-    llvm::errs() << "epic-compile: cannot read " << inputFile << "\n";
+  if (inputFile.empty() == requestFile.empty()) {
+    llvm::errs() << "epic-compile: give either an input .mlir or --request=<file>\n";
     return 1;
   }
+  if (runPlan && !requestFile.empty()) {
+    llvm::errs() << "epic-compile: --run-plan reads an epic-run program, not a --request\n";
+    return 1;
+  }
+  if (printEntryIRRequested && requestFile.empty()) {
+    llvm::errs() << "epic-compile: --print-entry-ir prints what a --request builds\n";
+    return 1;
+  }
+  const std::string &inputName = requestFile.empty() ? inputFile : requestFile;
+  auto input = llvm::MemoryBuffer::getFileOrSTDIN(inputName);
+  if (!input) {
+    llvm::errs() << "epic-compile: cannot read " << inputName << "\n";
+    return 1;
+  }
+  std::string source = (*input)->getBuffer().str();
   epic::CompileOptions options;
   options.backend = backend;
   options.chip = chip;
@@ -69,20 +99,25 @@ static int compileMain(int argc, char **argv) {
 
   std::string prefix = outputPrefix;
   if (prefix.empty()) {
-    llvm::StringRef in(inputFile);
+    llvm::StringRef in(inputName);
     prefix = (in == "-" ? llvm::StringRef("out") : in.rsplit('.').first).str();
   }
   try {
+    if (printEntryIRRequested) {
+      llvm::outs() << epic::printEntryIR(source, inputName);
+      return 0;
+    }
     if (runPlan) {
-      std::string plan = epic::translateRunProgram((*input)->getBuffer().str(), inputFile);
+      std::string plan = epic::translateRunProgram(source, inputFile);
       if (prefix == "-") {
         llvm::outs() << plan;
         return 0;
       }
       return write(prefix + ".plan.json", plan);
     }
-    epic::CompileResult result =
-        epic::compileModule((*input)->getBuffer().str(), options, inputFile);
+    epic::CompileResult result = requestFile.empty()
+                                     ? epic::compileModule(source, options, inputFile)
+                                     : epic::compileRequest(source, options, requestFile);
     if (verbose)
       llvm::errs() << result.ptxasLog;
     int failed =

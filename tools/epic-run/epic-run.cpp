@@ -118,7 +118,7 @@ int run(const Options &o) {
   int64_t windowBytes = 1 << 20;
   int maxBlocks = 1 << 20;
   for (const PlanKernel &k : plan.kernels()) {
-    KernelProvider::Result r = provider.get(k.entryIR());
+    KernelProvider::Result r = provider.get(k.request());
     const Json meta = Json::parse(r.module->metadataJson);
     const Json &entry = meta.at("entries").array.at(0);
     windowBytes = std::max(windowBytes, EntryWindow::of(entry).bytes(k.spec.maxTokensPerRank));

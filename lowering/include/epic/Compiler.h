@@ -1,9 +1,8 @@
 //===- Compiler.h - compile epic IR to PTX and cubins (no MLIR) -*- C++ -*-===//
 //
-// The compiler as a library, for the runtime (which calls it on a kernel
-// cache miss) and for tools/epic-compile. Deliberately free of MLIR and LLVM
-// headers so that code including it (the runtime, the Python extension) does
-// not depend on them.
+// The compiler as a library, for tools/epic-compile (which the runtime runs
+// on a kernel cache miss). Deliberately free of MLIR and LLVM headers so that
+// code including it does not depend on them.
 //
 //===----------------------------------------------------------------------===//
 
@@ -44,7 +43,7 @@ struct CompileResult {
   std::string cubin; ///< empty unless CompileOptions::emitCubin
   std::string ptxasLog;
   std::vector<KernelInfo> kernels;
-  /// One JSON object per launch function that ep-expand made: its name,
+  /// One JSON object per launch function that convert-ep-to-comm made: its name,
   /// kernels in launch order, threads, parameter fields, window bytes, config.
   std::vector<std::string> entriesJson;
   CompileOptions options;
@@ -63,6 +62,18 @@ struct CompileError : public std::runtime_error {
 /// assembles the PTX with ptxas. Throws CompileError.
 CompileResult compileModule(const std::string &source, const CompileOptions &options,
                             const std::string &sourceName = "<input>");
+
+/// compileModule for a kernel request: the JSON the runtime writes
+/// (runtime/include/epic/runtime/KernelRequest.def), whose entry function the
+/// compiler builds (EntryBuilder.h). Throws CompileError naming a bad field,
+/// or refusing a request of another version.
+CompileResult compileRequest(const std::string &request, const CompileOptions &options,
+                             const std::string &sourceName = "<request>");
+
+/// The entry IR of a kernel request as compileRequest builds it, printed
+/// (what `epic-compile --print-entry-ir` and EPIC_DUMP_IR show). Throws like
+/// compileRequest.
+std::string printEntryIR(const std::string &request, const std::string &sourceName = "<request>");
 
 /// Checks an epic-run program (a `func.func @main()` of run, ep, tensor.dim
 /// and index arith.constant ops, see the run dialect) and returns its run

@@ -2,6 +2,7 @@
 
 #include "epic/Compiler.h"
 
+#include "epic/EntryBuilder.h"
 #include "epic/InitAllDialects.h"
 #include "epic/Support/SourceParser.h"
 #include "epic/Pipelines/EpicToPTX.h"
@@ -12,6 +13,7 @@
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/Verifier.h"
 #include "mlir/Parser/Parser.h"
 #include "mlir/Support/DebugStringHelper.h"
 #include "mlir/Pass/PassManager.h"
@@ -26,6 +28,7 @@
 #include <nccl.h>
 
 using namespace mlir;
+using namespace epic;
 
 namespace {
 
@@ -130,41 +133,88 @@ void assemble(epic::CompileResult &result, const epic::CompileOptions &options,
   }
 }
 
-} // namespace
-
-epic::CompileResult epic::compileModule(const std::string &source, const CompileOptions &options,
-                                        const std::string &sourceName) {
-  EpicToPTXOptions pipeline;
+/// Sets `pipeline` from `options`; throws for an unknown backend or a
+/// missing device shim.
+void setPipelineOptions(EpicToPTXOptions &pipeline, const epic::CompileOptions &options) {
   if (options.backend == "nccl")
     pipeline.backend = CommBackend::nccl;
   else if (options.backend == "virtual")
     pipeline.backend = CommBackend::virtual_;
   else
-    throw CompileError("backend must be \"nccl\" or \"virtual\", got \"" + options.backend + "\"");
+    throw epic::CompileError("backend must be \"nccl\" or \"virtual\", got \"" + options.backend +
+                             "\"");
   pipeline.chip = options.chip;
   pipeline.features = options.features;
   pipeline.optLevel = options.optLevel;
   pipeline.shimDir = options.shimDir;
   pipeline.cudaPath = options.cudaPath;
   pipeline.format = "isa";
-  std::string cudaPath = options.cudaPath.empty() ? EPIC_DEFAULT_CUDA_PATH : options.cudaPath;
   std::string shim = getShimBitcodePath(pipeline.backend, options.shimDir);
   if (!llvm::sys::fs::exists(shim))
-    throw CompileError("device shim bitcode not found: " + shim);
+    throw epic::CompileError("device shim bitcode not found: " + shim);
+}
 
+/// A context with every dialect and extension the pipeline meets.
+std::unique_ptr<MLIRContext> compilerContext() {
   DialectRegistry registry;
   registerAllDialects(registry);
   registerCompilerExtensions(registry);
-  MLIRContext context(registry);
-  context.loadAllAvailableDialects();
+  auto context = std::make_unique<MLIRContext>(registry);
+  context->loadAllAvailableDialects();
+  return context;
+}
 
-  // Diagnostics go into the exception, with their source locations.
-  SourceParser parser(context, source, sourceName);
-  const std::string &diagnostics = parser.diagnostics();
-  OwningOpRef<ModuleOp> module = parser.parse();
-  if (!module)
-    throw CompileError("cannot parse " + sourceName + ":\n" + diagnostics);
+/// The diagnostics of a module built from a request, which has no text to
+/// quote: one "<source>: error: message" line each (notes included).
+class RequestDiagnostics {
+public:
+  RequestDiagnostics(MLIRContext &context, std::string sourceName)
+      : sourceName(std::move(sourceName)), handler(&context, [this](Diagnostic &diagnostic) {
+          add(diagnostic);
+          return success();
+        }) {
+    // The message names the op; the entry is the request's, not the user's IR.
+    context.printOpOnDiagnostic(false);
+  }
+  const std::string &text() const { return collected; }
 
+private:
+  void add(Diagnostic &diagnostic) {
+    const char *severity = diagnostic.getSeverity() == DiagnosticSeverity::Error     ? "error"
+                           : diagnostic.getSeverity() == DiagnosticSeverity::Warning ? "warning"
+                                                                                     : "note";
+    collected += sourceName + ": " + severity + ": " + diagnostic.str() + "\n";
+    for (Diagnostic &note : diagnostic.getNotes())
+      add(note);
+  }
+
+  std::string sourceName, collected;
+  ScopedDiagnosticHandler handler;
+};
+
+/// The verified entry module of the kernel request `text`. Throws
+/// CompileError naming the bad field.
+OwningOpRef<ModuleOp> buildRequest(MLIRContext &context, const std::string &text,
+                                   const std::string &sourceName,
+                                   const RequestDiagnostics &diagnostics) {
+  llvm::Expected<epic::EntryRequest> request = epic::parseEntryRequest(text);
+  if (!request)
+    throw epic::CompileError(sourceName + ": " + llvm::toString(request.takeError()));
+  OwningOpRef<ModuleOp> module =
+      epic::buildEntryModule(*request, FileLineColLoc::get(&context, sourceName, 1, 1));
+  if (!module || failed(verify(*module)))
+    throw epic::CompileError("the entry of kernel request " + sourceName + " is invalid:\n" +
+                             llvm::StringRef(diagnostics.text()).rtrim().str());
+  return module;
+}
+
+/// Expands the ep ops of `module` into kernels, lowers them to PTX and, if
+/// asked, assembles it. `diagnostics` collects what the passes report.
+epic::CompileResult lower(MLIRContext &context, ModuleOp module,
+                          const epic::CompileOptions &options, const EpicToPTXOptions &pipeline,
+                          const std::string &sourceName, const std::string &diagnostics) {
+  using epic::CompileError;
+  std::string cudaPath = options.cudaPath.empty() ? EPIC_DEFAULT_CUDA_PATH : options.cudaPath;
   // ep ops become kernels first, so their names and signatures can be read.
   // ep ops the compiler can fuse become one op (a dispatch feeding the expert
   // GEMM), then every ep op becomes kernels.
@@ -172,12 +222,12 @@ epic::CompileResult epic::compileModule(const std::string &source, const Compile
   expand.addNestedPass<func::FuncOp>(createEPFuseDispatchGemm());
   expand.addNestedPass<func::FuncOp>(createEPFuseGemmCombine());
   expand.addPass(createConvertEPToComm(getEPToCommOptions(pipeline)));
-  if (failed(expand.run(*module)))
+  if (failed(expand.run(module)))
     throw CompileError("expanding the ep ops of " + sourceName + " failed:\n" + diagnostics);
 
-  CompileResult result;
+  epic::CompileResult result;
   result.options = options;
-  module->walk([&](func::FuncOp func) {
+  module.walk([&](func::FuncOp func) {
     if (!func->hasAttr("epic.entry"))
       return;
     // The launch metadata: the launch function's epic.* attributes, by name.
@@ -190,10 +240,10 @@ epic::CompileResult epic::compileModule(const std::string &source, const Compile
     os << llvm::json::Value(std::move(entry));
     result.entriesJson.push_back(text);
   });
-  module->walk([&](gpu::GPUFuncOp func) {
+  module.walk([&](gpu::GPUFuncOp func) {
     if (!func.isKernel())
       return;
-    KernelInfo kernel;
+    epic::KernelInfo kernel;
     kernel.name = func.getName().str();
     for (Type type : func.getArgumentTypes())
       kernel.argumentTypes.push_back(debugString(type));
@@ -204,10 +254,10 @@ epic::CompileResult epic::compileModule(const std::string &source, const Compile
 
   PassManager pm(&context);
   buildEpicToPTXPipeline(pm, pipeline);
-  if (failed(pm.run(*module)))
+  if (failed(pm.run(module)))
     throw CompileError("lowering " + sourceName + " to PTX failed:\n" + diagnostics);
 
-  SmallVector<gpu::BinaryOp> binaries(module->getOps<gpu::BinaryOp>());
+  SmallVector<gpu::BinaryOp> binaries(module.getOps<gpu::BinaryOp>());
   if (binaries.size() != 1)
     throw CompileError(sourceName + ": expected exactly one gpu.module, found " +
                        std::to_string(binaries.size()));
@@ -217,6 +267,42 @@ epic::CompileResult epic::compileModule(const std::string &source, const Compile
   if (options.emitCubin)
     assemble(result, options, cudaPath);
   return result;
+}
+
+} // namespace
+
+epic::CompileResult epic::compileModule(const std::string &source, const CompileOptions &options,
+                                        const std::string &sourceName) {
+  EpicToPTXOptions pipeline;
+  setPipelineOptions(pipeline, options);
+  std::unique_ptr<MLIRContext> context = compilerContext();
+  // Diagnostics go into the exception, with their source locations.
+  SourceParser parser(*context, source, sourceName);
+  OwningOpRef<ModuleOp> module = parser.parse();
+  if (!module)
+    throw CompileError("cannot parse " + sourceName + ":\n" + parser.diagnostics());
+  return lower(*context, *module, options, pipeline, sourceName, parser.diagnostics());
+}
+
+epic::CompileResult epic::compileRequest(const std::string &request, const CompileOptions &options,
+                                         const std::string &sourceName) {
+  EpicToPTXOptions pipeline;
+  setPipelineOptions(pipeline, options);
+  std::unique_ptr<MLIRContext> context = compilerContext();
+  RequestDiagnostics diagnostics(*context, sourceName);
+  OwningOpRef<ModuleOp> module = buildRequest(*context, request, sourceName, diagnostics);
+  return lower(*context, *module, options, pipeline, sourceName, diagnostics.text());
+}
+
+std::string epic::printEntryIR(const std::string &request, const std::string &sourceName) {
+  std::unique_ptr<MLIRContext> context = compilerContext();
+  RequestDiagnostics diagnostics(*context, sourceName);
+  OwningOpRef<ModuleOp> module = buildRequest(*context, request, sourceName, diagnostics);
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  module->print(os);
+  os << "\n";
+  return text;
 }
 
 std::string epic::CompileResult::metadataJson() const {

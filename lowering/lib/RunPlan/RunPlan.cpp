@@ -3,12 +3,14 @@
 // epic-run executes programs on machines without MLIR: the program is
 // checked and translated here, into a JSON list of steps over numbered
 // values, which the runtime (runtime/include/epic/runtime/RunProgram.h)
-// executes. Every ep op keeps its full configuration, so the runtime asks
-// for exactly the kernels the op would compile to.
+// executes. Every ep op keeps its full configuration, spelled as a kernel
+// request's spec (KernelRequest.def), so the runtime asks for exactly the
+// kernels the op would compile to.
 //
 //===----------------------------------------------------------------------===//
 
 #include "epic/Compiler.h"
+#include "epic/EntryBuilder.h"
 
 #include "epic/Dialect/EP/IR/EPDialect.h"
 #include "epic/Dialect/Run/IR/RunDialect.h"
@@ -41,19 +43,6 @@ std::string locString(Location loc) {
             std::to_string(file.getColumn()))
         .str();
   return "<unknown>";
-}
-
-json::Object specJson(epic::ep::ConfigAttr config) {
-  return json::Object{{"ranks", config.getRanks()},
-                      {"experts", config.getExperts()},
-                      {"topk", config.getTopk()},
-                      {"hidden", config.getHidden()},
-                      {"dtype", debugString(config.getDtype())},
-                      {"scale_packs", config.getScalePacks()},
-                      {"expert_alignment", config.getExpertAlignment()},
-                      {"expanded", config.isExpanded()},
-                      {"max_tokens_per_rank", config.getMaxTokensPerRank()},
-                      {"num_sms", config.getNumSms()}};
 }
 
 /// Walks @main once, numbering values and writing one step per op.
@@ -196,7 +185,7 @@ private:
         if (packs && !cast<ShapedType>(packs.getType()).getElementType().isF32())
           return op->emitError("epic-run: scale packs must be f32 (the runtime passes "
                                "float32 scales)");
-      json::Object step{{"spec", specJson(config)},
+      json::Object step{{"spec", epic::configJson(config)},
                         {"cached", dispatch.isCached()},
                         {"zero_padding", dispatch.getZeroPadding()},
                         {"x", use(dispatch.getX())},
@@ -220,7 +209,7 @@ private:
       json::Array biases;
       for (Value bias : combine.getBiases())
         biases.push_back(use(bias));
-      json::Object step{{"spec", specJson(combine.getConfig())},
+      json::Object step{{"spec", epic::configJson(combine.getConfig())},
                         {"x", use(combine.getX())},
                         {"handle", use(combine.getHandle())},
                         {"topk_weights", use(combine.getTopkWeights())},
@@ -242,7 +231,7 @@ private:
           failed(requireI64(op, layout.getTopkIdx(), "topk_idx")))
         return failure();
       add(op, "dispatch_layout",
-          json::Object{{"spec", specJson(layout.getConfig())},
+          json::Object{{"spec", epic::configJson(layout.getConfig())},
                        {"topk_idx", use(layout.getTopkIdx())},
                        {"num_tokens_per_rank", define(layout.getNumTokensPerRank())},
                        {"num_tokens_per_expert", define(layout.getNumTokensPerExpert())},
@@ -255,7 +244,7 @@ private:
         return failure();
       auto out = cast<ShapedType>(gemm.getResult().getType());
       add(op, "grouped_gemm",
-          json::Object{{"spec", specJson(config)},
+          json::Object{{"spec", epic::configJson(config)},
                        {"x", use(gemm.getLhs())},
                        {"weights", use(gemm.getRhs())},
                        {"handle", use(gemm.getHandle())},
@@ -269,7 +258,7 @@ private:
       if (failed(world(op, config)) || failed(requireI64(op, fused.getTopkIdx(), "topk_idx")))
         return failure();
       auto out = cast<ShapedType>(fused.getResult().getType());
-      json::Object step{{"spec", specJson(config)},
+      json::Object step{{"spec", epic::configJson(config)},
                         {"zero_padding", fused.getZeroPadding()},
                         {"x", use(fused.getX())},
                         {"topk_idx", use(fused.getTopkIdx())},

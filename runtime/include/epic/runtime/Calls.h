@@ -16,7 +16,7 @@
 #ifndef EPIC_RUNTIME_CALLS_H
 #define EPIC_RUNTIME_CALLS_H
 
-#include "epic/runtime/EntryIR.h"
+#include "epic/runtime/KernelRequest.h"
 
 #include <cstdint>
 #include <algorithm>

@@ -1,7 +1,8 @@
 //===- Json.h - the JSON subset of epic-compile's metadata -----*- C++ -*-===//
 //
 // A small reader for the metadata the compiler writes (objects, arrays,
-// strings, numbers, booleans, null), so the runtime needs no JSON library.
+// strings, numbers, booleans, null), and a writer of the canonical JSON the
+// runtime hashes (kernel requests), so the runtime needs no JSON library.
 //
 //===----------------------------------------------------------------------===//
 
@@ -36,6 +37,27 @@ struct Json {
   bool flag() const;
   const std::string &text() const;
   const std::vector<Json> &list() const;
+};
+
+/// Writes one JSON object: compact, its members in the order they are added,
+/// so equal contents give equal text (what a cache key needs).
+class JsonObjectWriter {
+public:
+  JsonObjectWriter &add(const std::string &key, int64_t value);
+  JsonObjectWriter &add(const std::string &key, int value) { return add(key, int64_t(value)); }
+  JsonObjectWriter &add(const std::string &key, bool value);
+  JsonObjectWriter &add(const std::string &key, const std::string &value);
+  /// Without it a string literal would be written as `true` (a pointer
+  /// converts to bool before it converts to std::string).
+  JsonObjectWriter &add(const std::string &key, const char *value) {
+    return add(key, std::string(value));
+  }
+  JsonObjectWriter &add(const std::string &key, const JsonObjectWriter &object);
+  std::string str() const { return text + "}"; }
+
+private:
+  void addKey(const std::string &key);
+  std::string text = "{";
 };
 
 } // namespace epic::runtime

@@ -3,8 +3,9 @@
 // Every kernel module the runtime launches comes from here: from memory, else
 // from the disk cache (EPIC_CACHE_DIR, default ~/.cache/epic), else from the
 // compiler, after which it is stored. Entries are keyed by everything that
-// changes the code (the IR, the pipeline options, the NCCL version, the hash
-// of the device shim bitcode, the GPU architecture) and written atomically
+// changes the code (the kernel request or IR, the pipeline options, the NCCL
+// version, the hash of the compiler and device shim sources, the GPU
+// architecture) and written atomically
 // (a temporary directory renamed into place), so many ranks can share one
 // file system and a deployment can ship a filled cache (epic-compile) to
 // machines without LLVM. No MLIR, LLVM or CUDA in here.
@@ -33,7 +34,7 @@ struct CompiledModule {
 
 /// What feeds the key: anything that changes the compiled code.
 struct KernelKeyParts {
-  std::string ir;          ///< the MLIR module (entry functions)
+  std::string input;       ///< a kernel request's canonical JSON, or an MLIR module
   std::string options;     ///< pipeline options, e.g. "backend=virtual chip=sm_90 O=3"
   std::string ncclVersion; ///< e.g. "2.28.9"
   std::string shimHash;    ///< hash of the device shim bitcode linked in

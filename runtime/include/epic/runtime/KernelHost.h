@@ -1,7 +1,7 @@
 //===- KernelHost.h - load, prepare and launch compiled kernels -*- C++ -*-===//
 //
 // What both ElasticBuffers (the virtual world, VirtualBuffer.h; NCCL,
-// NcclBuffer.h) share: the kernels of an entry IR from the provider, the
+// NcclBuffer.h) share: the kernels of a request from the provider, the
 // per-rank parameter records checked against the kernels' metadata and laid
 // out as the by-value table every kernel takes (comm.param_table), and the
 // launches. A Plan is a call whose signature was checked once; its next
@@ -50,7 +50,7 @@ struct EntryWindow {
   int64_t bytes(int64_t maxTokensPerRank) const { return fixed + perToken * maxTokensPerRank; }
 };
 
-/// Loads the kernels of entry IRs from the provider, checks and lays out the
+/// Loads the kernels of requests from the provider, checks and lays out the
 /// per-rank parameter records, and launches. A launch serves `servedRanks`
 /// ranks (all R in the virtual world, one per process with NCCL) with
 /// `blocksPerRank` blocks each.
@@ -113,7 +113,7 @@ public:
     std::vector<uint64_t> encodedFrom;
   };
 
-  /// Loads the kernels of the entry function in `entryIR` and lays out
+  /// Loads the kernels of `input` (a request, or entry IR) and lays out
   /// `records[i]` for the i-th rank this launch serves. Validates: one
   /// record per served rank, known field names, the window large enough
   /// (for the record's max_tokens_per_rank where the kernels take the cap at
@@ -122,7 +122,7 @@ public:
   /// declare. `blocks` per rank: 0 for the buffer's number, else at most that
   /// (DeepEP's per-call num_sms). `stream`, when given and being captured
   /// into a CUDA graph, refuses to load kernels (that needs a warm-up call).
-  Prepared prepare(const std::string &entryIR, const std::vector<ParamRecord> &records,
+  Prepared prepare(const KernelInput &input, const std::vector<ParamRecord> &records,
                    int blocks = 0, void *stream = nullptr);
 
   /// Launches a prepared entry's kernels, in order, on `stream` (no host
@@ -141,7 +141,7 @@ public:
   void *launch(const Prepared &prepared, void *stream, const LaunchOptions &options);
 
   /// prepare() + launch() + waiting for the stream.
-  Run run(const std::string &entryIR, const std::vector<ParamRecord> &records,
+  Run run(const KernelInput &input, const std::vector<ParamRecord> &records,
           void *stream = nullptr);
 
   /// The typed entry points (DeepEP's dispatch / cached dispatch / combine,
@@ -211,11 +211,11 @@ protected:
   /// launch() and wait for the stream.
   Run launchAndWait(const Prepared &prepared, void *stream);
   KernelHost(KernelProvider &provider, int servedRanks, int64_t windowBytes, int blocksPerRank);
-  /// The loaded kernels of `entryIR`; `mayLoad` false refuses (naming why)
+  /// The loaded kernels of `input`; `mayLoad` false refuses (naming why)
   /// to load a module that is not loaded yet.
-  Loaded &load(const std::string &entryIR, Run &run, bool mayLoad);
-  /// A plan of `records` for `entryIR` (the typed entry points' common part).
-  Plan plan(const std::string &entryIR, const std::vector<ParamRecord> &records, int blocks,
+  Loaded &load(const KernelInput &input, Run &run, bool mayLoad);
+  /// A plan of `records` for `request` (the typed entry points' common part).
+  Plan plan(const KernelRequest &request, const std::vector<ParamRecord> &records, int blocks,
             void *stream, std::vector<std::string> slotNames);
 
   KernelProvider &provider;

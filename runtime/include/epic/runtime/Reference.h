@@ -12,7 +12,7 @@
 #ifndef EPIC_RUNTIME_REFERENCE_H
 #define EPIC_RUNTIME_REFERENCE_H
 
-#include "epic/runtime/EntryIR.h"
+#include "epic/runtime/KernelRequest.h"
 
 #include <cstdint>
 #include <string>

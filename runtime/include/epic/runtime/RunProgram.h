@@ -15,7 +15,7 @@
 #define EPIC_RUNTIME_RUNPROGRAM_H
 
 #include "epic/runtime/Calls.h"
-#include "epic/runtime/EntryIR.h"
+#include "epic/runtime/KernelRequest.h"
 #include "epic/runtime/Json.h"
 #include "epic/runtime/Reference.h"
 
@@ -42,8 +42,8 @@ struct PlanKernel {
   DispatchVariant dispatchVariant;
   CombineVariant combineVariant;
   std::string loc;
-  /// The entry IR the runtime compiles for it (EntryIR.h).
-  std::string entryIR() const;
+  /// The kernels the runtime asks for it.
+  KernelRequest request() const;
 };
 
 struct RunPlan {

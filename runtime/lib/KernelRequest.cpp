@@ -1,0 +1,295 @@
+//===- KernelRequest.cpp - what the runtime asks the compiler for ---------===//
+
+#include "epic/runtime/KernelRequest.h"
+#include "epic/runtime/Calls.h"
+#include "epic/runtime/Json.h"
+
+#include "epic/Dialect/EP/IR/EPLimits.h"
+
+#include <cctype>
+#include <cstdint>
+#include <iterator>
+#include <stdexcept>
+#include <type_traits>
+
+using namespace epic::runtime;
+
+// The .def's types are the members' types: a request writes what the
+// runtime holds, and the compiler reads it back as the same type.
+#define EP_REQUEST_MEMBER_TYPE(Struct, member, Type)                                               \
+  static_assert(std::is_same_v<decltype(Struct::member), Type>,                                    \
+                "KernelRequest.def: " #Struct "::" #member " is not " #Type);
+#define EP_REQUEST_HEADER(member, name, Type) EP_REQUEST_MEMBER_TYPE(KernelRequest, member, Type)
+#define EP_REQUEST_CONFIG_FIELD(member, name, Type) EP_REQUEST_MEMBER_TYPE(EPSpec, member, Type)
+#define EP_REQUEST_SPEC_FIELD EP_REQUEST_CONFIG_FIELD
+#define EP_REQUEST_DISPATCH_FIELD(member, name, Type)                                              \
+  EP_REQUEST_MEMBER_TYPE(DispatchVariant, member, Type)
+#define EP_REQUEST_COMBINE_FIELD(member, name, Type)                                               \
+  EP_REQUEST_MEMBER_TYPE(CombineVariant, member, Type)
+#define EP_REQUEST_GEMM_FIELD(member, name, Type) EP_REQUEST_MEMBER_TYPE(GemmVariant, member, Type)
+#include "epic/runtime/KernelRequest.def"
+#undef EP_REQUEST_MEMBER_TYPE
+
+namespace {
+
+void require(bool ok, const std::string &message) {
+  if (!ok)
+    throw std::invalid_argument(message);
+}
+std::string dim(int64_t n) { return std::to_string(n); }
+
+/// A row of KernelRequest.def's kinds.
+struct KindInfo {
+  KernelKind kind;
+  const char *name, *entryName;
+  bool dispatch, combine, gemm, staticTokenCap;
+};
+const KindInfo kKinds[] = {
+#define EP_REQUEST_KIND(Enumerator, kind, entryName, dispatch, combine, gemm, staticTokenCap)      \
+  {KernelKind::Enumerator, kind, entryName, dispatch, combine, gemm, staticTokenCap},
+#include "epic/runtime/KernelRequest.def"
+};
+const KindInfo &infoOf(KernelKind kind) { return kKinds[static_cast<int>(kind)]; }
+
+#define EP_REQUEST_SECTION(Name, key) constexpr const char *k##Name##Section = key;
+#include "epic/runtime/KernelRequest.def"
+
+void add(JsonObjectWriter &out, const char *name, KernelKind kind) {
+  out.add(name, kindName(kind));
+}
+template <typename T> void add(JsonObjectWriter &out, const char *name, const T &value) {
+  out.add(name, value);
+}
+
+/// A symbol the compiler can name its kernels after (`<name>_send`, ...).
+bool isEntryName(const std::string &name) {
+  if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0])))
+    return false;
+  for (char c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '$')
+      return false;
+  return true;
+}
+
+/// What the expert GEMM asks of the rows it multiplies; `entry` names the
+/// kind in the message.
+void requireGemmRows(const EPSpec &spec, const std::string &entry) {
+  require(spec.expanded, entry + " needs the expanded layout");
+  require(spec.dtype == "bf16" || spec.dtype == "f16",
+          entry + " multiplies bf16 or f16 rows, got " + spec.dtype);
+}
+
+/// The GEMM's N and output type; `gemmName` names the GEMM ("grouped_gemm's").
+void requireGemmShape(const GemmVariant &gemm, const std::string &gemmName) {
+  require(gemm.n > 0, gemmName + " N must be positive, got " + dim(gemm.n));
+  require(gemm.outDtype == "bf16" || gemm.outDtype == "f16" || gemm.outDtype == "f32",
+          gemmName + " output must be bf16, f16 or f32, got " + gemm.outDtype);
+}
+
+} // namespace
+
+const char *epic::runtime::kindName(KernelKind kind) { return infoOf(kind).name; }
+
+const char *epic::runtime::defaultEntryName(KernelKind kind) { return infoOf(kind).entryName; }
+
+KernelKind epic::runtime::kindNamed(const std::string &name) {
+  std::string names;
+  for (const KindInfo &info : kKinds) {
+    if (name == info.name)
+      return info.kind;
+    names += names.empty() ? "" : &info == &kKinds[std::size(kKinds) - 1] ? " or " : ", ";
+    names += info.name;
+  }
+  throw std::invalid_argument("kind must be " + names + ", got \"" + name + "\"");
+}
+
+int EPSpec::elementBytes() const {
+  if (dtype == "bf16" || dtype == "f16")
+    return 2;
+  if (dtype == "f32")
+    return 4;
+  if (isFP8())
+    return 1;
+  throw std::invalid_argument("dtype must be bf16, f16, f32, f8E4M3FN or f8E5M2, got \"" + dtype +
+                              "\"");
+}
+
+// The same rules as #ep.config's verifier (the bounds from EPLimits.def), checked before
+// anything compiles, with the Python API's argument names.
+void EPSpec::validate() const {
+  namespace lim = epic::ep::limits;
+  // [low, high] of a field (EPLimits.def), named as the Python API spells it.
+  auto inRange = [](const lim::Limit &limit, int64_t value, int64_t low = -1) {
+    low = low < 0 ? limit.low : low;
+    require(value >= low && value <= limit.high,
+            std::string(limit.argument) + " must be in [" + std::to_string(low) + ", " +
+                std::to_string(limit.high) + "], got " + std::to_string(value));
+  };
+  inRange(lim::kRanks, ranks);
+  inRange(lim::kExperts, experts);
+  require(experts % ranks == 0, "num_experts (" + dim(experts) +
+                                    ") must be divisible by the number of ranks (" + dim(ranks) +
+                                    ")");
+  require(experts / ranks <= lim::kMaxLocalExperts, "experts per rank must be at most " +
+                                                        std::to_string(lim::kMaxLocalExperts) +
+                                                        ", got " + dim(experts / ranks));
+  inRange(lim::kTopk, topk);
+  require(topk <= experts,
+          "num_topk (" + dim(topk) + ") exceeds num_experts (" + dim(experts) + ")");
+  inRange(lim::kHidden, hidden);
+  int bytes = elementBytes();
+  require(hidden * bytes % 16 == 0,
+          "hidden (" + dim(hidden) + ") x " + dim(bytes) + " bytes must be a multiple of 16");
+  require(hidden % 8 == 0, "hidden (" + dim(hidden) +
+                               ") must be a multiple of 8 (combine reduces 8 channels a step)");
+  inRange(lim::kScalePacks, scalePacks);
+  require(!isFP8() || scalePacks > 0, "FP8 data needs scale packs (num_scale_packs > 0)");
+  require(isFP8() || scalePacks == 0,
+          "scale packs (" + dim(scalePacks) + ") are only allowed with FP8 data, not " + dtype);
+  inRange(lim::kExpertAlignment, expertAlignment);
+  inRange(lim::kMaxTokensPerRank, maxTokensPerRank, 1); // a call's cap: at least one token
+  inRange(lim::kNumSms, numSms);
+  require(timeoutMs >= lim::kMinTimeoutMs && timeoutMs <= lim::kMaxTimeoutMs,
+          "the GPU timeout must be in [1, 2^31] ms (0: the default), got " +
+              std::to_string(timeoutMs));
+  // The kernels index rows and their elements with 32-bit values.
+  int64_t rows = receiveRows(*this);
+  int64_t widest = lim::widestRowArray(topk, scalePacks);
+  require(rows * widest <= lim::kMaxElementIndex,
+          "num_max_tokens_per_rank " + dim(maxTokensPerRank) + " needs " + std::to_string(rows) +
+              " rows of up to " + std::to_string(widest) +
+              " elements (ids and metadata, scale packs): more than the kernels' 32-bit "
+              "element indices address (" +
+              std::to_string(lim::kMaxElementIndex) + ")");
+}
+
+void KernelRequest::validate() const {
+  require(version == kKernelRequestVersion,
+          "version must be " + dim(kKernelRequestVersion) +
+              " (the kernel request format this runtime writes), got " + dim(version));
+  require(isEntryName(name), "name must be an entry function name (letters, digits, _, . and $, "
+                             "not starting with a digit), got \"" +
+                                 name + "\"");
+  spec.validate();
+  const DispatchVariant &d = dispatch;
+  switch (kind) {
+  case KernelKind::dispatch:
+  case KernelKind::combine:
+    break;
+  case KernelKind::groupedGemm:
+    requireGemmRows(spec, "grouped_gemm");
+    requireGemmShape(gemm, "grouped_gemm's");
+    break;
+  case KernelKind::dispatchGemm:
+    require(!d.cached, "the fused dispatch + GEMM routes tokens: it cannot be a cached dispatch");
+    requireGemmRows(spec, "the fused dispatch + GEMM");
+    requireGemmShape(gemm, "the expert GEMM's");
+    break;
+  case KernelKind::gemmCombine:
+    requireGemmRows(spec, "the fused GEMM + combine");
+    require(!combine.weights, "the fused GEMM + combine takes no topk_weights");
+    break;
+  }
+  const KindInfo &info = infoOf(kind);
+  if (info.dispatch) {
+    require(d.topkIdxBits == 8 || d.topkIdxBits == 16 || d.topkIdxBits == 32 || d.topkIdxBits == 64,
+            "topk_idx must be an 8, 16, 32 or 64-bit integer, got " + dim(d.topkIdxBits) + " bits");
+    require(!d.zeroPadding || spec.expanded, "do_zero_padding needs do_expand");
+    require(!(d.cached && d.weights), "a cached dispatch takes no topk_weights");
+  }
+  if (info.combine)
+    require(combine.biases >= 0 && combine.biases <= 2,
+            "combine takes 0, 1 or 2 biases, got " + dim(combine.biases));
+}
+
+std::string KernelRequest::json() const {
+  validate();
+  const KindInfo &info = infoOf(kind);
+  // What the kernels are specialized on, and nothing else: the token cap only
+  // where the kind keeps it, the routing's width only where it is read.
+  EPSpec config = spec;
+  if (!info.staticTokenCap)
+    config.maxTokensPerRank = 0;
+  DispatchVariant routed = dispatch;
+  if (routed.cached)
+    routed.topkIdxBits = 64;
+
+  JsonObjectWriter out;
+#define EP_REQUEST_HEADER(member, name, Type) add(out, name, member);
+#include "epic/runtime/KernelRequest.def"
+  JsonObjectWriter specJson;
+#define EP_REQUEST_CONFIG_FIELD(member, name, Type) add(specJson, name, config.member);
+#define EP_REQUEST_SPEC_FIELD EP_REQUEST_CONFIG_FIELD
+#include "epic/runtime/KernelRequest.def"
+  out.add(kSpecSection, specJson);
+  if (info.dispatch) {
+    JsonObjectWriter section;
+#define EP_REQUEST_DISPATCH_FIELD(member, name, Type) add(section, name, routed.member);
+#include "epic/runtime/KernelRequest.def"
+    out.add(kDispatchSection, section);
+  }
+  if (info.combine) {
+    JsonObjectWriter section;
+#define EP_REQUEST_COMBINE_FIELD(member, name, Type) add(section, name, combine.member);
+#include "epic/runtime/KernelRequest.def"
+    out.add(kCombineSection, section);
+  }
+  if (info.gemm) {
+    JsonObjectWriter section;
+#define EP_REQUEST_GEMM_FIELD(member, name, Type) add(section, name, gemm.member);
+#include "epic/runtime/KernelRequest.def"
+    out.add(kGemmSection, section);
+  }
+  return out.str();
+}
+
+namespace {
+/// A validated request of `kind`, named `name` or the kind's default.
+KernelRequest request(KernelKind kind, const EPSpec &spec, std::string name) {
+  KernelRequest r;
+  r.kind = kind;
+  r.name = name.empty() ? defaultEntryName(kind) : std::move(name);
+  r.spec = spec;
+  return r;
+}
+KernelRequest validated(KernelRequest r) {
+  r.validate();
+  return r;
+}
+} // namespace
+
+KernelRequest epic::runtime::dispatchRequest(const EPSpec &spec, const DispatchVariant &variant,
+                                             std::string name) {
+  KernelRequest r = request(KernelKind::dispatch, spec, std::move(name));
+  r.dispatch = variant;
+  return validated(std::move(r));
+}
+
+KernelRequest epic::runtime::combineRequest(const EPSpec &spec, const CombineVariant &variant,
+                                            std::string name) {
+  KernelRequest r = request(KernelKind::combine, spec, std::move(name));
+  r.combine = variant;
+  return validated(std::move(r));
+}
+
+KernelRequest epic::runtime::groupedGemmRequest(const EPSpec &spec, int64_t n,
+                                                const std::string &outDtype, std::string name) {
+  KernelRequest r = request(KernelKind::groupedGemm, spec, std::move(name));
+  r.gemm = {n, outDtype};
+  return validated(std::move(r));
+}
+
+KernelRequest epic::runtime::dispatchGemmRequest(const EPSpec &spec, const DispatchVariant &variant,
+                                                 int64_t n, const std::string &outDtype,
+                                                 std::string name) {
+  KernelRequest r = request(KernelKind::dispatchGemm, spec, std::move(name));
+  r.dispatch = variant;
+  r.gemm = {n, outDtype};
+  return validated(std::move(r));
+}
+
+KernelRequest epic::runtime::gemmCombineRequest(const EPSpec &spec, int biases, std::string name) {
+  KernelRequest r = request(KernelKind::gemmCombine, spec, std::move(name));
+  r.combine.biases = biases;
+  return validated(std::move(r));
+}

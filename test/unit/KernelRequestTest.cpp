@@ -1,0 +1,227 @@
+//===- KernelRequestTest.cpp - what the runtime asks the compiler for -----===//
+//
+// Linked without MLIR: the canonical JSON of kernel requests (the kernel
+// cache key's main part) and the checks that refuse bad ones by name. That
+// the compiler reads the JSON back into the same entry IR is
+// EntryBuilderTest's and test/Tools/epic-compile-request.mlir's to show.
+//
+//===----------------------------------------------------------------------===//
+
+#include "epic/runtime/Json.h"
+#include "epic/runtime/KernelProvider.h"
+#include "epic/runtime/KernelRequest.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+using namespace epic::runtime;
+
+namespace {
+
+EPSpec v3(bool expanded) {
+  EPSpec s;
+  s.ranks = 8, s.experts = 256, s.topk = 8, s.hidden = 7168, s.dtype = "f8E4M3FN";
+  s.scalePacks = 56, s.expertAlignment = 128, s.expanded = expanded, s.maxTokensPerRank = 4096;
+  return s;
+}
+
+EPSpec bf16(bool expanded = true) {
+  EPSpec s = v3(expanded);
+  s.dtype = "bf16", s.scalePacks = 0;
+  return s;
+}
+
+/// The message of the std::invalid_argument `make` throws, or "".
+template <typename Make> std::string refusal(Make make) {
+  try {
+    make();
+  } catch (const std::invalid_argument &e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(KernelRequest, JsonIsCanonical) {
+  EPSpec s = v3(false);
+  s.timeoutMs = 5000;
+  EXPECT_EQ(
+      dispatchRequest(s, {true, false, false, 32}).json(),
+      R"({"version":1,"kind":"dispatch","name":"ep_dispatch",)"
+      R"("spec":{"ranks":8,"experts":256,"topk":8,"hidden":7168,"dtype":"f8E4M3FN",)"
+      R"("scale_packs":56,"expert_alignment":128,"expanded":false,"num_sms":0,)"
+      R"("max_tokens_per_rank":0,"timeout_ms":5000},)"
+      R"("dispatch":{"weights":true,"cached":false,"zero_padding":false,"topk_idx_bits":32}})");
+  EXPECT_EQ(gemmCombineRequest(bf16(), 2, "moe").json(),
+            R"({"version":1,"kind":"gemm_combine","name":"moe",)"
+            R"("spec":{"ranks":8,"experts":256,"topk":8,"hidden":7168,"dtype":"bf16",)"
+            R"("scale_packs":0,"expert_alignment":128,"expanded":true,"num_sms":0,)"
+            R"("max_tokens_per_rank":4096,"timeout_ms":0},)"
+            R"("combine":{"weights":false,"biases":2}})");
+  // Every kind has its sections and only those, and its default entry name.
+  std::string grouped = groupedGemmRequest(bf16(), 2048, "f32").json();
+  EXPECT_NE(grouped.find(R"("gemm":{"n":2048,"out_dtype":"f32"})"), std::string::npos);
+  EXPECT_EQ(grouped.find(R"("dispatch":)"), std::string::npos);
+  std::string fused = dispatchGemmRequest(bf16(), {true, false, true, 64}, 256, "bf16").json();
+  EXPECT_NE(fused.find(R"("name":"ep_dispatch_gemm")"), std::string::npos);
+  EXPECT_NE(fused.find(R"("dispatch":{"weights":true,"cached":false,"zero_padding":true,)"
+                       R"("topk_idx_bits":64},"gemm":{"n":256,"out_dtype":"bf16"}})"),
+            std::string::npos);
+  EXPECT_NE(combineRequest(v3(true), {true, 1}).json().find(R"("name":"ep_combine","spec":)"),
+            std::string::npos);
+  // Equal requests, equal text; any difference, another text.
+  EXPECT_EQ(dispatchRequest(v3(false), {}).json(), dispatchRequest(v3(false), {}).json());
+  EXPECT_NE(dispatchRequest(v3(false), {}).json(), dispatchRequest(v3(true), {}).json());
+  EXPECT_NE(dispatchRequest(v3(false), {}).json(), dispatchRequest(v3(false), {}, "d").json());
+}
+
+// The token cap is a run-time value of the kernels: every cap asks for the
+// same request (one kernel key, one compilation), except the fused GEMM
+// entries, which size scratch by it.
+TEST(KernelRequest, OneKernelSetServesEveryTokenCap) {
+  std::vector<std::string> dispatches, combines, gemms, fused, fusedCombines;
+  for (int cap : {128, 256, 512, 1000, 4096}) {
+    EPSpec s = v3(true);
+    s.maxTokensPerRank = cap;
+    dispatches.push_back(dispatchRequest(s, {true, false, false, 64}).json());
+    combines.push_back(combineRequest(s, {true, 1}).json());
+    s.dtype = "bf16", s.scalePacks = 0;
+    gemms.push_back(groupedGemmRequest(s, 256, "bf16").json());
+    fused.push_back(dispatchGemmRequest(s, {true, false, false, 64}, 256, "bf16").json());
+    fusedCombines.push_back(gemmCombineRequest(s, 1).json());
+  }
+  for (const auto *requests : {&dispatches, &combines, &gemms}) {
+    EXPECT_EQ(std::set<std::string>(requests->begin(), requests->end()).size(), 1u);
+    EXPECT_NE(requests->front().find(R"("max_tokens_per_rank":0,)"), std::string::npos);
+  }
+  EXPECT_EQ(std::set<std::string>(fused.begin(), fused.end()).size(), 5u);
+  EXPECT_EQ(std::set<std::string>(fusedCombines.begin(), fusedCombines.end()).size(), 5u);
+  EXPECT_NE(fused.front().find(R"("max_tokens_per_rank":128,)"), std::string::npos);
+}
+
+// A cached dispatch reads the handle's int64 routing whatever the variant's
+// width says: one request (one kernel set) for all of them.
+TEST(KernelRequest, ACachedDispatchAsksForInt64Routing) {
+  std::string wide = dispatchRequest(v3(false), {false, true, false, 64}).json();
+  EXPECT_EQ(dispatchRequest(v3(false), {false, true, false, 32}).json(), wide);
+  EXPECT_NE(wide.find(R"("cached":true,"zero_padding":false,"topk_idx_bits":64)"),
+            std::string::npos);
+  EXPECT_NE(dispatchRequest(v3(false), {false, false, false, 32}).json(),
+            dispatchRequest(v3(false), {false, false, false, 64}).json());
+}
+
+TEST(KernelRequest, BadArgumentsAreNamed) {
+  auto dispatch = [](const EPSpec &spec, DispatchVariant v = {}) {
+    return refusal([&] { dispatchRequest(spec, v, "d"); });
+  };
+  EPSpec s = v3(false);
+  s.experts = 100;
+  EXPECT_NE(dispatch(s).find("num_experts (100)"), std::string::npos);
+  s = v3(false);
+  s.topk = 40;
+  EXPECT_NE(dispatch(s).find("num_topk"), std::string::npos);
+  s = v3(false);
+  s.dtype = "int8";
+  EXPECT_NE(dispatch(s).find("dtype"), std::string::npos);
+  s = v3(false);
+  s.scalePacks = 0;
+  EXPECT_NE(dispatch(s).find("scale packs"), std::string::npos);
+  s = v3(false);
+  s.maxTokensPerRank = 0;
+  EXPECT_NE(dispatch(s).find("num_max_tokens_per_rank"), std::string::npos);
+  s = v3(false);
+  s.timeoutMs = -1;
+  EXPECT_NE(dispatch(s).find("GPU timeout"), std::string::npos);
+  EXPECT_NE(dispatch(v3(false), {false, false, true, 64}).find("do_zero_padding"),
+            std::string::npos);
+  EXPECT_NE(dispatch(v3(false), {false, false, false, 12}).find("topk_idx"), std::string::npos);
+  EXPECT_NE(dispatch(v3(false), {true, true, false, 64}).find("cached dispatch takes no"),
+            std::string::npos);
+  EXPECT_NE(refusal([] {
+              combineRequest(v3(false), {false, 3});
+            }).find("combine takes 0, 1 or 2 biases, got 3"),
+            std::string::npos);
+}
+
+TEST(KernelRequest, TheExpertGemmsRefuseWhatTheyCannotMultiply) {
+  auto gemm = [](const EPSpec &s, int64_t n, const std::string &out) {
+    return refusal([&] { groupedGemmRequest(s, n, out); });
+  };
+  EXPECT_NE(gemm(v3(true), 2048, "bf16").find("bf16 or f16 rows, got f8E4M3FN"), std::string::npos);
+  EXPECT_NE(gemm(bf16(), 2048, "i32").find("grouped_gemm's output must be bf16, f16 or f32"),
+            std::string::npos);
+  EXPECT_NE(gemm(bf16(), 0, "bf16").find("N must be positive, got 0"), std::string::npos);
+  EXPECT_NE(gemm(bf16(false), 2048, "bf16").find("needs the expanded layout"), std::string::npos);
+
+  auto fused = [](const EPSpec &s, DispatchVariant v, const std::string &out = "bf16") {
+    return refusal([&] { dispatchGemmRequest(s, v, 2048, out); });
+  };
+  EXPECT_NE(fused(v3(true), {}).find("multiplies bf16 or f16 rows"), std::string::npos);
+  EXPECT_NE(fused(bf16(), {false, true, false, 64}).find("cannot be a cached dispatch"),
+            std::string::npos);
+  EXPECT_NE(fused(bf16(false), {}).find("needs the expanded layout"), std::string::npos);
+  EXPECT_NE(fused(bf16(), {}, "f64").find("expert GEMM's output must be"), std::string::npos);
+
+  EXPECT_NE(refusal([] { gemmCombineRequest(v3(true), 0); }).find("bf16 or f16 rows"),
+            std::string::npos);
+  EXPECT_NE(refusal([] { gemmCombineRequest(bf16(false), 0); }).find("expanded layout"),
+            std::string::npos);
+  EXPECT_NE(refusal([] { gemmCombineRequest(bf16(), 3); }).find("0, 1 or 2 biases, got 3"),
+            std::string::npos);
+  KernelRequest weighted = gemmCombineRequest(bf16(), 0);
+  weighted.combine.weights = true;
+  EXPECT_NE(refusal([&] { weighted.json(); }).find("takes no topk_weights"), std::string::npos);
+}
+
+TEST(KernelRequest, VersionNameAndKindAreChecked) {
+  KernelRequest r = dispatchRequest(v3(false), {});
+  EXPECT_EQ(r.version, kKernelRequestVersion);
+  r.version = kKernelRequestVersion + 1;
+  EXPECT_NE(refusal([&] { r.json(); })
+                .find("version must be 1 (the kernel request format this "
+                      "runtime writes), got 2"),
+            std::string::npos);
+  for (std::string bad : {"2x", "a b", "x\"y"})
+    EXPECT_NE(refusal([&] {
+                dispatchRequest(v3(false), {}, bad);
+              }).find("name must be an entry function name"),
+              std::string::npos)
+        << bad;
+  KernelRequest unnamed = dispatchRequest(v3(false), {});
+  unnamed.name.clear();
+  EXPECT_NE(refusal([&] { unnamed.json(); }).find("name must be an entry function name"),
+            std::string::npos);
+  EXPECT_EQ(kindNamed("gemm_combine"), KernelKind::gemmCombine);
+  EXPECT_EQ(std::string(kindName(KernelKind::groupedGemm)), "grouped_gemm");
+  EXPECT_EQ(std::string(defaultEntryName(KernelKind::dispatchGemm)), "ep_dispatch_gemm");
+  EXPECT_EQ(refusal([] { kindNamed("gather"); }),
+            "kind must be dispatch, combine, grouped_gemm, dispatch_gemm or gemm_combine, got "
+            "\"gather\"");
+}
+
+TEST(KernelRequest, ARequestAndIRNeverShareAKey) {
+  KernelCache cache("/nonexistent/epic-cache");
+  KernelProvider provider(cache, {"virtual", "sm_90", "/nonexistent/epic-compile"});
+  KernelRequest request = dispatchRequest(v3(false), {});
+  KernelInput asRequest(request);
+  EXPECT_TRUE(asRequest.isRequest());
+  EXPECT_EQ(asRequest.text(), request.json());
+  // The same bytes handed over as IR make another key.
+  EXPECT_NE(provider.keyFor(asRequest), provider.keyFor(KernelInput::fromIR(request.json())));
+  EXPECT_EQ(provider.keyFor(asRequest), provider.keyFor(dispatchRequest(v3(false), {})));
+}
+
+TEST(JsonObjectWriter, WritesCompactJsonInInsertionOrder) {
+  JsonObjectWriter inner;
+  inner.add("b", true).add("a", int64_t(-3));
+  JsonObjectWriter outer;
+  outer.add("z", "quote \" backslash \\ newline \n").add("inner", inner).add("n", 7);
+  std::string text = outer.str();
+  EXPECT_EQ(text, R"({"z":"quote \" backslash \\ newline \u000a","inner":{"b":true,"a":-3},)"
+                  R"("n":7})");
+  Json back = Json::parse(text);
+  EXPECT_EQ(back.at("inner").at("a").integer(), -3);
+  EXPECT_EQ(back.at("z").text().substr(0, 8), "quote \" ");
+}
+
+} // namespace
