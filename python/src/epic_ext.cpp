@@ -297,6 +297,8 @@ KernelRequest requestFrom(const std::string &kind, const py::dict &spec, const p
                                field<std::string>(variant, "out_dtype"));
   case KernelKind::gemmCombine:
     return gemmCombineRequest(s, field<int>(variant, "biases"));
+  case KernelKind::dispatchLayout:
+    return dispatchLayoutRequest(s, field<int>(variant, "topk_idx_bits"));
   }
   invalid("unknown kind \"" + kind + "\"");
 }

@@ -17,6 +17,7 @@ namespace {
 namespace dispatch = epic::ep::records::dispatch;
 namespace combine = epic::ep::records::combine;
 namespace grouped_gemm = epic::ep::records::grouped_gemm;
+namespace layout = epic::ep::records::layout;
 // putHandle fills the fields the dispatch and combine records share.
 static_assert(std::string_view(dispatch::topk_idx) == combine::topk_idx &&
               std::string_view(dispatch::recv_src_metadata) == combine::recv_src_metadata &&
@@ -293,6 +294,26 @@ ParamRecord epic::runtime::groupedGemmRecord(const EPSpec &s, const GroupedGemmC
   r[grouped_gemm::psum_num_recv_tokens_per_expert] =
       check(c.psumNumRecvTokensPerExpert, {"handle.psum_num_recv_tokens_per_expert", "i32", {L}});
   r[grouped_gemm::num_rows] = uint64_t(c.x.shape[0]);
+  return r;
+}
+
+ParamRecord epic::runtime::layoutRecord(const EPSpec &s, const LayoutCall &c) {
+  s.validate();
+  const int64_t T = c.topkIdx.shape.empty() ? 0 : c.topkIdx.shape[0];
+  const std::string &idx = c.topkIdx.dtype;
+  if (idx != "i32" && idx != "i64")
+    fail("topk_idx must be an i32 or i64 tensor, got " + c.topkIdx.describe());
+  ParamRecord r;
+  r[layout::topk_idx] = check(c.topkIdx, {"topk_idx", idx, {-1, s.topk}});
+  if (T > s.maxTokensPerRank)
+    fail("topk_idx has " + std::to_string(T) + " tokens, more than num_max_tokens_per_rank (" +
+         std::to_string(s.maxTokensPerRank) + ")");
+  r[layout::num_tokens] = uint64_t(T);
+  r[layout::num_tokens_per_rank] =
+      check(c.numTokensPerRank, {"num_tokens_per_rank", "i32", {s.ranks}});
+  r[layout::num_tokens_per_expert] =
+      check(c.numTokensPerExpert, {"num_tokens_per_expert", "i32", {s.experts}});
+  r[layout::is_token_in_rank] = check(c.isTokenInRank, {"is_token_in_rank", "i1", {T, s.ranks}});
   return r;
 }
 

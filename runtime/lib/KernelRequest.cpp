@@ -185,6 +185,11 @@ void KernelRequest::validate() const {
     requireGemmRows(spec, "the fused dispatch + GEMM");
     requireGemmShape(gemm, "the expert GEMM's");
     break;
+  case KernelKind::dispatchLayout:
+    require(!d.cached && !d.weights && !d.zeroPadding,
+            "dispatch_layout counts a routing table: its dispatch section holds topk_idx_bits "
+            "only (weights, cached and zero_padding false)");
+    break;
   case KernelKind::gemmCombine:
     requireGemmRows(spec, "the fused GEMM + combine");
     require(!combine.weights, "the fused GEMM + combine takes no topk_weights");
@@ -285,6 +290,13 @@ KernelRequest epic::runtime::dispatchGemmRequest(const EPSpec &spec, const Dispa
   KernelRequest r = request(KernelKind::dispatchGemm, spec, std::move(name));
   r.dispatch = variant;
   r.gemm = {n, outDtype};
+  return validated(std::move(r));
+}
+
+KernelRequest epic::runtime::dispatchLayoutRequest(const EPSpec &spec, int topkIdxBits,
+                                                   std::string name) {
+  KernelRequest r = request(KernelKind::dispatchLayout, spec, std::move(name));
+  r.dispatch.topkIdxBits = topkIdxBits;
   return validated(std::move(r));
 }
 

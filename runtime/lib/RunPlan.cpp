@@ -87,7 +87,21 @@ double unit(uint64_t bits) { return double(bits >> 11) * 0x1.0p-53; }
 } // namespace
 
 KernelRequest PlanKernel::request() const {
-  return dispatch ? dispatchRequest(spec, dispatchVariant) : combineRequest(spec, combineVariant);
+  switch (kind) {
+  case KernelKind::dispatch:
+    return dispatchRequest(spec, dispatchVariant);
+  case KernelKind::combine:
+    return combineRequest(spec, combineVariant);
+  case KernelKind::groupedGemm:
+    return groupedGemmRequest(spec, gemmN, gemmOutDtype);
+  case KernelKind::dispatchGemm:
+    return dispatchGemmRequest(spec, dispatchVariant, gemmN, gemmOutDtype);
+  case KernelKind::gemmCombine:
+    return gemmCombineRequest(spec, combineVariant.biases);
+  case KernelKind::dispatchLayout:
+    return dispatchLayoutRequest(spec);
+  }
+  throw std::logic_error("PlanKernel::request: unknown kind");
 }
 
 RunPlan RunPlan::parse(const std::string &text) {
@@ -148,6 +162,14 @@ RunPlan RunPlan::parse(const std::string &text) {
         dtypeBytes(step.fields.at("dtype").text());
         if (step.integer("cols") < 1)
           values.fail("cols must be positive");
+        if (step.fields.object.count("row_shape")) { // a 3-D tensor: [rows, D1, D2]
+          int64_t elements = 1;
+          for (const Json &d : step.fields.at("row_shape").list())
+            elements *= d.integer() > 0 ? d.integer() : 0;
+          if (elements != step.integer("cols"))
+            values.fail("row_shape's elements must be cols (" +
+                        std::to_string(step.integer("cols")) + ")");
+        }
         // The run dialect's rules (run.random's verifier).
         double scale = step.fields.at("scale").real();
         if (!(scale > 0) || std::isinf(scale))
@@ -190,6 +212,33 @@ RunPlan RunPlan::parse(const std::string &text) {
           values.use(bias.integer(), "biases", Kind::tensor);
         values.define(step, "combined_x", Kind::tensor);
         values.define(step, "combined_topk_weights", Kind::tensor, true);
+      } else if (step.op == "dispatch_layout") {
+        specFrom(step.fields.at("spec")).validate();
+        values.use(step, "topk_idx", Kind::tensor);
+        for (const char *field :
+             {"num_tokens_per_rank", "num_tokens_per_expert", "is_token_in_rank"})
+          values.define(step, field, Kind::tensor);
+      } else if (step.op == "grouped_gemm" || step.op == "dispatch_gemm") {
+        specFrom(step.fields.at("spec")).validate();
+        if (step.integer("n") < 1)
+          values.fail("n must be positive");
+        const std::string &out = step.fields.at("out_dtype").text();
+        if (out != "bf16" && out != "f16" && out != "f32")
+          values.fail("out_dtype must be bf16, f16 or f32, got \"" + out + "\"");
+        values.use(step, "x", Kind::tensor);
+        if (step.op == "grouped_gemm") {
+          values.use(step, "weights", Kind::tensor);
+          values.use(step, "handle", Kind::handle);
+          values.define(step, "result", Kind::tensor);
+        } else {
+          values.use(step, "topk_idx", Kind::tensor);
+          values.use(step, "topk_weights", Kind::tensor, true);
+          values.use(step, "experts", Kind::tensor);
+          values.define(step, "recv_x", Kind::tensor);
+          values.define(step, "recv_topk_weights", Kind::tensor, true);
+          values.define(step, "result", Kind::tensor);
+          values.define(step, "handle", Kind::handle);
+        }
       } else if (step.op == "print") {
         values.use(step, "value", Kind::undefined);
         if (step.integer("rows") < 0)
@@ -208,22 +257,31 @@ RunPlan RunPlan::parse(const std::string &text) {
   return plan;
 }
 
+bool epic::runtime::isKernelStep(const RunStep &step) {
+  return step.op == "dispatch" || step.op == "combine" || step.op == "dispatch_layout" ||
+         step.op == "grouped_gemm" || step.op == "dispatch_gemm";
+}
+
 std::vector<PlanKernel> RunPlan::kernels() const {
   std::vector<PlanKernel> out;
   for (const RunStep &step : steps) {
-    if (step.op != "dispatch" && step.op != "combine")
+    if (!isKernelStep(step))
       continue;
     PlanKernel k;
-    k.dispatch = step.op == "dispatch";
+    k.kind = kindNamed(step.op);
     k.spec = specFrom(step.fields.at("spec"));
     k.loc = step.loc;
-    if (k.dispatch) {
-      k.dispatchVariant.cached = step.fields.at("cached").flag();
+    if (k.kind == KernelKind::dispatch || k.kind == KernelKind::dispatchGemm) {
+      k.dispatchVariant.cached = k.kind == KernelKind::dispatch && step.fields.at("cached").flag();
       k.dispatchVariant.weights = step.integer("topk_weights") >= 0;
       k.dispatchVariant.zeroPadding = step.fields.at("zero_padding").flag();
-    } else {
+    } else if (k.kind == KernelKind::combine) {
       k.combineVariant.weights = step.integer("topk_weights") >= 0;
       k.combineVariant.biases = int(step.fields.at("biases").list().size());
+    }
+    if (k.kind == KernelKind::groupedGemm || k.kind == KernelKind::dispatchGemm) {
+      k.gemmN = step.integer("n");
+      k.gemmOutDtype = step.fields.at("out_dtype").text();
     }
     out.push_back(k);
   }

@@ -53,14 +53,27 @@ public:
     size_t next = 0;
     for (const RunStep &step : plan.steps) {
       try {
-        if (step.op == "dispatch" || step.op == "combine") {
-          const PlanKernel &k = kernels.at(next++);
-          if (k.dispatch)
-            dispatch(step, k);
-          else
-            combine(step, k);
-        } else {
+        if (!isKernelStep(step)) {
           host(step);
+          continue;
+        }
+        const PlanKernel &k = kernels.at(next++);
+        switch (k.kind) {
+        case KernelKind::dispatch:
+        case KernelKind::dispatchGemm:
+          dispatch(step, k);
+          break;
+        case KernelKind::combine:
+          combine(step, k);
+          break;
+        case KernelKind::groupedGemm:
+          groupedGemm(step, k);
+          break;
+        case KernelKind::dispatchLayout:
+          dispatchLayout(step, k);
+          break;
+        case KernelKind::gemmCombine: // the plan never has one (the translator does not fuse it)
+          throw std::invalid_argument("gemm_combine steps are not executed by run plans");
         }
       } catch (const std::invalid_argument &e) {
         throw std::invalid_argument(step.op + " at " + step.loc + ": " + e.what());
@@ -137,6 +150,11 @@ private:
                                rows.index[r], step.integer("cols"), step.fields.at("dtype").text())
                 : randomRouting(step.integer("experts"), step.fields.at("masked").real(),
                                 step.integer("seed"), r, rows.index[r], step.integer("topk"));
+        if (step.fields.object.count("row_shape")) { // [rows, D1, D2]
+          t.shape.resize(1);
+          for (const Json &d : step.fields.at("row_shape").list())
+            t.shape.push_back(d.integer());
+        }
         v.tensor.push_back(upload(std::move(t)));
       }
     } else if (step.op == "print") {
@@ -222,7 +240,18 @@ private:
             spec.expanded ? allocate("f32", {capacity}) : allocate("f32", {capacity, K});
       c.hostCounts = allocate("i32", {1 + L});
     }
-    buffer.dispatch(spec, k.dispatchVariant, calls);
+    // The fused dispatch + expert GEMM: the same dispatch, and the GEMM's output.
+    const bool gemm = k.kind == KernelKind::dispatchGemm;
+    std::vector<DispatchGemmCall> gemmCalls;
+    if (gemm) {
+      const Value &experts = at(step.integer("experts"));
+      for (int r = 0; r < R(); ++r)
+        gemmCalls.push_back({calls[r], experts.tensor[r].device,
+                             allocate(step.fields.at("out_dtype").text(), {capacity, k.gemmN})});
+      buffer.dispatchGemm(spec, k.dispatchVariant, gemmCalls);
+    } else {
+      buffer.dispatch(spec, k.dispatchVariant, calls);
+    }
 
     // Read back the handle (an uncached dispatch wrote it) and the rows.
     for (int r = 0; r < R() && !cached; ++r) {
@@ -267,8 +296,73 @@ private:
       checked[r] = std::move(rec);
     }
     at(step.integer("handle")).handle = handle;
+    std::vector<GemmRecord> products;
+    for (int r = 0; r < R() && gemm; ++r) {
+      RankTensor out = received(gemmCalls[r].gemmOut, checked[r].recvX.rows());
+      products.push_back({checked[r].recvX, at(step.integer("experts")).tensor[r].host, out.host});
+      at(step.integer("result")).tensor.push_back(std::move(out));
+    }
+    if (options.check) {
+      std::vector<std::string> problems =
+          checkDispatch(spec, weights, k.dispatchVariant.zeroPadding, checked);
+      if (gemm)
+        for (std::string &p : checkGroupedGemm(spec, checked, products))
+          problems.push_back(std::move(p));
+      report(step, problems);
+    }
+  }
+
+  void groupedGemm(const RunStep &step, const PlanKernel &k) {
+    const Value &x = at(step.integer("x")), &weights = at(step.integer("weights"));
+    std::shared_ptr<HandleValue> handle = at(step.integer("handle")).handle;
+    std::vector<GroupedGemmCall> calls(static_cast<size_t>(R()));
+    for (int r = 0; r < R(); ++r) {
+      const int64_t rows = x.tensor[r].device.shape[0];
+      // Padding rows stay as allocated: zero.
+      calls[r] = {x.tensor[r].device, weights.tensor[r].device,
+                  allocate(k.gemmOutDtype, {rows, k.gemmN}),
+                  handle->device[r].psumNumRecvTokensPerExpert};
+    }
+    buffer.groupedGemm(k.spec, calls);
+    std::vector<GemmRecord> products;
+    for (int r = 0; r < R(); ++r) {
+      RankTensor out = received(calls[r].out, calls[r].out.shape[0]);
+      products.push_back({x.tensor[r].host, weights.tensor[r].host, out.host});
+      Value &result = at(step.integer("result"));
+      result.receivedBy = x.receivedBy; // rows of the dispatch: printed in canonical order
+      result.tensor.push_back(std::move(out));
+    }
     if (options.check)
-      report(step, checkDispatch(spec, weights, k.dispatchVariant.zeroPadding, checked));
+      report(step, checkGroupedGemm(k.spec, handle->records, products));
+  }
+
+  void dispatchLayout(const RunStep &step, const PlanKernel &k) {
+    const EPSpec &spec = k.spec;
+    const Value &idx = at(step.integer("topk_idx"));
+    std::vector<LayoutCall> calls(static_cast<size_t>(R()));
+    for (int r = 0; r < R(); ++r) {
+      const DeviceTensor &routing = idx.tensor[r].device;
+      calls[r] = {routing, allocate("i32", {spec.ranks}), allocate("i32", {spec.experts}),
+                  allocate("i1", {routing.shape[0], spec.ranks})};
+    }
+    buffer.dispatchLayout(spec, calls);
+    std::vector<LayoutRecord> checked(static_cast<size_t>(R()));
+    for (int r = 0; r < R(); ++r) {
+      const LayoutCall &c = calls[r];
+      LayoutRecord &rec = checked[r];
+      rec.topkIdx = idx.tensor[r].host;
+      rec.perRank = downloadInts(c.numTokensPerRank, spec.ranks);
+      rec.perExpert = downloadInts(c.numTokensPerExpert, spec.experts);
+      RankTensor inRank = received(c.isTokenInRank, c.isTokenInRank.shape[0]);
+      rec.inRank = inRank.host;
+      at(step.integer("num_tokens_per_rank"))
+          .tensor.push_back(received(c.numTokensPerRank, spec.ranks));
+      at(step.integer("num_tokens_per_expert"))
+          .tensor.push_back(received(c.numTokensPerExpert, spec.experts));
+      at(step.integer("is_token_in_rank")).tensor.push_back(std::move(inRank));
+    }
+    if (options.check)
+      report(step, checkDispatchLayout(spec, checked));
   }
 
   void combine(const RunStep &step, const PlanKernel &k) {

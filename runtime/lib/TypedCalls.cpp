@@ -56,6 +56,21 @@ KernelHost::Plan KernelHost::planDispatchGemm(const EPSpec &spec, const Dispatch
               records, blocks, stream, std::move(slotNames));
 }
 
+KernelHost::Plan KernelHost::planDispatchLayout(const EPSpec &spec,
+                                                const std::vector<LayoutCall> &calls, int blocks,
+                                                void *stream, std::vector<std::string> slotNames) {
+  checkWorld(spec, calls.size());
+  std::vector<ParamRecord> records =
+      recordsOf(calls, [&](const LayoutCall &call) { return layoutRecord(spec, call); });
+  const std::string &idx = calls.front().topkIdx.dtype;
+  for (const LayoutCall &call : calls)
+    if (call.topkIdx.dtype != idx)
+      throw std::invalid_argument("topk_idx: every rank's must have one dtype (" + idx + " and " +
+                                  call.topkIdx.dtype + ")");
+  return plan(dispatchLayoutRequest(spec, std::stoi(idx.substr(1))), records, blocks, stream,
+              std::move(slotNames));
+}
+
 KernelHost::Plan KernelHost::planGemmCombine(const EPSpec &spec, int biases,
                                              const std::vector<GemmCombineCall> &calls, int blocks,
                                              void *stream, std::vector<std::string> slotNames) {
@@ -92,6 +107,17 @@ KernelHost::Run KernelHost::combine(const EPSpec &spec, const CombineVariant &va
                                     const std::vector<CombineCall> &calls, void *stream,
                                     int blocks) {
   return launchAndWait(planCombine(spec, variant, calls, blocks, stream).prepared(), stream);
+}
+
+KernelHost::Run KernelHost::dispatchGemm(const EPSpec &spec, const DispatchVariant &variant,
+                                         const std::vector<DispatchGemmCall> &calls, void *stream,
+                                         int blocks) {
+  return launchAndWait(planDispatchGemm(spec, variant, calls, blocks, stream).prepared(), stream);
+}
+
+KernelHost::Run KernelHost::dispatchLayout(const EPSpec &spec, const std::vector<LayoutCall> &calls,
+                                           void *stream, int blocks) {
+  return launchAndWait(planDispatchLayout(spec, calls, blocks, stream).prepared(), stream);
 }
 
 KernelHost::Run KernelHost::groupedGemm(const EPSpec &spec,

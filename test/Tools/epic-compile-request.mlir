@@ -32,6 +32,8 @@
 // RUN:   | FileCheck %s --match-full-lines --check-prefix=GEMM-COMBINE-2-BIASES-F16
 // RUN: epic-compile --request=%S/Inputs/requests/gemm-combine.json --print-entry-ir \
 // RUN:   | FileCheck %s --match-full-lines --check-prefix=GEMM-COMBINE
+// RUN: epic-compile --request=%S/Inputs/requests/dispatch-layout-i32.json --print-entry-ir \
+// RUN:   | FileCheck %s --match-full-lines --check-prefix=DISPATCH-LAYOUT-I32
 // RUN: epic-compile --request=%S/Inputs/requests/grouped-gemm-f16.json --print-entry-ir \
 // RUN:   | FileCheck %s --match-full-lines --check-prefix=GROUPED-GEMM-F16
 // RUN: epic-compile --request=%S/Inputs/requests/grouped-gemm-f32.json --print-entry-ir \
@@ -153,6 +155,15 @@
 // GROUPED-GEMM-F16-NEXT:     return %0 : tensor<?x256xf16>
 // GROUPED-GEMM-F16-NEXT:   }
 // GROUPED-GEMM-F16-NEXT: }
+
+// The dispatch layout counts a routing table: of the dispatch section only its index width.
+// DISPATCH-LAYOUT-I32:      #ep_config = #ep.config<ranks = 8, experts = 64, topk = 6, hidden = 512, dtype = bf16>
+// DISPATCH-LAYOUT-I32-NEXT: module {
+// DISPATCH-LAYOUT-I32-NEXT:   func.func @ep_dispatch_layout(%arg0: tensor<?x6xi32>) -> (tensor<8xi32>, tensor<64xi32>, tensor<?x8xi1>) {
+// DISPATCH-LAYOUT-I32-NEXT:     %num_tokens_per_rank, %num_tokens_per_expert, %is_token_in_rank = ep.dispatch_layout %arg0 config #ep_config : tensor<?x6xi32> -> tensor<8xi32>, tensor<64xi32>, tensor<?x8xi1>
+// DISPATCH-LAYOUT-I32-NEXT:     return %num_tokens_per_rank, %num_tokens_per_expert, %is_token_in_rank : tensor<8xi32>, tensor<64xi32>, tensor<?x8xi1>
+// DISPATCH-LAYOUT-I32-NEXT:   }
+// DISPATCH-LAYOUT-I32-NEXT: }
 
 // GROUPED-GEMM-F32:      #ep_config = #ep.config<ranks = 8, experts = 256, topk = 8, hidden = 7168, dtype = bf16, expert_alignment = 128, layout = expanded>
 // GROUPED-GEMM-F32-NEXT: module {

@@ -195,7 +195,8 @@ TEST(KernelRequest, VersionNameAndKindAreChecked) {
   EXPECT_EQ(std::string(kindName(KernelKind::groupedGemm)), "grouped_gemm");
   EXPECT_EQ(std::string(defaultEntryName(KernelKind::dispatchGemm)), "ep_dispatch_gemm");
   EXPECT_EQ(refusal([] { kindNamed("gather"); }),
-            "kind must be dispatch, combine, grouped_gemm, dispatch_gemm or gemm_combine, got "
+            "kind must be dispatch, combine, grouped_gemm, dispatch_gemm, gemm_combine or "
+            "dispatch_layout, got "
             "\"gather\"");
 }
 

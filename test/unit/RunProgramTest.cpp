@@ -410,7 +410,7 @@ func.func @main() {
   KernelProvider provider(cache, {"virtual", "sm_90", ""});
   RunPlan plan = RunPlan::parse(provider.runPlan(program));
   ASSERT_EQ(plan.kernels().size(), 2u);
-  EXPECT_TRUE(plan.kernels()[0].dispatch);
+  EXPECT_EQ(plan.kernels()[0].kind, KernelKind::dispatch);
   EXPECT_EQ(plan.kernels()[0].spec.hidden, 64);
   EXPECT_EQ(plan.kernels()[1].request().kind, KernelKind::combine);
   EXPECT_NE(plan.kernels()[1].request().json().find(R"("combine":{"weights":false,"biases":0})"),

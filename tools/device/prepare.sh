@@ -25,8 +25,9 @@ done
 "$build/bin/epic-compile" test/Pipelines/ep-v3-to-ptx.mlir --backend=virtual -o "$out/kernels/ep_v3_virtual"
 # The kernel cache of the runtime's GPU test (the GPU machine has no compiler).
 EPIC_CACHE_DIR="$out/cache" "$build/bin/epic-prepare-gpu-kernels"
-# The run plans and kernels of the epic-run programs (examples/run, and one NCCL rank).
-for program in examples/run/*.mlir; do
+# The run plans and kernels of the epic-run programs (examples/run, the whole MoE layer of
+# examples/mlir/moe_layer.mlir, and one NCCL rank).
+for program in examples/run/*.mlir examples/mlir/moe_layer.mlir; do
   "$build/bin/epic-run" "$program" --compile-only --cache-dir="$out/cache" > /dev/null
 done
 "$build/bin/epic-run" test/gpu/run_nccl_one_rank.mlir --backend=nccl --compile-only \

@@ -61,7 +61,7 @@ EPIC_CACHE_DIR="$dev/cache" EPIC_DEBUG=1 run /tmp/epic-gpu/runtime/bin/epic-runt
 EPIC_CACHE_DIR="$dev/cache" run bash -c "/tmp/epic-gpu/runtime/bin/epic-runtime-gpu-test disagree \
   2>&1 | tee /tmp/epic-gpu/disagree.log; grep -q 'rank [01] and rank [01] disagree' /tmp/epic-gpu/disagree.log \
   && grep -q 'the launch failed as it must' /tmp/epic-gpu/disagree.log"
-for program in examples/run/*.mlir; do
+for program in examples/run/*.mlir examples/mlir/moe_layer.mlir; do
   run /tmp/epic-gpu/runtime/bin/epic-run "$program" --check --cache-dir="$dev/cache"
 done
 run /tmp/epic-gpu/runtime/bin/epic-run test/gpu/run_nccl_one_rank.mlir --backend=nccl --check \

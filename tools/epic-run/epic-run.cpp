@@ -126,8 +126,8 @@ int run(const Options &o) {
     const char *source = r.source == KernelCache::Source::compiled ? "compiled"
                          : r.source == KernelCache::Source::disk   ? "loaded"
                                                                    : "in memory";
-    std::printf("kernels of ep.%s at %s: %s in %.3f s (%s)\n", k.dispatch ? "dispatch" : "combine",
-                k.loc.c_str(), source, r.seconds, r.key.c_str());
+    std::printf("kernels of ep.%s at %s: %s in %.3f s (%s)\n", kindName(k.kind), k.loc.c_str(),
+                source, r.seconds, r.key.c_str());
   }
   if (o.compileOnly) {
     std::printf("epic-run: plan and kernels are in %s\n", cache.directory().c_str());

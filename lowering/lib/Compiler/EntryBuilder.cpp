@@ -75,6 +75,7 @@ private:
   LogicalResult buildGroupedGemm();
   LogicalResult buildDispatchGemm();
   LogicalResult buildGemmCombine();
+  LogicalResult buildDispatchLayout();
 
   const EntryRequest &request;
   Location loc;
@@ -133,6 +134,25 @@ LogicalResult EntryBuilder::buildDispatch() {
       builder, loc, config, argument(func, x), argument(func, topkIdx), argument(func, scales),
       argument(func, weights), argument(func, cached), variant.zeroPadding);
   finish(func, dispatch->getResults());
+  return success();
+}
+
+LogicalResult EntryBuilder::buildDispatchLayout() {
+  const EntryRequest::Dispatch &variant = request.dispatch;
+  if (failed(checkTopkIdxBits(variant.topkIdxBits)))
+    return failure();
+  Signature signature;
+  int topkIdx = signature.add(rows(config.getTopk(), builder.getIntegerType(variant.topkIdxBits)));
+  func::FuncOp func = begin(signature);
+  MLIRContext *ctx = builder.getContext();
+  Type i32 = builder.getI32Type();
+  auto layout = epic::ep::DispatchLayoutOp::create(
+      builder, loc, RankedTensorType::get({int64_t(config.getRanks())}, i32),
+      RankedTensorType::get({int64_t(config.getExperts())}, i32),
+      RankedTensorType::get({ShapedType::kDynamic, int64_t(config.getRanks())},
+                            IntegerType::get(ctx, 1)),
+      config, argument(func, topkIdx));
+  finish(func, layout->getResults());
   return success();
 }
 
@@ -264,6 +284,9 @@ OwningOpRef<ModuleOp> EntryBuilder::build() {
     break;
   case KernelKind::gemmCombine:
     built = buildGemmCombine();
+    break;
+  case KernelKind::dispatchLayout:
+    built = buildDispatchLayout();
     break;
   }
   if (failed(built))

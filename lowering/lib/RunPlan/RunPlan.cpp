@@ -258,7 +258,14 @@ private:
       if (failed(world(op, config)) || failed(requireI64(op, fused.getTopkIdx(), "topk_idx")))
         return failure();
       auto out = cast<ShapedType>(fused.getResult().getType());
+      // The dispatch's fields (a fused dispatch takes no scale packs and is
+      // never cached), then the GEMM's.
       json::Object step{{"spec", epic::configJson(config)},
+                        {"cached", false},
+                        {"cached_handle", -1},
+                        {"scale_packs", -1},
+                        {"recv_scale_packs", -1},
+                        {"recv_topk_idx", -1},
                         {"zero_padding", fused.getZeroPadding()},
                         {"x", use(fused.getX())},
                         {"topk_idx", use(fused.getTopkIdx())},

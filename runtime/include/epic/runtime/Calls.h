@@ -111,6 +111,14 @@ struct GroupedGemmCall {
   DeviceTensor psumNumRecvTokensPerExpert; ///< i32 [L], the handle's
 };
 
+/// ep.dispatch_layout (DeepEP's get_dispatch_layout) of one rank's routing.
+struct LayoutCall {
+  DeviceTensor topkIdx;            ///< [T, K] integer expert ids, -1 = none
+  DeviceTensor numTokensPerRank;   ///< i32 [R]
+  DeviceTensor numTokensPerExpert; ///< i32 [E]
+  DeviceTensor isTokenInRank;      ///< i1 [T, R], a byte each
+};
+
 /// An expanded dispatch fused with the expert GEMM on its rows.
 struct DispatchGemmCall {
   DispatchCall dispatch;
@@ -183,6 +191,8 @@ ParamRecord combineRecord(const EPSpec &spec, const CombineVariant &variant,
 /// The grouped GEMM's record (x, weights, out, the prefix sums, num_rows); its
 /// "tensor_maps" field is the runtime's (KernelHost::prepare encodes them).
 ParamRecord groupedGemmRecord(const EPSpec &spec, const GroupedGemmCall &call);
+/// The dispatch layout's record (the routing, its token count, the outputs).
+ParamRecord layoutRecord(const EPSpec &spec, const LayoutCall &call);
 /// The fused entry's record: the dispatch's, then "experts" and "gemm_out".
 ParamRecord dispatchGemmRecord(const EPSpec &spec, const DispatchVariant &variant,
                                const DispatchGemmCall &call);

@@ -161,6 +161,10 @@ public:
   Plan planGroupedGemm(const EPSpec &spec, const std::vector<GroupedGemmCall> &calls,
                        int blocks = 0, void *stream = nullptr,
                        std::vector<std::string> slotNames = {});
+  /// ep.dispatch_layout (DeepEP's get_dispatch_layout) of each served rank's
+  /// routing: no communication, two small kernels.
+  Plan planDispatchLayout(const EPSpec &spec, const std::vector<LayoutCall> &calls, int blocks = 0,
+                          void *stream = nullptr, std::vector<std::string> slotNames = {});
   /// An expanded dispatch and the expert GEMM on its rows, fused by the
   /// compiler (ep-fuse-dispatch-gemm): GEMM tiles start as their rows land.
   Plan planDispatchGemm(const EPSpec &spec, const DispatchVariant &variant,
@@ -182,6 +186,11 @@ public:
               const std::vector<CombineCall> &calls, void *stream = nullptr, int blocks = 0);
   Run groupedGemm(const EPSpec &spec, const std::vector<GroupedGemmCall> &calls,
                   void *stream = nullptr, int blocks = 0);
+  Run dispatchGemm(const EPSpec &spec, const DispatchVariant &variant,
+                   const std::vector<DispatchGemmCall> &calls, void *stream = nullptr,
+                   int blocks = 0);
+  Run dispatchLayout(const EPSpec &spec, const std::vector<LayoutCall> &calls,
+                     void *stream = nullptr, int blocks = 0);
 
   /// Every rank's work queued on `stream` before the barrier happens before
   /// any rank's work queued after it (DeepEP's barrier). No host wait.

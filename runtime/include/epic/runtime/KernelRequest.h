@@ -118,6 +118,9 @@ KernelRequest dispatchGemmRequest(const EPSpec &spec, const DispatchVariant &var
 /// output an ep.combine with `biases` sums: the compiler fuses the pair
 /// (ep-fuse-gemm-combine).
 KernelRequest gemmCombineRequest(const EPSpec &spec, int biases, std::string name = "");
+/// ep.dispatch_layout of a routing table of `topkIdxBits`-bit expert ids.
+KernelRequest dispatchLayoutRequest(const EPSpec &spec, int topkIdxBits = 64,
+                                    std::string name = "");
 
 } // namespace epic::runtime
 

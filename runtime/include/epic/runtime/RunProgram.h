@@ -37,10 +37,12 @@ struct RunStep {
 
 /// An ep op of the plan with what its kernels are specialized on.
 struct PlanKernel {
-  bool dispatch = true;
+  KernelKind kind = KernelKind::dispatch;
   EPSpec spec;
   DispatchVariant dispatchVariant;
   CombineVariant combineVariant;
+  int64_t gemmN = 0;        ///< grouped_gemm, dispatch_gemm: N of the expert weights
+  std::string gemmOutDtype; ///< and the GEMM's output dtype
   std::string loc;
   /// The kernels the runtime asks for it.
   KernelRequest request() const;
@@ -58,6 +60,9 @@ struct RunPlan {
   /// The ep ops, in program order.
   std::vector<PlanKernel> kernels() const;
 };
+
+/// Whether `step` runs an ep op's kernels (one PlanKernel each, in order).
+bool isKernelStep(const RunStep &step);
 
 /// `rows` x `cols` values of `dtype`: `normal` N(0, scale^2) or `uniform`
 /// [0, scale), from a counter-based generator of (seed, rank, element).
