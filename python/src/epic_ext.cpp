@@ -197,6 +197,11 @@ const std::vector<Slot<GroupedGemmCall>> kGroupedGemmSlots = {
     EPIC_SLOT(GroupedGemmCall, "x", x), EPIC_SLOT(GroupedGemmCall, "weights", weights),
     EPIC_SLOT(GroupedGemmCall, "out", out),
     EPIC_SLOT(GroupedGemmCall, "psum_num_recv_tokens_per_expert", psumNumRecvTokensPerExpert)};
+const std::vector<Slot<LayoutCall>> kLayoutSlots = {
+    EPIC_SLOT(LayoutCall, "topk_idx", topkIdx),
+    EPIC_SLOT(LayoutCall, "num_tokens_per_rank", numTokensPerRank),
+    EPIC_SLOT(LayoutCall, "num_tokens_per_expert", numTokensPerExpert),
+    EPIC_SLOT(LayoutCall, "is_token_in_rank", isTokenInRank)};
 #undef EPIC_HANDLE_SLOTS_AFTER_IDS
 #undef EPIC_SLOT
 
@@ -374,6 +379,13 @@ py::object planOrCheck(KernelHost *host, const std::string &kind, const py::dict
       });
     return check(
         c, [&](const GemmCombineCall &call) { return gemmCombineRecord(s, biases, call); }, [] {});
+  }
+  case KernelKind::dispatchLayout: {
+    auto c = callsFrom(calls, kLayoutSlots, offDevice);
+    if (host)
+      return plan(
+          [&] { return host->planDispatchLayout(s, c, blocks, stream, slotNames(kLayoutSlots)); });
+    return check(c, [&](const LayoutCall &call) { return layoutRecord(s, call); }, [] {});
   }
   }
   invalid("unknown kind \"" + kind + "\"");
@@ -675,6 +687,8 @@ PYBIND11_MODULE(_C, m) {
           return slotNames(kDispatchGemmSlots);
         if (kind == "gemm_combine")
           return slotNames(kGemmCombineSlots);
+        if (kind == "dispatch_layout")
+          return slotNames(kLayoutSlots);
         invalid("no op kind \"" + kind + "\"");
       },
       py::arg("kind"), "The tensor slots of an op's calls, in the order a plan binds them.");
