@@ -596,24 +596,37 @@ std::vector<std::string> epic::runtime::checkGroupedGemm(const EPSpec &spec,
   for (size_t r = 0; r < ranks.size(); ++r) {
     const GemmRecord &g = ranks[r];
     const int64_t N = g.weights.shape.at(2);
+    // Decoded once (HostTensor::at reads one element of any dtype: too slow for a GEMM).
+    auto decode = [](const HostTensor &t) {
+      std::vector<double> values(t.data.size() / size_t(dtypeBytes(t.dtype)));
+      for (size_t i = 0; i < values.size(); ++i)
+        values[i] = t.at(int64_t(i));
+      return values;
+    };
+    const std::vector<double> x = decode(g.x), weights = decode(g.weights);
     std::vector<bool> expertRow(size_t(g.out.rows()), false);
+    std::vector<double> want(static_cast<size_t>(N), 0.0);
     int64_t end = 0;
     for (int64_t e = 0; e < w.L; ++e) {
       // Expert e's rows: [align(psum[e - 1]), psum[e]) of the expanded layout.
       const int64_t start = w.align(end);
       end = handles[r].psumRecvPerExpert.at(size_t(e));
+      const double *we = weights.data() + size_t(e * H * N);
       for (int64_t row = start; row < end && row < g.out.rows(); ++row) {
         expertRow[size_t(row)] = true;
+        std::fill(want.begin(), want.end(), 0.0);
+        for (int64_t h = 0; h < H; ++h) {
+          const double xv = x[size_t(row * H + h)];
+          for (int64_t n = 0; n < N; ++n)
+            want[size_t(n)] += xv * we[h * N + n];
+        }
         for (int64_t n = 0; n < N; ++n) {
-          double want = 0;
-          for (int64_t h = 0; h < H; ++h)
-            want += g.x.at(row * H + h) * g.weights.at((e * H + h) * N + n);
           double got = g.out.at(row * N + n);
           // The kernel sums in fp32 in its own order and rounds once to the output type.
-          if (!(std::abs(got - want) <= 1e-2 + 1.6e-2 * std::abs(want))) {
+          if (!(std::abs(got - want[size_t(n)]) <= 1e-2 + 1.6e-2 * std::abs(want[size_t(n)]))) {
             p.add(where(int64_t(r), "grouped GEMM out", row) + " column " + std::to_string(n) +
                   " (expert " + std::to_string(e) + ") is " + std::to_string(got) + ", expected " +
-                  std::to_string(want));
+                  std::to_string(want[size_t(n)]));
             break;
           }
         }
