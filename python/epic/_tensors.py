@@ -25,6 +25,7 @@ _TORCH_NAMES = {
     "torch.float8_e5m2": "f8E5M2",
     "torch.int32": "i32",
     "torch.int64": "i64",
+    "torch.bool": "i1",
 }
 _NUMPY_NAMES = {
     "bfloat16": "bf16",
@@ -34,8 +35,10 @@ _NUMPY_NAMES = {
     "float8_e5m2": "f8E5M2",
     "int32": "i32",
     "int64": "i64",
+    "bool": "i1",
 }
-_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "f8E4M3FN": 1, "f8E5M2": 1, "i32": 4, "i64": 8}
+_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "f8E4M3FN": 1, "f8E5M2": 1, "i32": 4, "i64": 8,
+          "i1": 1}
 RUNTIME_DTYPES = tuple(_BYTES)
 
 
@@ -70,7 +73,7 @@ def numpy_dtype(name: str):
 
     return {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32,
             "f8E4M3FN": ml_dtypes.float8_e4m3fn, "f8E5M2": ml_dtypes.float8_e5m2,
-            "i32": np.int32, "i64": np.int64}[name]
+            "i32": np.int32, "i64": np.int64, "i1": np.bool_}[name]
 
 
 def torch_dtype(name: str):

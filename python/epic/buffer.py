@@ -598,6 +598,18 @@ class ElasticBuffer:
 
     # --- dispatch --------------------------------------------------------------------------
 
+    def get_dispatch_layout(self, topk_idx, num_experts, previous_event=None,
+                            async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        """DeepEP's layout step (``ep.dispatch_layout`` on the GPU): from each rank's
+        ``topk_idx`` ``[tokens, top-k]`` (-1 = no expert), the tokens it sends to each rank
+        (once per rank however many of its experts live there) and to each expert, and
+        whether token t goes to rank r. Returns ``(num_tokens_per_rank, None,
+        num_tokens_per_expert, is_token_in_rank, event)``: int32 ``[R]``, no RDMA ranks on one
+        node, int32 ``[E]``, bool ``[tokens, R]``.
+        """
+        return _layout.get_dispatch_layout(self, topk_idx, num_experts, previous_event,
+                                           async_finish, allocate_on_comm_stream)
+
     def dispatch(self, x, topk_idx=None, topk_weights=None, cumulative_local_expert_recv_stats=None,
                  num_experts=None, num_max_tokens_per_rank=None, expert_alignment=None,
                  num_sms: int = 0, num_qps: int = 0, previous_event=None,
@@ -718,4 +730,4 @@ def _record(stream):
 
 
 # The calls' implementations use this module's helpers: imported once they exist.
-from . import _combine, _dispatch  # noqa: E402
+from . import _combine, _dispatch, _layout  # noqa: E402

@@ -452,3 +452,20 @@ def test_the_runtime_names_a_missing_variant_field(tmp_path):
     with pytest.raises(ValueError, match=r"missing field 'num_topk'"):
         runtime.kernels({k: v for k, v in spec.items() if k != "num_topk"},
                         dict(weights=False, biases=0), "combine")
+
+
+def test_dispatch_layout_refuses_what_it_cannot_count(buf):
+    """get_dispatch_layout (ep.dispatch_layout's kernels): bad arguments named before any
+    launch; on a machine without a GPU the runtime's checks run and say nothing ran."""
+    idx = [np.array([[0, 1], [3, -1]], np.int64)] * buf.num_ranks
+    experts = 2 * buf.num_ranks
+    with pytest.raises(ValueError, match="num_experts: 3 experts do not split over 4 ranks"):
+        buf.get_dispatch_layout(idx, 3)
+    with pytest.raises(TypeError, match="async_finish: expected a bool"):
+        buf.get_dispatch_layout(idx, experts, async_finish=1)
+    with pytest.raises(TypeError, match=r"topk_idx\[0\]: expected int64 or int32 expert ids"):
+        buf.get_dispatch_layout([i.astype(np.float32) for i in idx], experts)
+    with pytest.raises(ValueError, match=r"topk_idx\[0\]: expected a 2-D tensor \[tokens, top-k\]"):
+        buf.get_dispatch_layout([i[0] for i in idx], experts)
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        buf.get_dispatch_layout(idx, experts)

@@ -122,9 +122,9 @@ if [[ $only == bench ]]; then
   EPIC_CACHE_DIR="$dev/cache" python3 bench/gemm_bench.py --out "$out" 2>&1 | tee "$out/gemm_bench.log"
   exit $(( rc | PIPESTATUS[0] ))
 fi
-# ep.grouped_gemm against torch per expert, and feeding the combine.
+# ep.grouped_gemm against torch per expert, and feeding the combine; ep.dispatch_layout.
 EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run python3 -m pytest -q -p no:cacheprovider \
-  test/gpu/test_grouped_gemm.py
+  test/gpu/test_grouped_gemm.py test/gpu/test_dispatch_layout.py
 # The DSL: kernels compiled here by prepare.sh (DSL + kernel caches), launched by the runtime.
 EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run python3 -m pytest -q -p no:cacheprovider \
   test/gpu/test_dsl.py
