@@ -2,6 +2,23 @@
 // combine); the callee's ops become steps on the caller's values, and the
 // fusion passes run first (the dispatch feeding the GEMM becomes one step).
 // RUN: epic-compile %s --run-plan -o - | FileCheck %s
+// The runtime reads the plan and asks for every step's kernels (no GPU needed):
+// RUN: rm -rf %t.cache && epic-run %s --compile-only --cache-dir=%t.cache \
+// RUN:   | FileCheck %s --check-prefix=KERNELS
+// RUN: epic-run %S/../../examples/run/expert_gemm.mlir --compile-only --cache-dir=%t.cache \
+// RUN:   | FileCheck %s --check-prefix=UNFUSED
+// RUN: epic-run %S/../../examples/mlir/moe_layer.mlir --compile-only --cache-dir=%t.cache \
+// RUN:   | FileCheck %s --check-prefix=LAYER
+
+// KERNELS: kernels of ep.dispatch_layout at {{.*}}: compiled
+// KERNELS-NEXT: kernels of ep.dispatch_gemm at {{.*}}: compiled
+// KERNELS-NEXT: kernels of ep.combine at {{.*}}: compiled
+// UNFUSED: kernels of ep.dispatch at {{.*}}: compiled
+// UNFUSED-NEXT: kernels of ep.dispatch at {{.*}}: compiled
+// UNFUSED-NEXT: kernels of ep.grouped_gemm at {{.*}}: compiled
+// LAYER: kernels of ep.dispatch_layout at {{.*}}moe_layer.mlir:{{[0-9]+}}:{{[0-9]+}}: compiled
+// LAYER-NEXT: kernels of ep.dispatch_gemm at
+// LAYER-NEXT: kernels of ep.combine at
 
 #cfg = #ep.config<ranks = 2, experts = 4, topk = 2, hidden = 128, dtype = bf16,
                   expert_alignment = 16, layout = expanded, max_tokens_per_rank = 32>
