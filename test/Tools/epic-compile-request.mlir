@@ -2,8 +2,8 @@
 // with, runtime/include/epic/runtime/KernelRequest.def), one request of every kind and variant:
 // FP8 with scale packs, weights, cached, zero padding, 0/1/2 biases, i16/i32/i64 top-k ids, the
 // GPU timeout, other entry names, and the static token cap only where the fused GEMM entries
-// keep it. The expected lines are what the runtime's entry IR text (runtime/lib/EntryIR.cpp,
-// removed with issue 20) parsed and printed to, so the kernels are the ones it compiled to
+// keep it. The expected lines are what the entry IR text the runtime used to print (before
+// kernel requests) parsed and printed to, so the kernels are the ones it compiled to
 // (tools/kernel_snapshot.sh compares their PTX).
 
 // RUN: epic-compile --request=%S/Inputs/requests/combine-expanded-1-bias.json --print-entry-ir \
