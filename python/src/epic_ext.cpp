@@ -385,7 +385,9 @@ py::object planOrCheck(KernelHost *host, const std::string &kind, const py::dict
     if (host)
       return plan(
           [&] { return host->planDispatchLayout(s, c, blocks, stream, slotNames(kLayoutSlots)); });
-    return check(c, [&](const LayoutCall &call) { return layoutRecord(s, call); }, [] {});
+    return check(
+        c, [&](const LayoutCall &call) { return layoutRecord(s, call); },
+        [&] { checkRanksAgree(c, "topk_idx's dtype", layoutOperands); });
   }
   }
   invalid("unknown kind \"" + kind + "\"");

@@ -572,7 +572,7 @@ std::vector<std::string> epic::runtime::checkDispatchLayout(const EPSpec &spec,
                        const std::vector<int32_t> &want) {
       for (size_t i = 0; i < want.size(); ++i)
         if (i >= got.size() || got[i] != want[i])
-          p.add("rank " + std::to_string(r) + ": " + name + "[" + std::to_string(i) + "] is " +
+          p.add(where(int64_t(r), name, int64_t(i)) + " is " +
                 (i < got.size() ? std::to_string(got[i]) : std::string("missing")) + ", expected " +
                 std::to_string(want[i]));
     };
@@ -593,16 +593,16 @@ std::vector<std::string> epic::runtime::checkGroupedGemm(const EPSpec &spec,
     p.add("expected one handle per grouped GEMM record");
     return p.result();
   }
+  // Decoded once (HostTensor::at reads one element of any dtype: too slow for a GEMM).
+  auto decode = [](const HostTensor &t) {
+    std::vector<double> values(t.data.size() / size_t(dtypeBytes(t.dtype)));
+    for (size_t i = 0; i < values.size(); ++i)
+      values[i] = t.at(int64_t(i));
+    return values;
+  };
   for (size_t r = 0; r < ranks.size(); ++r) {
     const GemmRecord &g = ranks[r];
     const int64_t N = g.weights.shape.at(2);
-    // Decoded once (HostTensor::at reads one element of any dtype: too slow for a GEMM).
-    auto decode = [](const HostTensor &t) {
-      std::vector<double> values(t.data.size() / size_t(dtypeBytes(t.dtype)));
-      for (size_t i = 0; i < values.size(); ++i)
-        values[i] = t.at(int64_t(i));
-      return values;
-    };
     const std::vector<double> x = decode(g.x), weights = decode(g.weights);
     std::vector<bool> expertRow(size_t(g.out.rows()), false);
     std::vector<double> want(static_cast<size_t>(N), 0.0);

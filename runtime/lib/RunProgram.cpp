@@ -72,7 +72,7 @@ public:
         case KernelKind::dispatchLayout:
           dispatchLayout(step, k);
           break;
-        case KernelKind::gemmCombine: // the plan never has one (the translator does not fuse it)
+        case KernelKind::gemmCombine: // not a step kind: RunPlan::parse refuses it
           throw std::invalid_argument("gemm_combine steps are not executed by run plans");
         }
       } catch (const std::invalid_argument &e) {
@@ -246,8 +246,8 @@ private:
     if (gemm) {
       const Value &experts = at(step.integer("experts"));
       for (int r = 0; r < R(); ++r)
-        gemmCalls.push_back({calls[r], experts.tensor[r].device,
-                             allocate(step.fields.at("out_dtype").text(), {capacity, k.gemmN})});
+        gemmCalls.push_back(
+            {calls[r], experts.tensor[r].device, allocate(k.gemmOutDtype, {capacity, k.gemmN})});
       buffer.dispatchGemm(spec, k.dispatchVariant, gemmCalls);
     } else {
       buffer.dispatch(spec, k.dispatchVariant, calls);
@@ -349,16 +349,14 @@ private:
     std::vector<LayoutRecord> checked(static_cast<size_t>(R()));
     for (int r = 0; r < R(); ++r) {
       const LayoutCall &c = calls[r];
-      LayoutRecord &rec = checked[r];
-      rec.topkIdx = idx.tensor[r].host;
-      rec.perRank = downloadInts(c.numTokensPerRank, spec.ranks);
-      rec.perExpert = downloadInts(c.numTokensPerExpert, spec.experts);
+      RankTensor perRank = received(c.numTokensPerRank, spec.ranks);
+      RankTensor perExpert = received(c.numTokensPerExpert, spec.experts);
       RankTensor inRank = received(c.isTokenInRank, c.isTokenInRank.shape[0]);
-      rec.inRank = inRank.host;
-      at(step.integer("num_tokens_per_rank"))
-          .tensor.push_back(received(c.numTokensPerRank, spec.ranks));
-      at(step.integer("num_tokens_per_expert"))
-          .tensor.push_back(received(c.numTokensPerExpert, spec.experts));
+      const int32_t *ranks = perRank.host.as<int32_t>(), *experts = perExpert.host.as<int32_t>();
+      checked[r] = {idx.tensor[r].host, std::vector<int32_t>(ranks, ranks + spec.ranks),
+                    std::vector<int32_t>(experts, experts + spec.experts), inRank.host};
+      at(step.integer("num_tokens_per_rank")).tensor.push_back(std::move(perRank));
+      at(step.integer("num_tokens_per_expert")).tensor.push_back(std::move(perExpert));
       at(step.integer("is_token_in_rank")).tensor.push_back(std::move(inRank));
     }
     if (options.check)

@@ -62,12 +62,9 @@ KernelHost::Plan KernelHost::planDispatchLayout(const EPSpec &spec,
   checkWorld(spec, calls.size());
   std::vector<ParamRecord> records =
       recordsOf(calls, [&](const LayoutCall &call) { return layoutRecord(spec, call); });
-  const std::string &idx = calls.front().topkIdx.dtype;
-  for (const LayoutCall &call : calls)
-    if (call.topkIdx.dtype != idx)
-      throw std::invalid_argument("topk_idx: every rank's must have one dtype (" + idx + " and " +
-                                  call.topkIdx.dtype + ")");
-  return plan(dispatchLayoutRequest(spec, std::stoi(idx.substr(1))), records, blocks, stream,
+  checkRanksAgree(calls, "topk_idx's dtype", layoutOperands);
+  const std::string &idx = calls.front().topkIdx.dtype; // i32 or i64 (layoutRecord)
+  return plan(dispatchLayoutRequest(spec, idx == "i32" ? 32 : 64), records, blocks, stream,
               std::move(slotNames));
 }
 

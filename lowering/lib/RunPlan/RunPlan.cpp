@@ -73,7 +73,10 @@ public:
   }
 
 private:
+  /// A new value id for `value`; -1 for an optional result that is absent.
   int64_t define(Value value) {
+    if (!value)
+      return -1;
     int64_t id = int64_t(ids.size());
     ids[value] = id;
     return id;
@@ -194,11 +197,9 @@ private:
                         {"topk_weights", use(dispatch.getTopkWeights())},
                         {"cached_handle", use(dispatch.getCachedHandle())}};
       step["recv_x"] = define(dispatch.getRecvX());
-      step["recv_scale_packs"] =
-          dispatch.getRecvScalePacks() ? define(dispatch.getRecvScalePacks()) : -1;
-      step["recv_topk_idx"] = dispatch.getRecvTopkIdx() ? define(dispatch.getRecvTopkIdx()) : -1;
-      step["recv_topk_weights"] =
-          dispatch.getRecvTopkWeights() ? define(dispatch.getRecvTopkWeights()) : -1;
+      step["recv_scale_packs"] = define(dispatch.getRecvScalePacks());
+      step["recv_topk_idx"] = define(dispatch.getRecvTopkIdx());
+      step["recv_topk_weights"] = define(dispatch.getRecvTopkWeights());
       step["handle"] = define(dispatch.getHandle());
       add(op, "dispatch", std::move(step));
       return success();
@@ -215,8 +216,7 @@ private:
                         {"topk_weights", use(combine.getTopkWeights())},
                         {"biases", std::move(biases)}};
       step["combined_x"] = define(combine.getCombinedX());
-      step["combined_topk_weights"] =
-          combine.getCombinedTopkWeights() ? define(combine.getCombinedTopkWeights()) : -1;
+      step["combined_topk_weights"] = define(combine.getCombinedTopkWeights());
       add(op, "combine", std::move(step));
       return success();
     }
@@ -274,8 +274,7 @@ private:
                         {"n", out.getDimSize(1)},
                         {"out_dtype", debugString(out.getElementType())}};
       step["recv_x"] = define(fused.getRecvX());
-      step["recv_topk_weights"] =
-          fused.getRecvTopkWeights() ? define(fused.getRecvTopkWeights()) : -1;
+      step["recv_topk_weights"] = define(fused.getRecvTopkWeights());
       step["result"] = define(fused.getResult());
       step["handle"] = define(fused.getHandle());
       add(op, "dispatch_gemm", std::move(step));

@@ -55,14 +55,14 @@ FailureOr<int64_t> entryTimeout(func::FuncOp func) {
 }
 
 /// The entry form: `func` holds one ep op with kernels and its return. A
-/// diagnostic otherwise; success with nothing to do for a function without
-/// such an op.
-LogicalResult checkEntryForm(func::FuncOp func) {
+/// diagnostic otherwise; whether `func` has such an op to lower.
+FailureOr<bool> checkEntryForm(func::FuncOp func) {
   Operation *epOp = nullptr;
   bool hasKernelOp = false;
   func.walk([&](ep::KernelOpInterface) { hasKernelOp = true; });
   if (!hasKernelOp)
-    return success();
+    return false;
+  // An ep op nested in a region is reported at the op that holds it.
   for (Operation &op : func.getBody().front()) {
     if (isa<ep::KernelOpInterface>(op)) {
       if (epOp)
@@ -75,10 +75,9 @@ LogicalResult checkEntryForm(func::FuncOp func) {
              << op.getName() << "'";
     }
   }
-  if (!epOp) // an ep op nested in a region of the function
-    return func.emitError("convert-ep-to-comm: an ep op must be alone in its function (the entry "
-                          "form the runtime generates), not nested in a region");
-  return entryTimeout(func);
+  if (failed(entryTimeout(func)))
+    return failure();
+  return true;
 }
 
 /// A hash of what the ranks' kernels must agree on, the same in every
@@ -110,6 +109,7 @@ struct Entry {
 /// What an op lowers to: its kernels (made by `build` into the gpu.module),
 /// their launch, the parameter record they read and the window they need.
 struct KernelPlan {
+  Location loc; ///< the op's: of its kernels and launch
   ep::ConfigAttr cfg;
   SmallVector<std::string> kernels;
   SmallVector<StringRef> fields;
@@ -121,16 +121,20 @@ struct KernelPlan {
   int64_t signature = 0;
   int64_t timeoutMs = 0;
   SmallVector<NamedAttribute> extraMetadata;
-  /// Builds the kernels (the plan passed back: its layout(), its names).
+  /// Builds the kernels (the plan passed back: its loc, layout(), kernel names).
   std::function<void(const KernelPlan &, gpu::GPUModuleOp, const RecordLayout &)> build;
 
   /// The signature hashes the pass's block size even where the op's kernels
   /// launch their own (`threads`): it names the lowering the ranks ran.
   KernelPlan(Operation *op, ep::ConfigAttr cfg, const Entry &entry, unsigned threads)
-      : cfg(cfg), threads(threads), signature(opSignatureOf(op, entry.timeoutMs, entry.threads)),
-        timeoutMs(entry.timeoutMs) {}
+      : loc(op->getLoc()), cfg(cfg), threads(threads),
+        signature(opSignatureOf(op, entry.timeoutMs, entry.threads)), timeoutMs(entry.timeoutMs) {}
 
   RecordLayout record() const { return RecordLayout(fields.size(), tensorMaps); }
+  /// An empty kernel named `kernels[i]` (createKernel) where `b` points.
+  gpu::GPUFuncOp kernel(OpBuilder &b, size_t i, bool sharedFlag) const {
+    return createKernel(b, loc, kernels[i], sharedFlag);
+  }
   /// The layout the kernels see, with the entry's timeout and record.
   EPLayout layout(unsigned idxBits, const RecordLayout &record, int64_t tmaxField) const {
     EPLayout layout(cfg, idxBits);
@@ -153,10 +157,15 @@ struct KernelPlan {
   }
 };
 
-/// The grouped GEMM of a configuration's local experts: hidden x `n`
-/// weights, rows of `lhs`, results of `out`.
-epic::detail::GroupedGemmShape gemmShapeOf(ep::ConfigAttr cfg, int64_t n, Type lhs, Type out) {
-  return {cfg.getHidden(), n, cfg.getNumLocalExperts(), cfg.getExpertAlignment(), lhs, out};
+/// The grouped GEMM of `op`'s local experts: hidden x `n` weights, rows of
+/// `lhs`, results of `out`; a diagnostic on `op` if the kernel cannot tile it.
+FailureOr<epic::detail::GroupedGemmShape> gemmShapeOf(Operation *op, ep::ConfigAttr cfg, int64_t n,
+                                                      Type lhs, Type out) {
+  epic::detail::GroupedGemmShape shape{cfg.getHidden(),          n,   cfg.getNumLocalExperts(),
+                                       cfg.getExpertAlignment(), lhs, out};
+  if (failed(epic::detail::checkGroupedGemmShape(op, shape)))
+    return failure();
+  return shape;
 }
 
 /// Builds `plan`'s kernels into the module's gpu.module and replaces `func`
@@ -164,7 +173,7 @@ epic::detail::GroupedGemmShape gemmShapeOf(ep::ConfigAttr cfg, int64_t n, Type l
 void emitLaunch(func::FuncOp func, ep::KernelOpInterface op, const KernelPlan &plan,
                 ConversionPatternRewriter &rewriter) {
   MLIRContext *ctx = func.getContext();
-  Location loc = op->getLoc();
+  Location loc = plan.loc;
   const RecordLayout record = plan.record();
   auto kernelModule = SymbolTable::lookupNearestSymbolFrom<gpu::GPUModuleOp>(
       func, StringAttr::get(ctx, kKernelModule));
@@ -278,13 +287,12 @@ struct DispatchLayoutOpLowering : KernelOpLowering<ep::DispatchLayoutOp> {
     plan.fields = fieldNames(kLayoutFields);
     plan.cooperative = false; // nothing waits
     plan.windowBytes = 0;     // nothing crosses ranks
-    Location loc = op.getLoc();
-    plan.build = [idxBits, loc](const KernelPlan &plan, gpu::GPUModuleOp module,
-                                const RecordLayout &record) {
+    plan.build = [idxBits](const KernelPlan &plan, gpu::GPUModuleOp module,
+                           const RecordLayout &record) {
       EPLayout layout = plan.layout(idxBits, record, kLNumTokens);
       OpBuilder b = kernelInsertionPoint(module);
-      buildLayoutZero(createKernel(b, loc, plan.kernels[0], false), layout);
-      buildLayoutCount(createKernel(b, loc, plan.kernels[1], false), layout);
+      buildLayoutZero(plan.kernel(b, 0, false), layout);
+      buildLayoutCount(plan.kernel(b, 1, false), layout);
     };
     return plan;
   }
@@ -311,18 +319,16 @@ struct DispatchOpLowering : KernelOpLowering<ep::DispatchOp> {
     } else {
       plan.kernels = {entry.name + "_send", entry.name + "_copy"};
     }
-    Location loc = dispatch.getLoc();
-    plan.build = [idxBits, shape, scatter, loc](const KernelPlan &plan, gpu::GPUModuleOp module,
-                                                const RecordLayout &record) {
-      const auto &names = plan.kernels;
+    plan.build = [idxBits, shape, scatter](const KernelPlan &plan, gpu::GPUModuleOp module,
+                                           const RecordLayout &record) {
       EPLayout layout = plan.layout(idxBits, record, kDispatchMaxTokens);
       OpBuilder b = kernelInsertionPoint(module);
       if (scatter) {
-        buildDispatchScatter(createKernel(b, loc, names[0], false), layout, shape);
+        buildDispatchScatter(plan.kernel(b, 0, false), layout, shape);
         return;
       }
-      buildDispatchSend(createKernel(b, loc, names[0], true), layout, shape);
-      buildDispatchCopy(createKernel(b, loc, names[1], false), layout, shape);
+      buildDispatchSend(plan.kernel(b, 0, true), layout, shape);
+      buildDispatchCopy(plan.kernel(b, 1, false), layout, shape);
     };
     return plan;
   }
@@ -341,15 +347,13 @@ struct CombineOpLowering : KernelOpLowering<ep::CombineOp> {
                        static_cast<unsigned>(combine.getBiases().size()), plan.cfg.isExpanded()};
     plan.kernels = {entry.name + "_send", entry.name + "_reduce"};
     plan.fields = fieldNames(kCombineFields);
-    Location loc = combine.getLoc();
-    plan.build = [shape, loc](const KernelPlan &plan, gpu::GPUModuleOp module,
-                              const RecordLayout &record) {
-      const auto &names = plan.kernels;
+    plan.build = [shape](const KernelPlan &plan, gpu::GPUModuleOp module,
+                         const RecordLayout &record) {
       // The routing comes from the handle (topk_idx of the dispatch); int64.
       EPLayout layout = plan.layout(64, record, kCMaxTokens);
       OpBuilder b = kernelInsertionPoint(module);
-      buildCombineSend(createKernel(b, loc, names[0], true), layout, shape);
-      buildCombineReduce(createKernel(b, loc, names[1], false), layout, shape);
+      buildCombineSend(plan.kernel(b, 0, true), layout, shape);
+      buildCombineReduce(plan.kernel(b, 1, false), layout, shape);
     };
     return plan;
   }
@@ -364,11 +368,12 @@ struct GroupedGemmOpLowering : KernelOpLowering<ep::GroupedGemmOp> {
     ep::ConfigAttr cfg = plan.cfg;
     auto lhs = cast<ShapedType>(gemm.getLhs().getType());
     auto rhs = cast<ShapedType>(gemm.getRhs().getType());
-    epic::detail::GroupedGemmShape shape =
-        gemmShapeOf(cfg, rhs.getDimSize(2), lhs.getElementType(),
+    FailureOr<epic::detail::GroupedGemmShape> checked =
+        gemmShapeOf(gemm, cfg, rhs.getDimSize(2), lhs.getElementType(),
                     cast<ShapedType>(gemm.getResult().getType()).getElementType());
-    if (failed(epic::detail::checkGroupedGemmShape(gemm, shape)))
+    if (failed(checked))
       return failure();
+    epic::detail::GroupedGemmShape shape = *checked;
     plan.kernels = {entry.name + "_gemm"};
     plan.fields = fieldNames(epic::detail::kGroupedGemmFields);
     plan.tensorMaps = 2;
@@ -376,13 +381,10 @@ struct GroupedGemmOpLowering : KernelOpLowering<ep::GroupedGemmOp> {
     plan.windowBytes = 0;
     plan.addGemmMetadata(b, shape, records::grouped_gemm::x, records::grouped_gemm::weights,
                          b.getStringAttr(records::grouped_gemm::num_rows));
-    Location loc = gemm.getLoc();
-    plan.build = [shape, loc](const KernelPlan &plan, gpu::GPUModuleOp module,
-                              const RecordLayout &record) {
-      const auto &names = plan.kernels;
+    plan.build = [shape](const KernelPlan &plan, gpu::GPUModuleOp module,
+                         const RecordLayout &record) {
       OpBuilder b = kernelInsertionPoint(module);
-      epic::detail::buildGroupedGemmKernel(createKernel(b, loc, names[0], false),
-                                           withRecord(shape, record));
+      epic::detail::buildGroupedGemmKernel(plan.kernel(b, 0, false), withRecord(shape, record));
     };
     return plan;
   }
@@ -395,11 +397,12 @@ struct DispatchGemmOpLowering : KernelOpLowering<ep::DispatchGemmOp> {
     KernelPlan plan(fused, fused.getConfig(), entry, epic::detail::kGemmThreads);
     ep::ConfigAttr cfg = plan.cfg;
     auto experts = cast<ShapedType>(fused.getExperts().getType());
-    epic::detail::GroupedGemmShape gemm =
-        gemmShapeOf(cfg, experts.getDimSize(2), cfg.getDtype(),
+    FailureOr<epic::detail::GroupedGemmShape> checked =
+        gemmShapeOf(fused, cfg, experts.getDimSize(2), cfg.getDtype(),
                     cast<ShapedType>(fused.getResult().getType()).getElementType());
-    if (failed(epic::detail::checkGroupedGemmShape(fused, gemm)))
+    if (failed(checked))
       return failure();
+    epic::detail::GroupedGemmShape gemm = *checked;
     unsigned idxBits = cast<ShapedType>(fused.getTopkIdx().getType()).getElementTypeBitWidth();
     EPLayout layout(cfg, idxBits);
     // The tile counters follow the windows (FusedScratch).
@@ -422,14 +425,13 @@ struct DispatchGemmOpLowering : KernelOpLowering<ep::DispatchGemmOp> {
     // The verifier asks for a static Tmax: the recv_x rows are a constant.
     plan.addGemmMetadata(b, gemm, records::dispatch::recv_x, records::dispatch::experts,
                          b.getI64IntegerAttr(*cfg.getMaxOutputRows()));
-    Location loc = fused.getLoc();
-    plan.build = [idxBits, shape, gemm, loc](const KernelPlan &plan, gpu::GPUModuleOp module,
-                                             const RecordLayout &record) {
-      const auto &names = plan.kernels;
+    plan.build = [idxBits, shape, gemm](const KernelPlan &plan, gpu::GPUModuleOp module,
+                                        const RecordLayout &record) {
       EPLayout fusedLayout = plan.layout(idxBits, record, kDispatchMaxTokens);
       OpBuilder b = kernelInsertionPoint(module);
-      buildDispatchSend(createKernel(b, loc, names[0], true), fusedLayout, shape);
-      buildCopyGemmKernel(b, loc, names[1], fusedLayout, shape, withRecord(gemm, record));
+      buildDispatchSend(plan.kernel(b, 0, true), fusedLayout, shape);
+      buildCopyGemmKernel(b, plan.loc, plan.kernels[1], fusedLayout, shape,
+                          withRecord(gemm, record));
     };
     return plan;
   }
@@ -441,11 +443,12 @@ struct GemmCombineOpLowering : KernelOpLowering<ep::GemmCombineOp> {
                                     Builder &b) const override {
     KernelPlan plan(fused, fused.getConfig(), entry, epic::detail::kGemmThreads);
     ep::ConfigAttr cfg = plan.cfg;
-    epic::detail::GroupedGemmShape gemm =
-        gemmShapeOf(cfg, cfg.getHidden(),
+    FailureOr<epic::detail::GroupedGemmShape> checked =
+        gemmShapeOf(fused, cfg, cfg.getHidden(),
                     cast<ShapedType>(fused.getLhs().getType()).getElementType(), b.getBF16Type());
-    if (failed(epic::detail::checkGroupedGemmShape(fused, gemm)))
+    if (failed(checked))
       return failure();
+    epic::detail::GroupedGemmShape gemm = *checked;
     // Scratch after the windows (FusedScratch): row -> token, each token's rows
     // still to compute, each 128-row tile's finished column tiles, a rank
     // barrier and the count of row chunks claimed.
@@ -462,15 +465,13 @@ struct GemmCombineOpLowering : KernelOpLowering<ep::GemmCombineOp> {
     GemmCombineScratch scratch{at.rowToken, at.pending,
                                at.colDone,  at.arrivals,
                                at.maxTiles, cfg.getHidden() / epic::detail::kGemmTileN};
-    Location loc = fused.getLoc();
-    plan.build = [shape, gemm, scratch, loc](const KernelPlan &plan, gpu::GPUModuleOp module,
-                                             const RecordLayout &record) {
-      const auto &names = plan.kernels;
+    plan.build = [shape, gemm, scratch](const KernelPlan &plan, gpu::GPUModuleOp module,
+                                        const RecordLayout &record) {
       EPLayout fusedLayout = plan.layout(64, record, kCMaxTokens);
       OpBuilder b = kernelInsertionPoint(module);
-      buildGemmSendKernel(createKernel(b, loc, names[0], false), fusedLayout, shape,
-                          withRecord(gemm, record), scratch);
-      buildCombineReduce(createKernel(b, loc, names[1], false), fusedLayout, shape);
+      buildGemmSendKernel(plan.kernel(b, 0, false), fusedLayout, shape, withRecord(gemm, record),
+                          scratch);
+      buildCombineReduce(plan.kernel(b, 1, false), fusedLayout, shape);
     };
     return plan;
   }
@@ -487,8 +488,11 @@ struct ConvertEPToCommPass : public epic::impl::ConvertEPToCommBase<ConvertEPToC
       return signalPassFailure();
     }
     bool failed = false, any = false;
-    module.walk([&](func::FuncOp func) { failed |= mlir::failed(checkEntryForm(func)); });
-    module.walk([&](ep::KernelOpInterface) { any = true; });
+    module.walk([&](func::FuncOp func) {
+      FailureOr<bool> entry = checkEntryForm(func);
+      failed |= mlir::failed(entry);
+      any |= mlir::succeeded(entry) && *entry;
+    });
     if (failed)
       return signalPassFailure();
     if (!any)

@@ -234,6 +234,8 @@ inline std::pair<std::vector<int64_t>, std::string> gemmOperands(const GroupedGe
 inline std::pair<std::vector<int64_t>, std::string> fusedGemmOperands(const DispatchGemmCall &c) {
   return {c.experts.shape, c.gemmOut.dtype};
 }
+/// What must agree across ranks for one dispatch layout kernel: the id width.
+inline std::string layoutOperands(const LayoutCall &c) { return c.topkIdx.dtype; }
 
 /// Checks routing read back from the GPU: every entry in [-1, experts).
 /// `tokens` rows of spec.topk entries; throws naming `name`[t][j].
