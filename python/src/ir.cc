@@ -12,6 +12,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "epic/Compiler.h"
+#include "epic/Conversion/LaunchAttributes.h"
 #include "epic/InitAllDialects.h"
 
 #include "mlir/AsmParser/AsmParser.h"
@@ -141,7 +142,43 @@ private:
   std::optional<Location> location;
 };
 
+/// Launch metadata from a Python dict keyed by LaunchMetadata.def's names
+/// (every key one of them, each value of its kind); a key it does not name
+/// is a ValueError naming it.
+epic::LaunchMetadata launchMetadataFrom(const py::dict &fields) {
+  epic::LaunchMetadata md;
+  for (const auto &[k, v] : fields) {
+    std::string key = py::cast<std::string>(k);
+    bool known = false;
+#define EP_LAUNCH_KIND_Int int64_t
+#define EP_LAUNCH_KIND_Flag bool
+#define EP_LAUNCH_KIND_String std::string
+#define EP_LAUNCH_KIND_Strings std::vector<std::string>
+#define EP_LAUNCH_KIND_Ints std::vector<int64_t>
+#define EP_LAUNCH_FIELD(member, name, Kind, required, absent)                                      \
+  EP_LAUNCH_FROM_##Kind(member, name, Kind)
+#define EP_LAUNCH_FROM_ONE(member, name, Kind)                                                     \
+  if (key == name) {                                                                               \
+    md.member = py::cast<EP_LAUNCH_KIND_##Kind>(v);                                                \
+    known = true;                                                                                  \
+  }
+#define EP_LAUNCH_FROM_Int EP_LAUNCH_FROM_ONE
+#define EP_LAUNCH_FROM_Flag EP_LAUNCH_FROM_ONE
+#define EP_LAUNCH_FROM_String EP_LAUNCH_FROM_ONE
+#define EP_LAUNCH_FROM_Strings EP_LAUNCH_FROM_ONE
+#define EP_LAUNCH_FROM_Ints EP_LAUNCH_FROM_ONE
+// The config and TMA descriptors are convert-ep-to-comm's, not the DSL's.
+#define EP_LAUNCH_FROM_Text(member, name, Kind)
+#define EP_LAUNCH_FROM_Maps(member, name, Kind)
+#include "epic/runtime/LaunchMetadata.def"
+    if (!known)
+      throw py::value_error("'" + key + "' is not a launch field the DSL sets");
+  }
+  return md;
+}
+
 } // namespace
+
 
 PYBIND11_MODULE(_ir, m) {
   m.doc() = "MLIR from Python for epic's DSL (python/epic/dsl/codegen.py)";
@@ -183,6 +220,9 @@ PYBIND11_MODULE(_ir, m) {
           throw std::out_of_range("region " + std::to_string(region) + " has no block");
         return BlockHandle{o.session, &o.op->getRegion(region).front()};
       })
+      .def("set_launch_metadata", [](const OpHandle &o, const py::dict &fields) {
+        epic::setLaunchAttributes(o.op, launchMetadataFrom(fields));
+      }, py::arg("fields"))
       .def("erase", [](const OpHandle &o) { o.op->erase(); });
 
   py::class_<ModuleHandle>(m, "Module")

@@ -19,65 +19,43 @@
 using namespace epic::runtime;
 using detail::capturing;
 using detail::check;
+using epic::LaunchMetadata;
+using epic::TensorMapSpec;
 
 namespace epic::runtime {
-/// A TMA descriptor the kernels read from their records (metadata
-/// `tensor_maps`): a 2-D row-major tensor whose address is record field
-/// `field`, with `rows` rows (a constant, or the value of record field
-/// `rowsField`) of `cols` elements, encoded at byte `offset` of each record.
-struct TensorMapSpec {
-  std::string field, rowsField;
-  int64_t offset = 0, rows = 0, cols = 0, elemBytes = 2, boxRows = 64, boxCols = 64, swizzle = 128;
-};
-
 struct Loaded {
   CUmodule module = nullptr;
-  std::vector<CUfunction> kernels;
-  std::vector<std::string> kernelNames;
-  std::vector<std::string> fields;
-  EntryWindow window;
-  /// Fused entries: their scratch, [scratchAt, window.fixed), must be zero
-  /// when they start (-1: none). Their data region ends there.
-  int64_t scratchAt = -1;
-  int threads = 256;
-  int maxBlocksPerRank = 0;
-  int64_t paramStride = 0;
+  std::vector<CUfunction> kernels; ///< meta.kernels, loaded
+  /// What the compiler said about the kernels (checked by readLaunchMetadata).
+  LaunchMetadata meta;
   /// Bytes of the by-value table the kernels declare (0: the driver cannot say).
   int64_t tableBytes = 0;
-  bool cooperative = false; ///< the blocks wait for each other
-  /// Blocks launched per requested block (per SM): one-warpgroup GEMM kernels
-  /// run two per SM so that one's loads and epilogue overlap the other's MMAs.
-  int ctasPerSm = 1;
-  int dynamicSharedBytes = 0;          ///< above 48 KiB needs an opt-in per function
-  unsigned clusterDims[3] = {1, 1, 1}; ///< thread block clusters (x of the 1-D grid)
-  /// Programmatic dependent launch: a kernel may start while the previous
-  /// one on the stream finishes (it waits with griddepcontrol.wait).
-  bool programmatic = false;
-  std::vector<TensorMapSpec> tensorMaps;
   /// Blocks of the least resident kernel the whole GPU holds at once.
   int64_t residentBlocks = 0;
 
   size_t fieldIndex(const std::string &name) const {
+    const std::vector<std::string> &fields = meta.paramFields;
     return size_t(std::find(fields.begin(), fields.end(), name) - fields.begin());
   }
 };
 } // namespace epic::runtime
 
 namespace {
-constexpr int64_t kTensorMapBytes = 128; // sizeof(CUtensorMap), 64-byte aligned
+constexpr int64_t kTensorMapBytes = LaunchMetadata::kTensorMapBytes; // sizeof(CUtensorMap)
 
 /// Encodes `spec` for one rank's record (its words at `record`) into `out`.
 void encodeTensorMap(const TensorMapSpec &spec, const Loaded &k, const uint64_t *record, int rank,
                      void *out) {
   auto field = [&](const std::string &name, bool mayBeZero = false) -> uint64_t {
     size_t i = k.fieldIndex(name);
-    if (i == k.fields.size() || (!record[i] && !mayBeZero))
-      throw std::invalid_argument("rank " + std::to_string(rank) + ": " + k.kernelNames[0] +
+    if (i == k.meta.paramFields.size() || (!record[i] && !mayBeZero))
+      throw std::invalid_argument("rank " + std::to_string(rank) + ": " + k.meta.kernels[0] +
                                   " needs parameter \"" + name + "\" for a TMA descriptor");
     return record[i];
   };
-  const int64_t rows =
-      spec.rowsField.empty() ? spec.rows : int64_t(field(spec.rowsField, /*mayBeZero=*/true));
+  const int64_t rows = spec.rows.field.empty()
+                           ? spec.rows.value
+                           : int64_t(field(spec.rows.field, /*mayBeZero=*/true));
   // A rank that received no rows has no tile to load (and its empty tensor
   // may have no address): its map is never used, so it stays zero.
   if (rows == 0) {
@@ -88,7 +66,7 @@ void encodeTensorMap(const TensorMapSpec &spec, const Loaded &k, const uint64_t 
   if (address % 16)
     throw std::invalid_argument("rank " + std::to_string(rank) + ": " + spec.field +
                                 " must be 16-byte aligned for the TMA loads of " +
-                                k.kernelNames[0]);
+                                k.meta.kernels[0]);
   if ((spec.cols * spec.elemBytes) % 16)
     throw std::invalid_argument(spec.field + ": rows of " +
                                 std::to_string(spec.cols * spec.elemBytes) +
@@ -117,21 +95,21 @@ CUlaunchConfig launchConfig(const Loaded &k, unsigned grid, void *stream,
                             CUlaunchAttribute *attributes) {
   CUlaunchConfig config{};
   config.gridDimX = grid, config.gridDimY = 1, config.gridDimZ = 1;
-  config.blockDimX = unsigned(k.threads), config.blockDimY = 1, config.blockDimZ = 1;
-  config.sharedMemBytes = unsigned(k.dynamicSharedBytes);
+  config.blockDimX = unsigned(k.meta.threads), config.blockDimY = 1, config.blockDimZ = 1;
+  config.sharedMemBytes = unsigned(k.meta.dynamicSharedBytes);
   config.hStream = static_cast<CUstream>(stream);
   config.attrs = attributes;
-  if (k.cooperative) {
+  if (k.meta.cooperative) {
     attributes[config.numAttrs].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
     attributes[config.numAttrs++].value.cooperative = 1;
   }
-  if (k.clusterDims[0] > 1) {
+  if (k.meta.clusterDims[0] > 1) {
     attributes[config.numAttrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attributes[config.numAttrs].value.clusterDim.x = k.clusterDims[0];
+    attributes[config.numAttrs].value.clusterDim.x = unsigned(k.meta.clusterDims[0]);
     attributes[config.numAttrs].value.clusterDim.y = 1;
     attributes[config.numAttrs++].value.clusterDim.z = 1;
   }
-  if (k.programmatic) {
+  if (k.meta.programmaticLaunch) {
     attributes[config.numAttrs].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
     attributes[config.numAttrs++].value.programmaticStreamSerializationAllowed = 1;
   }
@@ -156,14 +134,6 @@ KernelHost::KernelHost(KernelProvider &provider, int servedRanks, int64_t window
   check(cudaGetDevice(&device), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&deviceSms, cudaDevAttrMultiProcessorCount, device),
         "cudaDeviceGetAttribute(multiprocessors)");
-}
-
-EntryWindow EntryWindow::of(const Json &entry) {
-  EntryWindow w;
-  w.fixed = entry.at("window_bytes").integer();
-  if (entry.object.count("window_bytes_per_token"))
-    w.perToken = entry.at("window_bytes_per_token").integer();
-  return w;
 }
 
 KernelHost::~KernelHost() {
@@ -192,84 +162,21 @@ Loaded &KernelHost::load(const KernelInput &input, Run &run, bool mayLoad) {
   if (entries.array.size() != 1)
     throw std::runtime_error("kernels " + result.key + ": expected one entry function, found " +
                              std::to_string(entries.array.size()));
-  const Json &entry = entries.array[0];
   auto loaded = std::make_unique<Loaded>();
-  for (const Json &field : entry.at("param_fields").array)
-    loaded->fields.push_back(field.string);
-  for (const Json &name : entry.at("kernels").array)
-    loaded->kernelNames.push_back(name.string);
-  loaded->window = EntryWindow::of(entry);
-  if (entry.object.count("window_scratch_at")) {
-    loaded->scratchAt = entry.at("window_scratch_at").integer();
-    if (loaded->scratchAt < epic::ep::window::kControlEnd ||
-        loaded->scratchAt > loaded->window.fixed)
-      throw std::runtime_error("kernels " + result.key + ": window_scratch_at " +
-                               std::to_string(loaded->scratchAt) + " is outside the window");
-  }
-  loaded->threads = int(entry.at("threads").integer());
-  loaded->maxBlocksPerRank = int(entry.at("max_blocks_per_rank").integer());
-  loaded->paramStride = entry.at("param_stride").integer();
-  // Optional launch attributes of the metadata.
-  if (entry.object.count("cooperative"))
-    loaded->cooperative = entry.at("cooperative").integer() != 0;
-  if (entry.object.count("ctas_per_sm")) {
-    loaded->ctasPerSm = int(entry.at("ctas_per_sm").integer());
-    if (loaded->ctasPerSm < 1 || loaded->ctasPerSm > 32)
-      throw std::runtime_error("kernels " + result.key + ": ctas_per_sm must be in [1, 32]");
-  }
-  if (entry.object.count("dynamic_shared_bytes"))
-    loaded->dynamicSharedBytes = int(entry.at("dynamic_shared_bytes").integer());
-  if (entry.object.count("cluster_dims")) {
-    const auto &dims = entry.at("cluster_dims").array;
-    if (dims.size() != 3 || dims[1].integer() != 1 || dims[2].integer() != 1 ||
-        dims[0].integer() < 1 || dims[0].integer() > 16)
-      throw std::runtime_error("kernels " + result.key +
-                               ": cluster_dims must be [x, 1, 1] with x in [1, 16] (the grid "
-                               "is one-dimensional)");
-    loaded->clusterDims[0] = unsigned(dims[0].integer());
-  }
-  if (entry.object.count("programmatic_launch"))
-    loaded->programmatic = entry.at("programmatic_launch").integer() != 0;
-  if (entry.object.count("tensor_maps")) {
-    for (const Json &map : entry.at("tensor_maps").array) {
-      TensorMapSpec spec;
-      spec.field = map.at("field").string;
-      spec.offset = map.at("offset").integer();
-      const Json &rows = map.at("rows");
-      if (rows.kind == Json::Kind::string)
-        spec.rowsField = rows.string;
-      else
-        spec.rows = rows.integer();
-      spec.cols = map.at("cols").integer();
-      spec.elemBytes = map.at("elem_bytes").integer();
-      spec.boxRows = map.at("box_rows").integer();
-      spec.boxCols = map.at("box_cols").integer();
-      spec.swizzle = map.at("swizzle").integer();
-      if (spec.offset % 64 || spec.offset < int64_t(8 * loaded->fields.size()) ||
-          spec.offset + kTensorMapBytes > loaded->paramStride)
-        throw std::runtime_error("kernels " + result.key + ": the TMA descriptor of " + spec.field +
-                                 " at byte " + std::to_string(spec.offset) +
-                                 " is not a 64-byte aligned place after the record's fields");
-      loaded->tensorMaps.push_back(spec);
-    }
-  }
-  // Records are 8-byte fields (and TMA descriptors) on 64-byte boundaries.
-  if (loaded->paramStride % 64 || loaded->paramStride < int64_t(8 * loaded->fields.size()))
-    throw std::runtime_error("kernels " + result.key + ": parameter records of " +
-                             std::to_string(loaded->paramStride) + " bytes cannot hold " +
-                             std::to_string(loaded->fields.size()) + " 8-byte fields");
+  LaunchMetadata &md = loaded->meta;
+  md = readLaunchMetadata(entries.array[0], result.key);
   check(detail::driver().moduleLoadData(&loaded->module, result.module->cubin.data()),
         "cuModuleLoadData");
   try {
     detail::attachDeviceWaitReports(loaded->module);
-    for (const std::string &name : loaded->kernelNames) {
+    for (const std::string &name : loaded->meta.kernels) {
       CUfunction f;
       check(detail::driver().moduleGetFunction(&f, loaded->module, name.c_str()),
             "cuModuleGetFunction(" + name + ")");
-      if (loaded->dynamicSharedBytes > 48 * 1024)
+      if (loaded->meta.dynamicSharedBytes > 48 * 1024)
         check(detail::driver().funcSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                                loaded->dynamicSharedBytes),
-              "allowing " + std::to_string(loaded->dynamicSharedBytes) +
+                                                loaded->meta.dynamicSharedBytes),
+              "allowing " + std::to_string(loaded->meta.dynamicSharedBytes) +
                   " bytes of dynamic shared memory for " + name);
       // The table every kernel takes by value (parameter 2): its size tells
       // how many records the kernels were compiled to serve.
@@ -284,8 +191,8 @@ Loaded &KernelHost::load(const KernelInput &input, Run &run, bool mayLoad) {
         loaded->tableBytes = int64_t(size);
       }
       int perSm = 0;
-      check(detail::driver().occupancy(&perSm, f, loaded->threads,
-                                       size_t(loaded->dynamicSharedBytes)),
+      check(detail::driver().occupancy(&perSm, f, loaded->meta.threads,
+                                       size_t(loaded->meta.dynamicSharedBytes)),
             "cuOccupancyMaxActiveBlocksPerMultiprocessor(" + name + ")");
       int64_t resident = int64_t(perSm) * deviceSms;
       loaded->residentBlocks =
@@ -313,67 +220,70 @@ KernelHost::Prepared KernelHost::prepare(const KernelInput &input,
   Prepared prepared;
   Loaded &k = load(input, prepared.run, !capturing(stream));
   prepared.kernels = &k;
-  blocks *= k.ctasPerSm; // per rank, as launched
+  blocks *= k.meta.ctasPerSm; // per rank, as launched
   prepared.blocks = blocks;
   if (int(records.size()) != servedRanks)
     throw std::invalid_argument("expected one parameter record per rank (" +
                                 std::to_string(servedRanks) + "), got " +
                                 std::to_string(records.size()));
-  const int64_t tableBytes = int64_t(servedRanks) * k.paramStride;
+  const int64_t tableBytes = int64_t(servedRanks) * k.meta.paramStride;
   if (k.tableBytes && k.tableBytes != tableBytes)
-    throw std::runtime_error(k.kernelNames[0] + " takes a parameter table of " +
+    throw std::runtime_error(k.meta.kernels[0] + " takes a parameter table of " +
                              std::to_string(k.tableBytes) + " bytes, but this buffer serves " +
                              std::to_string(servedRanks) + " rank(s) of " +
-                             std::to_string(k.paramStride) +
+                             std::to_string(k.meta.paramStride) +
                              "-byte records: kernels compiled for another backend or world");
   int64_t tokens = 0; // the cap of kernels that take it at run time
   for (const ParamRecord &record : records)
     if (auto it = record.find("max_tokens_per_rank"); it != record.end())
       tokens = std::max<int64_t>(tokens, int64_t(it->second.value));
-  const int64_t windowNeeded = k.window.bytes(tokens);
-  prepared.dataEnd = k.scratchAt >= 0 ? k.scratchAt : windowNeeded;
+  const int64_t windowNeeded = k.meta.windowFor(tokens);
+  prepared.dataEnd = k.meta.windowScratchAt >= 0 ? k.meta.windowScratchAt : windowNeeded;
   if (windowNeeded > bytesPerRank)
     throw std::invalid_argument(
         "the buffer has " + std::to_string(bytesPerRank) + " bytes per rank, these kernels need " +
         std::to_string(windowNeeded) +
-        (k.window.perToken ? " for num_max_tokens_per_rank " + std::to_string(tokens) : "") +
+        (k.meta.windowBytesPerToken ? " for num_max_tokens_per_rank " + std::to_string(tokens)
+                                    : "") +
         ": create it with at least get_buffer_size_hint() bytes");
-  if (blocks > k.maxBlocksPerRank)
+  if (blocks > k.meta.maxBlocksPerRank)
     throw std::invalid_argument("blocks per rank (" + std::to_string(blocks) +
                                 ") exceeds the kernels' maximum " +
-                                std::to_string(k.maxBlocksPerRank));
-  if ((int64_t(servedRanks) * blocks) % k.clusterDims[0])
+                                std::to_string(k.meta.maxBlocksPerRank));
+  if ((int64_t(servedRanks) * blocks) % k.meta.clusterDims[0])
     throw std::invalid_argument(
-        "the kernels run in clusters of " + std::to_string(k.clusterDims[0]) +
+        "the kernels run in clusters of " + std::to_string(k.meta.clusterDims[0]) +
         " blocks: " + std::to_string(servedRanks) + " rank(s) x " + std::to_string(blocks) +
         " blocks per rank must be a multiple of it");
   // Every rank's blocks wait for each other: all must be resident at once.
-  if (k.cooperative && k.residentBlocks < int64_t(servedRanks) * blocks)
+  if (k.meta.cooperative && k.residentBlocks < int64_t(servedRanks) * blocks)
     throw std::invalid_argument(
         "a launch of " + std::to_string(servedRanks) + " ranks x " + std::to_string(blocks) +
         " blocks does not fit on this GPU at once (it holds " + std::to_string(k.residentBlocks) +
-        " blocks of " + k.kernelNames[0] + "): use fewer blocks per rank");
+        " blocks of " + k.meta.kernels[0] + "): use fewer blocks per rank");
   if (envFlag("EPIC_DEBUG")) {
     std::string names;
-    for (const std::string &name : k.kernelNames)
+    for (const std::string &name : k.meta.kernels)
       names += (names.empty() ? "" : ", ") + name;
-    std::fprintf(
-        stderr,
-        "epic: prepared %s: %d rank(s) x %d blocks x %d threads%s%s%s, window %lld of "
-        "%lld bytes per rank, %lld-byte parameter table\n",
-        names.c_str(), servedRanks, blocks, k.threads, k.cooperative ? ", cooperative" : "",
-        k.clusterDims[0] > 1 ? (", clusters of " + std::to_string(k.clusterDims[0])).c_str() : "",
-        k.programmatic ? ", programmatic dependent launch" : "", (long long)windowNeeded,
-        (long long)bytesPerRank, (long long)tableBytes);
+    std::fprintf(stderr,
+                 "epic: prepared %s: %d rank(s) x %d blocks x %d threads%s%s%s, window %lld of "
+                 "%lld bytes per rank, %lld-byte parameter table\n",
+                 names.c_str(), servedRanks, blocks, k.meta.threads,
+                 k.meta.cooperative ? ", cooperative" : "",
+                 k.meta.clusterDims[0] > 1
+                     ? (", clusters of " + std::to_string(k.meta.clusterDims[0])).c_str()
+                     : "",
+                 k.meta.programmaticLaunch ? ", programmatic dependent launch" : "",
+                 (long long)windowNeeded, (long long)bytesPerRank, (long long)tableBytes);
   }
   prepared.table.assign(size_t(tableBytes / 8), 0);
   for (int r = 0; r < servedRanks; ++r)
     for (const auto &[name, value] : records[r]) {
       size_t field = k.fieldIndex(name);
-      if (field == k.fields.size())
+      if (field == k.meta.paramFields.size())
         throw std::invalid_argument("rank " + std::to_string(r) + ": unknown parameter \"" + name +
-                                    "\" for kernels " + k.kernelNames[0]);
-      prepared.table[size_t(r) * k.paramStride / 8 + field] = value.value;
+                                    "\" for kernels " + k.meta.kernels[0]);
+      prepared.table[size_t(r) * k.meta.paramStride / 8 + field] = value.value;
     }
   encodeTensorMaps(prepared);
   return prepared;
@@ -381,9 +291,9 @@ KernelHost::Prepared KernelHost::prepare(const KernelInput &input,
 
 void KernelHost::encodeTensorMaps(Prepared &prepared) const {
   const Loaded &k = *prepared.kernels;
-  for (int r = 0; r < servedRanks && !k.tensorMaps.empty(); ++r) {
-    uint64_t *record = prepared.table.data() + size_t(r) * k.paramStride / 8;
-    for (const TensorMapSpec &spec : k.tensorMaps)
+  for (int r = 0; r < servedRanks && !k.meta.tensorMaps.empty(); ++r) {
+    uint64_t *record = prepared.table.data() + size_t(r) * k.meta.paramStride / 8;
+    for (const TensorMapSpec &spec : k.meta.tensorMaps)
       encodeTensorMap(spec, k, record, r, record + spec.offset / 8);
   }
 }
@@ -391,8 +301,8 @@ void KernelHost::encodeTensorMaps(Prepared &prepared) const {
 void KernelHost::trackWindow(const Prepared &prepared, void *stream) {
   const Loaded &k = *prepared.kernels;
   const bool captured = capturing(stream);
-  if (k.scratchAt >= 0) {
-    const int64_t begin = k.scratchAt, end = k.window.fixed;
+  if (k.meta.windowScratchAt >= 0) {
+    const int64_t begin = k.meta.windowScratchAt, end = k.meta.windowBytes;
     // A graph's replays are not seen here: what ran between them is not
     // known, so a captured launch always zeroes its scratch first.
     if (captured || written.overlaps(begin, end) || writtenByGraphs.overlaps(begin, end)) {
@@ -429,10 +339,10 @@ void KernelHost::launch(const Prepared &prepared, void *stream) {
   void *before = timed ? timingEvent() : nullptr;
   for (size_t i = 0; i < k.kernels.size(); ++i) {
     check(detail::driver().launchKernelEx(&config, k.kernels[i], args, nullptr),
-          "launching " + k.kernelNames[i]);
+          "launching " + k.meta.kernels[i]);
     if (timed) {
       void *after = timingEvent();
-      timedKernels.push_back(TimedKernel{k.kernelNames[i], before, after});
+      timedKernels.push_back(TimedKernel{k.meta.kernels[i], before, after});
       before = after;
     }
   }
@@ -459,7 +369,7 @@ void KernelHost::Plan::launch(void *stream) { host->launch(ready, stream); }
 
 void KernelHost::Plan::launch(const uint64_t *addresses, size_t count, void *stream) {
   bindings.bind(addresses, count, ready.table);
-  if (!ready.kernels->tensorMaps.empty() && encodedFrom != ready.table) {
+  if (!ready.kernels->meta.tensorMaps.empty() && encodedFrom != ready.table) {
     host->encodeTensorMaps(ready);
     encodedFrom = ready.table;
   }
@@ -473,8 +383,9 @@ KernelHost::Plan KernelHost::plan(const KernelRequest &request,
   p.host = this;
   p.ready = prepare(request, records, blocks, stream);
   const Loaded &k = *p.ready.kernels;
-  p.bindings = AddressBindings(records, k.fields, k.paramStride, std::move(slotNames));
-  if (!k.tensorMaps.empty())
+  p.bindings =
+      AddressBindings(records, k.meta.paramFields, k.meta.paramStride, std::move(slotNames));
+  if (!k.meta.tensorMaps.empty())
     p.encodedFrom = p.ready.table;
   return p;
 }

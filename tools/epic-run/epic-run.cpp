@@ -120,9 +120,9 @@ int run(const Options &o) {
   for (const PlanKernel &k : plan.kernels()) {
     KernelProvider::Result r = provider.get(k.request());
     const Json meta = Json::parse(r.module->metadataJson);
-    const Json &entry = meta.at("entries").array.at(0);
-    windowBytes = std::max(windowBytes, EntryWindow::of(entry).bytes(k.spec.maxTokensPerRank));
-    maxBlocks = std::min<int>(maxBlocks, int(entry.at("max_blocks_per_rank").integer()));
+    const epic::LaunchMetadata entry = readLaunchMetadata(meta.at("entries").array.at(0), r.key);
+    windowBytes = std::max(windowBytes, entry.windowFor(k.spec.maxTokensPerRank));
+    maxBlocks = std::min<int>(maxBlocks, int(entry.maxBlocksPerRank));
     const char *source = r.source == KernelCache::Source::compiled ? "compiled"
                          : r.source == KernelCache::Source::disk   ? "loaded"
                                                                    : "in memory";

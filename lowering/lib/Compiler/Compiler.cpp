@@ -2,6 +2,7 @@
 
 #include "epic/Compiler.h"
 
+#include "epic/Conversion/LaunchAttributes.h"
 #include "epic/EntryBuilder.h"
 #include "epic/InitAllDialects.h"
 #include "epic/Support/SourceParser.h"
@@ -31,31 +32,6 @@ using namespace mlir;
 using namespace epic;
 
 namespace {
-
-/// An attribute of a launch function as JSON: integers, strings, arrays and
-/// dictionaries natively, anything else as its MLIR text.
-llvm::json::Value attributeJson(Attribute attr) {
-  if (auto integer = dyn_cast<IntegerAttr>(attr))
-    return integer.getInt();
-  if (auto string = dyn_cast<StringAttr>(attr))
-    return string.getValue().str();
-  if (auto array = dyn_cast<ArrayAttr>(attr)) {
-    llvm::json::Array out;
-    for (Attribute element : array)
-      out.push_back(attributeJson(element));
-    return out;
-  }
-  if (auto dict = dyn_cast<DictionaryAttr>(attr)) {
-    llvm::json::Object out;
-    for (NamedAttribute entry : dict)
-      out[entry.getName().str()] = attributeJson(entry.getValue());
-    return out;
-  }
-  std::string text;
-  llvm::raw_string_ostream os(text);
-  attr.print(os);
-  return text;
-}
 
 /// Removes a temporary file when it goes out of scope.
 struct TempFile {
@@ -227,19 +203,26 @@ epic::CompileResult lower(MLIRContext &context, ModuleOp module,
 
   epic::CompileResult result;
   result.options = options;
+  // The launch metadata: each launch function's epic.* attributes, checked
+  // against LaunchMetadata.def (also what the DSL wrote).
+  const std::string entryAttr = epic::launchAttributeName(epic::LaunchField::entry);
+  bool metadataOk = true;
   module.walk([&](func::FuncOp func) {
-    if (!func->hasAttr("epic.entry"))
+    if (!func->hasAttr(entryAttr))
       return;
-    // The launch metadata: the launch function's epic.* attributes, by name.
-    llvm::json::Object entry{{"name", func.getName().str()}};
-    for (NamedAttribute attr : func->getAttrs())
-      if (attr.getName().strref().starts_with("epic."))
-        entry[attr.getName().strref().drop_front(5)] = attributeJson(attr.getValue());
+    FailureOr<llvm::json::Object> entry = epic::launchMetadataJson(func);
+    if (failed(entry)) {
+      metadataOk = false;
+      return;
+    }
+    (*entry)["name"] = func.getName().str();
     std::string text;
     llvm::raw_string_ostream os(text);
-    os << llvm::json::Value(std::move(entry));
+    os << llvm::json::Value(std::move(*entry));
     result.entriesJson.push_back(text);
   });
+  if (!metadataOk)
+    throw CompileError("the launch metadata of " + sourceName + " is invalid:\n" + diagnostics);
   module.walk([&](gpu::GPUFuncOp func) {
     if (!func.isKernel())
       return;

@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "epic/EntryBuilder.h"
+#include "epic/runtime/LaunchMetadata.h"
 
 #include "mlir/AsmParser/AsmParser.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -90,7 +91,8 @@ func::FuncOp EntryBuilder::begin(const Signature &signature) {
   // The bound of the kernels' waits (convert-ep-to-comm reads it); absent: the
   // default.
   if (request.spec.timeoutMs)
-    func->setAttr("epic.timeout_ms", builder.getI64IntegerAttr(request.spec.timeoutMs));
+    func->setAttr(epic::launchAttributeName(epic::LaunchField::timeoutMs),
+                  builder.getI64IntegerAttr(request.spec.timeoutMs));
   builder.setInsertionPointToStart(func.addEntryBlock());
   return func;
 }

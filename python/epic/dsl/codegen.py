@@ -192,15 +192,16 @@ class Generator(ast.NodeVisitor):
         op = self.sem.op
         self.b.set_insertion_point_to_end(self.module.body)
         params = ["!comm.dev_comm", "!comm.window", "!llvm.ptr", "index"]
-        fields = ", ".join(f'"{n}"' for n, k in kinds if k[0] != "window")
         launch = op("func.func", attributes={
-            "sym_name": f'"{self.name}_launch"', "function_type": f"({', '.join(params)}) -> ()",
-            "epic.entry": '"dsl"', "epic.kernels": f'["{self.name}"]',
-            "epic.threads": f"{self.threads} : i64", "epic.param_fields": f"[{fields}]",
-            "epic.param_stride": f"{_RECORD_BYTES} : i64", "epic.window_bytes": "0 : i64",
-            "epic.max_blocks_per_rank": "1024 : i64",
+            "sym_name": f'"{self.name}_launch"', "function_type": f"({', '.join(params)}) -> ()"},
+            regions=1)
+        # Checked against the runtime's LaunchMetadata.def by the binding (and the compiler).
+        launch.set_launch_metadata({
+            "entry": "dsl", "kernels": [self.name], "threads": self.threads,
+            "param_fields": [n for n, k in kinds if k[0] != "window"],
+            "param_stride": _RECORD_BYTES, "window_bytes": 0, "max_blocks_per_rank": 1024,
             # Blocks may wait for each other (barriers, signals): all resident at once.
-            "epic.cooperative": "1 : i64"}, regions=1)
+            "cooperative": True})
         body = launch.add_block(0, params)
         self.b.set_insertion_point_to_end(body)
         one = op("arith.constant", results=["index"], attributes={"value": "1 : index"})

@@ -12,6 +12,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "epic/Conversion/LaunchAttributes.h"
 #include "epic/Conversion/Passes.h"
 
 #include "Kernels.h"
@@ -43,7 +44,7 @@ OpBuilder kernelInsertionPoint(gpu::GPUModuleOp module) {
 /// The entry function's bound of the kernels' waits (epic.timeout_ms), or
 /// the default; a diagnostic on the function if it is out of range.
 FailureOr<int64_t> entryTimeout(func::FuncOp func) {
-  Attribute attr = func->getAttr("epic.timeout_ms");
+  Attribute attr = func->getAttr(epic::launchAttributeName(epic::LaunchField::timeoutMs));
   if (!attr)
     return kDefaultTimeoutMs;
   auto value = dyn_cast<IntegerAttr>(attr);
@@ -120,7 +121,9 @@ struct KernelPlan {
   int64_t scratchAt = -1;   // fused entries: [scratchAt, windowBytes) must be zero at entry
   int64_t signature = 0;
   int64_t timeoutMs = 0;
-  SmallVector<NamedAttribute> extraMetadata;
+  /// The GEMM entries' launch (shared memory, CTAs per SM, TMA descriptors);
+  /// emitLaunch fills in the rest.
+  epic::LaunchMetadata launch;
   /// Builds the kernels (the plan passed back: its loc, layout(), kernel names).
   std::function<void(const KernelPlan &, gpu::GPUModuleOp, const RecordLayout &)> build;
 
@@ -145,15 +148,12 @@ struct KernelPlan {
     return layout;
   }
   /// The grouped GEMM's launch: shared memory, CTAs per SM, TMA descriptors.
-  void addGemmMetadata(Builder &b, const epic::detail::GroupedGemmShape &gemm, StringRef lhs,
-                       StringRef weights, Attribute rows) {
-    extraMetadata.push_back(b.getNamedAttr(
-        "epic.dynamic_shared_bytes", b.getI64IntegerAttr(epic::detail::kGemmDynamicSharedBytes)));
-    extraMetadata.push_back(
-        b.getNamedAttr("epic.ctas_per_sm", b.getI64IntegerAttr(epic::detail::kGemmCtasPerSm)));
-    extraMetadata.push_back(b.getNamedAttr(
-        "epic.tensor_maps",
-        epic::detail::groupedGemmTensorMaps(b, gemm, lhs, weights, rows, record().mapsOffset)));
+  void addGemmMetadata(const epic::detail::GroupedGemmShape &gemm, StringRef lhs, StringRef weights,
+                       epic::IntOrField rows) {
+    launch.dynamicSharedBytes = epic::detail::kGemmDynamicSharedBytes;
+    launch.ctasPerSm = epic::detail::kGemmCtasPerSm;
+    launch.tensorMaps = epic::detail::groupedGemmTensorMaps(gemm, lhs, weights, std::move(rows),
+                                                            record().mapsOffset);
   }
 };
 
@@ -210,35 +210,27 @@ void emitLaunch(func::FuncOp func, ep::KernelOpInterface op, const KernelPlan &p
   func::ReturnOp::create(rewriter, loc);
 
   EPLayout layout(plan.cfg, 64);
-  SmallVector<Attribute> fieldAttrs;
+  epic::LaunchMetadata md = plan.launch;
+  md.entry = op.getEntryKind().str();
+  md.kernels.assign(plan.kernels.begin(), plan.kernels.end());
+  md.threads = plan.threads;
   for (StringRef field : plan.fields)
-    fieldAttrs.push_back(rewriter.getStringAttr(field));
-  SmallVector<Attribute> kernelAttrs;
-  for (const std::string &kernel : plan.kernels)
-    kernelAttrs.push_back(rewriter.getStringAttr(kernel));
-  auto i64 = [&](int64_t value) { return rewriter.getI64IntegerAttr(value); };
-  launch->setAttr("epic.entry", rewriter.getStringAttr(op.getEntryKind()));
-  launch->setAttr("epic.config", plan.cfg);
-  launch->setAttr("epic.kernels", rewriter.getArrayAttr(kernelAttrs));
-  launch->setAttr("epic.threads", i64(plan.threads));
-  launch->setAttr("epic.param_fields", rewriter.getArrayAttr(fieldAttrs));
-  launch->setAttr("epic.param_stride", i64(record.stride));
-  launch->setAttr("epic.window_bytes",
-                  i64(plan.windowBytes >= 0 ? plan.windowBytes : layout.windowBytes));
+    md.paramFields.push_back(field.str());
+  md.paramStride = record.stride;
+  md.windowBytes = plan.windowBytes >= 0 ? plan.windowBytes : layout.windowBytes;
   // A run-time Tmax: the window needs window_bytes + Tmax x this.
   if (plan.windowBytes < 0 && !plan.cfg.hasStaticTokenCap())
-    launch->setAttr("epic.window_bytes_per_token", i64(layout.windowPerToken));
+    md.windowBytesPerToken = layout.windowPerToken;
   // The fused kernels' scratch: zero when they start (they leave it so), but
   // another configuration's data may have been there (EPWindow.h).
-  if (plan.scratchAt >= 0)
-    launch->setAttr("epic.window_scratch_at", i64(plan.scratchAt));
-  launch->setAttr("epic.max_blocks_per_rank", i64(kMaxBlocksPerRank));
+  md.windowScratchAt = plan.scratchAt;
+  md.maxBlocksPerRank = kMaxBlocksPerRank;
   // The blocks of a launch wait for each other (entry barriers, the count
   // exchange): the runtime must launch them cooperatively (all resident).
-  launch->setAttr("epic.cooperative", i64(plan.cooperative ? 1 : 0));
-  launch->setAttr("epic.timeout_ms", i64(plan.timeoutMs));
-  for (NamedAttribute attr : plan.extraMetadata)
-    launch->setAttr(attr.getName(), attr.getValue());
+  md.cooperative = plan.cooperative;
+  md.timeoutMs = plan.timeoutMs;
+  epic::setLaunchAttributes(launch, md);
+  launch->setAttr(epic::launchAttributeName(epic::LaunchField::config), plan.cfg);
   rewriter.eraseOp(func);
 }
 
@@ -379,8 +371,8 @@ struct GroupedGemmOpLowering : KernelOpLowering<ep::GroupedGemmOp> {
     plan.tensorMaps = 2;
     plan.cooperative = false;
     plan.windowBytes = 0;
-    plan.addGemmMetadata(b, shape, records::grouped_gemm::x, records::grouped_gemm::weights,
-                         b.getStringAttr(records::grouped_gemm::num_rows));
+    plan.addGemmMetadata(shape, records::grouped_gemm::x, records::grouped_gemm::weights,
+                         {0, records::grouped_gemm::num_rows});
     plan.build = [shape](const KernelPlan &plan, gpu::GPUModuleOp module,
                          const RecordLayout &record) {
       OpBuilder b = kernelInsertionPoint(module);
@@ -423,8 +415,8 @@ struct DispatchGemmOpLowering : KernelOpLowering<ep::DispatchGemmOp> {
     plan.fields = fieldNames(kDispatchFields, kDispatchGemmExtraFields);
     plan.tensorMaps = 2;
     // The verifier asks for a static Tmax: the recv_x rows are a constant.
-    plan.addGemmMetadata(b, gemm, records::dispatch::recv_x, records::dispatch::experts,
-                         b.getI64IntegerAttr(*cfg.getMaxOutputRows()));
+    plan.addGemmMetadata(gemm, records::dispatch::recv_x, records::dispatch::experts,
+                         {*cfg.getMaxOutputRows(), {}});
     plan.build = [idxBits, shape, gemm](const KernelPlan &plan, gpu::GPUModuleOp module,
                                         const RecordLayout &record) {
       EPLayout fusedLayout = plan.layout(idxBits, record, kDispatchMaxTokens);
@@ -460,8 +452,8 @@ struct GemmCombineOpLowering : KernelOpLowering<ep::GemmCombineOp> {
     plan.kernels = {entry.name + "_gemm_send", entry.name + "_reduce"};
     plan.fields = fieldNames(kCombineFields, kGemmCombineExtraFields);
     plan.tensorMaps = 2;
-    plan.addGemmMetadata(b, gemm, records::combine::lhs, records::combine::weights,
-                         b.getStringAttr(records::combine::num_rows));
+    plan.addGemmMetadata(gemm, records::combine::lhs, records::combine::weights,
+                         {0, records::combine::num_rows});
     GemmCombineScratch scratch{at.rowToken, at.pending,
                                at.colDone,  at.arrivals,
                                at.maxTiles, cfg.getHidden() / epic::detail::kGemmTileN};

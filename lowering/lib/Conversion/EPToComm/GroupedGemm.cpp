@@ -57,26 +57,20 @@ LogicalResult epic::detail::checkGroupedGemmShape(Operation *op, const GroupedGe
   return success();
 }
 
-ArrayAttr epic::detail::groupedGemmTensorMaps(Builder &b, const GroupedGemmShape &s,
-                                              StringRef lhsField, StringRef weightsField,
-                                              Attribute rows, int64_t mapsOffset) {
-  int64_t offset = mapsOffset;
-  auto map = [&](StringRef field, Attribute rows, int64_t cols) {
-    NamedAttribute entries[] = {
-        b.getNamedAttr("field", b.getStringAttr(field)),
-        b.getNamedAttr("offset", b.getI64IntegerAttr(std::exchange(offset, offset + 128))),
-        b.getNamedAttr("rows", rows),
-        b.getNamedAttr("cols", b.getI64IntegerAttr(cols)),
-        b.getNamedAttr("elem_bytes", b.getI64IntegerAttr(2)),
-        b.getNamedAttr("box_rows", b.getI64IntegerAttr(64)),
-        b.getNamedAttr("box_cols", b.getI64IntegerAttr(64)),
-        b.getNamedAttr("swizzle", b.getI64IntegerAttr(128)),
-    };
-    return b.getDictionaryAttr(entries);
+std::vector<epic::TensorMapSpec>
+epic::detail::groupedGemmTensorMaps(const GroupedGemmShape &s, StringRef lhsField,
+                                    StringRef weightsField, IntOrField rows, int64_t mapsOffset) {
+  auto map = [&](StringRef field, IntOrField rows, int64_t cols, int64_t offset) {
+    TensorMapSpec spec;
+    spec.field = field.str(), spec.offset = offset, spec.rows = std::move(rows);
+    spec.cols = cols, spec.elemBytes = 2, spec.boxRows = 64, spec.boxCols = 64;
+    spec.swizzle = 128;
+    return spec;
   };
   // lhs: [num_rows, hidden]; weights as [L * hidden, N] (N contiguous).
-  return b.getArrayAttr({map(lhsField, rows, s.hidden),
-                         map(weightsField, b.getI64IntegerAttr(s.localExperts * s.hidden), s.n)});
+  return {map(lhsField, std::move(rows), s.hidden, mapsOffset),
+          map(weightsField, IntOrField{s.localExperts * s.hidden, {}}, s.n,
+              mapsOffset + LaunchMetadata::kTensorMapBytes)};
 }
 
 namespace {

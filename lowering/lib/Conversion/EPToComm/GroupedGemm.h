@@ -9,6 +9,7 @@
 #define EPIC_LOWERING_CONVERSION_EPTOCOMM_GROUPEDGEMM_H
 
 #include "epic/Dialect/EP/IR/EPRecords.h"
+#include "epic/runtime/LaunchMetadata.h"
 
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/IR/BuiltinAttributes.h"
@@ -89,9 +90,10 @@ void buildGroupedGemmKernel(mlir::gpu::GPUFuncOp func, const GroupedGemmShape &s
 /// `lhsField`/`weightsField`: the record fields of the two tensors; `rows`:
 /// the lhs row count, a record field name or a constant; `mapsOffset`: where
 /// in the record the first descriptor goes (the second 128 bytes after it).
-mlir::ArrayAttr groupedGemmTensorMaps(mlir::Builder &b, const GroupedGemmShape &shape,
-                                      llvm::StringRef lhsField, llvm::StringRef weightsField,
-                                      mlir::Attribute rows, int64_t mapsOffset);
+std::vector<TensorMapSpec> groupedGemmTensorMaps(const GroupedGemmShape &shape,
+                                                 llvm::StringRef lhsField,
+                                                 llvm::StringRef weightsField, IntOrField rows,
+                                                 int64_t mapsOffset);
 
 } // namespace epic::detail
 

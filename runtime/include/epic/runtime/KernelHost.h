@@ -16,6 +16,7 @@
 #include "epic/runtime/Calls.h"
 #include "epic/runtime/Json.h"
 #include "epic/runtime/KernelProvider.h"
+#include "epic/runtime/LaunchMetadata.h"
 #include "epic/runtime/WindowBytes.h"
 
 #include <cstdint>
@@ -40,15 +41,6 @@ struct CudaError : public std::runtime_error {
 std::string takeDeviceWaitReports();
 
 struct Loaded;
-
-/// The window an entry's kernels use, from its metadata: window_bytes, plus
-/// window_bytes_per_token for each token of the cap where the kernels take
-/// the cap (num_max_tokens_per_rank) at run time.
-struct EntryWindow {
-  int64_t fixed = 0, perToken = 0;
-  static EntryWindow of(const Json &entry);
-  int64_t bytes(int64_t maxTokensPerRank) const { return fixed + perToken * maxTokensPerRank; }
-};
 
 /// Loads the kernels of requests from the provider, checks and lays out the
 /// per-rank parameter records, and launches. A launch serves `servedRanks`
