@@ -8,8 +8,9 @@ expert (num_tokens_per_expert), and is_token_in_rank[t, r] says whether it goes 
 from __future__ import annotations
 
 from . import _tensors as T
-from ._combine import _run
-from ._dispatch import _two_d
+# Modules, not names: importing any of epic's call modules first imports buffer,
+# which imports them all, while this one's siblings are still half-initialized.
+from . import _combine, _dispatch
 from ._plans import signatures
 from .buffer import _check_bool, _check_event, _check_int
 
@@ -35,7 +36,7 @@ def get_dispatch_layout(b, topk_idx, num_experts, previous_event, async_finish,
         if not T.is_tensor(idx):
             raise TypeError(f"{b._name('topk_idx', r)}: expected a tensor, got "
                             f"{type(idx).__name__}")
-        _two_d(b._name("topk_idx", r), idx, "[tokens, top-k]")
+        _dispatch._two_d(b._name("topk_idx", r), idx, "[tokens, top-k]")
     dtype = T.dtype_name(idxs[0])
     if dtype not in ("i32", "i64"):
         raise TypeError(f"{b._name('topk_idx', 0)}: expected int64 or int32 expert ids, got "
@@ -51,9 +52,9 @@ def get_dispatch_layout(b, topk_idx, num_experts, previous_event, async_finish,
                              ("is_token_in_rank", "i1", (idx.shape[0], R))], like=idx)
                 for idx in idxs]
 
-    out, streams = _run(b, key, "dispatch_layout", spec, dict(topk_idx_bits=int(dtype[1:])),
-                        pairs, 0, make_outputs,
-                        (previous_event, allocate_on_comm_stream, async_finish))
+    variant = dict(topk_idx_bits=int(dtype[1:]))
+    out, streams = _combine._run(b, key, "dispatch_layout", spec, variant, pairs, 0, make_outputs,
+                                 (previous_event, allocate_on_comm_stream, async_finish))
     event = b._finish(streams, async_finish, out)
     per_rank = b._ranks_out([o["num_tokens_per_rank"] for o in out.per_rank])
     per_expert = b._ranks_out([o["num_tokens_per_expert"] for o in out.per_rank])

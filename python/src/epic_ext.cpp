@@ -150,6 +150,8 @@ EPSpec specFrom(const py::dict &d) {
   s.expanded = field<bool>(d, "do_expand");
   s.maxTokensPerRank = field<int>(d, "num_max_tokens_per_rank");
   s.numSms = field<int>(d, "num_sms", 0);
+  s.scaleupRanks = field<int>(d, "num_scaleup_ranks", 0);
+  s.hybrid = field<bool>(d, "hybrid", false);
   s.timeoutMs = field<int64_t>(d, "timeout_ms", int64_t(0));
   s.validate();
   return s;

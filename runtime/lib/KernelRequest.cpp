@@ -149,6 +149,17 @@ void EPSpec::validate() const {
   inRange(lim::kExpertAlignment, expertAlignment);
   inRange(lim::kMaxTokensPerRank, maxTokensPerRank, 1); // a call's cap: at least one token
   inRange(lim::kNumSms, numSms);
+  inRange(lim::kScaleupRanks, scaleupRanks);
+  require(scaleupRanks <= ranks && (scaleupRanks == 0 || ranks % scaleupRanks == 0),
+          "num_scaleup_ranks (" + dim(scaleupRanks) + ") must divide the number of ranks (" +
+              dim(ranks) + ")");
+  if (hybrid) {
+    const int perNode = scaleupRanks ? scaleupRanks : ranks;
+    require(ranks / perNode > 1, "hybrid mode needs more than one node (num_scaleup_ranks " +
+                                     dim(perNode) + " of " + dim(ranks) + " ranks)");
+    inRange(lim::kHybridNodes, ranks / perNode);
+    inRange(lim::kHybridRanksPerNode, perNode);
+  }
   require(timeoutMs >= lim::kMinTimeoutMs && timeoutMs <= lim::kMaxTimeoutMs,
           "the GPU timeout must be in [1, 2^31] ms (0: the default), got " +
               std::to_string(timeoutMs));

@@ -89,3 +89,22 @@ func.func @used_before_the_weights(%x: tensor<?x1024xbf16>, %idx: tensor<?x4xi64
       : tensor<?x1024xbf16>, tensor<8x1024x512xbf16> -> tensor<?x512xbf16>
   return %y : tensor<?x512xbf16>
 }
+
+// -----
+
+// Two nodes of four ranks: the fused kernel stores into NVLink peers only.
+#cfg = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 1024, dtype = bf16,
+                  expert_alignment = 128, layout = expanded, max_tokens_per_rank = 256,
+                  scaleup_ranks = 4>
+// CHECK-LABEL: func.func @multi_node
+// CHECK: ep.dispatch
+// CHECK: ep.grouped_gemm
+func.func @multi_node(%x: tensor<?x1024xbf16>, %idx: tensor<?x4xi64>,
+                      %e: tensor<8x1024x512xbf16>) -> tensor<?x512xbf16> {
+  // expected-remark@+1 {{ep-fuse-dispatch-gemm: not fused: the configuration spans 2 nodes; the fused kernel stores into NVLink peers only}}
+  %rx, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) config #cfg
+      : tensor<?x1024xbf16> -> tensor<?x1024xbf16>, !ep.handle<#cfg>
+  %y = ep.grouped_gemm %rx, %e layout(%h : !ep.handle<#cfg>)
+      : tensor<?x1024xbf16>, tensor<8x1024x512xbf16> -> tensor<?x512xbf16>
+  return %y : tensor<?x512xbf16>
+}

@@ -71,3 +71,21 @@ func.func @f32_output(%rx: tensor<?x1024xbf16>, %w: tensor<8x1024x1024xbf16>,
       : tensor<?x1024xbf16>, tensor<8x1024x1024xbf16> -> tensor<?x1024xf32>
   return %y : tensor<?x1024xf32>
 }
+
+// -----
+
+// Two nodes of four ranks: the fused epilogue stores into NVLink peers only.
+#cfg = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 1024, dtype = bf16,
+                  expert_alignment = 128, layout = expanded, max_tokens_per_rank = 256,
+                  scaleup_ranks = 4>
+// CHECK-LABEL: func.func @multi_node
+// CHECK: ep.grouped_gemm
+// CHECK: ep.combine
+func.func @multi_node(%rx: tensor<?x1024xbf16>, %w: tensor<8x1024x1024xbf16>,
+                      %h: !ep.handle<#cfg>) -> tensor<?x1024xbf16> {
+  // expected-remark@+1 {{ep-fuse-gemm-combine: not fused: the configuration spans 2 nodes; the fused epilogue stores into NVLink peers only}}
+  %y = ep.grouped_gemm %rx, %w layout(%h : !ep.handle<#cfg>)
+      : tensor<?x1024xbf16>, tensor<8x1024x1024xbf16> -> tensor<?x1024xbf16>
+  %out = ep.combine %y, %h : tensor<?x1024xbf16>, !ep.handle<#cfg> -> tensor<?x1024xbf16>
+  return %out : tensor<?x1024xbf16>
+}

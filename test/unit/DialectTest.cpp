@@ -45,7 +45,8 @@ protected:
     });
     return ep::ConfigAttr::getChecked([&] { return emitError(UnknownLoc::get(&context)); },
                                       &context, ranks, experts, topk, hidden, dtype, packs, align,
-                                      layout, /*numSms=*/0u, tmax);
+                                      layout, /*numSms=*/0u, tmax, /*scaleupRanks=*/0u,
+                                      ep::Mode::direct);
   }
 
   MLIRContext context;

@@ -211,8 +211,10 @@ TEST(EntryBuilder, ABadRequestIsRefusedByField) {
     std::string message;
   };
   std::vector<Case> cases = {
-      {[](auto &r) { r["version"] = 2; },
-       "kernel request: version 2 is not supported: this compiler reads version 1"},
+      {[](auto &r) { r["version"] = kKernelRequestVersion + 1; },
+       "kernel request: version " + std::to_string(kKernelRequestVersion + 1) +
+           " is not supported: this compiler reads version " +
+           std::to_string(kKernelRequestVersion)},
       {[](auto &r) { r.erase("version"); },
        "kernel request: version: expected an integer, got none"},
       {[](auto &r) { r["kind"] = "gather"; },

@@ -47,16 +47,16 @@ TEST(KernelRequest, JsonIsCanonical) {
   s.timeoutMs = 5000;
   EXPECT_EQ(
       dispatchRequest(s, {true, false, false, 32}).json(),
-      R"({"version":1,"kind":"dispatch","name":"ep_dispatch",)"
+      R"({"version":2,"kind":"dispatch","name":"ep_dispatch",)"
       R"("spec":{"ranks":8,"experts":256,"topk":8,"hidden":7168,"dtype":"f8E4M3FN",)"
       R"("scale_packs":56,"expert_alignment":128,"expanded":false,"num_sms":0,)"
-      R"("max_tokens_per_rank":0,"timeout_ms":5000},)"
+      R"("max_tokens_per_rank":0,"scaleup_ranks":0,"hybrid":false,"timeout_ms":5000},)"
       R"("dispatch":{"weights":true,"cached":false,"zero_padding":false,"topk_idx_bits":32}})");
   EXPECT_EQ(gemmCombineRequest(bf16(), 2, "moe").json(),
-            R"({"version":1,"kind":"gemm_combine","name":"moe",)"
+            R"({"version":2,"kind":"gemm_combine","name":"moe",)"
             R"("spec":{"ranks":8,"experts":256,"topk":8,"hidden":7168,"dtype":"bf16",)"
             R"("scale_packs":0,"expert_alignment":128,"expanded":true,"num_sms":0,)"
-            R"("max_tokens_per_rank":4096,"timeout_ms":0},)"
+            R"("max_tokens_per_rank":4096,"scaleup_ranks":0,"hybrid":false,"timeout_ms":0},)"
             R"("combine":{"weights":false,"biases":2}})");
   // Every kind has its sections and only those, and its default entry name.
   std::string grouped = groupedGemmRequest(bf16(), 2048, "f32").json();
@@ -132,6 +132,17 @@ TEST(KernelRequest, BadArgumentsAreNamed) {
   s = v3(false);
   s.timeoutMs = -1;
   EXPECT_NE(dispatch(s).find("GPU timeout"), std::string::npos);
+  s = v3(false);
+  s.scaleupRanks = 3;
+  EXPECT_NE(dispatch(s).find("num_scaleup_ranks (3) must divide the number of ranks (8)"),
+            std::string::npos);
+  s = v3(false);
+  s.hybrid = true;
+  EXPECT_NE(dispatch(s).find("hybrid mode needs more than one node"), std::string::npos);
+  s.scaleupRanks = 4; // two nodes of four: valid
+  EXPECT_EQ(dispatch(s), "");
+  s.ranks = 128, s.experts = 256, s.scaleupRanks = 2; // 64 nodes
+  EXPECT_NE(dispatch(s).find("num_scaleout_ranks must be in [2, 32], got 64"), std::string::npos);
   EXPECT_NE(dispatch(v3(false), {false, false, true, 64}).find("do_zero_padding"),
             std::string::npos);
   EXPECT_NE(dispatch(v3(false), {false, false, false, 12}).find("topk_idx"), std::string::npos);
@@ -178,8 +189,9 @@ TEST(KernelRequest, VersionNameAndKindAreChecked) {
   EXPECT_EQ(r.version, kKernelRequestVersion);
   r.version = kKernelRequestVersion + 1;
   EXPECT_NE(refusal([&] { r.json(); })
-                .find("version must be 1 (the kernel request format this "
-                      "runtime writes), got 2"),
+                .find("version must be " + std::to_string(kKernelRequestVersion) +
+                      " (the kernel request format this runtime writes), got " +
+                      std::to_string(kKernelRequestVersion + 1)),
             std::string::npos);
   for (std::string bad : {"2x", "a b", "x\"y"})
     EXPECT_NE(refusal([&] {

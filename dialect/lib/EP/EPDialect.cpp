@@ -110,7 +110,8 @@ FailureOr<unsigned> epic::ep::parseCount(AsmParser &parser) {
 LogicalResult ConfigAttr::verify(function_ref<InFlightDiagnostic()> emitError, unsigned ranks,
                                  unsigned experts, unsigned topk, unsigned hidden, Type dtype,
                                  unsigned scalePacks, unsigned expertAlignment, Layout layout,
-                                 unsigned numSms, unsigned maxTokensPerRank) {
+                                 unsigned numSms, unsigned maxTokensPerRank, unsigned scaleupRanks,
+                                 Mode mode) {
   namespace lim = epic::ep::limits;
   // [low, high] of a field (EPLimits.def), named as #ep.config spells it.
   auto inRange = [&](const lim::Limit &limit, int64_t value) -> LogicalResult {
@@ -162,5 +163,19 @@ LogicalResult ConfigAttr::verify(function_ref<InFlightDiagnostic()> emitError, u
                        << " elements (ids and metadata, scale packs): more than the kernels' "
                           "32-bit element indices address ("
                        << lim::kMaxElementIndex << ")";
+  if (failed(inRange(lim::kScaleupRanks, scaleupRanks)))
+    return failure();
+  if (scaleupRanks > ranks || (scaleupRanks && ranks % scaleupRanks))
+    return emitError() << "scaleup_ranks (" << scaleupRanks << ") must divide ranks (" << ranks
+                       << "): every node has the same number of ranks";
+  const unsigned perNode = scaleupRanks ? scaleupRanks : ranks, nodes = ranks / perNode;
+  if (mode == Mode::hybrid) {
+    if (nodes < 2)
+      return emitError() << "mode = hybrid needs more than one node, but scaleup_ranks (" << perNode
+                         << ") puts all " << ranks << " ranks in one: use mode = direct";
+    if (failed(inRange(lim::kHybridNodes, nodes)) ||
+        failed(inRange(lim::kHybridRanksPerNode, perNode)))
+      return failure();
+  }
   return success();
 }

@@ -330,6 +330,9 @@ LogicalResult DispatchGemmOp::verify() {
   if (!cfg.hasStaticTokenCap())
     return emitOpError("needs max_tokens_per_rank in its configuration: the fused kernel sizes "
                        "its tile counters by it");
+  if (cfg.isMultiNode())
+    return emitOpError("needs one NVLink domain: the configuration spans ")
+           << cfg.getNumNodes() << " nodes of " << cfg.getRanksPerNode() << " ranks";
   int64_t hidden = cfg.getHidden(), k = cfg.getTopk(), local = cfg.getNumLocalExperts();
   ShapedType x = shaped(getX()), rows = shaped(getRecvX()), w = shaped(getExperts()),
              out = shaped(getResult());
@@ -370,6 +373,9 @@ LogicalResult GemmCombineOp::verify() {
   if (!cfg.hasStaticTokenCap())
     return emitOpError("needs max_tokens_per_rank in its configuration: the fused kernel sizes "
                        "its scratch by it");
+  if (cfg.isMultiNode())
+    return emitOpError("needs one NVLink domain: the configuration spans ")
+           << cfg.getNumNodes() << " nodes of " << cfg.getRanksPerNode() << " ranks";
   int64_t hidden = cfg.getHidden(), local = cfg.getNumLocalExperts();
   ShapedType lhs = shaped(getLhs()), rhs = shaped(getRhs()), y = shaped(getResult()),
              out = shaped(getCombinedX());

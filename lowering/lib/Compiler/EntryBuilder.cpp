@@ -305,12 +305,13 @@ epic::ep::ConfigAttr epic::configOf(const EntryRequest::Spec &spec, Location loc
   // The reader refused negative values: each fits the parameter's unsigned.
   auto count = [](int value) { return unsigned(value); };
   // #ep.config's verifier names the parameter, which "spec" spells alike.
-  return ep::ConfigAttr::getChecked([&] { return emitError(loc) << "kernel request: spec: "; },
-                                    loc.getContext(), count(spec.ranks), count(spec.experts),
-                                    count(spec.topk), count(spec.hidden), dtype,
-                                    count(spec.scalePacks), count(spec.expertAlignment),
-                                    spec.expanded ? ep::Layout::expanded : ep::Layout::plain,
-                                    count(spec.numSms), count(spec.maxTokensPerRank));
+  return ep::ConfigAttr::getChecked(
+      [&] { return emitError(loc) << "kernel request: spec: "; }, loc.getContext(),
+      count(spec.ranks), count(spec.experts), count(spec.topk), count(spec.hidden), dtype,
+      count(spec.scalePacks), count(spec.expertAlignment),
+      spec.expanded ? ep::Layout::expanded : ep::Layout::plain, count(spec.numSms),
+      count(spec.maxTokensPerRank), count(spec.scaleupRanks),
+      spec.hybrid ? ep::Mode::hybrid : ep::Mode::direct);
 }
 
 OwningOpRef<ModuleOp> epic::buildEntryModule(const EntryRequest &request, Location loc) {

@@ -221,6 +221,8 @@ epic::EntryRequest::Spec epic::specOf(ep::ConfigAttr config) {
   spec.expanded = config.isExpanded();
   spec.numSms = int(config.getNumSms());
   spec.maxTokensPerRank = int(config.getMaxTokensPerRank());
+  spec.scaleupRanks = int(config.getScaleupRanks());
+  spec.hybrid = config.isHybrid();
   return spec;
 }
 

@@ -29,6 +29,49 @@ func.func private @f() attributes {cfg = #c}
 
 // -----
 
+// expected-error@+1 {{scaleup_ranks (3) must divide ranks (8): every node has the same number of ranks}}
+#c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 64, dtype = bf16, scaleup_ranks = 3>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+1 {{scaleup_ranks (16) must divide ranks (8)}}
+#c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 64, dtype = bf16, scaleup_ranks = 16>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+1 {{scaleup_ranks must be in [0, 1024], got 2048}}
+#c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 64, dtype = bf16, scaleup_ranks = 2048>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+1 {{mode = hybrid needs more than one node, but scaleup_ranks (8) puts all 8 ranks in one: use mode = direct}}
+#c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 64, dtype = bf16, mode = hybrid>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+1 {{nodes (ranks / scaleup_ranks) in hybrid mode must be in [2, 32], got 64}}
+#c = #ep.config<ranks = 64, experts = 64, topk = 2, hidden = 64, dtype = bf16, scaleup_ranks = 1, mode = hybrid>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+1 {{scaleup_ranks in hybrid mode must be in [1, 64], got 128}}
+#c = #ep.config<ranks = 256, experts = 256, topk = 2, hidden = 64, dtype = bf16, scaleup_ranks = 128, mode = hybrid>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
+// expected-error@+2 {{expected ::epic::ep::Mode to be one of: direct, hybrid}}
+// expected-error@+1 {{failed to parse EP_ConfigAttr parameter 'mode'}}
+#c = #ep.config<ranks = 8, experts = 64, topk = 2, hidden = 64, dtype = bf16, mode = relay>
+func.func private @f() attributes {cfg = #c}
+
+// -----
+
 // expected-error@+1 {{experts per rank must be at most 256, got 512}}
 #c = #ep.config<ranks = 1, experts = 512, topk = 2, hidden = 64, dtype = bf16, max_tokens_per_rank = 8>
 func.func private @f() attributes {cfg = #c}
@@ -675,6 +718,26 @@ func.func @f(%x: tensor<?x128xbf16>, %idx: tensor<?x4xi64>, %e: tensor<8x128x256
   // expected-error@+1 {{needs max_tokens_per_rank in its configuration: the fused kernel sizes its tile counters by it}}
   %rx, %y, %h = ep.dispatch_gemm %x topk(%idx : tensor<?x4xi64>) experts(%e : tensor<8x128x256xbf16>) config #c
       : tensor<?x128xbf16> -> tensor<?x128xbf16>, tensor<?x256xbf16>, !ep.handle<#c>
+  return
+}
+
+// -----
+
+// The fused kernels store into NVLink peers: one node only.
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, layout = expanded, max_tokens_per_rank = 64, scaleup_ranks = 4>
+func.func @f(%x: tensor<?x128xbf16>, %idx: tensor<?x4xi64>, %e: tensor<8x128x256xbf16>) {
+  // expected-error@+1 {{needs one NVLink domain: the configuration spans 2 nodes of 4 ranks}}
+  %rx, %y, %h = ep.dispatch_gemm %x topk(%idx : tensor<?x4xi64>) experts(%e : tensor<8x128x256xbf16>) config #c
+      : tensor<?x128xbf16> -> tensor<?x128xbf16>, tensor<?x256xbf16>, !ep.handle<#c>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, layout = expanded, max_tokens_per_rank = 64, scaleup_ranks = 2, mode = hybrid>
+func.func @f(%rx: tensor<?x128xbf16>, %w: tensor<8x128x128xbf16>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{needs one NVLink domain: the configuration spans 4 nodes of 2 ranks}}
+  %y, %out = ep.gemm_combine %rx, %w layout(%h : !ep.handle<#c>) : tensor<?x128xbf16>, tensor<8x128x128xbf16> -> tensor<?x128xbf16>, tensor<?x128xbf16>
   return
 }
 

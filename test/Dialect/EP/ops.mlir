@@ -10,6 +10,10 @@
 // CHECK-DAG: #[[$ONE:.*]] = #ep.config<ranks = 1, experts = 1, topk = 1, hidden = 8, dtype = bf16, max_tokens_per_rank = 1>
 // Without max_tokens_per_rank the cap is a run-time value (printed without it).
 // CHECK-DAG: #[[$RUNTIME_CAP:.*]] = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 2048, dtype = bf16>
+// Two nodes of four ranks (node = rank / 4), hybrid; scaleup_ranks = ranks (one node) and
+// mode = direct are the defaults, elided.
+// CHECK-DAG: #[[$HYBRID:.*]] = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 2048, dtype = bf16, max_tokens_per_rank = 512, scaleup_ranks = 4, mode = hybrid>
+// CHECK-DAG: #[[$DIRECT:.*]] = #ep.config<ranks = 16, experts = 64, topk = 4, hidden = 2048, dtype = bf16, max_tokens_per_rank = 512, scaleup_ranks = 8>
 
 #bf16 = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 2048, dtype = bf16,
                    max_tokens_per_rank = 512>
@@ -23,6 +27,10 @@
                   max_tokens_per_rank = 256>
 #one = #ep.config<ranks = 1, experts = 1, topk = 1, hidden = 8, dtype = bf16,
                   max_tokens_per_rank = 1>
+#hybrid = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 2048, dtype = bf16,
+                     max_tokens_per_rank = 512, scaleup_ranks = 4, mode = hybrid>
+#direct = #ep.config<ranks = 16, experts = 64, topk = 4, hidden = 2048, dtype = bf16,
+                     max_tokens_per_rank = 512, scaleup_ranks = 8, mode = direct>
 #runtime_cap = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 2048, dtype = bf16,
                           max_tokens_per_rank = 0>
 
@@ -59,6 +67,17 @@ func.func @dispatch_static_tokens(%x: tensor<512x2048xbf16>, %idx: tensor<512x4x
 }
 
 // With a run-time cap any token count is accepted (the runtime bounds it).
+// CHECK-LABEL: func.func @multi_node
+// CHECK: config #[[$HYBRID]]
+// CHECK: config #[[$DIRECT]]
+func.func @multi_node(%x: tensor<100x2048xbf16>, %idx: tensor<100x4xi64>) {
+  %rx, %ridx, %h = ep.dispatch %x topk(%idx : tensor<100x4xi64>) config #hybrid
+      : tensor<100x2048xbf16> -> tensor<?x2048xbf16>, tensor<?x4xi64>, !ep.handle<#hybrid>
+  %rx2, %ridx2, %h2 = ep.dispatch %x topk(%idx : tensor<100x4xi64>) config #direct
+      : tensor<100x2048xbf16> -> tensor<?x2048xbf16>, tensor<?x4xi64>, !ep.handle<#direct>
+  return
+}
+
 // CHECK-LABEL: func.func @dispatch_runtime_cap
 func.func @dispatch_runtime_cap(%x: tensor<100000x2048xbf16>, %idx: tensor<100000x4xi64>) {
   // CHECK: ep.dispatch %{{.*}} topk(%{{.*}} : tensor<100000x4xi64>) config #[[$RUNTIME_CAP]] : tensor<100000x2048xbf16> -> tensor<?x2048xbf16>, tensor<?x4xi64>, !ep.handle<#[[$RUNTIME_CAP]]>

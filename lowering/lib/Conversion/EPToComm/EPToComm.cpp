@@ -76,6 +76,15 @@ FailureOr<bool> checkEntryForm(func::FuncOp func) {
              << op.getName() << "'";
     }
   }
+  // Peers in other nodes are reached through the network (GIN puts and
+  // signals), which no ep kernel emits yet: refuse rather than store into
+  // pointers NCCL would not map.
+  ep::ConfigAttr cfg = cast<ep::KernelOpInterface>(epOp).getConfig();
+  if (cfg.isMultiNode())
+    return epOp->emitError("convert-ep-to-comm: the configuration spans ")
+           << cfg.getNumNodes() << " nodes of " << cfg.getRanksPerNode()
+           << " ranks (scaleup_ranks); the kernels reach NVLink (LSA) peers only, and the "
+              "network path (GIN) is not lowered yet";
   if (failed(entryTimeout(func)))
     return failure();
   return true;

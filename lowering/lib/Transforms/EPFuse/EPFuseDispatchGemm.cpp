@@ -52,6 +52,9 @@ FailureOr<ep::GroupedGemmOp> fusableGemm(ep::DispatchOp dispatch) {
   if (!cfg.hasStaticTokenCap())
     return refuse("the token cap is a run-time value; the fused kernel sizes its tile counters "
                   "by max_tokens_per_rank");
+  if (cfg.isMultiNode())
+    return refuse("the configuration spans " + Twine(cfg.getNumNodes()) +
+                  " nodes; the fused kernel stores into NVLink peers only");
   ep::GroupedGemmOp gemm = gemms.front();
   if (gemm->getBlock() != dispatch->getBlock())
     return refuse("the ep.grouped_gemm is in another block");

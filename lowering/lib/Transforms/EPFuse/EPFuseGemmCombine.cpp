@@ -48,6 +48,9 @@ FailureOr<ep::CombineOp> fusableCombine(ep::GroupedGemmOp gemm) {
   if (!combine.getConfig().hasStaticTokenCap())
     return refuse("the token cap is a run-time value; the fused kernel sizes its scratch by "
                   "max_tokens_per_rank");
+  if (combine.getConfig().isMultiNode())
+    return refuse("the configuration spans " + Twine(combine.getConfig().getNumNodes()) +
+                  " nodes; the fused epilogue stores into NVLink peers only");
   if (combine->getBlock() != gemm->getBlock())
     return refuse("the ep.combine is in another block");
   return combine;

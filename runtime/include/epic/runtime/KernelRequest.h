@@ -33,6 +33,8 @@ struct EPSpec {
   bool expanded = false;
   int maxTokensPerRank = 0;
   int numSms = 0;
+  int scaleupRanks = 0;  ///< ranks per NVLink domain; 0: all (one node)
+  bool hybrid = false;   ///< hybrid mode (more than one node), else direct
   int64_t timeoutMs = 0; ///< bound of the kernels' waits; 0: the compiler's default (100 s)
 
   /// Throws std::invalid_argument naming the first bad field.

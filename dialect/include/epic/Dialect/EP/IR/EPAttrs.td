@@ -9,6 +9,10 @@ def EP_LayoutParameter : EnumParameter<EP_Layout> {
   let defaultValue = "::epic::ep::Layout::plain";
 }
 
+def EP_ModeParameter : EnumParameter<EP_Mode> {
+  let defaultValue = "::epic::ep::Mode::direct";
+}
+
 // A non-negative integer field: read as a signed 64-bit value, so that a
 // negative or too large one is refused as written instead of wrapping.
 class EP_CountParameter<string default = ""> : AttrParameter<"unsigned", "non-negative integer"> {
@@ -35,6 +39,8 @@ def EP_ConfigAttr : AttrDef<EP_Dialect, "Config"> {
     | `expert_alignment`    | A, per-local-expert receive counts are rounded up to a multiple of A (default 1) |
     | `layout`              | `plain` or `expanded` (default `plain`)                    |
     | `num_sms`             | SMs of the communication kernel; 0 = the analytic choice (default 0) |
+    | `scaleup_ranks`       | M, ranks per NVLink (LSA) domain, a node; divides R; ranks are numbered node-major (node = rank / M). Omitted (0): R, one node |
+    | `mode`                | `direct` or `hybrid` (default `direct`); hybrid needs more than one node (2..32 nodes of up to 64 ranks, like DeepEP) |
     | `max_tokens_per_rank` | Tmax, the most tokens any rank dispatches; sizes every buffer. Omitted (0): a run-time value, the `max_tokens_per_rank` field of the kernels' parameter record, so one set of kernels serves every cap that fits the window (the fused GEMM ops need it given) |
 
     Example (DeepEP's V3 configuration, FP8 dispatch with one float32 scale
@@ -56,7 +62,9 @@ def EP_ConfigAttr : AttrDef<EP_Dialect, "Config"> {
     EP_CountParameter<"1">:$expert_alignment,
     EP_LayoutParameter:$layout,
     EP_CountParameter<"0">:$num_sms,
-    EP_CountParameter<"0">:$max_tokens_per_rank
+    EP_CountParameter<"0">:$max_tokens_per_rank,
+    EP_CountParameter<"0">:$scaleup_ranks,
+    EP_ModeParameter:$mode
   );
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;
@@ -67,6 +75,15 @@ def EP_ConfigAttr : AttrDef<EP_Dialect, "Config"> {
     uint64_t getHiddenBytes() const;
     bool isFP8() const;
     bool isExpanded() const { return getLayout() == Layout::expanded; }
+    /// M: ranks per NVLink (LSA) domain (scaleup_ranks, or R when omitted).
+    unsigned getRanksPerNode() const {
+      return getScaleupRanks() ? getScaleupRanks() : getRanks();
+    }
+    /// N = R / M: NVLink domains (nodes) of the world.
+    unsigned getNumNodes() const { return getRanks() / getRanksPerNode(); }
+    /// Whether some peers are outside the caller's NVLink domain.
+    bool isMultiNode() const { return getNumNodes() > 1; }
+    bool isHybrid() const { return getMode() == Mode::hybrid; }
     /// Whether Tmax is part of the configuration (else the kernels read it
     /// at run time and only the window bounds it).
     bool hasStaticTokenCap() const { return getMaxTokensPerRank() != 0; }

@@ -61,6 +61,22 @@ def EP_Layout : I32EnumAttr<"Layout", "layout of the received rows", [
   }];
 }
 
+def EP_Mode : I32EnumAttr<"Mode", "how tokens reach ranks of other nodes", [
+    I32EnumAttrCase<"direct", 0>,
+    I32EnumAttrCase<"hybrid", 1>
+  ]> {
+  let cppNamespace = "::epic::ep";
+  let genSpecializedAttr = 0;
+  let description = [{
+    `direct`: every source rank sends each token to every destination rank
+    holding one of its experts, over NVLink inside its node and over the
+    network (GIN) to other nodes. `hybrid`: a token crosses the network once
+    per destination node, to the rank of the same local index there (its
+    forwarder), which forwards it over NVLink; combine reduces per node at the
+    forwarder before the hop back. Only meaningful with more than one node.
+  }];
+}
+
 // Every ep op is host-level: it becomes kernels and their launch
 // (convert-ep-to-comm), which cannot happen inside a kernel (verified by the
 // trait).
