@@ -21,8 +21,12 @@ MAX_EXPERT_ALIGNMENT = _limits.MAX_EXPERT_ALIGNMENT
 _MAX_RANKS = _limits.MAX_RANKS
 _MAX_EXPERTS = _limits.MAX_EXPERTS
 _MAX_EXPERTS_PER_RANK = _limits.MAX_LOCAL_EXPERTS
-
-
+# DeepEP V2's hybrid bounds (deepep-v2-semantics.md §10.4: <= 32 nodes, <= 64 GPUs per node).
+# Issue 21's stage 1 puts them into EPLimits.def (HybridNodes, HybridRanksPerNode); until then the
+# same numbers here.
+MAX_HYBRID_NODES = getattr(_limits, "MAX_HYBRID_NODES", 32)
+MAX_HYBRID_GPUS_PER_NODE = getattr(_limits, "MAX_HYBRID_RANKS_PER_NODE", 64)
+_MAX_ELEMENT_INDEX = _limits.MAX_ELEMENT_INDEX
 
 
 def _describe(a) -> str:
@@ -93,6 +97,53 @@ def _check_experts(num_experts, num_ranks, prefix=""):
             f"{num_experts // num_ranks} experts per rank, more than {_MAX_EXPERTS_PER_RANK}"
         )
     return num_experts, num_ranks
+
+
+def _check_bool(name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected bool, got {type(value).__name__}")
+    return bool(value)
+
+
+def _check_topology(num_ranks, gpus_per_node, hybrid, prefix=""):
+    """``(M, N, hybrid)`` of a world of ``num_ranks`` ranks on N nodes of ``gpus_per_node`` (M)
+    ranks each, numbered node-major (``node(r) = r // M``). ``gpus_per_node=None`` is one node.
+    Hybrid mode needs at least two nodes and DeepEP's hybrid bounds."""
+    hybrid = _check_bool(f"{prefix}hybrid", hybrid)
+    if gpus_per_node is None:
+        m = num_ranks
+    else:
+        m = _check_int(f"{prefix}gpus_per_node", gpus_per_node)
+        if num_ranks % m:
+            raise ValueError(
+                f"{prefix}gpus_per_node: {m} does not divide the {num_ranks} ranks "
+                "(the world is N nodes of gpus_per_node ranks each)"
+            )
+    n = num_ranks // m
+    if hybrid:
+        if n < 2:
+            raise ValueError(
+                f"{prefix}hybrid: needs more than one node, but gpus_per_node ({m}) == number "
+                f"of ranks ({num_ranks}); use hybrid=False"
+            )
+        if n > MAX_HYBRID_NODES:
+            raise ValueError(
+                f"{prefix}hybrid: at most {MAX_HYBRID_NODES} nodes, got {n} "
+                f"({num_ranks} ranks / gpus_per_node {m})"
+            )
+        if m > MAX_HYBRID_GPUS_PER_NODE:
+            raise ValueError(
+                f"{prefix}gpus_per_node: hybrid allows at most {MAX_HYBRID_GPUS_PER_NODE} GPUs "
+                f"per node, got {m}"
+            )
+    return m, n, hybrid
+
+
+def _handle_topology(h):
+    """``(gpus_per_node, hybrid)`` a handle was dispatched with: its fields, or one node in
+    direct mode for an object without them."""
+    m = getattr(h, "gpus_per_node", None)
+    return (h.num_ranks if m is None else m), getattr(h, "hybrid", False)
 
 
 def _check_topk_idx(name, a, num_experts, num_topk=None):
@@ -222,6 +273,13 @@ def _check_handles(handles):
         if h.num_ranks != len(handles):
             raise ValueError(
                 f"handles: got {len(handles)} handles for a world of {h.num_ranks} ranks"
+            )
+        m, hybrid = _handle_topology(h)
+        _check_topology(h.num_ranks, m, hybrid, f"handles[{r}].")
+        if (m, hybrid) != _handle_topology(h0):
+            raise ValueError(
+                f"handles[{r}]: gpus_per_node/hybrid ({m}, {hybrid}) differ from handles[0]'s "
+                f"{_handle_topology(h0)}"
             )
         if h.topk_idx.shape[1] != h0.topk_idx.shape[1]:
             raise ValueError(f"handles[{r}]: top-k differs from handles[0]")

@@ -19,6 +19,24 @@ Conventions (DeepEP V2 direct mode, ``allow_multiple_reduction=True``):
 * Received rows are in the canonical order: grouped by source rank
   ascending, then source token ascending. A real kernel may permute rows
   inside a group; :func:`sort_by_source` maps such output back to this order.
+
+Topology (``gpus_per_node``, ``hybrid``; issue 21): the ``R = N * M`` ranks
+are N nodes of M (``gpus_per_node``) ranks, numbered node-major:
+``node(r) = r // M``, ``lsa(r) = r % M``. Direct mode (the default) does not
+depend on the topology. Hybrid mode (DeepEP's ``allow_hybrid_mode`` with more
+than one node) sends a token once per destination node, over the network, to
+its *forwarder* there, the rail peer ``F = node(d) * M + lsa(src)`` (the
+source itself for its own node), which forwards it over NVLink to each rank of
+its node that owns one of the token's experts. What changes:
+
+* dispatch: rows are grouped by forwarder index ``lsa(src)`` (all sources of
+  that local index, from every node), then by source global id; the prefix
+  sum per scale-up peer has M entries; ``recv_src_metadata[:, 1]`` depends on
+  the forwarder's atomics, so the reference writes -1 there and
+  :func:`check_hybrid_metadata` checks a kernel's;
+* combine reduces in three stages (per rank, per node at the forwarder, at the
+  origin), each in float32 rounded once to bfloat16;
+* :func:`expected_network_bytes` gives the bytes that cross nodes.
 """
 
 from __future__ import annotations
@@ -31,14 +49,17 @@ import ml_dtypes
 import numpy as np
 
 from ._reference_checks import (  # noqa: F401 - the world limits are part of this API
-    MAX_EXPERT_ALIGNMENT, MAX_TOPK, _MAX_RANKS, _check_array, _check_bf16, _check_dtype,
+    MAX_EXPERT_ALIGNMENT, MAX_HYBRID_GPUS_PER_NODE, MAX_HYBRID_NODES, MAX_TOPK,
+    _MAX_ELEMENT_INDEX, _MAX_RANKS, _check_array, _check_bf16, _check_bool, _check_dtype,
     _check_experts, _check_float32, _check_handle, _check_handles, _check_int, _check_number,
-    _check_per_rank, _check_topk_idx, _describe, _expanded_row_owners, _is_list, _source_ids,
-    _to_bf16, bfloat16)
+    _check_per_rank, _check_topk_idx, _check_topology, _describe, _expanded_row_owners,
+    _handle_topology, _is_list, _source_ids, _to_bf16, bfloat16)
 
 __all__ = [
     "MAX_TOPK",
     "MAX_EXPERT_ALIGNMENT",
+    "MAX_HYBRID_NODES",
+    "MAX_HYBRID_GPUS_PER_NODE",
     "FP8_E4M3_MAX",
     "bfloat16",
     "float8_e4m3fn",
@@ -50,6 +71,8 @@ __all__ = [
     "combine",
     "grouped_gemm",
     "sort_by_source",
+    "check_hybrid_metadata",
+    "expected_network_bytes",
     "per_token_cast_to_fp8",
     "per_token_cast_back",
     "generate_pre_combine_data",
@@ -102,17 +125,22 @@ class DispatchResult:
             verbatim; expanded ``[N_exp]`` float32, the weight of each
             (token, expert) row (0 in padding); ``None`` if none were sent.
         recv_src_metadata: ``[N_recv, K + 2]`` int32. Column 0: source global
-            id ``src_rank * Tmax + src_token``; column 1:
-            ``src_rank * K + master_slot``; columns ``2 + j``: expanded row of
-            top-k slot ``j`` if expanded and the slot's expert is local, else -1.
+            id ``src_rank * Tmax + src_token``; column 1: direct
+            ``src_rank * K + master_slot``, hybrid -1 (a kernel's value depends
+            on atomics: :func:`check_hybrid_metadata`); columns ``2 + j``:
+            expanded row of top-k slot ``j`` if expanded and the slot's expert
+            is local, else -1.
         num_recv_tokens_per_expert_list: per local expert, the received count
             rounded up to ``expert_alignment`` (Python ints; grouped-GEMM sizes).
-        psum_num_recv_tokens_per_scaleup_rank: ``[R]`` int32 inclusive prefix
-            sum of rows received from each source rank.
+        psum_num_recv_tokens_per_scaleup_rank: int32 inclusive prefix sum of
+            rows per scale-up peer: direct ``[R]``, per source rank; hybrid
+            ``[M]``, per forwarder index ``lsa(src)``.
         psum_num_recv_tokens_per_expert: ``[E/R]`` int32. Plain: inclusive
             prefix sum of the aligned counts. Expanded: ``start_e + count_e``
             with ``start_e`` the exclusive prefix sum of aligned counts.
         num_unaligned_recv_tokens_per_expert: ``[E/R]`` int32 real counts.
+        gpus_per_node: ``M``, ranks per node (``num_ranks``: one node).
+        hybrid: dispatched in hybrid mode.
     """
 
     rank: int
@@ -131,6 +159,8 @@ class DispatchResult:
     psum_num_recv_tokens_per_scaleup_rank: np.ndarray
     psum_num_recv_tokens_per_expert: np.ndarray
     num_unaligned_recv_tokens_per_expert: np.ndarray
+    gpus_per_node: int | None = None  # None: one node (num_ranks)
+    hybrid: bool = False
 
     @property
     def num_topk(self) -> int:
@@ -224,6 +254,8 @@ def dispatch(
     expert_alignment=1,
     expand=False,
     zero_padding=False,
+    gpus_per_node=None,
+    hybrid=False,
 ):
     """Send every token to each rank that owns one of its experts.
 
@@ -249,11 +281,21 @@ def dispatch(
             This reference always zero-fills padding, but without
             ``zero_padding`` a kernel may leave it uninitialised, so tests
             must not look at padding rows in that case.
+        gpus_per_node: ``M``, ranks per node; must divide the number of ranks.
+            ``None``: one node.
+        hybrid: hybrid mode (needs at least two nodes, at most
+            ``MAX_HYBRID_NODES`` of at most ``MAX_HYBRID_GPUS_PER_NODE`` ranks,
+            and ``N * Tmax * K`` within the int32 element index, which bounds
+            the kernels' metadata column 1). The received rows, their data and
+            the per-expert counts are direct mode's; only their order, the
+            prefix sum per scale-up peer and metadata column 1 differ (see
+            the module docstring).
 
     Returns:
         A list of :class:`DispatchResult`, one per destination rank, rows in
-        canonical order (source rank ascending, then source token ascending;
-        in expanded mode the same order inside each expert's block).
+        canonical order (direct: source rank ascending, then source token
+        ascending; hybrid: forwarder index ``lsa(src)`` ascending, then source
+        global id; in expanded mode the same order inside each expert's block).
     """
     if not _is_list(xs):
         raise TypeError(
@@ -267,6 +309,7 @@ def dispatch(
     num_ranks = len(xs)
     num_experts, num_ranks = _check_experts(num_experts, num_ranks)
     num_local = num_experts // num_ranks
+    gpus_per_node, num_nodes, hybrid = _check_topology(num_ranks, gpus_per_node, hybrid)
     alignment = _check_int("expert_alignment", expert_alignment, 1, MAX_EXPERT_ALIGNMENT)
     if zero_padding and not expand:
         raise ValueError("zero_padding: requires expand=True")
@@ -342,12 +385,21 @@ def dispatch(
             f"num_max_tokens_per_rank: {num_ranks} ranks x {tmax} tokens overflow "
             "the int32 source ids"
         )
+    if hybrid and num_nodes * tmax * num_topk > _MAX_ELEMENT_INDEX:
+        raise ValueError(
+            f"num_max_tokens_per_rank: hybrid metadata column 1 is item x K + slot with "
+            f"item < N x Tmax, and {num_nodes} nodes x {tmax} tokens x top-{num_topk} exceeds "
+            f"{_MAX_ELEMENT_INDEX}"
+        )
+    # Canonical source order: direct by rank; hybrid by forwarder index lsa(src), then rank
+    # (with the token inside each source ascending, that is by source global id).
+    sources = sorted(range(num_ranks), key=lambda s: (s % gpus_per_node, s) if hybrid else s)
 
     results = []
     for dst in range(num_ranks):
         # Gather, in canonical order, every (source rank, token) routed here.
         parts = []  # (src, token ids, owner mask rows)
-        for src in range(num_ranks):
+        for src in sources:
             owned = _owner_mask(idxs[src], dst, num_local)
             tokens = np.nonzero(owned.any(axis=1))[0]
             parts.append((src, tokens, owned[tokens]))
@@ -364,7 +416,8 @@ def dispatch(
 
         meta = np.full((n_recv, num_topk + 2), -1, dtype=np.int32)
         meta[:, 0] = src_rank * tmax + src_token
-        meta[:, 1] = src_rank * num_topk + master
+        # Hybrid: the forwarder's slot, decided by its atomics (check_hybrid_metadata).
+        meta[:, 1] = -1 if hybrid else src_rank * num_topk + master
 
         x_rows = np.concatenate([xs[s][t] for s, t, _ in parts]).reshape(n_recv, hidden)
         sf_rows = None
@@ -378,7 +431,10 @@ def dispatch(
 
         counts = np.array([(local_idx == e).sum() for e in range(num_local)], dtype=np.int64)
         aligned = align(counts, alignment)
-        psum_rank = np.cumsum([len(t) for _, t, _ in parts]).astype(np.int32)
+        per_peer = np.zeros(gpus_per_node if hybrid else num_ranks, dtype=np.int64)
+        for s, t, _ in parts:
+            per_peer[s % gpus_per_node if hybrid else s] += len(t)
+        psum_rank = np.cumsum(per_peer).astype(np.int32)
 
         if not expand:
             psum_expert = np.cumsum(aligned).astype(np.int32)
@@ -420,6 +476,8 @@ def dispatch(
                 psum_num_recv_tokens_per_scaleup_rank=psum_rank,
                 psum_num_recv_tokens_per_expert=psum_expert,
                 num_unaligned_recv_tokens_per_expert=counts.astype(np.int32),
+                gpus_per_node=gpus_per_node,
+                hybrid=hybrid,
             )
         )
     return results
@@ -430,16 +488,28 @@ def sort_by_source(result):
 
     A kernel allocates receive slots with atomics, so rows inside a source
     rank group (plain) or inside an expert block (expanded) come in arrival
-    order. This sorts plain rows by ``recv_src_metadata[:, 0]``; in expanded
-    mode it also sorts each expert block's valid rows by source id, keeps
-    padding rows after them, and rewrites ``recv_src_metadata[:, 2:]``.
-    Applied to :func:`dispatch` output it is the identity.
+    order. This sorts plain rows by ``recv_src_metadata[:, 0]`` (hybrid: by
+    forwarder index ``lsa(src)``, then that); in expanded mode it also sorts
+    each expert block's valid rows the same way, keeps padding rows after
+    them, and rewrites ``recv_src_metadata[:, 2:]``. Applied to
+    :func:`dispatch` output it is the identity.
     """
     _check_handle("result", result)
     if not dataclasses.is_dataclass(result) or isinstance(result, type):  # copied with replace()
         raise TypeError(f"result: expected a DispatchResult, got {type(result).__name__}")
+    gpus_per_node, hybrid = _handle_topology(result)
+    _check_topology(result.num_ranks, gpus_per_node, hybrid, "result.")
+    tmax = result.num_max_tokens_per_rank
+
+    def canonical(ids):
+        """Permutation putting source ids in canonical order."""
+        ids = ids.astype(np.int64)
+        if not hybrid:
+            return np.argsort(ids, kind="stable")
+        return np.lexsort((ids, ids // tmax % gpus_per_node))
+
     meta = result.recv_src_metadata
-    order = np.argsort(meta[:, 0], kind="stable")
+    order = canonical(meta[:, 0])
     meta = meta[order]
 
     def take(a, perm):
@@ -463,7 +533,7 @@ def sort_by_source(result):
     for lo, hi in zip(starts, ends):
         block = np.arange(lo, hi)
         valid = block[owner[block] >= 0]
-        valid = valid[np.argsort(src_id[valid], kind="stable")]
+        valid = valid[canonical(src_id[valid])]
         perm.extend(valid)
         perm.extend(block[owner[block] < 0])
     # Rows past the last block (worst-case-sized kernel output) stay put.
@@ -514,22 +584,33 @@ def _rank_contribution(y, rows, owned, expand):
     return _to_bf16(acc).astype(np.float32)
 
 
-def combine(ys, handles, topk_weights=None, bias=None, expand=None):
+def combine(ys, handles, topk_weights=None, bias=None, expand=None, *, gpus_per_node=None,
+            hybrid=None, allow_multiple_reduction=True):
     """Send expert outputs back and sum them at the token's origin.
 
-    Direct mode with ``allow_multiple_reduction=True``. The sum is
-    *unweighted*: top-k weights are transported, never applied. For source
+    ``allow_multiple_reduction=True`` (partial sums on the way back). The sum
+    is *unweighted*: top-k weights are transported, never applied. For source
     token ``t`` of rank ``s``:
 
-    * Plain layout: each destination rank ``d`` contributes its single row.
-    * Expanded layout: ``d`` first sums its rows for ``t`` (one per local
-      expert) in increasing top-k slot order in float32 and rounds to
-      bfloat16 once.
-    * The origin accumulates in float32, starting from +0.0, adding ``bias0`` and ``bias1``,
-      adding the rank contributions in increasing order of each rank's
-      master slot, and rounds to bfloat16 (nearest-even) once.
+    * Stage 1, per rank. Plain layout: each destination rank ``d``
+      contributes its single row. Expanded layout: ``d`` first sums its rows
+      for ``t`` (one per local expert) in increasing top-k slot order in
+      float32 and rounds to bfloat16 once.
+    * Direct mode, at the origin: float32, starting from +0.0, adding
+      ``bias0`` and ``bias1``, then the rank contributions in increasing order
+      of each rank's master slot (its highest slot), rounded to bfloat16
+      (nearest-even) once.
+    * Hybrid mode, stage 2, per node at the forwarder: float32 from +0.0 over
+      the contributions of the node's ranks in increasing master slot,
+      rounded to bfloat16 once (also for the origin's own node, and for a node
+      of one contributing rank, where it changes no bit).
+    * Hybrid mode, stage 3, at the origin: float32 from +0.0, ``bias0`` and
+      ``bias1``, then the node partials in increasing *node master* slot (the
+      highest slot whose expert is in that node), rounded once.
 
-    Tokens routed nowhere get the bias sum, or zeros without bias.
+    Where every node holds at most one of a token's ranks, hybrid and direct
+    give the same bits. Tokens routed nowhere get the bias sum, or zeros
+    without bias.
 
     Args:
         ys: per rank, bfloat16 rows aligned with that rank's dispatch output:
@@ -543,6 +624,12 @@ def combine(ys, handles, topk_weights=None, bias=None, expand=None):
             array, or a tuple of one or two of them.
         expand: layout of ``ys``; ``None`` takes it from the handles, and a
             value that disagrees with them is an error.
+        gpus_per_node, hybrid: the topology, as for :func:`dispatch`; ``None``
+            takes it from the handles (one node, direct, for handles without
+            these fields), and a value that disagrees with them is an error.
+        allow_multiple_reduction: must be True. False (every top-k row summed
+            once at the origin) is refused: epic's buffers do not implement it,
+            and hybrid mode without it is out of scope.
 
     Returns:
         A list of :class:`CombineResult`, one per source rank.
@@ -558,6 +645,13 @@ def combine(ys, handles, topk_weights=None, bias=None, expand=None):
         raise ValueError(
             f"expand: {bool(expand)} does not match the handles "
             f"(dispatched with expand={h0.expand})"
+        )
+    gpus_per_node, hybrid = _combine_topology(h0, gpus_per_node, hybrid)
+    if not _check_bool("allow_multiple_reduction", allow_multiple_reduction):
+        raise ValueError(
+            "allow_multiple_reduction: False is not supported"
+            + (": hybrid combine reduces per node at the forwarder (needs True)" if hybrid
+               else " (epic's buffers refuse it too)")
         )
 
     num_topk = h0.topk_idx.shape[1]
@@ -643,6 +737,10 @@ def combine(ys, handles, topk_weights=None, bias=None, expand=None):
                 got = w[rows[t_idx, j_idx]] if expand else w[rows[t_idx], j_idx]
                 weights[tok[t_idx], j_idx] = got
 
+        if hybrid:
+            _hybrid_reduce(acc, routes, ys, expand, gpus_per_node, num_topk)
+            out.append(CombineResult(combined_x=_to_bf16(acc), combined_topk_weights=weights))
+            continue
         # Final stage at the origin: ranks in increasing master slot, one
         # rounding at the end. A slot is the master of at most one rank.
         for j in range(num_topk):
@@ -652,6 +750,241 @@ def combine(ys, handles, topk_weights=None, bias=None, expand=None):
                     values = _rank_contribution(ys[d], rows[sel], owned[sel], expand)
                     _accumulate(acc, tok[sel], values)
         out.append(CombineResult(combined_x=_to_bf16(acc), combined_topk_weights=weights))
+    return out
+
+
+def _combine_topology(h0, gpus_per_node, hybrid):
+    """combine's ``(M, hybrid)``: the handles' unless given; a given value must agree with a
+    handle that has the field."""
+    m, h = _handle_topology(h0)
+    if gpus_per_node is not None:
+        gpus_per_node = _check_int("gpus_per_node", gpus_per_node)
+        if getattr(h0, "gpus_per_node", None) is not None and gpus_per_node != m:
+            raise ValueError(f"gpus_per_node: {gpus_per_node} does not match the handles "
+                             f"(dispatched with gpus_per_node={m})")
+        m = gpus_per_node
+    if hybrid is not None:
+        hybrid = _check_bool("hybrid", hybrid)
+        if hasattr(h0, "hybrid") and hybrid != h:
+            raise ValueError(f"hybrid: {hybrid} does not match the handles "
+                             f"(dispatched with hybrid={h})")
+        h = hybrid
+    m, _, h = _check_topology(h0.num_ranks, m, h)
+    return m, h
+
+
+def _hybrid_reduce(acc, routes, ys, expand, gpus_per_node, num_topk):
+    """Hybrid stages 2 and 3 into ``acc`` (the origin's float32 rows, biases already added):
+    per node, the ranks' stage-1 rows in increasing master slot, rounded to bfloat16 once;
+    then the node partials in increasing node-master slot."""
+    nodes = {}  # node -> [(tok, stage-1 rows, master)]
+    for d, tok, rows, owned, master in routes:
+        values = _rank_contribution(ys[d], rows, owned, expand)
+        nodes.setdefault(d // gpus_per_node, []).append((tok, values, master))
+    partials = []  # per node: (tokens, partial rows, node master slot)
+    for members in nodes.values():
+        tok = np.unique(np.concatenate([t for t, _, _ in members]))
+        part = np.zeros((tok.size, acc.shape[1]), dtype=np.float32)
+        node_master = np.full(tok.size, -1, dtype=np.int64)
+        for j in range(num_topk):  # a slot is the master of at most one rank
+            for t, values, master in members:
+                sel = np.nonzero(master == j)[0]
+                if sel.size:
+                    at = np.searchsorted(tok, t[sel])
+                    _accumulate(part, at, values[sel])
+                    node_master[at] = np.maximum(node_master[at], j)
+        partials.append((tok, _to_bf16(part).astype(np.float32), node_master))
+    for j in range(num_topk):  # a slot is the node master of at most one node
+        for tok, part, node_master in partials:
+            sel = np.nonzero(node_master == j)[0]
+            if sel.size:
+                _accumulate(acc, tok[sel], part[sel])
+
+
+# --------------------------------------------------------------------------
+# Hybrid mode: metadata column 1 and the bytes between nodes
+# --------------------------------------------------------------------------
+
+
+def _first(mask):
+    return int(np.argmax(mask))
+
+
+def check_hybrid_metadata(results, handles, gpus_per_node=None):
+    """Check what a hybrid dispatch kernel wrote where the reference cannot: the forwarder
+    groups of its rows and ``recv_src_metadata[:, 1]``.
+
+    Column 1 of a hybrid row at receiver ``d`` is ``item * K + master`` (DeepEP:
+    ``slot_in_forwarder_region * K + master_slot``) where
+
+    * ``master`` is the highest top-k slot whose expert lives on ``d`` (as in direct mode);
+    * ``item = node(src) * Tmax + i`` is the token's entry at its forwarder
+      ``F = node(d) * M + lsa(src)``: ``i`` in ``[0, Tmax)`` is the slot F's atomics gave it among
+      the tokens of ``src`` (so ``item`` decodes to the source node and, with the row's forwarder
+      group ``lsa(src)``, to the source rank);
+    * one forwarder gives each token one item, the same at every receiver of its node (combine
+      gathers the node's contributions of a token by that item), and no two tokens the same one.
+
+    Raises ValueError naming the receiver, the row and the rule at the first violation; also
+    when a row lies outside its forwarder group (rows ``[psum[g-1], psum[g])`` hold sources with
+    ``lsa(src) == g``), when the prefix sums differ from the reference's, or when the rows are
+    not the reference's tokens. The other columns are the reference's: compare them bitwise
+    after :func:`sort_by_source`, column 1 left out.
+
+    Args:
+        results: per rank, the kernel's dispatch output in its own row order (anything with
+            ``recv_src_metadata`` and ``psum_num_recv_tokens_per_scaleup_rank``, e.g. a
+            :class:`DispatchResult` with the kernel's arrays swapped in).
+        handles: the reference's :func:`dispatch` results of the same inputs with
+            ``hybrid=True``.
+        gpus_per_node: ``M``; ``None`` takes it from the handles (a value must agree).
+    """
+    handles = _check_handles(handles)
+    h0 = handles[0]
+    m, hybrid = _handle_topology(h0)
+    if gpus_per_node is not None and _check_int("gpus_per_node", gpus_per_node) != m:
+        raise ValueError(f"gpus_per_node: {gpus_per_node} does not match the handles "
+                         f"(dispatched with gpus_per_node={m})")
+    if not hybrid:
+        raise ValueError("handles: not a hybrid dispatch (reference.dispatch(..., hybrid=True)); "
+                         "direct mode's column 1 is src_rank * K + master slot: compare it bitwise")
+    num_ranks, num_topk, tmax = h0.num_ranks, h0.topk_idx.shape[1], h0.num_max_tokens_per_rank
+    num_local = h0.num_experts // num_ranks
+    results = _check_per_rank("results", results, num_ranks)
+    all_idx = np.concatenate([np.asarray(h.topk_idx, dtype=np.int64) for h in handles])
+    offsets = np.cumsum([0] + [h.topk_idx.shape[0] for h in handles])
+
+    entries = []  # per receiver: (forwarder, source id, item, receiver, row)
+    for d, (res, want) in enumerate(zip(results, handles)):
+        name = f"results[{d}]"
+        if not all(hasattr(res, f) for f in ("recv_src_metadata",
+                                             "psum_num_recv_tokens_per_scaleup_rank")):
+            raise TypeError(f"{name}: expected a dispatch result with recv_src_metadata and "
+                            f"psum_num_recv_tokens_per_scaleup_rank, got {type(res).__name__}")
+        meta = _check_array(f"{name}.recv_src_metadata", res.recv_src_metadata)
+        shape = want.recv_src_metadata.shape
+        if not np.issubdtype(meta.dtype, np.integer) or meta.shape != shape:
+            raise ValueError(f"{name}.recv_src_metadata: expected int array of shape "
+                             f"[{shape[0]}, {shape[1]}] (the reference's), got {_describe(meta)}")
+        psum = np.asarray(res.psum_num_recv_tokens_per_scaleup_rank)
+        want_psum = want.psum_num_recv_tokens_per_scaleup_rank
+        if psum.shape != want_psum.shape or (psum != want_psum).any():
+            raise ValueError(f"{name}.psum_num_recv_tokens_per_scaleup_rank: {psum.tolist()}, "
+                             f"expected {want_psum.tolist()} (rows per forwarder index)")
+        ids = meta[:, 0].astype(np.int64)
+        if not np.array_equal(np.sort(ids), np.sort(want.recv_src_metadata[:, 0])):
+            raise ValueError(f"{name}.recv_src_metadata[:, 0]: the source ids are not the "
+                             "reference's")
+        src, tok = np.divmod(ids, tmax)
+        group = np.searchsorted(psum, np.arange(ids.size), side="right")
+
+        def fail(mask, rule):
+            p = _first(mask)
+            raise ValueError(f"{name}.recv_src_metadata[{p}] (token {tok[p]} of rank {src[p]}): "
+                             + rule(p))
+
+        bad = src % m != group
+        if bad.any():
+            fail(bad, lambda p: f"forwarder index lsa({src[p]}) = {src[p] % m}, but the row is "
+                                f"in forwarder group {group[p]}")
+        col1 = meta[:, 1].astype(np.int64)
+        if (col1 < 0).any():
+            fail(col1 < 0, lambda p: f"column 1 is {col1[p]}, expected item x K + master slot "
+                                     "(the reference writes -1 there; a kernel may not)")
+        item, slot = np.divmod(col1, num_topk)
+        owned = _owner_mask(all_idx[offsets[src] + tok], d, num_local)
+        master = num_topk - 1 - np.argmax(owned[:, ::-1], axis=1)
+        bad = slot != master
+        if bad.any():
+            fail(bad, lambda p: f"column 1 = {col1[p]} decodes to slot {slot[p]}, expected "
+                                f"{master[p]}, the highest slot whose expert is on rank {d}")
+        bad = item // tmax != src // m
+        if bad.any():
+            fail(bad, lambda p: f"column 1 = {col1[p]} decodes to item {item[p]} of node "
+                                f"{item[p] // tmax}, expected node(src) = {src[p] // m} "
+                                f"(item = node(src) x Tmax + slot at the forwarder)")
+        forwarder = d // m * m + group
+        entries.append(np.stack([forwarder, ids, item, np.full(ids.size, d), np.arange(ids.size)]))
+
+    f, ids, item, recv, row = np.concatenate(entries, axis=1) if entries else np.zeros((5, 0))
+    f, ids, item, recv, row = (a.astype(np.int64) for a in (f, ids, item, recv, row))
+
+    def where(i):
+        return f"results[{recv[i]}].recv_src_metadata[{row[i]}]"
+
+    # One item per (forwarder, token): sorted by token, a neighbour with another item breaks it.
+    order = np.lexsort((item, ids, f))
+    a, b = order[:-1], order[1:]
+    bad = (f[a] == f[b]) & (ids[a] == ids[b]) & (item[a] != item[b])
+    if bad.any():
+        i, j = a[_first(bad)], b[_first(bad)]
+        s, t = divmod(int(ids[i]), tmax)
+        raise ValueError(f"{where(i)} and {where(j)}: token {t} of rank {s} has items {item[i]} "
+                         f"and {item[j]} at forwarder {f[i]}; a forwarder gives a token one item, "
+                         "the same at every receiver of its node")
+    order = np.lexsort((ids, item, f))
+    a, b = order[:-1], order[1:]
+    bad = (f[a] == f[b]) & (item[a] == item[b]) & (ids[a] != ids[b])
+    if bad.any():
+        i, j = a[_first(bad)], b[_first(bad)]
+        (s1, t1), (s2, t2) = divmod(int(ids[i]), tmax), divmod(int(ids[j]), tmax)
+        raise ValueError(f"{where(i)} and {where(j)}: token {t1} of rank {s1} and token {t2} of "
+                         f"rank {s2} share item {item[i]} at forwarder {f[i]}")
+
+
+_NETWORK_MODES = ("direct", "hybrid")
+
+
+def expected_network_bytes(topk_idx_per_rank, num_experts, gpus_per_node, mode, record_bytes):
+    """Bytes a dispatch must send between nodes, per (source rank, destination rank).
+
+    Direct mode sends ``record_bytes`` per (token, destination rank of another node that owns
+    at least one of its experts), straight to that rank. Hybrid mode sends ``record_bytes`` per
+    (token, other node with at least one of its experts), to the rail peer
+    ``D * M + lsa(src)`` of that node ``D``. Same-node traffic goes over NVLink and counts
+    nothing, so the matrix is zero on every pair of one node (hybrid: nonzero only on rail
+    pairs). With ``allow_multiple_reduction``, combine sends one row per such pair back, so its
+    matrix is the transpose, with the combine record's size.
+
+    Args:
+        topk_idx_per_rank: per rank, ``[T_r, K]`` int global expert ids, ``-1`` = none.
+        num_experts: ``E``, divisible by the number of ranks.
+        gpus_per_node: ``M``, dividing the number of ranks (``None``: one node, no traffic).
+        mode: ``"direct"`` or ``"hybrid"`` (hybrid needs at least two nodes).
+        record_bytes: bytes of one token's record on the wire (>= 1).
+
+    Returns:
+        ``[R, R]`` int64: ``[src, dst]`` bytes sent from ``src`` to ``dst``.
+    """
+    if not _is_list(topk_idx_per_rank) or not topk_idx_per_rank:
+        raise TypeError("topk_idx_per_rank: expected a non-empty list with one [T, K] array "
+                        f"per rank, got {type(topk_idx_per_rank).__name__}")
+    num_ranks = len(topk_idx_per_rank)
+    if num_ranks > _MAX_RANKS:
+        raise ValueError(f"topk_idx_per_rank: expected at most {_MAX_RANKS} ranks, got {num_ranks}")
+    num_experts, num_ranks = _check_experts(num_experts, num_ranks)
+    if not isinstance(mode, str) or mode not in _NETWORK_MODES:
+        raise ValueError(f"mode: expected 'direct' or 'hybrid', got {mode!r}")
+    m, n, hybrid = _check_topology(num_ranks, gpus_per_node, mode == "hybrid")
+    record_bytes = _check_int("record_bytes", record_bytes)
+    num_local = num_experts // num_ranks
+    out = np.zeros((num_ranks, num_ranks), dtype=np.int64)
+    num_topk = None
+    for s, a in enumerate(topk_idx_per_rank):
+        idx = _check_topk_idx(f"topk_idx_per_rank[{s}]", a, num_experts, num_topk)
+        num_topk = idx.shape[1]
+        hit = np.zeros((idx.shape[0], num_ranks), dtype=bool)  # token -> destination rank
+        rows, slots = np.nonzero(idx >= 0)
+        hit[rows, idx[rows, slots] // num_local] = True
+        home = s // m
+        if hybrid:
+            per_node = hit.reshape(-1, n, m).any(axis=2).sum(axis=0)
+            per_node[home] = 0
+            out[s, np.arange(n) * m + s % m] = per_node * record_bytes
+        else:
+            per_rank = hit.sum(axis=0)
+            per_rank[home * m:(home + 1) * m] = 0
+            out[s] = per_rank * record_bytes
     return out
 
 

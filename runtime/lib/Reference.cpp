@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <numeric>
 #include <stdexcept>
 #include <unordered_map>
@@ -239,14 +240,84 @@ std::string where(int64_t rank, const char *field, int64_t row) {
   return "rank " + std::to_string(rank) + ": " + field + "[" + std::to_string(row) + "]";
 }
 
+std::string token(int64_t t, int64_t s) {
+  return "token " + std::to_string(t) + " of rank " + std::to_string(s);
+}
+
+/// Receive order: the scale-up peer group of a source (direct: the source rank; hybrid: its
+/// forwarder index lsa(src)) and the sort key of a source id inside the world.
+struct Groups {
+  int64_t M, count, Tmax;
+  bool hybrid;
+  Groups(const EPSpec &spec, const Topology &topology)
+      : M(topology.lsaSize(spec.ranks)), count(topology.hybrid ? M : spec.ranks),
+        Tmax(spec.maxTokensPerRank), hybrid(topology.hybrid) {
+    topology.validate(spec.ranks);
+  }
+  int64_t of(int64_t source) const { return hybrid ? source % M : source; }
+  std::pair<int64_t, int64_t> key(int64_t gid) const { return {of(gid / Tmax), gid}; }
+};
+
+/// Hybrid metadata column 1 (`m[1]`) of row `i` at receiver `d`: `item·K + master` with
+/// item / Tmax = node(src); one item per (forwarder, token), one token per (forwarder, item).
+void checkHybridColumn1(
+    Problems &p, const World &w, const Groups &groups, int64_t d, int64_t i, const int32_t *m,
+    int64_t master, std::map<std::pair<int64_t, int64_t>, std::pair<int64_t, std::string>> &itemOf,
+    std::map<std::pair<int64_t, int64_t>, std::pair<int64_t, std::string>> &tokenOf) {
+  const int64_t gid = m[0], s = gid / w.Tmax, t = gid % w.Tmax, M = groups.M;
+  const std::string here = where(d, "recv_src_metadata", i);
+  const int64_t item = m[1] / w.K;
+  if (m[1] < 0 || m[1] % w.K != master || item / w.Tmax != s / M) {
+    p.add(here + "[1] is " + std::to_string(m[1]) + ", expected item x K + " +
+          std::to_string(master) + " (the highest slot here) with item / Tmax = " +
+          std::to_string(s / M) + " (hybrid: item = node(src) x Tmax + slot at the forwarder)");
+    return;
+  }
+  const int64_t forwarder = d / M * M + s % M;
+  const std::string at = " at forwarder " + std::to_string(forwarder);
+  auto [byToken, freshToken] = itemOf.try_emplace({forwarder, gid}, item, here);
+  if (!freshToken && byToken->second.first != item)
+    p.add(here + ": " + token(t, s) + " has item " + std::to_string(item) + at + ", but " +
+          std::to_string(byToken->second.first) + " in " + byToken->second.second +
+          " (a forwarder gives a token one item, the same at every receiver of its node)");
+  auto [byItem, freshItem] = tokenOf.try_emplace({forwarder, item}, gid, here);
+  if (!freshItem && byItem->second.first != gid)
+    p.add(here + ": " + token(t, s) + " shares item " + std::to_string(item) + at + " with " +
+          token(byItem->second.first % w.Tmax, byItem->second.first / w.Tmax) + " in " +
+          byItem->second.second);
+}
+
 } // namespace
+
+void Topology::validate(int ranks) const {
+  const std::string m = std::to_string(lsaSize(ranks)), r = std::to_string(ranks);
+  if (gpusPerNode < 0)
+    throw std::invalid_argument("gpus_per_node: expected >= 0 (0: one node), got " + m);
+  if (ranks < 1 || ranks % lsaSize(ranks))
+    throw std::invalid_argument("gpus_per_node: " + m + " does not divide the " + r +
+                                " ranks (the world is N nodes of gpus_per_node ranks each)");
+  const int nodes = ranks / lsaSize(ranks);
+  if (!hybrid)
+    return;
+  if (nodes < 2)
+    throw std::invalid_argument("hybrid: needs more than one node, but gpus_per_node (" + m +
+                                ") == number of ranks (" + r + "); use direct mode");
+  if (nodes > 32)
+    throw std::invalid_argument("hybrid: at most 32 nodes, got " + std::to_string(nodes));
+  if (lsaSize(ranks) > 64)
+    throw std::invalid_argument("gpus_per_node: hybrid allows at most 64 GPUs per node, got " + m);
+}
 
 std::vector<std::string> epic::runtime::checkDispatch(const EPSpec &spec, bool weights,
                                                       bool zeroPadding,
                                                       const std::vector<DispatchRecord> &ranks,
-                                                      size_t limit) {
+                                                      const Topology &topology, size_t limit) {
   Problems p{limit};
   const World w(spec);
+  const Groups groups(spec, topology);
+  // Hybrid: per (forwarder, source id) the item first seen, and per (forwarder, item) the
+  // source id, each with where it was seen.
+  std::map<std::pair<int64_t, int64_t>, std::pair<int64_t, std::string>> itemOf, tokenOf;
   if (int64_t(ranks.size()) != w.R) {
     p.add("expected one record per rank (" + std::to_string(w.R) + "), got " +
           std::to_string(ranks.size()));
@@ -257,7 +328,7 @@ std::vector<std::string> epic::runtime::checkDispatch(const EPSpec &spec, bool w
     auto owns = [&](int64_t e) { return e >= 0 && e / w.L == d; };
     // What rank d must receive.
     int64_t expected = 0;
-    std::vector<int64_t> counts(w.L, 0), perSource(w.R, 0);
+    std::vector<int64_t> counts(w.L, 0), perSource(groups.count, 0);
     for (int64_t s = 0; s < w.R; ++s)
       for (int64_t t = 0; t < ranks[s].topkIdx.rows(); ++t) {
         bool here = false;
@@ -268,7 +339,7 @@ std::vector<std::string> epic::runtime::checkDispatch(const EPSpec &spec, bool w
             counts[e % w.L]++;
           }
         }
-        expected += here, perSource[s] += here;
+        expected += here, perSource[groups.of(s)] += here;
       }
     const std::string rank = "rank " + std::to_string(d) + ": ";
     if (out.hostCounts.size() != size_t(1 + w.L) || out.hostCounts[0] != expected) {
@@ -293,14 +364,19 @@ std::vector<std::string> epic::runtime::checkDispatch(const EPSpec &spec, bool w
         p.add(rank + "psum_num_recv_tokens_per_expert[" + std::to_string(e) + "] is " +
               std::to_string(out.psumRecvPerExpert[e]) + ", expected " + std::to_string(want));
     }
-    std::vector<int64_t> sourceEnd(w.R);
-    for (int64_t s = 0, sum = 0; s < w.R; ++s) {
+    std::vector<int64_t> sourceEnd(groups.count);
+    for (int64_t s = 0, sum = 0; s < groups.count; ++s) {
       sum += perSource[s];
       sourceEnd[s] = sum;
-      if (out.psumRank.at(s) != sum)
+      if (s >= int64_t(out.psumRank.size()) || out.psumRank[s] != sum)
         p.add(rank + "psum_num_recv_tokens_per_rank[" + std::to_string(s) + "] is " +
-              std::to_string(out.psumRank[s]) + ", expected " + std::to_string(sum));
+              (s < int64_t(out.psumRank.size()) ? std::to_string(out.psumRank[s]) : "missing") +
+              ", expected " + std::to_string(sum) +
+              (groups.hybrid ? " (hybrid: rows per forwarder index)" : ""));
     }
+    if (int64_t(out.psumRank.size()) > groups.count)
+      p.add(rank + "psum_num_recv_tokens_per_rank has " + std::to_string(out.psumRank.size()) +
+            " entries, expected " + std::to_string(groups.count));
     if (out.meta.size() < size_t(expected * (w.K + 2))) {
       p.add(rank + "recv_src_metadata has fewer rows than received tokens");
       continue;
@@ -329,12 +405,22 @@ std::vector<std::string> epic::runtime::checkDispatch(const EPSpec &spec, bool w
               std::to_string(s) + " has no expert here");
         continue;
       }
-      if (m[1] != s * w.K + master)
-        p.add(where(d, "recv_src_metadata", i) + "[1] is " + std::to_string(m[1]) + ", expected " +
-              std::to_string(s * w.K + master) + " (source rank x K + master slot)");
+      const int64_t g = groups.of(s);
+      const bool inGroup = i >= (g ? sourceEnd[g - 1] : 0) && i < sourceEnd[g];
+      if (!groups.hybrid) {
+        if (m[1] != s * w.K + master)
+          p.add(where(d, "recv_src_metadata", i) + "[1] is " + std::to_string(m[1]) +
+                ", expected " + std::to_string(s * w.K + master) +
+                " (source rank x K + master slot)");
+      } else {
+        checkHybridColumn1(p, w, groups, d, i, m, master, itemOf, tokenOf);
+        if (!inGroup)
+          p.add(where(d, "recv_src_metadata", i) + ": " + token(t, s) + " (forwarder index " +
+                std::to_string(g) + ") lies outside that forwarder's rows");
+      }
       const DispatchRecord &src = ranks[s];
       if (!spec.expanded) {
-        if (i < (s ? sourceEnd[s - 1] : 0) || i >= sourceEnd[s])
+        if (!groups.hybrid && !inGroup)
           p.add(where(d, "recv_x", i) + " holds a token of rank " + std::to_string(s) +
                 " outside that rank's group");
         if (!rowsEqual(out.recvX, i, src.x, t))
@@ -407,9 +493,10 @@ std::vector<std::string> epic::runtime::checkDispatch(const EPSpec &spec, bool w
 std::vector<std::string> epic::runtime::checkCombine(const EPSpec &spec,
                                                      const std::vector<DispatchRecord> &handles,
                                                      const std::vector<CombineRecord> &ranks,
-                                                     size_t limit) {
+                                                     const Topology &topology, size_t limit) {
   Problems p{limit};
   const World w(spec);
+  const Groups groups(spec, topology);
   const int64_t H = spec.hidden;
   if (int64_t(handles.size()) != w.R || int64_t(ranks.size()) != w.R) {
     p.add("expected one handle and one combine record per rank (" + std::to_string(w.R) + ")");
@@ -422,6 +509,7 @@ std::vector<std::string> epic::runtime::checkCombine(const EPSpec &spec,
       rowOf[d][handles[d].meta[size_t(i * (w.K + 2))]] = i;
 
   std::vector<float> acc(H), stage(H);
+  std::vector<std::vector<float>> rankRows; // stage 1 of each rank in `order`
   for (int64_t s = 0; s < w.R; ++s) {
     const DispatchRecord &src = handles[s];
     const CombineRecord &out = ranks[s];
@@ -446,7 +534,10 @@ std::vector<std::string> epic::runtime::checkCombine(const EPSpec &spec,
         for (int64_t h = 0; h < H; ++h)
           acc[h] += bf16ToFloat(bias.as<uint16_t>()[t * H + h]);
       bool found = true;
-      for (auto [master, d] : order) {
+      rankRows.assign(order.size(), std::vector<float>(size_t(H), 0.f));
+      for (size_t k = 0; k < order.size(); ++k) {
+        auto [master, d] = order[k];
+        std::vector<float> &row = rankRows[k];
         auto it = rowOf[d].find(s * w.Tmax + t);
         if (it == rowOf[d].end()) {
           found = p.add("rank " + std::to_string(d) + " has no row for token " + std::to_string(t) +
@@ -457,7 +548,7 @@ std::vector<std::string> epic::runtime::checkCombine(const EPSpec &spec,
         const uint16_t *y = ranks[d].x.as<uint16_t>();
         if (!spec.expanded) {
           for (int64_t h = 0; h < H; ++h)
-            acc[h] += bf16ToFloat(y[it->second * H + h]);
+            row[h] = bf16ToFloat(y[it->second * H + h]);
           continue;
         }
         // Stage 1: the destination sums its rows of the token in slot order.
@@ -469,16 +560,44 @@ std::vector<std::string> epic::runtime::checkCombine(const EPSpec &spec,
               stage[h] += bf16ToFloat(y[int64_t(m[2 + j]) * H + h]);
         }
         for (int64_t h = 0; h < H; ++h)
-          acc[h] += bf16ToFloat(floatToBf16(stage[h]));
+          row[h] = bf16ToFloat(floatToBf16(stage[h]));
       }
       if (!found)
         continue;
+      if (!groups.hybrid) { // the ranks in increasing master slot
+        for (const std::vector<float> &row : rankRows)
+          for (int64_t h = 0; h < H; ++h)
+            acc[h] += row[h];
+      } else {
+        // Per node at the forwarder: its ranks in increasing master slot from +0, rounded
+        // once; at the origin the nodes in increasing node master (their highest slot).
+        std::vector<std::pair<int64_t, int64_t>> nodes; // (node master, node)
+        for (auto [master, d] : order) {
+          auto it = std::find_if(nodes.begin(), nodes.end(),
+                                 [&](auto &n) { return n.second == d / groups.M; });
+          if (it == nodes.end())
+            nodes.push_back({master, d / groups.M});
+          else
+            it->first = std::max(it->first, master);
+        }
+        std::sort(nodes.begin(), nodes.end());
+        for (auto [nodeMaster, node] : nodes) {
+          std::fill(stage.begin(), stage.end(), 0.f);
+          for (size_t k = 0; k < order.size(); ++k)
+            if (order[k].second / groups.M == node)
+              for (int64_t h = 0; h < H; ++h)
+                stage[h] += rankRows[k][h];
+          for (int64_t h = 0; h < H; ++h)
+            acc[h] += bf16ToFloat(floatToBf16(stage[h]));
+        }
+      }
       const uint16_t *got = out.combinedX.as<uint16_t>() + t * H;
       for (int64_t h = 0; h < H; ++h)
         if (got[h] != floatToBf16(acc[h])) {
           p.add(where(s, "combined_x", t) + "[" + std::to_string(h) + "] is " +
                 std::to_string(bf16ToFloat(got[h])) + ", expected " +
-                std::to_string(bf16ToFloat(floatToBf16(acc[h]))) + " (fp32 sum in DeepEP's order)");
+                std::to_string(bf16ToFloat(floatToBf16(acc[h]))) + " (fp32 sum in DeepEP's " +
+                (groups.hybrid ? "hybrid order: per node, then nodes)" : "order)"));
           break;
         }
       if (!withWeights)
@@ -504,16 +623,18 @@ std::vector<std::string> epic::runtime::checkCombine(const EPSpec &spec,
   return p.result();
 }
 
-std::vector<int64_t> epic::runtime::canonicalRows(const EPSpec &spec,
-                                                  const DispatchRecord &record) {
+std::vector<int64_t> epic::runtime::canonicalRows(const EPSpec &spec, const DispatchRecord &record,
+                                                  const Topology &topology) {
   const World w(spec);
+  const Groups groups(spec, topology);
   const int64_t n = record.hostCounts.empty() ? 0 : record.hostCounts[0];
   auto gid = [&](int64_t i) { return record.meta[size_t(i * (w.K + 2))]; };
   std::vector<int64_t> rows;
   if (!spec.expanded) {
     rows.resize(size_t(n));
     std::iota(rows.begin(), rows.end(), 0);
-    std::sort(rows.begin(), rows.end(), [&](int64_t a, int64_t b) { return gid(a) < gid(b); });
+    std::sort(rows.begin(), rows.end(),
+              [&](int64_t a, int64_t b) { return groups.key(gid(a)) < groups.key(gid(b)); });
     return rows;
   }
   // Expanded: each used row's source id, then every expert block in order.
@@ -535,11 +656,51 @@ std::vector<int64_t> epic::runtime::canonicalRows(const EPSpec &spec,
     for (int64_t row = start; row < start + count && row < int64_t(owner.size()); ++row)
       block.push_back(row);
     std::sort(block.begin(), block.end(),
-              [&](int64_t a, int64_t b) { return owner[a] < owner[b]; });
+              [&](int64_t a, int64_t b) { return groups.key(owner[a]) < groups.key(owner[b]); });
     rows.insert(rows.end(), block.begin(), block.end());
     start += w.align(count);
   }
   return rows;
+}
+
+std::vector<int64_t> epic::runtime::expectedNetworkBytes(const std::vector<HostTensor> &topkIdx,
+                                                         int experts, const Topology &topology,
+                                                         int64_t recordBytes) {
+  const int64_t R = int64_t(topkIdx.size());
+  if (R < 1)
+    throw std::invalid_argument("topk_idx: expected one routing tensor per rank, got none");
+  if (experts < 1 || experts % R)
+    throw std::invalid_argument("experts: " + std::to_string(experts) +
+                                " is not a positive multiple of the " + std::to_string(R) +
+                                " ranks");
+  if (recordBytes < 1)
+    throw std::invalid_argument("record_bytes: expected >= 1, got " + std::to_string(recordBytes));
+  topology.validate(int(R));
+  const int64_t M = topology.lsaSize(int(R)), L = experts / R;
+  std::vector<int64_t> bytes(size_t(R * R), 0);
+  for (int64_t s = 0; s < R; ++s) {
+    const HostTensor &idx = topkIdx[size_t(s)];
+    if (idx.shape.size() != 2)
+      throw std::invalid_argument("topk_idx[" + std::to_string(s) + "]: expected [T, K]");
+    const int64_t K = idx.shape[1];
+    for (int64_t t = 0; t < idx.rows(); ++t) {
+      std::vector<bool> hit(size_t(R), false); // remote ranks (direct) or rail peers (hybrid)
+      for (int64_t j = 0; j < K; ++j) {
+        const double e = idx.at(t * K + j);
+        if (e < 0)
+          continue;
+        if (e >= experts)
+          throw std::invalid_argument("topk_idx[" + std::to_string(s) + "]: expert id " +
+                                      std::to_string(int64_t(e)) + " out of range");
+        const int64_t d = int64_t(e) / L;
+        if (d / M != s / M)
+          hit[size_t(topology.hybrid ? d / M * M + s % M : d)] = true;
+      }
+      for (int64_t d = 0; d < R; ++d)
+        bytes[size_t(s * R + d)] += hit[size_t(d)] ? recordBytes : 0;
+    }
+  }
+  return bytes;
 }
 
 std::vector<std::string> epic::runtime::checkDispatchLayout(const EPSpec &spec,

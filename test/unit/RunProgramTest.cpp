@@ -13,10 +13,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 using namespace epic::runtime;
@@ -300,6 +302,247 @@ TEST(Reference, CombineIsCheckedBitwise) {
   EXPECT_TRUE(checkCombine(expanded.spec, expanded.ranks, expanded.identityCombine(slots)).empty());
   EXPECT_FALSE(
       checkCombine(expanded.spec, expanded.ranks, expanded.identityCombine(ranksOwning)).empty());
+}
+
+// --- Topology: hybrid mode (issue 21) ------------------------------------------------
+
+/// A plain dispatch over ranks of one expert each (K from `idx`, rows of value 10 s + t),
+/// built here in DeepEP's receive order for `topology`. Hybrid column 1: each forwarder numbers
+/// a source's tokens for its node from the last one (an order its atomics may give).
+struct NodeWorld {
+  EPSpec spec;
+  Topology topology;
+  std::vector<DispatchRecord> ranks;
+
+  NodeWorld(Topology topo, int K, int Tmax, const std::vector<std::vector<int64_t>> &idx)
+      : topology(topo) {
+    const int R = int(idx.size()), H = 8, M = topo.lsaSize(R);
+    spec.ranks = R, spec.experts = R, spec.topk = K, spec.hidden = H;
+    spec.maxTokensPerRank = Tmax;
+    ranks.resize(size_t(R));
+    for (int s = 0; s < R; ++s) {
+      const int64_t T = int64_t(idx[size_t(s)].size()) / K;
+      DispatchRecord &r = ranks[size_t(s)];
+      r.topkIdx = HostTensor("i64", {T, K});
+      std::copy(idx[size_t(s)].begin(), idx[size_t(s)].end(), r.topkIdx.as<int64_t>());
+      r.x = HostTensor("bf16", {T, H});
+      for (int64_t i = 0; i < T * H; ++i)
+        r.x.as<uint16_t>()[i] = floatToBf16(float(10 * s + i / H));
+    }
+    auto expert = [&](int s, int64_t t, int j) {
+      return ranks[size_t(s)].topkIdx.as<int64_t>()[t * K + j];
+    };
+    auto toNode = [&](int s, int64_t t, int node) {
+      for (int j = 0; j < K; ++j)
+        if (expert(s, t, j) >= 0 && expert(s, t, j) / M == node)
+          return true;
+      return false;
+    };
+    for (int d = 0; d < R; ++d) {
+      std::vector<std::pair<int, int64_t>> rows; // (source, token) in receive order
+      const int groups = topo.hybrid ? M : R;
+      for (int g = 0; g < groups; ++g) {
+        for (int s = 0; s < R; ++s)
+          if ((topo.hybrid ? s % M : s) == g)
+            for (int64_t t = 0; t < ranks[size_t(s)].topkIdx.rows(); ++t)
+              for (int j = 0; j < K; ++j)
+                if (expert(s, t, j) == d) {
+                  rows.push_back({s, t});
+                  break;
+                }
+        ranks[size_t(d)].psumRank.push_back(int32_t(rows.size()));
+      }
+      DispatchRecord &out = ranks[size_t(d)];
+      const int64_t n = int64_t(rows.size());
+      out.hostCounts = {int32_t(n), int32_t(n)};
+      out.numRecvPerExpert = {int32_t(n)};
+      out.psumRecvPerExpert = {int32_t(n)};
+      out.recvX = HostTensor("bf16", {n, H});
+      out.recvTopkIdx = HostTensor("i64", {n, K});
+      out.meta.assign(size_t(n * (K + 2)), -1);
+      for (int64_t i = 0; i < n; ++i) {
+        auto [s, t] = rows[size_t(i)];
+        int master = 0;
+        for (int j = 0; j < K; ++j) {
+          out.recvTopkIdx.as<int64_t>()[i * K + j] = expert(s, t, j) == d ? 0 : -1;
+          master = expert(s, t, j) == d ? j : master;
+        }
+        std::memcpy(out.recvX.row(i), ranks[size_t(s)].x.row(t), out.recvX.rowBytes());
+        int32_t *m = &out.meta[size_t(i * (K + 2))];
+        m[0] = int32_t(s * Tmax + t);
+        if (!topo.hybrid) {
+          m[1] = s * K + master;
+          continue;
+        }
+        int64_t slot = 0; // the source's later tokens for this node come first
+        for (int64_t u = t + 1; u < ranks[size_t(s)].topkIdx.rows(); ++u)
+          slot += toNode(s, u, d / M);
+        m[1] = int32_t(((s / M) * Tmax + slot) * K + master);
+      }
+    }
+  }
+  std::vector<std::string> check() const {
+    return checkDispatch(spec, false, false, ranks, topology);
+  }
+};
+
+// python: test_reference_hybrid.py's IDX_2X2 (2 nodes x 2 GPUs, expert e on rank e, Tmax 2).
+const std::vector<std::vector<int64_t>> kIdx2x2 = {
+    {0, 3, 2, -1}, {1, 3}, {3, 0, -1, -1}, {2, 1, 0, 1}};
+
+std::vector<int32_t> column(const DispatchRecord &r, int c, int K) {
+  std::vector<int32_t> out;
+  for (size_t i = 0; i < r.meta.size(); i += size_t(K + 2))
+    out.push_back(r.meta[i + size_t(c)]);
+  return out;
+}
+
+TEST(Reference, HybridDispatchOrderAndColumnOne) {
+  NodeWorld w({2, true}, 2, 2, kIdx2x2);
+  // The values test_reference_hybrid.py works out by hand (reference.dispatch's, with the
+  // kernel-like column 1 that check_hybrid_metadata accepts).
+  EXPECT_EQ(column(w.ranks[0], 0, 2), (std::vector<int32_t>{0, 4, 7}));
+  EXPECT_EQ(column(w.ranks[0], 1, 2), (std::vector<int32_t>{0, 5, 4}));
+  EXPECT_EQ(column(w.ranks[3], 0, 2), (std::vector<int32_t>{0, 4, 2}));
+  EXPECT_EQ(w.ranks[1].psumRank, (std::vector<int32_t>{0, 3}));
+  auto problems = w.check();
+  EXPECT_TRUE(problems.empty()) << problems.at(0);
+  // The same records are not direct mode's (prefix sums per source rank, column 1).
+  EXPECT_TRUE(mentions(checkDispatch(w.spec, false, false, w.ranks), "psum_num_recv_tokens"));
+  EXPECT_TRUE(mentions(checkDispatch(w.spec, false, false, w.ranks), "source rank x K"));
+  NodeWorld direct({2, false}, 2, 2, kIdx2x2);
+  EXPECT_TRUE(direct.check().empty());
+  EXPECT_TRUE(mentions(checkDispatch(direct.spec, false, false, direct.ranks, {2, true}),
+                       "(hybrid: rows per forwarder index)"));
+  // Canonical rows: forwarder index first.
+  DispatchRecord r3 = w.ranks[3];
+  std::swap(r3.meta[0], r3.meta[8]); // rows 0 (gid 0) and 2 (gid 2): meta only, enough here
+  EXPECT_EQ(canonicalRows(w.spec, r3, w.topology), (std::vector<int64_t>{2, 1, 0}));
+  EXPECT_EQ(canonicalRows(w.spec, w.ranks[3]), (std::vector<int64_t>{0, 2, 1}));
+
+  NodeWorld bad = w;
+  bad.ranks[0].meta[4 + 1] = 1 * 2 + 1; // gid 4 (node 1) given item 1, of node 0
+  EXPECT_TRUE(mentions(bad.check(), "rank 0: recv_src_metadata[1][1] is 3")) << bad.check().at(0);
+  bad = w;
+  bad.ranks[0].meta[1] = 1; // gid 0's master slot is 0
+  EXPECT_TRUE(mentions(bad.check(), "expected item x K + 0"));
+  bad = w;
+  bad.ranks[1].meta[8 + 1] = (2 + 1) * 2 + 1; // gid 7 at rank 1: item 3, at rank 0 item 2
+  EXPECT_TRUE(mentions(bad.check(), "token 1 of rank 3 has item 3 at forwarder 1, but 2"))
+      << bad.check().at(0);
+  bad = w;
+  bad.ranks[1].meta[4 + 1] = 2 * 2 + 1; // gid 6 takes gid 7's item 2 at forwarder 1
+  EXPECT_TRUE(mentions(bad.check(), "shares item 2 at forwarder 1 with token"))
+      << bad.check().at(0);
+  bad = w;
+  for (int k = 0; k < 4; ++k) // rank 0: gid 4 (forwarder index 0) and gid 7 (1) trade rows
+    std::swap(bad.ranks[0].meta[size_t(4 + k)], bad.ranks[0].meta[size_t(8 + k)]);
+  std::vector<uint8_t> row(bad.ranks[0].recvX.row(1),
+                           bad.ranks[0].recvX.row(1) + bad.ranks[0].recvX.rowBytes());
+  std::memcpy(bad.ranks[0].recvX.row(1), bad.ranks[0].recvX.row(2), row.size());
+  std::memcpy(bad.ranks[0].recvX.row(2), row.data(), row.size());
+  for (int j = 0; j < 2; ++j)
+    std::swap(bad.ranks[0].recvTopkIdx.as<int64_t>()[2 + j],
+              bad.ranks[0].recvTopkIdx.as<int64_t>()[4 + j]);
+  problems = bad.check();
+  ASSERT_EQ(problems.size(), 2u) << problems.at(0);
+  EXPECT_TRUE(mentions(problems, "rank 0: recv_src_metadata[1]: token 1 of rank 3 (forwarder "
+                                 "index 1) lies outside that forwarder's rows"));
+
+  EXPECT_THROW(NodeWorld({3, false}, 2, 2, kIdx2x2).check(), std::invalid_argument);
+  EXPECT_THROW(NodeWorld({4, true}, 2, 2, kIdx2x2).check(), std::invalid_argument);
+  EXPECT_THROW(Topology({0, true}).validate(4), std::invalid_argument);
+  EXPECT_NO_THROW(Topology({0, false}).validate(4));
+  EXPECT_THROW(Topology({2, true}).validate(66), std::invalid_argument);   // 33 nodes
+  EXPECT_THROW(Topology({65, true}).validate(130), std::invalid_argument); // 65 per node
+  EXPECT_NO_THROW(Topology({64, true}).validate(128));
+}
+
+/// Combine of NodeWorld `w` where rank d's row of token t of rank s is values[{d, s, t}], and
+/// the expected output of every token of rank `origin` is `want` (all channels), with a bias of
+/// `bias` there when it is not 0.
+std::vector<std::string> combineWith(const NodeWorld &w, const Topology &topology,
+                                     const std::map<std::array<int, 3>, float> &values, float want,
+                                     int origin = 0, float bias = 0.f) {
+  const int R = w.spec.ranks, H = 8;
+  std::vector<CombineRecord> out(static_cast<size_t>(R));
+  for (int d = 0; d < R; ++d) {
+    const DispatchRecord &h = w.ranks[size_t(d)];
+    out[size_t(d)].x = HostTensor("bf16", {h.recvX.rows(), H});
+    for (int64_t i = 0; i < h.recvX.rows(); ++i) {
+      int gid = h.meta[size_t(i * (w.spec.topk + 2))];
+      auto it = values.find({d, gid / w.spec.maxTokensPerRank, gid % w.spec.maxTokensPerRank});
+      for (int c = 0; c < H; ++c)
+        out[size_t(d)].x.as<uint16_t>()[i * H + c] =
+            floatToBf16(it == values.end() ? 0.f : it->second);
+    }
+    const int64_t T = w.ranks[size_t(d)].topkIdx.rows();
+    out[size_t(d)].combinedX = HostTensor("bf16", {T, H});
+    for (int64_t i = 0; i < T * H; ++i)
+      out[size_t(d)].combinedX.as<uint16_t>()[i] = floatToBf16(d == origin ? want : 0.f);
+    if (d == origin && bias != 0.f) {
+      out[size_t(d)].biases.emplace_back("bf16", std::vector<int64_t>{T, H});
+      for (int64_t i = 0; i < T * H; ++i)
+        out[size_t(d)].biases.back().as<uint16_t>()[i] = floatToBf16(bias);
+    }
+  }
+  return checkCombine(w.spec, w.ranks, out, topology);
+}
+
+TEST(Reference, HybridCombineRoundsPerNodeThenAddsNodesInNodeMasterOrder) {
+  // test_reference_hybrid.py's test_hybrid_rounds_once_per_node_2x2: token 0 of rank 0 picks
+  // experts 2, 1, 3, with rows 1, 2^-8, 2^-8. Direct: 1 + 2^-7 = 1.0078125; hybrid: node 1
+  // rounds 1 + 2^-8 to 1, then 2^-8 + 1 rounds to 1.
+  const std::vector<std::vector<int64_t>> idx = {{2, 1, 3}, {}, {}, {}};
+  const std::map<std::array<int, 3>, float> values = {
+      {{2, 0, 0}, 1.f}, {{1, 0, 0}, 0x1p-8f}, {{3, 0, 0}, 0x1p-8f}};
+  NodeWorld hybrid({2, true}, 3, 1, idx), direct({2, false}, 3, 1, idx);
+  EXPECT_TRUE(combineWith(hybrid, hybrid.topology, values, 1.f).empty());
+  EXPECT_TRUE(combineWith(direct, direct.topology, values, 1.0078125f).empty());
+  auto problems = combineWith(hybrid, hybrid.topology, values, 1.0078125f);
+  EXPECT_TRUE(mentions(problems, "hybrid order")) << problems.at(0);
+  EXPECT_FALSE(combineWith(direct, direct.topology, values, 1.f).empty());
+
+  // test_hybrid_adds_nodes_in_node_master_order_2x2: rank 1 picks experts 0, 2, 1 (node 0:
+  // slots 0 and 2, node 1: slot 1) with rows 2^-24, -1, 0 and bias 1. Hybrid: node 1 (node
+  // master 1) before node 0 (2): 1 - 1 + 2^-24 = 2^-24; direct (or nodes by their lowest
+  // slot): 1 + 2^-24 rounds to 1, then - 1: 0.
+  const std::vector<std::vector<int64_t>> idx2 = {{}, {0, 2, 1}, {}, {}};
+  const std::map<std::array<int, 3>, float> order = {
+      {{0, 1, 0}, 0x1p-24f}, {{2, 1, 0}, -1.f}, {{1, 1, 0}, 0.f}};
+  NodeWorld hybrid2({2, true}, 3, 1, idx2), direct2({2, false}, 3, 1, idx2);
+  EXPECT_TRUE(combineWith(hybrid2, hybrid2.topology, order, 0x1p-24f, 1, 1.f).empty());
+  EXPECT_FALSE(combineWith(hybrid2, hybrid2.topology, order, 0.f, 1, 1.f).empty());
+  EXPECT_TRUE(combineWith(direct2, direct2.topology, order, 0.f, 1, 1.f).empty());
+
+  // test_hybrid_node_sum_in_rank_master_order_2x4's first token, from rank 0 here: 2 x 4,
+  // experts 3, 1, 2, 5 with rows 1, 2^-24, -1, 0: node 0 in master order (1 + 2^-24) - 1 = 0;
+  // by rank index it would be (2^-24 - 1) + 1 = 2^-24.
+  std::vector<std::vector<int64_t>> idx8(8);
+  idx8[0] = {3, 1, 2, 5};
+  NodeWorld wide({4, true}, 4, 1, idx8);
+  const std::map<std::array<int, 3>, float> sums = {
+      {{3, 0, 0}, 1.f}, {{1, 0, 0}, 0x1p-24f}, {{2, 0, 0}, -1.f}, {{5, 0, 0}, 0.f}};
+  EXPECT_TRUE(combineWith(wide, wide.topology, sums, 0.f).empty());
+  EXPECT_FALSE(combineWith(wide, wide.topology, sums, 0x1p-24f).empty());
+}
+
+TEST(Reference, NetworkBytesByHand) {
+  // test_reference_hybrid.py's test_network_bytes_2x2_by_hand.
+  std::vector<HostTensor> idx;
+  for (const std::vector<int64_t> &r : kIdx2x2) {
+    idx.emplace_back("i64", std::vector<int64_t>{int64_t(r.size()) / 2, 2});
+    std::copy(r.begin(), r.end(), idx.back().as<int64_t>());
+  }
+  EXPECT_EQ(expectedNetworkBytes(idx, 4, {2, false}, 100),
+            (std::vector<int64_t>{0, 0, 100, 100, 0, 0, 0, 100, 100, 0, 0, 0, 100, 200, 0, 0}));
+  EXPECT_EQ(expectedNetworkBytes(idx, 4, {2, true}, 100),
+            (std::vector<int64_t>{0, 0, 200, 0, 0, 0, 0, 100, 100, 0, 0, 0, 0, 200, 0, 0}));
+  EXPECT_EQ(expectedNetworkBytes(idx, 4, {}, 100), std::vector<int64_t>(16, 0));
+  EXPECT_THROW(expectedNetworkBytes(idx, 4, {4, true}, 100), std::invalid_argument);
+  EXPECT_THROW(expectedNetworkBytes(idx, 4, {2, true}, 0), std::invalid_argument);
+  EXPECT_THROW(expectedNetworkBytes(idx, 6, {2, true}, 1), std::invalid_argument);
+  EXPECT_THROW(expectedNetworkBytes({}, 4, {}, 1), std::invalid_argument);
 }
 
 // --- Run plans --------------------------------------------------------------------

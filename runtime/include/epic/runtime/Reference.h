@@ -55,6 +55,31 @@ float f8E5M2ToFloat(uint8_t bits);
 /// `value` stored as one element of `dtype` at `out`.
 void storeElement(const std::string &dtype, double value, uint8_t *out);
 
+/// The world's topology (issue 21; deepep-v2-semantics.md §1.2, §2.2, §2.5): `gpusPerNode`
+/// (M) ranks per NVLink domain, numbered node-major (node(r) = r / M, lsa(r) = r % M); 0 is
+/// one node. `hybrid`: DeepEP's hybrid mode, where a token crosses the network once per
+/// destination node, to the rail peer node(d)·M + lsa(src) (its forwarder), which forwards it
+/// over NVLink. Direct mode's results do not depend on the topology. Hybrid changes:
+/// - dispatch: rows grouped by forwarder index lsa(src) (M prefix sums), then by source id;
+///   metadata column 1 is `item·K + master`, item = node(src)·Tmax + the token's slot at the
+///   forwarder (atomics choose it: one item per token and forwarder, the same at every receiver
+///   of its node, no two tokens alike);
+/// - combine: per rank, then per node at the forwarder (fp32 from +0 in increasing rank-master
+///   slot, rounded to bf16), then at the origin (biases, then node partials in increasing
+///   node-master slot, the highest slot whose expert is in that node, rounded once).
+/// python/epic/reference.py is the executable form (dispatch/combine's gpus_per_node, hybrid;
+/// check_hybrid_metadata; expected_network_bytes).
+struct Topology {
+  int gpusPerNode = 0;
+  bool hybrid = false;
+
+  /// M of a world of `ranks` ranks (`ranks` when gpusPerNode is 0).
+  int lsaSize(int ranks) const { return gpusPerNode ? gpusPerNode : ranks; }
+  /// Throws std::invalid_argument naming the field: gpusPerNode must divide `ranks`; hybrid
+  /// needs 2..32 nodes of at most 64 GPUs (DeepEP's hybrid bounds).
+  void validate(int ranks) const;
+};
+
 /// What one rank's dispatch took and produced, read back to the host.
 /// `recv*` tensors hold the received rows only (plain: the received tokens;
 /// expanded: every expert block with its padding); `meta` holds one row of
@@ -75,9 +100,11 @@ struct DispatchRecord {
 /// the routing in each rank's `topkIdx`. `weights`: topk weights were
 /// dispatched; `zeroPadding`: padding rows must be zero. Returns the
 /// problems found (empty: correct), at most `limit`, each naming the rank,
-/// the row and the field.
+/// the row and the field. `psumRank` has one entry per source rank (direct)
+/// or per forwarder index (hybrid, see Topology).
 std::vector<std::string> checkDispatch(const EPSpec &spec, bool weights, bool zeroPadding,
-                                       const std::vector<DispatchRecord> &ranks, size_t limit = 8);
+                                       const std::vector<DispatchRecord> &ranks,
+                                       const Topology &topology = {}, size_t limit = 8);
 
 /// What one rank's combine took and produced.
 struct CombineRecord {
@@ -88,10 +115,21 @@ struct CombineRecord {
 };
 
 /// Checks a combine of every rank against the fp32 reference (bitwise),
-/// given the dispatch (`handles`, their metadata and routing) it reverses.
+/// given the dispatch (`handles`, their metadata and routing) it reverses;
+/// hybrid: the three-stage order of Topology.
 std::vector<std::string> checkCombine(const EPSpec &spec,
                                       const std::vector<DispatchRecord> &handles,
-                                      const std::vector<CombineRecord> &ranks, size_t limit = 8);
+                                      const std::vector<CombineRecord> &ranks,
+                                      const Topology &topology = {}, size_t limit = 8);
+
+/// Bytes a dispatch must send between nodes, `[src * R + dst]`, for each rank's
+/// routing `topkIdx[r]` ([T, K] i32/i64, -1 = none): direct, `recordBytes` per
+/// (token, destination rank of another node owning one of its experts); hybrid,
+/// `recordBytes` per (token, other node with one of its experts), to the rail peer
+/// D·M + lsa(src). Zero on pairs of one node. Combine's is the transpose (with the
+/// combine record). Throws std::invalid_argument naming a bad argument.
+std::vector<int64_t> expectedNetworkBytes(const std::vector<HostTensor> &topkIdx, int experts,
+                                          const Topology &topology, int64_t recordBytes);
 
 /// What one rank's ep.dispatch_layout took and produced.
 struct LayoutRecord {
@@ -121,9 +159,11 @@ std::vector<std::string> checkGroupedGemm(const EPSpec &spec,
                                           const std::vector<GemmRecord> &ranks, size_t limit = 8);
 
 /// The received rows of a dispatch in canonical order: sorted by source
-/// (rank, token); expanded: each expert block sorted the same way, padding
-/// left out. Indices into the record's recv tensors.
-std::vector<int64_t> canonicalRows(const EPSpec &spec, const DispatchRecord &record);
+/// (rank, token), hybrid by forwarder index lsa(src) first; expanded: each
+/// expert block sorted the same way, padding left out. Indices into the
+/// record's recv tensors.
+std::vector<int64_t> canonicalRows(const EPSpec &spec, const DispatchRecord &record,
+                                   const Topology &topology = {});
 
 } // namespace epic::runtime
 
