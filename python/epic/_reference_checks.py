@@ -21,11 +21,9 @@ MAX_EXPERT_ALIGNMENT = _limits.MAX_EXPERT_ALIGNMENT
 _MAX_RANKS = _limits.MAX_RANKS
 _MAX_EXPERTS = _limits.MAX_EXPERTS
 _MAX_EXPERTS_PER_RANK = _limits.MAX_LOCAL_EXPERTS
-# DeepEP V2's hybrid bounds (deepep-v2-semantics.md §10.4: <= 32 nodes, <= 64 GPUs per node).
-# Issue 21's stage 1 puts them into EPLimits.def (HybridNodes, HybridRanksPerNode); until then the
-# same numbers here.
-MAX_HYBRID_NODES = getattr(_limits, "MAX_HYBRID_NODES", 32)
-MAX_HYBRID_GPUS_PER_NODE = getattr(_limits, "MAX_HYBRID_RANKS_PER_NODE", 64)
+# Hybrid mode's bounds (DeepEP V2's: at most 32 nodes of at most 64 GPUs), from EPLimits.def.
+MAX_HYBRID_NODES = _limits.MAX_HYBRID_NODES
+MAX_HYBRID_GPUS_PER_NODE = _limits.MAX_HYBRID_RANKS_PER_NODE
 _MAX_ELEMENT_INDEX = _limits.MAX_ELEMENT_INDEX
 
 

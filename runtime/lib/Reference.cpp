@@ -249,7 +249,7 @@ std::string token(int64_t t, int64_t s) {
 struct Groups {
   int64_t M, count, Tmax;
   bool hybrid;
-  Groups(const EPSpec &spec, const Topology &topology)
+  Groups(const EPSpec &spec, const NodeLayout &topology)
       : M(topology.lsaSize(spec.ranks)), count(topology.hybrid ? M : spec.ranks),
         Tmax(spec.maxTokensPerRank), hybrid(topology.hybrid) {
     topology.validate(spec.ranks);
@@ -289,7 +289,7 @@ void checkHybridColumn1(
 
 } // namespace
 
-void Topology::validate(int ranks) const {
+void NodeLayout::validate(int ranks) const {
   const std::string m = std::to_string(lsaSize(ranks)), r = std::to_string(ranks);
   if (gpusPerNode < 0)
     throw std::invalid_argument("gpus_per_node: expected >= 0 (0: one node), got " + m);
@@ -311,7 +311,7 @@ void Topology::validate(int ranks) const {
 std::vector<std::string> epic::runtime::checkDispatch(const EPSpec &spec, bool weights,
                                                       bool zeroPadding,
                                                       const std::vector<DispatchRecord> &ranks,
-                                                      const Topology &topology, size_t limit) {
+                                                      const NodeLayout &topology, size_t limit) {
   Problems p{limit};
   const World w(spec);
   const Groups groups(spec, topology);
@@ -493,7 +493,7 @@ std::vector<std::string> epic::runtime::checkDispatch(const EPSpec &spec, bool w
 std::vector<std::string> epic::runtime::checkCombine(const EPSpec &spec,
                                                      const std::vector<DispatchRecord> &handles,
                                                      const std::vector<CombineRecord> &ranks,
-                                                     const Topology &topology, size_t limit) {
+                                                     const NodeLayout &topology, size_t limit) {
   Problems p{limit};
   const World w(spec);
   const Groups groups(spec, topology);
@@ -624,7 +624,7 @@ std::vector<std::string> epic::runtime::checkCombine(const EPSpec &spec,
 }
 
 std::vector<int64_t> epic::runtime::canonicalRows(const EPSpec &spec, const DispatchRecord &record,
-                                                  const Topology &topology) {
+                                                  const NodeLayout &topology) {
   const World w(spec);
   const Groups groups(spec, topology);
   const int64_t n = record.hostCounts.empty() ? 0 : record.hostCounts[0];
@@ -664,7 +664,7 @@ std::vector<int64_t> epic::runtime::canonicalRows(const EPSpec &spec, const Disp
 }
 
 std::vector<int64_t> epic::runtime::expectedNetworkBytes(const std::vector<HostTensor> &topkIdx,
-                                                         int experts, const Topology &topology,
+                                                         int experts, const NodeLayout &topology,
                                                          int64_t recordBytes) {
   const int64_t R = int64_t(topkIdx.size());
   if (R < 1)

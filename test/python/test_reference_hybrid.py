@@ -2,7 +2,7 @@
 expected_network_bytes (issue 21, stage 2).
 
 The hand-built worlds' expected values are written out here, worked by hand from
-deepep-v2-semantics.md (§1.6, §2.2, §2.5, §4.2); the random worlds are checked against plain
+DeepEP V2's hybrid semantics (forwarders, column 1 of the metadata, per-node reduction); the random worlds are checked against plain
 per-token loops, independently of the vectorised reference.
 """
 

@@ -304,17 +304,17 @@ TEST(Reference, CombineIsCheckedBitwise) {
       checkCombine(expanded.spec, expanded.ranks, expanded.identityCombine(ranksOwning)).empty());
 }
 
-// --- Topology: hybrid mode (issue 21) ------------------------------------------------
+// --- NodeLayout: hybrid mode (issue 21) ------------------------------------------------
 
 /// A plain dispatch over ranks of one expert each (K from `idx`, rows of value 10 s + t),
 /// built here in DeepEP's receive order for `topology`. Hybrid column 1: each forwarder numbers
 /// a source's tokens for its node from the last one (an order its atomics may give).
 struct NodeWorld {
   EPSpec spec;
-  Topology topology;
+  NodeLayout topology;
   std::vector<DispatchRecord> ranks;
 
-  NodeWorld(Topology topo, int K, int Tmax, const std::vector<std::vector<int64_t>> &idx)
+  NodeWorld(NodeLayout topo, int K, int Tmax, const std::vector<std::vector<int64_t>> &idx)
       : topology(topo) {
     const int R = int(idx.size()), H = 8, M = topo.lsaSize(R);
     spec.ranks = R, spec.experts = R, spec.topk = K, spec.hidden = H;
@@ -451,17 +451,17 @@ TEST(Reference, HybridDispatchOrderAndColumnOne) {
 
   EXPECT_THROW(NodeWorld({3, false}, 2, 2, kIdx2x2).check(), std::invalid_argument);
   EXPECT_THROW(NodeWorld({4, true}, 2, 2, kIdx2x2).check(), std::invalid_argument);
-  EXPECT_THROW(Topology({0, true}).validate(4), std::invalid_argument);
-  EXPECT_NO_THROW(Topology({0, false}).validate(4));
-  EXPECT_THROW(Topology({2, true}).validate(66), std::invalid_argument);   // 33 nodes
-  EXPECT_THROW(Topology({65, true}).validate(130), std::invalid_argument); // 65 per node
-  EXPECT_NO_THROW(Topology({64, true}).validate(128));
+  EXPECT_THROW(NodeLayout({0, true}).validate(4), std::invalid_argument);
+  EXPECT_NO_THROW(NodeLayout({0, false}).validate(4));
+  EXPECT_THROW(NodeLayout({2, true}).validate(66), std::invalid_argument);   // 33 nodes
+  EXPECT_THROW(NodeLayout({65, true}).validate(130), std::invalid_argument); // 65 per node
+  EXPECT_NO_THROW(NodeLayout({64, true}).validate(128));
 }
 
 /// Combine of NodeWorld `w` where rank d's row of token t of rank s is values[{d, s, t}], and
 /// the expected output of every token of rank `origin` is `want` (all channels), with a bias of
 /// `bias` there when it is not 0.
-std::vector<std::string> combineWith(const NodeWorld &w, const Topology &topology,
+std::vector<std::string> combineWith(const NodeWorld &w, const NodeLayout &topology,
                                      const std::map<std::array<int, 3>, float> &values, float want,
                                      int origin = 0, float bias = 0.f) {
   const int R = w.spec.ranks, H = 8;

@@ -3,7 +3,7 @@
 // The analytical models an ElasticBuffer uses before any kernel runs: how
 // many bytes the symmetric buffer needs, how many SMs the communication
 // kernels should take, and how many network contexts (QPs). The formulas are
-// DeepEP V2's (../shared/reference/deepep-v2-semantics.md §3.1-§3.3), so a
+// DeepEP V2's (its analytic SM, QP and buffer-size models), so a
 // DeepEP user gets the same numbers. Pure arithmetic: no CUDA, no NCCL.
 //
 //===----------------------------------------------------------------------===//

@@ -2,8 +2,7 @@
 //
 // Host tensors, the element conversions the tools need (bf16, f16, FP8) and
 // checkers that compare what the kernels produced with DeepEP V2's semantics
-// (../shared/reference/deepep-v2-semantics.md, executable in
-// python/epic/reference.py): dispatch rows, routing, weights, counts and
+// (executable in python/epic/reference.py): dispatch rows, routing, weights, counts and
 // prefix sums independent of the arrival order the kernels choose; combine
 // bitwise against an fp32 sum in DeepEP's order. No CUDA: unit-tested on CPU.
 //
@@ -55,7 +54,7 @@ float f8E5M2ToFloat(uint8_t bits);
 /// `value` stored as one element of `dtype` at `out`.
 void storeElement(const std::string &dtype, double value, uint8_t *out);
 
-/// The world's topology (issue 21; deepep-v2-semantics.md §1.2, §2.2, §2.5): `gpusPerNode`
+/// How the world's ranks sit in nodes (DeepEP V2's semantics): `gpusPerNode`
 /// (M) ranks per NVLink domain, numbered node-major (node(r) = r / M, lsa(r) = r % M); 0 is
 /// one node. `hybrid`: DeepEP's hybrid mode, where a token crosses the network once per
 /// destination node, to the rail peer node(d)·M + lsa(src) (its forwarder), which forwards it
@@ -69,7 +68,7 @@ void storeElement(const std::string &dtype, double value, uint8_t *out);
 ///   node-master slot, the highest slot whose expert is in that node, rounded once).
 /// python/epic/reference.py is the executable form (dispatch/combine's gpus_per_node, hybrid;
 /// check_hybrid_metadata; expected_network_bytes).
-struct Topology {
+struct NodeLayout {
   int gpusPerNode = 0;
   bool hybrid = false;
 
@@ -101,10 +100,10 @@ struct DispatchRecord {
 /// dispatched; `zeroPadding`: padding rows must be zero. Returns the
 /// problems found (empty: correct), at most `limit`, each naming the rank,
 /// the row and the field. `psumRank` has one entry per source rank (direct)
-/// or per forwarder index (hybrid, see Topology).
+/// or per forwarder index (hybrid, see NodeLayout).
 std::vector<std::string> checkDispatch(const EPSpec &spec, bool weights, bool zeroPadding,
                                        const std::vector<DispatchRecord> &ranks,
-                                       const Topology &topology = {}, size_t limit = 8);
+                                       const NodeLayout &topology = {}, size_t limit = 8);
 
 /// What one rank's combine took and produced.
 struct CombineRecord {
@@ -116,11 +115,11 @@ struct CombineRecord {
 
 /// Checks a combine of every rank against the fp32 reference (bitwise),
 /// given the dispatch (`handles`, their metadata and routing) it reverses;
-/// hybrid: the three-stage order of Topology.
+/// hybrid: the three-stage order of NodeLayout.
 std::vector<std::string> checkCombine(const EPSpec &spec,
                                       const std::vector<DispatchRecord> &handles,
                                       const std::vector<CombineRecord> &ranks,
-                                      const Topology &topology = {}, size_t limit = 8);
+                                      const NodeLayout &topology = {}, size_t limit = 8);
 
 /// Bytes a dispatch must send between nodes, `[src * R + dst]`, for each rank's
 /// routing `topkIdx[r]` ([T, K] i32/i64, -1 = none): direct, `recordBytes` per
@@ -129,7 +128,7 @@ std::vector<std::string> checkCombine(const EPSpec &spec,
 /// D·M + lsa(src). Zero on pairs of one node. Combine's is the transpose (with the
 /// combine record). Throws std::invalid_argument naming a bad argument.
 std::vector<int64_t> expectedNetworkBytes(const std::vector<HostTensor> &topkIdx, int experts,
-                                          const Topology &topology, int64_t recordBytes);
+                                          const NodeLayout &topology, int64_t recordBytes);
 
 /// What one rank's ep.dispatch_layout took and produced.
 struct LayoutRecord {
@@ -163,7 +162,7 @@ std::vector<std::string> checkGroupedGemm(const EPSpec &spec,
 /// expert block sorted the same way, padding left out. Indices into the
 /// record's recv tensors.
 std::vector<int64_t> canonicalRows(const EPSpec &spec, const DispatchRecord &record,
-                                   const Topology &topology = {});
+                                   const NodeLayout &topology = {});
 
 } // namespace epic::runtime
 
