@@ -2,8 +2,8 @@
 expected_network_bytes (issue 21, stage 2).
 
 The hand-built worlds' expected values are written out here, worked by hand from DeepEP V2's
-hybrid semantics (forwarders, column 1 of the metadata, per-node reduction); the random worlds are checked against plain
-per-token loops, independently of the vectorised reference.
+hybrid semantics (forwarders, column 1 of the metadata, per-node reduction); the random worlds
+are checked against plain per-token loops, independently of the vectorised reference.
 """
 
 import dataclasses
