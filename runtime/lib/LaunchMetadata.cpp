@@ -122,7 +122,8 @@ LaunchMetadata epic::runtime::readLaunchMetadata(const Json &entry, const std::s
     reader.fail("dynamic_shared_bytes", "must not be negative");
   const std::vector<int64_t> &c = md.clusterDims;
   if (c.size() != 3 || c[1] != 1 || c[2] != 1 || c[0] < 1 || c[0] > 16)
-    reader.fail("cluster_dims", "must be [x, 1, 1] with x in [1, 16] (the grid is one-dimensional)");
+    reader.fail("cluster_dims",
+                "must be [x, 1, 1] with x in [1, 16] (the grid is one-dimensional)");
   for (const TensorMapSpec &map : md.tensorMaps)
     if (map.offset % 64 || map.offset < int64_t(8 * md.paramFields.size()) ||
         map.offset + LaunchMetadata::kTensorMapBytes > md.paramStride)

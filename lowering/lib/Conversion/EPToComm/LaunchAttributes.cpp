@@ -168,8 +168,8 @@ FailureOr<llvm::json::Object> epic::launchMetadataJson(Operation *launch) {
                                  << "' is not a launch attribute (LaunchMetadata.def names the "
                                     "fields the runtime reads)";
     if (!value)
-      return launch->emitError() << "launch attribute '" << attr.getName().strref()
-                                 << "' must be " << what << ", not " << attr.getValue();
+      return launch->emitError() << "launch attribute '" << attr.getName().strref() << "' must be "
+                                 << what << ", not " << attr.getValue();
     entry[name] = std::move(*value);
   }
 #define EP_LAUNCH_FIELD(member, key, Kind, required, absent)                                       \
