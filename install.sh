@@ -5,7 +5,10 @@
 # only what changed.
 #
 # Environment: CUDA_HOME (default /usr/local/cuda), NCCL_ROOT (default: the
-# toolkit's NCCL), EPIC_BUILD_DIR (default build), PYTHON (default python3).
+# toolkit's NCCL), EPIC_BUILD_DIR (default build), PYTHON (default python3),
+# EPIC_NCCL_EXTRA (default 2.32.3; empty: none): another NCCL to compile the nccl
+# backend's kernels against (the nvidia-nccl-cu13 wheel's headers, downloaded once
+# into EPIC_WHEEL_CACHE, default ~/.cache/epic/wheels).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -51,12 +54,49 @@ step "pip: test and runtime requirements, epic (editable)"
 "$PYTHON" -m pip install -q --disable-pip-version-check -r requirements.txt
 "$PYTHON" -m pip install -q --disable-pip-version-check --no-deps -e python/
 
+# --- another NCCL's headers (compile only: the runtime links the NCCL above) ---------------------
+# Only include/ of the nvidia-nccl-cu13 wheel (305 MB, most of it libnccl.so.2) is unpacked.
+nccl_extra=${EPIC_NCCL_EXTRA-2.32.3}
+extra_root=""
+if [[ -n $nccl_extra ]]; then
+  mkdir -p "$BUILD_DIR/third_party"
+  extra_root="$(cd "$BUILD_DIR/third_party" && pwd)/nccl-$nccl_extra"
+  if [[ ! -r $extra_root/include/nccl_device.h ]]; then
+    wheels=${EPIC_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/epic/wheels}
+    wheel_glob="$wheels/nvidia_nccl_cu13-$nccl_extra-*.whl"
+    if ! compgen -G "$wheel_glob" >/dev/null; then
+      step "pip: downloading nvidia-nccl-cu13==$nccl_extra into $wheels (for its headers)"
+      "$PYTHON" -m pip download -q --disable-pip-version-check --no-deps -d "$wheels" \
+        "nvidia-nccl-cu13==$nccl_extra" \
+        || die "cannot download nvidia-nccl-cu13==$nccl_extra; set EPIC_NCCL_EXTRA= to build without it"
+    fi
+    step "unpacking NCCL $nccl_extra's include/ into $extra_root"
+    # shellcheck disable=SC2086 # the glob names the wheel
+    "$PYTHON" - "$extra_root" $wheel_glob <<'PY'
+import os, shutil, sys, zipfile
+root, wheel = sys.argv[1], sys.argv[2]
+prefix = "nvidia/nccl/include/"
+shutil.rmtree(root + ".part", ignore_errors=True)
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        if name.startswith(prefix) and not name.endswith("/"):
+            target = os.path.join(root + ".part", "include", name[len(prefix):])
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with z.open(name) as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+shutil.rmtree(root, ignore_errors=True)
+os.rename(root + ".part", root)
+PY
+  fi
+fi
+
 # --- configure and build -----------------------------------------------------------------------
-if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
+if [[ ! -f "$BUILD_DIR/build.ninja" ]] ||
+   ! grep -qxF "EPIC_EXTRA_NCCL_ROOTS:STRING=$extra_root" "$BUILD_DIR/CMakeCache.txt"; then
   step "cmake: configuring $BUILD_DIR"
   cmake -G Ninja -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release \
     -DCUDAToolkit_ROOT="$CUDA_HOME" ${NCCL_ROOT:+-DNCCL_ROOT="$NCCL_ROOT"} \
-    -DPython3_EXECUTABLE="$(command -v "$PYTHON")"
+    -DEPIC_EXTRA_NCCL_ROOTS="$extra_root" -DPython3_EXECUTABLE="$(command -v "$PYTHON")"
 fi
 step "ninja: building"
 cmake --build "$BUILD_DIR"

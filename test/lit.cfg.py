@@ -22,6 +22,15 @@ llvm_config.add_tool_substitutions(
 llvm_config.add_tool_substitutions(
     ["FileCheck", "not", "count", "split-file"], [config.llvm_tools_dir])
 
+# %nccl_version: the NCCL epic builds against. Each NCCL the build made an extra nccl shim for
+# (EPIC_EXTRA_NCCL_ROOTS), e.g. 2.32.3: the feature nccl-2.32 and %nccl_2_32 (-> 2.32.3, for
+# epic-compile --nccl-shim).
+config.substitutions.append(("%nccl_version", config.nccl_version))
+for version in filter(None, config.extra_nccl_versions.split(";")):
+    major_minor = ".".join(version.split(".")[:2])
+    config.available_features.add("nccl-" + major_minor)
+    config.substitutions.append(("%nccl_" + major_minor.replace(".", "_"), version))
+
 # The DSL's tests (test/DSL/*.py) run kernels through `python -m epic.dsl` with the source tree's
 # package (epic._ir is built into python/epic).
 config.substitutions.append(("%python", config.python_executable))

@@ -6,7 +6,16 @@
 // cooperation level and one signal/counter action, and is inlined into the
 // generated kernels after the bitcode link. The device communicator is passed
 // by pointer (it lives in device memory). Rebuilt per NCCL version: the build
-// compiles it against the headers of the NCCL it links.
+// compiles it against the headers of the NCCL it links, and of each extra NCCL
+// it is configured with (EPIC_EXTRA_NCCL_ROOTS: the same source over 2.28.9's
+// and 2.32.3's headers; 2.32 needs PTX ISA 8.4, see EpicDependencies.cmake).
+//
+// Not over the LLVM bitcode the 2.32 wheel ships (lib/libnccl_device.bc, a C
+// API: ncclGin_C_init, ncclGinPut_v3, ...): measured on 2.32.3 for one warp put
+// with a signal, the headers give 1,176 PTX lines and no call, the bitcode
+// 1,805 lines, an indirect call (ncclCoopAny's vtable) and two __assertfail;
+// and the C API's names change between releases (_v2, _v3), where this source
+// compiled unchanged for 2.28.9 and 2.32.3.
 //
 // Waits are bounded here rather than in NCCL (2.28.9 has no device timeouts):
 // signals are polled with readSignal, and the LSA barrier is NCCL's session
@@ -47,7 +56,9 @@ __device__ __forceinline__ ncclTeam team(int32_t n, int32_t rank, int32_t stride
   return t;
 }
 
-/// Calls `f(remoteAction)` with the NCCL remote action for `mode`.
+/// Calls `f(remoteAction)` with the NCCL remote action for `mode`. The callers'
+/// lambdas are always_inline: with a GIN of four backends (2.32), clang would
+/// leave a large one a call, and `mode` would not fold.
 template <typename F>
 __device__ __forceinline__ void withRemoteAction(int32_t mode, int32_t signal, int64_t add, F f) {
   switch (mode) {
@@ -69,7 +80,7 @@ put(Coop coop, void *comm, int32_t context, ncclTeam tm, int32_t peer, void *dst
     int64_t dstOffset, void *srcWindow, int64_t srcOffset, int64_t bytes, int32_t signalMode,
     int32_t signal, int64_t signalAdd, int32_t counterMode, int32_t counter) {
   ncclGin gin(dcomm(comm), context);
-  withRemoteAction(signalMode, signal, signalAdd, [&](auto remote) {
+  withRemoteAction(signalMode, signal, signalAdd, [&](auto remote) __attribute__((always_inline)) {
     if (counterMode)
       gin.put(tm, peer, ncclWindow_t(dstWindow), size_t(dstOffset), ncclWindow_t(srcWindow),
               size_t(srcOffset), size_t(bytes), remote, ncclGin_CounterInc{uint32_t(counter)},
@@ -86,7 +97,7 @@ __device__ __forceinline__ void putValue(Coop coop, void *comm, int32_t context,
                                          int64_t value, int32_t valueBytes, int32_t signalMode,
                                          int32_t signal, int64_t signalAdd) {
   ncclGin gin(dcomm(comm), context);
-  withRemoteAction(signalMode, signal, signalAdd, [&](auto remote) {
+  withRemoteAction(signalMode, signal, signalAdd, [&](auto remote) __attribute__((always_inline)) {
     if (valueBytes == 8)
       gin.putValue(tm, peer, ncclWindow_t(dstWindow), size_t(dstOffset), uint64_t(value), remote,
                    coop);

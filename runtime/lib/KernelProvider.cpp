@@ -2,6 +2,7 @@
 
 #include "epic/runtime/KernelProvider.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -20,8 +21,8 @@ namespace fs = std::filesystem;
 #ifndef EPIC_KERNEL_SOURCE_HASH
 #error "the build generates EPIC_KERNEL_SOURCE_HASH"
 #endif
-#ifndef EPIC_NCCL_VERSION_STRING
-#error "the build defines EPIC_NCCL_VERSION_STRING"
+#if !defined(EPIC_NCCL_VERSION_STRING) || !defined(EPIC_NCCL_MIN_PTX)
+#error "the build defines EPIC_NCCL_VERSION_STRING and EPIC_NCCL_MIN_PTX"
 #endif
 
 std::string epic::runtime::shimHash() { return EPIC_KERNEL_SOURCE_HASH; }
@@ -62,8 +63,12 @@ KernelProvider::KernelProvider(KernelCache &cache, CompileSettings settings)
 }
 
 std::string KernelProvider::keyFor(const KernelInput &input) const {
+  // The features the compiler's target gets: its default, +ptx82, raised to the
+  // PTX ISA the nccl shim of this build's NCCL needs (EpicToPTX.cpp).
+  int ptx = compileSettings.backend == "nccl" ? std::max(82, EPIC_NCCL_MIN_PTX) : 82;
   // A request's key says so: no request's JSON can then share a key with IR.
-  std::string options = "backend=" + compileSettings.backend + " O=3 features=+ptx82";
+  std::string options =
+      "backend=" + compileSettings.backend + " O=3 features=+ptx" + std::to_string(ptx);
   if (input.isRequest())
     options += " request";
   return kernelKey({input.text(), options, ncclVersion(), shimHash(), compileSettings.arch});

@@ -18,6 +18,12 @@
 // kernels with (runtime/include/epic/runtime/KernelRequest.def), or print the
 // entry IR the compiler builds for it (to stdout).
 //
+//   epic-compile kernels.mlir --backend=nccl --nccl-shim=2.32.3 -o out/kernels
+//
+// compiles the nccl backend's kernels against another NCCL than the one epic
+// builds against (a shim the build made for EPIC_EXTRA_NCCL_ROOTS); the PTX
+// ISA rises to what that NCCL's device API needs.
+//
 //===----------------------------------------------------------------------===//
 
 #include "epic/Compiler.h"
@@ -46,6 +52,11 @@ static cl::opt<std::string> chip("chip", cl::desc("GPU architecture"), cl::init(
 static cl::opt<std::string> features("features", cl::desc("PTX features"), cl::init("+ptx82"));
 static cl::opt<unsigned> optLevel("O", cl::desc("optimization level"), cl::init(3));
 static cl::opt<std::string> shimDir("shim-dir", cl::desc("device shim bitcode directory"));
+static cl::opt<std::string> ncclShim(
+    "nccl-shim",
+    cl::desc("link the nccl backend's shim for this NCCL version (one the build was "
+             "configured with, EPIC_EXTRA_NCCL_ROOTS; default: the NCCL it builds against)"),
+    cl::value_desc("version"));
 static cl::opt<std::string> cudaPath("cuda-path", cl::desc("CUDA toolkit (ptxas)"));
 static cl::opt<bool> noCubin("no-cubin", cl::desc("write PTX and metadata only"));
 static cl::opt<bool> verbose("v", cl::desc("print ptxas' report"));
@@ -94,6 +105,7 @@ static int compileMain(int argc, char **argv) {
   options.features = features;
   options.optLevel = optLevel;
   options.shimDir = shimDir;
+  options.ncclShim = ncclShim;
   options.cudaPath = cudaPath;
   options.emitCubin = !noCubin;
 

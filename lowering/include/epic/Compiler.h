@@ -17,11 +17,14 @@
 namespace epic {
 
 struct CompileOptions {
-  std::string backend = "nccl"; ///< "nccl" or "virtual"
-  std::string chip = "sm_90a";  // wgmma and TMA need the arch-specific target
-  std::string features = "+ptx82";
+  std::string backend = "nccl";    ///< "nccl" or "virtual"
+  std::string chip = "sm_90a";     // wgmma and TMA need the arch-specific target
+  std::string features = "+ptx82"; ///< raised to what the linked shim needs
   unsigned optLevel = 3;
-  std::string shimDir;   ///< empty: the shims this build made
+  std::string shimDir; ///< empty: the shims this build made
+  /// The NCCL version whose shim the nccl backend links (a build's extra
+  /// NCCL, see EPIC_EXTRA_NCCL_ROOTS); empty: the NCCL epic builds against.
+  std::string ncclShim;
   std::string cudaPath;  ///< empty: the CUDA toolkit this build found (ptxas)
   bool emitCubin = true; ///< also assemble with `ptxas -v`
 };
@@ -46,7 +49,11 @@ struct CompileResult {
   /// One JSON object per launch function that convert-ep-to-comm made: its name,
   /// kernels in launch order, threads, parameter fields, window bytes, config.
   std::vector<std::string> entriesJson;
+  /// As asked, with the features the target got (the PTX ISA raised to what
+  /// the shim needs).
   CompileOptions options;
+  /// The NCCL the nccl backend's shim was compiled against.
+  std::string ncclVersion;
   /// Kernel names, argument types, register/shared-memory use, the target
   /// and the NCCL version, as a JSON object.
   std::string metadataJson() const;

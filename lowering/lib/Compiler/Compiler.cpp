@@ -119,15 +119,37 @@ void setPipelineOptions(EpicToPTXOptions &pipeline, const epic::CompileOptions &
   else
     throw epic::CompileError("backend must be \"nccl\" or \"virtual\", got \"" + options.backend +
                              "\"");
+  if (!options.ncclShim.empty() && pipeline.backend != CommBackend::nccl)
+    throw epic::CompileError("an NCCL shim (" + options.ncclShim +
+                             ") is for the nccl backend, not " + options.backend);
   pipeline.chip = options.chip;
   pipeline.features = options.features;
   pipeline.optLevel = options.optLevel;
   pipeline.shimDir = options.shimDir;
+  pipeline.ncclShim = options.ncclShim;
   pipeline.cudaPath = options.cudaPath;
   pipeline.format = "isa";
-  std::string shim = getShimBitcodePath(pipeline.backend, options.shimDir);
-  if (!llvm::sys::fs::exists(shim))
+  std::string shim = getShimBitcodePath(pipeline.backend, options.shimDir, options.ncclShim);
+  if (llvm::sys::fs::exists(shim))
+    return;
+  if (options.ncclShim.empty())
     throw epic::CompileError("device shim bitcode not found: " + shim);
+  // Name the shims there are.
+  std::string built;
+  llvm::StringRef dir = llvm::sys::path::parent_path(shim);
+  std::error_code error;
+  for (llvm::sys::fs::directory_iterator it(dir, error), end; it != end && !error;
+       it.increment(error)) {
+    llvm::StringRef file = llvm::sys::path::filename(it->path());
+    if (file.starts_with("epic_shim_nccl") && file.ends_with(".bc")) {
+      std::string version = readShimInfo(it->path()).ncclVersion;
+      built += (built.empty() ? "" : ", ") + (version.empty() ? file.str() : version);
+    }
+  }
+  throw epic::CompileError(
+      "no device shim for NCCL " + options.ncclShim + " in " + dir.str() +
+      " (there: " + (built.empty() ? "none" : built) +
+      "); configure the build with -DEPIC_EXTRA_NCCL_ROOTS=<that NCCL's root>");
 }
 
 /// A context with every dialect and extension the pipeline meets.
@@ -203,6 +225,14 @@ epic::CompileResult lower(MLIRContext &context, ModuleOp module,
 
   epic::CompileResult result;
   result.options = options;
+  result.options.features = getTargetFeatures(pipeline);
+  if (pipeline.backend == CommBackend::nccl)
+    result.ncclVersion =
+        readShimInfo(getShimBitcodePath(pipeline.backend, pipeline.shimDir, pipeline.ncclShim))
+            .ncclVersion;
+  if (result.ncclVersion.empty()) // the virtual backend: the NCCL this build has
+    result.ncclVersion = std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + "." +
+                         std::to_string(NCCL_PATCH);
   // The launch metadata: each launch function's epic.* attributes, checked
   // against LaunchMetadata.def (also what the DSL wrote).
   const std::string entryAttr = epic::launchAttributeName(epic::LaunchField::entry);
@@ -318,8 +348,7 @@ std::string epic::CompileResult::metadataJson() const {
                                     {"features", options.features},
                                     {"opt_level", int64_t(options.optLevel)}}},
       {"backend", options.backend},
-      {"nccl_version", std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + "." +
-                           std::to_string(NCCL_PATCH)},
+      {"nccl_version", ncclVersion},
   };
   std::string text;
   llvm::raw_string_ostream os(text);

@@ -21,7 +21,8 @@ struct EpicToPTXOptions : public mlir::PassPipelineOptions<EpicToPTXOptions> {
                        clEnumValN(CommBackend::virtual_, "virtual", "R ranks on one GPU"))};
   Option<std::string> chip{*this, "chip", llvm::cl::desc("GPU architecture"),
                            llvm::cl::init("sm_90a")};
-  // The NCCL shim's GDAKI path uses st.mmio, which needs PTX ISA 8.2.
+  // The NCCL shim's GDAKI path uses st.mmio, which needs PTX ISA 8.2; a shim that
+  // needs more raises it (getTargetFeatures).
   Option<std::string> features{*this, "features", llvm::cl::desc("PTX features"),
                                llvm::cl::init("+ptx82")};
   Option<unsigned> optLevel{*this, "opt-level", llvm::cl::desc("LLVM optimization level"),
@@ -29,6 +30,12 @@ struct EpicToPTXOptions : public mlir::PassPipelineOptions<EpicToPTXOptions> {
   Option<std::string> shimDir{
       *this, "shim-dir",
       llvm::cl::desc("directory of epic_shim_<backend>.bc (default: the build's)"),
+      llvm::cl::init("")};
+  Option<std::string> ncclShim{
+      *this, "nccl-shim",
+      llvm::cl::desc("the NCCL version whose shim the nccl backend links "
+                     "(epic_shim_nccl-<version>.bc, built for -DEPIC_EXTRA_NCCL_ROOTS); "
+                     "default: the NCCL epic builds against"),
       llvm::cl::init("")};
   Option<std::string> format{
       *this, "format",
@@ -43,8 +50,28 @@ struct EpicToPTXOptions : public mlir::PassPipelineOptions<EpicToPTXOptions> {
 llvm::StringRef stringifyCommBackend(CommBackend backend);
 
 /// The shim bitcode file of `backend` in `shimDir`, or in the directory this
-/// build wrote them to when `shimDir` is empty.
-std::string getShimBitcodePath(CommBackend backend, llvm::StringRef shimDir);
+/// build wrote them to when `shimDir` is empty. For nccl, `ncclShim` names the
+/// NCCL version of the shim (empty: the default one, which a version equal to
+/// its own names too).
+std::string getShimBitcodePath(CommBackend backend, llvm::StringRef shimDir,
+                               llvm::StringRef ncclShim = "");
+
+/// What an NCCL shim's sidecar (epic_shim_nccl[-<version>].json beside the
+/// .bc) says: the NCCL version it was compiled against and the PTX ISA its
+/// device API needs (86 for 8.6). Empty and 0 without a sidecar (the virtual
+/// shim).
+struct ShimInfo {
+  std::string ncclVersion;
+  unsigned minPtx = 0;
+};
+ShimInfo readShimInfo(llvm::StringRef shimPath);
+
+/// `features` with its PTX ISA version (+ptxNN) raised to `minPtx` where lower.
+std::string raisePtxVersion(llvm::StringRef features, unsigned minPtx);
+
+/// The NVVM target's features for `options`: the requested ones, with the PTX
+/// ISA raised to what the linked shim needs.
+std::string getTargetFeatures(const EpicToPTXOptions &options);
 
 /// convert-ep-to-comm's options for the pipeline's backend (a cached dispatch is one
 /// pass where every rank's tensors share one address space: virtual).
