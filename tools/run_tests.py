@@ -51,7 +51,9 @@ def main():
     if not (build / "bin" / "epic-opt").exists():
         sys.exit(f"error: {build}/bin/epic-opt not found; build first (./install.sh)")
 
-    env = dict(os.environ, EPIC_BUILD_DIR=str(build))
+    # Test this checkout's Python package, whichever checkout `pip install -e` last pointed at.
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT / "python"), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, EPIC_BUILD_DIR=str(build), PYTHONPATH=pythonpath)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
