@@ -19,6 +19,8 @@ __all__ = [
     "EventHandle",
     "EventOverlap",
     "topk_idx_t",
+    "get_physical_domain_size",
+    "get_logical_domain_size",
     "jit",
     "language",
 ]
@@ -27,6 +29,8 @@ _LAZY_SUBMODULES = frozenset({"reference", "buffer", "autograd", "language"})
 # DeepEP's names, from epic.buffer (loaded on first use).
 _FROM_BUFFER = frozenset({"ElasticBuffer", "VirtualWorld", "EPHandle", "EventHandle",
                           "EventOverlap", "topk_idx_t"})
+# DeepEP's module-level domain functions.
+_FROM_TOPOLOGY = frozenset({"get_physical_domain_size", "get_logical_domain_size"})
 
 
 def __getattr__(name):
@@ -39,6 +43,10 @@ def __getattr__(name):
 
         globals()["jit"] = decorator
         return decorator
+    if name in _FROM_TOPOLOGY:
+        value = getattr(importlib.import_module("._topology", __name__), name)
+        globals()[name] = value
+        return value
     if name in _FROM_BUFFER:
         value = getattr(importlib.import_module(".buffer", __name__), name)
         globals()[name] = value
@@ -47,4 +55,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | _LAZY_SUBMODULES | _FROM_BUFFER)
+    return sorted(set(globals()) | _LAZY_SUBMODULES | _FROM_BUFFER | _FROM_TOPOLOGY)

@@ -23,7 +23,7 @@ import importlib
 import os
 
 from . import _limits as LIM
-from . import _nccl
+from . import _nccl, _topology
 from . import _tensors as T
 from ._plans import OpPlan, PlanCache
 from .handle import EPHandle, EventHandle, EventOverlap
@@ -82,24 +82,45 @@ class VirtualWorld:
     """``num_ranks`` ranks of an EP world on one GPU, in this process.
 
     Pass it where DeepEP takes a process group. Per-rank tensors then go in
-    and come out as lists with one entry per rank.
+    and come out as lists with one entry per rank. ``num_nodes`` and ``gpus_per_node``
+    make it a world of several nodes (NVLink domains) of ``gpus_per_node`` ranks each,
+    numbered node-major: ``VirtualWorld(num_nodes=2, gpus_per_node=4)`` is 8 ranks on 2 nodes.
     """
 
-    def __init__(self, num_ranks: int, device: int | None = None):
-        if isinstance(num_ranks, bool) or not isinstance(num_ranks, int):
-            raise TypeError(f"num_ranks: expected an int, got {type(num_ranks).__name__}")
+    def __init__(self, num_ranks: int | None = None, device: int | None = None, *,
+                 num_nodes: int = 1, gpus_per_node: int | None = None):
+        for name, value in (("num_ranks", num_ranks), ("gpus_per_node", gpus_per_node)):
+            if value is not None and not _is_int(value):
+                raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+        _check_int("num_nodes", num_nodes, 1, _MAX_RANKS)
+        if num_ranks is None and gpus_per_node is None:
+            raise TypeError("VirtualWorld: give num_ranks, or num_nodes and gpus_per_node")
+        if gpus_per_node is not None:
+            _check_int("gpus_per_node", gpus_per_node, 1, _MAX_RANKS)
+            total = num_nodes * gpus_per_node
+            if num_ranks is not None and num_ranks != total:
+                raise ValueError(f"num_ranks: {num_ranks} != num_nodes ({num_nodes}) x "
+                                 f"gpus_per_node ({gpus_per_node}) = {total}")
+            num_ranks = total
         if not 1 <= num_ranks <= _MAX_RANKS:
             raise ValueError(f"num_ranks: must be in [1, {_MAX_RANKS}], got {num_ranks}")
+        if num_ranks % num_nodes:
+            raise ValueError(f"num_nodes: {num_nodes} does not divide num_ranks ({num_ranks}); "
+                             "every node holds as many ranks")
         if device is not None and (not _is_int(device) or device < 0):
             raise ValueError(f"device: a CUDA device index >= 0 or None, got {device!r}")
         self.num_ranks = num_ranks
+        self.num_nodes = num_nodes
+        self.gpus_per_node = num_ranks // num_nodes
         self.device = device
 
     def size(self) -> int:
         return self.num_ranks
 
     def __repr__(self):
-        return f"VirtualWorld({self.num_ranks})"
+        if self.num_nodes == 1:
+            return f"VirtualWorld({self.num_ranks})"
+        return f"VirtualWorld(num_nodes={self.num_nodes}, gpus_per_node={self.gpus_per_node})"
 
 
 def _is_int(v) -> bool:
@@ -234,20 +255,19 @@ class ElasticBuffer:
         self.num_gpu_timeout_secs = num_gpu_timeout_secs
         self.num_cpu_timeout_secs = num_cpu_timeout_secs
         self.sl_idx = sl_idx
-        # One NVLink domain (direct mode): scale-up is the whole world.
-        self.num_scaleout_ranks, self.num_scaleup_ranks = 1, self.num_ranks
-        self.scaleout_rank_idx, self.scaleup_rank_idx = 0, self.rank_idx
-        self.num_rdma_ranks, self.num_nvlink_ranks = 1, self.num_ranks
-        self.num_allocated_qps = num_allocated_qps or 17
+        # Physical: nodes (NVLink domains) x GPUs per node. Logical: the same in hybrid mode,
+        # else one domain of every rank (direct mode: every rank is every rank's peer).
+        self._qps_requested = num_allocated_qps
+        self._set_layout(*_topology.physical_layout(group))
         if num_bytes is None:
             if not num_max_tokens_per_rank or not hidden:
                 raise ValueError(
                     "num_bytes: give it, or give num_max_tokens_per_rank and hidden so that "
                     "get_buffer_size_hint can size the buffer"
                 )
-            num_bytes = self.get_buffer_size_hint(
-                group, num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch,
-                allow_hybrid_mode, allow_multiple_reduction,
+            num_bytes = self._size_hint(
+                self.num_rdma_ranks, self.num_nvlink_ranks, num_max_tokens_per_rank, hidden,
+                num_topk, use_fp8_dispatch, allow_hybrid_mode, allow_multiple_reduction,
             )
         _check_int("num_bytes", num_bytes, 1, _MAX_BUFFER_BYTES)
         if num_bytes % (2 * _MIB):
@@ -263,6 +283,20 @@ class ElasticBuffer:
         self._destroyed = False
         if not self.virtual:
             self._create()
+
+    def _set_layout(self, num_nodes, gpus_per_node):
+        """DeepEP's domain attributes from the physical layout (node-major ranks)."""
+        self.num_rdma_ranks, self.num_nvlink_ranks = num_nodes, gpus_per_node
+        self.num_scaleout_ranks, self.num_scaleup_ranks = _topology.logical_layout(
+            num_nodes, gpus_per_node, self.allow_hybrid_mode)
+        self.hybrid = self.num_scaleout_ranks > 1
+        if self.hybrid:
+            _topology.check_hybrid(num_nodes, gpus_per_node)
+        self.scaleout_rank_idx = self.rank_idx // self.num_scaleup_ranks
+        self.scaleup_rank_idx = self.rank_idx % self.num_scaleup_ranks
+        # DeepEP's default GIN contexts: 129 in hybrid mode (65 on NICs with fast RDMA atomics,
+        # which needs ibstat; epic does not probe the NIC), 17 in direct mode.
+        self.num_allocated_qps = self._qps_requested or (129 if self.hybrid else 17)
 
     # --- the C++ state ---------------------------------------------------------------------
 
@@ -298,6 +332,11 @@ class ElasticBuffer:
             state = C.Buffer.nccl(runtime, self.num_ranks, self.rank_idx, unique_id, comm_ptr,
                                   self.num_bytes, sms, self.num_cpu_timeout_secs)
             self.nccl_comm_source = "pytorch-split" if comm_ptr else "new"
+            # NCCL's LSA team is the NVLink domain (it can span hosts: multi-node NVLink); the
+            # ranks agreed on its size in the runtime.
+            lsa = state.device_api["lsa_size"]
+            if lsa != self.num_nvlink_ranks:
+                self._set_layout(self.num_ranks // lsa, lsa)
         self._state = state
         self._comm_stream = torch.cuda.Stream(priority=-1)
         if not self.virtual:
@@ -322,26 +361,34 @@ class ElasticBuffer:
         """Bytes the buffer needs (2 MiB aligned): DeepEP's formula, or more where epic's
         kernels need a larger window (small worlds: their combine stages K records per token,
         DeepEP's min(R, K))."""
-        ranks = group.num_ranks if isinstance(group, VirtualWorld) else group.size()
         _check_int("num_max_tokens_per_rank", num_max_tokens_per_rank, 1)
         _check_int("hidden", hidden, 1)
         _check_int("num_topk", num_topk, 0, _MAX_TOPK)
-        return _C().buffer_size_hint(1, ranks, allow_hybrid_mode, num_max_tokens_per_rank,
-                                     hidden, num_topk, use_fp8_dispatch,
-                                     allow_multiple_reduction)
+        _check_bool("allow_hybrid_mode", allow_hybrid_mode)
+        return ElasticBuffer._size_hint(*_topology.physical_layout(group), num_max_tokens_per_rank,
+                                        hidden, num_topk, use_fp8_dispatch, allow_hybrid_mode,
+                                        allow_multiple_reduction)
+
+    @staticmethod
+    def _size_hint(nodes, per_node, tokens, hidden, topk, fp8, hybrid, multiple_reduction):
+        return _C().buffer_size_hint(nodes, per_node, hybrid, tokens, hidden, topk, fp8,
+                                     multiple_reduction)
 
     def get_theoretical_num_sms(self, num_experts: int, num_topk: int, num_scaleout_topk: int = 0,
                                 rdma_gbs: float = 0, nvlink_gbs: float = 0,
                                 sm_read_gbs: float = 200, sm_write_gbs: float = 50) -> int:
-        """DeepEP's analytic SM count; NVLink at 0.9 x 900 GB/s unless given."""
+        """DeepEP's analytic SM count; NVLink at 0.9 x 900 GB/s unless given; across nodes the
+        network at 50 GB/s (one 400 Gb/s NIC per GPU) unless given."""
+        if not rdma_gbs and self.num_rdma_ranks > 1:
+            rdma_gbs = 50
         return _C().theoretical_num_sms(
-            self.num_scaleout_ranks, self.num_scaleup_ranks, self.allow_hybrid_mode, num_experts,
+            self.num_rdma_ranks, self.num_nvlink_ranks, self.allow_hybrid_mode, num_experts,
             num_topk, rdma_gbs, nvlink_gbs or 0.9 * 900, 132, self.prefer_overlap_with_compute,
             sm_read_gbs, sm_write_gbs,
         )
 
     def get_theoretical_num_qps(self, num_sms: int) -> int:
-        return _C().theoretical_num_qps(self.num_scaleout_ranks, self.num_scaleup_ranks,
+        return _C().theoretical_num_qps(self.num_rdma_ranks, self.num_nvlink_ranks,
                                         self.allow_hybrid_mode, num_sms, self.num_allocated_qps)
 
     def get_physical_domain_size(self):
@@ -491,6 +538,9 @@ class ElasticBuffer:
         spec = dict(num_ranks=ranks, num_experts=experts, num_topk=topk, hidden=hidden,
                     dtype=dtype, num_scale_packs=packs, expert_alignment=alignment,
                     do_expand=bool(expand), num_max_tokens_per_rank=tmax)
+        if self.num_rdma_ranks > 1:  # one node: the defaults, so kernel keys stay as they were
+            spec["num_scaleup_ranks"] = self.num_nvlink_ranks
+            spec["hybrid"] = self.hybrid
         if self.num_gpu_timeout_secs != 100:  # DeepEP's default is the compiler's
             spec["timeout_ms"] = int(self.num_gpu_timeout_secs * 1000)
         return spec

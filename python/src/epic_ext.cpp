@@ -702,37 +702,34 @@ PYBIND11_MODULE(_C, m) {
         "(worst-case shapes), which the caller allocates.");
   m.def(
       "buffer_size_hint",
-      [](int scaleout, int scaleup, bool hybrid, int64_t tokens, int64_t hidden, int topk, bool fp8,
+      [](int nodes, int perNode, bool hybrid, int64_t tokens, int64_t hidden, int topk, bool fp8,
          bool multipleReduction) {
-        Topology t = scaleout > 1 ? Topology::nodes(scaleout, scaleup, hybrid)
-                                  : Topology::singleDomain(scaleup);
+        Topology t = Topology::nodes(nodes, perNode, hybrid);
         return elasticBufferBytes(t, tokens, hidden, topk, fp8, multipleReduction);
       },
-      py::arg("num_scaleout_ranks"), py::arg("num_scaleup_ranks"), py::arg("hybrid"),
+      py::arg("num_nodes"), py::arg("gpus_per_node"), py::arg("allow_hybrid_mode"),
       py::arg("num_max_tokens_per_rank"), py::arg("hidden"), py::arg("num_topk"),
       py::arg("use_fp8_dispatch"), py::arg("allow_multiple_reduction"),
       "DeepEP's get_buffer_size_hint, or more where epic's kernels need more window.");
   m.def(
       "theoretical_num_sms",
-      [](int scaleout, int scaleup, bool hybrid, int experts, int topk, double rdma, double nvlink,
+      [](int nodes, int perNode, bool hybrid, int experts, int topk, double rdma, double nvlink,
          int deviceSms, bool overlap, double smRead, double smWrite) {
-        Topology t = scaleout > 1 ? Topology::nodes(scaleout, scaleup, hybrid)
-                                  : Topology::singleDomain(scaleup);
+        Topology t = Topology::nodes(nodes, perNode, hybrid);
         return theoreticalNumSms(t, experts, topk, rdma, nvlink, deviceSms, overlap, smRead,
                                  smWrite);
       },
-      py::arg("num_scaleout_ranks"), py::arg("num_scaleup_ranks"), py::arg("hybrid"),
+      py::arg("num_nodes"), py::arg("gpus_per_node"), py::arg("allow_hybrid_mode"),
       py::arg("num_experts"), py::arg("num_topk"), py::arg("rdma_gbs"), py::arg("nvlink_gbs"),
       py::arg("device_sms"), py::arg("prefer_overlap_with_compute"), py::arg("sm_read_gbs"),
       py::arg("sm_write_gbs"));
   m.def(
       "theoretical_num_qps",
-      [](int scaleout, int scaleup, bool hybrid, int sms, int allocated) {
-        Topology t = scaleout > 1 ? Topology::nodes(scaleout, scaleup, hybrid)
-                                  : Topology::singleDomain(scaleup);
+      [](int nodes, int perNode, bool hybrid, int sms, int allocated) {
+        Topology t = Topology::nodes(nodes, perNode, hybrid);
         return theoreticalNumQps(t, sms, allocated);
       },
-      py::arg("num_scaleout_ranks"), py::arg("num_scaleup_ranks"), py::arg("hybrid"),
+      py::arg("num_nodes"), py::arg("gpus_per_node"), py::arg("allow_hybrid_mode"),
       py::arg("num_sms"), py::arg("num_allocated_qps"));
   m.def("take_device_wait_reports", &epic::runtime::takeDeviceWaitReports,
         "Timeout reports of call-free device waits (fused GEMM kernels) since the last call, "

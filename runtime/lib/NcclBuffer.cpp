@@ -326,6 +326,8 @@ void NcclElasticBuffer::checkRanks(int blocksPerRank) {
   int sms = 0;
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count");
   mine.smCount = sms;
+  mine.lsaSize = apiInfo.lsaSize;
+  mine.lsaRank = apiInfo.lsaRank;
   check(cudaDeviceGetPCIBusId(mine.pciBusId, sizeof mine.pciBusId, device),
         "cudaDeviceGetPCIBusId");
   std::vector<char> bytes = comm.allGather(&mine, sizeof mine);
@@ -333,7 +335,7 @@ void NcclElasticBuffer::checkRanks(int blocksPerRank) {
   std::memcpy(facts.data(), bytes.data(), bytes.size());
   checkRanksAgree(facts);
 
-  // Every LSA peer is a rank of this node (acquire refuses others).
+  // P2P atomics between the GPUs of each node (the entry barrier's LSA arrivals).
   auto visible = [](const std::string &busId) {
     int d = -1;
     if (cudaDeviceGetByPCIBusId(&d, busId.c_str()) != cudaSuccess) {
@@ -348,7 +350,7 @@ void NcclElasticBuffer::checkRanks(int blocksPerRank) {
           "cudaDeviceGetP2PAttribute(native atomics)");
     return value != 0;
   };
-  int64_t verdict = p2pAtomicsVerdict(facts, visible, nativeAtomics);
+  int64_t verdict = p2pAtomicsVerdict(facts, apiInfo.rank, visible, nativeAtomics);
   bytes = comm.allGather(&verdict, sizeof verdict);
   std::vector<int64_t> verdicts(facts.size());
   std::memcpy(verdicts.data(), bytes.data(), bytes.size());

@@ -66,6 +66,8 @@ void epic::runtime::checkRanksAgree(const std::vector<RankFacts> &facts) {
       {"the loaded NCCL version", "the device communicator's layout is the library's",
        &RankFacts::ncclVersion},
       {"the device's SM count", "calls size their grids from it", &RankFacts::smCount},
+      {"GPUs per node (NCCL's LSA team size)", "the kernels place every rank by its node",
+       &RankFacts::lsaSize},
   };
   for (const Field &field : fields) {
     std::vector<std::string> values;
@@ -80,15 +82,31 @@ void epic::runtime::checkRanksAgree(const std::vector<RankFacts> &facts) {
                         "); construct the buffer with the same arguments on the same kind of "
                         "GPU and NCCL on every rank");
   }
+  const int64_t R = int64_t(facts.size()), perNode = facts.empty() ? 1 : facts[0].lsaSize;
+  if (perNode < 1 || R % perNode)
+    throw NcclError("NCCL's LSA team (the NVLink domain) has " + std::to_string(perNode) +
+                    " ranks, which does not divide the " + std::to_string(R) +
+                    " ranks: every node needs as many ranks");
+  for (int64_t r = 0; r < R; ++r)
+    if (facts[size_t(r)].lsaRank != r % perNode)
+      throw NcclError("rank " + std::to_string(r) + " is rank " +
+                      std::to_string(facts[size_t(r)].lsaRank) +
+                      " of its NVLink (LSA) domain, not " + std::to_string(r % perNode) +
+                      ": ranks must be numbered node-major (rank = node x " +
+                      std::to_string(perNode) + " + GPU), as torchrun numbers them");
 }
 
-int64_t epic::runtime::p2pAtomicsVerdict(const std::vector<RankFacts> &facts,
+int64_t epic::runtime::p2pAtomicsVerdict(const std::vector<RankFacts> &facts, int64_t me,
                                          const std::function<int(const std::string &)> &visible,
                                          const std::function<bool(int, int)> &nativeAtomics) {
   const int64_t R = int64_t(facts.size());
+  // The pairs of this rank's node: other nodes talk over the network, not P2P, and their own
+  // ranks check their pairs.
+  const int64_t perNode = std::max<int64_t>(1, facts[size_t(me)].lsaSize);
+  const int64_t first = me / perNode * perNode, end = std::min(R, first + perNode);
   int64_t unchecked = 0;
-  for (int64_t i = 0; i < R; ++i)
-    for (int64_t j = i + 1; j < R; ++j) {
+  for (int64_t i = first; i < end; ++i)
+    for (int64_t j = i + 1; j < end; ++j) {
       std::string a = facts[i].pciBusId, b = facts[j].pciBusId;
       if (a == b)
         continue; // ranks sharing a GPU need no P2P
@@ -118,16 +136,22 @@ void epic::runtime::checkP2PVerdicts(const std::vector<RankFacts> &facts,
                       "): the ep kernels' entry barrier makes system-scope "
                       "atomics on peer GPUs (LSA means same node, not NVLink); connect the GPUs "
                       "by NVLink or run one rank per node");
-  // Conservative: unless some rank could check every pair, the pairs are not known to be fine.
+  // Conservative: unless some rank of each node could check every pair of its node, the pairs
+  // are not known to be fine.
   if (assumeUnchecked || verdicts.empty())
     return;
-  for (int64_t v : verdicts)
-    if (v >= 0)
-      return;
-  throw NcclError("cannot check native P2P atomics between " + pair(verdicts.front()) +
-                  ": no rank's process sees both GPUs (CUDA_VISIBLE_DEVICES); make every local "
-                  "GPU visible to every rank, or set EPIC_ASSUME_P2P_ATOMICS=1 where the GPUs "
-                  "are connected by NVLink");
+  const int64_t perNode = std::max<int64_t>(1, facts.front().lsaSize);
+  for (int64_t first = 0; first < int64_t(verdicts.size()); first += perNode) {
+    const int64_t end = std::min<int64_t>(int64_t(verdicts.size()), first + perNode);
+    bool checked = false;
+    for (int64_t r = first; r < end; ++r)
+      checked = checked || verdicts[size_t(r)] >= 0;
+    if (!checked)
+      throw NcclError("cannot check native P2P atomics between " + pair(verdicts[size_t(first)]) +
+                      ": no rank's process sees both GPUs (CUDA_VISIBLE_DEVICES); make every "
+                      "local GPU visible to every rank, or set EPIC_ASSUME_P2P_ATOMICS=1 where "
+                      "the GPUs are connected by NVLink");
+  }
 }
 
 int epic::runtime::waitWhileInProgress(const std::function<int()> &status, const std::string &what,

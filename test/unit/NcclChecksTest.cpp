@@ -39,11 +39,17 @@ RankFacts facts(int64_t bytes, int64_t blocks, int64_t version, int64_t sms, con
   return f;
 }
 
-std::vector<RankFacts> fourRanks() {
-  return {facts(1 << 21, 64, 22809, 132, "0000:18:00.0"),
-          facts(1 << 21, 64, 22809, 132, "0000:2a:00.0"),
-          facts(1 << 21, 64, 22809, 132, "0000:3a:00.0"),
-          facts(1 << 21, 64, 22809, 132, "0000:5d:00.0")};
+/// Four ranks on `nodes` nodes, numbered node-major.
+std::vector<RankFacts> fourRanks(int nodes = 1) {
+  std::vector<RankFacts> f = {facts(1 << 21, 64, 22809, 132, "0000:18:00.0"),
+                              facts(1 << 21, 64, 22809, 132, "0000:2a:00.0"),
+                              facts(1 << 21, 64, 22809, 132, "0000:3a:00.0"),
+                              facts(1 << 21, 64, 22809, 132, "0000:5d:00.0")};
+  for (size_t r = 0; r < f.size(); ++r) {
+    f[r].lsaSize = 4 / nodes;
+    f[r].lsaRank = int64_t(r) % f[r].lsaSize;
+  }
+  return f;
 }
 
 TEST(NcclVersion, NamesBothEncodings) {
@@ -96,6 +102,29 @@ TEST(RanksAgree, EachFieldIsNamedWithTheRanksValues) {
   EXPECT_NE(m.find("SM count: 132 on ranks 0, 1; 114 on ranks 2, 3"), std::string::npos) << m;
 }
 
+TEST(RanksAgree, NodesAreEqualAndNodeMajor) {
+  EXPECT_NO_THROW(checkRanksAgree(fourRanks(2)));
+  auto f = fourRanks(2);
+  f[3].lsaSize = 4;
+  std::string m = thrown<NcclError>([&] { checkRanksAgree(f); });
+  EXPECT_NE(m.find("disagree on GPUs per node (NCCL's LSA team size): 2 on ranks 0, 1, 2; 4 on "
+                   "rank 3"),
+            std::string::npos)
+      << m;
+  f = fourRanks(2);
+  std::swap(f[1].lsaRank, f[2].lsaRank); // LSA ranks 0 0 1 1: numbered node-minor
+  m = thrown<NcclError>([&] { checkRanksAgree(f); });
+  EXPECT_NE(m.find("rank 1 is rank 0 of its NVLink (LSA) domain, not 1: ranks must be numbered "
+                   "node-major"),
+            std::string::npos)
+      << m;
+  f = fourRanks();
+  for (auto &r : f)
+    r.lsaSize = 3, r.lsaRank = 0;
+  m = thrown<NcclError>([&] { checkRanksAgree(f); });
+  EXPECT_NE(m.find("has 3 ranks, which does not divide the 4 ranks"), std::string::npos) << m;
+}
+
 TEST(RanksAgree, TheFirstDisagreementIsReported) {
   auto f = fourRanks();
   f[1].smCount = 78;
@@ -106,7 +135,7 @@ TEST(RanksAgree, TheFirstDisagreementIsReported) {
 
 // Devices 0..3 are the four ranks' GPUs; `noAtomics` is the one pair without them.
 int64_t verdict(const std::vector<RankFacts> &f, std::pair<int, int> noAtomics,
-                const std::vector<std::string> &visibleBus) {
+                const std::vector<std::string> &visibleBus, int64_t me = 0) {
   auto visible = [&](const std::string &bus) {
     for (size_t d = 0; d < visibleBus.size(); ++d)
       if (visibleBus[d] == bus)
@@ -116,7 +145,7 @@ int64_t verdict(const std::vector<RankFacts> &f, std::pair<int, int> noAtomics,
   auto atomics = [&](int a, int b) {
     return !(std::min(a, b) == noAtomics.first && std::max(a, b) == noAtomics.second);
   };
-  return p2pAtomicsVerdict(f, visible, atomics);
+  return p2pAtomicsVerdict(f, me, visible, atomics);
 }
 
 std::vector<std::string> buses(const std::vector<RankFacts> &f) {
@@ -145,6 +174,28 @@ TEST(P2PAtomics, APairWithoutThemIsRefusedByName) {
   EXPECT_NE(thrown<NcclError>([&] { checkP2PVerdicts(f, {0, v, -2, 0}, true); }), "");
 }
 
+TEST(P2PAtomics, OnlyPairsOfOneNodeAreChecked) {
+  // Two nodes of two: a rank checks its own node's pair; pairs across nodes talk over the
+  // network, so (1, 3) lacking P2P atomics is fine.
+  auto f = fourRanks(2);
+  std::vector<std::string> node0 = {f[0].pciBusId, f[1].pciBusId};
+  std::vector<std::string> node1 = {f[2].pciBusId, f[3].pciBusId};
+  EXPECT_EQ(verdict(f, {1, 3}, buses(f)), 0);
+  EXPECT_EQ(verdict(f, {-1, -1}, node0, /*me=*/1), 0);
+  EXPECT_EQ(verdict(f, {-1, -1}, node1, /*me=*/2), 0);
+  EXPECT_GT(verdict(f, {0, 1}, node1, /*me=*/3), 0); // devices 0, 1 of that process
+  EXPECT_NO_THROW(checkP2PVerdicts(f, {0, 0, 0, 0}, false));
+  // Node 1's ranks see only their own GPU each: its pair is unchecked, even though node 0's
+  // ranks checked theirs.
+  std::vector<int64_t> verdicts = {0, 0, verdict(f, {-1, -1}, {f[2].pciBusId}, 2),
+                                   verdict(f, {-1, -1}, {f[3].pciBusId}, 3)};
+  std::string m = thrown<NcclError>([&] { checkP2PVerdicts(f, verdicts, false); });
+  EXPECT_NE(m.find("cannot check native P2P atomics between GPU 0000:3a:00.0 (rank 2) and GPU "
+                   "0000:5d:00.0 (rank 3)"),
+            std::string::npos)
+      << m;
+}
+
 TEST(P2PAtomics, RanksSharingAGpuNeedNone) {
   auto f = fourRanks();
   std::strcpy(f[3].pciBusId, f[1].pciBusId);
@@ -156,7 +207,7 @@ TEST(P2PAtomics, PairsNoRankCanSeeAreRefusedUnlessAssumed) {
   // Each process sees its own GPU only (CUDA_VISIBLE_DEVICES per rank).
   std::vector<int64_t> verdicts;
   for (int r = 0; r < 4; ++r)
-    verdicts.push_back(verdict(f, {-1, -1}, {f[r].pciBusId}));
+    verdicts.push_back(verdict(f, {-1, -1}, {f[r].pciBusId}, r));
   for (int64_t v : verdicts)
     EXPECT_LT(v, 0);
   std::string m = thrown<NcclError>([&] { checkP2PVerdicts(f, verdicts, false); });

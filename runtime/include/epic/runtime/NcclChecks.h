@@ -37,24 +37,30 @@ struct RankFacts {
   int64_t blocksPerRank = 0; ///< the most blocks any call launches (the entry barrier pairs them)
   int64_t ncclVersion = 0;   ///< ncclGetVersion of the loaded library
   int64_t smCount = 0;       ///< the device's multiprocessors
+  int64_t lsaSize = 1;       ///< ranks in this rank's NVLink (LSA) domain: GPUs per node
+  int64_t lsaRank = 0;       ///< this rank's index in it
   char pciBusId[32] = {};    ///< the device (cudaDeviceGetPCIBusId), to check P2P between peers
 };
 
 /// Throws NcclError naming the first field the ranks disagree on and every
-/// rank's value (facts[r] is rank r's).
+/// rank's value (facts[r] is rank r's). Then the nodes: every NVLink domain
+/// must hold the same number of ranks, numbered node-major (rank r is LSA rank
+/// r % lsaSize), as the kernels' node arithmetic assumes.
 void checkRanksAgree(const std::vector<RankFacts> &facts);
 
-/// One rank's view of native P2P atomics between the ranks' GPUs: 0 every pair
+/// Rank `me`'s view of native P2P atomics between its node's GPUs: 0 every pair
 /// it could check has them; 1 + i*R + j: GPUs of ranks i and j lack them;
 /// -(1 + i*R + j): this process cannot see both of them (CUDA_VISIBLE_DEVICES).
 /// `visible(busId)` is the device ordinal here or -1; `nativeAtomics(a, b)`
-/// queries cudaDevP2PAttrNativeAtomicSupported. Pairs on one GPU are skipped.
-int64_t p2pAtomicsVerdict(const std::vector<RankFacts> &facts,
+/// queries cudaDevP2PAttrNativeAtomicSupported. Pairs on one GPU, and pairs in
+/// different nodes (they talk over the network, not P2P), are skipped.
+int64_t p2pAtomicsVerdict(const std::vector<RankFacts> &facts, int64_t me,
                           const std::function<int(const std::string &)> &visible,
                           const std::function<bool(int, int)> &nativeAtomics);
 
 /// Throws NcclError naming the GPUs (and ranks) of the first pair some rank
-/// found without native P2P atomics, or that no rank could check unless
+/// found without native P2P atomics, or that no rank of a node could check
+/// its node's pairs, unless
 /// `assumeUnchecked`. verdicts[r] is rank r's p2pAtomicsVerdict; every rank
 /// gets the same verdicts, so every rank decides the same.
 void checkP2PVerdicts(const std::vector<RankFacts> &facts, const std::vector<int64_t> &verdicts,
