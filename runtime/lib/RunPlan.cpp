@@ -123,6 +123,13 @@ RunPlan RunPlan::parse(const std::string &text) {
     plan.values = json.at("values").integer();
     if (plan.ranks < 1)
       throw std::runtime_error("run plan: ranks must be positive");
+    plan.gpusPerNode = plan.ranks;
+    if (json.object.count("gpus_per_node")) {
+      plan.gpusPerNode = int(json.at("gpus_per_node").integer());
+      if (plan.gpusPerNode < 1 || plan.ranks % plan.gpusPerNode)
+        throw std::runtime_error("run plan: gpus_per_node (" + std::to_string(plan.gpusPerNode) +
+                                 ") must divide ranks (" + std::to_string(plan.ranks) + ")");
+    }
     for (const Json &step : json.at("steps").list())
       plan.steps.push_back({step.at("op").text(), step.at("loc").text(), step});
   } catch (const std::runtime_error &e) {

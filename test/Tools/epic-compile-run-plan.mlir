@@ -1,12 +1,17 @@
 // An epic-run program becomes a run plan: numbered values, one step per op,
 // the full configuration of every ep op.
-// RUN: epic-compile %s --run-plan -o - | FileCheck %s
+// RUN: split-file %s %t
+// RUN: epic-compile %t/one-node.mlir --run-plan -o - | FileCheck %s
+// RUN: epic-compile %t/two-nodes.mlir --run-plan -o - | FileCheck %s --check-prefix=NODES
+
+//--- one-node.mlir
 
 #cfg = #ep.config<ranks = 2, experts = 8, topk = 2, hidden = 64, dtype = f8E4M3FN,
                   scale_packs = 1, expert_alignment = 4, layout = expanded,
                   max_tokens_per_rank = 16>
 
 // CHECK: "epic_run_plan": 1,
+// CHECK-NOT: gpus_per_node
 // CHECK: "ranks": 2,
 func.func @main() {
   // CHECK: "op": "tokens",
@@ -56,3 +61,22 @@ func.func @main() {
   return
 }
 // CHECK: "values": 14
+
+//--- two-nodes.mlir
+// Two nodes of 4 ranks: the plan names the ranks per node, the op's spec its mode.
+#cfg = #ep.config<ranks = 8, experts = 16, topk = 2, hidden = 64, dtype = bf16,
+                  max_tokens_per_rank = 16, scaleup_ranks = 4, mode = hybrid>
+// NODES: "epic_run_plan": 1,
+// NODES-NEXT: "gpus_per_node": 4,
+// NODES-NEXT: "ranks": 8,
+func.func @main() {
+  %t = run.tokens per_rank [1, 2, 3, 4, 5, 6, 7, 8]
+  %x = run.random normal seed 1 rows %t : tensor<?x64xbf16>
+  %i = run.routing experts 16 seed 1 rows %t : tensor<?x2xi64>
+  // NODES: "op": "dispatch",
+  // NODES: "hybrid": true,
+  // NODES: "scaleup_ranks": 4,
+  %rx, %ri, %h = ep.dispatch %x topk(%i : tensor<?x2xi64>) config #cfg
+      : tensor<?x64xbf16> -> tensor<?x64xbf16>, tensor<?x2xi64>, !ep.handle<#cfg>
+  return
+}

@@ -587,6 +587,17 @@ TEST(RunPlan, ParsesAndChecksValues) {
                   "rows must be an index, value 1 is a tensor");
 }
 
+TEST(RunPlan, NodesOfTheWorld) {
+  auto withNodes = [](const std::string &perNode) {
+    std::string text = planWith(kTokens, 1);
+    return text.insert(text.find("\"values\""), "\"gpus_per_node\": " + perNode + ", ");
+  };
+  EXPECT_EQ(RunPlan::parse(planWith(kTokens, 1)).gpusPerNode, 2); // one node: every rank
+  EXPECT_EQ(RunPlan::parse(withNodes("1")).gpusPerNode, 1);
+  expectPlanError(withNodes("3"), "gpus_per_node (3) must divide ranks (2)");
+  expectPlanError(withNodes("0"), "gpus_per_node (0) must divide ranks (2)");
+}
+
 TEST(RunPlan, RefusesWhatTheRunDialectRefuses) {
   auto random = [](const std::string &scale) {
     return std::string(kTokens) + R"(, {"op": "random", "loc": "p.mlir:2:1", "result": 1,

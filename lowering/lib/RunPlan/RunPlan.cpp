@@ -66,10 +66,13 @@ public:
       return tokensOp->emitError()
              << "epic-run: per_rank has " << tokensRanks
              << " entries but the program's ep ops run on " << ranks << " ranks";
-    return json::Object{{"epic_run_plan", 1},
-                        {"ranks", ranks},
-                        {"values", int64_t(ids.size())},
-                        {"steps", std::move(steps)}};
+    json::Object plan{{"epic_run_plan", 1},
+                      {"ranks", ranks},
+                      {"values", int64_t(ids.size())},
+                      {"steps", std::move(steps)}};
+    if (gpusPerNode > 0 && gpusPerNode < ranks) // one node: the plan as it always was
+      plan["gpus_per_node"] = gpusPerNode;
+    return plan;
   }
 
 private:
@@ -86,12 +89,18 @@ private:
   LogicalResult world(Operation *op, epic::ep::ConfigAttr config) {
     if (ranks < 0) {
       ranks = config.getRanks();
+      gpusPerNode = config.getRanksPerNode();
       return success();
     }
     if (int64_t(config.getRanks()) != ranks)
       return op->emitError() << "epic-run: every ep op of a program runs on one EP world; this "
                                 "one has "
                              << config.getRanks() << " ranks, an earlier one " << ranks;
+    if (int64_t(config.getRanksPerNode()) != gpusPerNode)
+      return op->emitError() << "epic-run: every ep op of a program runs on one EP world; this "
+                                "one has "
+                             << config.getRanksPerNode()
+                             << " ranks per node (scaleup_ranks), an earlier one " << gpusPerNode;
     return success();
   }
 
@@ -321,7 +330,7 @@ private:
   SmallVector<func::CallOp> callStack;
   llvm::DenseMap<Value, int64_t> ids;
   json::Array steps;
-  int64_t ranks = -1, tokensRanks = -1;
+  int64_t ranks = -1, tokensRanks = -1, gpusPerNode = -1;
   Operation *tokensOp = nullptr;
 };
 

@@ -50,6 +50,7 @@ struct PlanKernel {
 
 struct RunPlan {
   int ranks = 1;
+  int gpusPerNode = 1; ///< ranks per node (NVLink domain); == ranks on one node
   int64_t values = 0;
   std::vector<RunStep> steps;
 
