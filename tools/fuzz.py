@@ -62,9 +62,9 @@ TOKEN = re.compile(r"%[\w.]+|#[\w.]+|@[\w.]+|!\w+(?:\.\w+)*|-?\d+|\w+|[^\s\w]")
 
 
 def mutate_ir(rng, text, tokens):
-    lines = text.splitlines()
     for _ in range(rng.randint(1, 4)):
         kind = rng.randrange(5)
+        lines = text.splitlines()  # of the text as mutated so far: it may have lost every line
         if kind == 0:  # a number -> an extreme value
             numbers = list(re.finditer(r"-?\b\d+\b", text))
             if numbers:
@@ -76,11 +76,9 @@ def mutate_ir(rng, text, tokens):
                 m = rng.choice(found)
                 text = text[:m.start()] + rng.choice(tokens) + text[m.end():]
         elif kind == 2 and lines:  # drop a line
-            lines = text.splitlines()
             del lines[rng.randrange(len(lines))]
             text = "\n".join(lines)
         elif kind == 3 and lines:  # duplicate a line
-            lines = text.splitlines()
             i = rng.randrange(len(lines))
             lines.insert(i, lines[i])
             text = "\n".join(lines)
