@@ -127,6 +127,7 @@ struct Builder {
   Value sub(Value a, Value b) const { return LLVM::SubOp::create(rewriter, loc, a, b); }
   Value mul(Value a, Value b) const { return LLVM::MulOp::create(rewriter, loc, a, b); }
   Value udiv(Value a, Value b) const { return LLVM::UDivOp::create(rewriter, loc, a, b); }
+  Value urem(Value a, Value b) const { return LLVM::URemOp::create(rewriter, loc, a, b); }
   Value sext64(Value v) const {
     return v.getType() == i64() ? v : LLVM::SExtOp::create(rewriter, loc, i64(), v);
   }
@@ -175,12 +176,23 @@ struct Builder {
   }
 };
 
-/// The team struct: (ranks, rank, stride, kind, world rank).
-enum TeamField : int64_t { kTeamRanks = 0, kTeamRank, kTeamStride, kTeamKind, kTeamWorldRank };
+/// The team struct: (ranks, rank, stride, kind, world rank, LSA size, world
+/// size). The last two are the virtual world's topology (M and R), which its
+/// peer_ptr checks; the nccl backend leaves them 0.
+enum TeamField : int64_t {
+  kTeamRanks = 0,
+  kTeamRank,
+  kTeamStride,
+  kTeamKind,
+  kTeamWorldRank,
+  kTeamLsaSize,
+  kTeamWorldSize,
+  kTeamNumFields
+};
 
 LLVM::LLVMStructType teamStructType(MLIRContext *ctx) {
-  Type i32 = IntegerType::get(ctx, 32);
-  return LLVM::LLVMStructType::getLiteral(ctx, {i32, i32, i32, i32, i32});
+  SmallVector<Type> fields(kTeamNumFields, IntegerType::get(ctx, 32));
+  return LLVM::LLVMStructType::getLiteral(ctx, fields);
 }
 
 /// The virtual rank of the calling block: blockIdx.x / (gridDim.x / R).
@@ -191,13 +203,27 @@ Value virtualRank(const Builder &b, Value numRanks) {
   return b.udiv(block, blocksPerRank);
 }
 
+/// The field types of the virtual backend's descriptors, from VirtualWorld.def.
+Type virtualFieldType(MLIRContext *ctx, StringRef type) {
+  if (type == "I32")
+    return IntegerType::get(ctx, 32);
+  if (type == "U64")
+    return IntegerType::get(ctx, 64);
+  if (type == "U64_PTR" || type == "CHAR_PTR")
+    return LLVM::LLVMPointerType::get(ctx);
+  llvm::report_fatal_error(llvm::Twine("VirtualWorld.def: unknown field type ") + type);
+}
 SmallVector<Type> virtualCommFields(MLIRContext *ctx) {
-  Type i32 = IntegerType::get(ctx, 32), p = LLVM::LLVMPointerType::get(ctx);
-  return {i32, i32, i32, i32, i32, i32, p, p, p};
+  return {
+#define EPIC_VCOMM_FIELD(INDEX, name, Type) virtualFieldType(ctx, #Type),
+#include "epic/device/VirtualWorld.def"
+  };
 }
 SmallVector<Type> virtualWindowFields(MLIRContext *ctx) {
-  Type i32 = IntegerType::get(ctx, 32), i64 = IntegerType::get(ctx, 64);
-  return {LLVM::LLVMPointerType::get(ctx), i64, i32, i32};
+  return {
+#define EPIC_VWIN_FIELD(INDEX, name, Type) virtualFieldType(ctx, #Type),
+#include "epic/device/VirtualWorld.def"
+  };
 }
 
 /// base + rank * stride + offset in a virtual window.
@@ -218,6 +244,22 @@ Value virtualRankFromWindow(const Builder &b, Value window) {
 
 int64_t timeoutNs(int64_t timeoutMs) { return timeoutMs * 1000000; }
 
+/// Whether the waits of `op`'s kernel must not call (the timeout's printf):
+/// ptxas serializes every wgmma of a function that calls.
+bool needsInlineWaits(Operation *op) {
+  auto func = op->getParentOfType<gpu::GPUFuncOp>();
+  if (!func)
+    return false;
+  if (func->hasAttr("comm.inline_waits"))
+    return true;
+  return func
+      .walk([](Operation *inner) {
+        return isa<nvgpu::WarpgroupMmaOp, NVVM::WgmmaMmaAsyncOp>(inner) ? WalkResult::interrupt()
+                                                                        : WalkResult::advance();
+      })
+      .wasInterrupted();
+}
+
 //===----------------------------------------------------------------------===//
 // Patterns
 //===----------------------------------------------------------------------===//
@@ -234,25 +276,41 @@ struct TeamLowering : CommPattern<comm::TeamOp> {
                                 ConversionPatternRewriter &rewriter) const override {
     Builder b{rewriter, op.getLoc()};
     int32_t kind = static_cast<int32_t>(op.getKind());
-    Value ranks, rank, stride, world;
+    Value ranks, rank, stride, world, lsaSize, worldSize;
     if (backend == CommBackend::nccl) {
       Value dc = adaptor.getComm(), k = b.i32(kind);
       ranks = b.callShim(op, backend, "team_nranks", {dc, k});
       rank = b.callShim(op, backend, "team_rank", {dc, k});
       stride = b.callShim(op, backend, "team_stride", {dc, k});
       world = b.callShim(op, backend, "world_rank", {dc});
+      lsaSize = worldSize = b.i32(0);
     } else {
-      Value numRanks =
-          b.loadField(adaptor.getComm(), virtualCommFields(b.ctx()), EPIC_VCOMM_NUM_RANKS, b.i32());
-      world = virtualRank(b, numRanks);
-      // One GPU is one node: world and LSA are all R ranks, a rail is one.
-      bool rail = op.getKind() == comm::TeamKind::rail;
-      ranks = rail ? b.i32(1) : numRanks;
-      rank = rail ? b.i32(0) : world;
-      stride = rail ? numRanks : b.i32(1);
+      // N nodes of M GPUs, ranks node-major (w = node * M + GPU): the world is
+      // {R, w, 1}, the LSA team {M, w % M, 1}, the rail {N, w / M, M}.
+      auto fields = virtualCommFields(b.ctx());
+      worldSize = b.loadField(adaptor.getComm(), fields, EPIC_VCOMM_NUM_RANKS, b.i32());
+      lsaSize = b.loadField(adaptor.getComm(), fields, EPIC_VCOMM_LSA_SIZE, b.i32());
+      world = virtualRank(b, worldSize);
+      switch (op.getKind()) {
+      case comm::TeamKind::world:
+        ranks = worldSize;
+        rank = world;
+        stride = b.i32(1);
+        break;
+      case comm::TeamKind::lsa:
+        ranks = lsaSize;
+        rank = b.urem(world, lsaSize);
+        stride = b.i32(1);
+        break;
+      case comm::TeamKind::rail:
+        ranks = b.udiv(worldSize, lsaSize);
+        rank = b.udiv(world, lsaSize);
+        stride = lsaSize;
+        break;
+      }
     }
     Value team = LLVM::UndefOp::create(rewriter, op.getLoc(), teamStructType(b.ctx()));
-    Value fields[] = {ranks, rank, stride, b.i32(kind), world};
+    Value fields[] = {ranks, rank, stride, b.i32(kind), world, lsaSize, worldSize};
     for (auto [i, field] : llvm::enumerate(fields))
       team = LLVM::InsertValueOp::create(rewriter, op.getLoc(), team, field, i);
     rewriter.replaceOp(op, team);
@@ -325,8 +383,14 @@ struct PeerPtrLowering : CommPattern<comm::PeerPtrOp> {
           op, backend, "peer_ptr",
           {b.null(), window, adaptor.getOffset(), t.ranks, t.rank, t.stride, adaptor.getPeer()});
     } else {
-      pointer =
-          virtualSlice(b, window, teamToWorld(b, team, adaptor.getPeer()), adaptor.getOffset());
+      // An NVLink (LSA) pointer reaches the own node only: one to a rank of
+      // another node traps, naming both (the check is a compare and a
+      // branch while the world is one node).
+      Value target = teamToWorld(b, team, adaptor.getPeer());
+      b.callShim(op, backend, needsInlineWaits(op) ? "check_lsa_peer_inline" : "check_lsa_peer",
+                 {b.extract(team, kTeamWorldRank), target, b.extract(team, kTeamLsaSize),
+                  b.extract(team, kTeamWorldSize)});
+      pointer = virtualSlice(b, window, target, adaptor.getOffset());
     }
     rewriter.replaceOp(op, b.as(pointer, op.getType()));
     return success();
@@ -427,10 +491,10 @@ struct WaitSignalLowering : CommPattern<comm::WaitSignalOp> {
   LogicalResult matchAndRewrite(comm::WaitSignalOp op, OpAdaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const override {
     Builder b{rewriter, op.getLoc()};
-    Value seen =
-        b.callShim(op, backend, ("wait_signal_" + coopSuffix(op.getCoop())).str(),
-                   {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0), adaptor.getSignal(),
-                    adaptor.getExpected(), b.i64(timeoutNs(op.getTimeoutMs()))});
+    Value seen = b.callShim(op, backend, ("wait_signal_" + coopSuffix(op.getCoop())).str(),
+                            {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0),
+                             adaptor.getSignal(), adaptor.getExpected(),
+                             b.i64(timeoutNs(op.getTimeoutMs())), b.orI32(adaptor.getPeer(), -1)});
     rewriter.replaceOp(op, seen);
     return success();
   }
@@ -688,22 +752,6 @@ struct AtomicCASLowering : CommPattern<comm::AtomicCASOp> {
     return success();
   }
 };
-
-/// Whether the waits of `op`'s kernel must not call (the timeout's printf):
-/// ptxas serializes every wgmma of a function that calls.
-bool needsInlineWaits(Operation *op) {
-  auto func = op->getParentOfType<gpu::GPUFuncOp>();
-  if (!func)
-    return false;
-  if (func->hasAttr("comm.inline_waits"))
-    return true;
-  return func
-      .walk([](Operation *inner) {
-        return isa<nvgpu::WarpgroupMmaOp, NVVM::WgmmaMmaAsyncOp>(inner) ? WalkResult::interrupt()
-                                                                        : WalkResult::advance();
-      })
-      .wasInterrupted();
-}
 
 struct WaitFlagLowering : CommPattern<comm::WaitFlagOp> {
   using CommPattern::CommPattern;
