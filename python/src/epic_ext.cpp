@@ -21,6 +21,7 @@
 #include "epic/runtime/VirtualBuffer.h"
 
 #include <cuda_runtime.h>
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -436,6 +437,14 @@ struct Buffer {
   std::shared_ptr<Runtime> runtime;
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<KernelHost> host;
+
+  /// The virtual world, for what only it has; `what` names the caller.
+  VirtualElasticBuffer &virtualWorld(const char *what) {
+    auto *world = dynamic_cast<VirtualElasticBuffer *>(host.get());
+    if (!world)
+      invalid(std::string(what) + ": only a virtual world has it, this buffer is on NCCL");
+    return *world;
+  }
 };
 
 } // namespace
@@ -549,15 +558,17 @@ PYBIND11_MODULE(_C, m) {
   py::class_<Buffer>(m, "Buffer")
       .def_static(
           "virtual_world",
-          [](std::shared_ptr<Runtime> runtime, int ranks, int64_t bytes, int blocks) {
+          [](std::shared_ptr<Runtime> runtime, int ranks, int64_t bytes, int blocks,
+             std::optional<int> gpusPerNode) {
             auto b = std::make_unique<Buffer>();
             b->runtime = std::move(runtime);
-            b->host =
-                std::make_unique<VirtualElasticBuffer>(ranks, bytes, b->runtime->provider, blocks);
+            b->host = std::make_unique<VirtualElasticBuffer>(ranks, bytes, b->runtime->provider,
+                                                             blocks, gpusPerNode);
             return b;
           },
           py::arg("runtime"), py::arg("num_ranks"), py::arg("num_bytes"),
-          py::arg("blocks_per_rank"))
+          py::arg("blocks_per_rank"), py::arg("gpus_per_node") = py::none(),
+          "num_ranks ranks on one GPU, in nodes of gpus_per_node (None: one node of all)")
       .def_static(
           "nccl",
           [](std::shared_ptr<Runtime> runtime, int worldSize, int rank, py::bytes uniqueId,
@@ -587,6 +598,29 @@ PYBIND11_MODULE(_C, m) {
           py::arg("served_rank"),
           "Device address of a served rank's window (virtual world: rank r; NCCL: 0).")
       .def_property_readonly("blocks_per_rank", [](Buffer &b) { return b.host->blocks(); })
+      .def_property_readonly(
+          "gpus_per_node", [](Buffer &b) { return b.virtualWorld("gpus_per_node").gpusPerNode(); },
+          "Ranks per node of a virtual world.")
+      .def(
+          "take_traffic",
+          [](Buffer &b) {
+            VirtualElasticBuffer &world = b.virtualWorld("take_traffic");
+            std::vector<uint64_t> counts = world.takeTraffic();
+            py::ssize_t r = world.ranks();
+            py::array_t<int64_t> out({r, r, py::ssize_t(3)});
+            std::copy(counts.begin(), counts.end(), out.mutable_data());
+            return out;
+          },
+          "A virtual world's network traffic since the last call, then zero: int64 [R, R, 3], "
+          "[from, to] = (put bytes, put_value bytes, signal operations). Waits for the device.")
+      .def(
+          "set_drop_network_from",
+          [](Buffer &b, int rank) {
+            b.virtualWorld("set_drop_network_from").setDropNetworkFrom(rank);
+          },
+          py::arg("rank"),
+          "A virtual world whose rank `rank` (-1: none) stalls: its put, put_value and signal "
+          "do nothing from now on (after the device's work so far).")
       .def_property_readonly("device_api",
                              [](Buffer &b) -> py::object {
                                auto *nccl = dynamic_cast<NcclElasticBuffer *>(b.host.get());

@@ -120,15 +120,16 @@ __device__ __forceinline__ void signalOnly(Coop coop, void *comm, int32_t contex
 
 template <typename Coop>
 __device__ __forceinline__ int64_t waitSignal(Coop coop, void *comm, int32_t context,
-                                              int32_t signal, int64_t expected, int64_t timeoutNs) {
+                                              int32_t signal, int64_t expected, int64_t timeoutNs,
+                                              int32_t peer) {
   ncclGin gin(dcomm(comm), context);
   if (coop.thread_rank() == 0) {
     uint64_t seen = gin.readSignal(uint32_t(signal));
     uint64_t start = nowNs();
     while (int64_t(seen - uint64_t(expected)) < 0) {
       if (int64_t(nowNs() - start) > timeoutNs)
-        timeoutTrap("signal", ncclTeamWorld(dcomm(comm)).rank, signal, ">=", expected,
-                    int64_t(seen), timeoutNs);
+        signalTimeoutTrap(ncclTeamWorld(dcomm(comm)).rank, signal, peer, expected, int64_t(seen),
+                          timeoutNs);
       seen = gin.readSignal(uint32_t(signal));
     }
   }
@@ -254,9 +255,10 @@ EPIC_SHIM_ATTR void *__epic_nccl_peer_ptr(void *comm, void *window, int64_t offs
     signalOnly(Type{}, comm, context, team(teamNranks, teamRank, teamStride), peer, signal,        \
                signalMode, signalAdd);                                                             \
   }                                                                                                \
-  EPIC_SHIM_ATTR int64_t __epic_nccl_wait_signal_##Coop(                                           \
-      void *comm, int32_t context, int32_t signal, int64_t expected, int64_t timeoutNs) {          \
-    return waitSignal(Type{}, comm, context, signal, expected, timeoutNs);                         \
+  EPIC_SHIM_ATTR int64_t __epic_nccl_wait_signal_##Coop(void *comm, int32_t context,               \
+                                                        int32_t signal, int64_t expected,          \
+                                                        int64_t timeoutNs, int32_t peer) {         \
+    return waitSignal(Type{}, comm, context, signal, expected, timeoutNs, peer);                   \
   }                                                                                                \
   EPIC_SHIM_ATTR void __epic_nccl_flush_##Coop(void *comm, int32_t context) {                      \
     ncclGin gin(dcomm(comm), context);                                                             \

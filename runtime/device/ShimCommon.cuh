@@ -223,4 +223,28 @@ EPIC_FLAG_WAIT(wait_flag_i32_inline, true, int32_t, loadAcquire32)
 EPIC_FLAG_WAIT(wait_flag_i64_inline, true, int64_t, loadAcquire64)
 #undef EPIC_FLAG_WAIT
 
+namespace epic_device {
+
+/// Printed by a timed-out comm.wait_signal before it traps: whom the signal
+/// was waited from, when the op named the peer. Last and `inline` (emitted
+/// with the templates that call it), so that the string constants above keep
+/// their names in the PTX of kernels without a signal wait.
+inline __device__ __noinline__ void signalTimeoutTrap(int32_t rank, int32_t signal, int32_t peer,
+                                                      int64_t expected, int64_t seen,
+                                                      int64_t timeoutNs) {
+  if (peer >= 0)
+    printf("epic: device wait timed out after %lld ms: rank %d waited for signal %d from rank %d "
+           "(expected >= %lld, seen %lld; block %d thread %d)\n",
+           (long long)(timeoutNs / 1000000), (int)rank, (int)signal, (int)peer, (long long)expected,
+           (long long)seen, (int)blockIdx.x, (int)threadIdx.x);
+  else
+    printf("epic: device wait timed out after %lld ms: rank %d waited for signal %d (expected >= "
+           "%lld, seen %lld; block %d thread %d)\n",
+           (long long)(timeoutNs / 1000000), (int)rank, (int)signal, (long long)expected,
+           (long long)seen, (int)blockIdx.x, (int)threadIdx.x);
+  __trap();
+}
+
+} // namespace epic_device
+
 #endif // EPIC_RUNTIME_DEVICE_SHIMCOMMON_CUH

@@ -27,6 +27,21 @@ __device__ __forceinline__ int32_t myRank(void *comm) {
   return blockIdx.x / blocksPerRank;
 }
 
+/// The teams of N nodes of M GPUs, ranks node-major (w = node * M + GPU):
+/// world {R, w, 1}, LSA {M, w % M, 1}, rail {N, w / M, M} as (ranks, rank,
+/// stride) by team kind (0 world, 1 LSA, 2 rail).
+__device__ __forceinline__ int32_t teamRanks(void *comm, int32_t kind) {
+  const EpicVirtualComm &c = vcomm(comm);
+  return kind == 0 ? c.num_ranks : kind == 1 ? c.lsa_size : c.num_ranks / c.lsa_size;
+}
+__device__ __forceinline__ int32_t teamRank(void *comm, int32_t kind) {
+  int32_t w = myRank(comm), m = vcomm(comm).lsa_size;
+  return kind == 0 ? w : kind == 1 ? w % m : w / m;
+}
+__device__ __forceinline__ int32_t teamStride(void *comm, int32_t kind) {
+  return kind == 2 ? vcomm(comm).lsa_size : 1;
+}
+
 __device__ __forceinline__ int32_t worldPeer(void *comm, int32_t teamRank, int32_t teamStride,
                                              int32_t peer) {
   return myRank(comm) + (peer - teamRank) * teamStride;
@@ -77,15 +92,35 @@ __device__ __forceinline__ void copy(Coop coop, char *dst, const char *src, int6
   }
 }
 
+/// Whether rank `me`'s network is down (EpicVirtualComm::drop_network_from):
+/// its put, put_value and signal then do nothing, as a stalled node's would.
+__device__ __forceinline__ bool networkDropped(void *comm, int32_t me) {
+  return vcomm(comm).drop_network_from == me;
+}
+
+/// Counts what a GIN operation from `me` to `target` would send
+/// (EpicVirtualComm::traffic, when the runtime asked for it).
+__device__ __forceinline__ void countTraffic(void *comm, int32_t me, int32_t target, int32_t kind,
+                                             uint64_t amount) {
+  const EpicVirtualComm &c = vcomm(comm);
+  if (!c.traffic)
+    return;
+  uint64_t pair = uint64_t(me) * c.num_ranks + target;
+  atomicAdd(reinterpret_cast<unsigned long long *>(c.traffic + pair * EPIC_TRAFFIC_KINDS + kind),
+            (unsigned long long)amount);
+}
+
 /// Remote signal action, once for the group, after everything the group
-/// wrote before is visible at system scope.
-__device__ __forceinline__ void signalPeer(void *comm, int32_t peerWorld, int32_t context,
-                                           int32_t signal, int32_t mode, int64_t add) {
+/// wrote before is visible at system scope; counted as one signal operation.
+__device__ __forceinline__ void signalPeer(void *comm, int32_t me, int32_t peerWorld,
+                                           int32_t context, int32_t signal, int32_t mode,
+                                           int64_t add) {
   if (mode == kSignalNone)
     return;
   uint64_t delta = mode == kSignalInc ? 1 : uint64_t(add);
   uint64_t *slot = signalSlot(comm, peerWorld, context, signal);
   asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(slot), "l"(delta) : "memory");
+  countTraffic(comm, me, peerWorld, EPIC_TRAFFIC_SIGNALS, 1);
 }
 
 template <typename Coop>
@@ -94,13 +129,16 @@ put(Coop coop, void *comm, int32_t context, int32_t teamRank, int32_t teamStride
     void *dstWindow, int64_t dstOffset, void *srcWindow, int64_t srcOffset, int64_t bytes,
     int32_t signalMode, int32_t signal, int64_t signalAdd, int32_t counterMode, int32_t counter) {
   int32_t me = myRank(comm);
+  if (networkDropped(comm, me))
+    return;
   int32_t target = worldPeer(comm, teamRank, teamStride, peer);
   coop.sync(); // the group's earlier writes to the source are done
   copy(coop, slice(dstWindow, target, dstOffset), slice(srcWindow, me, srcOffset), bytes);
   coop.sync();
   if (coop.rank() == 0) {
     __threadfence_system(); // cumulative: covers the whole group's copy
-    signalPeer(comm, target, context, signal, signalMode, signalAdd);
+    countTraffic(comm, me, target, EPIC_TRAFFIC_PUT_BYTES, uint64_t(bytes));
+    signalPeer(comm, me, target, context, signal, signalMode, signalAdd);
     if (counterMode) {
       const EpicVirtualComm &c = vcomm(comm);
       atomicAdd(
@@ -117,6 +155,9 @@ __device__ __forceinline__ void putValue(Coop coop, void *comm, int32_t context,
                                          int32_t teamStride, int32_t peer, void *dstWindow,
                                          int64_t dstOffset, int64_t value, int32_t valueBytes,
                                          int32_t signalMode, int32_t signal, int64_t signalAdd) {
+  int32_t me = myRank(comm);
+  if (networkDropped(comm, me))
+    return;
   int32_t target = worldPeer(comm, teamRank, teamStride, peer);
   coop.sync();
   if (coop.rank() == 0) {
@@ -126,7 +167,8 @@ __device__ __forceinline__ void putValue(Coop coop, void *comm, int32_t context,
     else
       asm volatile("st.relaxed.sys.b32 [%0], %1;" ::"l"(dst), "r"(int32_t(value)) : "memory");
     __threadfence_system();
-    signalPeer(comm, target, context, signal, signalMode, signalAdd);
+    countTraffic(comm, me, target, EPIC_TRAFFIC_PUT_VALUE_BYTES, uint64_t(valueBytes));
+    signalPeer(comm, me, target, context, signal, signalMode, signalAdd);
   }
   coop.sync();
 }
@@ -135,10 +177,13 @@ template <typename Coop>
 __device__ __forceinline__ void signalOnly(Coop coop, void *comm, int32_t context, int32_t teamRank,
                                            int32_t teamStride, int32_t peer, int32_t signal,
                                            int32_t signalMode, int64_t signalAdd) {
+  int32_t me = myRank(comm);
+  if (networkDropped(comm, me))
+    return;
   coop.sync();
   if (coop.rank() == 0) {
     __threadfence_system();
-    signalPeer(comm, worldPeer(comm, teamRank, teamStride, peer), context, signal, signalMode,
+    signalPeer(comm, me, worldPeer(comm, teamRank, teamStride, peer), context, signal, signalMode,
                signalAdd);
   }
   coop.sync();
@@ -151,7 +196,8 @@ __device__ __forceinline__ bool reached(uint64_t seen, uint64_t least) {
 
 template <typename Coop>
 __device__ __forceinline__ int64_t waitSignal(Coop coop, void *comm, int32_t context,
-                                              int32_t signal, int64_t expected, int64_t timeoutNs) {
+                                              int32_t signal, int64_t expected, int64_t timeoutNs,
+                                              int32_t peer) {
   int32_t me = myRank(comm);
   const uint64_t *slot = signalSlot(comm, me, context, signal);
   if (coop.rank() == 0) {
@@ -159,7 +205,7 @@ __device__ __forceinline__ int64_t waitSignal(Coop coop, void *comm, int32_t con
     uint64_t start = nowNs();
     while (!reached(seen, expected)) {
       if (int64_t(nowNs() - start) > timeoutNs)
-        timeoutTrap("signal", me, signal, ">=", expected, int64_t(seen), timeoutNs);
+        signalTimeoutTrap(me, signal, peer, expected, int64_t(seen), timeoutNs);
       seen = loadAcquire64(slot, kSys);
     }
   }
@@ -167,28 +213,38 @@ __device__ __forceinline__ int64_t waitSignal(Coop coop, void *comm, int32_t con
   return loadAcquire64(slot, kSys);
 }
 
+/// A barrier of one team (kind 0 world, 1 LSA, 2 rail): the calling rank's
+/// team arrives at its own counter (VirtualWorld.def: barriers), and waits
+/// until every member of its team arrived as often as it did.
 template <typename Coop>
 __device__ __forceinline__ void barrier(Coop coop, void *comm, int32_t teamKind, int32_t index,
                                         int64_t timeoutNs) {
   const EpicVirtualComm &c = vcomm(comm);
-  // One GPU is one node: world and LSA are all R ranks, a rail is one rank.
-  int32_t members = teamKind == 2 ? 1 : c.num_ranks;
+  int32_t me = myRank(comm), m = c.lsa_size, n = c.num_ranks / m;
+  int32_t members = teamRanks(comm, teamKind);
+  int64_t slot = teamKind == 0   ? index
+                 : teamKind == 1 ? c.num_barriers + int64_t(index) * n + me / m
+                                 : int64_t(c.num_barriers) * (1 + n) + int64_t(index) * m + me % m;
   coop.sync();
+  if (coop.rank() == 0 && (index < 0 || index >= c.num_barriers))
+    timeoutTrap(teamKind == 0   ? "a world barrier index < num_barriers, not index"
+                : teamKind == 1 ? "an LSA barrier index < num_barriers, not index"
+                                : "a rail barrier index < num_barriers, not index",
+                me, index, "<", c.num_barriers, index, 0);
   if (coop.rank() == 0 && members > 1) {
-    if (index < 0 || index >= c.num_barriers)
-      timeoutTrap("a barrier slot < num_barriers, not slot", myRank(comm), index, "<",
-                  c.num_barriers, index, 0);
-    uint64_t *counter = c.barriers + index;
+    uint64_t *counter = c.barriers + slot;
     __threadfence_system();
-    // Arrivals only grow: generation g is complete once R * (g + 1) arrived.
+    // Arrivals only grow: generation g is complete once members * (g + 1) arrived.
     uint64_t old = atomicAdd(reinterpret_cast<unsigned long long *>(counter), 1ull);
     uint64_t target = (old / members + 1) * members;
     uint64_t seen = loadAcquire64(counter, kSys);
     uint64_t start = nowNs();
     while (seen < target) {
       if (int64_t(nowNs() - start) > timeoutNs)
-        timeoutTrap("barrier slot", myRank(comm), index, ">=", int64_t(target), int64_t(seen),
-                    timeoutNs);
+        timeoutTrap(teamKind == 0   ? "world barrier index"
+                    : teamKind == 1 ? "LSA barrier index"
+                                    : "rail barrier index",
+                    me, index, ">=", int64_t(target), int64_t(seen), timeoutNs);
       seen = loadAcquire64(counter, kSys);
     }
   }
@@ -200,13 +256,13 @@ __device__ __forceinline__ void barrier(Coop coop, void *comm, int32_t teamKind,
 // --- The ABI --------------------------------------------------------------------
 
 EPIC_SHIM_ATTR int32_t __epic_virtual_team_nranks(void *comm, int32_t kind) {
-  return kind == 2 ? 1 : vcomm(comm).num_ranks;
+  return teamRanks(comm, kind);
 }
 EPIC_SHIM_ATTR int32_t __epic_virtual_team_rank(void *comm, int32_t kind) {
-  return kind == 2 ? 0 : myRank(comm);
+  return teamRank(comm, kind);
 }
 EPIC_SHIM_ATTR int32_t __epic_virtual_team_stride(void *comm, int32_t kind) {
-  return kind == 2 ? vcomm(comm).num_ranks : 1;
+  return teamStride(comm, kind);
 }
 EPIC_SHIM_ATTR int32_t __epic_virtual_world_rank(void *comm) { return myRank(comm); }
 
@@ -244,9 +300,10 @@ EPIC_SHIM_ATTR void *__epic_virtual_peer_ptr(void *comm, void *window, int64_t o
     (void)teamNranks;                                                                              \
     signalOnly(Type{}, comm, context, teamRank, teamStride, peer, signal, signalMode, signalAdd);  \
   }                                                                                                \
-  EPIC_SHIM_ATTR int64_t __epic_virtual_wait_signal_##Coop(                                        \
-      void *comm, int32_t context, int32_t signal, int64_t expected, int64_t timeoutNs) {          \
-    return waitSignal(Type{}, comm, context, signal, expected, timeoutNs);                         \
+  EPIC_SHIM_ATTR int64_t __epic_virtual_wait_signal_##Coop(void *comm, int32_t context,            \
+                                                           int32_t signal, int64_t expected,       \
+                                                           int64_t timeoutNs, int32_t peer) {      \
+    return waitSignal(Type{}, comm, context, signal, expected, timeoutNs, peer);                   \
   }                                                                                                \
   EPIC_SHIM_ATTR void __epic_virtual_flush_##Coop(void *comm, int32_t context) {                   \
     (void)comm;                                                                                    \
@@ -269,4 +326,41 @@ EPIC_SHIM_ATTR int64_t __epic_virtual_read_signal(void *comm, int32_t context, i
 }
 EPIC_SHIM_ATTR void __epic_virtual_reset_signal(void *comm, int32_t context, int32_t signal) {
   *signalSlot(comm, myRank(comm), context, signal) = 0;
+}
+
+// --- The node check of comm.peer_ptr: after every report above, so that their
+//     string constants keep their names in the PTX. -------------------------------
+
+namespace {
+
+/// Printed when a rank used an NVLink (LSA) pointer to a rank of another
+/// node, before the trap.
+__device__ __noinline__ void lsaViolationTrap(int32_t rank, int32_t peer, int32_t lsaSize,
+                                              int32_t numRanks) {
+  printf("epic: rank %d used an NVLink (LSA) pointer to rank %d of another node (block %d "
+         "thread %d; a virtual world of %d nodes of %d GPUs): only the network (comm.put, "
+         "put_value, signal) reaches another node\n",
+         (int)rank, (int)peer, (int)blockIdx.x, (int)threadIdx.x, (int)(numRanks / lsaSize),
+         (int)lsaSize);
+  __trap();
+}
+
+/// Whether `peer` is in another node than `rank` (only when there are nodes).
+__device__ __forceinline__ bool otherNode(int32_t rank, int32_t peer, int32_t lsaSize,
+                                          int32_t numRanks) {
+  return lsaSize < numRanks &&
+         uint32_t(peer) / uint32_t(lsaSize) != uint32_t(rank) / uint32_t(lsaSize);
+}
+
+} // namespace
+
+EPIC_SHIM_ATTR void __epic_virtual_check_lsa_peer(int32_t rank, int32_t peer, int32_t lsaSize,
+                                                  int32_t numRanks) {
+  if (otherNode(rank, peer, lsaSize, numRanks))
+    lsaViolationTrap(rank, peer, lsaSize, numRanks);
+}
+EPIC_SHIM_ATTR void __epic_virtual_check_lsa_peer_inline(int32_t rank, int32_t peer,
+                                                         int32_t lsaSize, int32_t numRanks) {
+  if (otherNode(rank, peer, lsaSize, numRanks))
+    flagTimeoutReportTrap(nullptr, kLsaViolation, lsaSize, numRanks, 0, rank, peer);
 }

@@ -81,6 +81,13 @@ std::string epic::runtime::takeDeviceWaitReports() {
                     "time (the same op, configuration, variant, num_sms and token cap)",
                     int(r.rank), int(r.peer), int(r.block), int(r.thread), uint64_t(r.expected),
                     uint64_t(r.seen));
+    else if (r.predicate == epic_device::kLsaViolation)
+      std::snprintf(line, sizeof(line),
+                    "; rank %d used an NVLink (LSA) pointer to rank %d of another node (block %d "
+                    "thread %d; a virtual world of %d nodes of %d GPUs): only the network "
+                    "(comm.put, put_value, signal) reaches another node",
+                    int(r.rank), int(r.peer), int(r.block), int(r.thread),
+                    r.expected > 0 ? int(r.seen / r.expected) : 0, int(r.expected));
     else
       std::snprintf(line, sizeof(line),
                     "; device wait timed out after %" PRId64 " ms: rank %d block %d thread %d "

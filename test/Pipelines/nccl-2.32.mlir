@@ -16,11 +16,11 @@
 // RUN: epic-compile %S/../gpu/ep_nccl.mlir --backend=nccl --nccl-shim=%nccl_2_32 -o %t.ep
 // RUN: FileCheck %s --check-prefixes=PTX,EP < %t.ep.ptx
 // RUN: FileCheck %s --check-prefix=JSON -DVERSION=%nccl_2_32 < %t.ep.json
-// The callees left, each once: exactly the five below.
+// The callees left, each once: exactly the six below.
 // RUN: sed -nE 's/^[[:space:]]*call(\.uni)? (\(retval0\), )?([^ ,;]+).*/\3/p' %t.abi.ptx \
 // RUN:   %t.comm.ptx %t.ep.ptx | env LC_ALL=C sort -u > %t.calls
 // RUN: FileCheck %s --check-prefix=CALLS < %t.calls
-// RUN: count 5 < %t.calls
+// RUN: count 6 < %t.calls
 // RUN: epic-opt %S/nccl-shim-abi.mlir --epic-to-ptx="backend=nccl nccl-shim=%nccl_2_32" \
 // RUN:   | FileCheck %s --check-prefix=TARGET
 
@@ -39,6 +39,7 @@
 // CALLS: {{^}}_ZN11epic_device11timeoutTrap
 // CALLS-NEXT: {{^}}_ZN11epic_device15flagTimeoutTrap
 // CALLS-NEXT: {{^}}_ZN11epic_device16disagreementTrap
+// CALLS-NEXT: {{^}}_ZN11epic_device17signalTimeoutTrap
 // CALLS-NEXT: {{^}}_ZN12_GLOBAL__N_118barrierTimeoutTrap
 // CALLS-NEXT: {{^}}vprintf{{$}}
 // CALLS-NOT: {{.}}

@@ -7,11 +7,11 @@
 // RUN: epic-compile %s --backend=nccl -o %t
 // RUN: FileCheck %s --check-prefix=PTX < %t.ptx
 // RUN: FileCheck %s --check-prefix=JSON -DVERSION=%nccl_version < %t.json
-// The callees left, each once: exactly the three below.
+// The callees left, each once: exactly the four below.
 // RUN: sed -nE 's/^[[:space:]]*call(\.uni)? (\(retval0\), )?([^ ,;]+).*/\3/p' %t.ptx \
 // RUN:   | env LC_ALL=C sort -u > %t.calls
 // RUN: FileCheck %s --check-prefix=CALLS < %t.calls
-// RUN: count 3 < %t.calls
+// RUN: count 4 < %t.calls
 //
 // Naming the default shim's version is the same as naming none.
 // RUN: epic-compile %s --backend=nccl --nccl-shim=%nccl_version -o %t.named
@@ -36,6 +36,7 @@
 // JSON-DAG: "nccl_version": "[[VERSION]]"
 
 // CALLS: {{^}}_ZN11epic_device11timeoutTrap
+// CALLS-NEXT: {{^}}_ZN11epic_device17signalTimeoutTrap
 // CALLS-NEXT: {{^}}_ZN12_GLOBAL__N_118barrierTimeoutTrap
 // CALLS-NEXT: {{^}}vprintf{{$}}
 // CALLS-NOT: {{.}}

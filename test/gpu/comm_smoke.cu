@@ -9,49 +9,27 @@
 //   comm_smoke virtual-timeout-report <cubin>  ... a call-free one, its report in mapped memory
 //   comm_smoke ep-nccl <cubin> <json>   convert-ep-to-comm's dispatch + combine, NCCL, nranks = 1
 //
+// and, in comm_smoke_nodes.cu, virtual worlds of several nodes:
+//
+//   comm_smoke virtual-2x4 <cubin>       2 nodes of 4: teams, LSA/rail/world barriers, puts
+//                                        to the rail peer, the traffic they count
+//   comm_smoke virtual-lsa-violation <cubin>         an NVLink pointer to another node traps
+//   comm_smoke virtual-lsa-violation-report <cubin>  ... in a call-free kernel: its report
+//   comm_smoke virtual-drop <cubin>      a rank whose network is dropped: its rail peer's
+//                                        wait times out naming it
+//
 // Every CUDA/NCCL call is checked; any mismatch prints what differed and
 // exits non-zero.
 //
 //===----------------------------------------------------------------------===//
 
-#include "epic/device/VirtualWorld.h"
-#include "epic/device/WaitReport.h"
+#include "CommSmoke.h"
 
-#include <cuda.h>
-#include <cuda_runtime.h>
 #include <nccl.h>
 #include <nccl_device.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <fstream>
-#include <iterator>
-#include <vector>
-#include <iterator>
-#include <string>
-#include <vector>
 
-#define CHECK_CU(call)                                                                             \
-  do {                                                                                             \
-    CUresult r_ = (call);                                                                          \
-    if (r_ != CUDA_SUCCESS) {                                                                      \
-      const char *s_ = nullptr;                                                                    \
-      cuGetErrorString(r_, &s_);                                                                   \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, s_);               \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
-#define CHECK_CUDA(call)                                                                           \
-  do {                                                                                             \
-    cudaError_t r_ = (call);                                                                       \
-    if (r_ != cudaSuccess) {                                                                       \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,                    \
-                   cudaGetErrorString(r_));                                                        \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
 #define CHECK_NCCL(call)                                                                           \
   do {                                                                                             \
     ncclResult_t r_ = (call);                                                                      \
@@ -62,84 +40,11 @@
     }                                                                                              \
   } while (0)
 
+using namespace comm_smoke;
+
+int runVirtualNodes(const std::string &mode, const char *cubin); // comm_smoke_nodes.cu
+
 namespace {
-
-int failures = 0;
-
-void expect(bool ok, const char *what) {
-  std::printf("  %-58s %s\n", what, ok ? "ok" : "FAILED");
-  failures += !ok;
-}
-
-CUmodule loadModule(const char *path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    std::fprintf(stderr, "cannot read %s\n", path);
-    std::exit(1);
-  }
-  std::string image((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  CUmodule module;
-  CHECK_CU(cuModuleLoadData(&module, image.data()));
-  return module;
-}
-
-CUfunction kernel(CUmodule module, const char *name) {
-  CUfunction f;
-  CHECK_CU(cuModuleGetFunction(&f, module, name));
-  return f;
-}
-
-/// One launch of `blocks` x `threads`; cooperative so that every virtual
-/// rank's blocks are resident together.
-void launch(CUfunction f, unsigned blocks, unsigned threads, std::vector<void *> args) {
-  CHECK_CU(cuLaunchCooperativeKernel(f, blocks, 1, 1, threads, 1, 1, 0, nullptr, args.data()));
-  CHECK_CU(cuCtxSynchronize());
-}
-
-int32_t pattern(int rank, int i) { return rank * 1000003 + i * 7 + 1; }
-
-template <typename T> T *deviceCopy(const T &value) {
-  T *p;
-  CHECK_CUDA(cudaMalloc(&p, sizeof(T)));
-  CHECK_CUDA(cudaMemcpy(p, &value, sizeof(T), cudaMemcpyHostToDevice));
-  return p;
-}
-
-// --- The virtual world: R ranks, each a group of blocks of one launch ---------
-
-struct VirtualWorld {
-  int ranks;
-  uint64_t stride;
-  char *data = nullptr, *flagData = nullptr;
-  EpicVirtualComm comm{};
-  EpicVirtualComm *commDev = nullptr;
-  EpicVirtualWindow *window = nullptr, *flags = nullptr;
-
-  VirtualWorld(int ranks, uint64_t stride) : ranks(ranks), stride(stride) {
-    CHECK_CUDA(cudaMalloc(&data, ranks * stride));
-    CHECK_CUDA(cudaMalloc(&flagData, ranks * 4096));
-    comm.num_ranks = ranks;
-    comm.num_contexts = 1;
-    comm.num_signals = 4;
-    comm.num_counters = 1;
-    comm.num_barriers = 64;
-    CHECK_CUDA(cudaMalloc(&comm.signals, sizeof(uint64_t) * ranks * 4));
-    CHECK_CUDA(cudaMalloc(&comm.counters, sizeof(uint64_t) * ranks));
-    CHECK_CUDA(cudaMalloc(&comm.barriers, sizeof(uint64_t) * 64));
-    reset();
-    commDev = deviceCopy(comm);
-    window = deviceCopy(EpicVirtualWindow{data, stride, ranks, 0});
-    flags = deviceCopy(EpicVirtualWindow{flagData, 4096, ranks, 0});
-  }
-  void reset() {
-    CHECK_CUDA(cudaMemset(data, 0, ranks * stride));
-    CHECK_CUDA(cudaMemset(flagData, 0, ranks * 4096));
-    CHECK_CUDA(cudaMemset(comm.signals, 0, sizeof(uint64_t) * ranks * 4));
-    CHECK_CUDA(cudaMemset(comm.counters, 0, sizeof(uint64_t) * ranks));
-    // Barrier counters are monotonic and never reset: the kernels must work
-    // from whatever generation the previous launch left.
-  }
-};
 
 int runVirtual(const char *cubin) {
   const int R = 8, blocksPerRank = 4, threads = 256, vectors = 4096;
@@ -190,6 +95,16 @@ int runVirtual(const char *cubin) {
   for (int r = 0; r < R; ++r)
     ok &= signals[r * 4] == 1;
   expect(ok, "put_signal: every rank's signal 0 was raised exactly once");
+  std::vector<uint64_t> traffic = world.traffic();
+  ok = true;
+  for (int from = 0; from < R; ++from)
+    for (int to = 0; to < R; ++to) {
+      const uint64_t *t = &traffic[(size_t(from) * R + to) * EPIC_TRAFFIC_KINDS];
+      bool next = to == (from + 1) % R;
+      ok &= t[EPIC_TRAFFIC_PUT_BYTES] == (next ? uint64_t(bytes) : 0) &&
+            t[EPIC_TRAFFIC_PUT_VALUE_BYTES] == 0 && t[EPIC_TRAFFIC_SIGNALS] == (next ? 1u : 0u);
+    }
+  expect(ok, "put_signal: the traffic counts one put and one signal to the next rank");
 
   // barrier_rounds: 2000 rounds of count, barrier, check, barrier; twice, so the
   // second launch starts from the barrier generation the first one left.
@@ -237,17 +152,7 @@ int runVirtualTimeoutReport(const char *cubin) {
   CUmodule module = loadModule(cubin);
   VirtualWorld world(1, 1 << 16);
   using epic_device::WaitReport;
-  WaitReport *host = nullptr;
-  CHECK_CUDA(cudaHostAlloc(reinterpret_cast<void **>(&host),
-                           sizeof(WaitReport) * epic_device::kWaitReportSlots,
-                           cudaHostAllocMapped));
-  std::memset(host, 0, sizeof(WaitReport) * epic_device::kWaitReportSlots);
-  void *device = nullptr;
-  CHECK_CUDA(cudaHostGetDevicePointer(&device, host, 0));
-  CUdeviceptr global = 0;
-  size_t bytes = 0;
-  CHECK_CU(cuModuleGetGlobal(&global, &bytes, module, EPIC_WAIT_REPORT_SYMBOL));
-  CHECK_CU(cuMemcpyHtoD(global, &device, sizeof(device)));
+  WaitReport *host = mapWaitReports(module);
   std::vector<void *> args = {&world.window};
   const unsigned block = 3; // the slot is blockIdx.x % kWaitReportSlots
   CHECK_CU(cuLaunchKernel(kernel(module, "wait_forever_inline"), block + 1, 1, 1, 32, 1, 1, 0,
@@ -521,15 +426,19 @@ int main(int argc, char **argv) {
   }
   if (argc != 3) {
     std::fprintf(stderr,
-                 "usage: %s virtual|virtual-timeout|virtual-timeout-report|nccl <cubin> | ep-nccl "
-                 "<cubin> <json>\n",
+                 "usage: %s virtual|virtual-timeout|virtual-timeout-report|virtual-2x4|"
+                 "virtual-lsa-violation|virtual-lsa-violation-report|virtual-drop|nccl <cubin> | "
+                 "ep-nccl <cubin> <json>\n",
                  argv[0]);
     return 2;
   }
   CHECK_CUDA(cudaSetDevice(0));
   CHECK_CUDA(cudaFree(nullptr)); // creates the primary context the driver API uses
   std::string mode = argv[1];
-  int result = mode == "virtual"                  ? runVirtual(argv[2])
+  int result = mode.rfind("virtual-2x4", 0) == 0 || mode.rfind("virtual-lsa", 0) == 0 ||
+                       mode == "virtual-drop"
+                   ? runVirtualNodes(mode, argv[2])
+               : mode == "virtual"                ? runVirtual(argv[2])
                : mode == "virtual-timeout"        ? runVirtualTimeout(argv[2])
                : mode == "virtual-timeout-report" ? runVirtualTimeoutReport(argv[2])
                : mode == "nccl" ? runNccl(argv[2])

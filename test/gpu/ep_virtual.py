@@ -16,6 +16,8 @@ sum.
 """
 import ctypes
 import json
+import os
+import re
 import sys
 from dataclasses import replace
 
@@ -23,7 +25,8 @@ import cupy as cp
 import ml_dtypes
 import numpy as np
 
-sys.path.insert(0, "python")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "python"))
 from epic import reference as ref  # noqa: E402
 
 R, E, K, H, TMAX = 8, 64, 6, 2048, 512
@@ -44,23 +47,39 @@ def bits_equal(a, b):
     return a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
+def descriptor(kind, **values):
+    """The bytes of EpicVirtualComm (kind "VCOMM") or EpicVirtualWindow ("VWIN") with `values`
+    (pointers as ints), laid out from the one list of their fields,
+    runtime/include/epic/device/VirtualWorld.def (C's natural alignment, as ctypes')."""
+    types = {"I32": ctypes.c_int32, "U64": ctypes.c_uint64, "U64_PTR": ctypes.c_uint64,
+             "CHAR_PTR": ctypes.c_uint64}
+    with open(os.path.join(ROOT, "runtime", "include", "epic", "device",
+                           "VirtualWorld.def")) as f:
+        fields = re.findall(rf"^EPIC_{kind}_FIELD\(\w+, (\w+), (\w+)\)", f.read(), re.M)
+    struct = type(kind, (ctypes.Structure,), {"_fields_": [(n, types[t]) for n, t in fields]})
+    missing = set(values) - {n for n, _ in fields}
+    assert fields and not missing, f"VirtualWorld.def has no {kind} field(s) {missing}"
+    return cp.asarray(np.frombuffer(bytes(struct(**values)), np.uint8))
+
+
 class VirtualWorld:
-    """EpicVirtualComm + one window of R slices (runtime/include/epic/device/VirtualWorld.h)."""
+    """EpicVirtualComm + one window of R slices: one node of R GPUs, as the runtime builds it
+    (runtime/lib/VirtualBuffer.cpp)."""
 
     def __init__(self, window_bytes, barriers=64):
         self.stride = (window_bytes + 4095) // 4096 * 4096
         self.window = cp.zeros(R * self.stride, dtype=cp.uint8)
         self.signals = cp.zeros(R * 4, dtype=cp.uint64)
         self.counters = cp.zeros(R, dtype=cp.uint64)
-        self.barriers = cp.zeros(barriers, dtype=cp.uint64)
-        comm = np.zeros(6, np.int32)
-        comm[:5] = [R, 1, 4, 1, barriers]
-        ptrs = np.array([self.signals.data.ptr, self.counters.data.ptr, self.barriers.data.ptr],
-                        np.uint64)
-        self.comm = cp.asarray(np.frombuffer(comm.tobytes() + ptrs.tobytes(), np.uint8))
-        win = (np.array([self.window.data.ptr, self.stride], np.uint64).tobytes()
-               + np.array([R, 0], np.int32).tobytes())
-        self.window_desc = cp.asarray(np.frombuffer(win, np.uint8))
+        # Each team kind's indices: the world's, the one node's LSA team's, R rails'.
+        self.barriers = cp.zeros(barriers * (1 + 1 + R), dtype=cp.uint64)
+        self.comm = descriptor("VCOMM", num_ranks=R, num_contexts=1, num_signals=4,
+                               num_counters=1, num_barriers=barriers, lsa_size=R,
+                               signals=self.signals.data.ptr, counters=self.counters.data.ptr,
+                               barriers=self.barriers.data.ptr, traffic=0,
+                               drop_network_from=-1, gin_mode=0)
+        self.window_desc = descriptor("VWIN", base=self.window.data.ptr, stride=self.stride,
+                                      num_ranks=R)
 
 
 def params_table(fields, records, stride):

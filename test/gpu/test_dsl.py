@@ -55,6 +55,41 @@ def test_put_signal_wait_between_ranks(ranks):
         assert list(t.numpy(outs[r])) == [((r - 1) % ranks) * 100 + i for i in range(n)]
 
 
+def test_the_virtual_world_counts_puts_and_drops_a_ranks_network():
+    """ring's el.put is a comm.put, GIN traffic in the virtual world (its signal is an NVLink
+    store): the runtime's buffer counts its bytes per (from, to) pair, zeroes them once taken,
+    and with rank 1's network dropped its put never lands (and sends nothing) while the ring's
+    signal still arrives. The kernels are test_put_signal_wait_between_ranks's (4 ranks)."""
+    ranks, n = 4, 64
+    t = target(ranks)
+    if not t.gpu:
+        pytest.skip("the runtime's traffic counters are on the GPU; nothing new to compile")
+    for dropped in (-1, 1):
+        t = target(ranks)  # a fresh, zeroed window
+        world = t.window._runtime()
+        world.set_drop_network_from(dropped)
+        outs = [t.zeros(n, np.int32) for _ in range(ranks)]
+        ring[(1,)](t.window, outs, N=n, **t.launch)
+        t.synchronize()
+        want = np.zeros((ranks, ranks, 3), np.int64)
+        for r in range(ranks):
+            got = list(t.numpy(outs[(r + 1) % ranks]))
+            if r == dropped:
+                assert got == [0] * n, f"rank {r}'s dropped put landed"
+            else:
+                assert got == [r * 100 + i for i in range(n)]
+                want[r, (r + 1) % ranks, 0] = 4 * n  # put bytes, no put_value, no GIN signal
+        traffic = world.take_traffic()
+        assert traffic.shape == (ranks, ranks, 3) and traffic.dtype == np.int64
+        assert np.array_equal(traffic, want), traffic
+        assert not world.take_traffic().any()
+    assert world.gpus_per_node == ranks  # Target's world is one node
+    for bad in (4, -2):
+        with pytest.raises(ValueError, match=rf"rank must be a rank of the world, \[0, 3\], or "
+                                             rf"-1 for none, got {bad}"):
+            world.set_drop_network_from(bad)
+
+
 def test_remote_atomics_and_compare_and_swap():
     ranks, programs = 4, 6
     t = target(ranks)

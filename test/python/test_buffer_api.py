@@ -54,6 +54,18 @@ def test_virtual_world_checks_its_size():
         epic.VirtualWorld("8")
 
 
+def test_a_virtual_world_of_nodes_needs_nodes_that_split_its_ranks(tmp_path):
+    """epic._C's virtual world: gpus_per_node ranks per node, refused before any device work
+    unless it divides the ranks."""
+    runtime = _C.Runtime("virtual", str(tmp_path), "")
+    for gpus in (3, 0, 16):
+        with pytest.raises(ValueError, match=r"gpus_per_node must be a positive divisor of "
+                                             rf"num_ranks \(8\), got {gpus}$"):
+            _C.Buffer.virtual_world(runtime, 8, 2 << 20, 4, gpus_per_node=gpus)
+    with pytest.raises(TypeError, match="gpus_per_node"):
+        _C.Buffer.virtual_world(runtime, 8, 2 << 20, 4, gpus_per_node="4")
+
+
 def test_models_are_deepeps():
     w8 = epic.VirtualWorld(8)
     # DeepEP's worked example: H 7168, top-8, FP8, 8192 tokens, EP8 -> 900 MiB.

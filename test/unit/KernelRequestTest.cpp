@@ -11,11 +11,14 @@
 #include "epic/runtime/KernelProvider.h"
 #include "epic/runtime/KernelRequest.h"
 
+#include "Refusal.h"
+
 #include <gtest/gtest.h>
 
 #include <set>
 
 using namespace epic::runtime;
+using epic::test::refusal;
 
 namespace {
 
@@ -30,16 +33,6 @@ EPSpec bf16(bool expanded = true) {
   EPSpec s = v3(expanded);
   s.dtype = "bf16", s.scalePacks = 0;
   return s;
-}
-
-/// The message of the std::invalid_argument `make` throws, or "".
-template <typename Make> std::string refusal(Make make) {
-  try {
-    make();
-  } catch (const std::invalid_argument &e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(KernelRequest, JsonIsCanonical) {

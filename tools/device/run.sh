@@ -24,7 +24,7 @@ nccl_home=$(python3 -c "import nvidia.nccl as m; print(m.__path__[0])")
 echo "NCCL library: $(ls $nccl_home/lib/libnccl.so*)"
 
 nvcc -O2 -std=c++17 -arch=sm_90 -I runtime/include -I "$dev/nccl-include" test/gpu/comm_smoke.cu \
-  -o /tmp/epic-gpu/comm_smoke -L "$nccl_home/lib" -l:libnccl.so.2 -lcuda \
+  test/gpu/comm_smoke_nodes.cu -o /tmp/epic-gpu/comm_smoke -L "$nccl_home/lib" -l:libnccl.so.2 -lcuda \
   -Xlinker -rpath="$nccl_home/lib" || { echo "run.sh: building comm_smoke failed"; exit 1; }
 
 # The runtime, built here without LLVM/MLIR, against this machine's CUDA and NCCL.
@@ -55,6 +55,16 @@ run /tmp/epic-gpu/comm_smoke nccl "$dev/kernels/comm_nccl.cubin"
 run /tmp/epic-gpu/comm_smoke virtual-timeout "$dev/kernels/comm_virtual.cubin"
 run /tmp/epic-gpu/comm_smoke virtual-timeout-report "$dev/kernels/comm_virtual.cubin"
 run /tmp/epic-gpu/comm_smoke ep-nccl "$dev/kernels/ep_nccl.cubin" "$dev/kernels/ep_nccl.json"
+# A virtual world of 2 nodes x 4 GPUs: teams, barriers, puts to the rail peer, traffic counts.
+run /tmp/epic-gpu/comm_smoke virtual-2x4 "$dev/kernels/comm_virtual.cubin"
+run /tmp/epic-gpu/comm_smoke virtual-lsa-violation-report "$dev/kernels/comm_virtual.cubin"
+# Traps whose device printf must name the ranks: a process each (the context is lost).
+run bash -c "/tmp/epic-gpu/comm_smoke virtual-lsa-violation $dev/kernels/comm_virtual.cubin 2>&1 \
+  | tee /tmp/epic-gpu/lsa-violation.log; grep -qF 'rank 3 used an NVLink (LSA) pointer to rank 5 of \
+another node' /tmp/epic-gpu/lsa-violation.log"
+run bash -c "/tmp/epic-gpu/comm_smoke virtual-drop $dev/kernels/comm_virtual.cubin 2>&1 \
+  | tee /tmp/epic-gpu/drop.log; grep -qF 'rank 5 waited for signal 3 from rank 1 (expected >= 1, \
+seen 0' /tmp/epic-gpu/drop.log"
 EPIC_CACHE_DIR="$dev/cache" EPIC_DEBUG=1 run /tmp/epic-gpu/runtime/bin/epic-runtime-gpu-test
 # Ranks that call with different token caps: the entry barrier's comm.agree traps naming both
 # (the device printf; the launch's error follows). A process of its own: the context is lost.

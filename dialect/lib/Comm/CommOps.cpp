@@ -54,6 +54,14 @@ static LogicalResult verifySignalOperands(Operation *op, Value signal, Value sig
 
 LogicalResult PutOp::verify() { return verifySignalOperands(*this, getSignal(), getSignalAdd()); }
 
+LogicalResult WaitSignalOp::verify() {
+  APInt peer;
+  if (getPeer() && matchPattern(getPeer(), m_ConstantInt(&peer)) && peer.isNegative())
+    return emitOpError("peer: the world rank the signal is waited from, >= 0; got ")
+           << peer.getSExtValue() << " (leave peer out if no one rank raises it)";
+  return success();
+}
+
 void PutOp::getEffects(Effects &effects) {
   effects.emplace_back(MemoryEffects::Read::get(), &getSrcWindowMutable(),
                        WindowMemoryResource::get());

@@ -20,7 +20,10 @@ gpu.module @teams {
     // CHECK: %[[T1:.*]] = llvm.insertvalue %[[ME]], %[[T0]][1]
     // CHECK: %[[T2:.*]] = llvm.insertvalue %[[STRIDE]], %[[T1]][2]
     // CHECK: %[[T3:.*]] = llvm.insertvalue %[[KIND]], %[[T2]][3]
-    // CHECK: %[[TEAM:.*]] = llvm.insertvalue %[[WORLD]], %[[T3]][4]
+    // CHECK: %[[T4:.*]] = llvm.insertvalue %[[WORLD]], %[[T3]][4]
+    // The virtual world's M and R: none here.
+    // CHECK: %[[T5:.*]] = llvm.insertvalue %[[ZERO:.*]], %[[T4]][5]
+    // CHECK: %[[TEAM:.*]] = llvm.insertvalue %[[ZERO]], %[[T5]][6]
     %lsa = comm.team lsa %dc
     // World rank of LSA member %r: world + (r - rank) * stride.
     // CHECK: %[[W:.*]] = llvm.extractvalue %[[TEAM]][4]
@@ -84,8 +87,12 @@ gpu.module @network {
     comm.signal %sig of %world peer %p via %dc coop thread
     // The bound is passed in nanoseconds.
     // CHECK: %[[NS:.*]] = llvm.mlir.constant(5000000000 : i64) : i64
-    // CHECK: llvm.call @__epic_nccl_wait_signal_block(%[[DC]], %[[C0]], %[[SIG]], %[[N]], %[[NS]]) : (!llvm.ptr, i32, i32, i64, i64) -> i64
+    // The rank waited for only names it in the timeout report (-1: none given).
+    // CHECK: %[[NONE:.*]] = llvm.mlir.constant(-1 : i32) : i32
+    // CHECK: llvm.call @__epic_nccl_wait_signal_block(%[[DC]], %[[C0]], %[[SIG]], %[[N]], %[[NS]], %[[NONE]]) : (!llvm.ptr, i32, i32, i64, i64, i32) -> i64
     %s = comm.wait_signal %sig reaches %n via %dc coop block timeout_ms 5000
+    // CHECK: llvm.call @__epic_nccl_wait_signal_thread(%[[DC]], %[[C0]], %[[SIG]], %[[N]], %{{.*}}, %[[P]]) : (!llvm.ptr, i32, i32, i64, i64, i32) -> i64
+    %t = comm.wait_signal %sig reaches %n peer %p via %dc coop thread
     // CHECK: llvm.call @__epic_nccl_read_signal(%[[DC]], %[[CTX]], %[[SIG]])
     %v = comm.read_signal %sig via %dc context(%ctx)
     // CHECK: llvm.call @__epic_nccl_reset_signal(%[[DC]], %[[C0]], %[[SIG]])
@@ -105,7 +112,7 @@ gpu.module @barrier {
     // The team's kind (2 = rail) selects the barrier inside the shim; the
     // default bound is 100 s.
     // CHECK: %[[KIND:.*]] = llvm.mlir.constant(2 : i32) : i32
-    // CHECK: %[[TEAM:.*]] = llvm.insertvalue %{{.*}}, %{{.*}}[4]
+    // CHECK: %[[TEAM:.*]] = llvm.insertvalue %{{.*}}, %{{.*}}[6]
     // CHECK: %[[K:.*]] = llvm.extractvalue %[[TEAM]][3]
     // CHECK: %[[NS:.*]] = llvm.mlir.constant(100000000000 : i64) : i64
     // CHECK: llvm.call @__epic_nccl_barrier_block(%{{.*}}, %[[K]], %{{.*}}, %[[NS]])

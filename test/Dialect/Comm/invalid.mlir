@@ -63,6 +63,15 @@ func.func @f(%dc: !comm.dev_comm, %sig: i32, %n: i64) {
 
 // -----
 
+func.func @f(%dc: !comm.dev_comm, %sig: i32, %n: i64) {
+  %none = arith.constant -1 : i32
+  // expected-error@+1 {{'comm.wait_signal' op peer: the world rank the signal is waited from, >= 0; got -1 (leave peer out if no one rank raises it)}}
+  %s = comm.wait_signal %sig reaches %n peer %none via %dc coop block
+  return
+}
+
+// -----
+
 func.func @f(%dc: !comm.dev_comm, %idx: i32) {
   %lsa = comm.team lsa %dc
   // expected-error@+1 {{'comm.barrier' op attribute 'timeout_ms' failed to satisfy constraint: 64-bit signless integer attribute whose value is positive}}

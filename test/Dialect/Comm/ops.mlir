@@ -56,6 +56,11 @@ func.func @network(%dc: !comm.dev_comm, %win: !comm.window, %a: i64, %b: i64, %n
   %s0 = comm.wait_signal %sig reaches %n via %dc coop block
   // CHECK: comm.wait_signal %[[SIG]] reaches %[[N]] via %[[DC]] context(%[[CTX]]) coop thread timeout_ms 5000
   %s1 = comm.wait_signal %sig reaches %n via %dc context(%ctx) coop thread timeout_ms 5000
+  // The rank the signal is waited from, for the timeout report.
+  // CHECK: comm.wait_signal %[[SIG]] reaches %[[N]] peer %[[PEER]] via %[[DC]] context(%[[CTX]]) coop warp timeout_ms 100
+  %s2 = comm.wait_signal %sig reaches %n peer %peer via %dc context(%ctx) coop warp timeout_ms 100
+  // CHECK: comm.wait_signal %[[SIG]] reaches %[[N]] peer %[[PEER]] via %[[DC]] coop block
+  %s3 = comm.wait_signal %sig reaches %n peer %peer via %dc coop block
   // CHECK: comm.read_signal %[[SIG]] via %[[DC]] context(%[[CTX]])
   %v = comm.read_signal %sig via %dc context(%ctx)
   // CHECK: comm.reset_signal %[[SIG]] via %[[DC]]

@@ -173,7 +173,11 @@ def ConvertCommToNVVM : Pass<"convert-comm-to-nvvm", "::mlir::ModuleOp"> {
       `gridDim.x / R` blocks (`rank = blockIdx.x / (gridDim.x / R)`), a
       peer's pointer is `base + peer * stride + offset` read from the
       `EpicVirtualWindow` descriptor, and signal reads are acquire loads.
-      Copies, waits and barriers call `__epic_virtual_*`. Inside a kernel
+      The R ranks form nodes of `lsa_size` (M) GPUs, node-major: the LSA
+      team is the own node, the rail the ranks of the same GPU index, and a
+      `comm.peer_ptr` to a rank of another node traps, naming both ranks
+      (`__epic_virtual_check_lsa_peer`, a compare and a branch in a world of
+      one node). Copies, waits and barriers call `__epic_virtual_*`. Inside a kernel
       that takes a `!comm.dev_comm`, `gpu.block_id x` and `gpu.grid_dim x`
       are rewritten to the block index and block count *within the rank*, so
       kernels are written per rank and run unchanged on both backends.
@@ -188,8 +192,9 @@ def ConvertCommToNVVM : Pass<"convert-comm-to-nvvm", "::mlir::ModuleOp"> {
 
     Types: `!comm.dev_comm` and `!comm.window` become `!llvm.ptr` (pointers
     to `ncclDevComm`/`ncclWindow` or to the virtual descriptors), `!comm.team`
-    an `!llvm.struct<(i32, i32, i32, i32, i32)>` holding (ranks, rank,
-    stride, kind, world rank). Function signatures, calls and `gpu.launch_func`
+    an `!llvm.struct<(i32, i32, i32, i32, i32, i32, i32)>` holding (ranks,
+    rank, stride, kind, world rank, and the virtual world's M and R; 0 for
+    nccl). Function signatures, calls and `gpu.launch_func`
     operands are converted too.
 
     ```mlir

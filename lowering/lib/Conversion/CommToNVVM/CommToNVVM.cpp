@@ -4,8 +4,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "epic/Conversion/Passes.h"
-#include "epic/Dialect/Comm/IR/CommDialect.h"
+#include "Lowering.h"
+
 #include "epic/device/VirtualWorld.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -28,7 +28,7 @@ namespace epic {
 
 using namespace mlir;
 using namespace epic;
-namespace comm = epic::comm;
+using namespace epic::comm_to_nvvm;
 
 llvm::StringRef epic::getShimPrefix(CommBackend backend) {
   return backend == CommBackend::nccl ? "__epic_nccl_" : "__epic_virtual_";
@@ -81,127 +81,87 @@ constexpr ShimEntry kShims[] = {
 #undef PTR
 #undef VOID
 
-LLVM::LLVMFunctionType lookupShimType(MLIRContext *ctx, StringRef name) {
+} // namespace
+
+LLVM::LLVMFunctionType epic::comm_to_nvvm::lookupShimType(MLIRContext *ctx, StringRef name) {
   for (const ShimEntry &entry : kShims)
     if (entry.name == name)
       return entry.type(ctx);
   llvm::report_fatal_error(llvm::Twine("epic: no shim function '") + name + "' in ShimABI.def");
 }
 
-StringRef coopSuffix(comm::Coop coop) {
-  switch (coop) {
-  case comm::Coop::thread:
-    return "thread";
-  case comm::Coop::warp:
-    return "warp";
-  case comm::Coop::block:
-    return "block";
-  }
-  llvm_unreachable("unknown coop");
+bool epic::comm_to_nvvm::needsInlineWaits(Operation *op) {
+  auto func = op->getParentOfType<gpu::GPUFuncOp>();
+  if (!func)
+    return false;
+  if (func->hasAttr("comm.inline_waits"))
+    return true;
+  return func
+      .walk([](Operation *inner) {
+        return isa<nvgpu::WarpgroupMmaOp, NVVM::WgmmaMmaAsyncOp>(inner) ? WalkResult::interrupt()
+                                                                        : WalkResult::advance();
+      })
+      .wasInterrupted();
 }
 
+namespace {
+
 //===----------------------------------------------------------------------===//
-// Small builders
+// Teams and the virtual world's descriptors
 //===----------------------------------------------------------------------===//
 
-struct Builder {
-  ConversionPatternRewriter &rewriter;
-  Location loc;
-  MLIRContext *ctx() const { return rewriter.getContext(); }
-
-  Type i32() const { return rewriter.getI32Type(); }
-  Type i64() const { return rewriter.getI64Type(); }
-  Type ptr() const { return LLVM::LLVMPointerType::get(ctx()); }
-
-  Value i32(int64_t v) const {
-    return LLVM::ConstantOp::create(rewriter, loc, i32(), rewriter.getI32IntegerAttr(v));
-  }
-  Value i64(int64_t v) const {
-    return LLVM::ConstantOp::create(rewriter, loc, i64(), rewriter.getI64IntegerAttr(v));
-  }
-  Value null() const { return LLVM::ZeroOp::create(rewriter, loc, ptr()); }
-  Value orI32(Value v, int64_t fallback) const { return v ? v : i32(fallback); }
-  Value orI64(Value v, int64_t fallback) const { return v ? v : i64(fallback); }
-
-  Value add(Value a, Value b) const { return LLVM::AddOp::create(rewriter, loc, a, b); }
-  Value sub(Value a, Value b) const { return LLVM::SubOp::create(rewriter, loc, a, b); }
-  Value mul(Value a, Value b) const { return LLVM::MulOp::create(rewriter, loc, a, b); }
-  Value udiv(Value a, Value b) const { return LLVM::UDivOp::create(rewriter, loc, a, b); }
-  Value sext64(Value v) const {
-    return v.getType() == i64() ? v : LLVM::SExtOp::create(rewriter, loc, i64(), v);
-  }
-
-  Value extract(Value aggregate, int64_t index) const {
-    return LLVM::ExtractValueOp::create(rewriter, loc, aggregate, index);
-  }
-
-  /// Loads field `index` (of type `type`) of a C struct of the given field
-  /// types at `base`.
-  Value loadField(Value base, ArrayRef<Type> fields, int32_t index, Type type) const {
-    auto structType = LLVM::LLVMStructType::getLiteral(ctx(), fields);
-    Value address = LLVM::GEPOp::create(rewriter, loc, ptr(), structType, base,
-                                        ArrayRef<LLVM::GEPArg>{0, index});
-    return LLVM::LoadOp::create(rewriter, loc, type, address);
-  }
-
-  /// A pointer in the generic address space (what the shim ABI takes).
-  Value generic(Value pointer) const {
-    auto type = cast<LLVM::LLVMPointerType>(pointer.getType());
-    if (type.getAddressSpace() == 0)
-      return pointer;
-    return LLVM::AddrSpaceCastOp::create(rewriter, loc, ptr(), pointer);
-  }
-
-  /// `pointer` (generic) as `type` (any address space).
-  Value as(Value pointer, Type type) const {
-    if (pointer.getType() == type)
-      return pointer;
-    return LLVM::AddrSpaceCastOp::create(rewriter, loc, type, pointer);
-  }
-
-  /// Calls the backend's shim function `name`, declaring it on first use.
-  Value callShim(Operation *anchor, CommBackend backend, StringRef name, ValueRange args) const {
-    std::string symbol = (getShimPrefix(backend) + name).str();
-    Operation *table = anchor->getParentWithTrait<OpTrait::SymbolTable>();
-    auto type = lookupShimType(ctx(), name);
-    if (!SymbolTable::lookupSymbolIn(table, symbol)) {
-      OpBuilder::InsertionGuard guard(rewriter);
-      rewriter.setInsertionPointToStart(&table->getRegion(0).front());
-      auto decl = LLVM::LLVMFuncOp::create(rewriter, rewriter.getUnknownLoc(), symbol, type);
-      decl.setPrivate();
-    }
-    auto call = LLVM::CallOp::create(rewriter, loc, type, SymbolRefAttr::get(ctx(), symbol), args);
-    return call.getNumResults() ? call.getResult() : Value();
-  }
+/// The team struct: (ranks, rank, stride, kind, world rank, LSA size, world
+/// size). The last two are the virtual world's topology (M and R), which its
+/// peer_ptr checks; the nccl backend leaves them 0.
+enum TeamField : int64_t {
+  kTeamRanks = 0,
+  kTeamRank,
+  kTeamStride,
+  kTeamKind,
+  kTeamWorldRank,
+  kTeamLsaSize,
+  kTeamWorldSize,
+  kTeamNumFields
 };
 
-/// The team struct: (ranks, rank, stride, kind, world rank).
-enum TeamField : int64_t { kTeamRanks = 0, kTeamRank, kTeamStride, kTeamKind, kTeamWorldRank };
-
 LLVM::LLVMStructType teamStructType(MLIRContext *ctx) {
-  Type i32 = IntegerType::get(ctx, 32);
-  return LLVM::LLVMStructType::getLiteral(ctx, {i32, i32, i32, i32, i32});
+  SmallVector<Type> fields(kTeamNumFields, IntegerType::get(ctx, 32));
+  return LLVM::LLVMStructType::getLiteral(ctx, fields);
 }
 
 /// The virtual rank of the calling block: blockIdx.x / (gridDim.x / R).
-Value virtualRank(const Builder &b, Value numRanks) {
+Value virtualRank(const LLVMBuilder &b, Value numRanks) {
   Value blocks = NVVM::GridDimXOp::create(b.rewriter, b.loc, b.i32());
   Value block = NVVM::BlockIdXOp::create(b.rewriter, b.loc, b.i32());
   Value blocksPerRank = b.udiv(blocks, numRanks);
   return b.udiv(block, blocksPerRank);
 }
 
+/// The field types of the virtual backend's descriptors, from VirtualWorld.def.
+Type virtualFieldType(MLIRContext *ctx, StringRef type) {
+  if (type == "I32")
+    return IntegerType::get(ctx, 32);
+  if (type == "U64")
+    return IntegerType::get(ctx, 64);
+  if (type == "U64_PTR" || type == "CHAR_PTR")
+    return LLVM::LLVMPointerType::get(ctx);
+  llvm::report_fatal_error(llvm::Twine("VirtualWorld.def: unknown field type ") + type);
+}
 SmallVector<Type> virtualCommFields(MLIRContext *ctx) {
-  Type i32 = IntegerType::get(ctx, 32), p = LLVM::LLVMPointerType::get(ctx);
-  return {i32, i32, i32, i32, i32, i32, p, p, p};
+  return {
+#define EPIC_VCOMM_FIELD(INDEX, name, Type) virtualFieldType(ctx, #Type),
+#include "epic/device/VirtualWorld.def"
+  };
 }
 SmallVector<Type> virtualWindowFields(MLIRContext *ctx) {
-  Type i32 = IntegerType::get(ctx, 32), i64 = IntegerType::get(ctx, 64);
-  return {LLVM::LLVMPointerType::get(ctx), i64, i32, i32};
+  return {
+#define EPIC_VWIN_FIELD(INDEX, name, Type) virtualFieldType(ctx, #Type),
+#include "epic/device/VirtualWorld.def"
+  };
 }
 
 /// base + rank * stride + offset in a virtual window.
-Value virtualSlice(const Builder &b, Value window, Value rank, Value offset) {
+Value virtualSlice(const LLVMBuilder &b, Value window, Value rank, Value offset) {
   auto fields = virtualWindowFields(b.ctx());
   Value base = b.loadField(window, fields, EPIC_VWIN_BASE, b.ptr());
   Value stride = b.loadField(window, fields, EPIC_VWIN_STRIDE, b.i64());
@@ -211,48 +171,56 @@ Value virtualSlice(const Builder &b, Value window, Value rank, Value offset) {
                              ValueRange{bytes});
 }
 
-Value virtualRankFromWindow(const Builder &b, Value window) {
+Value virtualRankFromWindow(const LLVMBuilder &b, Value window) {
   Value numRanks = b.loadField(window, virtualWindowFields(b.ctx()), EPIC_VWIN_NUM_RANKS, b.i32());
   return virtualRank(b, numRanks);
 }
-
-int64_t timeoutNs(int64_t timeoutMs) { return timeoutMs * 1000000; }
 
 //===----------------------------------------------------------------------===//
 // Patterns
 //===----------------------------------------------------------------------===//
 
-template <typename Op> struct CommPattern : public OpConversionPattern<Op> {
-  CommPattern(TypeConverter &converter, MLIRContext *ctx, CommBackend backend)
-      : OpConversionPattern<Op>(converter, ctx), backend(backend) {}
-  CommBackend backend;
-};
-
 struct TeamLowering : CommPattern<comm::TeamOp> {
   using CommPattern::CommPattern;
   LogicalResult matchAndRewrite(comm::TeamOp op, OpAdaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const override {
-    Builder b{rewriter, op.getLoc()};
+    LLVMBuilder b{rewriter, op.getLoc()};
     int32_t kind = static_cast<int32_t>(op.getKind());
-    Value ranks, rank, stride, world;
+    Value ranks, rank, stride, world, lsaSize, worldSize;
     if (backend == CommBackend::nccl) {
       Value dc = adaptor.getComm(), k = b.i32(kind);
       ranks = b.callShim(op, backend, "team_nranks", {dc, k});
       rank = b.callShim(op, backend, "team_rank", {dc, k});
       stride = b.callShim(op, backend, "team_stride", {dc, k});
       world = b.callShim(op, backend, "world_rank", {dc});
+      lsaSize = worldSize = b.i32(0);
     } else {
-      Value numRanks =
-          b.loadField(adaptor.getComm(), virtualCommFields(b.ctx()), EPIC_VCOMM_NUM_RANKS, b.i32());
-      world = virtualRank(b, numRanks);
-      // One GPU is one node: world and LSA are all R ranks, a rail is one.
-      bool rail = op.getKind() == comm::TeamKind::rail;
-      ranks = rail ? b.i32(1) : numRanks;
-      rank = rail ? b.i32(0) : world;
-      stride = rail ? numRanks : b.i32(1);
+      // N nodes of M GPUs, ranks node-major (w = node * M + GPU): the world is
+      // {R, w, 1}, the LSA team {M, w % M, 1}, the rail {N, w / M, M}.
+      auto fields = virtualCommFields(b.ctx());
+      worldSize = b.loadField(adaptor.getComm(), fields, EPIC_VCOMM_NUM_RANKS, b.i32());
+      lsaSize = b.loadField(adaptor.getComm(), fields, EPIC_VCOMM_LSA_SIZE, b.i32());
+      world = virtualRank(b, worldSize);
+      switch (op.getKind()) {
+      case comm::TeamKind::world:
+        ranks = worldSize;
+        rank = world;
+        stride = b.i32(1);
+        break;
+      case comm::TeamKind::lsa:
+        ranks = lsaSize;
+        rank = b.urem(world, lsaSize);
+        stride = b.i32(1);
+        break;
+      case comm::TeamKind::rail:
+        ranks = b.udiv(worldSize, lsaSize);
+        rank = b.udiv(world, lsaSize);
+        stride = lsaSize;
+        break;
+      }
     }
     Value team = LLVM::UndefOp::create(rewriter, op.getLoc(), teamStructType(b.ctx()));
-    Value fields[] = {ranks, rank, stride, b.i32(kind), world};
+    Value fields[] = {ranks, rank, stride, b.i32(kind), world, lsaSize, worldSize};
     for (auto [i, field] : llvm::enumerate(fields))
       team = LLVM::InsertValueOp::create(rewriter, op.getLoc(), team, field, i);
     rewriter.replaceOp(op, team);
@@ -264,7 +232,7 @@ template <typename Op, int64_t Field> struct TeamFieldLowering : CommPattern<Op>
   using CommPattern<Op>::CommPattern;
   LogicalResult matchAndRewrite(Op op, typename Op::Adaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const override {
-    rewriter.replaceOp(op, Builder{rewriter, op.getLoc()}.extract(adaptor.getTeam(), Field));
+    rewriter.replaceOp(op, LLVMBuilder{rewriter, op.getLoc()}.extract(adaptor.getTeam(), Field));
     return success();
   }
 };
@@ -273,7 +241,7 @@ template <typename Op, int64_t Field> struct TeamFieldLowering : CommPattern<Op>
 struct TeamScalars {
   Value ranks, rank, stride;
 };
-TeamScalars teamScalars(const Builder &b, Value team) {
+TeamScalars teamScalars(const LLVMBuilder &b, Value team) {
   Value ranks = b.extract(team, kTeamRanks);
   Value rank = b.extract(team, kTeamRank);
   Value stride = b.extract(team, kTeamStride);
@@ -281,7 +249,7 @@ TeamScalars teamScalars(const Builder &b, Value team) {
 }
 
 /// World rank of member `rank` of `team`: world + (rank - team.rank) * stride.
-Value teamToWorld(const Builder &b, Value team, Value rank) {
+Value teamToWorld(const LLVMBuilder &b, Value team, Value rank) {
   Value world = b.extract(team, kTeamWorldRank);
   Value teamRank = b.extract(team, kTeamRank);
   Value stride = b.extract(team, kTeamStride);
@@ -292,7 +260,7 @@ struct TeamToWorldLowering : CommPattern<comm::TeamToWorldOp> {
   using CommPattern::CommPattern;
   LogicalResult matchAndRewrite(comm::TeamToWorldOp op, OpAdaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const override {
-    Builder b{rewriter, op.getLoc()};
+    LLVMBuilder b{rewriter, op.getLoc()};
     rewriter.replaceOp(op, teamToWorld(b, adaptor.getTeam(), adaptor.getRank()));
     return success();
   }
@@ -302,7 +270,7 @@ struct LocalPtrLowering : CommPattern<comm::LocalPtrOp> {
   using CommPattern::CommPattern;
   LogicalResult matchAndRewrite(comm::LocalPtrOp op, OpAdaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const override {
-    Builder b{rewriter, op.getLoc()};
+    LLVMBuilder b{rewriter, op.getLoc()};
     Value window = adaptor.getWindow(), offset = adaptor.getOffset();
     Value pointer = backend == CommBackend::nccl
                         ? b.callShim(op, backend, "local_ptr", {b.null(), window, offset})
@@ -316,7 +284,7 @@ struct PeerPtrLowering : CommPattern<comm::PeerPtrOp> {
   using CommPattern::CommPattern;
   LogicalResult matchAndRewrite(comm::PeerPtrOp op, OpAdaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const override {
-    Builder b{rewriter, op.getLoc()};
+    LLVMBuilder b{rewriter, op.getLoc()};
     Value team = adaptor.getTeam(), window = adaptor.getWindow();
     Value pointer;
     if (backend == CommBackend::nccl) {
@@ -325,8 +293,14 @@ struct PeerPtrLowering : CommPattern<comm::PeerPtrOp> {
           op, backend, "peer_ptr",
           {b.null(), window, adaptor.getOffset(), t.ranks, t.rank, t.stride, adaptor.getPeer()});
     } else {
-      pointer =
-          virtualSlice(b, window, teamToWorld(b, team, adaptor.getPeer()), adaptor.getOffset());
+      // An NVLink (LSA) pointer reaches the own node only: one to a rank of
+      // another node traps, naming both (the check is a compare and a
+      // branch while the world is one node).
+      Value target = teamToWorld(b, team, adaptor.getPeer());
+      b.callShim(op, backend, needsInlineWaits(op) ? "check_lsa_peer_inline" : "check_lsa_peer",
+                 {b.extract(team, kTeamWorldRank), target, b.extract(team, kTeamLsaSize),
+                  b.extract(team, kTeamWorldSize)});
+      pointer = virtualSlice(b, window, target, adaptor.getOffset());
     }
     rewriter.replaceOp(op, b.as(pointer, op.getType()));
     return success();
@@ -341,7 +315,7 @@ struct RankParamsLowering : CommPattern<comm::RankParamsOp> {
       rewriter.replaceOp(op, adaptor.getBase()); // one rank per process
       return success();
     }
-    Builder b{rewriter, op.getLoc()};
+    LLVMBuilder b{rewriter, op.getLoc()};
     Value numRanks =
         b.loadField(adaptor.getComm(), virtualCommFields(b.ctx()), EPIC_VCOMM_NUM_RANKS, b.i32());
     Value rank = virtualRank(b, numRanks);
@@ -360,7 +334,7 @@ struct PeerParamsLowering : CommPattern<comm::PeerParamsOp> {
                                 ConversionPatternRewriter &rewriter) const override {
     if (backend == CommBackend::nccl)
       return rewriter.notifyMatchFailure(op, "the nccl backend has only this rank's record");
-    Builder b{rewriter, op.getLoc()};
+    LLVMBuilder b{rewriter, op.getLoc()};
     Value bytes = b.mul(b.sext64(adaptor.getPeer()), b.i64(op.getStride()));
     rewriter.replaceOpWithNewOp<LLVM::GEPOp>(op, op.getType(), rewriter.getI8Type(),
                                              adaptor.getBase(), ValueRange{bytes});
@@ -375,7 +349,7 @@ struct PutLowering : CommPattern<comm::PutOp> {
   using CommPattern::CommPattern;
   LogicalResult matchAndRewrite(comm::PutOp op, OpAdaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const override {
-    Builder b{rewriter, op.getLoc()};
+    LLVMBuilder b{rewriter, op.getLoc()};
     TeamScalars t = teamScalars(b, adaptor.getTeam());
     b.callShim(op, backend, ("put_" + coopSuffix(op.getCoop())).str(),
                {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0), t.ranks, t.rank, t.stride,
@@ -393,7 +367,7 @@ struct PutValueLowering : CommPattern<comm::PutValueOp> {
   using CommPattern::CommPattern;
   LogicalResult matchAndRewrite(comm::PutValueOp op, OpAdaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const override {
-    Builder b{rewriter, op.getLoc()};
+    LLVMBuilder b{rewriter, op.getLoc()};
     TeamScalars t = teamScalars(b, adaptor.getTeam());
     int64_t bytes = op.getValue().getType().getIntOrFloatBitWidth() / 8;
     b.callShim(op, backend, ("put_value_" + coopSuffix(op.getCoop())).str(),
@@ -411,7 +385,7 @@ struct SignalLowering : CommPattern<comm::SignalOp> {
   using CommPattern::CommPattern;
   LogicalResult matchAndRewrite(comm::SignalOp op, OpAdaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const override {
-    Builder b{rewriter, op.getLoc()};
+    LLVMBuilder b{rewriter, op.getLoc()};
     TeamScalars t = teamScalars(b, adaptor.getTeam());
     b.callShim(op, backend, ("signal_" + coopSuffix(op.getCoop())).str(),
                {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0), t.ranks, t.rank, t.stride,
@@ -426,11 +400,11 @@ struct WaitSignalLowering : CommPattern<comm::WaitSignalOp> {
   using CommPattern::CommPattern;
   LogicalResult matchAndRewrite(comm::WaitSignalOp op, OpAdaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const override {
-    Builder b{rewriter, op.getLoc()};
-    Value seen =
-        b.callShim(op, backend, ("wait_signal_" + coopSuffix(op.getCoop())).str(),
-                   {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0), adaptor.getSignal(),
-                    adaptor.getExpected(), b.i64(timeoutNs(op.getTimeoutMs()))});
+    LLVMBuilder b{rewriter, op.getLoc()};
+    Value seen = b.callShim(op, backend, ("wait_signal_" + coopSuffix(op.getCoop())).str(),
+                            {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0),
+                             adaptor.getSignal(), adaptor.getExpected(),
+                             b.i64(timeoutNs(op.getTimeoutMs())), b.orI32(adaptor.getPeer(), -1)});
     rewriter.replaceOp(op, seen);
     return success();
   }
@@ -440,7 +414,7 @@ struct ReadSignalLowering : CommPattern<comm::ReadSignalOp> {
   using CommPattern::CommPattern;
   LogicalResult matchAndRewrite(comm::ReadSignalOp op, OpAdaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const override {
-    Builder b{rewriter, op.getLoc()};
+    LLVMBuilder b{rewriter, op.getLoc()};
     rewriter.replaceOp(op, b.callShim(op, backend, "read_signal",
                                       {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0),
                                        adaptor.getSignal()}));
@@ -452,7 +426,7 @@ struct ResetSignalLowering : CommPattern<comm::ResetSignalOp> {
   using CommPattern::CommPattern;
   LogicalResult matchAndRewrite(comm::ResetSignalOp op, OpAdaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const override {
-    Builder b{rewriter, op.getLoc()};
+    LLVMBuilder b{rewriter, op.getLoc()};
     b.callShim(op, backend, "reset_signal",
                {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0), adaptor.getSignal()});
     rewriter.eraseOp(op);
@@ -464,7 +438,7 @@ struct FlushLowering : CommPattern<comm::FlushOp> {
   using CommPattern::CommPattern;
   LogicalResult matchAndRewrite(comm::FlushOp op, OpAdaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const override {
-    Builder b{rewriter, op.getLoc()};
+    LLVMBuilder b{rewriter, op.getLoc()};
     b.callShim(op, backend, ("flush_" + coopSuffix(op.getCoop())).str(),
                {adaptor.getComm(), b.orI32(adaptor.getContextIndex(), 0)});
     rewriter.eraseOp(op);
@@ -476,262 +450,10 @@ struct BarrierLowering : CommPattern<comm::BarrierOp> {
   using CommPattern::CommPattern;
   LogicalResult matchAndRewrite(comm::BarrierOp op, OpAdaptor adaptor,
                                 ConversionPatternRewriter &rewriter) const override {
-    Builder b{rewriter, op.getLoc()};
+    LLVMBuilder b{rewriter, op.getLoc()};
     b.callShim(op, backend, ("barrier_" + coopSuffix(op.getCoop())).str(),
                {adaptor.getComm(), b.extract(adaptor.getTeam(), kTeamKind), adaptor.getIndex(),
                 b.i64(timeoutNs(op.getTimeoutMs()))});
-    rewriter.eraseOp(op);
-    return success();
-  }
-};
-
-LLVM::AtomicOrdering toLLVM(comm::Ordering ordering) {
-  switch (ordering) {
-  case comm::Ordering::relaxed:
-    return LLVM::AtomicOrdering::monotonic;
-  case comm::Ordering::acquire:
-    return LLVM::AtomicOrdering::acquire;
-  case comm::Ordering::release:
-    return LLVM::AtomicOrdering::release;
-  case comm::Ordering::acq_rel:
-    return LLVM::AtomicOrdering::acq_rel;
-  case comm::Ordering::sc:
-    return LLVM::AtomicOrdering::seq_cst;
-  }
-  llvm_unreachable("unknown ordering");
-}
-
-/// NVPTX's names for the scopes; the empty one is the system.
-StringRef syncScope(comm::Scope scope) {
-  switch (scope) {
-  case comm::Scope::cta:
-    return "block";
-  case comm::Scope::cluster:
-    return "cluster";
-  case comm::Scope::gpu:
-    return "device";
-  case comm::Scope::sys:
-    return "";
-  }
-  llvm_unreachable("unknown scope");
-}
-
-struct FenceLowering : CommPattern<comm::FenceOp> {
-  using CommPattern::CommPattern;
-  LogicalResult matchAndRewrite(comm::FenceOp op, OpAdaptor,
-                                ConversionPatternRewriter &rewriter) const override {
-    rewriter.replaceOpWithNewOp<LLVM::FenceOp>(op, toLLVM(op.getOrdering()),
-                                               syncScope(op.getScope()));
-    return success();
-  }
-};
-
-struct LoadLowering : CommPattern<comm::LoadOp> {
-  using CommPattern::CommPattern;
-  LogicalResult matchAndRewrite(comm::LoadOp op, OpAdaptor adaptor,
-                                ConversionPatternRewriter &rewriter) const override {
-    Type type = op.getType();
-    rewriter.replaceOpWithNewOp<LLVM::LoadOp>(
-        op, type, adaptor.getPtr(), type.getIntOrFloatBitWidth() / 8, /*isVolatile=*/false,
-        /*isNonTemporal=*/false, /*isInvariant=*/false, /*isInvariantGroup=*/false,
-        toLLVM(op.getOrdering()), syncScope(op.getScope()));
-    return success();
-  }
-};
-
-struct StoreLowering : CommPattern<comm::StoreOp> {
-  using CommPattern::CommPattern;
-  LogicalResult matchAndRewrite(comm::StoreOp op, OpAdaptor adaptor,
-                                ConversionPatternRewriter &rewriter) const override {
-    rewriter.replaceOpWithNewOp<LLVM::StoreOp>(op, adaptor.getValue(), adaptor.getPtr(),
-                                               op.getValue().getType().getIntOrFloatBitWidth() / 8,
-                                               /*isVolatile=*/false,
-                                               /*isNonTemporal=*/false, /*isInvariantGroup=*/false,
-                                               toLLVM(op.getOrdering()), syncScope(op.getScope()));
-    return success();
-  }
-};
-
-/// PTX of an atomic: `red` or `atom`, ordering, scope, operation and type,
-/// e.g. "red.release.sys.add.u32". Written out (inline asm) because NVPTX
-/// drops the ordering of `atomicrmw` on sm_90.
-std::string atomicInstruction(StringRef opcode, comm::AtomicKind kind, comm::Ordering ordering,
-                              comm::Scope scope, unsigned bits, std::string &prefix) {
-  StringRef order;
-  switch (ordering) {
-  case comm::Ordering::relaxed:
-    order = "relaxed";
-    break;
-  case comm::Ordering::acquire:
-    order = "acquire";
-    break;
-  case comm::Ordering::release:
-    order = "release";
-    break;
-  case comm::Ordering::acq_rel:
-    order = "acq_rel";
-    break;
-  case comm::Ordering::sc:
-    order = "acq_rel";
-    break; // + a leading fence.sc
-  }
-  StringRef scopeName = stringifyScope(scope);
-  if (ordering == comm::Ordering::sc)
-    prefix = ("fence.sc." + scopeName + "; ").str();
-  StringRef operation, typeClass;
-  switch (kind) {
-  case comm::AtomicKind::add:
-    operation = "add";
-    typeClass = "u";
-    break;
-  case comm::AtomicKind::max:
-    operation = "max";
-    typeClass = "s";
-    break;
-  case comm::AtomicKind::min:
-    operation = "min";
-    typeClass = "s";
-    break;
-  case comm::AtomicKind::bit_or:
-    operation = "or";
-    typeClass = "b";
-    break;
-  case comm::AtomicKind::bit_and:
-    operation = "and";
-    typeClass = "b";
-    break;
-  case comm::AtomicKind::bit_xor:
-    operation = "xor";
-    typeClass = "b";
-    break;
-  case comm::AtomicKind::exch:
-    operation = "exch";
-    typeClass = "b";
-    break;
-  }
-  return (opcode + "." + order + "." + scopeName + "." + operation + "." + typeClass +
-          std::to_string(bits))
-      .str();
-}
-
-/// `instruction $0, [$1], $2[, $3]` returning the old value: the address operand first, then
-/// the values (all of `type`, 32 or 64 bits).
-Value atomicAsm(ConversionPatternRewriter &rewriter, Location loc, Type type,
-                const std::string &instruction, ValueRange operands) {
-  bool wide = type.getIntOrFloatBitWidth() == 64;
-  std::string constraints = wide ? "=l,l" : "=r,l";
-  std::string text = instruction + " $0, [$1]";
-  for (unsigned i = 1; i < operands.size(); ++i) {
-    constraints += wide ? ",l" : ",r";
-    text += ", $" + std::to_string(i + 1);
-  }
-  auto asmOp =
-      LLVM::InlineAsmOp::create(rewriter, loc, TypeRange{type}, operands, text + ";",
-                                constraints + ",~{memory}", /*has_side_effects=*/true,
-                                /*is_align_stack=*/false, LLVM::tailcallkind::TailCallKind::None,
-                                LLVM::AsmDialectAttr(), ArrayAttr());
-  return asmOp.getResult(0);
-}
-
-struct RedLowering : CommPattern<comm::RedOp> {
-  using CommPattern::CommPattern;
-  LogicalResult matchAndRewrite(comm::RedOp op, OpAdaptor adaptor,
-                                ConversionPatternRewriter &rewriter) const override {
-    Builder b{rewriter, op.getLoc()};
-    unsigned bits = op.getValue().getType().getIntOrFloatBitWidth();
-    std::string prefix;
-    std::string instruction =
-        atomicInstruction("red", op.getKind(), op.getOrdering(), op.getScope(), bits, prefix);
-    std::string constraints = bits == 64 ? "l,l,~{memory}" : "l,r,~{memory}";
-    LLVM::InlineAsmOp::create(rewriter, op.getLoc(), TypeRange{},
-                              ValueRange{b.generic(adaptor.getPtr()), adaptor.getValue()},
-                              prefix + instruction + " [$0], $1;", constraints,
-                              /*has_side_effects=*/true, /*is_align_stack=*/false,
-                              LLVM::tailcallkind::TailCallKind::None, LLVM::AsmDialectAttr(),
-                              ArrayAttr());
-    rewriter.eraseOp(op);
-    return success();
-  }
-};
-
-struct AtomicRMWLowering : CommPattern<comm::AtomicRMWOp> {
-  using CommPattern::CommPattern;
-  LogicalResult matchAndRewrite(comm::AtomicRMWOp op, OpAdaptor adaptor,
-                                ConversionPatternRewriter &rewriter) const override {
-    Builder b{rewriter, op.getLoc()};
-    Type type = op.getValue().getType();
-    unsigned bits = type.getIntOrFloatBitWidth();
-    std::string prefix;
-    std::string instruction =
-        atomicInstruction("atom", op.getKind(), op.getOrdering(), op.getScope(), bits, prefix);
-    rewriter.replaceOp(op, atomicAsm(rewriter, op.getLoc(), type, prefix + instruction,
-                                     {b.generic(adaptor.getPtr()), adaptor.getValue()}));
-    return success();
-  }
-};
-
-struct AtomicCASLowering : CommPattern<comm::AtomicCASOp> {
-  using CommPattern::CommPattern;
-  LogicalResult matchAndRewrite(comm::AtomicCASOp op, OpAdaptor adaptor,
-                                ConversionPatternRewriter &rewriter) const override {
-    Builder b{rewriter, op.getLoc()};
-    Type type = op.getValue().getType();
-    unsigned bits = type.getIntOrFloatBitWidth();
-    std::string prefix;
-    // atomicInstruction spells "<op>.<order>.<scope>.exch.b<bits>"; cas has the same shape.
-    std::string instruction = atomicInstruction("atom", comm::AtomicKind::exch, op.getOrdering(),
-                                                op.getScope(), bits, prefix);
-    instruction.replace(instruction.rfind(".exch."), 6, ".cas.");
-    rewriter.replaceOp(
-        op, atomicAsm(rewriter, op.getLoc(), type, prefix + instruction,
-                      {b.generic(adaptor.getPtr()), adaptor.getCompare(), adaptor.getValue()}));
-    return success();
-  }
-};
-
-/// Whether the waits of `op`'s kernel must not call (the timeout's printf):
-/// ptxas serializes every wgmma of a function that calls.
-bool needsInlineWaits(Operation *op) {
-  auto func = op->getParentOfType<gpu::GPUFuncOp>();
-  if (!func)
-    return false;
-  if (func->hasAttr("comm.inline_waits"))
-    return true;
-  return func
-      .walk([](Operation *inner) {
-        return isa<nvgpu::WarpgroupMmaOp, NVVM::WgmmaMmaAsyncOp>(inner) ? WalkResult::interrupt()
-                                                                        : WalkResult::advance();
-      })
-      .wasInterrupted();
-}
-
-struct WaitFlagLowering : CommPattern<comm::WaitFlagOp> {
-  using CommPattern::CommPattern;
-  LogicalResult matchAndRewrite(comm::WaitFlagOp op, OpAdaptor adaptor,
-                                ConversionPatternRewriter &rewriter) const override {
-    Builder b{rewriter, op.getLoc()};
-    bool wide = op.getValue().getType().getIntOrFloatBitWidth() == 64;
-    std::string shim = wide ? "wait_flag_i64" : "wait_flag_i32";
-    if (needsInlineWaits(op))
-      shim += "_inline";
-    Value seen =
-        b.callShim(op, backend, shim,
-                   {b.generic(adaptor.getPtr()), b.i32(static_cast<int32_t>(op.getPredicate())),
-                    adaptor.getValue(), b.i32(static_cast<int32_t>(op.getScope())),
-                    b.i64(timeoutNs(op.getTimeoutMs())), b.orI32(adaptor.getRank(), -1),
-                    b.orI32(adaptor.getPeer(), -1)});
-    rewriter.replaceOp(op, seen);
-    return success();
-  }
-};
-
-struct AgreeLowering : CommPattern<comm::AgreeOp> {
-  using CommPattern::CommPattern;
-  LogicalResult matchAndRewrite(comm::AgreeOp op, OpAdaptor adaptor,
-                                ConversionPatternRewriter &rewriter) const override {
-    Builder b{rewriter, op.getLoc()};
-    b.callShim(op, backend, needsInlineWaits(op) ? "agree_i64_inline" : "agree_i64",
-               {adaptor.getValue(), adaptor.getTheirs(), adaptor.getRank(), adaptor.getPeer()});
     rewriter.eraseOp(op);
     return success();
   }
@@ -909,14 +631,13 @@ void epic::populateCommToNVVMTypeConversions(TypeConverter &converter) {
 void epic::populateCommToNVVMConversionPatterns(TypeConverter &converter,
                                                 RewritePatternSet &patterns, CommBackend backend) {
   MLIRContext *ctx = patterns.getContext();
-  patterns
-      .add<TeamLowering, TeamFieldLowering<comm::TeamRankOp, kTeamRank>,
-           TeamFieldLowering<comm::TeamSizeOp, kTeamRanks>, TeamToWorldLowering, LocalPtrLowering,
-           PeerPtrLowering, RankParamsLowering, PeerParamsLowering, PutLowering, PutValueLowering,
-           SignalLowering, WaitSignalLowering, ReadSignalLowering, ResetSignalLowering,
-           FlushLowering, BarrierLowering, FenceLowering, LoadLowering, StoreLowering, RedLowering,
-           AtomicRMWLowering, AtomicCASLowering, WaitFlagLowering, AgreeLowering>(converter, ctx,
-                                                                                  backend);
+  patterns.add<TeamLowering, TeamFieldLowering<comm::TeamRankOp, kTeamRank>,
+               TeamFieldLowering<comm::TeamSizeOp, kTeamRanks>, TeamToWorldLowering,
+               LocalPtrLowering, PeerPtrLowering, RankParamsLowering, PeerParamsLowering,
+               PutLowering, PutValueLowering, SignalLowering, WaitSignalLowering,
+               ReadSignalLowering, ResetSignalLowering, FlushLowering, BarrierLowering>(
+      converter, ctx, backend);
+  populateMemoryOpPatterns(converter, patterns, backend);
   patterns.add<LaunchFuncOperands, GPUFuncSignature>(converter, ctx);
   populateFunctionOpInterfaceTypeConversionPattern<func::FuncOp>(patterns, converter);
   populateCallOpTypeConversionPattern(patterns, converter);

@@ -5,8 +5,11 @@
 // ncclDevComm and ncclWindow_t are for the nccl backend, these two structs are
 // for the virtual one: the runtime fills them in device memory and passes
 // pointers to them as the kernels' !comm.dev_comm and !comm.window arguments.
-// Plain C so that the host runtime, the device shim and the lowering (which
-// addresses the fields by index, see CommToNVVM.cpp) agree on the layout.
+// The ranks form N nodes of M GPUs (lsa_size = M), numbered node-major: the
+// teams, barriers and the check that NVLink (LSA) pointers stay in the node
+// follow them. Plain C, from the field list VirtualWorld.def, so that the host
+// runtime, the device shim and the lowering (which addresses the fields by
+// index, see CommToNVVM.cpp) agree on the layout.
 //
 //===----------------------------------------------------------------------===//
 
@@ -19,43 +22,51 @@
 extern "C" {
 #endif
 
-/// !comm.dev_comm of the virtual backend. Every counter below starts at zero
-/// and only grows (barriers) or is reset by its owner (signals, counters).
+#define EPIC_VWORLD_I32 int32_t
+#define EPIC_VWORLD_U64 uint64_t
+#define EPIC_VWORLD_U64_PTR uint64_t *
+#define EPIC_VWORLD_CHAR_PTR char *
+
+/// !comm.dev_comm of the virtual backend. Every counter starts at zero and
+/// only grows (barriers, traffic) or is reset by its owner (signals, counters).
 typedef struct EpicVirtualComm {
-  int32_t num_ranks;    // R
-  int32_t num_contexts; // network contexts per rank (signals belong to one)
-  int32_t num_signals;  // signals per (rank, context)
-  int32_t num_counters; // local completion counters per (rank, context)
-  int32_t num_barriers; // barrier slots
-  int32_t reserved;
-  uint64_t *signals;  // [R][num_contexts][num_signals]
-  uint64_t *counters; // [R][num_contexts][num_counters]
-  uint64_t *barriers; // [num_barriers]: monotonic arrival counts
+#define EPIC_VCOMM_FIELD(INDEX, name, Type) EPIC_VWORLD_##Type name;
+#include "epic/device/VirtualWorld.def"
 } EpicVirtualComm;
 
 /// !comm.window of the virtual backend: one allocation of R equal slices.
 typedef struct EpicVirtualWindow {
-  char *base;        // rank 0's slice
-  uint64_t stride;   // bytes between two ranks' slices
-  int32_t num_ranks; // R, so a block finds its rank from the window alone
-  int32_t reserved;
+#define EPIC_VWIN_FIELD(INDEX, name, Type) EPIC_VWORLD_##Type name;
+#include "epic/device/VirtualWorld.def"
 } EpicVirtualWindow;
 
-/// Field indices the lowering uses (LLVM struct GEPs).
+#undef EPIC_VWORLD_I32
+#undef EPIC_VWORLD_U64
+#undef EPIC_VWORLD_U64_PTR
+#undef EPIC_VWORLD_CHAR_PTR
+
+/// Field indices the lowering uses (LLVM struct GEPs): EPIC_VCOMM_<INDEX>.
 enum {
-  EPIC_VCOMM_NUM_RANKS = 0,
-  EPIC_VCOMM_NUM_CONTEXTS = 1,
-  EPIC_VCOMM_NUM_SIGNALS = 2,
-  EPIC_VCOMM_SIGNALS = 6,
-  EPIC_VWIN_BASE = 0,
-  EPIC_VWIN_STRIDE = 1,
-  EPIC_VWIN_NUM_RANKS = 2,
+#define EPIC_VCOMM_FIELD(INDEX, name, Type) EPIC_VCOMM_##INDEX,
+#include "epic/device/VirtualWorld.def"
+  EPIC_VCOMM_NUM_FIELDS
 };
+enum {
+#define EPIC_VWIN_FIELD(INDEX, name, Type) EPIC_VWIN_##INDEX,
+#include "epic/device/VirtualWorld.def"
+  EPIC_VWIN_NUM_FIELDS
+};
+
+/// EpicVirtualComm::traffic's last index.
+enum { EPIC_TRAFFIC_PUT_BYTES = 0, EPIC_TRAFFIC_PUT_VALUE_BYTES = 1, EPIC_TRAFFIC_SIGNALS = 2 };
+#define EPIC_TRAFFIC_KINDS 3
 
 #ifdef __cplusplus
 } // extern "C"
-static_assert(sizeof(EpicVirtualComm) == 48, "layout shared with the lowering");
+static_assert(sizeof(EpicVirtualComm) == 64, "layout shared with the lowering");
 static_assert(sizeof(EpicVirtualWindow) == 24, "layout shared with the lowering");
+static_assert(EPIC_VCOMM_NUM_FIELDS == 12 && EPIC_VWIN_NUM_FIELDS == 4,
+              "field counts shared with the lowering");
 #endif
 
 #endif // EPIC_DEVICE_VIRTUALWORLD_H

@@ -30,11 +30,16 @@ constexpr int kWaitReportSlots = 64;
 /// value, `seen` the peer's, and nothing was waited for.
 constexpr int32_t kDisagreed = 4;
 
+/// WaitReport::predicate of the virtual world's check_lsa_peer: `rank` used
+/// an NVLink (LSA) pointer to `peer`, of another node; `expected` is the
+/// world's lsa_size (M), `seen` its num_ranks (R), and nothing was waited for.
+constexpr int32_t kLsaViolation = 5;
+
 struct WaitReport {
   uint64_t valid; ///< 1 once the other fields are written
   uint64_t flag;  ///< address of the flag waited on
   int64_t expected, seen, timeoutNs;
-  int32_t predicate;  ///< 0 ==, 1 !=, 2 >=, 3 >; kDisagreed: a comm.agree report
+  int32_t predicate;  ///< 0 ==, 1 !=, 2 >=, 3 >; kDisagreed, kLsaViolation: no wait
   int32_t rank, peer; ///< -1 if the wait did not name them
   int32_t block, thread;
   int32_t padding;

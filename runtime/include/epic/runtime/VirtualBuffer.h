@@ -2,7 +2,10 @@
 //
 // The ElasticBuffer of the virtual world: R ranks on one GPU, one window of R
 // equal slices, the EpicVirtualComm descriptor, one launch for every rank.
-// What it shares with the NCCL buffer (NcclBuffer.h) is KernelHost.
+// The ranks form N nodes of M GPUs (node-major): NVLink (LSA) pointers reach
+// the own node only, GIN operations (put, put_value, signal) any rank, and
+// are counted per pair of ranks. What it shares with the NCCL buffer
+// (NcclBuffer.h) is KernelHost.
 //
 //===----------------------------------------------------------------------===//
 
@@ -12,6 +15,8 @@
 #include "epic/runtime/KernelHost.h"
 
 #include <cstdint>
+#include <optional>
+#include <vector>
 
 namespace epic::runtime {
 
@@ -20,18 +25,35 @@ namespace epic::runtime {
 class VirtualElasticBuffer : public KernelHost {
 public:
   /// `windowBytes` per rank (at least the entries' `window_bytes`);
-  /// `blocksPerRank` blocks of every kernel serve each rank.
+  /// `blocksPerRank` blocks of every kernel serve each rank; `gpusPerNode`
+  /// (M, dividing `ranks`; none: all of them) ranks per node.
   VirtualElasticBuffer(int ranks, int64_t windowBytes, KernelProvider &provider,
-                       int blocksPerRank = 16);
+                       int blocksPerRank = 16, std::optional<int> gpusPerNode = std::nullopt);
   ~VirtualElasticBuffer() override;
   int ranks() const { return servedRanks; }
+  int gpusPerNode() const { return lsaSize; }
   /// Every rank's kernels are in the same launches on one stream: stream
   /// order already is the barrier, so there is nothing to launch.
   void barrier(void *stream = nullptr) override;
   void *windowMemory(int servedRank) const override;
 
+  /// What the GIN operations sent since the last call, [R][R][3] (from, to,
+  /// kind: put bytes, put_value bytes, signal operations), then zero. Waits
+  /// for the device's work first.
+  std::vector<uint64_t> takeTraffic();
+  /// From now on rank `rank`'s put, put_value and signal do nothing (its
+  /// node's network stalls); -1: every rank's work again. After the
+  /// device's work so far.
+  void setDropNetworkFrom(int rank);
+  int dropNetworkFrom() const { return droppedRank; }
+
+  /// Signals per (rank, context): the most of 64 and 8 + 2R.
+  static int signalsPerRank(int ranks);
+
 private:
-  void *window = nullptr, *signals = nullptr, *counters = nullptr, *barriers = nullptr;
+  int lsaSize, droppedRank = -1;
+  void *window = nullptr, *signals = nullptr, *counters = nullptr, *barriers = nullptr,
+       *traffic = nullptr;
 };
 
 } // namespace epic::runtime

@@ -26,6 +26,10 @@ def Comm_TeamOp : Comm_Op<"team", [Pure]> {
     `world` is every rank; `lsa` the ranks whose memory this GPU can load and
     store directly (NVLink peers, NCCL's LSA team); `rail` the ranks with the
     same LSA rank on every node (the network team of a hierarchical scheme).
+    With N nodes of M GPUs and ranks numbered node-major (world rank
+    w = node * M + GPU), as NCCL's teams and the virtual backend's world are,
+    (size, rank, stride) is {R, w, 1} for `world`, {M, w % M, 1} for `lsa`
+    and {N, w / M, M} for `rail`.
 
     ```mlir
     %lsa = comm.team lsa %dc
@@ -96,7 +100,9 @@ def Comm_PeerPtrOp : Comm_Op<"peer_ptr", [Pure]> {
     NCCL's LSA pointer: plain address arithmetic, no communication. Loads,
     stores, atomics and bulk copies through it reach the peer's memory over
     NVLink. `peer` is a rank of `team`, and must be a member of the LSA team
-    (the result is undefined otherwise; use `comm.put` for other peers). When
+    (the result is undefined otherwise; use `comm.put` for other peers; the
+    virtual backend traps, naming both ranks, when its world has several nodes
+    and `peer` is in another than this rank's). When
     `peer` is this rank (`comm.team_rank` of the same team) the op is a
     `comm.local_ptr` (canonicalization).
 
@@ -278,7 +284,7 @@ def Comm_SignalOp : Comm_Op<"signal", [AttrSizedOperandSegments,
   }];
 }
 
-def Comm_WaitSignalOp : Comm_Op<"wait_signal", [
+def Comm_WaitSignalOp : Comm_Op<"wait_signal", [AttrSizedOperandSegments,
     MemoryEffects<[MemRead<Comm_SignalMemory>, MemWrite<Comm_WindowMemory>]>]> {
   let summary = "wait, with a bound, until a local signal reaches a value";
   let description = [{
@@ -290,20 +296,23 @@ def Comm_WaitSignalOp : Comm_Op<"wait_signal", [
 
     The wait is bounded: after `timeout_ms` milliseconds (default 100 s, as
     DeepEP) the lowered code prints the rank, the signal, the expected and the
-    seen value, and traps.
+    seen value, and traps. `peer`, the world rank the signal is expected from
+    (if one rank raises it), only serves this report: "rank 5 waited for
+    signal 9 from rank 1 (expected >= 1, seen 0)".
 
     ```mlir
-    %seen = comm.wait_signal %sig reaches %n via %dc coop block timeout_ms 5000
+    %seen = comm.wait_signal %sig reaches %n peer %src via %dc coop block timeout_ms 5000
     ```
   }];
-  let arguments = (ins I32:$signal, I64:$expected, Comm_DevCommType:$comm,
-                       Optional<I32>:$context_index, Comm_Coop:$coop,
-                       Comm_TimeoutMs:$timeout_ms);
+  let arguments = (ins I32:$signal, I64:$expected, Optional<I32>:$peer,
+                       Comm_DevCommType:$comm, Optional<I32>:$context_index,
+                       Comm_Coop:$coop, Comm_TimeoutMs:$timeout_ms);
   let results = (outs I64:$seen);
   let assemblyFormat = [{
-    $signal `reaches` $expected `via` $comm (`context` `(` $context_index^ `)`)?
-    `coop` $coop (`timeout_ms` $timeout_ms^)? attr-dict
+    $signal `reaches` $expected (`peer` $peer^)? `via` $comm
+    (`context` `(` $context_index^ `)`)? `coop` $coop (`timeout_ms` $timeout_ms^)? attr-dict
   }];
+  let hasVerifier = 1;
 }
 
 def Comm_ReadSignalOp : Comm_Op<"read_signal", [
@@ -372,7 +381,9 @@ def Comm_BarrierOp : Comm_Op<"barrier", [
     scope) and waits until all have arrived (acquiring theirs). LSA teams use
     NCCL's LSA barrier, network teams its GIN barrier. `index` selects one of
     the communicator's barrier slots: groups that run barriers concurrently
-    need different slots. Bounded like every wait (`timeout_ms`).
+    need different slots. Bounded like every wait (`timeout_ms`). In the
+    virtual backend each team kind has slots of its own, each node's LSA team
+    and each rail too.
 
     ```mlir
     comm.barrier %lsa via %dc index %c0 coop block
