@@ -290,6 +290,7 @@ void NcclElasticBuffer::acquire(int blocksPerRank) {
   // The ep kernels synchronize through the window; comm.barrier users get
   // one LSA barrier slot per block. No GIN: the kernels use LSA peers only.
   ncclDevCommRequirements reqs = requirements(/*lsaBarriers=*/std::max(blocksPerRank, 64), 0);
+  ginSignals = 0; // kernels of several nodes are refused at prepare(), naming the GIN they need
   ncclResult_t created = ncclDevCommCreate(c, &reqs, dev);
   if (created == ncclInvalidUsage)
     throw NcclError("ncclDevCommCreate failed: this communicator has no symmetric memory "

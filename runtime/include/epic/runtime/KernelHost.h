@@ -226,6 +226,10 @@ protected:
   int deviceSms = 0;
   /// The kernels' first two arguments: the device communicator and window.
   void *commArgument = nullptr, *windowArgument = nullptr;
+  /// GIN signals per context of the device communicator, which kernels that
+  /// reach other nodes need (launch metadata gin_signals): 0 where it has no
+  /// GIN; -1 where the buffer does not say (then prepare() does not check).
+  int64_t ginSignals = -1;
   std::map<std::string, Loaded *> modules;
 
 private:
