@@ -11,6 +11,9 @@
 #   tools/device/run.sh stress    # test/gpu/stress.py: 1200 random ops, mixed configurations
 #   tools/device/run.sh sanitize  # compute-sanitizer: ep kernels (memcheck, racecheck, synccheck),
 #                                 # the fused GEMM kernels and the DSL examples (memcheck)
+#   tools/device/run.sh multinode [--no-topology]
+#                                 # test/gpu/ep_multinode.py: direct mode across nodes on virtual
+#                                 # N x M worlds (--no-topology: a world of one node, data only)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 dev=build/device
@@ -79,6 +82,10 @@ if [[ $only == stress ]]; then
   # a virtual world of 8 and one NCCL rank.
   EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run python3 test/gpu/stress.py --virtual 8
   EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run torchrun --nproc-per-node 1 test/gpu/stress.py
+  exit $status
+fi
+if [[ $only == multinode ]]; then
+  EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run python3 test/gpu/ep_multinode.py "${@:2}"
   exit $status
 fi
 if [[ $only == sanitize ]]; then
