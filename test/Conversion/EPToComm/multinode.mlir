@@ -74,6 +74,10 @@
 // CHECK: comm.store relaxed scope sys
 // CHECK: } else {
 // CHECK: comm.put_value %{{.*}} to %[[WIN]][%{{.*}}] of %[[WORLD]] peer %{{.*}} via %[[DC]] context(%{{.*}}) coop thread : i32
+// They have left before any count signal is posted.
+// CHECK: gpu.barrier
+// CHECK-NEXT: arith.constant 0 : i32
+// CHECK-NEXT: comm.flush via %[[DC]] context(%{{.*}}) coop block
 // Token counts: a release store, or a put_value raising signal 8 + me.
 // CHECK: %[[COUNT_SIGNAL:.*]] = arith.addi %c8_i32{{.*}}, %[[ME]] : i32
 // CHECK: comm.store release scope sys

@@ -271,6 +271,10 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
              [&] { k.storeCell(v, k.wide(cell), dst, comm::Ordering::relaxed); });
     });
     k.barrier();
+    // The block's expert counts have left before any count signal is posted
+    // (as each warp's records did, by its flush), whatever queue each took.
+    if (L.multiNode)
+      comm::FlushOp::create(k.b, k.comm, k.i32(0), comm::Coop::block);
     k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value dst) {
       Value from = k.counter(L.slots, dst);
       Value c =
