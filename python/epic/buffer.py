@@ -322,7 +322,9 @@ class ElasticBuffer:
         if self.virtual:  # every virtual rank's blocks are resident at once
             sms = max(1, min(sms, device_sms // self.num_ranks))
         if self.virtual:
-            state = C.Buffer.virtual_world(runtime, self.num_ranks, self.num_bytes, sms)
+            # The virtual world has the group's nodes: NVLink pointers to another node trap.
+            state = C.Buffer.virtual_world(runtime, self.num_ranks, self.num_bytes, sms,
+                                           gpus_per_node=self.num_nvlink_ranks)
         else:
             comm_ptr, self.nccl_comm_reason = _nccl.pytorch_comm(self.group, C)
             unique_id = b"" if comm_ptr else _nccl.broadcast_unique_id(self.group, self.rank_idx, C)
@@ -538,6 +540,12 @@ class ElasticBuffer:
         spec = dict(num_ranks=ranks, num_experts=experts, num_topk=topk, hidden=hidden,
                     dtype=dtype, num_scale_packs=packs, expert_alignment=alignment,
                     do_expand=bool(expand), num_max_tokens_per_rank=tmax)
+        if self.hybrid:  # refused here, before any argument is staged or kernel compiled
+            raise NotImplementedError(
+                f"hybrid mode ({self.num_rdma_ranks} nodes of {self.num_nvlink_ranks} GPUs, "
+                "allow_hybrid_mode=True) is not lowered yet: create the buffer with "
+                "allow_hybrid_mode=False for direct mode, in which every rank reaches the ranks "
+                "of other nodes over the network")
         if self.num_rdma_ranks > 1:  # one node: the defaults, so kernel keys stay as they were
             spec["num_scaleup_ranks"] = self.num_nvlink_ranks
             spec["hybrid"] = self.hybrid

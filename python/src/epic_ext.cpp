@@ -11,6 +11,7 @@
 
 #include "DLPack.h"
 
+#include "epic/Dialect/EP/IR/EPWindow.h"
 #include "epic/runtime/Calls.h"
 #include "epic/runtime/KernelCache.h"
 #include "epic/runtime/KernelProvider.h"
@@ -599,8 +600,9 @@ PYBIND11_MODULE(_C, m) {
           "Device address of a served rank's window (virtual world: rank r; NCCL: 0).")
       .def_property_readonly("blocks_per_rank", [](Buffer &b) { return b.host->blocks(); })
       .def_property_readonly(
-          "gpus_per_node", [](Buffer &b) { return b.virtualWorld("gpus_per_node").gpusPerNode(); },
-          "Ranks per node of a virtual world.")
+          "gpus_per_node", [](Buffer &b) { return b.host->gpusPerNode(); },
+          "Ranks per node (NVLink domain) of the buffer's world: a virtual world's, or NCCL's "
+          "LSA team size.")
       .def(
           "take_traffic",
           [](Buffer &b) {
@@ -691,6 +693,24 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "receive_rows", [](const py::dict &spec) { return receiveRows(specFrom(spec)); },
       "Rows a receive buffer needs for this configuration (the worst case).");
+  m.def(
+      "record_bytes",
+      [](const py::dict &spec) {
+        EPSpec s = specFrom(spec);
+        namespace window = epic::ep::window;
+        const window::DispatchRecord d(s.hidden, dtypeBytes(s.dtype), s.scalePacks, s.topk);
+        const window::CombineRecord c(s.hidden, s.topk);
+        py::dict out;
+        out["dispatch"] = d.bytes;
+        out["combine"] = c.bytes;
+        out["combine_row"] = c.rowBytes;
+        out["staging_per_warp"] = window::stagingPerWarp(d, c);
+        return out;
+      },
+      py::arg("spec"),
+      "Bytes of this configuration's records in the window (EPWindow.h): a dispatch record, a "
+      "combine record and its row part, and a warp's staging slots across nodes; what a record "
+      "put to another node costs on the network (epic.reference.expected_network_bytes).");
   m.def(
       "check",
       [](const std::string &kind, const py::dict &spec, const py::dict &variant,

@@ -237,7 +237,7 @@ KernelHost::Prepared KernelHost::prepare(const KernelInput &input,
   for (const ParamRecord &record : records)
     if (auto it = record.find("max_tokens_per_rank"); it != record.end())
       tokens = std::max<int64_t>(tokens, int64_t(it->second.value));
-  const int64_t windowNeeded = k.meta.windowFor(tokens);
+  const int64_t windowNeeded = k.meta.windowFor(tokens, blocks);
   prepared.dataEnd = k.meta.windowScratchAt >= 0 ? k.meta.windowScratchAt : windowNeeded;
   if (windowNeeded > bytesPerRank)
     throw std::invalid_argument(
@@ -245,7 +245,19 @@ KernelHost::Prepared KernelHost::prepare(const KernelInput &input,
         std::to_string(windowNeeded) +
         (k.meta.windowBytesPerToken ? " for num_max_tokens_per_rank " + std::to_string(tokens)
                                     : "") +
+        (k.meta.windowBytesPerWarp
+             ? std::string(k.meta.windowBytesPerToken ? " and" : "") + " for " +
+                   std::to_string(blocks) + " blocks per rank (staging for other nodes)"
+             : "") +
         ": create it with at least get_buffer_size_hint() bytes");
+  if (ginSignals >= 0 && k.meta.ginSignals > ginSignals)
+    throw std::invalid_argument(
+        k.meta.kernels[0] + " reaches ranks of other nodes through " +
+        std::to_string(k.meta.ginSignals) +
+        " GIN signals (a configuration of several NVLink domains), but this buffer's device "
+        "communicator has " +
+        (ginSignals ? std::to_string(ginSignals) + " signals" : std::string("no GIN")) +
+        ": its ranks must be created as several nodes");
   if (blocks > k.meta.maxBlocksPerRank)
     throw std::invalid_argument("blocks per rank (" + std::to_string(blocks) +
                                 ") exceeds the kernels' maximum " +
@@ -406,6 +418,14 @@ void KernelHost::checkWorld(const EPSpec &spec, size_t calls) const {
     throw std::invalid_argument("num_ranks is " + std::to_string(spec.ranks) +
                                 " but the buffer's world has " + std::to_string(worldSize()) +
                                 " ranks");
+  // Kernels compiled for another split of the world into nodes would reach
+  // same-node peers over the network (or other nodes over NVLink).
+  const int perNode = spec.scaleupRanks ? spec.scaleupRanks : spec.ranks;
+  if (perNode != gpusPerNode())
+    throw std::invalid_argument("num_scaleup_ranks is " + std::to_string(perNode) +
+                                " (ranks per node) but the buffer's " + "world is " +
+                                std::to_string(worldSize() / gpusPerNode()) + " node(s) of " +
+                                std::to_string(gpusPerNode()) + " ranks");
   if (int(calls) != servedRanks)
     throw std::invalid_argument("expected one call per rank this buffer serves (" +
                                 std::to_string(servedRanks) + "), got " + std::to_string(calls));

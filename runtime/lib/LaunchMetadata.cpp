@@ -112,6 +112,10 @@ LaunchMetadata epic::runtime::readLaunchMetadata(const Json &entry, const std::s
                                     " 8-byte fields in 64-byte records");
   if (md.windowBytes < 0 || md.windowBytesPerToken < 0)
     reader.fail("window_bytes", "must not be negative");
+  if (md.windowBytesPerWarp < 0)
+    reader.fail("window_bytes_per_warp", "must not be negative");
+  if (md.ginSignals < 0)
+    reader.fail("gin_signals", "must not be negative");
   if (md.windowScratchAt != -1 &&
       (md.windowScratchAt < epic::ep::window::kControlEnd || md.windowScratchAt > md.windowBytes))
     reader.fail("window_scratch_at",

@@ -3,6 +3,7 @@
 #include "epic/runtime/NcclBuffer.h"
 
 #include "CudaCheck.h"
+#include "epic/Dialect/EP/IR/EPWindow.h"
 
 #include <nccl.h>
 #include <nccl_device.h>
@@ -277,20 +278,26 @@ NcclElasticBuffer::NcclElasticBuffer(Communicator &comm, int64_t windowBytes,
 void NcclElasticBuffer::acquire(int blocksPerRank) {
   ncclComm_t c = comm.get();
   apiInfo = comm.deviceApi();
-  if (apiInfo.lsaSize != apiInfo.worldSize)
-    throw NcclError("the ep kernels reach every peer over NVLink (LSA), but only " +
-                    std::to_string(apiInfo.lsaSize) + " of " + std::to_string(apiInfo.worldSize) +
-                    " ranks are in this rank's LSA team (multi-node needs the hybrid mode)");
-  checkRanks(blocksPerRank);
+  checkRanks(blocksPerRank); // the ranks agree on the LSA size, numbered node-major
   // The device communicator first: NCCL refuses it without symmetric memory
   // support, where ncclCommWindowRegister would return a local registration
   // (or nothing) in place of a symmetric window.
   auto *dev = new ncclDevComm;
   devCommHost = dev;
   // The ep kernels synchronize through the window; comm.barrier users get
-  // one LSA barrier slot per block. No GIN: the kernels use LSA peers only.
-  ncclDevCommRequirements reqs = requirements(/*lsaBarriers=*/std::max(blocksPerRank, 64), 0);
+  // one LSA barrier slot per block. On one node the kernels use LSA peers
+  // only: no GIN. A world of several NVLink domains reaches the other nodes
+  // through GIN with the signals of EPWindow.h (entry, counts, done flags).
+  const int nodes = apiInfo.worldSize / std::max(1, apiInfo.lsaSize);
+  const int signals = nodes > 1 ? int(epic::ep::window::ginSignals(apiInfo.worldSize)) : 0;
+  ncclDevCommRequirements reqs = requirements(/*lsaBarriers=*/std::max(blocksPerRank, 64), signals);
+  ginSignals = signals; // kernels needing more are refused at prepare(), by name
   ncclResult_t created = ncclDevCommCreate(c, &reqs, dev);
+  if (created != ncclSuccess && nodes > 1)
+    throw NcclError("this group spans " + std::to_string(nodes) +
+                    " NVLink domains and needs NCCL GIN (an RDMA NIC, " + std::to_string(signals) +
+                    " signals) to reach the other nodes: " + "ncclDevCommCreate said " +
+                    ncclGetErrorString(created) + " (" + apiInfo.describe() + ")");
   if (created == ncclInvalidUsage)
     throw NcclError("ncclDevCommCreate failed: this communicator has no symmetric memory "
                     "support (NCCL needs CUDA P2P between all its GPUs, NCCL_WIN_ENABLE=1 and "

@@ -435,5 +435,9 @@ RunSummary epic::runtime::executePlan(const RunPlan &plan, KernelHost &buffer,
     throw std::invalid_argument("the program runs on " + std::to_string(plan.ranks) +
                                 " ranks but the buffer's world has " +
                                 std::to_string(buffer.worldSize()));
+  if (buffer.gpusPerNode() != plan.gpusPerNode)
+    throw std::invalid_argument("the program runs on nodes of " + std::to_string(plan.gpusPerNode) +
+                                " ranks but the buffer's world has nodes of " +
+                                std::to_string(buffer.gpusPerNode()));
   return Executor(plan, buffer, options).run();
 }

@@ -62,6 +62,7 @@ VirtualElasticBuffer::VirtualElasticBuffer(int ranks, int64_t windowBytes, Kerne
   comm.num_counters = kCounters;
   comm.num_barriers = kBarrierIndices;
   comm.lsa_size = lsaSize;
+  ginSignals = int64_t(signalCount);
   comm.signals = static_cast<uint64_t *>(signals);
   comm.counters = static_cast<uint64_t *>(counters);
   comm.barriers = static_cast<uint64_t *>(barriers);

@@ -41,6 +41,15 @@ def ragged_configs(ranks):
         yield spec, dict(weights=True, biases=0), "combine"
 
 
+def two_node_configs():
+    """test_two_nodes_direct_round_trip: 2 nodes x 2 GPUs in direct mode, BF16 plain."""
+    spec = dict(num_ranks=4, num_experts=32, num_topk=K, hidden=H, dtype="bf16",
+                num_scale_packs=0, expert_alignment=1, do_expand=False,
+                num_max_tokens_per_rank=TMAX, num_scaleup_ranks=2, hybrid=False)
+    yield spec, dict(weights=True, cached=False, zero_padding=False), "dispatch"
+    yield spec, dict(weights=True, biases=0), "combine"
+
+
 def main():
     runtime = C.Runtime("virtual", "", "")
     start, count = time.time(), 0
@@ -48,6 +57,9 @@ def main():
         for spec, variant, kind in itertools.chain(configs(ranks), ragged_configs(ranks)):
             runtime.kernels(spec, variant, kind)
             count += 1
+    for spec, variant, kind in two_node_configs():
+        runtime.kernels(spec, variant, kind)
+        count += 1
     print(f"prepare_buffer_kernels: {count} kernel sets in {runtime.cache_dir} "
           f"({time.time() - start:.1f} s)")
 

@@ -406,3 +406,52 @@ def test_deterministic_buffers_return_rows_in_source_order(world, do_expand):
     buffer.barrier()
     buffer.barrier(use_comm_stream=False, with_cpu_sync=True)
     buffer.destroy()
+
+
+def test_two_nodes_direct_round_trip():
+    """2 nodes x 2 GPUs, direct mode: the other node's ranks are reached through (virtual) GIN,
+    NVLink pointers stay in the node (one across would trap); bitwise as the reference."""
+    R, E, K = 4, 32, 6
+    buffer = epic.ElasticBuffer(epic.VirtualWorld(num_nodes=2, gpus_per_node=2),
+                                num_max_tokens_per_rank=TMAX, hidden=H, num_topk=K,
+                                allow_hybrid_mode=False, explicitly_destroy=True)
+    try:
+        assert buffer.get_physical_domain_size() == (2, 2)
+        assert buffer.get_logical_domain_size() == (1, 4)
+        assert buffer._state.gpus_per_node == 2
+        rng, tokens, idxs, ws, xs, _ = inputs(R, E, K, seed=21)
+        expected = ref.dispatch(xs, idxs, ws, num_experts=E, num_max_tokens_per_rank=TMAX,
+                                gpus_per_node=2)
+        recv_x, recv_idx, recv_w, handles, _ = buffer.dispatch(
+            [to_torch(x) for x in xs], [to_torch(i) for i in idxs], [to_torch(w) for w in ws],
+            num_experts=E)
+        got = [as_result(expected[r], recv_x[r], None, recv_idx[r], recv_w[r], handles[r])
+               for r in range(R)]
+        for r in range(R):
+            check_dispatch(expected[r], got[r], handles[r])
+        traffic = np.asarray(buffer._state.take_traffic()).reshape(R, R, 3)
+        node = np.arange(R) // 2
+        assert traffic[node[:, None] != node[None, :], 0].sum() > 0, "no puts between nodes"
+        assert not traffic[node[:, None] == node[None, :]].any(), "GIN traffic inside a node"
+        ys = [rng.standard_normal((g.num_recv_tokens, H)).astype(ref.bfloat16) for g in got]
+        want = ref.combine(ys, got, topk_weights=[g.recv_topk_weights for g in got])
+        out, out_w, _ = buffer.combine([to_torch(y) for y in ys], handles, topk_weights=recv_w)
+        for r in range(R):
+            assert same_bits(to_numpy(out[r]), want[r].combined_x), f"rank {r}"
+            assert same_bits(to_numpy(out_w[r]), want[r].combined_topk_weights), f"rank {r}"
+    finally:
+        buffer.destroy()
+
+
+def test_two_nodes_hybrid_is_refused_by_name():
+    buffer = epic.ElasticBuffer(epic.VirtualWorld(num_nodes=2, gpus_per_node=2),
+                                num_max_tokens_per_rank=TMAX, hidden=H, num_topk=6,
+                                explicitly_destroy=True)
+    try:
+        assert buffer.get_logical_domain_size() == (2, 2)
+        idx = torch.zeros((4, 6), dtype=torch.int64, device="cuda")
+        x = torch.zeros((4, H), dtype=torch.bfloat16, device="cuda")
+        with pytest.raises(NotImplementedError, match="allow_hybrid_mode=False"):
+            buffer.dispatch([x] * 4, [idx] * 4, num_experts=32)
+    finally:
+        buffer.destroy()

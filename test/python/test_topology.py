@@ -119,9 +119,10 @@ def test_spec_carries_the_layout_only_across_nodes():
     one = _buffer(epic.VirtualWorld(8))
     spec = one._spec(8, 64, 8, 1024, "bf16", 0, 1, False, 128)
     assert "num_scaleup_ranks" not in spec and "hybrid" not in spec
-    two = _buffer(epic.VirtualWorld(num_nodes=2, gpus_per_node=4))
-    spec = two._spec(8, 64, 8, 1024, "bf16", 0, 1, False, 128)
-    assert (spec["num_scaleup_ranks"], spec["hybrid"]) == (4, True)
+    two = _buffer(epic.VirtualWorld(num_nodes=2, gpus_per_node=4))  # hybrid: not lowered yet
+    with pytest.raises(NotImplementedError, match=r"hybrid mode \(2 nodes of 4 GPUs.*"
+                       r"allow_hybrid_mode=False"):
+        two._spec(8, 64, 8, 1024, "bf16", 0, 1, False, 128)
     direct = _buffer(epic.VirtualWorld(num_nodes=2, gpus_per_node=4), allow_hybrid_mode=False)
     spec = direct._spec(8, 64, 8, 1024, "bf16", 0, 1, False, 128)
     assert (spec["num_scaleup_ranks"], spec["hybrid"]) == (4, False)

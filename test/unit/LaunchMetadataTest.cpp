@@ -33,6 +33,8 @@ LaunchMetadata fullMetadata() {
   md.paramStride = 320;
   md.windowBytes = 1 << 20;
   md.windowBytesPerToken = 4096;
+  md.windowBytesPerWarp = 8320;
+  md.ginSignals = 24;
   md.windowScratchAt = 1 << 19;
   md.maxBlocksPerRank = 132;
   md.cooperative = true;
@@ -163,4 +165,20 @@ TEST(LaunchMetadata, TheRuntimeRefusesWhatItCannotLaunch) {
   EXPECT_NE(errorOf(edited(text, "\"window_scratch_at\":524288", "\"window_scratch_at\":8"))
                 .find("\"window_scratch_at\" 8 is outside the window's data region"),
             std::string::npos);
+  EXPECT_NE(errorOf(edited(text, "\"window_bytes_per_warp\":8320", "\"window_bytes_per_warp\":-1"))
+                .find("\"window_bytes_per_warp\" must not be negative"),
+            std::string::npos);
+  EXPECT_NE(errorOf(edited(text, "\"gin_signals\":24", "\"gin_signals\":-8"))
+                .find("\"gin_signals\" must not be negative"),
+            std::string::npos);
+}
+
+TEST(LaunchMetadata, TheWindowCoversTokensAndEachWarpsStaging) {
+  LaunchMetadata md = fullMetadata(); // 128 threads: 4 warps per block
+  EXPECT_EQ(md.windowFor(0, 0), 1 << 20);
+  EXPECT_EQ(md.windowFor(10, 0), (1 << 20) + 10 * 4096);
+  // 3 blocks of 4 warps, each with its staging.
+  EXPECT_EQ(md.windowFor(10, 3), (1 << 20) + 10 * 4096 + 12 * 8320);
+  md.threads = 100; // a partial warp still has its staging
+  EXPECT_EQ(md.windowFor(0, 2), (1 << 20) + 8 * 8320);
 }

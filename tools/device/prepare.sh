@@ -52,6 +52,8 @@ EPIC_CACHE_DIR="$out/cache" python3 bench/dsl_bench.py --compile-only
 # ep.grouped_gemm: its GPU test and bench (sm_90a: TMA + wgmma).
 EPIC_CACHE_DIR="$out/cache" PYTHONPATH=python python3 test/gpu/test_grouped_gemm.py --prepare
 EPIC_CACHE_DIR="$out/cache" PYTHONPATH=python python3 test/gpu/test_dispatch_layout.py --prepare
+# Direct mode across nodes on virtual worlds of 2x4, 4x2 and 2x2 ranks (run.sh multinode).
+EPIC_CACHE_DIR="$out/cache" PYTHONPATH=python python3 test/gpu/ep_multinode.py --prepare
 EPIC_CACHE_DIR="$out/cache" python3 bench/gemm_bench.py --compile-only
 python3 examples/torch_distributed.py --compile-only --world-size 1 --cache-dir "$out/cache" > /dev/null
 for ranks in 1 2 4 8; do  # the multi-process checks and bench on as many GPUs as the machine has

@@ -11,6 +11,9 @@
 #   tools/device/run.sh stress    # test/gpu/stress.py: 1200 random ops, mixed configurations
 #   tools/device/run.sh sanitize  # compute-sanitizer: ep kernels (memcheck, racecheck, synccheck),
 #                                 # the fused GEMM kernels and the DSL examples (memcheck)
+#   tools/device/run.sh multinode
+#                                 # test/gpu/ep_multinode.py: direct mode across nodes on virtual
+#                                 # N x M worlds (virtual nodes: traffic counted)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 dev=build/device
@@ -76,6 +79,8 @@ for program in examples/run/*.mlir examples/mlir/moe_layer.mlir; do
 done
 run /tmp/epic-gpu/runtime/bin/epic-run test/gpu/run_nccl_one_rank.mlir --backend=nccl --check \
   --cache-dir="$dev/cache"
+# Direct mode across nodes on virtual worlds of 2x4, 4x2 and 2x2 ranks.
+EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run python3 test/gpu/ep_multinode.py
 fi
 if [[ $only == soak ]]; then
   # Random configurations and routings against epic.reference, buffers reused (>= 1000 iterations).
@@ -89,6 +94,10 @@ if [[ $only == stress ]]; then
   # a virtual world of 8 and one NCCL rank.
   EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run python3 test/gpu/stress.py --virtual 8
   EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run torchrun --nproc-per-node 1 test/gpu/stress.py
+  exit $status
+fi
+if [[ $only == multinode ]]; then
+  EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run python3 test/gpu/ep_multinode.py "${@:2}"
   exit $status
 fi
 if [[ $only == sanitize ]]; then

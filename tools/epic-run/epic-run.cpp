@@ -28,6 +28,8 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 using namespace epic::runtime;
 
@@ -114,14 +116,15 @@ int run(const Options &o) {
     std::fputs(planText.c_str(), stdout);
   RunPlan plan = RunPlan::parse(planText);
 
-  // Every kernel first (compiled or loaded): the window must fit them all.
-  int64_t windowBytes = 1 << 20;
+  // Every kernel first (compiled or loaded): the window must fit them all
+  // (sized once the blocks per rank are known).
+  std::vector<std::pair<epic::LaunchMetadata, int64_t>> entries; // and their token cap
   int maxBlocks = 1 << 20;
   for (const PlanKernel &k : plan.kernels()) {
     KernelProvider::Result r = provider.get(k.request());
     const Json meta = Json::parse(r.module->metadataJson);
     const epic::LaunchMetadata entry = readLaunchMetadata(meta.at("entries").array.at(0), r.key);
-    windowBytes = std::max(windowBytes, entry.windowFor(k.spec.maxTokensPerRank));
+    entries.push_back({entry, k.spec.maxTokensPerRank});
     maxBlocks = std::min<int>(maxBlocks, int(entry.maxBlocksPerRank));
     const char *source = r.source == KernelCache::Source::compiled ? "compiled"
                          : r.source == KernelCache::Source::disk   ? "loaded"
@@ -148,11 +151,15 @@ int run(const Options &o) {
   int blocks = o.blocksPerRank;
   if (!blocks)
     blocks = std::max(1, std::min({maxBlocks, 16, sms / plan.ranks}));
+  int64_t windowBytes = 1 << 20;
+  for (const auto &[entry, tokens] : entries)
+    windowBytes = std::max(windowBytes, entry.windowFor(tokens, blocks * entry.ctasPerSm));
 
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<KernelHost> buffer;
   if (o.backend == "virtual") {
-    buffer = std::make_unique<VirtualElasticBuffer>(plan.ranks, windowBytes, provider, blocks);
+    buffer = std::make_unique<VirtualElasticBuffer>(plan.ranks, windowBytes, provider, blocks,
+                                                    plan.gpusPerNode);
   } else {
     if (plan.ranks != 1)
       throw std::invalid_argument(

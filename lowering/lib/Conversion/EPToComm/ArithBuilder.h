@@ -47,6 +47,15 @@ public:
     builder().setInsertionPointToStart(op.thenBlock());
     body();
   }
+  /// An scf.if on `cond` with both branches and no results.
+  void ifElse(Value cond, llvm::function_ref<void()> then, llvm::function_ref<void()> otherwise) {
+    auto op = mlir::scf::IfOp::create(builder(), cond, /*withElseRegion=*/true);
+    mlir::OpBuilder::InsertionGuard guard(builder());
+    builder().setInsertionPointToStart(op.thenBlock());
+    then();
+    builder().setInsertionPointToStart(op.elseBlock());
+    otherwise();
+  }
 };
 
 } // namespace epic::expand

@@ -46,10 +46,7 @@ void sendExpandedToken(KernelBuilder &k, const EPLayout &L, const CombineShape &
   }
 }
 
-/// Where token `row`'s combine record goes: (its metadata row, the record in
-/// the source rank's window).
-std::pair<Value, Value> combineDestination(KernelBuilder &k, const EPLayout &L, Value metadata,
-                                           Value row) {
+CombineTarget combineTarget(KernelBuilder &k, const EPLayout &L, Value metadata, Value row) {
   Value meta = k.elementAt(metadata, k.mul(row, k.i32(L.topk + 2)), 4);
   Value gid = k.load(k.i32T(), meta, 4);
   Value back = k.loadI32(meta, k.i32(1));
@@ -57,8 +54,14 @@ std::pair<Value, Value> combineDestination(KernelBuilder &k, const EPLayout &L, 
   Value token = k.remu(gid, k.tmax);
   Value master = k.remu(back, k.i32(L.topk));
   Value index = k.add(k.mul(k.wide(master), k.wide(k.tmax)), k.wide(token));
-  Value record = k.peer(k.add(k.i64(L.data), k.mul(index, k.i64(L.combineRecord))), src);
-  return {meta, record};
+  Value offset = k.add(k.i64(L.data), k.mul(index, k.i64(L.combineRecord)));
+  return {meta, src, offset};
+}
+
+std::pair<Value, Value> combineDestination(KernelBuilder &k, const EPLayout &L, Value metadata,
+                                           Value row) {
+  CombineTarget t = combineTarget(k, L, metadata, row);
+  return {t.meta, k.peer(t.offset, t.src)};
 }
 
 void buildCombineSend(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape) {
@@ -70,11 +73,14 @@ void buildCombineSend(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape
   k.entryBarrier();
 
   // Every received token (a warp, or a share of its row): back to its source,
-  // into [master slot][token].
-  int64_t maxParts = KernelBuilder::maxRowParts(
-      L.hidden * 2, shape.expanded ? KernelBuilder::kSumChunks : KernelBuilder::kCopyUnroll);
-  k.loopRowParts(received, maxParts, [&](Value row, const RowPart &share) {
-    auto [meta, record] = combineDestination(k, L, metadata, row);
+  // into [master slot][token]. Across nodes a warp sends whole rows: a record
+  // for another node is staged whole, then put.
+  int64_t maxParts =
+      L.multiNode
+          ? 1
+          : KernelBuilder::maxRowParts(L.hidden * 2, shape.expanded ? KernelBuilder::kSumChunks
+                                                                    : KernelBuilder::kCopyUnroll);
+  auto writeRecord = [&](Value row, Value meta, Value record, const RowPart &share) {
     if (!shape.expanded) {
       k.copyRow(record, k.at(x, k.mul(k.wide(row), k.i64(L.hidden * 2))), L.hidden * 2, share);
       if (shape.weights) {
@@ -87,7 +93,30 @@ void buildCombineSend(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape
     } else {
       sendExpandedToken(k, L, shape, x, weights, meta, record, share);
     }
+  };
+  k.loopRowParts(received, maxParts, [&](Value row, const RowPart &share) {
+    if (!L.multiNode) {
+      auto [meta, record] = combineDestination(k, L, metadata, row);
+      return writeRecord(row, meta, record, share);
+    }
+    // Same node: into the source's window, as on one node. Another node: into
+    // the warp's staging slot, then put (the row and, with weights, the K
+    // weights after it).
+    CombineTarget t = combineTarget(k, L, metadata, row);
+    Value remote = k.otherNode(t.src);
+    Value staging = k.stagingSlot(row, remote);
+    Value record = k.choose(
+        remote, k.ptrT(), [&]() -> Value { return k.local(staging); },
+        [&]() -> Value { return k.peer(t.offset, t.src); });
+    writeRecord(row, t.meta, record, share);
+    k.when(remote, [&] {
+      k.putWarp(staging, t.src, t.offset, k.i64(shape.weights ? L.combineRecord : L.combineRow));
+    });
   });
+  // The warp's puts have read their sources (its staging is free for the next
+  // call), before the last block's done signals.
+  if (L.multiNode)
+    k.flushWarp();
 
   // The rank's last block tells every peer it is done, and waits for all.
   Value last = k.lastBlockOfRank(L.combineDone);

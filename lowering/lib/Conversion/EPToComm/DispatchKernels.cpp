@@ -12,6 +12,7 @@ namespace epic::expand {
 using namespace mlir;
 namespace ep = epic::ep;
 namespace comm = epic::comm;
+namespace window = epic::ep::window;
 
 /// The fused copy's chunks in flight per lane: its blocks are the GEMM's (8
 /// warps per SM, not 32), so each warp must keep more of a row in flight to
@@ -93,6 +94,35 @@ TokenReads readToken(KernelBuilder &k, const DispatchShape &shape, Value x, Valu
   return reads;
 }
 
+/// Across nodes, a token's records for ranks of other nodes: the record is
+/// the same for each (the copy kernel derives the master slot from the ids),
+/// so it is written once, into the warp's staging slot, and put to each.
+struct RemoteSends {
+  /// Lane: the slot its destination gave it (master lanes; else -1).
+  Value slot;
+  /// The master lanes whose destination is in another node (a ballot).
+  Value masters;
+  /// The staging slot's window offset (i64; used where `masters` != 0).
+  Value staging;
+  /// The records the warp writes: one per same-node master lane (in the
+  /// peer's window) and, if any destination is remote, the lowest remote
+  /// master's (the staging slot).
+  Value writes;
+};
+RemoteSends stageRemoteRecord(KernelBuilder &k, const KernelBuilder::Routing &r, Value token,
+                              function_ref<Value()> takeSlot) {
+  RemoteSends s;
+  s.slot = k.choose(r.isMaster, k.i32T(), takeSlot, [&]() -> Value { return k.i32(-1); });
+  Value local = k.ballot(k.andi(r.isMaster, k.sameNode(r.dst)));
+  s.masters = arith::XOrIOp::create(k.b, r.masters, local);
+  Value staged = k.cmp(arith::CmpIPredicate::ne, s.masters, k.i32(0));
+  s.staging = k.stagingSlot(token, staged);
+  Value stageLane = k.select(staged, k.cttz(s.masters), k.i32(0));
+  Value stageBit = k.select(staged, arith::ShLIOp::create(k.b, k.i32(1), stageLane), k.i32(0));
+  s.writes = arith::OrIOp::create(k.b, local, stageBit);
+  return s;
+}
+
 void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape shape) {
   KernelBuilder k(func, L);
   TokenInputs in(k, shape);
@@ -130,31 +160,48 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
     }
     // Each master lane takes its slot at its destination (all at once), and
     // the address of record [me][slot] of the destination's receive region.
-    Value myRecord = k.choose(
-        r.isMaster, k.ptrT(),
-        [&]() -> Value {
-          Value slot;
-          if (shape.cached) {
-            slot = k.loadI32(dstSlots, slotCell);
-          } else {
-            slot = comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
-                                             comm::Ordering::relaxed, comm::Scope::gpu, k.i32(1),
-                                             k.counter(L.slots, r.dst));
-            k.storeI32(slot, dstSlots, slotCell);
-          }
-          Value index = k.add(k.mul(k.wide(k.me), k.wide(k.tmax)), k.wide(slot));
-          return k.peer(k.add(k.i64(L.data), k.mul(index, k.i64(L.record))), r.dst);
-        },
-        [&]() -> Value { return LLVM::ZeroOp::create(k.b, k.ptrT()); });
+    auto takeSlot = [&]() -> Value {
+      if (shape.cached)
+        return k.loadI32(dstSlots, slotCell);
+      Value slot =
+          comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add, comm::Ordering::relaxed,
+                                    comm::Scope::gpu, k.i32(1), k.counter(L.slots, r.dst));
+      k.storeI32(slot, dstSlots, slotCell);
+      return slot;
+    };
+    auto recordAt = [&](Value slot) {
+      Value index = k.add(k.mul(k.wide(k.me), k.wide(k.tmax)), k.wide(slot));
+      return k.add(k.i64(L.data), k.mul(index, k.i64(L.record)));
+    };
+    // The records written here (bits: master lanes), each at `myRecord` of its lane.
+    Value myRecord, writes = r.masters;
+    RemoteSends remote;
+    if (!L.multiNode) {
+      myRecord = k.choose(
+          r.isMaster, k.ptrT(), [&]() -> Value { return k.peer(recordAt(takeSlot()), r.dst); },
+          [&]() -> Value { return LLVM::ZeroOp::create(k.b, k.ptrT()); });
+    } else {
+      remote = stageRemoteRecord(k, r, token, takeSlot);
+      myRecord = k.choose(
+          r.isMaster, k.ptrT(),
+          [&]() -> Value {
+            return k.choose(
+                k.sameNode(r.dst), k.ptrT(),
+                [&]() -> Value { return k.peer(recordAt(remote.slot), r.dst); },
+                [&]() -> Value { return k.local(remote.staging); });
+          },
+          [&]() -> Value { return LLVM::ZeroOp::create(k.b, k.ptrT()); });
+      writes = remote.writes;
+    }
     // The row is stored to every destination's record (read once: above, or
     // group by group here when it is too wide to hold); then each record's
     // scale packs, ids, weights, token and master slot.
     if (reads.row.empty())
       k.copyRowToEach(
-          k.at(x, k.mul(k.wide(token), k.i64(L.rowBytes))), L.rowBytes, r.masters,
+          k.at(x, k.mul(k.wide(token), k.i64(L.rowBytes))), L.rowBytes, writes,
           [&](Value master) { return k.shufflePointer(myRecord, master); },
           KernelBuilder::wholeRowUnroll(L.rowBytes));
-    k.forEachLane(r.masters, [&](Value master) {
+    k.forEachLane(writes, [&](Value master) {
       Value record = k.shufflePointer(myRecord, master);
       if (!reads.row.empty())
         k.storeChunks(record, reads.row, reads.rowOffsets, {});
@@ -173,7 +220,17 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
         k.store(master, k.at(record, k.i32(L.tokenOff + 4)), 4);
       });
     });
+    // Across nodes: the staged record, put to each destination of another node.
+    if (L.multiNode)
+      k.forEachLane(remote.masters, [&](Value master) {
+        k.putWarp(remote.staging, k.shuffle(r.dst, master),
+                  recordAt(k.shuffle(remote.slot, master)), k.i64(L.record));
+      });
   });
+  // The warp's puts have read their sources: its staging is free for the next
+  // call, and no count or done signal leaves before its records.
+  if (L.multiNode)
+    k.flushWarp();
 
   Value last = k.lastBlockOfRank(L.dispatchDone);
   if (shape.cached) {
@@ -203,18 +260,37 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
       comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), from);
       Value dst = k.divu(i, k.i32(L.local));
       Value slot = k.add(k.mul(k.me, k.i32(L.local)), k.remu(i, k.i32(L.local)));
-      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::sys, v,
-                            k.peer(k.add(k.i32(L.expertIn), k.mul(slot, k.i32(4))), dst));
+      Value cell = k.add(k.i32(L.expertIn), k.mul(slot, k.i32(4)));
+      if (!L.multiNode) {
+        comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::sys, v, k.peer(cell, dst));
+        return;
+      }
+      // A zero needs no message: the receiver left the cell zero after its
+      // last read, before this op's entry barrier.
+      k.when(k.cmp(arith::CmpIPredicate::ne, v, k.i32(0)),
+             [&] { k.storeCell(v, k.wide(cell), dst, comm::Ordering::relaxed); });
     });
     k.barrier();
+    // The block's expert counts have left before any count signal is posted
+    // (as each warp's records did, by its flush), whatever queue each took.
+    if (L.multiNode)
+      comm::FlushOp::create(k.b, k.comm, k.i32(0), comm::Coop::block);
     k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value dst) {
       Value from = k.counter(L.slots, dst);
       Value c =
           comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed, comm::Scope::gpu, from);
       comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), from);
       Value encoded = k.sub(k.i32(-1), c);
-      comm::StoreOp::create(k.b, comm::Ordering::release, comm::Scope::sys, encoded,
-                            k.peer(k.add(k.i32(L.countsIn), k.mul(k.me, k.i32(4))), dst));
+      Value cell = k.add(k.i32(L.countsIn), k.mul(k.me, k.i32(4)));
+      if (!L.multiNode) {
+        comm::StoreOp::create(k.b, comm::Ordering::release, comm::Scope::sys, encoded,
+                              k.peer(cell, dst));
+        return;
+      }
+      // Another node: the count's signal lands after the expert counts above
+      // and every record (strong signals; each warp flushed its puts).
+      k.storeCell(encoded, k.wide(cell), dst, comm::Ordering::release,
+                  k.add(k.i32(window::kSigCountBase), k.me));
     });
     k.when(k.eq(k.tid, k.i32(0)), [&] {
       comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
@@ -226,8 +302,17 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
     // Every source's count (bounded acquire wait), reset for the next call.
     k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value src) {
       Value cell = k.counter(L.countsIn, src);
-      Value seen = comm::WaitFlagOp::create(k.b, k.i32T(), cell, comm::Predicate::ne, k.i32(0),
-                                            k.me, src, comm::Scope::sys, L.timeoutMs);
+      auto nvlinkCount = [&]() -> Value {
+        return comm::WaitFlagOp::create(k.b, k.i32T(), cell, comm::Predicate::ne, k.i32(0), k.me,
+                                        src, comm::Scope::sys, L.timeoutMs);
+      };
+      Value seen = !L.multiNode
+                       ? nvlinkCount()
+                       : k.choose(k.sameNode(src), k.i32T(), nvlinkCount, [&]() -> Value {
+                           k.awaitSignalOnce(k.add(k.i32(window::kSigCountBase), src), src);
+                           return comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed,
+                                                       comm::Scope::sys, cell);
+                         });
       comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), cell);
       k.storeI32(k.sub(k.i32(-1), seen), psumPerRank, src);
     });
@@ -297,6 +382,18 @@ void zeroPaddingRows(KernelBuilder &k, const EPLayout &L, const DispatchShape &s
         });
     });
   });
+}
+
+/// The master slot of a received record across nodes, where one record
+/// serves every destination: the highest slot whose expert lives here.
+Value receivedMaster(KernelBuilder &k, const EPLayout &L, Value record) {
+  Value e = k.choose(
+      k.lt(k.lane, k.i32(L.topk)), k.i32T(),
+      [&]() -> Value { return k.loadI32(k.at(record, k.i32(L.idsOff)), k.lane); },
+      [&]() -> Value { return k.i32(-1); });
+  Value mine =
+      k.andi(k.cmp(arith::CmpIPredicate::sge, e, k.i32(0)), k.eq(k.divs(e, k.i32(L.local)), k.me));
+  return k.sub(k.i32(31), k.ctlz(k.ballot(mine)));
 }
 
 void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape shape) {
@@ -435,7 +532,8 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
       // plain layout: the expanded rows (columns 2..) are -1.
       k.inFirstPart(share, [&] {
         Value token = k.load(k.i32T(), k.at(record, k.i32(L.tokenOff)), 4);
-        Value master = k.load(k.i32T(), k.at(record, k.i32(L.tokenOff + 4)), 4);
+        Value master = L.multiNode ? receivedMaster(k, L, record)
+                                   : k.load(k.i32T(), k.at(record, k.i32(L.tokenOff + 4)), 4);
         k.when(k.eq(k.lane, k.i32(0)), [&] {
           k.storeI32(k.add(k.mul(src, k.tmax), token), metadata, metaRow);
           k.storeI32(k.add(k.mul(src, k.i32(L.topk)), master), metadata, k.add(metaRow, k.i32(1)));

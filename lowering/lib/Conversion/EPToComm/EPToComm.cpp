@@ -76,15 +76,15 @@ FailureOr<bool> checkEntryForm(func::FuncOp func) {
              << op.getName() << "'";
     }
   }
-  // Peers in other nodes are reached through the network (GIN puts and
-  // signals), which no ep kernel emits yet: refuse rather than store into
-  // pointers NCCL would not map.
+  // Direct mode reaches peers in other nodes by GIN puts and signals
+  // (Network.cpp). Hybrid mode forwards through a rank of each node, which is
+  // not lowered yet: refuse it by name rather than lower it as direct.
   ep::ConfigAttr cfg = cast<ep::KernelOpInterface>(epOp).getConfig();
-  if (cfg.isMultiNode())
-    return epOp->emitError("convert-ep-to-comm: the configuration spans ")
+  if (cfg.isMultiNode() && cfg.isHybrid())
+    return epOp->emitError("convert-ep-to-comm: mode = hybrid (")
            << cfg.getNumNodes() << " nodes of " << cfg.getRanksPerNode()
-           << " ranks (scaleup_ranks); the kernels reach NVLink (LSA) peers only, and the "
-              "network path (GIN) is not lowered yet";
+           << " ranks) is not lowered yet: its forwarding through one rank per node is missing; "
+              "use mode = direct, which sends to every rank of another node over the network";
   if (failed(entryTimeout(func)))
     return failure();
   return true;
@@ -230,6 +230,12 @@ void emitLaunch(func::FuncOp func, ep::KernelOpInterface op, const KernelPlan &p
   // A run-time Tmax: the window needs window_bytes + Tmax x this.
   if (plan.windowBytes < 0 && !plan.cfg.hasStaticTokenCap())
     md.windowBytesPerToken = layout.windowPerToken;
+  // Across nodes the kernels that send stage records per warp after the data
+  // region, and signal over GIN (EPWindow.h).
+  if (plan.windowBytes < 0 && plan.cfg.isMultiNode()) {
+    md.windowBytesPerWarp = layout.stagingPerWarp;
+    md.ginSignals = epic::ep::window::ginSignals(plan.cfg.getRanks());
+  }
   // The fused kernels' scratch: zero when they start (they leave it so), but
   // another configuration's data may have been there (EPWindow.h).
   md.windowScratchAt = plan.scratchAt;
@@ -313,7 +319,9 @@ struct DispatchOpLowering : KernelOpLowering<ep::DispatchOp> {
                         static_cast<bool>(dispatch.getTopkWeights()), plan.cfg.isExpanded(),
                         dispatch.isCached(), dispatch.getZeroPadding()};
     plan.fields = fieldNames(kDispatchFields);
-    const bool scatter = shape.cached && entry.onePassCachedDispatch;
+    // The one-pass scatter stores into every destination's tensors: one address
+    // space, which ranks of other nodes do not share.
+    const bool scatter = shape.cached && entry.onePassCachedDispatch && !plan.cfg.isMultiNode();
     if (scatter) {
       plan.kernels = {entry.name + "_scatter"};
       plan.cooperative = false; // no rank waits for another

@@ -3,7 +3,8 @@
 // A small typed builder over the arith, scf, gpu, nvvm and comm ops that the
 // dispatch, combine and fused kernels are written with: constants, integer
 // arithmetic, memory and window access, control flow (when, loop, choose),
-// warp collectives, row copies, the entry barrier.
+// warp collectives, row copies, the entry barrier; across nodes (Network.cpp)
+// the send helper, staging ring and signalled exchanges.
 //
 //===----------------------------------------------------------------------===//
 
@@ -44,8 +45,13 @@ public:
     window = func.getArgument(1);
     table = func.getArgument(2);
     params = comm::RankParamsOp::create(b, table, layout.paramStride, comm);
-    lsa = comm::TeamOp::create(b, comm::TeamType::get(b.getContext()), comm::TeamKind::lsa, comm);
-    me = comm::TeamRankOp::create(b, b.getI32Type(), lsa);
+    // Ranks are world ranks. On one node the LSA team is the world; across
+    // nodes peers are named in the world team, whose peer pointers NCCL maps
+    // for the same node's ranks (sameNode), and whose puts reach every rank.
+    team =
+        comm::TeamOp::create(b, comm::TeamType::get(b.getContext()),
+                             layout.multiNode ? comm::TeamKind::world : comm::TeamKind::lsa, comm);
+    me = comm::TeamRankOp::create(b, b.getI32Type(), team);
     tid = index(gpu::ThreadIdOp::create(b, gpu::Dimension::x));
     threads = index(gpu::BlockDimOp::create(b, gpu::Dimension::x));
     block = index(gpu::BlockIdOp::create(b, gpu::Dimension::x));
@@ -62,14 +68,20 @@ public:
     if (func.getNumWorkgroupAttributions())
       sharedFlag = func.getWorkgroupAttributions()[0];
     tmax = layout.tmax ? i32(layout.tmax) : intParam(layout.tmaxField);
+    if (layout.multiNode)
+      node = divu(me, i32(layout.ranksPerNode));
     // The kernel body goes after this prologue, before gpu.return.
     b.setInsertionPoint(func.getBody().front().getTerminator());
   }
 
   ImplicitLocOpBuilder b;
   const EPLayout &layout;
-  Value comm, window, table, params, lsa, me, tid, threads, block, blocks, lane, globalWarp,
+  /// `team`: the team ranks are named in (LSA on one node, else the world);
+  /// `me`: this rank in it, its world rank either way.
+  Value comm, window, table, params, team, me, tid, threads, block, blocks, lane, globalWarp,
       numWarps, sharedFlag;
+  /// Multi-node only: this rank's node (me / ranks per node).
+  Value node;
   /// Tmax (i32): the configuration's, or the record's `max_tokens_per_rank`.
   Value tmax;
 
@@ -101,15 +113,16 @@ public:
   /// The parameter record of LSA rank `rank` (one address space only: the
   /// virtual backend), and field `index` of a record.
   Value peerParams(Value rank) {
-    Value world = comm::TeamToWorldOp::create(b, i32T(), lsa, rank);
+    Value world = comm::TeamToWorldOp::create(b, i32T(), team, rank);
     return comm::PeerParamsOp::create(b, table, layout.paramStride, world, comm);
   }
   Value pointerField(Value record, int64_t field) {
     return load(ptrT(), at(record, i64(field * 8)), 8);
   }
   Value local(Value bytes) { return comm::LocalPtrOp::create(b, ptrT(), window, wide(bytes)); }
+  /// `bytes` into the window of `rank`, which must be of this node.
   Value peer(Value bytes, Value rank) {
-    return comm::PeerPtrOp::create(b, ptrT(), window, wide(bytes), lsa, rank);
+    return comm::PeerPtrOp::create(b, ptrT(), window, wide(bytes), team, rank);
   }
   /// Element `index` (i32: EPLimits.def keeps every index the kernels compute
   /// below 2^31) of `bytes` each at `base`, with a 64-bit byte offset.
@@ -470,7 +483,9 @@ public:
 
   /// Thread 0 counts this block's arrival (acq_rel, system scope, so the
   /// whole block's writes are ordered before it); every thread learns
-  /// whether this block was the rank's last.
+  /// whether this block was the rank's last. Across nodes the last block also
+  /// takes back the entry release (nodeEntryBarrier): every block of the op
+  /// has passed its entry wait by now.
   Value lastBlockOfRank(int64_t counterOffset) {
     Value memref = sharedFlag;
     Value zero = arith::ConstantIndexOp::create(b, 0);
@@ -479,8 +494,14 @@ public:
       Value old =
           comm::AtomicRMWOp::create(b, i32T(), comm::AtomicKind::add, comm::Ordering::acq_rel,
                                     comm::Scope::sys, i32(1), local(i32(counterOffset)));
-      Value last = arith::ExtUIOp::create(b, i32T(), eq(old, sub(blocks, i32(1))));
+      Value isLast = eq(old, sub(blocks, i32(1)));
+      Value last = arith::ExtUIOp::create(b, i32T(), isLast);
       memref::StoreOp::create(b, last, memref, ValueRange{zero});
+      if (layout.multiNode)
+        when(isLast, [&] {
+          comm::StoreOp::create(b, comm::Ordering::relaxed, comm::Scope::gpu, i64(0),
+                                local(i64(layout.entryPassed)));
+        });
     });
     barrier();
     return eq(memref::LoadOp::create(b, memref, ValueRange{zero}), i32(1));
@@ -504,6 +525,8 @@ public:
   /// or the same with another num_sms, would otherwise wait for blocks that
   /// never come, or read records of another layout.
   void entryBarrier() {
+    if (layout.multiNode)
+      return nodeEntryBarrier();
     Value slot = mul(wide(block), i64(8));
     Value epochCell = local(add(i64(layout.barrierEpochs), slot));
     Value checks = eq(block, i32(0));
@@ -539,6 +562,38 @@ public:
       });
     });
   }
+
+  // --- peers in other nodes (Network.cpp; multi-node configurations) -------
+  /// Whether world rank `p` is in this rank's node, or in another (i1).
+  Value sameNode(Value p);
+  Value otherNode(Value p);
+  /// The world rank of `p`'s LSA peer in node `n` (the rail peer).
+  Value railPeer(Value n);
+  /// The entry barrier across nodes: block 0 meets its node's ranks (as
+  /// entryBarrier does, over NVLink), then the same LSA rank of every other
+  /// node (GIN put_value + signal), checks every rank's signature, and
+  /// releases the rank's other blocks (EPWindow.h: kEntryPassed).
+  void nodeEntryBarrier();
+  /// The window offset (i64) of this warp's staging slot for its work item
+  /// `item` (a value of a loop from globalWarp by numWarps): the ring's slots
+  /// in turn. Where `staged` (warp-uniform) and the slot was used before,
+  /// first waits until the warp's earlier puts have read their sources.
+  Value stagingSlot(Value item, Value staged);
+  /// comm.put of `bytes` from this window at `from` to world rank `dst`'s at
+  /// `to` (both i64), by the warp, on context 0.
+  void putWarp(Value from, Value dst, Value to, Value bytes);
+  /// The warp's puts have read their sources (comm.flush, context 0).
+  void flushWarp();
+  /// A 4-byte cell `cell` (i64 window offset) of rank `dst` set to `value`:
+  /// an NVLink store in the node (`ordering`, system scope), else a
+  /// put_value by this thread with, where given, signal `signal` (i32) raised
+  /// once it has landed.
+  void storeCell(Value value, Value cell, Value dst, comm::Ordering ordering, Value signal = {});
+  /// This thread waits (bounded) until signal `signal` (i32) was raised once
+  /// by world rank `peer` (named in a timeout's report), then resets it: each source raises its
+  /// count and done signals once per op, and again only after the next entry barrier, which this
+  /// rank joins after the reset.
+  void awaitSignalOnce(Value signal, Value peer);
 
   /// What every rank's op must agree on: convert-ep-to-comm's signature of the
   /// configuration and variant, the blocks per rank and the token cap.

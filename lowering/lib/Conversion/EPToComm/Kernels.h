@@ -30,7 +30,13 @@ void buildCombineReduce(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sha
 /// (shared with the fused GEMM + combine).
 void sendExpandedToken(KernelBuilder &k, const EPLayout &L, const CombineShape &shape, Value x,
                        Value weights, Value meta, Value record, const RowPart &share = {});
-/// Where a received row goes back to: its metadata row and the source's record.
+/// Where a received row goes back to: its metadata row, the source rank and
+/// the record's offset in the source's window.
+struct CombineTarget {
+  Value meta, src, offset;
+};
+CombineTarget combineTarget(KernelBuilder &k, const EPLayout &L, Value metadata, Value row);
+/// The same with the record as a pointer into the source's window (same node).
 std::pair<Value, Value> combineDestination(KernelBuilder &k, const EPLayout &L, Value metadata,
                                            Value row);
 

@@ -47,6 +47,10 @@ constexpr int64_t kDefaultTimeoutMs = 100000;
 /// size depends on it.
 struct EPLayout {
   int64_t ranks, experts, local, topk, hidden, packs, alignment;
+  /// Ranks per node (NVLink domain) and nodes; peers in other nodes are
+  /// reached by GIN puts and signals (Network.cpp) when there are several.
+  int64_t ranksPerNode, nodes;
+  bool multiNode;
   /// Tmax, or 0: read from record field `tmaxField` at run time.
   int64_t tmax, tmaxField = -1;
   int64_t elemBytes, idxBytes;
@@ -65,10 +69,14 @@ struct EPLayout {
                            combineFlags = epic::ep::window::kCombineFlags,
                            barrierArrivals = epic::ep::window::kBarrierArrivals,
                            barrierEpochs = epic::ep::window::kBarrierEpochs,
+                           entryPassed = epic::ep::window::kEntryPassed,
                            data = epic::ep::window::kControlEnd;
   /// The window: `data + tmax * windowPerToken` bytes (windowBytes when
   /// Tmax is static, else just the control region, `data`).
   int64_t windowPerToken, windowBytes;
+  /// Multi-node: bytes of a staging slot, and of a warp's ring of them (after
+  /// the data region: EPWindow.h); 0 on one node.
+  int64_t stageSlot = 0, stagingPerWarp = 0;
   /// Bound of every device-side wait (DeepEP's num_gpu_timeout_secs); the
   /// entry function's `epic.timeout_ms` overrides it.
   int64_t timeoutMs = kDefaultTimeoutMs;
@@ -87,6 +95,9 @@ struct EPLayout {
     packs = cfg.getScalePacks();
     tmax = cfg.getMaxTokensPerRank();
     alignment = cfg.getExpertAlignment();
+    ranksPerNode = cfg.getRanksPerNode();
+    nodes = cfg.getNumNodes();
+    multiNode = cfg.isMultiNode();
     elemBytes = cfg.getDtype().getIntOrFloatBitWidth() / 8;
     idxBytes = idxBits / 8;
     epic::ep::window::DispatchRecord d(hidden, elemBytes, packs, topk);
@@ -96,6 +107,10 @@ struct EPLayout {
     combineRow = c.rowBytes, combineRecord = c.bytes;
     windowPerToken = epic::ep::window::dataBytesPerToken(ranks, topk, d, c);
     windowBytes = data + tmax * windowPerToken;
+    if (multiNode) {
+      stageSlot = epic::ep::window::stagingSlotBytes(d, c);
+      stagingPerWarp = epic::ep::window::stagingPerWarp(d, c);
+    }
   }
 };
 

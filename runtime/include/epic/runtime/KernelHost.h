@@ -205,6 +205,9 @@ public:
   /// Ranks of the whole EP world (all of them are served in the virtual
   /// world; one per process with NCCL).
   virtual int worldSize() const { return servedRanks; }
+  /// Ranks per node (NVLink domain) of that world, numbered node-major: the
+  /// world is worldSize() / gpusPerNode() nodes.
+  virtual int gpusPerNode() const { return worldSize(); }
   int servedRankCount() const { return servedRanks; }
 
 protected:
@@ -226,6 +229,10 @@ protected:
   int deviceSms = 0;
   /// The kernels' first two arguments: the device communicator and window.
   void *commArgument = nullptr, *windowArgument = nullptr;
+  /// GIN signals per context of the device communicator, which kernels that
+  /// reach other nodes need (launch metadata gin_signals): 0 where it has no
+  /// GIN; -1 where the buffer does not say (then prepare() does not check).
+  int64_t ginSignals = -1;
   std::map<std::string, Loaded *> modules;
 
 private:

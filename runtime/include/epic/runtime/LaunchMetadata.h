@@ -53,9 +53,11 @@ struct LaunchMetadata {
 
   /// Bytes of a TMA descriptor in a record (sizeof(CUtensorMap)).
   static constexpr int64_t kTensorMapBytes = 128;
-  /// The window the kernels need for a token cap of `maxTokensPerRank`.
-  int64_t windowFor(int64_t maxTokensPerRank) const {
-    return windowBytes + windowBytesPerToken * maxTokensPerRank;
+  /// The window the kernels need for a token cap of `maxTokensPerRank` and
+  /// `blocksPerRank` blocks per rank as launched (ctas_per_sm included).
+  int64_t windowFor(int64_t maxTokensPerRank, int64_t blocksPerRank) const {
+    const int64_t warps = blocksPerRank * ((threads + 31) / 32);
+    return windowBytes + windowBytesPerToken * maxTokensPerRank + windowBytesPerWarp * warps;
   }
 };
 

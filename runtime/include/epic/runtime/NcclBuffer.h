@@ -93,6 +93,8 @@ public:
 
   const DeviceApiInfo &info() const { return apiInfo; }
   int worldSize() const override { return apiInfo.worldSize; }
+  /// NCCL's LSA team: the ranks this rank reaches over NVLink.
+  int gpusPerNode() const override { return apiInfo.lsaSize; }
   /// A one-integer ncclAllReduce on `stream` on epic's communicator
   /// (collective: every rank calls it).
   void barrier(void *stream = nullptr) override;

@@ -31,7 +31,7 @@ public:
                        int blocksPerRank = 16, std::optional<int> gpusPerNode = std::nullopt);
   ~VirtualElasticBuffer() override;
   int ranks() const { return servedRanks; }
-  int gpusPerNode() const { return lsaSize; }
+  int gpusPerNode() const override { return lsaSize; }
   /// Every rank's kernels are in the same launches on one stream: stream
   /// order already is the barrier, so there is nothing to launch.
   void barrier(void *stream = nullptr) override;

@@ -7,11 +7,14 @@
 //   [0, kControlEnd)          the control region: entry barriers' arrival
 //                             counters and epochs, the counters of one
 //                             dispatch or combine (all zero between ops),
-//                             the ops' signatures (KernelBuilder::entryBarrier);
+//                             the ops' signatures (KernelBuilder::entryBarrier),
+//                             the multi-node entry release;
 //   [kControlEnd, ...)        the data region: dispatch records
 //                             ([source rank][Tmax][record]) or combine
 //                             records ([master slot][Tmax][record]);
-//   after every layout's data the fused GEMM kernels' scratch.
+//   after the data region, multi-node kernels' staging slots (a ring
+//   per warp of the launch, kStagingSlots), and, single-node, after every
+//   layout's data the fused GEMM kernels' scratch.
 //
 // The control region's offsets are the same for every configuration,
 // sized by the limits of EPLimits.def: one buffer serves calls of any
@@ -74,12 +77,18 @@ inline constexpr int64_t kCombineFlags = detail::after(kCombineDone, 4);
 /// stored before its barrier arrival and compared after the barrier (two
 /// parities: a rank one barrier ahead writes the other one).
 inline constexpr int64_t kOpSignatures = detail::after(kCombineFlags, limits::kMaxRanks * 4);
+/// i64, multi-node configurations only: nonzero once block 0 of this rank
+/// has passed the entry barrier of the running op (KernelBuilder::
+/// nodeEntryBarrier), which releases the rank's other blocks; the op's last
+/// block sets it back to zero.
+inline constexpr int64_t kEntryPassed = detail::after(kOpSignatures, 2 * limits::kMaxRanks * 8);
 /// Where the data region starts, for every configuration.
-inline constexpr int64_t kControlEnd =
-    align(detail::after(kOpSignatures, 2 * limits::kMaxRanks * 8), 4096);
+inline constexpr int64_t kControlEnd = align(detail::after(kEntryPassed, 8), 4096);
 
 /// Bytes of one dispatch record: the row, its scale packs, the top-k ids
-/// (i32) and weights (f32), then the source token and its master slot.
+/// (i32) and weights (f32), then the source token and its master slot (across
+/// nodes one record serves every destination, which derives the master slot
+/// from the ids instead).
 struct DispatchRecord {
   int64_t rowBytes, rowPad, packPad, idsOff, weightsOff, tokenOff, bytes;
   constexpr DispatchRecord(int64_t hidden, int64_t elemBytes, int64_t packs, int64_t topk)
@@ -94,6 +103,28 @@ struct CombineRecord {
   constexpr CombineRecord(int64_t hidden, int64_t topk)
       : rowBytes(align(hidden * 2, 16)), bytes(rowBytes + align(topk * 4, 16)) {}
 };
+
+/// Multi-node configurations: each warp stages the records it sends to
+/// another node in a ring of kStagingSlots slots (a GIN put reads its source
+/// after it returns, so a slot is rewritten only after a flush), after the
+/// data region: `stagingPerWarp` bytes per warp of the launch.
+inline constexpr int64_t kStagingSlots = 2;
+constexpr int64_t stagingSlotBytes(const DispatchRecord &dispatch, const CombineRecord &combine) {
+  return std::max(dispatch.bytes, combine.bytes);
+}
+constexpr int64_t stagingPerWarp(const DispatchRecord &dispatch, const CombineRecord &combine) {
+  return kStagingSlots * stagingSlotBytes(dispatch, combine);
+}
+
+/// The GIN signals (context 0) of multi-node kernels, by id: the entry
+/// barrier's (monotonic), then per source rank its dispatch count and its
+/// done flag (each waited for, then reset, once per op).
+inline constexpr int64_t kSigEntry = 0;
+inline constexpr int64_t kSigCountBase = 8;
+constexpr int64_t sigCount(int64_t source) { return kSigCountBase + source; }
+constexpr int64_t sigDone(int64_t ranks, int64_t source) { return kSigCountBase + ranks + source; }
+/// Signals a world of `ranks` needs (the launch metadata's gin_signals).
+constexpr int64_t ginSignals(int64_t ranks) { return kSigCountBase + 2 * ranks; }
 
 /// Data bytes per token of the cap: the larger of the dispatch region
 /// ([source rank][Tmax][record]) and the combine region ([slot][Tmax][record]).
