@@ -148,6 +148,26 @@ def _check_event(name, value):
                         f"{type(value).__name__}")
 
 
+def _device_sms(device_index=None):
+    """SMs of a CUDA device (the current one by default); 132, an H100/H200's, where there is
+    none (sizing only: no kernel runs there)."""
+    try:
+        import torch
+    except ImportError:
+        return 132
+    if not torch.cuda.is_available():
+        return 132
+    index = torch.cuda.current_device() if device_index is None else device_index
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _blocks_per_rank(num_sms, device_sms, ranks_on_device):
+    """The most blocks per rank a buffer's calls launch: the request, else the whole GPU; a
+    virtual world's ranks share the GPU (every rank's blocks are resident at once)."""
+    sms = num_sms or device_sms
+    return max(1, min(sms, device_sms // ranks_on_device)) if ranks_on_device > 1 else sms
+
+
 def _capturing():
     import torch
 
@@ -268,6 +288,7 @@ class ElasticBuffer:
             num_bytes = self._size_hint(
                 self.num_rdma_ranks, self.num_nvlink_ranks, num_max_tokens_per_rank, hidden,
                 num_topk, use_fp8_dispatch, allow_hybrid_mode, allow_multiple_reduction,
+                _blocks_per_rank(num_sms, _device_sms(), self.num_ranks if self.virtual else 1),
             )
         _check_int("num_bytes", num_bytes, 1, _MAX_BUFFER_BYTES)
         if num_bytes % (2 * _MIB):
@@ -317,10 +338,8 @@ class ElasticBuffer:
         runtime = C.Runtime("virtual" if self.virtual else "nccl", self._cache_dir, "")
         # The most blocks per rank any call may use: the request, else the whole GPU. A call
         # without num_sms takes the analytic count of its own experts and top-k (_call_sms).
-        device_sms = torch.cuda.get_device_properties(self._device_index).multi_processor_count
-        sms = self._requested_sms or device_sms
-        if self.virtual:  # every virtual rank's blocks are resident at once
-            sms = max(1, min(sms, device_sms // self.num_ranks))
+        sms = _blocks_per_rank(self._requested_sms, _device_sms(self._device_index),
+                               self.num_ranks if self.virtual else 1)
         if self.virtual:
             # The virtual world has the group's nodes: NVLink pointers to another node trap.
             state = C.Buffer.virtual_world(runtime, self.num_ranks, self.num_bytes, sms,
@@ -359,22 +378,30 @@ class ElasticBuffer:
     @staticmethod
     def get_buffer_size_hint(group, num_max_tokens_per_rank: int, hidden: int, num_topk: int = 0,
                              use_fp8_dispatch: bool = False, allow_hybrid_mode: bool = True,
-                             allow_multiple_reduction: bool = True) -> int:
+                             allow_multiple_reduction: bool = True,
+                             num_sms: int | None = None) -> int:
         """Bytes the buffer needs (2 MiB aligned): DeepEP's formula, or more where epic's
         kernels need a larger window (small worlds: their combine stages K records per token,
-        DeepEP's min(R, K))."""
+        DeepEP's min(R, K); across nodes: every warp's staging of the records it puts, for
+        ``num_sms`` blocks per rank, by default the buffer's: the whole current GPU)."""
         _check_int("num_max_tokens_per_rank", num_max_tokens_per_rank, 1)
         _check_int("hidden", hidden, 1)
         _check_int("num_topk", num_topk, 0, _MAX_TOPK)
         _check_bool("allow_hybrid_mode", allow_hybrid_mode)
-        return ElasticBuffer._size_hint(*_topology.physical_layout(group), num_max_tokens_per_rank,
-                                        hidden, num_topk, use_fp8_dispatch, allow_hybrid_mode,
-                                        allow_multiple_reduction)
+        if num_sms is not None:
+            _check_int("num_sms", num_sms, 1, LIM.MAX_NUM_SMS)
+        layout = _topology.physical_layout(group)
+        ranks_on_device = layout[0] * layout[1] if isinstance(group, VirtualWorld) else 1
+        return ElasticBuffer._size_hint(*layout, num_max_tokens_per_rank, hidden, num_topk,
+                                        use_fp8_dispatch, allow_hybrid_mode,
+                                        allow_multiple_reduction,
+                                        _blocks_per_rank(num_sms, _device_sms(), ranks_on_device))
 
     @staticmethod
-    def _size_hint(nodes, per_node, tokens, hidden, topk, fp8, hybrid, multiple_reduction):
+    def _size_hint(nodes, per_node, tokens, hidden, topk, fp8, hybrid, multiple_reduction,
+                   blocks_per_rank):
         return _C().buffer_size_hint(nodes, per_node, hybrid, tokens, hidden, topk, fp8,
-                                     multiple_reduction)
+                                     multiple_reduction, blocks_per_rank)
 
     def get_theoretical_num_sms(self, num_experts: int, num_topk: int, num_scaleout_topk: int = 0,
                                 rdma_gbs: float = 0, nvlink_gbs: float = 0,

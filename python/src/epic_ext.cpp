@@ -757,14 +757,16 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "buffer_size_hint",
       [](int nodes, int perNode, bool hybrid, int64_t tokens, int64_t hidden, int topk, bool fp8,
-         bool multipleReduction) {
+         bool multipleReduction, int blocksPerRank) {
         Topology t = Topology::nodes(nodes, perNode, hybrid);
-        return elasticBufferBytes(t, tokens, hidden, topk, fp8, multipleReduction);
+        return elasticBufferBytes(t, tokens, hidden, topk, fp8, multipleReduction, blocksPerRank);
       },
       py::arg("num_nodes"), py::arg("gpus_per_node"), py::arg("allow_hybrid_mode"),
       py::arg("num_max_tokens_per_rank"), py::arg("hidden"), py::arg("num_topk"),
       py::arg("use_fp8_dispatch"), py::arg("allow_multiple_reduction"),
-      "DeepEP's get_buffer_size_hint, or more where epic's kernels need more window.");
+      py::arg("blocks_per_rank") = 0,
+      "DeepEP's get_buffer_size_hint, or more where epic's kernels need more window (across "
+      "nodes: the staging of blocks_per_rank blocks).");
   m.def(
       "theoretical_num_sms",
       [](int nodes, int perNode, bool hybrid, int experts, int topk, double rdma, double nvlink,

@@ -46,7 +46,7 @@ Topology Topology::nodes(int nodes, int perNode, bool hybrid) {
 }
 
 int64_t epic::runtime::kernelWindowBytes(int numRanks, int64_t maxTokensPerRank, int64_t hidden,
-                                         int numTopk, bool fp8Dispatch) {
+                                         int numTopk, bool fp8Dispatch, int64_t stagingWarps) {
   require(numRanks >= 1, "num_ranks must be positive, got " + std::to_string(numRanks));
   const int64_t r = numRanks, k = numTopk == 0 ? 32 : numTopk, tm = maxTokensPerRank;
   namespace window = epic::ep::window;
@@ -55,8 +55,11 @@ int64_t epic::runtime::kernelWindowBytes(int numRanks, int64_t maxTokensPerRank,
   // Any dtype: the widest element (f32) bounds the row.
   const window::DispatchRecord record(hidden, fp8Dispatch ? 1 : 4, packs, k);
   const window::CombineRecord combineRecord(hidden, k);
-  const int64_t data =
-      window::kControlEnd + tm * window::dataBytesPerToken(r, k, record, combineRecord);
+  require(stagingWarps >= 0, "staging warps must be >= 0, got " + std::to_string(stagingWarps));
+  // Staging (across nodes only) follows the data region.
+  const int64_t data = window::kControlEnd +
+                       tm * window::dataBytesPerToken(r, k, record, combineRecord) +
+                       stagingWarps * window::stagingPerWarp(record, combineRecord);
   if (fp8Dispatch) // the fused GEMM kernels multiply bf16 / f16 rows only
     return data;
   // ep.dispatch_gemm's counters follow: [local experts][64-row tiles] twice.
@@ -73,10 +76,18 @@ int64_t epic::runtime::kernelWindowBytes(int numRanks, int64_t maxTokensPerRank,
 
 int64_t epic::runtime::elasticBufferBytes(const Topology &t, int64_t maxTokensPerRank,
                                           int64_t hidden, int numTopk, bool fp8Dispatch,
-                                          bool allowMultipleReduction) {
+                                          bool allowMultipleReduction, int blocksPerRank) {
   int64_t deepep =
       bufferSizeHint(t, maxTokensPerRank, hidden, numTopk, fp8Dispatch, allowMultipleReduction);
-  int64_t kernels = kernelWindowBytes(t.numRanks, maxTokensPerRank, hidden, numTopk, fp8Dispatch);
+  const bool acrossNodes = t.numRdmaRanks > 1;
+  require(
+      !acrossNodes || (blocksPerRank >= 1 && blocksPerRank <= epic::ep::window::kMaxBlocksPerRank),
+      "num_sms (blocks per rank) must be in [1, " +
+          std::to_string(epic::ep::window::kMaxBlocksPerRank) +
+          "] to size the staging of kernels across nodes, got " + std::to_string(blocksPerRank));
+  const int64_t stagingWarps = acrossNodes ? int64_t(blocksPerRank) * kMaxWarpsPerBlock : 0;
+  int64_t kernels =
+      kernelWindowBytes(t.numRanks, maxTokensPerRank, hidden, numTopk, fp8Dispatch, stagingWarps);
   return std::max(deepep, align(kernels, 2 * kMiB));
 }
 

@@ -85,7 +85,7 @@ struct EntryContext {
 /// The window the kernels of `request` use with `tmax` tokens per rank: the
 /// metadata's window_bytes, plus window_bytes_per_token per token where the
 /// kernels take the cap at run time.
-int64_t windowBytesOf(const KernelRequest &request, int64_t tmax) {
+int64_t windowBytesOf(const KernelRequest &request, int64_t tmax, int64_t warps = 0) {
   int64_t bytes = -1;
   EntryContext c;
   c.expand(request, [&](mlir::func::FuncOp f) {
@@ -93,6 +93,8 @@ int64_t windowBytesOf(const KernelRequest &request, int64_t tmax) {
       bytes = attr.getInt();
     if (auto perToken = f->getAttrOfType<mlir::IntegerAttr>("epic.window_bytes_per_token"))
       bytes += perToken.getInt() * tmax;
+    if (auto perWarp = f->getAttrOfType<mlir::IntegerAttr>("epic.window_bytes_per_warp"))
+      bytes += perWarp.getInt() * warps;
   });
   return bytes;
 }
@@ -336,4 +338,31 @@ TEST(EntryBuilder, TheRuntimesWindowBoundCoversEveryLayoutEpExpandMakes) {
                     << "a loose bound wastes memory: " << request.json();
               }
             }
+}
+
+TEST(EntryBuilder, TheBufferSizeAcrossNodesCoversTheStagingOfItsBlocks) {
+  for (auto [nodes, perNode] : {std::pair{2, 2}, std::pair{2, 8}})
+    for (int hidden : {256, 7168})
+      for (std::string dtype : {"bf16", "f8E4M3FN"})
+        for (int blocks : {1, 33}) {
+          EPSpec s;
+          s.ranks = nodes * perNode, s.experts = 8 * s.ranks, s.topk = 8, s.hidden = hidden;
+          s.dtype = dtype, s.scalePacks = dtype == "f8E4M3FN" ? hidden / 128 : 0;
+          s.maxTokensPerRank = 100, s.scaleupRanks = perNode;
+          const Topology t = Topology::nodes(nodes, perNode, /*hybrid=*/false);
+          int64_t bound = elasticBufferBytes(t, 100, hidden, 8, s.isFP8(), true, blocks);
+          for (const KernelRequest &request : {dispatchRequest(s, {true, false, false, 64}, "d"),
+                                               combineRequest(s, {true, 2}, "c")}) {
+            // Every warp a launch of `blocks` blocks can have stages its records.
+            int64_t used = windowBytesOf(request, 100, blocks * kMaxWarpsPerBlock);
+            ASSERT_GT(used, 0) << request.json();
+            EXPECT_GE(bound, used) << request.json();
+          }
+        }
+  // Across nodes the staging needs the blocks per rank; one node does not.
+  const Topology two = Topology::nodes(2, 4, false);
+  EXPECT_THROW(elasticBufferBytes(two, 100, 256, 8, false, true, 0), std::invalid_argument);
+  EXPECT_NO_THROW(elasticBufferBytes(Topology::nodes(1, 8, false), 100, 256, 8, false, true, 0));
+  EXPECT_GT(elasticBufferBytes(two, 4096, 7168, 8, false, true, 132),
+            elasticBufferBytes(two, 4096, 7168, 8, false, true, 1));
 }

@@ -43,15 +43,23 @@ int64_t bufferSizeHint(const Topology &topology, int64_t maxTokensPerRank, int64
 /// larger of R x Tmax dispatch records and K x Tmax combine records), an
 /// upper bound over experts, dtypes and layouts; `numTopk` 0 means 32 and FP8
 /// sizing allows ceil(hidden / 32) scale packs, as DeepEP's formula does.
-/// Unit tests check it against what convert-ep-to-comm reports.
+/// Unit tests check it against what convert-ep-to-comm reports. Kernels that
+/// reach other nodes also stage records per warp of the launch:
+/// `stagingWarps` (blocks per rank x warps per block) of them.
 int64_t kernelWindowBytes(int numRanks, int64_t maxTokensPerRank, int64_t hidden, int numTopk = 0,
-                          bool fp8Dispatch = false);
+                          bool fp8Dispatch = false, int64_t stagingWarps = 0);
+
+/// A launch's warps per block at most (CUDA's 1024 threads): what sizing the
+/// staging for `blocks` blocks per rank assumes.
+inline constexpr int64_t kMaxWarpsPerBlock = 1024 / 32;
 
 /// What an ElasticBuffer of epic needs: DeepEP's bufferSizeHint, or more if
-/// the kernels' window needs more (2 MiB aligned).
+/// the kernels' window needs more (2 MiB aligned). Across nodes (direct mode)
+/// the window also holds the staging of `blocksPerRank` blocks (required >= 1
+/// there: the most a call of the buffer launches per rank).
 int64_t elasticBufferBytes(const Topology &topology, int64_t maxTokensPerRank, int64_t hidden,
                            int numTopk = 0, bool fp8Dispatch = false,
-                           bool allowMultipleReduction = true);
+                           bool allowMultipleReduction = true, int blocksPerRank = 0);
 
 /// get_theoretical_num_sms. Bandwidths in GB/s (0 = unknown: rdmaGBs only
 /// matters with several nodes, nvlinkGBs must be positive); per-SM read and
