@@ -126,3 +126,16 @@ def test_spec_carries_the_layout_only_across_nodes():
     direct = _buffer(epic.VirtualWorld(num_nodes=2, gpus_per_node=4), allow_hybrid_mode=False)
     spec = direct._spec(8, 64, 8, 1024, "bf16", 0, 1, False, 128)
     assert (spec["num_scaleup_ranks"], spec["hybrid"]) == (4, False)
+
+
+def test_the_size_hint_across_nodes_counts_the_staging_of_the_blocks():
+    hint = epic.ElasticBuffer.get_buffer_size_hint
+    two = epic.VirtualWorld(num_nodes=2, gpus_per_node=2)
+    few = hint(two, 96, 7168, 6, allow_hybrid_mode=False, num_sms=1)
+    many = hint(two, 96, 7168, 6, allow_hybrid_mode=False, num_sms=32)
+    # 31 more blocks x 32 warps x 2 slots of a record of at least the BF16 row (14 KiB).
+    assert many - few >= 31 * 32 * 2 * 7168 * 2 - (2 << 20)
+    one = epic.VirtualWorld(4)  # one node: nothing is staged
+    assert hint(one, 96, 7168, 6, num_sms=1) == hint(one, 96, 7168, 6, num_sms=32)
+    with pytest.raises(ValueError, match="num_sms"):
+        hint(two, 96, 7168, 6, allow_hybrid_mode=False, num_sms=0)
