@@ -161,6 +161,12 @@ def _device_sms(device_index=None):
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def _staging_blocks(num_nodes, num_sms, ranks_on_device):
+    """The blocks per rank the size model stages for: only a world of several nodes stages
+    (0 otherwise, without asking the GPU)."""
+    return _blocks_per_rank(num_sms, _device_sms(), ranks_on_device) if num_nodes > 1 else 0
+
+
 def _blocks_per_rank(num_sms, device_sms, ranks_on_device):
     """The most blocks per rank a buffer's calls launch: the request, else the whole GPU; a
     virtual world's ranks share the GPU (every rank's blocks are resident at once)."""
@@ -288,7 +294,8 @@ class ElasticBuffer:
             num_bytes = self._size_hint(
                 self.num_rdma_ranks, self.num_nvlink_ranks, num_max_tokens_per_rank, hidden,
                 num_topk, use_fp8_dispatch, allow_hybrid_mode, allow_multiple_reduction,
-                _blocks_per_rank(num_sms, _device_sms(), self.num_ranks if self.virtual else 1),
+                _staging_blocks(self.num_rdma_ranks, num_sms,
+                                self.num_ranks if self.virtual else 1),
             )
         _check_int("num_bytes", num_bytes, 1, _MAX_BUFFER_BYTES)
         if num_bytes % (2 * _MIB):
@@ -395,7 +402,7 @@ class ElasticBuffer:
         return ElasticBuffer._size_hint(*layout, num_max_tokens_per_rank, hidden, num_topk,
                                         use_fp8_dispatch, allow_hybrid_mode,
                                         allow_multiple_reduction,
-                                        _blocks_per_rank(num_sms, _device_sms(), ranks_on_device))
+                                        _staging_blocks(layout[0], num_sms, ranks_on_device))
 
     @staticmethod
     def _size_hint(nodes, per_node, tokens, hidden, topk, fp8, hybrid, multiple_reduction,
