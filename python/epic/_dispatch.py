@@ -324,8 +324,9 @@ def _results(b, out, handles, idxs, counts, spec, tmax, alignment, num_sms, copy
         shown_meta = _first(full["recv_src_metadata"], n) if full else None
         cached_order = None
         if b.deterministic and not handles:
+            groups = (tmax, spec["num_scaleup_ranks"]) if spec.get("hybrid") else None
             order, cached_order, shown_meta = sort_received(full, n, out_rows, expand, L,
-                                                            counts[r][1:])
+                                                            counts[r][1:], groups)
         if order is not None:  # the rows in canonical (source) order
             rows_of = {name: t.index_select(0, order) for name, t in rows_of.items()}
         recv_x = rows_of["recv_x"]

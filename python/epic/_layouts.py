@@ -6,10 +6,12 @@ from __future__ import annotations
 __all__ = ["sort_received", "tma_col_major"]
 
 
-def sort_received(full, n, rows, expand, num_local, aligned_counts):
+def sort_received(full, n, rows, expand, num_local, aligned_counts, forwarder_groups=None):
     """Puts a rank's received rows in canonical order (by source rank, then
     token; expanded: inside each expert block, padding last) and rewrites the
     handle's metadata so that the kernels find every row where it now is.
+    Hybrid mode (`forwarder_groups` = (Tmax, M)): by forwarder index lsa(src)
+    first, as the prefix sums per forwarder index group the rows.
 
     Returns (order of the returned rows: new -> old, the order to apply to a
     cached dispatch's rows, the metadata to show in the handle). Plain: the
@@ -23,7 +25,11 @@ def sort_received(full, n, rows, expand, num_local, aligned_counts):
 
     meta = full["recv_src_metadata"]
     gid = meta[:n, 0].long()
-    tokens = torch.argsort(gid)
+    key = gid
+    if forwarder_groups is not None:
+        tmax, m = forwarder_groups
+        key = gid // tmax % m * (int(gid.max().item()) + 1 if n else 1) + gid
+    tokens = torch.argsort(key)
     if not expand:
         meta[:n] = meta[:n].index_select(0, tokens)
         return tokens, tokens, meta[:n]
@@ -31,11 +37,11 @@ def sort_received(full, n, rows, expand, num_local, aligned_counts):
     slots = meta[:n, 2:].long()
     owner = torch.full((rows,), -1, dtype=torch.long, device=device)
     used = slots >= 0
-    owner[slots[used]] = gid[:, None].expand_as(slots)[used]
+    owner[slots[used]] = key[:, None].expand_as(slots)[used]
     expert = torch.repeat_interleave(torch.arange(num_local, device=device),
                                      torch.tensor(aligned_counts, device=device), output_size=rows)
     position = torch.arange(rows, device=device)
-    span = int(gid.max().item()) + 1 + rows if n else rows + 1
+    span = int(key.max().item()) + 1 + rows if n else rows + 1
     key = expert * span + torch.where(owner >= 0, owner, span - rows + position)
     order = torch.argsort(key)
     new_of_old = torch.empty_like(order)

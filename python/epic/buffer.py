@@ -574,12 +574,6 @@ class ElasticBuffer:
         spec = dict(num_ranks=ranks, num_experts=experts, num_topk=topk, hidden=hidden,
                     dtype=dtype, num_scale_packs=packs, expert_alignment=alignment,
                     do_expand=bool(expand), num_max_tokens_per_rank=tmax)
-        if self.hybrid:  # refused here, before any argument is staged or kernel compiled
-            raise NotImplementedError(
-                f"hybrid mode ({self.num_rdma_ranks} nodes of {self.num_nvlink_ranks} GPUs, "
-                "allow_hybrid_mode=True) is not lowered yet: create the buffer with "
-                "allow_hybrid_mode=False for direct mode, in which every rank reaches the ranks "
-                "of other nodes over the network")
         if self.num_rdma_ranks > 1:  # one node: the defaults, so kernel keys stay as they were
             spec["num_scaleup_ranks"] = self.num_nvlink_ranks
             spec["hybrid"] = self.hybrid

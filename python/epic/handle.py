@@ -8,10 +8,11 @@ from typing import Any
 __all__ = ["EPHandle", "EventHandle", "EventOverlap", "HANDLE_SLOTS"]
 
 # The handle's tensors in the order the runtime's dispatch and combine calls bind them (the
-# last six slots of epic._C.slots("combine")).
+# last eight slots of epic._C.slots("combine")); the last two only in hybrid mode (the rank's
+# state as a forwarder).
 HANDLE_SLOTS = ("topk_idx", "dst_buffer_slot_idx", "recv_src_metadata",
                 "psum_num_recv_tokens_per_rank", "num_recv_tokens_per_expert",
-                "psum_num_recv_tokens_per_expert")
+                "psum_num_recv_tokens_per_expert", "fwd_src_metadata", "fwd_counts")
 
 
 class EventHandle:
@@ -101,4 +102,4 @@ class EPHandle:
 
     def _bindings(self):
         """(slot name, tensor) of the handle's tensors the kernels address."""
-        return [(name, self._full[name]) for name in HANDLE_SLOTS]
+        return [(name, self._full[name]) for name in HANDLE_SLOTS if name in self._full]

@@ -175,7 +175,9 @@ template <typename Call> struct Slot {
       EPIC_SLOT(Call, "recv_src_metadata", handle.recvSrcMetadata),                                \
       EPIC_SLOT(Call, "psum_num_recv_tokens_per_rank", handle.psumNumRecvTokensPerRank),           \
       EPIC_SLOT(Call, "num_recv_tokens_per_expert", handle.numRecvTokensPerExpert),                \
-      EPIC_SLOT(Call, "psum_num_recv_tokens_per_expert", handle.psumNumRecvTokensPerExpert)
+      EPIC_SLOT(Call, "psum_num_recv_tokens_per_expert", handle.psumNumRecvTokensPerExpert),       \
+      EPIC_SLOT(Call, "fwd_src_metadata", handle.fwdSrcMetadata),                                  \
+      EPIC_SLOT(Call, "fwd_counts", handle.fwdCounts)
 const std::vector<Slot<DispatchCall>> kDispatchSlots = {
     EPIC_SLOT(DispatchCall, "x", x),
     EPIC_SLOT(DispatchCall, "x_scale_packs", scalePacks),
@@ -617,12 +619,14 @@ PYBIND11_MODULE(_C, m) {
           "[from, to] = (put bytes, put_value bytes, signal operations). Waits for the device.")
       .def(
           "set_drop_network_from",
-          [](Buffer &b, int rank) {
-            b.virtualWorld("set_drop_network_from").setDropNetworkFrom(rank);
+          [](Buffer &b, int rank, bool afterEntry) {
+            b.virtualWorld("set_drop_network_from").setDropNetworkFrom(rank, afterEntry);
           },
-          py::arg("rank"),
+          py::arg("rank"), py::arg("after_entry") = false,
           "A virtual world whose rank `rank` (-1: none) stalls: its put, put_value and signal "
-          "do nothing from now on (after the device's work so far).")
+          "do nothing from now on (after the device's work so far). after_entry: it still joins "
+          "the ep kernels' entry barriers, so it stalls inside an op, where the wait that "
+          "misses it names it.")
       .def_property_readonly("device_api",
                              [](Buffer &b) -> py::object {
                                auto *nccl = dynamic_cast<NcclElasticBuffer *>(b.host.get());

@@ -93,9 +93,14 @@ __device__ __forceinline__ void copy(Coop coop, char *dst, const char *src, int6
 }
 
 /// Whether rank `me`'s network is down (EpicVirtualComm::drop_network_from):
-/// its put, put_value and signal then do nothing, as a stalled node's would.
-__device__ __forceinline__ bool networkDropped(void *comm, int32_t me) {
-  return vcomm(comm).drop_network_from == me;
+/// its put, put_value and signal then do nothing, as a stalled node's would,
+/// but for those raising the spared signal (drop_spares_signal).
+__device__ __forceinline__ bool networkDropped(void *comm, int32_t me, int32_t signalMode,
+                                               int32_t signal) {
+  const EpicVirtualComm &c = vcomm(comm);
+  if (c.drop_network_from != me)
+    return false;
+  return signalMode == kSignalNone || signal != c.drop_spares_signal;
 }
 
 /// Counts what a GIN operation from `me` to `target` would send
@@ -129,7 +134,7 @@ put(Coop coop, void *comm, int32_t context, int32_t teamRank, int32_t teamStride
     void *dstWindow, int64_t dstOffset, void *srcWindow, int64_t srcOffset, int64_t bytes,
     int32_t signalMode, int32_t signal, int64_t signalAdd, int32_t counterMode, int32_t counter) {
   int32_t me = myRank(comm);
-  if (networkDropped(comm, me))
+  if (networkDropped(comm, me, signalMode, signal))
     return;
   int32_t target = worldPeer(comm, teamRank, teamStride, peer);
   coop.sync(); // the group's earlier writes to the source are done
@@ -156,7 +161,7 @@ __device__ __forceinline__ void putValue(Coop coop, void *comm, int32_t context,
                                          int64_t dstOffset, int64_t value, int32_t valueBytes,
                                          int32_t signalMode, int32_t signal, int64_t signalAdd) {
   int32_t me = myRank(comm);
-  if (networkDropped(comm, me))
+  if (networkDropped(comm, me, signalMode, signal))
     return;
   int32_t target = worldPeer(comm, teamRank, teamStride, peer);
   coop.sync();
@@ -178,7 +183,7 @@ __device__ __forceinline__ void signalOnly(Coop coop, void *comm, int32_t contex
                                            int32_t teamStride, int32_t peer, int32_t signal,
                                            int32_t signalMode, int64_t signalAdd) {
   int32_t me = myRank(comm);
-  if (networkDropped(comm, me))
+  if (networkDropped(comm, me, signalMode, signal))
     return;
   coop.sync();
   if (coop.rank() == 0) {

@@ -22,7 +22,9 @@ namespace layout = epic::ep::records::layout;
 static_assert(std::string_view(dispatch::topk_idx) == combine::topk_idx &&
               std::string_view(dispatch::recv_src_metadata) == combine::recv_src_metadata &&
               std::string_view(dispatch::psum_num_recv_tokens_per_rank) ==
-                  combine::psum_num_recv_tokens_per_rank);
+                  combine::psum_num_recv_tokens_per_rank &&
+              std::string_view(dispatch::fwd_src_metadata) == combine::fwd_src_metadata &&
+              std::string_view(dispatch::fwd_counts) == combine::fwd_counts);
 
 std::string shapeText(const std::vector<int64_t> &shape) {
   std::ostringstream os;
@@ -43,6 +45,12 @@ struct Expect {
 };
 
 void fail(const std::string &message) { throw std::invalid_argument(message); }
+
+/// Hybrid mode's nodes N (the forwarders' handle tensors), or 0 in direct mode.
+int64_t hybridNodes(const EPSpec &s) {
+  const int perNode = s.scaleupRanks ? s.scaleupRanks : s.ranks;
+  return s.hybrid && s.ranks / perNode > 1 ? s.ranks / perNode : 0;
+}
 
 /// Checks a tensor that must be given; 16-byte aligned when rows are moved
 /// with 16-byte vectors (`vectorized`). Returns its record field.
@@ -95,28 +103,47 @@ void putHandle(ParamRecord &r, const EPSpec &s, const Handle &h, int64_t tokens,
   r[dispatch::topk_idx] = ParamValue(h.topkIdx, 8);
   r[dispatch::recv_src_metadata] = ParamValue(h.recvSrcMetadata, 4);
   r[dispatch::psum_num_recv_tokens_per_rank] = ParamValue(h.psumNumRecvTokensPerRank, 4);
+  if (hybridNodes(s)) {
+    r[dispatch::fwd_src_metadata] = ParamValue(h.fwdSrcMetadata, 4);
+    r[dispatch::fwd_counts] = ParamValue(h.fwdCounts, 4);
+  }
 }
 
 /// The handle's tensors of a dispatch of `tokens` tokens: what the uncached
 /// dispatch writes and the combine and cached dispatches read.
 std::vector<TensorSpec> handleOutputs(const EPSpec &s, int64_t tokens) {
-  const int64_t R = s.ranks, L = s.experts / s.ranks, K = s.topk;
-  return {{"dst_buffer_slot_idx", "i32", {tokens, K}},
-          {"recv_src_metadata", "i32", {R * s.maxTokensPerRank, K + 2}},
-          {"psum_num_recv_tokens_per_rank", "i32", {R}},
-          {"num_recv_tokens_per_expert", "i32", {L}},
-          {"psum_num_recv_tokens_per_expert", "i32", {L}}};
+  const int64_t R = s.ranks, L = s.experts / s.ranks, K = s.topk, N = hybridNodes(s);
+  // Hybrid: rows are grouped per forwarder index (M groups), and the
+  // forwarder keeps its items' metadata and counts.
+  std::vector<TensorSpec> specs = {{"dst_buffer_slot_idx", "i32", {tokens, K}},
+                                   {"recv_src_metadata", "i32", {R * s.maxTokensPerRank, K + 2}},
+                                   {"psum_num_recv_tokens_per_rank", "i32", {N ? R / N : R}},
+                                   {"num_recv_tokens_per_expert", "i32", {L}},
+                                   {"psum_num_recv_tokens_per_expert", "i32", {L}}};
+  if (N) {
+    specs.push_back({"fwd_src_metadata", "i32", {N * s.maxTokensPerRank, K + 2}});
+    specs.push_back({"fwd_counts", "i32", {N}});
+  }
+  return specs;
 }
 
 void checkHandle(const EPSpec &s, const Handle &h, int64_t tokens, const char *routing) {
   check(h.topkIdx, {routing, "i64", {tokens, s.topk}});
-  const DeviceTensor *tensors[] = {&h.dstBufferSlotIdx, &h.recvSrcMetadata,
-                                   &h.psumNumRecvTokensPerRank, &h.numRecvTokensPerExpert,
-                                   &h.psumNumRecvTokensPerExpert};
+  const DeviceTensor *tensors[] = {&h.dstBufferSlotIdx,
+                                   &h.recvSrcMetadata,
+                                   &h.psumNumRecvTokensPerRank,
+                                   &h.numRecvTokensPerExpert,
+                                   &h.psumNumRecvTokensPerExpert,
+                                   &h.fwdSrcMetadata,
+                                   &h.fwdCounts};
   std::vector<TensorSpec> specs = handleOutputs(s, tokens);
   for (size_t i = 0; i < specs.size(); ++i) {
     std::string name = "handle." + specs[i].name;
     check(*tensors[i], {name.c_str(), specs[i].dtype, specs[i].shape});
+  }
+  if (!hybridNodes(s)) {
+    forbid(h.fwdSrcMetadata, "handle.fwd_src_metadata", "only hybrid mode has forwarders");
+    forbid(h.fwdCounts, "handle.fwd_counts", "only hybrid mode has forwarders");
   }
 }
 

@@ -159,6 +159,11 @@ void EPSpec::validate() const {
                                      dim(perNode) + " of " + dim(ranks) + " ranks)");
     inRange(lim::kHybridNodes, ranks / perNode);
     inRange(lim::kHybridRanksPerNode, perNode);
+    // recv_src_metadata column 1 is item x K + master slot, item < N x Tmax.
+    require(int64_t(ranks / perNode) * maxTokensPerRank * topk <= lim::kMaxElementIndex,
+            "num_max_tokens_per_rank " + dim(maxTokensPerRank) + ": hybrid metadata holds item x " +
+                "K + slot with item < " + dim(ranks / perNode) + " nodes x Tmax, which exceeds " +
+                std::to_string(lim::kMaxElementIndex) + " at top-" + dim(topk));
   }
   require(timeoutMs >= lim::kMinTimeoutMs && timeoutMs <= lim::kMaxTimeoutMs,
           "the GPU timeout must be in [1, 2^31] ms (0: the default), got " +

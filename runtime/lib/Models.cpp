@@ -46,7 +46,8 @@ Topology Topology::nodes(int nodes, int perNode, bool hybrid) {
 }
 
 int64_t epic::runtime::kernelWindowBytes(int numRanks, int64_t maxTokensPerRank, int64_t hidden,
-                                         int numTopk, bool fp8Dispatch, int64_t stagingWarps) {
+                                         int numTopk, bool fp8Dispatch, int64_t stagingWarps,
+                                         int hybridNodes) {
   require(numRanks >= 1, "num_ranks must be positive, got " + std::to_string(numRanks));
   const int64_t r = numRanks, k = numTopk == 0 ? 32 : numTopk, tm = maxTokensPerRank;
   namespace window = epic::ep::window;
@@ -58,7 +59,7 @@ int64_t epic::runtime::kernelWindowBytes(int numRanks, int64_t maxTokensPerRank,
   require(stagingWarps >= 0, "staging warps must be >= 0, got " + std::to_string(stagingWarps));
   // Staging (across nodes only) follows the data region.
   const int64_t data = window::kControlEnd +
-                       tm * window::dataBytesPerToken(r, k, record, combineRecord) +
+                       tm * window::dataBytesPerToken(r, k, record, combineRecord, hybridNodes) +
                        stagingWarps * window::stagingPerWarp(record, combineRecord);
   if (fp8Dispatch) // the fused GEMM kernels multiply bf16 / f16 rows only
     return data;
@@ -87,7 +88,8 @@ int64_t epic::runtime::elasticBufferBytes(const Topology &t, int64_t maxTokensPe
           "] to size the staging of kernels across nodes, got " + std::to_string(blocksPerRank));
   const int64_t stagingWarps = acrossNodes ? int64_t(blocksPerRank) * kMaxWarpsPerBlock : 0;
   int64_t kernels =
-      kernelWindowBytes(t.numRanks, maxTokensPerRank, hidden, numTopk, fp8Dispatch, stagingWarps);
+      kernelWindowBytes(t.numRanks, maxTokensPerRank, hidden, numTopk, fp8Dispatch, stagingWarps,
+                        t.numScaleoutRanks > 1 ? t.numScaleoutRanks : 0);
   return std::max(deepep, align(kernels, 2 * kMiB));
 }
 

@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <map>
 #include <memory>
 #include <numeric>
 #include <stdexcept>
@@ -16,6 +17,14 @@ using namespace epic::runtime;
 using detail::check;
 
 namespace {
+
+/// How the checks see the spec's nodes (the reference's hybrid order and metadata).
+NodeLayout topologyOf(const EPSpec &spec) {
+  NodeLayout t;
+  t.gpusPerNode = spec.scaleupRanks;
+  t.hybrid = spec.hybrid && spec.scaleupRanks && spec.ranks / spec.scaleupRanks > 1;
+  return t;
+}
 
 /// One rank's tensor: where it lives on the GPU and its host copy.
 struct RankTensor {
@@ -221,13 +230,22 @@ private:
       if (cached) {
         c.handle = handle->device[r];
       } else {
+        // The handle's tensors as the runtime shapes them (hybrid: per
+        // forwarder index, and the forwarder's own).
+        std::map<std::string, DeviceTensor> outputs;
+        for (const TensorSpec &t : dispatchOutputs(spec, k.dispatchVariant, T))
+          outputs[t.name] = allocate(t.dtype, t.shape);
         const Value &idx = at(step.integer("topk_idx"));
         c.handle = Handle{idx.tensor[r].device,
-                          allocate("i32", {T, K}),
-                          allocate("i32", {int64_t(spec.ranks) * spec.maxTokensPerRank, K + 2}),
-                          allocate("i32", {spec.ranks}),
-                          allocate("i32", {L}),
-                          allocate("i32", {L})};
+                          outputs.at("dst_buffer_slot_idx"),
+                          outputs.at("recv_src_metadata"),
+                          outputs.at("psum_num_recv_tokens_per_rank"),
+                          outputs.at("num_recv_tokens_per_expert"),
+                          outputs.at("psum_num_recv_tokens_per_expert")};
+        if (outputs.count("fwd_src_metadata")) {
+          c.handle.fwdSrcMetadata = outputs.at("fwd_src_metadata");
+          c.handle.fwdCounts = outputs.at("fwd_counts");
+        }
         handle->device.push_back(c.handle);
       }
       c.recvX = allocate(spec.dtype, {capacity, H});
@@ -260,7 +278,7 @@ private:
       rec.topkIdx = download(h.topkIdx, h.topkIdx.shape[0]);
       rec.hostCounts = downloadInts(calls[r].hostCounts, 1 + L);
       rec.meta = downloadInts(h.recvSrcMetadata, int64_t(rec.hostCounts[0]) * (K + 2));
-      rec.psumRank = downloadInts(h.psumNumRecvTokensPerRank, spec.ranks);
+      rec.psumRank = downloadInts(h.psumNumRecvTokensPerRank, h.psumNumRecvTokensPerRank.shape[0]);
       rec.numRecvPerExpert = downloadInts(h.numRecvTokensPerExpert, L);
       rec.psumRecvPerExpert = downloadInts(h.psumNumRecvTokensPerExpert, L);
     }
@@ -304,7 +322,7 @@ private:
     }
     if (options.check) {
       std::vector<std::string> problems =
-          checkDispatch(spec, weights, k.dispatchVariant.zeroPadding, checked);
+          checkDispatch(spec, weights, k.dispatchVariant.zeroPadding, checked, topologyOf(spec));
       if (gemm)
         for (std::string &p : checkGroupedGemm(spec, checked, products))
           problems.push_back(std::move(p));
@@ -407,7 +425,7 @@ private:
         rec.biases.push_back(at(id.integer()).tensor[r].host);
     }
     if (options.check)
-      report(step, checkCombine(spec, handle->records, checked));
+      report(step, checkCombine(spec, handle->records, checked, topologyOf(spec)));
   }
 
   void report(const RunStep &step, const std::vector<std::string> &problems) {

@@ -2,6 +2,7 @@
 
 #include "epic/runtime/VirtualBuffer.h"
 
+#include "epic/Dialect/EP/IR/EPWindow.h"
 #include "epic/device/VirtualWorld.h"
 
 #include "CudaCheck.h"
@@ -69,6 +70,8 @@ VirtualElasticBuffer::VirtualElasticBuffer(int ranks, int64_t windowBytes, Kerne
   comm.traffic = static_cast<uint64_t *>(traffic);
   comm.drop_network_from = -1;
   comm.gin_mode = 0;
+  comm.drop_spares_signal = -1;
+  comm.reserved = 0;
   EpicVirtualWindow desc{static_cast<char *>(window), uint64_t(bytesPerRank), ranks, 0};
   check(cudaMalloc(&commArgument, sizeof comm), "cudaMalloc(comm descriptor)");
   check(cudaMemcpy(commArgument, &comm, sizeof comm, cudaMemcpyHostToDevice), "cudaMemcpy");
@@ -105,7 +108,7 @@ std::vector<uint64_t> VirtualElasticBuffer::takeTraffic() {
   return out;
 }
 
-void VirtualElasticBuffer::setDropNetworkFrom(int rank) {
+void VirtualElasticBuffer::setDropNetworkFrom(int rank, bool afterEntry) {
   if (rank < -1 || rank >= servedRanks)
     throw std::invalid_argument("rank must be a rank of the world, [0, " +
                                 std::to_string(servedRanks - 1) + "], or -1 for none, got " +
@@ -115,5 +118,10 @@ void VirtualElasticBuffer::setDropNetworkFrom(int rank) {
   check(cudaMemcpy(static_cast<char *>(commArgument) + offsetof(EpicVirtualComm, drop_network_from),
                    &value, sizeof value, cudaMemcpyHostToDevice),
         "cudaMemcpy(drop_network_from)");
+  int32_t spared = afterEntry ? int32_t(epic::ep::window::kSigEntry) : -1;
+  check(
+      cudaMemcpy(static_cast<char *>(commArgument) + offsetof(EpicVirtualComm, drop_spares_signal),
+                 &spared, sizeof spared, cudaMemcpyHostToDevice),
+      "cudaMemcpy(drop_spares_signal)");
   droppedRank = rank;
 }

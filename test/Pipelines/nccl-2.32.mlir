@@ -3,7 +3,7 @@
 // 2.32 wheel (install.sh fetches them; CMake's EPIC_EXTRA_NCCL_ROOTS), and epic-compile links it
 // for --nccl-shim. Compiled through ptxas: every function of the shim's ABI (nccl-shim-abi.mlir),
 // the GPU tests' comm kernels, the ep entries (dispatch and combine, test/gpu) and the multi-node
-// ones (direct mode over GIN, multinode-to-ptx.mlir). 2.32's device
+// ones (direct and hybrid mode over GIN, multinode-to-ptx.mlir, hybrid-to-ptx.mlir). 2.32's device
 // API needs PTX ISA 8.4, which the pipeline takes from the shim's sidecar over the 8.2 asked for;
 // the shim inlines away as with 2.28.9: the only calls left are the timeout reports.
 //
@@ -20,9 +20,11 @@
 // RUN: epic-compile %S/multinode-to-ptx.mlir --backend=nccl --nccl-shim=%nccl_2_32 -o %t.mn
 // RUN: FileCheck %s --check-prefixes=PTX,MN < %t.mn.ptx
 // RUN: FileCheck %s --check-prefix=JSON -DVERSION=%nccl_2_32 < %t.mn.json
+// RUN: epic-compile %S/hybrid-to-ptx.mlir --backend=nccl --nccl-shim=%nccl_2_32 -o %t.hy
+// RUN: FileCheck %s --check-prefixes=PTX,HY < %t.hy.ptx
 // The callees left, each once: exactly the six below.
 // RUN: sed -nE 's/^[[:space:]]*call(\.uni)? (\(retval0\), )?([^ ,;]+).*/\3/p' %t.abi.ptx \
-// RUN:   %t.comm.ptx %t.ep.ptx %t.mn.ptx | env LC_ALL=C sort -u > %t.calls
+// RUN:   %t.comm.ptx %t.ep.ptx %t.mn.ptx %t.hy.ptx | env LC_ALL=C sort -u > %t.calls
 // RUN: FileCheck %s --check-prefix=CALLS < %t.calls
 // RUN: count 6 < %t.calls
 // RUN: epic-opt %S/nccl-shim-abi.mlir --epic-to-ptx="backend=nccl nccl-shim=%nccl_2_32" \
@@ -38,6 +40,8 @@
 // EP: .visible .entry combine_reduce(
 // MN: .visible .entry dispatch_bf16_send(
 // MN: .visible .entry combine_exp_send(
+// HY: .visible .entry dispatch_bf16_forward(
+// HY: .visible .entry combine_exp_forward(
 
 // JSON-DAG: "features": "+ptx84"
 // JSON-DAG: "nccl_version": "[[VERSION]]"

@@ -3,7 +3,8 @@
 // compile through ptxas on both backends, with the launch metadata the runtime sizes the window
 // and the device communicator's GIN signals by (run-time token cap: the ring after the data
 // region; FP8 with 16 scale packs: 2176-byte dispatch records, 4128-byte combine records, two
-// slots of the larger per warp; 8 + 2 x 8 signals). A hybrid request is refused by name.
+// slots of the larger per warp; 8 + 2 x 8 signals). Hybrid mode adds the forward kernels and
+// the forwarders' regions, and compiles through ptxas on both backends too.
 // RUN: epic-compile --request=%S/Inputs/requests/dispatch-multinode-2x4.json --print-entry-ir \
 // RUN:   | FileCheck %s --check-prefix=ENTRY
 // RUN: epic-compile --request=%S/Inputs/requests/dispatch-multinode-2x4.json --backend=virtual \
@@ -16,8 +17,14 @@
 // RUN:   -o %t.cn && FileCheck %s --check-prefixes=JSON,COMBINE < %t.cn.json
 // RUN: sed 's/"hybrid":false/"hybrid":true/' %S/Inputs/requests/dispatch-multinode-2x4.json \
 // RUN:   > %t.hybrid.json
-// RUN: not epic-compile --request=%t.hybrid.json --backend=nccl -o %t.h 2>&1 \
-// RUN:   | FileCheck %s --check-prefix=HYBRID
+// RUN: epic-compile --request=%t.hybrid.json --backend=nccl -o %t.hn \
+// RUN:   && FileCheck %s --check-prefix=HYBRID < %t.hn.json
+// RUN: epic-compile --request=%t.hybrid.json --backend=virtual -o %t.hv \
+// RUN:   && FileCheck %s --check-prefix=HYBRID < %t.hv.json
+// RUN: sed 's/"hybrid":false/"hybrid":true/' %S/Inputs/requests/combine-multinode-2x4.json \
+// RUN:   > %t.hybrid-combine.json
+// RUN: epic-compile --request=%t.hybrid-combine.json --backend=nccl -o %t.hc \
+// RUN:   && FileCheck %s --check-prefix=HYBRID-COMBINE < %t.hc.json
 
 // ENTRY: #ep.config<ranks = 8, experts = 64, topk = 6, hidden = 2048, dtype = f8E4M3FN, scale_packs = 16, scaleup_ranks = 4>
 
@@ -35,4 +42,17 @@
 // COMBINE-NEXT: "window_bytes_per_warp": 8320
 // JSON: "name": "ep_{{dispatch|combine}}_send",
 
-// HYBRID: error: convert-ep-to-comm: mode = hybrid (2 nodes of 4 ranks) is not lowered yet
+// HYBRID: "gin_signals": 24
+// HYBRID: "kernels": [
+// HYBRID-NEXT: "ep_dispatch_send",
+// HYBRID-NEXT: "ep_dispatch_forward",
+// HYBRID-NEXT: "ep_dispatch_copy"
+// HYBRID: "fwd_src_metadata",
+// HYBRID-NEXT: "fwd_counts"
+// (8 + 2) x 2176-byte dispatch records or 6 x (2 + 1) x 4128-byte combine records per token.
+// HYBRID: "window_bytes_per_token": 74304,
+// HYBRID-NEXT: "window_bytes_per_warp": 8256
+// HYBRID-COMBINE: "kernels": [
+// HYBRID-COMBINE-NEXT: "ep_combine_send",
+// HYBRID-COMBINE-NEXT: "ep_combine_forward",
+// HYBRID-COMBINE-NEXT: "ep_combine_reduce"

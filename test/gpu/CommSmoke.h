@@ -143,6 +143,8 @@ struct VirtualWorld {
     comm.lsa_size = this->gpusPerNode;
     comm.drop_network_from = dropNetworkFrom;
     comm.gin_mode = 0;
+    comm.drop_spares_signal = -1;
+    comm.reserved = 0;
     CHECK_CUDA(cudaMalloc(&comm.signals, sizeof(uint64_t) * ranks * kSignals));
     CHECK_CUDA(cudaMalloc(&comm.counters, sizeof(uint64_t) * ranks));
     CHECK_CUDA(cudaMalloc(&comm.barriers, sizeof(uint64_t) * barrierSlots()));

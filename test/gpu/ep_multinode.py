@@ -1,9 +1,11 @@
-"""Direct mode across nodes on one GPU: a virtual world of N nodes x M ranks (issue 21, stage 5).
+"""Direct and hybrid mode across nodes on one GPU: a virtual world of N nodes x M ranks (issue 21).
 
 The runtime's virtual ElasticBuffer with a node topology (`gpus_per_node`) runs the kernels of
-configurations with `scaleup_ranks = M` (mode direct): ranks of a node reach each other through
-peer pointers, every other rank through GIN puts and signals, which the virtual world emulates
-and counts. Checked against epic.reference with the same topology:
+configurations with `scaleup_ranks = M`: ranks of a node reach each other through peer
+pointers, other nodes through GIN puts and signals, which the virtual world emulates and
+counts. Direct mode sends to every rank itself; hybrid mode sends a token once per destination
+node, to its forwarder there (the rail peer), which forwards it over NVLink, and the combine
+reduces per node at the forwarder. Checked against epic.reference with the same topology:
 
 - dispatch, BF16 (weights) and FP8 (float32 scale packs, weights), plain and expanded (128-row
   alignment, zero padding): rows, packs, ids, weights and metadata bitwise as sets, counts and
@@ -11,15 +13,18 @@ and counts. Checked against epic.reference with the same topology:
   says;
 - combine with weights and 0, 1 or 2 biases (plain), and of the expanded layout: bitwise equal
   to the reference's fixed-order fp32 sum;
+- hybrid: the rows grouped by forwarder index and recv_src_metadata column 1 (item x K +
+  master slot) checked by epic.reference.check_hybrid_metadata; the other columns bitwise; the
+  combine's three-stage order (rank, node at the forwarder, origin) bitwise;
 - the bytes put between nodes (the virtual world's traffic counters, kind 0) equal
-  epic.reference.expected_network_bytes(..., "direct", record bytes) for each dispatch and (the
+  epic.reference.expected_network_bytes(..., mode, record bytes) for each dispatch and (the
   transpose, combine record bytes) each combine; no GIN traffic of any kind inside a node.
 
     python3 test/gpu/ep_multinode.py --prepare [--nodes N --gpus-per-node M]   # compile only
-    python3 test/gpu/ep_multinode.py [--nodes N --gpus-per-node M] [--mode direct]
+    python3 test/gpu/ep_multinode.py [--nodes N --gpus-per-node M] [--mode direct|hybrid]
 
-Without --nodes, the worlds 2x4, 4x2 and 2x2. The kernels come from the cache (EPIC_CACHE_DIR)
-that --prepare fills where the compiler is (tools/device/prepare.sh).
+Without --nodes, the worlds 2x4, 4x2 and 2x2; without --mode, both modes. The kernels come from
+the cache (EPIC_CACHE_DIR) that --prepare fills where the compiler is (tools/device/prepare.sh).
 
 It needs the virtual world's topology (issue 21, stage 3): epic._C.Buffer.virtual_world(...,
 gpus_per_node=M) and Buffer.take_traffic() ([R][R][3] counts: put bytes, put_value bytes, signal
@@ -55,18 +60,18 @@ def bits_equal(a, b):
     return a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
-def spec_of(ranks, gpus_per_node, dtype="bf16", expand=False, alignment=1, packs=0):
+def spec_of(ranks, gpus_per_node, hybrid, dtype="bf16", expand=False, alignment=1, packs=0):
     return dict(num_ranks=ranks, num_experts=LOCAL * ranks, num_topk=K, hidden=H, dtype=dtype,
                 num_scale_packs=packs, expert_alignment=alignment, do_expand=expand,
-                num_max_tokens_per_rank=TMAX, num_scaleup_ranks=gpus_per_node, hybrid=False,
+                num_max_tokens_per_rank=TMAX, num_scaleup_ranks=gpus_per_node, hybrid=hybrid,
                 timeout_ms=20000)
 
 
-def kernel_sets(ranks, m):
+def kernel_sets(ranks, m, hybrid):
     """(name, spec, dispatch variant, cached variant, combine variants) of every case."""
-    bf16 = spec_of(ranks, m)
-    fp8 = spec_of(ranks, m, "f8E4M3FN", packs=H // 128)
-    exp = spec_of(ranks, m, expand=True, alignment=128)
+    bf16 = spec_of(ranks, m, hybrid)
+    fp8 = spec_of(ranks, m, hybrid, "f8E4M3FN", packs=H // 128)
+    exp = spec_of(ranks, m, hybrid, expand=True, alignment=128)
     return [
         ("bf16", bf16, dict(weights=True, cached=False, zero_padding=False),
          dict(weights=False, cached=True, zero_padding=False),
@@ -78,16 +83,20 @@ def kernel_sets(ranks, m):
     ]
 
 
-def prepare(worlds):
+def prepare(worlds, modes):
     runtime = C.Runtime("virtual", "", "")
     count = 0
-    for n, m in worlds:
-        for _, spec, dv, cv, cvs in kernel_sets(n * m, m):
+    for (n, m), mode in ((w, mode) for w in worlds for mode in modes):
+        for _, spec, dv, cv, cvs in kernel_sets(n * m, m, mode == "hybrid"):
             kinds = [("dispatch", dv), ("dispatch", cv)] + [("combine", v) for v in cvs]
             for kind, variant in kinds:
                 if variant is not None:
                     runtime.kernels(spec, variant, kind)
                     count += 1
+    spec, dv, cv = stall_specs()  # --stall-forwarder's
+    runtime.kernels(spec, dv, "dispatch")
+    runtime.kernels(spec, cv, "combine")
+    count += 2
     print(f"ep_multinode: {count} kernel sets in {runtime.cache_dir}")
     return 0
 
@@ -182,10 +191,12 @@ def run_case(world, name, spec, dvariant, cvariant, combines, seed):
 
     R, M = world.ranks, world.m
     E, A = spec["num_experts"], spec["expert_alignment"]
+    hybrid = spec["hybrid"]
+    mode = "hybrid" if hybrid else "direct"
     fp8, expand = spec["dtype"] != "bf16", spec["do_expand"]
     records = C.record_bytes(spec)
-    print(f"{name}: {world.n} nodes x {M} ranks, {BLOCKS} blocks per rank, E={E} K={K} H={H} "
-          f"Tmax={TMAX}", flush=True)
+    print(f"{name} ({mode}): {world.n} nodes x {M} ranks, {BLOCKS} blocks per rank, E={E} K={K} "
+          f"H={H} Tmax={TMAX}", flush=True)
     rng = np.random.default_rng(seed)
     tokens = [TMAX if r == 1 else TMAX - 13 * (r + 1) % TMAX for r in range(R)]
     idxs = []
@@ -203,7 +214,7 @@ def run_case(world, name, spec, dvariant, cvariant, combines, seed):
         xs, sfs = [rng.standard_normal((t, H)).astype(ml_dtypes.bfloat16) for t in tokens], None
     expected = ref.dispatch(xs, idxs, ws, sfs, num_experts=E, num_max_tokens_per_rank=TMAX,
                             expert_alignment=A, expand=expand, zero_padding=expand,
-                            gpus_per_node=M)
+                            gpus_per_node=M, hybrid=hybrid)
 
     def gpu(a, dtype=None):
         t = torch.from_numpy(np.ascontiguousarray(a.view(np.uint8) if dtype else a)).cuda()
@@ -265,9 +276,14 @@ def run_case(world, name, spec, dvariant, cvariant, combines, seed):
             recv_src_metadata=a["recv_src_metadata"][:n].cpu().numpy())
         results.append(got)
         s = ref.sort_by_source(got)
-        for field in ("recv_x", "recv_scale_packs", "recv_topk_idx", "recv_src_metadata"):
+        for field in ("recv_x", "recv_scale_packs", "recv_topk_idx"):
             ok_rows &= getattr(e, field) is None or bits_equal(getattr(s, field),
                                                                  getattr(e, field))
+        # Hybrid: column 1 depends on the forwarders' atomics (check_hybrid_metadata below).
+        meta, want_meta = s.recv_src_metadata.copy(), e.recv_src_metadata.copy()
+        if hybrid:
+            meta[:, 1] = want_meta[:, 1] = 0
+        ok_rows &= bits_equal(meta, want_meta)
         if expand:
             ok_rows &= bits_equal(s.recv_topk_weights, e.recv_topk_weights)
         else:  # weights of slots not on this rank are unspecified
@@ -276,7 +292,15 @@ def run_case(world, name, spec, dvariant, cvariant, combines, seed):
                                   np.where(owned, e.recv_topk_weights, 0))
     check(ok_counts, "dispatch: token counts, prefix sums, per-expert counts exact")
     check(ok_rows, "dispatch: rows, packs, ids, weights, metadata bitwise (as sets)")
-    net = ref.expected_network_bytes(idxs, E, M, "direct", records["dispatch"])
+    if hybrid:
+        try:
+            ref.check_hybrid_metadata(results, expected)
+            problem = ""
+        except ValueError as err:
+            problem = str(err)
+        check(not problem, "dispatch: forwarder groups and metadata column 1 (item x K + master)"
+              + (f": {problem}" if problem else ""))
+    net = ref.expected_network_bytes(idxs, E, M, mode, records["dispatch"])
     check_traffic(world, world.traffic(), net, "dispatch")
 
     # Combine: random bf16 rows in each rank's received order back to their sources.
@@ -284,12 +308,13 @@ def run_case(world, name, spec, dvariant, cvariant, combines, seed):
     back = [g.recv_topk_weights for g in results]
     handle = ("topk_idx", "dst_buffer_slot_idx", "recv_src_metadata",
               "psum_num_recv_tokens_per_rank", "num_recv_tokens_per_expert",
-              "psum_num_recv_tokens_per_expert")
+              "psum_num_recv_tokens_per_expert") + (("fwd_src_metadata", "fwd_counts")
+                                                   if hybrid else ())
     for cv in combines:
         biases = [tuple(rng.standard_normal((t, H)).astype(ml_dtypes.bfloat16)
                         for _ in range(cv["biases"])) for t in tokens]
         want = ref.combine(ys, results, topk_weights=back, bias=biases if cv["biases"] else None,
-                           gpus_per_node=M)
+                           gpus_per_node=M, hybrid=hybrid)
         ccalls = []
         for r in range(R):
             call = {h: calls[r][h] for h in handle}
@@ -310,13 +335,13 @@ def run_case(world, name, spec, dvariant, cvariant, combines, seed):
               f"{what}: combined_topk_weights")
         crec = records["combine"] if cv["weights"] else records["combine_row"]
         check_traffic(world, world.traffic(),
-                      ref.expected_network_bytes(idxs, E, M, "direct", crec).T, what)
+                      ref.expected_network_bytes(idxs, E, M, mode, crec).T, what)
 
     if cvariant:  # the handle again, new rows: no count exchange, the same records
         xs2 = [rng.standard_normal((t, H)).astype(ml_dtypes.bfloat16) for t in tokens]
         want = ref.dispatch(xs2, idxs, num_experts=E, num_max_tokens_per_rank=TMAX,
                             expert_alignment=A, expand=expand, zero_padding=expand,
-                            gpus_per_node=M)
+                            gpus_per_node=M, hybrid=hybrid)
         cached = []
         for r in range(R):
             call = {h: calls[r][h] for h in handle}
@@ -338,8 +363,69 @@ def run_case(world, name, spec, dvariant, cvariant, combines, seed):
             if not expand:
                 ok &= bits_equal(s.recv_topk_idx, e.recv_topk_idx)
         check(ok, "cached dispatch: new rows land where the handle says")
-        net = ref.expected_network_bytes(idxs, E, M, "direct", records["dispatch"])
+        net = ref.expected_network_bytes(idxs, E, M, mode, records["dispatch"])
         check_traffic(world, world.traffic(), net, "cached dispatch")
+
+
+STALL_WORLD, STALL_RANK, STALL_TIMEOUT_MS = (2, 2), 1, 2000
+
+
+def stall_specs():
+    """The stalled-forwarder run's kernels: hybrid 2x2, BF16, a 2 s bound on every wait."""
+    n, m = STALL_WORLD
+    spec = dict(spec_of(n * m, m, True), timeout_ms=STALL_TIMEOUT_MS)
+    return spec, dict(weights=True, cached=False, zero_padding=False), dict(weights=True, biases=0)
+
+
+def stall_forwarder():
+    """A hybrid dispatch, then rank 1's network stalls (it still joins entry barriers): in the
+    combine, rank 1 forwards for rank 3 (its rail peer in node 1), whose wait for rank 1's done
+    signal (8 + R + 1) must time out naming rank 1; the kernel traps, the launch fails. Run as
+    a process of its own (the CUDA context is lost); tools/device/run.sh greps the report."""
+    import torch
+
+    (n, m), stalled = STALL_WORLD, STALL_RANK
+    world = World(n, m)
+    spec, dv, cv = stall_specs()
+    R, E = world.ranks, spec["num_experts"]
+    world.make_buffer([json_entry(world, spec, dv, "dispatch"),
+                       json_entry(world, spec, cv, "combine")])
+    rng = np.random.default_rng(5)
+    calls = []
+    for r in range(R):
+        t = TMAX // 2
+        # Every token has experts in both nodes: each forwarder has work for every origin.
+        idx = np.stack([rng.permutation(E)[:K] for _ in range(t)]).astype(np.int64)
+        idx[:, 0], idx[:, 1] = rng.integers(0, E // n, t), rng.integers(E // n, E, t)
+        idx[:, 2:] = -1
+        call = {"x": torch.randn((t, H), dtype=torch.bfloat16, device="cuda"),
+                "topk_idx": torch.from_numpy(idx).cuda(),
+                "topk_weights": torch.rand((t, K), device="cuda")}
+        for out, dtype, shape in C.outputs("dispatch", spec, dv, t):
+            call[out] = poisoned(shape, dtype)
+        calls.append(call)
+    world.run("dispatch", spec, dv, calls)
+    print("stall: the dispatch ran; rank", stalled, "stalls now (after the entry barrier)",
+          flush=True)
+    handle = [h for h in C.slots("combine") if h in calls[0] and h != "x"
+              and not h.startswith("combined")]
+    ccalls = []
+    for r in range(R):
+        call = {h: calls[r][h] for h in handle if h != "topk_weights"}
+        call["x"] = torch.randn((calls[r]["recv_x"].shape[0], H), dtype=torch.bfloat16,
+                                device="cuda")
+        call["topk_weights"] = calls[r]["recv_topk_weights"]
+        for out, dtype, shape in C.outputs("combine", spec, cv, calls[r]["x"].shape[0]):
+            call[out] = poisoned(shape, dtype)
+        ccalls.append(call)
+    world.buffer.set_drop_network_from(stalled, after_entry=True)
+    try:
+        world.run("combine", spec, cv, ccalls)
+    except Exception as e:  # the trap: the launch (or the sync after it) fails
+        print(f"stall: the launch failed as it must: {type(e).__name__}: {e}", flush=True)
+        return 0
+    print("stall: FAILED: the combine finished although rank", stalled, "stalled")
+    return 1
 
 
 def json_entry(world, spec, variant, kind):
@@ -352,9 +438,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int)
     parser.add_argument("--gpus-per-node", type=int)
-    parser.add_argument("--mode", choices=["direct"], default="direct",
-                        help="hybrid is not lowered yet (issue 21, stages 6-7)")
+    parser.add_argument("--mode", choices=["direct", "hybrid"],
+                        help="one mode only (default: both)")
     parser.add_argument("--prepare", action="store_true", help="compile the kernels only")
+    parser.add_argument("--stall-forwarder", action="store_true",
+                        help="hybrid 2x2: a forwarder stalls in the combine; its rail peer's "
+                             "bounded wait must name it (the process's CUDA context is lost)")
     args = parser.parse_args()
     if (args.nodes is None) != (args.gpus_per_node is None):
         parser.error("--nodes and --gpus-per-node go together")
@@ -362,12 +451,16 @@ def main():
     for n, m in worlds:
         if n < 2 or m < 1:
             parser.error(f"--nodes must be at least 2 and --gpus-per-node at least 1, got {n}x{m}")
+    modes = [args.mode] if args.mode else ["direct", "hybrid"]
+    if args.stall_forwarder:
+        return stall_forwarder()
     if args.prepare:
-        return prepare(worlds)
+        return prepare(worlds, modes)
     for seed, (n, m) in enumerate(worlds):
         world = World(n, m)
-        for i, (name, spec, dv, cv, cvs) in enumerate(kernel_sets(n * m, m)):
-            run_case(world, name, spec, dv, cv, cvs, seed=10 * seed + i)
+        for mode in modes:
+            for i, (name, spec, dv, cv, cvs) in enumerate(kernel_sets(n * m, m, mode == "hybrid")):
+                run_case(world, name, spec, dv, cv, cvs, seed=10 * seed + i)
     print("ep multinode:", "passed" if failures == 0 else f"FAILED ({failures})")
     return 1 if failures else 0
 

@@ -77,7 +77,8 @@ class VirtualWorld:
                                num_counters=1, num_barriers=barriers, lsa_size=R,
                                signals=self.signals.data.ptr, counters=self.counters.data.ptr,
                                barriers=self.barriers.data.ptr, traffic=0,
-                               drop_network_from=-1, gin_mode=0)
+                               drop_network_from=-1, gin_mode=0, drop_spares_signal=-1,
+                               reserved=0)
         self.window_desc = descriptor("VWIN", base=self.window.data.ptr, stride=self.stride,
                                       num_ranks=R)
 

@@ -42,12 +42,16 @@ def ragged_configs(ranks):
 
 
 def two_node_configs():
-    """test_two_nodes_direct_round_trip: 2 nodes x 2 GPUs in direct mode, BF16 plain."""
-    spec = dict(num_ranks=4, num_experts=32, num_topk=K, hidden=H, dtype="bf16",
-                num_scale_packs=0, expert_alignment=1, do_expand=False,
-                num_max_tokens_per_rank=TMAX, num_scaleup_ranks=2, hybrid=False)
-    yield spec, dict(weights=True, cached=False, zero_padding=False), "dispatch"
-    yield spec, dict(weights=True, biases=0), "combine"
+    """test_two_nodes_*: 2 nodes x 2 GPUs, BF16 plain (hybrid: also a combine without weights,
+    test_two_nodes_hybrid_deterministic_rows_in_reference_order's)."""
+    for hybrid in (False, True):
+        spec = dict(num_ranks=4, num_experts=32, num_topk=K, hidden=H, dtype="bf16",
+                    num_scale_packs=0, expert_alignment=1, do_expand=False,
+                    num_max_tokens_per_rank=TMAX, num_scaleup_ranks=2, hybrid=hybrid)
+        yield spec, dict(weights=True, cached=False, zero_padding=False), "dispatch"
+        yield spec, dict(weights=True, biases=0), "combine"
+        if hybrid:
+            yield spec, dict(weights=False, biases=0), "combine"
 
 
 def main():

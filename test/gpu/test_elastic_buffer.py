@@ -408,22 +408,46 @@ def test_deterministic_buffers_return_rows_in_source_order(world, do_expand):
     buffer.destroy()
 
 
+def two_by_two(topk, **options):
+    """An ElasticBuffer over a virtual world of 2 nodes x 2 GPUs (hybrid unless told)."""
+    return epic.ElasticBuffer(epic.VirtualWorld(num_nodes=2, gpus_per_node=2),
+                              num_max_tokens_per_rank=TMAX, hidden=H, num_topk=topk,
+                              explicitly_destroy=True, **options)
+
+
+def dispatch_two_nodes(buffer, topk, seed, hybrid):
+    """A BF16 dispatch with weights on a two_by_two buffer: (rng, routing, the reference's
+    results, then recv_x, recv_topk_idx, recv_topk_weights and handles as dispatch returns)."""
+    R, E = 4, 32
+    rng, _, idxs, ws, xs, _ = inputs(R, E, topk, seed=seed)
+    expected = ref.dispatch(xs, idxs, ws, num_experts=E, num_max_tokens_per_rank=TMAX,
+                            gpus_per_node=2, hybrid=hybrid)
+    recv_x, recv_idx, recv_w, handles, _ = buffer.dispatch(
+        [to_torch(x) for x in xs], [to_torch(i) for i in idxs], [to_torch(w) for w in ws],
+        num_experts=E)
+    return rng, idxs, expected, recv_x, recv_idx, recv_w, handles
+
+
+def combine_two_nodes(buffer, rng, got, handles, recv_w):
+    """Random rows back through the combine with weights: bitwise as the reference's."""
+    ys = [rng.standard_normal((g.num_recv_tokens, H)).astype(ref.bfloat16) for g in got]
+    want = ref.combine(ys, got, topk_weights=[g.recv_topk_weights for g in got])
+    out, out_w, _ = buffer.combine([to_torch(y) for y in ys], handles, topk_weights=recv_w)
+    for r in range(len(got)):
+        assert same_bits(to_numpy(out[r]), want[r].combined_x), f"rank {r}"
+        assert same_bits(to_numpy(out_w[r]), want[r].combined_topk_weights), f"rank {r}"
+
+
 def test_two_nodes_direct_round_trip():
     """2 nodes x 2 GPUs, direct mode: the other node's ranks are reached through (virtual) GIN,
     NVLink pointers stay in the node (one across would trap); bitwise as the reference."""
-    R, E, K = 4, 32, 6
-    buffer = epic.ElasticBuffer(epic.VirtualWorld(num_nodes=2, gpus_per_node=2),
-                                num_max_tokens_per_rank=TMAX, hidden=H, num_topk=K,
-                                allow_hybrid_mode=False, explicitly_destroy=True)
+    R, K = 4, 6
+    buffer = two_by_two(K, allow_hybrid_mode=False)
     try:
         assert buffer.get_physical_domain_size() == (2, 2)
         assert buffer.get_logical_domain_size() == (1, 4)
-        rng, tokens, idxs, ws, xs, _ = inputs(R, E, K, seed=21)
-        expected = ref.dispatch(xs, idxs, ws, num_experts=E, num_max_tokens_per_rank=TMAX,
-                                gpus_per_node=2)
-        recv_x, recv_idx, recv_w, handles, _ = buffer.dispatch(
-            [to_torch(x) for x in xs], [to_torch(i) for i in idxs], [to_torch(w) for w in ws],
-            num_experts=E)
+        rng, _, expected, recv_x, recv_idx, recv_w, handles = dispatch_two_nodes(
+            buffer, K, seed=21, hybrid=False)
         got = [as_result(expected[r], recv_x[r], None, recv_idx[r], recv_w[r], handles[r])
                for r in range(R)]
         for r in range(R):
@@ -433,25 +457,65 @@ def test_two_nodes_direct_round_trip():
         node = np.arange(R) // 2
         assert traffic[node[:, None] != node[None, :], 0].sum() > 0, "no puts between nodes"
         assert not traffic[node[:, None] == node[None, :]].any(), "GIN traffic inside a node"
-        ys = [rng.standard_normal((g.num_recv_tokens, H)).astype(ref.bfloat16) for g in got]
-        want = ref.combine(ys, got, topk_weights=[g.recv_topk_weights for g in got])
-        out, out_w, _ = buffer.combine([to_torch(y) for y in ys], handles, topk_weights=recv_w)
-        for r in range(R):
-            assert same_bits(to_numpy(out[r]), want[r].combined_x), f"rank {r}"
-            assert same_bits(to_numpy(out_w[r]), want[r].combined_topk_weights), f"rank {r}"
+        combine_two_nodes(buffer, rng, got, handles, recv_w)
     finally:
         buffer.destroy()
 
 
-def test_two_nodes_hybrid_is_refused_by_name():
-    buffer = epic.ElasticBuffer(epic.VirtualWorld(num_nodes=2, gpus_per_node=2),
-                                num_max_tokens_per_rank=TMAX, hidden=H, num_topk=6,
-                                explicitly_destroy=True)
+def test_two_nodes_hybrid_deterministic_rows_in_reference_order():
+    """A deterministic hybrid buffer returns the rows in the reference's hybrid order (by
+    forwarder index lsa(src), then source id), without sorting on the caller's side."""
+    R, K = 4, 6
+    buffer = two_by_two(K, deterministic=True)
+    try:
+        rng, _, expected, recv_x, recv_idx, _, handles = dispatch_two_nodes(
+            buffer, K, seed=23, hybrid=True)
+        for r in range(R):
+            e = expected[r]
+            assert same_bits(to_numpy(recv_x[r]), e.recv_x), \
+                f"rank {r}: {rows_differ(to_numpy(recv_x[r]), e.recv_x)}"
+            assert same_bits(to_numpy(recv_idx[r]), e.recv_topk_idx), f"rank {r}"
+            meta = to_numpy(handles[r].recv_src_metadata)
+            assert same_bits(meta[:, 0], e.recv_src_metadata[:, 0]), f"rank {r}: source ids"
+            assert same_bits(to_numpy(handles[r].psum_num_recv_tokens_per_scaleup_rank),
+                             e.psum_num_recv_tokens_per_scaleup_rank), f"rank {r}"
+        got = [as_result(expected[r], recv_x[r], None, recv_idx[r], None, handles[r])
+               for r in range(R)]
+        ref.check_hybrid_metadata(got, expected)
+        ys = [rng.standard_normal((g.num_recv_tokens, H)).astype(ref.bfloat16) for g in got]
+        want = ref.combine(ys, got)
+        out, _, _ = buffer.combine([to_torch(y) for y in ys], handles)
+        for r in range(R):
+            assert same_bits(to_numpy(out[r]), want[r].combined_x), f"rank {r}"
+    finally:
+        buffer.destroy()
+
+
+def test_two_nodes_hybrid_round_trip():
+    """2 nodes x 2 GPUs, hybrid mode (DeepEP's default across nodes): a token crosses to each
+    other node once, to its forwarder there; the combine reduces per node at the forwarder.
+    Bitwise as the reference's hybrid semantics; column 1 of the metadata by
+    check_hybrid_metadata; puts between nodes exactly expected_network_bytes(hybrid)."""
+    R, E, K = 4, 32, 6
+    buffer = two_by_two(K)
     try:
         assert buffer.get_logical_domain_size() == (2, 2)
-        idx = torch.zeros((4, 6), dtype=torch.int64, device="cuda")
-        x = torch.zeros((4, H), dtype=torch.bfloat16, device="cuda")
-        with pytest.raises(NotImplementedError, match="allow_hybrid_mode=False"):
-            buffer.dispatch([x] * 4, [idx] * 4, num_experts=32)
+        rng, idxs, expected, recv_x, recv_idx, recv_w, handles = dispatch_two_nodes(
+            buffer, K, seed=22, hybrid=True)
+        got = [as_result(expected[r], recv_x[r], None, recv_idx[r], recv_w[r], handles[r])
+               for r in range(R)]
+        ref.check_hybrid_metadata(got, expected)
+        for r in range(R):  # column 1 checked above; the reference writes -1 there
+            got[r].recv_src_metadata[:, 1] = -1
+            check_dispatch(expected[r], got[r], handles[r])
+        traffic = np.asarray(buffer._state.take_traffic()).reshape(R, R, 3)
+        record = epic._C.record_bytes(buffer._spec(R, E, K, H, "bf16", 0, 1, False, TMAX))
+        want_net = ref.expected_network_bytes(idxs, E, 2, "hybrid", record["dispatch"])
+        assert same_bits(traffic[:, :, 0].astype(np.int64), want_net.astype(np.int64))
+        node = np.arange(R) // 2
+        assert not traffic[node[:, None] == node[None, :]].any(), "GIN traffic inside a node"
+        for r in range(R):
+            got[r].recv_src_metadata[:] = to_numpy(handles[r].recv_src_metadata)
+        combine_two_nodes(buffer, rng, got, handles, recv_w)
     finally:
         buffer.destroy()

@@ -1,4 +1,4 @@
-"""Direct mode across nodes, host side (no GPU): the kernels of a configuration with
+"""Direct and hybrid mode across nodes, host side (no GPU): the kernels of a configuration with
 `num_scaleup_ranks` compile through the runtime's provider, their launch metadata says what the
 runtime must give them (staging per warp, GIN signals), and the record sizes the network
 traffic is counted in come from the window's one layout (EPWindow.h)."""
@@ -70,8 +70,42 @@ def test_one_node_kernels_ask_for_neither(tmp_path):
     assert cached["kernels"] == ["ep_dispatch_scatter"]
 
 
-def test_hybrid_is_refused_by_name(tmp_path):
+def test_hybrid_kernels_forward_through_one_rank_per_node(tmp_path):
     runtime = _C.Runtime("virtual", str(tmp_path), "")
-    with pytest.raises(RuntimeError, match="mode = hybrid .* is not lowered yet"):
-        runtime.kernels(spec(hybrid=True), dict(weights=False, cached=False, zero_padding=False),
-                        "dispatch")
+    variant = dict(weights=True, cached=False, zero_padding=False)
+    meta = metadata(runtime.kernels(spec(hybrid=True), variant, "dispatch"))
+    assert meta["kernels"] == ["ep_dispatch_send", "ep_dispatch_forward", "ep_dispatch_copy"]
+    assert meta["gin_signals"] == 8 + 2 * R
+    assert meta["param_fields"][-2:] == ["fwd_src_metadata", "fwd_counts"]
+    # The forwarders' regions: (R + N) dispatch records or K x (N + 1) combine records per
+    # token, more than direct mode's R or K.
+    direct = metadata(runtime.kernels(spec(), variant, "dispatch"))
+    rec = _C.record_bytes(spec())
+    assert direct["window_bytes_per_token"] == max(R * rec["dispatch"], K * rec["combine"])
+    assert meta["window_bytes_per_token"] == max((R + 2) * rec["dispatch"],
+                                                 K * 3 * rec["combine"])
+    combine = metadata(runtime.kernels(spec(hybrid=True), dict(weights=True, biases=1),
+                                       "combine"))
+    assert combine["kernels"] == ["ep_combine_send", "ep_combine_forward", "ep_combine_reduce"]
+    cached = metadata(runtime.kernels(spec(hybrid=True), dict(weights=False, cached=True,
+                                                              zero_padding=False), "dispatch"))
+    assert cached["kernels"] == meta["kernels"]
+
+
+def test_hybrid_handle_has_the_forwarder_tensors():
+    outs = {name: (dtype, shape) for name, dtype, shape in
+            _C.outputs("dispatch", spec(hybrid=True),
+                       dict(weights=True, cached=False, zero_padding=False), 100)}
+    # Rows grouped per forwarder index (M), the forwarder's items: N x Tmax of them.
+    assert outs["psum_num_recv_tokens_per_rank"] == ("i32", (M,))
+    assert outs["fwd_src_metadata"] == ("i32", (2 * 128, K + 2))
+    assert outs["fwd_counts"] == ("i32", (2,))
+    direct = {name for name, _, _ in _C.outputs(
+        "dispatch", spec(), dict(weights=True, cached=False, zero_padding=False), 100)}
+    assert "fwd_src_metadata" not in direct and "fwd_counts" not in direct
+    # hybrid metadata column 1 is item x K + slot, item < N x Tmax: bounded by name.
+    with pytest.raises(ValueError, match="hybrid metadata holds item x K"):
+        _C.outputs("dispatch", spec(hybrid=True, num_ranks=64, num_experts=64 * 8,
+                                    num_scaleup_ranks=2, num_topk=32,
+                                    num_max_tokens_per_rank=1 << 21),
+                   dict(weights=False, cached=False, zero_padding=False), 1)

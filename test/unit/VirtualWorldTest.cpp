@@ -35,6 +35,9 @@ TEST(VirtualWorld, TheDescriptorsFollowTheirFieldList) {
   EXPECT_EQ(offsetof(EpicVirtualComm, traffic), 48u);
   EXPECT_EQ(offsetof(EpicVirtualComm, drop_network_from), 56u);
   EXPECT_EQ(offsetof(EpicVirtualComm, gin_mode), 60u);
+  EXPECT_EQ(EPIC_VCOMM_DROP_SPARES_SIGNAL, 12);
+  EXPECT_EQ(offsetof(EpicVirtualComm, drop_spares_signal), 64u);
+  EXPECT_EQ(sizeof(EpicVirtualComm), 72u);
   EXPECT_EQ(offsetof(EpicVirtualWindow, num_ranks), 16u);
   EXPECT_EQ(EPIC_VWIN_NUM_RANKS, 2);
 }

@@ -34,6 +34,7 @@ done
   --cache-dir="$out/cache" > /dev/null
 # The configurations the Python API's GPU tests use.
 PYTHONPATH=python EPIC_CACHE_DIR="$out/cache" python3 test/gpu/prepare_buffer_kernels.py
+PYTHONPATH=python EPIC_CACHE_DIR="$out/cache" python3 bench/multinode_bench.py --compile-only
 EPIC_CACHE_DIR="$out/cache" python3 test/gpu/soak.py --compile-only  # run.sh soak's configurations
 # test/gpu/stress.py: one NCCL rank (torchrun --nproc-per-node 1) and a virtual world of 8.
 EPIC_CACHE_DIR="$out/cache" python3 test/gpu/stress.py --compile-only --world-size 1

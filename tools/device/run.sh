@@ -79,8 +79,14 @@ for program in examples/run/*.mlir examples/mlir/moe_layer.mlir; do
 done
 run /tmp/epic-gpu/runtime/bin/epic-run test/gpu/run_nccl_one_rank.mlir --backend=nccl --check \
   --cache-dir="$dev/cache"
-# Direct mode across nodes on virtual worlds of 2x4, 4x2 and 2x2 ranks.
+# Direct and hybrid mode across nodes on virtual worlds of 2x4, 4x2 and 2x2 ranks.
 EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run python3 test/gpu/ep_multinode.py
+# A hybrid forwarder that stalls inside the combine: its rail peer's bounded wait names it
+# (signal 8 + 4 + 1 of a world of 4). A process of its own: the context is lost.
+EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run bash -c "python3 test/gpu/ep_multinode.py \
+  --stall-forwarder 2>&1 | tee /tmp/epic-gpu/stall.log; grep -qF 'rank 3 waited for signal 13 \
+from rank 1 (expected >= 1, seen 0' /tmp/epic-gpu/stall.log && grep -qF 'the launch failed as it \
+must' /tmp/epic-gpu/stall.log"
 fi
 if [[ $only == soak ]]; then
   # Random configurations and routings against epic.reference, buffers reused (>= 1000 iterations).

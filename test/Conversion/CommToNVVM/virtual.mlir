@@ -11,9 +11,9 @@ gpu.module @teams {
   gpu.func @k(%dc: !comm.dev_comm, %win: !comm.window, %off: i64, %r: i32) kernel {
     // R and M are fields 0 and 5 of EpicVirtualComm (VirtualWorld.def); the world rank is
     // w = blockIdx.x / (gridDim.x / R).
-    // CHECK: %[[RF:.*]] = llvm.getelementptr %[[DC]][0, 0] : (!llvm.ptr) -> !llvm.ptr, !llvm.struct<(i32, i32, i32, i32, i32, i32, ptr, ptr, ptr, ptr, i32, i32)>
+    // CHECK: %[[RF:.*]] = llvm.getelementptr %[[DC]][0, 0] : (!llvm.ptr) -> !llvm.ptr, !llvm.struct<(i32, i32, i32, i32, i32, i32, ptr, ptr, ptr, ptr, i32, i32, i32, i32)>
     // CHECK: %[[NR:.*]] = llvm.load %[[RF]] : !llvm.ptr -> i32
-    // CHECK: %[[MF:.*]] = llvm.getelementptr %[[DC]][0, 5] : (!llvm.ptr) -> !llvm.ptr, !llvm.struct<(i32, i32, i32, i32, i32, i32, ptr, ptr, ptr, ptr, i32, i32)>
+    // CHECK: %[[MF:.*]] = llvm.getelementptr %[[DC]][0, 5] : (!llvm.ptr) -> !llvm.ptr, !llvm.struct<(i32, i32, i32, i32, i32, i32, ptr, ptr, ptr, ptr, i32, i32, i32, i32)>
     // CHECK: %[[M:.*]] = llvm.load %[[MF]] : !llvm.ptr -> i32
     // CHECK: %[[GRID:.*]] = nvvm.read.ptx.sreg.nctaid.x : i32
     // CHECK: %[[BLOCK:.*]] = nvvm.read.ptx.sreg.ctaid.x : i32

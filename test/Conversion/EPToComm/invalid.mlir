@@ -63,17 +63,3 @@ func.func @gemm_n(%x: tensor<?x1024xbf16>, %w: tensor<8x1024x200xbf16>, %h: !ep.
       : tensor<?x1024xbf16>, tensor<8x1024x200xbf16> -> tensor<?x200xbf16>
   return %y : tensor<?x200xbf16>
 }
-
-// -----
-
-// Hybrid mode (forwarding through one rank per node) is not lowered yet; direct mode is
-// (multinode.mlir).
-#cfg = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 256, dtype = bf16,
-                  max_tokens_per_rank = 64, scaleup_ranks = 4, mode = hybrid>
-func.func @multi_node(%x: tensor<?x256xbf16>, %idx: tensor<?x4xi64>)
-    -> (tensor<?x256xbf16>, tensor<?x4xi64>, !ep.handle<#cfg>) {
-  // expected-error@+1 {{convert-ep-to-comm: mode = hybrid (2 nodes of 4 ranks) is not lowered yet: its forwarding through one rank per node is missing; use mode = direct, which sends to every rank of another node over the network}}
-  %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) config #cfg
-      : tensor<?x256xbf16> -> tensor<?x256xbf16>, tensor<?x4xi64>, !ep.handle<#cfg>
-  return %rx, %ri, %h : tensor<?x256xbf16>, tensor<?x4xi64>, !ep.handle<#cfg>
-}

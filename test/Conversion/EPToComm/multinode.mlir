@@ -1,8 +1,8 @@
 // convert-ep-to-comm across nodes (direct mode; scaleup_ranks = 2 of 4 ranks: two nodes).
 // Ranks are world ranks; ranks of the node are reached through peer pointers (world team),
 // the others by GIN: records staged in the warp's ring in the window and put, counts by
-// put_value + signal, done flags by signals; a hierarchical entry barrier. Hybrid mode is
-// refused by name (invalid.mlir).
+// put_value + signal, done flags by signals; a hierarchical entry barrier. Hybrid mode:
+// hybrid.mlir.
 // RUN: epic-opt %s --split-input-file --convert-ep-to-comm=one-pass-cached-dispatch=true \
 // RUN:   | FileCheck %s
 

@@ -116,8 +116,18 @@ def ConvertEPToComm : Pass<"convert-ep-to-comm", "::mlir::ModuleOp"> {
     columns, box, swizzle) that the runtime encodes per call into the
     parameter memory (record field `tensor_maps`). Not cooperative.
 
-    Not generated yet: hybrid (RDMA + NVLink) mode and GIN puts for peers
-    outside the LSA team, Hopper bulk copies (`cp.async.bulk`) staged in
+    **Across nodes** (`scaleup_ranks` < `ranks`): direct mode reaches the
+    ranks of other nodes by GIN puts from a per-warp staging ring, counts
+    and done flags by signals. Hybrid mode (`mode = hybrid`) sends a token
+    once per destination node, to its forwarder there (the rail peer), which
+    sends it on over NVLink: dispatch is `<name>_send` (to the forwarders),
+    `<name>_forward` (to the node's ranks) and `<name>_copy`; combine is
+    `<name>_send` (partial rows to the node's forwarders), `<name>_forward`
+    (each node's sum back to the origin) and `<name>_reduce` (per node
+    master slot). The forwarder's state is the handle's `fwd_src_metadata`
+    and `fwd_counts`.
+
+    Not generated yet: Hopper bulk copies (`cp.async.bulk`) staged in
     shared memory instead of 16-byte vector copies, and `num_sms`-specific
     warp roles (the kernels are grid-agnostic: any block count per rank).
 

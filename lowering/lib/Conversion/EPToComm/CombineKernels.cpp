@@ -69,14 +69,17 @@ void buildCombineSend(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape
   Value x = k.pointerParam(kCX);
   Value weights = shape.weights ? k.pointerParam(kCTopkWeights) : Value();
   Value metadata = k.pointerParam(kCSrcMetadata);
-  Value received = k.loadI32(k.pointerParam(kCPsumPerRank), k.i32(L.ranks - 1));
+  // The prefix sums per source rank (hybrid: per forwarder index).
+  Value received =
+      k.loadI32(k.pointerParam(kCPsumPerRank), k.i32((L.hybrid ? L.ranksPerNode : L.ranks) - 1));
   k.entryBarrier();
 
   // Every received token (a warp, or a share of its row): back to its source,
   // into [master slot][token]. Across nodes a warp sends whole rows: a record
-  // for another node is staged whole, then put.
+  // for another node is staged whole, then put. Hybrid: to the token's
+  // forwarder in this node, over NVLink.
   int64_t maxParts =
-      L.multiNode
+      L.multiNode && !L.hybrid
           ? 1
           : KernelBuilder::maxRowParts(L.hidden * 2, shape.expanded ? KernelBuilder::kSumChunks
                                                                     : KernelBuilder::kCopyUnroll);
@@ -95,6 +98,16 @@ void buildCombineSend(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape
     }
   };
   k.loopRowParts(received, maxParts, [&](Value row, const RowPart &share) {
+    if (L.hybrid) {
+      // Into the forwarder's [master slot][item] (column 1: item x K + master).
+      Value meta = k.elementAt(metadata, k.mul(row, k.i32(L.topk + 2)), 4);
+      Value src = k.divu(k.load(k.i32T(), meta, 4), k.tmax);
+      Value back = k.loadI32(meta, k.i32(1));
+      Value forwarder =
+          k.add(k.mul(k.node, k.i32(L.ranksPerNode)), k.remu(src, k.i32(L.ranksPerNode)));
+      Value offset = k.partialRecordAt(k.remu(back, k.i32(L.topk)), k.divu(back, k.i32(L.topk)));
+      return writeRecord(row, meta, k.peer(offset, forwarder), share);
+    }
     if (!L.multiNode) {
       auto [meta, record] = combineDestination(k, L, metadata, row);
       return writeRecord(row, meta, record, share);
@@ -115,17 +128,21 @@ void buildCombineSend(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape
   });
   // The warp's puts have read their sources (its staging is free for the next
   // call), before the last block's done signals.
-  if (L.multiNode)
+  if (L.multiNode && !L.hybrid)
     k.flushWarp();
 
-  // The rank's last block tells every peer it is done, and waits for all.
+  // The rank's last block tells every peer it is done, and waits for all
+  // (hybrid: every rank of the node; the forward kernel goes on).
+  std::optional<PeerGroup> nodePeers;
+  if (L.hybrid)
+    nodePeers = PeerGroup::node(k);
   Value last = k.lastBlockOfRank(L.combineDone);
   k.when(last, [&] {
     k.when(k.eq(k.tid, k.i32(0)), [&] {
       comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
                             k.local(k.i32(L.combineDone)));
     });
-    exchangeDoneFlags(k, L.combineFlags);
+    exchangeDoneFlags(k, L.combineFlags, {}, {}, nodePeers ? &*nodePeers : nullptr);
   });
 }
 
@@ -143,7 +160,11 @@ void buildCombineReduce(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sha
   k.loopRowParts(
       numTokens, KernelBuilder::maxRowParts(L.hidden * 2, KernelBuilder::kSumChunks),
       [&](Value token, const RowPart &share) {
-        auto r = k.route(topkIdx, token);
+        // Hybrid: one record per node, at the node's master slot (the highest
+        // slot whose expert lives there), holding the node's sum.
+        auto r = L.hybrid ? k.route(topkIdx, token,
+                                    [&](Value rank) { return k.divu(rank, k.i32(L.ranksPerNode)); })
+                          : k.route(topkIdx, token);
         Value rowBytes = k.mul(k.wide(token), k.i64(L.hidden * 2));
         // fp32 from +0.0: the biases, then the master slots' rows in increasing
         // slot order; one rounding.

@@ -123,6 +123,125 @@ RemoteSends stageRemoteRecord(KernelBuilder &k, const KernelBuilder::Routing &r,
   return s;
 }
 
+/// The count exchange that ends an uncached dispatch's sending, by the rank's
+/// last block, over `peers` (this rank is peer `self` among them): direct
+/// mode, the world; hybrid mode, the node, after forwarding. Per-expert
+/// counts to each peer, then the token counts; every peer's counts awaited,
+/// then the prefix sums per peer and per local expert and the host counts.
+/// The counters it reads are [peer index][local expert] (kExpertLocal) and
+/// [world rank] (kSlots); the cells it fills at a peer [self] (kCountsIn)
+/// and [self][local expert] (kExpertIn).
+void exchangeDispatchCounts(KernelBuilder &k, const DispatchShape &shape, const PeerGroup &peers,
+                            Value self) {
+  const EPLayout &L = k.layout;
+  Value psumPerRank = k.pointerParam(kPsumPerRank);
+  Value expertCounts = k.pointerParam(kExpertCounts);
+  Value psumPerExpert = k.pointerParam(kPsumPerExpert);
+  Value hostCounts = k.pointerParam(kHostCounts);
+  // Per-expert counts to each destination (relaxed), then the token
+  // counts encoded as -c-1 with release: a peer that sees a count sees
+  // the expert counts and every record this rank sent it.
+  k.loop(k.tid, k.i32(peers.count * L.local), k.threads, [&](Value i) {
+    Value from = k.counter(L.expertLocal, i); // [peer index][local expert]
+    Value v = comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed, comm::Scope::gpu, from);
+    comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), from);
+    Value dst = peers.rank(k.divu(i, k.i32(L.local)));
+    Value slot = k.add(k.mul(self, k.i32(L.local)), k.remu(i, k.i32(L.local)));
+    Value cell = k.add(k.i32(L.expertIn), k.mul(slot, k.i32(4)));
+    if (peers.nvlinkOnly) {
+      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::sys, v, k.peer(cell, dst));
+      return;
+    }
+    // A zero needs no message: the receiver left the cell zero after its
+    // last read, before this op's entry barrier.
+    k.when(k.cmp(arith::CmpIPredicate::ne, v, k.i32(0)),
+           [&] { k.storeCell(v, k.wide(cell), dst, comm::Ordering::relaxed); });
+  });
+  k.barrier();
+  // The block's expert counts have left before any count signal is posted
+  // (as each warp's records did, by its flush), whatever queue each took.
+  if (!peers.nvlinkOnly)
+    comm::FlushOp::create(k.b, k.comm, k.i32(0), comm::Coop::block);
+  k.loop(k.tid, k.i32(peers.count), k.threads, [&](Value i) {
+    Value dst = peers.rank(i);
+    Value from = k.counter(L.slots, dst);
+    Value c = comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed, comm::Scope::gpu, from);
+    comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), from);
+    Value encoded = k.sub(k.i32(-1), c);
+    Value cell = k.add(k.i32(L.countsIn), k.mul(self, k.i32(4)));
+    if (peers.nvlinkOnly) {
+      comm::StoreOp::create(k.b, comm::Ordering::release, comm::Scope::sys, encoded,
+                            k.peer(cell, dst));
+      return;
+    }
+    // Another node: the count's signal lands after the expert counts above
+    // and every record (strong signals; each warp flushed its puts).
+    k.storeCell(encoded, k.wide(cell), dst, comm::Ordering::release,
+                k.add(k.i32(window::kSigCountBase), k.me));
+  });
+  k.when(k.eq(k.tid, k.i32(0)), [&] {
+    comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
+                          k.local(k.i32(L.dispatchDone)));
+  });
+  // The copy epilogue of the previous call is over: its row cursors can go back to zero.
+  k.loop(k.tid, k.i32(L.local), k.threads,
+         [&](Value e) { k.storeI32(k.i32(0), k.local(k.i32(L.expertCursor)), e); });
+  // Every source's count (bounded acquire wait), reset for the next call.
+  k.loop(k.tid, k.i32(peers.count), k.threads, [&](Value i) {
+    Value src = peers.rank(i);
+    Value cell = k.counter(L.countsIn, i);
+    auto nvlinkCount = [&]() -> Value {
+      return comm::WaitFlagOp::create(k.b, k.i32T(), cell, comm::Predicate::ne, k.i32(0), k.me, src,
+                                      comm::Scope::sys, L.timeoutMs);
+    };
+    Value seen = peers.nvlinkOnly
+                     ? nvlinkCount()
+                     : k.choose(k.sameNode(src), k.i32T(), nvlinkCount, [&]() -> Value {
+                         k.awaitSignalOnce(k.add(k.i32(window::kSigCountBase), src), src);
+                         return comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed,
+                                                     comm::Scope::sys, cell);
+                       });
+    comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), cell);
+    k.storeI32(k.sub(k.i32(-1), seen), psumPerRank, i);
+  });
+  k.barrier();
+  // Warp 0: the inclusive prefix sums per source rank and per local expert
+  // (of the counts rounded up to the alignment), the experts' counts
+  // (summed over sources, their cells reset) and the host-visible counts.
+  k.when(k.lt(k.tid, k.i32(32)), [&] {
+    Value received = k.warpInclusiveScan(
+        peers.count,
+        [&](Value src) { return std::pair<Value, Value>{k.loadI32(psumPerRank, src), Value()}; },
+        [&](Value src, Value total, Value) { k.storeI32(total, psumPerRank, src); });
+    k.when(k.eq(k.lane, k.i32(0)), [&] { k.storeI32(received, hostCounts, k.i32(0)); });
+    k.warpInclusiveScan(
+        L.local,
+        [&](Value e) {
+          auto sum =
+              scf::ForOp::create(k.b, k.i32(0), k.i32(peers.count), k.i32(1), ValueRange{k.i32(0)});
+          {
+            OpBuilder::InsertionGuard g(k.b);
+            k.b.setInsertionPointToStart(sum.getBody());
+            Value cell =
+                k.counter(L.expertIn, k.add(k.mul(sum.getInductionVar(), k.i32(L.local)), e));
+            Value v = k.load(k.i32T(), cell, 4);
+            k.store(k.i32(0), cell, 4);
+            scf::YieldOp::create(k.b, ValueRange{k.add(sum.getRegionIterArg(0), v)});
+          }
+          Value count = sum.getResult(0);
+          return std::pair<Value, Value>{k.alignUp(count, L.alignment), count};
+        },
+        [&](Value e, Value end, Value count) {
+          Value aligned = k.alignUp(count, L.alignment);
+          k.storeI32(count, expertCounts, e);
+          // Plain: inclusive prefix of the aligned counts. Expanded: the end of
+          // the expert's real rows, start_e + count_e.
+          k.storeI32(shape.expanded ? k.add(k.sub(end, aligned), count) : end, psumPerExpert, e);
+          k.storeI32(aligned, hostCounts, k.add(e, k.i32(1)));
+        });
+  });
+}
+
 void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape shape) {
   KernelBuilder k(func, L);
   TokenInputs in(k, shape);
@@ -136,10 +255,12 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
                                        LLVM::PtrToIntOp::create(k.b, k.i64T(), idxCopy), k.i64(0));
   k.entryBarrier();
 
-  // One warp per token: send it once to each destination rank.
+  // One warp per token: send it once to each destination rank (hybrid: to
+  // its forwarder in each destination node, Hybrid.cpp).
   k.loop(k.globalWarp, numTokens, k.numWarps, [&](Value token) {
     TokenReads reads = readToken(k, shape, x, scalePacks, weights, token);
-    auto r = k.route(topkIdx, token);
+    auto r = L.hybrid ? k.route(topkIdx, token, [&](Value rank) { return k.forwarderOf(rank); })
+                      : k.route(topkIdx, token);
     Value slotCell = k.add(k.mul(token, k.i32(L.topk)), k.lane);
     if (!shape.cached) {
       // The routing into the handle's copy as it was given (the warp read it).
@@ -150,12 +271,14 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
           id = arith::ExtSIOp::create(k.b, k.i64T(), id);
         k.store(id, k.elementAt(idxCopy, slotCell, 8), 8);
       });
-      // Per-(destination rank, local expert) counts of this rank's tokens.
-      k.when(r.valid, [&] {
-        Value slot = k.add(k.mul(r.dst, k.i32(L.local)), k.remu(r.expert, k.i32(L.local)));
-        comm::RedOp::create(k.b, comm::AtomicKind::add, comm::Ordering::relaxed, comm::Scope::gpu,
-                            k.i32(1), k.counter(L.expertLocal, slot));
-      });
+      // Per-(destination rank, local expert) counts of this rank's tokens
+      // (hybrid: the forwarders count what they forward).
+      if (!L.hybrid)
+        k.when(r.valid, [&] {
+          Value slot = k.add(k.mul(r.dst, k.i32(L.local)), k.remu(r.expert, k.i32(L.local)));
+          comm::RedOp::create(k.b, comm::AtomicKind::add, comm::Ordering::relaxed, comm::Scope::gpu,
+                              k.i32(1), k.counter(L.expertLocal, slot));
+        });
       k.when(k.lt(k.lane, k.i32(L.topk)), [&] { k.storeI32(k.i32(-1), dstSlots, slotCell); });
     }
     // Each master lane takes its slot at its destination (all at once), and
@@ -170,6 +293,8 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
       return slot;
     };
     auto recordAt = [&](Value slot) {
+      if (L.hybrid) // record [my node][slot] of the forwarder's forward region
+        return k.forwardRecordAt(k.node, slot);
       Value index = k.add(k.mul(k.wide(k.me), k.wide(k.tmax)), k.wide(slot));
       return k.add(k.i64(L.data), k.mul(index, k.i64(L.record)));
     };
@@ -233,6 +358,8 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
     k.flushWarp();
 
   Value last = k.lastBlockOfRank(L.dispatchDone);
+  if (L.hybrid) // the forwarders' counts; the forward kernel goes on
+    return k.when(last, [&] { endForwardSends(k, shape); });
   if (shape.cached) {
     // The counts are the handle's: only say that everything was sent.
     k.when(last, [&] {
@@ -244,115 +371,8 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
     });
     return;
   }
-  // The rank's last block exchanges the counts.
-  k.when(last, [&] {
-    Value psumPerRank = k.pointerParam(kPsumPerRank);
-    Value expertCounts = k.pointerParam(kExpertCounts);
-    Value psumPerExpert = k.pointerParam(kPsumPerExpert);
-    Value hostCounts = k.pointerParam(kHostCounts);
-    // Per-expert counts to each destination (relaxed), then the token
-    // counts encoded as -c-1 with release: a peer that sees a count sees
-    // the expert counts and every record this rank sent it.
-    k.loop(k.tid, k.i32(L.ranks * L.local), k.threads, [&](Value i) {
-      Value from = k.counter(L.expertLocal, i);
-      Value v =
-          comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed, comm::Scope::gpu, from);
-      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), from);
-      Value dst = k.divu(i, k.i32(L.local));
-      Value slot = k.add(k.mul(k.me, k.i32(L.local)), k.remu(i, k.i32(L.local)));
-      Value cell = k.add(k.i32(L.expertIn), k.mul(slot, k.i32(4)));
-      if (!L.multiNode) {
-        comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::sys, v, k.peer(cell, dst));
-        return;
-      }
-      // A zero needs no message: the receiver left the cell zero after its
-      // last read, before this op's entry barrier.
-      k.when(k.cmp(arith::CmpIPredicate::ne, v, k.i32(0)),
-             [&] { k.storeCell(v, k.wide(cell), dst, comm::Ordering::relaxed); });
-    });
-    k.barrier();
-    // The block's expert counts have left before any count signal is posted
-    // (as each warp's records did, by its flush), whatever queue each took.
-    if (L.multiNode)
-      comm::FlushOp::create(k.b, k.comm, k.i32(0), comm::Coop::block);
-    k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value dst) {
-      Value from = k.counter(L.slots, dst);
-      Value c =
-          comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed, comm::Scope::gpu, from);
-      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), from);
-      Value encoded = k.sub(k.i32(-1), c);
-      Value cell = k.add(k.i32(L.countsIn), k.mul(k.me, k.i32(4)));
-      if (!L.multiNode) {
-        comm::StoreOp::create(k.b, comm::Ordering::release, comm::Scope::sys, encoded,
-                              k.peer(cell, dst));
-        return;
-      }
-      // Another node: the count's signal lands after the expert counts above
-      // and every record (strong signals; each warp flushed its puts).
-      k.storeCell(encoded, k.wide(cell), dst, comm::Ordering::release,
-                  k.add(k.i32(window::kSigCountBase), k.me));
-    });
-    k.when(k.eq(k.tid, k.i32(0)), [&] {
-      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
-                            k.local(k.i32(L.dispatchDone)));
-    });
-    // The copy epilogue of the previous call is over: its row cursors can go back to zero.
-    k.loop(k.tid, k.i32(L.local), k.threads,
-           [&](Value e) { k.storeI32(k.i32(0), k.local(k.i32(L.expertCursor)), e); });
-    // Every source's count (bounded acquire wait), reset for the next call.
-    k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value src) {
-      Value cell = k.counter(L.countsIn, src);
-      auto nvlinkCount = [&]() -> Value {
-        return comm::WaitFlagOp::create(k.b, k.i32T(), cell, comm::Predicate::ne, k.i32(0), k.me,
-                                        src, comm::Scope::sys, L.timeoutMs);
-      };
-      Value seen = !L.multiNode
-                       ? nvlinkCount()
-                       : k.choose(k.sameNode(src), k.i32T(), nvlinkCount, [&]() -> Value {
-                           k.awaitSignalOnce(k.add(k.i32(window::kSigCountBase), src), src);
-                           return comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed,
-                                                       comm::Scope::sys, cell);
-                         });
-      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), cell);
-      k.storeI32(k.sub(k.i32(-1), seen), psumPerRank, src);
-    });
-    k.barrier();
-    // Warp 0: the inclusive prefix sums per source rank and per local expert
-    // (of the counts rounded up to the alignment), the experts' counts
-    // (summed over sources, their cells reset) and the host-visible counts.
-    k.when(k.lt(k.tid, k.i32(32)), [&] {
-      Value received = k.warpInclusiveScan(
-          L.ranks,
-          [&](Value src) { return std::pair<Value, Value>{k.loadI32(psumPerRank, src), Value()}; },
-          [&](Value src, Value total, Value) { k.storeI32(total, psumPerRank, src); });
-      k.when(k.eq(k.lane, k.i32(0)), [&] { k.storeI32(received, hostCounts, k.i32(0)); });
-      k.warpInclusiveScan(
-          L.local,
-          [&](Value e) {
-            auto sum =
-                scf::ForOp::create(k.b, k.i32(0), k.i32(L.ranks), k.i32(1), ValueRange{k.i32(0)});
-            {
-              OpBuilder::InsertionGuard g(k.b);
-              k.b.setInsertionPointToStart(sum.getBody());
-              Value cell =
-                  k.counter(L.expertIn, k.add(k.mul(sum.getInductionVar(), k.i32(L.local)), e));
-              Value v = k.load(k.i32T(), cell, 4);
-              k.store(k.i32(0), cell, 4);
-              scf::YieldOp::create(k.b, ValueRange{k.add(sum.getRegionIterArg(0), v)});
-            }
-            Value count = sum.getResult(0);
-            return std::pair<Value, Value>{k.alignUp(count, L.alignment), count};
-          },
-          [&](Value e, Value end, Value count) {
-            Value aligned = k.alignUp(count, L.alignment);
-            k.storeI32(count, expertCounts, e);
-            // Plain: inclusive prefix of the aligned counts. Expanded: the end of
-            // the expert's real rows, start_e + count_e.
-            k.storeI32(shape.expanded ? k.add(k.sub(end, aligned), count) : end, psumPerExpert, e);
-            k.storeI32(aligned, hostCounts, k.add(e, k.i32(1)));
-          });
-    });
-  });
+  PeerGroup world = PeerGroup::world(k);
+  k.when(last, [&] { exchangeDispatchCounts(k, shape, world, k.me); });
 }
 
 /// Rows [start_e + count_e, start_e + align(count_e)) of each local expert
@@ -406,7 +426,11 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
   Value metadata = k.pointerParam(kRecvSrcMetadata);
   Value expertCounts = k.pointerParam(kExpertCounts);
   Value psumPerExpert = k.pointerParam(kPsumPerExpert);
-  Value received = k.loadI32(psum, k.i32(L.ranks - 1));
+  // Rows come in groups: per source rank, or (hybrid) per forwarder index,
+  // whose receive region holds N x Tmax records.
+  const int64_t groups = L.hybrid ? L.ranksPerNode : L.ranks;
+  Value groupRecords = L.hybrid ? k.mul(k.wide(k.tmax), k.i64(L.nodes)) : k.wide(k.tmax);
+  Value received = k.loadI32(psum, k.i32(groups - 1));
   int64_t metaColumns = L.topk + 2;
 
   // Output row `row` of recv_x.
@@ -430,15 +454,14 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
   int64_t maxParts =
       shape.expanded ? 1 : KernelBuilder::maxRowParts(L.rowBytes, KernelBuilder::kCopyUnroll);
   k.loopRowParts(received, maxParts, [&](Value row, const RowPart &share) {
-    // Source rank: how many prefix sums are <= row (32 ranks per step).
-    auto search =
-        scf::ForOp::create(k.b, k.i32(0), k.i32(L.ranks), k.i32(32), ValueRange{k.i32(0)});
+    // Source rank (group): how many prefix sums are <= row (32 per step).
+    auto search = scf::ForOp::create(k.b, k.i32(0), k.i32(groups), k.i32(32), ValueRange{k.i32(0)});
     {
       OpBuilder::InsertionGuard g(k.b);
       k.b.setInsertionPointToStart(search.getBody());
       Value s = k.add(search.getInductionVar(), k.lane);
       Value bound = k.choose(
-          k.lt(s, k.i32(L.ranks)), k.i32T(), [&]() -> Value { return k.loadI32(psum, s); },
+          k.lt(s, k.i32(groups)), k.i32T(), [&]() -> Value { return k.loadI32(psum, s); },
           [&]() -> Value { return k.i32(INT32_MAX); });
       Value below = k.ballot(k.cmp(arith::CmpIPredicate::sle, bound, row));
       scf::YieldOp::create(k.b, ValueRange{k.add(search.getRegionIterArg(0), k.popc(below))});
@@ -449,7 +472,7 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
         [&]() -> Value { return k.loadI32(psum, k.sub(src, k.i32(1))); },
         [&]() -> Value { return k.i32(0); });
     Value slot = k.sub(row, before);
-    Value index = k.add(k.mul(k.wide(src), k.wide(k.tmax)), k.wide(slot));
+    Value index = k.add(k.mul(k.wide(src), groupRecords), k.wide(slot));
     Value record = k.local(k.add(k.i64(L.data), k.mul(index, k.i64(L.record))));
 
     // Lane j < K: the slot's global expert id, and whether it lives here
@@ -529,12 +552,20 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
     }
     if (!shape.cached) {
       // recv_src_metadata[row][0..1] = (src * Tmax + token, src * K + master);
-      // plain layout: the expanded rows (columns 2..) are -1.
+      // hybrid: the forwarder wrote the source id and its item for column 1
+      // (item * K + master). Plain layout: the expanded rows (columns 2..) are -1.
       k.inFirstPart(share, [&] {
         Value token = k.load(k.i32T(), k.at(record, k.i32(L.tokenOff)), 4);
         Value master = L.multiNode ? receivedMaster(k, L, record)
                                    : k.load(k.i32T(), k.at(record, k.i32(L.tokenOff + 4)), 4);
         k.when(k.eq(k.lane, k.i32(0)), [&] {
+          if (L.hybrid) {
+            Value item = k.load(k.i32T(), k.at(record, k.i32(L.tokenOff + 4)), 4);
+            k.storeI32(token, metadata, metaRow);
+            k.storeI32(k.add(k.mul(item, k.i32(L.topk)), master), metadata,
+                       k.add(metaRow, k.i32(1)));
+            return;
+          }
           k.storeI32(k.add(k.mul(src, k.tmax), token), metadata, metaRow);
           k.storeI32(k.add(k.mul(src, k.i32(L.topk)), master), metadata, k.add(metaRow, k.i32(1)));
         });

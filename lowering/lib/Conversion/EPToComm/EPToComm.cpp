@@ -76,15 +76,6 @@ FailureOr<bool> checkEntryForm(func::FuncOp func) {
              << op.getName() << "'";
     }
   }
-  // Direct mode reaches peers in other nodes by GIN puts and signals
-  // (Network.cpp). Hybrid mode forwards through a rank of each node, which is
-  // not lowered yet: refuse it by name rather than lower it as direct.
-  ep::ConfigAttr cfg = cast<ep::KernelOpInterface>(epOp).getConfig();
-  if (cfg.isMultiNode() && cfg.isHybrid())
-    return epOp->emitError("convert-ep-to-comm: mode = hybrid (")
-           << cfg.getNumNodes() << " nodes of " << cfg.getRanksPerNode()
-           << " ranks) is not lowered yet: its forwarding through one rank per node is missing; "
-              "use mode = direct, which sends to every rank of another node over the network";
   if (failed(entryTimeout(func)))
     return failure();
   return true;
@@ -325,6 +316,9 @@ struct DispatchOpLowering : KernelOpLowering<ep::DispatchOp> {
     if (scatter) {
       plan.kernels = {entry.name + "_scatter"};
       plan.cooperative = false; // no rank waits for another
+    } else if (plan.cfg.isMultiNode() && plan.cfg.isHybrid()) {
+      plan.kernels = {entry.name + "_send", entry.name + "_forward", entry.name + "_copy"};
+      plan.fields = fieldNames(kDispatchFields, kDispatchForwarderFields);
     } else {
       plan.kernels = {entry.name + "_send", entry.name + "_copy"};
     }
@@ -337,7 +331,9 @@ struct DispatchOpLowering : KernelOpLowering<ep::DispatchOp> {
         return;
       }
       buildDispatchSend(plan.kernel(b, 0, true), layout, shape);
-      buildDispatchCopy(plan.kernel(b, 1, false), layout, shape);
+      if (layout.hybrid)
+        buildDispatchForward(plan.kernel(b, 1, true), layout, shape);
+      buildDispatchCopy(plan.kernel(b, plan.kernels.size() - 1, false), layout, shape);
     };
     return plan;
   }
@@ -354,15 +350,22 @@ struct CombineOpLowering : KernelOpLowering<ep::CombineOp> {
              << plan.cfg.getHidden() << ") must be a multiple of 8";
     CombineShape shape{static_cast<bool>(combine.getTopkWeights()),
                        static_cast<unsigned>(combine.getBiases().size()), plan.cfg.isExpanded()};
+    const bool hybrid = plan.cfg.isMultiNode() && plan.cfg.isHybrid();
     plan.kernels = {entry.name + "_send", entry.name + "_reduce"};
     plan.fields = fieldNames(kCombineFields);
+    if (hybrid) {
+      plan.kernels.insert(plan.kernels.begin() + 1, entry.name + "_forward");
+      plan.fields = fieldNames(kCombineFields, kCombineForwarderFields);
+    }
     plan.build = [shape](const KernelPlan &plan, gpu::GPUModuleOp module,
                          const RecordLayout &record) {
       // The routing comes from the handle (topk_idx of the dispatch); int64.
       EPLayout layout = plan.layout(64, record, kCMaxTokens);
       OpBuilder b = kernelInsertionPoint(module);
       buildCombineSend(plan.kernel(b, 0, true), layout, shape);
-      buildCombineReduce(plan.kernel(b, 1, false), layout, shape);
+      if (layout.hybrid)
+        buildCombineForward(plan.kernel(b, 1, true), layout, shape);
+      buildCombineReduce(plan.kernel(b, plan.kernels.size() - 1, false), layout, shape);
     };
     return plan;
   }

@@ -43,30 +43,58 @@ static Value doneSignal(KernelBuilder &k, Value source) {
 /// instead (it lands after this rank's puts to it: strong signals, and every
 /// warp flushed its puts before the last block got here), and its own is
 /// waited for and reset.
-void exchangeDoneFlags(KernelBuilder &k, int64_t flagsOffset, Value first, Value step) {
-  const EPLayout &L = k.layout;
+PeerGroup PeerGroup::world(KernelBuilder &k) {
+  PeerGroup g;
+  g.count = k.layout.ranks;
+  g.rank = [](Value i) { return i; };
+  g.nvlinkOnly = !k.layout.multiNode;
+  return g;
+}
+
+PeerGroup PeerGroup::node(KernelBuilder &k) {
+  PeerGroup g;
+  g.count = k.layout.ranksPerNode;
+  Value base = k.layout.multiNode ? k.mul(k.node, k.i32(k.layout.ranksPerNode)) : k.i32(0);
+  g.rank = [&k, base](Value i) { return k.add(base, i); };
+  g.nvlinkOnly = true;
+  return g;
+}
+
+PeerGroup PeerGroup::rail(KernelBuilder &k) {
+  PeerGroup g;
+  g.count = k.layout.nodes;
+  g.rank = [&k](Value n) { return k.railPeer(n); };
+  return g;
+}
+
+void exchangeDoneFlags(KernelBuilder &k, int64_t flagsOffset, Value first, Value step,
+                       const PeerGroup *peers) {
+  PeerGroup all = PeerGroup::world(k);
+  const PeerGroup &group = peers ? *peers : all;
   if (!first) // the whole block
     first = k.tid, step = k.threads;
-  k.loop(first, k.i32(L.ranks), step, [&](Value dst) {
+  k.loop(first, k.i32(group.count), step, [&](Value i) {
+    Value dst = group.rank(i);
     auto nvlink = [&] {
       comm::StoreOp::create(k.b, comm::Ordering::release, comm::Scope::sys, k.i32(1),
                             k.peer(k.add(k.i32(flagsOffset), k.mul(k.me, k.i32(4))), dst));
     };
-    if (!L.multiNode)
+    if (group.nvlinkOnly)
       return nvlink();
     k.ifElse(k.sameNode(dst), nvlink, [&] {
       comm::SignalOp::create(k.b, doneSignal(k, k.me), k.team, dst, k.comm,
                              /*signal_add=*/Value(), k.i32(0), comm::Coop::thread);
     });
   });
-  k.loop(first, k.i32(L.ranks), step, [&](Value src) {
+  k.loop(first, k.i32(group.count), step, [&](Value i) {
+    Value src = group.rank(i);
     auto nvlink = [&] {
       Value cell = k.counter(flagsOffset, src);
       comm::WaitFlagOp::create(k.b, k.i32T(), cell, comm::Predicate::eq, k.i32(1), k.me, src,
                                comm::Scope::sys, k.layout.timeoutMs);
       comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), cell);
     };
-    if (!L.multiNode)
+    if (group.nvlinkOnly)
       return nvlink();
     k.ifElse(k.sameNode(src), nvlink, [&] { k.awaitSignalOnce(doneSignal(k, src), src); });
   });

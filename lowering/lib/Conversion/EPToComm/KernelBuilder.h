@@ -460,20 +460,33 @@ public:
   }
 
   /// The routing of token `t` in this warp: lane j < K holds expert id e_j
-  /// (i32, -1 = none) and its destination rank (-1 if none); the master lanes
+  /// (i32, -1 = none) and its destination (-1 if none); the master lanes
   /// (the highest slot of each destination) and their ballot.
   struct Routing {
     Value expert, valid, dst, masterLane, isMaster, masters;
   };
-  Routing route(Value topkIdx, Value token) {
-    Routing r;
-    Value inTopk = lt(lane, i32(layout.topk));
-    r.expert = choose(
-        inTopk, i32T(),
+  /// Destinations are the experts' ranks, or what `target` makes of a rank:
+  /// hybrid mode sends a token to one forwarder per node, and reduces per node.
+  Routing route(Value topkIdx, Value token, function_ref<Value(Value)> target = {}) {
+    Value expert = choose(
+        lt(lane, i32(layout.topk)), i32T(),
         [&]() -> Value { return loadTopkId(topkIdx, add(mul(token, i32(layout.topk)), lane)); },
         [&]() -> Value { return i32(-1); });
-    r.valid = cmp(arith::CmpIPredicate::sge, r.expert, i32(0));
-    r.dst = select(r.valid, divs(r.expert, i32(layout.local)), i32(-1));
+    return routeExperts(expert, target);
+  }
+  /// The same from each lane's expert id (-1 beyond K).
+  Routing routeExperts(Value expert, function_ref<Value(Value)> target = {}) {
+    Value valid = cmp(arith::CmpIPredicate::sge, expert, i32(0));
+    Value rank = divs(expert, i32(layout.local));
+    Routing r = routeTo(select(valid, target ? target(rank) : rank, i32(-1)));
+    r.expert = expert;
+    return r;
+  }
+  /// The same from each lane's destination (-1: none); no expert ids.
+  Routing routeTo(Value dst) {
+    Routing r;
+    r.dst = dst;
+    r.valid = cmp(arith::CmpIPredicate::sge, dst, i32(0));
     Value group = matchAny(r.dst);
     r.masterLane = sub(i32(31), ctlz(group));
     r.isMaster = andi(r.valid, eq(lane, r.masterLane));
@@ -569,6 +582,15 @@ public:
   Value otherNode(Value p);
   /// The world rank of `p`'s LSA peer in node `n` (the rail peer).
   Value railPeer(Value n);
+  /// Hybrid mode (Hybrid.cpp): the forwarder of world rank `rank`'s node for
+  /// this rank's tokens (its rail peer there; itself for its own node).
+  Value forwarderOf(Value rank);
+  /// Window offset (i64) of dispatch record [srcNode][slot] of the forward
+  /// region (after the receive region: EPWindow.h).
+  Value forwardRecordAt(Value srcNode, Value slot);
+  /// Window offset (i64) of combine record [rank master slot][item] of the
+  /// forwarder's region (after the origin's [slot][Tmax] region).
+  Value partialRecordAt(Value master, Value item);
   /// The entry barrier across nodes: block 0 meets its node's ranks (as
   /// entryBarrier does, over NVLink), then the same LSA rank of every other
   /// node (GIN put_value + signal), checks every rank's signature, and
@@ -610,11 +632,28 @@ public:
 /// shared memory (KernelBuilder::sharedFlag).
 gpu::GPUFuncOp createKernel(OpBuilder &builder, Location loc, StringRef name, bool sharedFlag);
 
-/// Each peer gets flag 1 (release) from the rank's last block or warp
-/// (threads `first`, `first + step`, ...: the block's by default), which then waits
-/// (bounded acquire) for every peer's flag and resets it: all the records
-/// peers sent this rank have landed.
-void exchangeDoneFlags(KernelBuilder &k, int64_t flagsOffset, Value first = {}, Value step = {});
+/// The ranks an exchange at the end of a kernel runs over: `count` peers,
+/// peer i being world rank `rank(i)`, this rank among them. Default: the world.
+/// Hybrid mode: the node's ranks (NVLink only) or the rail peers.
+struct PeerGroup {
+  int64_t count = 0;
+  std::function<Value(Value)> rank;
+  /// Every peer is in this rank's node: no network path is built.
+  bool nvlinkOnly = false;
+  /// The world (or one node's ranks, all of them, for single-node layouts).
+  static PeerGroup world(KernelBuilder &k);
+  /// The ranks of this rank's node.
+  static PeerGroup node(KernelBuilder &k);
+  /// This rank's rail peers: its LSA rank in every node, itself included.
+  static PeerGroup rail(KernelBuilder &k);
+};
+
+/// Each peer of `peers` (the world by default) gets flag 1 (release) from the
+/// rank's last block or warp (threads `first`, `first + step`, ...: the
+/// block's by default), which then waits (bounded acquire) for every peer's
+/// flag and resets it: all the records peers sent this rank have landed.
+void exchangeDoneFlags(KernelBuilder &k, int64_t flagsOffset, Value first = {}, Value step = {},
+                       const PeerGroup *peers = nullptr);
 
 } // namespace epic::expand
 

@@ -23,9 +23,22 @@ void buildDispatchScatter(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape 
 /// The fused copy's 16-byte chunks in flight per lane (DispatchShape::rowUnroll).
 int64_t fusedRowUnroll(int64_t rowBytes);
 
+/// Hybrid mode (Hybrid.cpp): the send kernel's last block ends phase 1
+/// (forward counts, or done flags when cached, with the rail peers); the
+/// forward kernel sends what the rail peers put here to the node's ranks.
+void endForwardSends(KernelBuilder &k, const DispatchShape &shape);
+void buildDispatchForward(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape shape);
+/// The count exchange that ends an uncached dispatch's sending, over `peers`
+/// (this rank is peer `self`).
+void exchangeDispatchCounts(KernelBuilder &k, const DispatchShape &shape, const PeerGroup &peers,
+                            Value self);
+
 // Combine.
 void buildCombineSend(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape);
 void buildCombineReduce(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape);
+/// Hybrid mode: each forwarder sums its node's partial rows of every token it
+/// forwarded and sends the sum to the token's origin (Hybrid.cpp).
+void buildCombineForward(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape);
 /// The expanded combine's send of one received token by the calling warp
 /// (shared with the fused GEMM + combine).
 void sendExpandedToken(KernelBuilder &k, const EPLayout &L, const CombineShape &shape, Value x,

@@ -51,6 +51,9 @@ struct EPLayout {
   /// reached by GIN puts and signals (Network.cpp) when there are several.
   int64_t ranksPerNode, nodes;
   bool multiNode;
+  /// Hybrid mode across nodes: a token goes once to each node, to its
+  /// forwarder there (Hybrid.cpp); else direct.
+  bool hybrid;
   /// Tmax, or 0: read from record field `tmaxField` at run time.
   int64_t tmax, tmaxField = -1;
   int64_t elemBytes, idxBytes;
@@ -98,6 +101,7 @@ struct EPLayout {
     ranksPerNode = cfg.getRanksPerNode();
     nodes = cfg.getNumNodes();
     multiNode = cfg.isMultiNode();
+    hybrid = multiNode && cfg.isHybrid();
     elemBytes = cfg.getDtype().getIntOrFloatBitWidth() / 8;
     idxBytes = idxBits / 8;
     epic::ep::window::DispatchRecord d(hidden, elemBytes, packs, topk);
@@ -105,7 +109,7 @@ struct EPLayout {
     weightsOff = d.weightsOff, tokenOff = d.tokenOff, record = d.bytes;
     epic::ep::window::CombineRecord c(hidden, topk);
     combineRow = c.rowBytes, combineRecord = c.bytes;
-    windowPerToken = epic::ep::window::dataBytesPerToken(ranks, topk, d, c);
+    windowPerToken = epic::ep::window::dataBytesPerToken(ranks, topk, d, c, hybrid ? nodes : 0);
     windowBytes = data + tmax * windowPerToken;
     if (multiNode) {
       stageSlot = epic::ep::window::stagingSlotBytes(d, c);

@@ -63,9 +63,9 @@ enum { EPIC_TRAFFIC_PUT_BYTES = 0, EPIC_TRAFFIC_PUT_VALUE_BYTES = 1, EPIC_TRAFFI
 
 #ifdef __cplusplus
 } // extern "C"
-static_assert(sizeof(EpicVirtualComm) == 64, "layout shared with the lowering");
+static_assert(sizeof(EpicVirtualComm) == 72, "layout shared with the lowering");
 static_assert(sizeof(EpicVirtualWindow) == 24, "layout shared with the lowering");
-static_assert(EPIC_VCOMM_NUM_FIELDS == 12 && EPIC_VWIN_NUM_FIELDS == 4,
+static_assert(EPIC_VCOMM_NUM_FIELDS == 14 && EPIC_VWIN_NUM_FIELDS == 4,
               "field counts shared with the lowering");
 #endif
 

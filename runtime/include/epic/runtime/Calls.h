@@ -72,9 +72,15 @@ struct Handle {
   DeviceTensor topkIdx;                    ///< i64 [T, K]: the routing
   DeviceTensor dstBufferSlotIdx;           ///< i32 [T, K]
   DeviceTensor recvSrcMetadata;            ///< i32 [R * Tmax, K + 2]
-  DeviceTensor psumNumRecvTokensPerRank;   ///< i32 [R]
+  DeviceTensor psumNumRecvTokensPerRank;   ///< i32 [R] (hybrid: [M], per forwarder index)
   DeviceTensor numRecvTokensPerExpert;     ///< i32 [L]
   DeviceTensor psumNumRecvTokensPerExpert; ///< i32 [L]
+  /// Hybrid mode only (this rank as a forwarder; not given in direct mode):
+  /// i32 [N * Tmax, K + 2], per item (source node x Tmax + slot): the source
+  /// id, the node master slot, then per top-k slot (slot at its destination)
+  /// x M + the destination's LSA rank, or -1; and i32 [N], items per node.
+  DeviceTensor fwdSrcMetadata;
+  DeviceTensor fwdCounts;
 };
 
 struct DispatchCall {

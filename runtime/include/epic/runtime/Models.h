@@ -45,9 +45,10 @@ int64_t bufferSizeHint(const Topology &topology, int64_t maxTokensPerRank, int64
 /// sizing allows ceil(hidden / 32) scale packs, as DeepEP's formula does.
 /// Unit tests check it against what convert-ep-to-comm reports. Kernels that
 /// reach other nodes also stage records per warp of the launch:
-/// `stagingWarps` (blocks per rank x warps per block) of them.
+/// `stagingWarps` (blocks per rank x warps per block) of them. Hybrid mode
+/// over `hybridNodes` nodes adds the forwarders' regions (EPWindow.h).
 int64_t kernelWindowBytes(int numRanks, int64_t maxTokensPerRank, int64_t hidden, int numTopk = 0,
-                          bool fp8Dispatch = false, int64_t stagingWarps = 0);
+                          bool fp8Dispatch = false, int64_t stagingWarps = 0, int hybridNodes = 0);
 
 /// A launch's warps per block at most (CUDA's 1024 threads): what sizing the
 /// staging for `blocks` blocks per rank assumes.

@@ -43,8 +43,9 @@ public:
   std::vector<uint64_t> takeTraffic();
   /// From now on rank `rank`'s put, put_value and signal do nothing (its
   /// node's network stalls); -1: every rank's work again. After the
-  /// device's work so far.
-  void setDropNetworkFrom(int rank);
+  /// device's work so far. `afterEntry`: the rank still joins the ep
+  /// kernels' entry barriers (their GIN signal), so it stalls inside an op.
+  void setDropNetworkFrom(int rank, bool afterEntry = false);
   int dropNetworkFrom() const { return droppedRank; }
 
   /// Signals per (rank, context): the most of 64 and 8 + 2R.

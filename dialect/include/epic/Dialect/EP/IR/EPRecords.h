@@ -23,6 +23,18 @@ enum CombineField {
 #include "epic/Dialect/EP/IR/EPRecords.def"
   kNumCombineFields
 };
+enum DispatchForwarderField {
+  kDispatchForwarderFirst = kNumDispatchFields - 1,
+#define EP_DISPATCH_FORWARDER_FIELD(Enumerator, name) Enumerator,
+#include "epic/Dialect/EP/IR/EPRecords.def"
+  kNumDispatchForwarderFields
+};
+enum CombineForwarderField {
+  kCombineForwarderFirst = kNumCombineFields - 1,
+#define EP_COMBINE_FORWARDER_FIELD(Enumerator, name) Enumerator,
+#include "epic/Dialect/EP/IR/EPRecords.def"
+  kNumCombineForwarderFields
+};
 enum DispatchGemmField {
   kDispatchGemmFirst = kNumDispatchFields - 1,
 #define EP_DISPATCH_GEMM_FIELD(Enumerator, name) Enumerator,
@@ -46,13 +58,22 @@ enum LayoutField {
   kNumLayoutFields
 };
 
-/// The names in record order (the fused entries: only the fields they add).
+/// The names in record order (the fused entries and hybrid mode: only the
+/// fields they add).
 inline constexpr const char *kDispatchFields[] = {
 #define EP_DISPATCH_FIELD(Enumerator, name) #name,
 #include "epic/Dialect/EP/IR/EPRecords.def"
 };
 inline constexpr const char *kCombineFields[] = {
 #define EP_COMBINE_FIELD(Enumerator, name) #name,
+#include "epic/Dialect/EP/IR/EPRecords.def"
+};
+inline constexpr const char *kDispatchForwarderFields[] = {
+#define EP_DISPATCH_FORWARDER_FIELD(Enumerator, name) #name,
+#include "epic/Dialect/EP/IR/EPRecords.def"
+};
+inline constexpr const char *kCombineForwarderFields[] = {
+#define EP_COMBINE_FORWARDER_FIELD(Enumerator, name) #name,
 #include "epic/Dialect/EP/IR/EPRecords.def"
 };
 inline constexpr const char *kDispatchGemmExtraFields[] = {
@@ -75,11 +96,13 @@ inline constexpr const char *kLayoutFields[] = {
 /// Name constants for the runtime, which fills records by name.
 namespace dispatch {
 #define EP_DISPATCH_FIELD(Enumerator, name) inline constexpr const char name[] = #name;
+#define EP_DISPATCH_FORWARDER_FIELD(Enumerator, name) inline constexpr const char name[] = #name;
 #define EP_DISPATCH_GEMM_FIELD(Enumerator, name) inline constexpr const char name[] = #name;
 #include "epic/Dialect/EP/IR/EPRecords.def"
 } // namespace dispatch
 namespace combine {
 #define EP_COMBINE_FIELD(Enumerator, name) inline constexpr const char name[] = #name;
+#define EP_COMBINE_FORWARDER_FIELD(Enumerator, name) inline constexpr const char name[] = #name;
 #define EP_GEMM_COMBINE_FIELD(Enumerator, name) inline constexpr const char name[] = #name;
 #include "epic/Dialect/EP/IR/EPRecords.def"
 } // namespace combine

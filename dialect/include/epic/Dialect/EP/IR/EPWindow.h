@@ -118,7 +118,9 @@ constexpr int64_t stagingPerWarp(const DispatchRecord &dispatch, const CombineRe
 
 /// The GIN signals (context 0) of multi-node kernels, by id: the entry
 /// barrier's (monotonic), then per source rank its dispatch count and its
-/// done flag (each waited for, then reset, once per op).
+/// done flag (each waited for, then reset, once per op). Hybrid mode uses
+/// the same ids for its rail peers: a source's forward count, its done flag
+/// (cached dispatch, combine).
 inline constexpr int64_t kSigEntry = 0;
 inline constexpr int64_t kSigCountBase = 8;
 constexpr int64_t sigCount(int64_t source) { return kSigCountBase + source; }
@@ -128,8 +130,19 @@ constexpr int64_t ginSignals(int64_t ranks) { return kSigCountBase + 2 * ranks; 
 
 /// Data bytes per token of the cap: the larger of the dispatch region
 /// ([source rank][Tmax][record]) and the combine region ([slot][Tmax][record]).
+///
+/// Hybrid mode (`hybridNodes` N > 1 nodes of M = ranks / N) adds the
+/// forwarder's regions after them. Dispatch: the receive region
+/// [forwarder index][N x Tmax][record] (as large as direct mode's), then the
+/// forward region [source node][Tmax][record] that rail peers put their
+/// tokens into. Combine: the origin's region [node master slot][Tmax][record]
+/// (direct mode's), then the forwarder's [rank master slot][N x Tmax][record]
+/// that the node's ranks write their partial rows into.
 constexpr int64_t dataBytesPerToken(int64_t ranks, int64_t topk, const DispatchRecord &dispatch,
-                                    const CombineRecord &combine) {
+                                    const CombineRecord &combine, int64_t hybridNodes = 0) {
+  if (hybridNodes > 1)
+    return std::max((ranks + hybridNodes) * dispatch.bytes,
+                    topk * (hybridNodes + 1) * combine.bytes);
   return std::max(ranks * dispatch.bytes, topk * combine.bytes);
 }
 
