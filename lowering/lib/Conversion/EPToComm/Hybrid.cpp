@@ -28,7 +28,9 @@ using namespace mlir;
 namespace comm = epic::comm;
 namespace window = epic::ep::window;
 
-Value KernelBuilder::forwarderOf(Value rank) { return railPeer(divu(rank, i32(layout.ranksPerNode))); }
+Value KernelBuilder::forwarderOf(Value rank) {
+  return railPeer(divu(rank, i32(layout.ranksPerNode)));
+}
 
 Value KernelBuilder::forwardRecordAt(Value srcNode, Value slot) {
   Value index = add(mul(add(i64(layout.ranks), wide(srcNode)), wide(tmax)), wide(slot));
@@ -38,8 +40,7 @@ Value KernelBuilder::forwardRecordAt(Value srcNode, Value slot) {
 Value KernelBuilder::partialRecordAt(Value master, Value item) {
   // [K][Tmax] origin records, then [K][N x Tmax].
   Value perSlot = mul(wide(tmax), i64(layout.nodes));
-  Value index =
-      add(add(mul(i64(layout.topk), wide(tmax)), mul(wide(master), perSlot)), wide(item));
+  Value index = add(add(mul(i64(layout.topk), wide(tmax)), mul(wide(master), perSlot)), wide(item));
   return add(i64(layout.data), mul(index, i64(layout.combineRecord)));
 }
 
@@ -59,8 +60,8 @@ struct ForwardItems {
     for (int64_t d = 1; d < 32; d *= 2) {
       Value up = gpu::ShuffleOp::create(k.b, prefix, k.i32(d), k.i32(32), gpu::ShuffleMode::UP)
                      .getShuffleResult();
-      prefix = k.select(k.cmp(arith::CmpIPredicate::sge, k.lane, k.i32(d)), k.add(prefix, up),
-                        prefix);
+      prefix =
+          k.select(k.cmp(arith::CmpIPredicate::sge, k.lane, k.i32(d)), k.add(prefix, up), prefix);
     }
     total = k.shuffle(prefix, k.i32(31));
   }
@@ -71,7 +72,8 @@ struct ForwardItems {
   };
   Item at(KernelBuilder &k, Value q) const {
     Value node = k.popc(k.ballot(k.cmp(arith::CmpIPredicate::sle, prefix, q)));
-    Value previous = k.shuffle(prefix, k.select(k.eq(node, k.i32(0)), k.i32(0), k.sub(node, k.i32(1))));
+    Value previous =
+        k.shuffle(prefix, k.select(k.eq(node, k.i32(0)), k.i32(0), k.sub(node, k.i32(1))));
     Value before = k.select(k.eq(node, k.i32(0)), k.i32(0), previous);
     Value slot = k.sub(q, before);
     return {node, slot, k.add(k.mul(node, k.tmax), slot)};
@@ -162,8 +164,8 @@ void buildDispatchForward(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape 
     if (!shape.cached) {
       // Per-(node peer, local expert) counts, and the handle's row of the item.
       k.when(r.valid, [&] {
-        Value cell = k.add(k.mul(k.remu(r.dst, k.i32(M)), k.i32(L.local)),
-                           k.remu(r.expert, k.i32(L.local)));
+        Value cell =
+            k.add(k.mul(k.remu(r.dst, k.i32(M)), k.i32(L.local)), k.remu(r.expert, k.i32(L.local)));
         comm::RedOp::create(k.b, comm::AtomicKind::add, comm::Ordering::relaxed, comm::Scope::gpu,
                             k.i32(1), k.counter(L.expertLocal, cell));
       });
