@@ -169,7 +169,7 @@ def run(args):
     torch.cuda.synchronize()
     fused_equal = all(torch.equal(a.view(torch.int16), b.view(torch.int16))
                       for a, b in zip(fout, again))
-    two_names = ("ep_dispatch_send", "ep_dispatch_copy", KERNEL)
+    two_names = ("ep_dispatch_count", "ep_dispatch_scatter", KERNEL)  # one pass (virtual)
     fused_names = ("ep_dispatch_gemm_send", "ep_dispatch_gemm_copy_gemm")
     per_kernel = dict(two_steps=timer.kernels(two_steps, two_names, buffer),
                       fused=timer.kernels(fused, fused_names, buffer))
@@ -180,7 +180,7 @@ def run(args):
     torch.cuda.synchronize()
     layer_equal = all(torch.equal(a.view(torch.int16), b.view(torch.int16))
                       for other in outs[1:] for a, b in zip(outs[0], other))
-    three_names = ("ep_dispatch_send", "ep_dispatch_copy", KERNEL, "ep_combine_send",
+    three_names = ("ep_dispatch_count", "ep_dispatch_scatter", KERNEL, "ep_combine_send",
                    "ep_combine_reduce")
     per_kernel.update(
         layer_three_steps=timer.kernels(three_steps, three_names, buffer),

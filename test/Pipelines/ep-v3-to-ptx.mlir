@@ -13,11 +13,14 @@
 
 // The parameter table is a by-value kernel parameter (one 192-byte record on
 // nccl; on the virtual backend one per rank, 8), its fields read with ld.param.
+// The virtual backend dispatches in one pass (count, then scatter: no copy epilogue).
 // PTX-LABEL: .entry dispatch_send(
 // PTX: .param .align 64 .b8 dispatch_send_param_2[192]
 // PTX: ld.param.{{.*}}[dispatch_send_param_2+{{[0-9]+}}]
-// VIRTUAL: .param .align 64 .b8 dispatch_send_param_2[1536]
-// VIRTUAL: ld.param.v2.b64 {{.*}}, [%rd{{[0-9]+}}]
+// VIRTUAL-LABEL: .entry dispatch_count(
+// VIRTUAL: .param .align 64 .b8 dispatch_count_param_2[1536]
+// VIRTUAL: ld.param.v2.b64 {{.*}}, [%rd{{[0-9]+}}{{(\+[0-9]+)?}}]
+// VIRTUAL-LABEL: .entry dispatch_scatter(
 // PTX: match.any.sync.b32
 // PTX: {{ld.global.v4.[bu]32|ld.global.nc.v4.[bu]32}}
 // PTX: {{st.v4.[bu]32|st.global.v4.[bu]32}}

@@ -5,9 +5,9 @@
 // tools/device/prepare.sh also compiles it for 1, 2 and 4 ranks (8 experts
 // per rank) by rewriting "ranks = 8, experts = 64".
 // RUN: epic-compile %s --backend=virtual -o %t && FileCheck %s < %t.json
-// CHECK-DAG: "name": "dispatch_exp_copy"
+// CHECK-DAG: "name": "dispatch_exp_scatter"
 // CHECK-DAG: "name": "dispatch_bf16_cached_scatter"
-// CHECK-DAG: "name": "dispatch_bf16_send"
+// CHECK-DAG: "name": "dispatch_bf16_count"
 // CHECK-DAG: "name": "combine_fp8_reduce"
 // CHECK-DAG: "name": "combine_bf16_b1_reduce"
 // CHECK-DAG: "name": "dispatch_exp1_cached_scatter"

@@ -299,7 +299,9 @@ def test_the_compiler_makes_the_kernels_of_a_configuration_without_a_gpu(tmp_pat
     request = json.loads(dispatch["request"])
     assert request["kind"] == "dispatch" and request["dispatch"]["weights"] is True
     assert request["spec"]["max_tokens_per_rank"] == 0  # a run-time value of the kernels
-    assert ".entry ep_dispatch_send" in dispatch["ptx"]
+    # The virtual backend dispatches in one pass: slots and counts, then the scatter.
+    assert ".entry ep_dispatch_count" in dispatch["ptx"]
+    assert ".entry ep_dispatch_scatter" in dispatch["ptx"]
     entry = runtime.entry_ir(spec, dict(weights=True, cached=False, zero_padding=False),
                              "dispatch")
     assert "ep.dispatch" in entry and "func.func @ep_dispatch(" in entry
@@ -325,7 +327,7 @@ def test_quickstart_without_a_gpu_compiles_and_says_so(tmp_path):
                           "--tokens", "64", "--cache-dir", str(tmp_path)],
                          capture_output=True, text=True, check=True).stdout
     assert "no CUDA GPU here, so nothing runs" in out
-    assert "dispatch: kernel request" in out and "ep_dispatch_send (" in out
+    assert "dispatch: kernel request" in out and "ep_dispatch_count (" in out
     assert "combine: kernel request" in out and "ep_combine_reduce (" in out
 
 

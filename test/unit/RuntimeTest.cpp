@@ -246,8 +246,9 @@ TEST_F(CacheTest, ProviderCompilesOnceThenLoads) {
   auto first = provider.get(request);
   EXPECT_EQ(first.source, KernelCache::Source::compiled);
   EXPECT_FALSE(first.module->cubin.empty());
-  EXPECT_NE(first.module->metadataJson.find("\"dispatch_send\""), std::string::npos);
-  EXPECT_NE(first.module->ptx.find(".entry dispatch_copy"), std::string::npos);
+  // The virtual backend dispatches in one pass: count, then scatter.
+  EXPECT_NE(first.module->metadataJson.find("\"dispatch_count\""), std::string::npos);
+  EXPECT_NE(first.module->ptx.find(".entry dispatch_scatter"), std::string::npos);
   EXPECT_EQ(provider.get(request).source, KernelCache::Source::memory);
   KernelCache again(dir.string());
   KernelProvider fresh(again, {"virtual", "sm_90", "/nonexistent/epic-compile"});

@@ -101,7 +101,7 @@ std::string epic::getTargetFeatures(const EpicToPTXOptions &options) {
 
 epic::ConvertEPToCommOptions epic::getEPToCommOptions(const EpicToPTXOptions &options) {
   ConvertEPToCommOptions lowering;
-  lowering.onePassCachedDispatch = options.backend == CommBackend::virtual_;
+  lowering.onePassDispatch = options.backend == CommBackend::virtual_;
   return lowering;
 }
 

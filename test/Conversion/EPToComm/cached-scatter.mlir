@@ -1,7 +1,7 @@
-// convert-ep-to-comm with one-pass-cached-dispatch (what epic-to-ptx sets for the
+// convert-ep-to-comm with one-pass-dispatch (what epic-to-ptx sets for the
 // virtual backend): a cached dispatch is one kernel that writes every row into
 // its destination's outputs, read through the destination's parameter record.
-// RUN: epic-opt %s --split-input-file --convert-ep-to-comm=one-pass-cached-dispatch=true | FileCheck %s
+// RUN: epic-opt %s --split-input-file --convert-ep-to-comm=one-pass-dispatch=true | FileCheck %s
 // Without the option (the nccl backend) the cached dispatch keeps send + copy.
 // RUN: epic-opt %s --split-input-file --convert-ep-to-comm | FileCheck %s --check-prefix=STAGED
 
@@ -65,7 +65,7 @@ func.func @plain(%x: tensor<?x512xf8E4M3FN>, %sf: tensor<?x4xf32>, %h: !ep.handl
 // CHECK: comm.peer_params %{{.*}} stride 192 peer
 // CHECK: %[[META_AT:.*]] = llvm.getelementptr %{{.*}}[%c64_i64]
 // CHECK: %[[META:.*]] = llvm.load %[[META_AT]] {{.*}} -> !llvm.ptr<1>
-// CHECK: %[[COLUMN:.*]] = arith.addi %{{.*}}, %c2_i32 : i32
+// CHECK: %[[COLUMN:.*]] = arith.addi %{{.*}}, %c2_i32{{.*}} : i32
 // CHECK: %[[ROW_START:.*]] = arith.muli %{{.*}}, %c6_i32 : i32
 // CHECK: arith.addi %[[ROW_START]], %[[COLUMN]] : i32
 // CHECK: %[[TARGETS:.*]] = nvvm.vote.sync ballot
@@ -86,15 +86,66 @@ func.func @expanded(%x: tensor<?x512xbf16>, %h: !ep.handle<#exp>)
 
 // -----
 
-// An uncached dispatch is the same with or without the option.
+// An uncached dispatch in one pass: a count kernel (entry barrier, slots taken, counts
+// exchanged; no row moves, nothing staged in the window but, expanded, each slot's row in its
+// expert block) and the scatter, which writes every row, id, weight and the destinations'
+// metadata rows (field 8).
 #cfg = #ep.config<ranks = 2, experts = 4, topk = 2, hidden = 256, dtype = bf16,
                   max_tokens_per_rank = 16>
 // CHECK-LABEL: gpu.module @ep_kernels
+// CHECK: gpu.func @uncached_count(
+// CHECK: comm.atomic_rmw add relaxed scope gpu
+// CHECK-NOT: vector<4xi32>
+// CHECK: comm.store release scope sys
+// CHECK: gpu.return
+// CHECK: gpu.func @uncached_scatter(
+// CHECK: comm.peer_params
+// CHECK: llvm.store %{{.*}} {alignment = 16 : i64} : vector<4xi32>, !llvm.ptr<1>
+// The weights (field 3) go to the destination's recv_topk_weights (field 7).
+// CHECK: llvm.getelementptr %{{.*}}[%c56_i64]
+// CHECK: llvm.store %{{.*}} : f32, !llvm.ptr<1>
+// Then each destination's metadata row: source id, master slot, then -1 per slot (plain).
+// CHECK: llvm.getelementptr %{{.*}}[%c64_i64]
+// CHECK: arith.muli %{{.*}}, %c4_i32{{.*}} : i32
+// CHECK: gpu.return
 // CHECK: func.func @uncached(
-// CHECK-SAME: epic.kernels = ["uncached_send", "uncached_copy"]
-func.func @uncached(%x: tensor<?x256xbf16>, %idx: tensor<?x2xi64>)
-    -> (tensor<?x256xbf16>, tensor<?x2xi64>, !ep.handle<#cfg>) {
-  %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x2xi64>) config #cfg
-      : tensor<?x256xbf16> -> tensor<?x256xbf16>, tensor<?x2xi64>, !ep.handle<#cfg>
-  return %rx, %ri, %h : tensor<?x256xbf16>, tensor<?x2xi64>, !ep.handle<#cfg>
+// CHECK-SAME: epic.kernels = ["uncached_count", "uncached_scatter"]
+// STAGED: epic.kernels = ["uncached_send", "uncached_copy"]
+func.func @uncached(%x: tensor<?x256xbf16>, %idx: tensor<?x2xi64>, %w: tensor<?x2xf32>)
+    -> (tensor<?x256xbf16>, tensor<?x2xi64>, tensor<?x2xf32>, !ep.handle<#cfg>) {
+  %rx, %ri, %rw, %h = ep.dispatch %x topk(%idx : tensor<?x2xi64>) weights(%w : tensor<?x2xf32>)
+      config #cfg
+      : tensor<?x256xbf16> -> tensor<?x256xbf16>, tensor<?x2xi64>, tensor<?x2xf32>, !ep.handle<#cfg>
+  return %rx, %ri, %rw, %h : tensor<?x256xbf16>, tensor<?x2xi64>, tensor<?x2xf32>, !ep.handle<#cfg>
+}
+
+// -----
+
+// Expanded, in one pass: slot j's row is the destination's expert start (its prefix sums,
+// fields 11 and 10), this rank's first row in the block (the cell the count exchange left in
+// the destination's window: expertIn[me][e]) and the slot's row there (the window's data region
+// of this rank, [token][K], written by the count kernel).
+#exp = #ep.config<ranks = 4, experts = 16, topk = 4, hidden = 512, dtype = bf16,
+                  expert_alignment = 64, layout = expanded, max_tokens_per_rank = 128>
+// CHECK-LABEL: gpu.module @ep_kernels
+// CHECK: gpu.func @expanded_fresh_count(
+// The slot's row among this rank's rows of the expert, kept in the data region.
+// CHECK: %[[ROW:.*]] = comm.atomic_rmw add relaxed scope gpu
+// CHECK: llvm.store %[[ROW]]
+// CHECK: gpu.return
+// CHECK: gpu.func @expanded_fresh_scatter(
+// CHECK: llvm.getelementptr %{{.*}}[%c88_i64{{.*}}]
+// CHECK: llvm.getelementptr %{{.*}}[%c80_i64{{.*}}]
+// CHECK: comm.peer_ptr
+// CHECK: %[[TARGETS:.*]] = nvvm.vote.sync ballot
+// CHECK: scf.while (%{{.*}} = %[[TARGETS]])
+// CHECK: gpu.return
+// CHECK: func.func @expanded_fresh(
+// CHECK-SAME: epic.kernels = ["expanded_fresh_count", "expanded_fresh_scatter"]
+// STAGED: epic.kernels = ["expanded_fresh_send", "expanded_fresh_copy"]
+func.func @expanded_fresh(%x: tensor<?x512xbf16>, %idx: tensor<?x4xi64>)
+    -> (tensor<?x512xbf16>, !ep.handle<#exp>) {
+  %rx, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) zero_padding config #exp
+      : tensor<?x512xbf16> -> tensor<?x512xbf16>, !ep.handle<#exp>
+  return %rx, %h : tensor<?x512xbf16>, !ep.handle<#exp>
 }

@@ -3,7 +3,7 @@
 // the others by GIN: records staged in the warp's ring in the window and put, counts by
 // put_value + signal, done flags by signals; a hierarchical entry barrier. Hybrid mode:
 // hybrid.mlir.
-// RUN: epic-opt %s --split-input-file --convert-ep-to-comm=one-pass-cached-dispatch=true \
+// RUN: epic-opt %s --split-input-file --convert-ep-to-comm=one-pass-dispatch=true \
 // RUN:   | FileCheck %s
 
 #cfg = #ep.config<ranks = 4, experts = 16, topk = 4, hidden = 512, dtype = bf16,

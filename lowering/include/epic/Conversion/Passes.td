@@ -90,7 +90,7 @@ def ConvertEPToComm : Pass<"convert-ep-to-comm", "::mlir::ModuleOp"> {
     last block only exchanges done flags), and the copy kernel puts every
     record at the row the handle's prefix sums (plain) or
     `recv_src_metadata` (expanded) give: bitwise the same rows. With
-    `one-pass-cached-dispatch` (a backend with one address space: the
+    `one-pass-dispatch` (a backend with one address space: the
     virtual world, which `epic-to-ptx` sets it for) a cached dispatch is one
     kernel, `<name>_scatter`, and no window traffic: one warp per token reads
     each destination's parameter record (`comm.peer_params`), finds the
@@ -99,6 +99,14 @@ def ConvertEPToComm : Pass<"convert-ep-to-comm", "::mlir::ModuleOp"> {
     the token's row once and stores it to every target row, then the scale
     packs and (plain) the local top-k ids. No entry barrier and no done
     flags: the launch serves every rank, so its end orders every write.
+    With the same option an uncached dispatch is two kernels and no record
+    traffic either: `<name>_count` (the entry barrier, then one warp per
+    token takes its slot at each destination and, expanded, its slot in each
+    local expert's block of the destination, without moving a row; the count
+    exchange, which leaves each destination's per-(source, expert) first rows
+    in its window) and `<name>_scatter`, which places every row, scale pack,
+    id, weight and metadata row straight at its final place: each source row
+    is read once, each received row written once.
 
     **Grouped GEMM** (`<name>_gemm`, sm_90a): one persistent kernel of one
     warpgroup per block, two blocks per SM (`epic.ctas_per_sm`); block b of a
@@ -153,10 +161,10 @@ def ConvertEPToComm : Pass<"convert-ep-to-comm", "::mlir::ModuleOp"> {
   let options = [
     Option<"threadsPerBlock", "threads-per-block", "unsigned", /*default=*/"1024",
            "threads of every kernel block (a multiple of 32)">,
-    Option<"onePassCachedDispatch", "one-pass-cached-dispatch", "bool", /*default=*/"false",
-           "a cached dispatch writes every row straight into its destination's "
-           "outputs (needs every rank's tensors in one address space: the virtual "
-           "backend)">
+    Option<"onePassDispatch", "one-pass-dispatch", "bool", /*default=*/"false",
+           "a dispatch (cached or not) writes every row straight into its "
+           "destination's outputs (needs every rank's tensors in one address space: "
+           "the virtual backend)">
   ];
   let dependentDialects = ["::mlir::gpu::GPUDialect", "::mlir::scf::SCFDialect",
                            "::mlir::arith::ArithDialect", "::mlir::LLVM::LLVMDialect",

@@ -25,19 +25,6 @@ int64_t fusedRowUnroll(int64_t rowBytes) {
   return rowBytes / 16 >= 32 * 8 ? 8 : KernelBuilder::kCopyUnroll;
 }
 
-/// What the kernels that walk a rank's own tokens read from its record.
-struct TokenInputs {
-  Value numTokens, x, topkIdx, scalePacks;
-  /// The slot of every (token, master slot): written by an uncached send,
-  /// replayed by a cached dispatch (which has no count exchange).
-  Value dstSlots;
-  TokenInputs(KernelBuilder &k, const DispatchShape &shape)
-      : numTokens(k.intParam(kDispatchNumTokens)), x(k.pointerParam(kX)),
-        topkIdx(k.pointerParam(kTopkIdx)),
-        scalePacks(shape.scalePacks ? k.pointerParam(kScalePacks) : Value()),
-        dstSlots(k.pointerParam(kDstSlots)) {}
-};
-
 /// What the dispatch send reads of a token before it routes it: everything
 /// its records hold, loaded at once, so that these loads are in flight while
 /// the routing is read and the slots are taken, and each destination's record
@@ -225,7 +212,10 @@ void exchangeDispatchCounts(KernelBuilder &k, const DispatchShape &shape, const 
             Value cell =
                 k.counter(L.expertIn, k.add(k.mul(sum.getInductionVar(), k.i32(L.local)), e));
             Value v = k.load(k.i32T(), cell, 4);
-            k.store(k.i32(0), cell, 4);
+            // One pass: the cell keeps the source's first row in the expert's
+            // block (relative to its start), which the source's scatter reads;
+            // every source overwrites its cells in the next dispatch.
+            k.store(shape.onePass ? sum.getRegionIterArg(0) : k.i32(0), cell, 4);
             scf::YieldOp::create(k.b, ValueRange{k.add(sum.getRegionIterArg(0), v)});
           }
           Value count = sum.getResult(0);
@@ -258,7 +248,8 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
   // One warp per token: send it once to each destination rank (hybrid: to
   // its forwarder in each destination node, Hybrid.cpp).
   k.loop(k.globalWarp, numTokens, k.numWarps, [&](Value token) {
-    TokenReads reads = readToken(k, shape, x, scalePacks, weights, token);
+    TokenReads reads =
+        shape.onePass ? TokenReads{} : readToken(k, shape, x, scalePacks, weights, token);
     auto r = L.hybrid ? k.route(topkIdx, token, [&](Value rank) { return k.forwarderOf(rank); })
                       : k.route(topkIdx, token);
     Value slotCell = k.add(k.mul(token, k.i32(L.topk)), k.lane);
@@ -276,8 +267,18 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
       if (!L.hybrid)
         k.when(r.valid, [&] {
           Value slot = k.add(k.mul(r.dst, k.i32(L.local)), k.remu(r.expert, k.i32(L.local)));
-          comm::RedOp::create(k.b, comm::AtomicKind::add, comm::Ordering::relaxed, comm::Scope::gpu,
-                              k.i32(1), k.counter(L.expertLocal, slot));
+          if (!(shape.onePass && shape.expanded)) {
+            comm::RedOp::create(k.b, comm::AtomicKind::add, comm::Ordering::relaxed,
+                                comm::Scope::gpu, k.i32(1), k.counter(L.expertLocal, slot));
+            return;
+          }
+          // One pass, expanded: the slot's row among this rank's rows of the
+          // expert at the destination, for the scatter (the window's data
+          // region holds them: [token][K]).
+          Value row = comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add,
+                                                comm::Ordering::relaxed, comm::Scope::gpu, k.i32(1),
+                                                k.counter(L.expertLocal, slot));
+          k.storeI32(row, k.local(k.i64(L.data)), slotCell);
         });
       k.when(k.lt(k.lane, k.i32(L.topk)), [&] { k.storeI32(k.i32(-1), dstSlots, slotCell); });
     }
@@ -298,6 +299,8 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
       Value index = k.add(k.mul(k.wide(k.me), k.wide(k.tmax)), k.wide(slot));
       return k.add(k.i64(L.data), k.mul(index, k.i64(L.record)));
     };
+    if (shape.onePass) // the scatter kernel moves the rows
+      return k.when(r.isMaster, [&] { takeSlot(); });
     // The records written here (bits: master lanes), each at `myRecord` of its lane.
     Value myRecord, writes = r.masters;
     RemoteSends remote;
@@ -578,91 +581,6 @@ void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
 
   if (shape.zeroPadding)
     zeroPaddingRows(k, L, shape, recvX, recvPacks, recvWeights, expertCounts, psumPerExpert);
-}
-
-/// The one-pass cached dispatch (`one-pass-cached-dispatch`): every rank's
-/// tensors are in one address space, so the handle's routing places each row
-/// straight into its destination's outputs, no window records and no copy.
-/// One warp per token: lane j's destination d_j and the token's received row
-/// there (d_j's prefix sum before this rank + the slot the handle replays);
-/// the warp reads the token's row once and stores it to every target row
-/// (plain: one per destination; expanded: one per slot, the row d_j's
-/// recv_src_metadata gives), then each target's scale packs and (plain) its
-/// local top-k ids. No rank waits for another: the launch serves every rank,
-/// and its end is the end of every rank's writes.
-void buildDispatchScatter(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape shape) {
-  assert(!shape.weights && "a cached dispatch takes no weights (the ep.dispatch verifier)");
-  KernelBuilder k(func, L);
-  TokenInputs in(k, shape);
-  Value numTokens = in.numTokens, x = in.x, topkIdx = in.topkIdx, scalePacks = in.scalePacks,
-        dstSlots = in.dstSlots;
-  const int64_t metaColumns = L.topk + 2;
-
-  k.loop(k.globalWarp, numTokens, k.numWarps, [&](Value token) {
-    auto r = k.route(topkIdx, token);
-    // Lane j (valid): the row the token has among d_j's received tokens.
-    Value tokenRow = k.choose(
-        r.valid, k.i32T(),
-        [&]() -> Value {
-          Value psum = k.pointerField(k.peerParams(r.dst), kPsumPerRank);
-          Value before = k.choose(
-              k.cmp(arith::CmpIPredicate::sgt, k.me, k.i32(0)), k.i32T(),
-              [&]() -> Value { return k.loadI32(psum, k.sub(k.me, k.i32(1))); },
-              [&]() -> Value { return k.i32(0); });
-          Value slot = k.loadI32(dstSlots, k.add(k.mul(token, k.i32(L.topk)), r.masterLane));
-          return k.add(before, slot);
-        },
-        [&]() -> Value { return k.i32(-1); });
-    // Lane j: its target row (plain: the token row on masters; expanded: slot
-    // j's expanded row) and that row's address in d_j's recv_x.
-    Value targetRow = tokenRow;
-    Value targets = r.masters;
-    if (shape.expanded) {
-      targetRow = k.choose(
-          r.valid, k.i32T(),
-          [&]() -> Value {
-            Value metadata = k.pointerField(k.peerParams(r.dst), kRecvSrcMetadata);
-            return k.loadI32(metadata,
-                             k.add(k.mul(tokenRow, k.i32(metaColumns)), k.add(k.lane, k.i32(2))));
-          },
-          [&]() -> Value { return k.i32(-1); });
-      targets = k.ballot(k.cmp(arith::CmpIPredicate::sge, targetRow, k.i32(0)));
-    }
-    Value rowAddress = k.choose(
-        k.cmp(arith::CmpIPredicate::sge, targetRow, k.i32(0)), k.ptrT(),
-        [&]() -> Value {
-          Value recvX = k.pointerField(k.peerParams(r.dst), kRecvX);
-          return k.at(recvX, k.mul(k.wide(targetRow), k.i64(L.rowBytes)));
-        },
-        [&]() -> Value { return x; });
-    k.copyRowToEach(k.at(x, k.mul(k.wide(token), k.i64(L.rowBytes))), L.rowBytes, targets,
-                    [&](Value j) { return k.shufflePointer(rowAddress, j); });
-    k.forEachLane(targets, [&](Value j) {
-      Value dst = k.shuffle(r.dst, j);
-      Value row = k.shuffle(targetRow, j);
-      Value theirs = k.peerParams(dst);
-      if (shape.scalePacks) {
-        Value recvPacks = k.pointerField(theirs, kRecvScalePacks);
-        k.loop(k.lane, k.i32(L.packs), k.i32(32), [&](Value p) {
-          Value v = k.loadI32(scalePacks, k.add(k.mul(token, k.i32(L.packs)), p));
-          k.storeI32(v, recvPacks, k.add(k.mul(row, k.i32(L.packs)), p));
-        });
-      }
-      if (!shape.expanded) {
-        // Lane i < K: slot i's local expert id at d, or -1.
-        Value recvIdx = k.pointerField(theirs, kRecvTopkIdx);
-        k.when(k.lt(k.lane, k.i32(L.topk)), [&] {
-          Value localId = k.select(k.eq(r.dst, dst), k.rems(r.expert, k.i32(L.local)), k.i32(-1));
-          k.storeTopkId(localId, recvIdx, k.add(k.mul(row, k.i32(L.topk)), k.lane));
-        });
-      }
-    });
-  });
-
-  if (shape.zeroPadding)
-    zeroPaddingRows(k, L, shape, k.pointerParam(kRecvX),
-                    shape.scalePacks ? k.pointerParam(kRecvScalePacks) : Value(), Value(),
-                    k.pointerParam(kExpertCounts), k.pointerParam(kPsumPerExpert));
 }
 
 } // namespace epic::expand

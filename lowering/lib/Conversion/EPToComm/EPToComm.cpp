@@ -104,7 +104,7 @@ struct Entry {
   std::string name;
   int64_t timeoutMs;
   unsigned threads;
-  bool onePassCachedDispatch;
+  bool onePassDispatch;
 };
 
 /// What an op lowers to: its kernels (made by `build` into the gpu.module),
@@ -245,9 +245,8 @@ void emitLaunch(func::FuncOp func, ep::KernelOpInterface op, const KernelPlan &p
 /// building anything, so a pattern that fails has changed nothing.
 template <typename OpT> class KernelOpLowering : public OpConversionPattern<OpT> {
 public:
-  KernelOpLowering(MLIRContext *ctx, unsigned threads, bool onePassCachedDispatch)
-      : OpConversionPattern<OpT>(ctx), threads(threads),
-        onePassCachedDispatch(onePassCachedDispatch) {}
+  KernelOpLowering(MLIRContext *ctx, unsigned threads, bool onePassDispatch)
+      : OpConversionPattern<OpT>(ctx), threads(threads), onePassDispatch(onePassDispatch) {}
 
   LogicalResult matchAndRewrite(OpT op, typename OpT::Adaptor,
                                 ConversionPatternRewriter &rewriter) const final {
@@ -257,7 +256,7 @@ public:
     FailureOr<int64_t> timeoutMs = entryTimeout(func);
     if (failed(timeoutMs))
       return failure();
-    Entry entry{func.getName().str(), *timeoutMs, threads, onePassCachedDispatch};
+    Entry entry{func.getName().str(), *timeoutMs, threads, onePassDispatch};
     FailureOr<KernelPlan> plan = planKernels(op, entry, rewriter);
     if (failed(plan))
       return failure();
@@ -271,7 +270,7 @@ protected:
 
 private:
   unsigned threads;
-  bool onePassCachedDispatch;
+  bool onePassDispatch;
 };
 
 /// DeepEP's get_dispatch_layout: counts zeroed, then a thread per token.
@@ -311,11 +310,16 @@ struct DispatchOpLowering : KernelOpLowering<ep::DispatchOp> {
                         dispatch.isCached(), dispatch.getZeroPadding()};
     plan.fields = fieldNames(kDispatchFields);
     // The one-pass scatter stores into every destination's tensors: one address
-    // space, which ranks of other nodes do not share.
-    const bool scatter = shape.cached && entry.onePassCachedDispatch && !plan.cfg.isMultiNode();
+    // space, which ranks of other nodes do not share. Uncached, a count kernel
+    // takes every slot first.
+    const bool onePass = entry.onePassDispatch && !plan.cfg.isMultiNode();
+    const bool scatter = shape.cached && onePass;
+    shape.onePass = onePass && !shape.cached;
     if (scatter) {
       plan.kernels = {entry.name + "_scatter"};
       plan.cooperative = false; // no rank waits for another
+    } else if (shape.onePass) {
+      plan.kernels = {entry.name + "_count", entry.name + "_scatter"};
     } else if (plan.cfg.isMultiNode() && plan.cfg.isHybrid()) {
       plan.kernels = {entry.name + "_send", entry.name + "_forward", entry.name + "_copy"};
       plan.fields = fieldNames(kDispatchFields, kDispatchForwarderFields);
@@ -328,6 +332,11 @@ struct DispatchOpLowering : KernelOpLowering<ep::DispatchOp> {
       OpBuilder b = kernelInsertionPoint(module);
       if (scatter) {
         buildDispatchScatter(plan.kernel(b, 0, false), layout, shape);
+        return;
+      }
+      if (shape.onePass) {
+        buildDispatchSend(plan.kernel(b, 0, true), layout, shape);
+        buildDispatchScatter(plan.kernel(b, 1, false), layout, shape);
         return;
       }
       buildDispatchSend(plan.kernel(b, 0, true), layout, shape);
@@ -520,7 +529,7 @@ struct ConvertEPToCommPass : public epic::impl::ConvertEPToCommBase<ConvertEPToC
     target.markUnknownOpDynamicallyLegal(
         [](Operation *op) { return !isa<ep::KernelOpInterface>(op); });
     RewritePatternSet patterns(&getContext());
-    epic::populateEPToCommConversionPatterns(patterns, threadsPerBlock, onePassCachedDispatch);
+    epic::populateEPToCommConversionPatterns(patterns, threadsPerBlock, onePassDispatch);
     if (mlir::failed(applyPartialConversion(module, target, std::move(patterns))))
       signalPassFailure();
   }
@@ -529,8 +538,8 @@ struct ConvertEPToCommPass : public epic::impl::ConvertEPToCommBase<ConvertEPToC
 } // namespace
 
 void epic::populateEPToCommConversionPatterns(RewritePatternSet &patterns, unsigned threads,
-                                              bool onePassCachedDispatch) {
+                                              bool onePassDispatch) {
   patterns.add<DispatchLayoutOpLowering, DispatchOpLowering, CombineOpLowering,
                GroupedGemmOpLowering, DispatchGemmOpLowering, GemmCombineOpLowering>(
-      patterns.getContext(), threads, onePassCachedDispatch);
+      patterns.getContext(), threads, onePassDispatch);
 }

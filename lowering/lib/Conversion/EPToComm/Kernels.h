@@ -17,8 +17,26 @@ namespace ep = epic::ep;
 namespace comm = epic::comm;
 
 // Dispatch.
+/// What the kernels that walk a rank's own tokens read from its record.
+struct TokenInputs {
+  Value numTokens, x, topkIdx, scalePacks;
+  /// The slot of every (token, master slot): written by an uncached send,
+  /// replayed by a cached dispatch (which has no count exchange).
+  Value dstSlots;
+  TokenInputs(KernelBuilder &k, const DispatchShape &shape)
+      : numTokens(k.intParam(kDispatchNumTokens)), x(k.pointerParam(kX)),
+        topkIdx(k.pointerParam(kTopkIdx)),
+        scalePacks(shape.scalePacks ? k.pointerParam(kScalePacks) : Value()),
+        dstSlots(k.pointerParam(kDstSlots)) {}
+};
+
+/// Rows [start_e + count_e, start_e + align(count_e)) of each local expert
+/// of this rank's outputs: zero (data, scale packs, weight).
+void zeroPaddingRows(KernelBuilder &k, const EPLayout &L, const DispatchShape &shape, Value recvX,
+                     Value recvPacks, Value recvWeights, Value expertCounts, Value psumPerExpert);
 void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape shape);
 void buildDispatchCopy(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape shape);
+/// The one-pass dispatch (OnePass.cpp): every row straight to its place.
 void buildDispatchScatter(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape shape);
 /// The fused copy's 16-byte chunks in flight per lane (DispatchShape::rowUnroll).
 int64_t fusedRowUnroll(int64_t rowBytes);

@@ -160,6 +160,9 @@ struct DispatchShape {
   int64_t tileDone = -1, maxTiles = 0;
   /// 16-byte chunks per lane the expanded copy keeps in flight.
   int64_t rowUnroll = kDefaultRowUnroll;
+  /// An uncached dispatch in one pass (one address space): the send kernel
+  /// only counts and takes slots, the scatter kernel places every row.
+  bool onePass = false;
 };
 
 struct CombineShape {
