@@ -1,7 +1,9 @@
 """First timing of convert-ep-to-comm's kernels: DeepEP's V3 configuration on 8 virtual ranks.
 
-Not the benchmark instrument (that is the bench issue's ep_bench.py): a quick
-measurement of where the first kernels stand, run on one H200 through CuPy:
+Not the benchmark instrument (that is bench/ep_bench.py): a quick measurement of
+where the first kernels stand, run on one H200 through CuPy. It models the staged
+dispatch (send + copy), which the virtual backend no longer compiles (one pass):
+it refuses a cubin whose dispatch is count + scatter.
 
     python3 bench/ep_virtual_quick.py <v3 virtual cubin> <its json>
 
@@ -70,6 +72,11 @@ def main():
     print(f"device copy bandwidth (read + write): {peak / 1e9:.0f} GB/s")
     flush = cp.empty(256 << 20, cp.uint8)
     d, c = entries["dispatch"], entries["combine"]
+    if not d["kernels"][0].endswith("_send"):
+        # Its byte model is the staged dispatch's (records, then a copy epilogue).
+        sys.exit(f"ep_virtual_quick: the dispatch here is {d['kernels']} (one pass on the "
+                 "virtual backend), not the staged send + copy this quick timing models; "
+                 "bench/ep_bench.py measures it")
     world = ev.VirtualWorld(max(d["window_bytes"], c["window_bytes"]), barriers=132)
     tokens = TMAX
     dev = []
