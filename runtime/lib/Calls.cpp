@@ -295,6 +295,7 @@ ParamRecord epic::runtime::combineRecord(const EPSpec &s, const CombineVariant &
   r[combine::combined_x] = check(c.combinedX, {"combined_x", "bf16", {T, H}}, true);
   r[combine::num_tokens] = uint64_t(T);
   r[combine::max_tokens_per_rank] = uint64_t(s.maxTokensPerRank);
+  r[combine::dst_buffer_slot_idx] = ParamValue(c.handle.dstBufferSlotIdx, 4);
   return r;
 }
 

@@ -51,7 +51,7 @@ void populateCommToNVVMConversionPatterns(mlir::TypeConverter &converter,
 /// op's kernels (in the module's `gpu.module @ep_kernels`, which must exist)
 /// and their launch function; blocks of `threads` threads.
 void populateEPToCommConversionPatterns(mlir::RewritePatternSet &patterns, unsigned threads,
-                                        bool onePassDispatch);
+                                        bool onePassDispatch, bool onePassCombine = false);
 
 #define GEN_PASS_DECL
 #include "epic/Conversion/Passes.h.inc"

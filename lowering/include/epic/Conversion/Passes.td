@@ -164,7 +164,13 @@ def ConvertEPToComm : Pass<"convert-ep-to-comm", "::mlir::ModuleOp"> {
     Option<"onePassDispatch", "one-pass-dispatch", "bool", /*default=*/"false",
            "a dispatch (cached or not) writes every row straight into its "
            "destination's outputs (needs every rank's tensors in one address space: "
-           "the virtual backend)">
+           "the virtual backend)">,
+    Option<"onePassCombine", "one-pass-combine", "bool", /*default=*/"false",
+           "a combine reads every contribution straight from its rank's rows, one "
+           "kernel (one address space: the virtual backend). It finds a plain row by "
+           "its dispatch slot, so the rows must be in slot order (not a deterministic "
+           "buffer's sorted ones); epic-to-ptx does not set it until it is measured on "
+           "a GPU">
   ];
   let dependentDialects = ["::mlir::gpu::GPUDialect", "::mlir::scf::SCFDialect",
                            "::mlir::arith::ArithDialect", "::mlir::LLVM::LLVMDialect",

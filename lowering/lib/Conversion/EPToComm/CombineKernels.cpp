@@ -148,13 +148,9 @@ void buildCombineSend(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape
 
 void buildCombineReduce(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape) {
   KernelBuilder k(func, L);
-  Value numTokens = k.intParam(kCNumTokens);
-  Value topkIdx = k.pointerParam(kCTopkIdx);
-  Value out = k.pointerParam(kCCombinedX);
-  Value outWeights = shape.weights ? k.pointerParam(kCCombinedWeights) : Value();
-  SmallVector<Value> biases;
-  for (unsigned i = 0; i < shape.biases; ++i)
-    biases.push_back(k.pointerParam(kCBias0 + i));
+  CombineOutputs io(k, shape);
+  Value numTokens = io.numTokens, topkIdx = io.topkIdx, out = io.out, outWeights = io.outWeights;
+  ArrayRef<Value> biases = io.biases;
   Type f32 = k.b.getF32Type();
 
   k.loopRowParts(

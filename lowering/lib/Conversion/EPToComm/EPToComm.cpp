@@ -104,7 +104,8 @@ struct Entry {
   std::string name;
   int64_t timeoutMs;
   unsigned threads;
-  bool onePassDispatch;
+  /// Every rank's tensors in one address space: rows go straight to their place.
+  bool onePassDispatch, onePassCombine;
 };
 
 /// What an op lowers to: its kernels (made by `build` into the gpu.module),
@@ -245,8 +246,9 @@ void emitLaunch(func::FuncOp func, ep::KernelOpInterface op, const KernelPlan &p
 /// building anything, so a pattern that fails has changed nothing.
 template <typename OpT> class KernelOpLowering : public OpConversionPattern<OpT> {
 public:
-  KernelOpLowering(MLIRContext *ctx, unsigned threads, bool onePassDispatch)
-      : OpConversionPattern<OpT>(ctx), threads(threads), onePassDispatch(onePassDispatch) {}
+  KernelOpLowering(MLIRContext *ctx, unsigned threads, bool onePassDispatch, bool onePassCombine)
+      : OpConversionPattern<OpT>(ctx), threads(threads), onePassDispatch(onePassDispatch),
+        onePassCombine(onePassCombine) {}
 
   LogicalResult matchAndRewrite(OpT op, typename OpT::Adaptor,
                                 ConversionPatternRewriter &rewriter) const final {
@@ -256,7 +258,7 @@ public:
     FailureOr<int64_t> timeoutMs = entryTimeout(func);
     if (failed(timeoutMs))
       return failure();
-    Entry entry{func.getName().str(), *timeoutMs, threads, onePassDispatch};
+    Entry entry{func.getName().str(), *timeoutMs, threads, onePassDispatch, onePassCombine};
     FailureOr<KernelPlan> plan = planKernels(op, entry, rewriter);
     if (failed(plan))
       return failure();
@@ -271,6 +273,8 @@ protected:
 private:
   unsigned threads;
   bool onePassDispatch;
+  /// A combine that reads every contribution where it lies (one address space).
+  bool onePassCombine;
 };
 
 /// DeepEP's get_dispatch_layout: counts zeroed, then a thread per token.
@@ -360,8 +364,13 @@ struct CombineOpLowering : KernelOpLowering<ep::CombineOp> {
     CombineShape shape{static_cast<bool>(combine.getTopkWeights()),
                        static_cast<unsigned>(combine.getBiases().size()), plan.cfg.isExpanded()};
     const bool hybrid = plan.cfg.isMultiNode() && plan.cfg.isHybrid();
+    shape.onePass = entry.onePassCombine && !plan.cfg.isMultiNode();
     plan.kernels = {entry.name + "_send", entry.name + "_reduce"};
     plan.fields = fieldNames(kCombineFields);
+    if (shape.onePass) {
+      plan.kernels = {entry.name + "_gather"};
+      plan.cooperative = false; // no rank waits for another
+    }
     if (hybrid) {
       plan.kernels.insert(plan.kernels.begin() + 1, entry.name + "_forward");
       plan.fields = fieldNames(kCombineFields, kCombineForwarderFields);
@@ -371,6 +380,8 @@ struct CombineOpLowering : KernelOpLowering<ep::CombineOp> {
       // The routing comes from the handle (topk_idx of the dispatch); int64.
       EPLayout layout = plan.layout(64, record, kCMaxTokens);
       OpBuilder b = kernelInsertionPoint(module);
+      if (shape.onePass)
+        return buildCombineGather(plan.kernel(b, 0, false), layout, shape);
       buildCombineSend(plan.kernel(b, 0, true), layout, shape);
       if (layout.hybrid)
         buildCombineForward(plan.kernel(b, 1, true), layout, shape);
@@ -529,7 +540,8 @@ struct ConvertEPToCommPass : public epic::impl::ConvertEPToCommBase<ConvertEPToC
     target.markUnknownOpDynamicallyLegal(
         [](Operation *op) { return !isa<ep::KernelOpInterface>(op); });
     RewritePatternSet patterns(&getContext());
-    epic::populateEPToCommConversionPatterns(patterns, threadsPerBlock, onePassDispatch);
+    epic::populateEPToCommConversionPatterns(patterns, threadsPerBlock, onePassDispatch,
+                                             onePassCombine);
     if (mlir::failed(applyPartialConversion(module, target, std::move(patterns))))
       signalPassFailure();
   }
@@ -538,8 +550,8 @@ struct ConvertEPToCommPass : public epic::impl::ConvertEPToCommBase<ConvertEPToC
 } // namespace
 
 void epic::populateEPToCommConversionPatterns(RewritePatternSet &patterns, unsigned threads,
-                                              bool onePassDispatch) {
+                                              bool onePassDispatch, bool onePassCombine) {
   patterns.add<DispatchLayoutOpLowering, DispatchOpLowering, CombineOpLowering,
                GroupedGemmOpLowering, DispatchGemmOpLowering, GemmCombineOpLowering>(
-      patterns.getContext(), threads, onePassDispatch);
+      patterns.getContext(), threads, onePassDispatch, onePassCombine);
 }

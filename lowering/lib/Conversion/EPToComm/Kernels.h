@@ -52,8 +52,24 @@ void exchangeDispatchCounts(KernelBuilder &k, const DispatchShape &shape, const 
                             Value self);
 
 // Combine.
+/// What the kernels that finish a rank's combine read from its record: its
+/// tokens and routing, where the combined rows (and weights) go, the biases.
+struct CombineOutputs {
+  Value numTokens, topkIdx, out, outWeights;
+  SmallVector<Value> biases;
+  CombineOutputs(KernelBuilder &k, const CombineShape &shape)
+      : numTokens(k.intParam(kCNumTokens)), topkIdx(k.pointerParam(kCTopkIdx)),
+        out(k.pointerParam(kCCombinedX)),
+        outWeights(shape.weights ? k.pointerParam(kCCombinedWeights) : Value()) {
+    for (unsigned i = 0; i < shape.biases; ++i)
+      biases.push_back(k.pointerParam(kCBias0 + i));
+  }
+};
 void buildCombineSend(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape);
 void buildCombineReduce(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape);
+/// The one-pass combine (OnePass.cpp): each origin reads its contributions
+/// from the ranks' rows directly.
+void buildCombineGather(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape);
 /// Hybrid mode: each forwarder sums its node's partial rows of every token it
 /// forwarded and sends the sum to the token's origin (Hybrid.cpp).
 void buildCombineForward(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape);

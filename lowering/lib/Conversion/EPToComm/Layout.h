@@ -169,6 +169,8 @@ struct CombineShape {
   bool weights;
   unsigned biases;
   bool expanded;
+  /// One address space: one kernel reads every contribution where it lies.
+  bool onePass = false;
 };
 
 struct GemmCombineScratch {

@@ -24,6 +24,26 @@ namespace epic::expand {
 using namespace mlir;
 namespace comm = epic::comm;
 
+/// Lane j (valid, else -1): the row token `token` of this rank has among d_j's
+/// received tokens: d_j's prefix sum before this rank (record field
+/// `psumField`, read through d_j's parameter record) plus the slot the
+/// dispatch gave it (`dstSlots` at the master lane of d_j).
+static Value receivedRow(KernelBuilder &k, const KernelBuilder::Routing &r, Value token,
+                         Value dstSlots, int64_t psumField) {
+  return k.choose(
+      r.valid, k.i32T(),
+      [&]() -> Value {
+        Value psum = k.pointerField(k.peerParams(r.dst), psumField);
+        Value before = k.choose(
+            k.cmp(arith::CmpIPredicate::sgt, k.me, k.i32(0)), k.i32T(),
+            [&]() -> Value { return k.loadI32(psum, k.sub(k.me, k.i32(1))); },
+            [&]() -> Value { return k.i32(0); });
+        Value slot = k.loadI32(dstSlots, k.add(k.mul(token, k.i32(k.layout.topk)), r.masterLane));
+        return k.add(before, slot);
+      },
+      [&]() -> Value { return k.i32(-1); });
+}
+
 /// One warp per token: lane j's destination d_j and the token's received row
 /// there (d_j's prefix sum before this rank + the slot), then each target row
 /// (plain: one per destination; expanded: one per slot). The warp reads the
@@ -45,18 +65,7 @@ void buildDispatchScatter(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape 
     auto r = k.route(topkIdx, token);
     Value slotCell = k.add(k.mul(token, k.i32(L.topk)), k.lane);
     // Lane j (valid): the row the token has among d_j's received tokens.
-    Value tokenRow = k.choose(
-        r.valid, k.i32T(),
-        [&]() -> Value {
-          Value psum = k.pointerField(k.peerParams(r.dst), kPsumPerRank);
-          Value before = k.choose(
-              k.cmp(arith::CmpIPredicate::sgt, k.me, k.i32(0)), k.i32T(),
-              [&]() -> Value { return k.loadI32(psum, k.sub(k.me, k.i32(1))); },
-              [&]() -> Value { return k.i32(0); });
-          Value slot = k.loadI32(dstSlots, k.add(k.mul(token, k.i32(L.topk)), r.masterLane));
-          return k.add(before, slot);
-        },
-        [&]() -> Value { return k.i32(-1); });
+    Value tokenRow = receivedRow(k, r, token, dstSlots, kPsumPerRank);
     // Lane j: its target row (plain: the token row on masters; expanded: slot
     // j's expanded row) and that row's address in d_j's recv_x.
     Value targetRow = tokenRow;
@@ -157,6 +166,155 @@ void buildDispatchScatter(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape 
                     shape.scalePacks ? k.pointerParam(kRecvScalePacks) : Value(),
                     weights ? k.pointerParam(kRecvTopkWeights) : Value(),
                     k.pointerParam(kExpertCounts), k.pointerParam(kPsumPerExpert));
+}
+
+} // namespace epic::expand
+
+namespace epic::expand {
+
+namespace {
+
+/// `carried` through one step per set bit of the warp-uniform `mask`, lowest
+/// first: `step(bit, carried)` returns the next values.
+SmallVector<Value> foldBits(KernelBuilder &k, Value mask, ArrayRef<Value> carried,
+                            function_ref<SmallVector<Value>(Value, ArrayRef<Value>)> step) {
+  SmallVector<Type> types{k.i32T()};
+  for (Value v : carried)
+    types.push_back(v.getType());
+  SmallVector<Value> init{mask};
+  init.append(carried.begin(), carried.end());
+  auto loop = scf::WhileOp::create(k.b, types, init);
+  OpBuilder::InsertionGuard guard(k.b);
+  SmallVector<Location> locs(types.size(), k.b.getLoc());
+  Block *before = k.b.createBlock(&loop.getBefore(), {}, types, locs);
+  scf::ConditionOp::create(k.b, k.cmp(arith::CmpIPredicate::ne, before->getArgument(0), k.i32(0)),
+                           before->getArguments());
+  Block *after = k.b.createBlock(&loop.getAfter(), {}, types, locs);
+  Value pending = after->getArgument(0);
+  SmallVector<Value> next{k.andi(pending, k.sub(pending, k.i32(1)))};
+  SmallVector<Value> values(after->getArguments().drop_front());
+  next.append(step(k.cttz(pending), values));
+  scf::YieldOp::create(k.b, next);
+  k.b.setInsertionPointAfter(loop);
+  return SmallVector<Value>(loop.getResults().drop_front());
+}
+
+/// The bf16 row at `dst`: per chunk group of a lane, from +0.0 in fp32, the
+/// rows `firstRows`, then each group (set bits m of `groups`, increasing):
+/// its rows (set bits of `members(m)`, increasing, `row(bit)` their bases)
+/// summed from +0.0 and rounded to bf16, as the rank that owns them sends it
+/// in the staged combine; rounded once at the end.
+void sumRoundedGroups(KernelBuilder &k, Value dst, int64_t bytes, Value groups,
+                      function_ref<Value(Value)> members, function_ref<Value(Value)> row,
+                      ArrayRef<Value> firstRows, const RowPart &share) {
+  auto f32 = VectorType::get({8}, k.b.getF32Type());
+  auto bf16 = VectorType::get({8}, k.b.getBF16Type());
+  const int64_t chunks = KernelBuilder::kSumChunks;
+  auto zeros = [&] {
+    return SmallVector<Value>(chunks, arith::ConstantOp::create(k.b, f32, k.b.getZeroAttr(f32)));
+  };
+  auto plus = [&](ArrayRef<Value> sums, ArrayRef<Value> values) {
+    SmallVector<Value> next;
+    for (auto [sum, value] : llvm::zip(sums, values))
+      next.push_back(arith::AddFOp::create(k.b, sum, arith::ExtFOp::create(k.b, f32, value)));
+    return next;
+  };
+  k.forEachChunkGroup(
+      bytes, chunks, /*warpUniform=*/true,
+      [&](ArrayRef<Value> offsets, ArrayRef<Value> inRange) {
+        SmallVector<Value> sums = zeros();
+        for (Value first : firstRows)
+          sums = plus(sums, k.loadChunks(bf16, first, offsets, inRange));
+        sums = foldBits(k, groups, sums, [&](Value m, ArrayRef<Value> outer) {
+          SmallVector<Value> inner =
+              foldBits(k, members(m), zeros(), [&](Value j, ArrayRef<Value> partial) {
+                return plus(partial, k.loadChunks(bf16, row(j), offsets, inRange));
+              });
+          SmallVector<Value> rounded;
+          for (Value v : inner)
+            rounded.push_back(arith::TruncFOp::create(k.b, bf16, v));
+          return plus(outer, rounded);
+        });
+        SmallVector<Value> out;
+        for (Value v : sums)
+          out.push_back(arith::TruncFOp::create(k.b, bf16, v));
+        k.storeChunks(dst, out, offsets, inRange);
+      },
+      share);
+}
+
+} // namespace
+
+/// One warp per origin token (or a share of its row): its route, then for
+/// each destination rank d of its experts the row d received it at (d's
+/// prefix sum before this rank plus the dispatch's slot), read from d's
+/// `x` where it lies. Plain: that row is d's contribution; expanded: the
+/// token's rows at d (d's recv_src_metadata) summed and rounded, as d's
+/// staged send would. Biases first, then the contributions in increasing
+/// master slot, fp32, rounded once: bitwise the staged combine. Weights:
+/// slot j's from d's topk_weights (plain: its row's entry j; expanded: slot
+/// j's row). No window traffic and no waits: the launch serves every rank.
+void buildCombineGather(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape) {
+  KernelBuilder k(func, L);
+  CombineOutputs io(k, shape);
+  Value numTokens = io.numTokens, topkIdx = io.topkIdx, out = io.out, outWeights = io.outWeights;
+  Value dstSlots = k.pointerParam(kCDstSlots);
+  ArrayRef<Value> biases = io.biases;
+  FloatType f32 = k.b.getF32Type();
+  const int64_t rowBytes = L.hidden * 2, metaColumns = L.topk + 2;
+
+  k.loopRowParts(
+      numTokens, KernelBuilder::maxRowParts(rowBytes, KernelBuilder::kSumChunks),
+      [&](Value token, const RowPart &share) {
+        auto r = k.route(topkIdx, token);
+        Value group = k.matchAny(r.dst); // lanes of the same destination
+        // Lane j (valid): the token's row at d_j and, expanded, slot j's row.
+        Value tokenRow = receivedRow(k, r, token, dstSlots, kCPsumPerRank);
+        Value sourceRow = tokenRow;
+        if (shape.expanded)
+          sourceRow = k.choose(
+              r.valid, k.i32T(),
+              [&]() -> Value {
+                Value metadata = k.pointerField(k.peerParams(r.dst), kCSrcMetadata);
+                Value column = k.add(k.lane, k.i32(2));
+                return k.loadI32(metadata, k.add(k.mul(tokenRow, k.i32(metaColumns)), column));
+              },
+              [&]() -> Value { return k.i32(-1); });
+        Value rowAddress = k.choose(
+            r.valid, k.ptrT(),
+            [&]() -> Value {
+              Value x = k.pointerField(k.peerParams(r.dst), kCX);
+              return k.at(x, k.mul(k.wide(sourceRow), k.i64(rowBytes)));
+            },
+            [&]() -> Value { return out; });
+        Value outRow = k.at(out, k.mul(k.wide(token), k.i64(rowBytes)));
+        SmallVector<Value> biasRows;
+        for (Value bias : biases)
+          biasRows.push_back(k.at(bias, k.mul(k.wide(token), k.i64(rowBytes))));
+        auto rowOf = [&](Value j) { return k.shufflePointer(rowAddress, j); };
+        if (!shape.expanded)
+          k.sumMaskedRows(outRow, rowBytes, r.masters, rowOf, biasRows, share);
+        else
+          sumRoundedGroups(
+              k, outRow, rowBytes, r.masters,
+              [&](Value m) { return k.andi(k.shuffle(group, m), k.ballot(r.valid)); }, rowOf,
+              biasRows, share);
+        if (!shape.weights)
+          return;
+        // Slot j's weight, from its rank's topk_weights.
+        k.when(k.andi(k.lt(k.lane, k.i32(L.topk)), k.isFirstPart(share)), [&] {
+          Value w = k.choose(
+              r.valid, f32,
+              [&]() -> Value {
+                Value weights = k.pointerField(k.peerParams(r.dst), kCTopkWeights);
+                Value element =
+                    shape.expanded ? sourceRow : k.add(k.mul(tokenRow, k.i32(L.topk)), k.lane);
+                return k.load(f32, k.elementAt(weights, element, 4), 4);
+              },
+              [&]() -> Value { return arith::ConstantFloatOp::create(k.b, f32, APFloat(0.0f)); });
+          k.store(w, k.elementAt(outWeights, k.add(k.mul(token, k.i32(L.topk)), k.lane), 4), 4);
+        });
+      });
 }
 
 } // namespace epic::expand
