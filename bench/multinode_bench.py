@@ -68,11 +68,10 @@ def compile_only():
 
 
 def routing(tokens, seed):
+    """Every rank's top-k ids: distinct random experts per token."""
     rng = np.random.default_rng(seed)
-    R = NODES * GPUS
-    idxs = [np.stack([rng.permutation(EXPERTS)[:TOPK] for _ in range(tokens)]).astype(np.int64)
-            for _ in range(R)]
-    return rng, idxs
+    return [np.stack([rng.permutation(EXPERTS)[:TOPK] for _ in range(tokens)]).astype(np.int64)
+            for _ in range(NODES * GPUS)]
 
 
 def gpu_ms(fn, iters=20, warmup=3):
@@ -114,7 +113,7 @@ def run(tokens, mode, seed=7):
                                 num_max_tokens_per_rank=tokens, hidden=HIDDEN, num_topk=TOPK,
                                 allow_hybrid_mode=mode == "hybrid", explicitly_destroy=True)
     try:
-        rng, idxs = routing(tokens, seed)
+        idxs = routing(tokens, seed)
         xs = [torch.randn((tokens, HIDDEN), dtype=torch.bfloat16, device="cuda") for _ in range(R)]
         ids = [torch.from_numpy(i).cuda() for i in idxs]
         ws = [torch.rand((tokens, TOPK), device="cuda") for _ in range(R)]

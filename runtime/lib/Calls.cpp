@@ -46,12 +46,6 @@ struct Expect {
 
 void fail(const std::string &message) { throw std::invalid_argument(message); }
 
-/// Hybrid mode's nodes N (the forwarders' handle tensors), or 0 in direct mode.
-int64_t hybridNodes(const EPSpec &s) {
-  const int perNode = s.scaleupRanks ? s.scaleupRanks : s.ranks;
-  return s.hybrid && s.ranks / perNode > 1 ? s.ranks / perNode : 0;
-}
-
 /// Checks a tensor that must be given; 16-byte aligned when rows are moved
 /// with 16-byte vectors (`vectorized`). Returns its record field.
 ParamValue check(const DeviceTensor &t, const Expect &e, bool vectorized = false) {
@@ -103,7 +97,7 @@ void putHandle(ParamRecord &r, const EPSpec &s, const Handle &h, int64_t tokens,
   r[dispatch::topk_idx] = ParamValue(h.topkIdx, 8);
   r[dispatch::recv_src_metadata] = ParamValue(h.recvSrcMetadata, 4);
   r[dispatch::psum_num_recv_tokens_per_rank] = ParamValue(h.psumNumRecvTokensPerRank, 4);
-  if (hybridNodes(s)) {
+  if (s.hybridNodes()) {
     r[dispatch::fwd_src_metadata] = ParamValue(h.fwdSrcMetadata, 4);
     r[dispatch::fwd_counts] = ParamValue(h.fwdCounts, 4);
   }
@@ -112,7 +106,7 @@ void putHandle(ParamRecord &r, const EPSpec &s, const Handle &h, int64_t tokens,
 /// The handle's tensors of a dispatch of `tokens` tokens: what the uncached
 /// dispatch writes and the combine and cached dispatches read.
 std::vector<TensorSpec> handleOutputs(const EPSpec &s, int64_t tokens) {
-  const int64_t R = s.ranks, L = s.experts / s.ranks, K = s.topk, N = hybridNodes(s);
+  const int64_t R = s.ranks, L = s.experts / s.ranks, K = s.topk, N = s.hybridNodes();
   // Hybrid: rows are grouped per forwarder index (M groups), and the
   // forwarder keeps its items' metadata and counts.
   std::vector<TensorSpec> specs = {{"dst_buffer_slot_idx", "i32", {tokens, K}},
@@ -141,7 +135,7 @@ void checkHandle(const EPSpec &s, const Handle &h, int64_t tokens, const char *r
     std::string name = "handle." + specs[i].name;
     check(*tensors[i], {name.c_str(), specs[i].dtype, specs[i].shape});
   }
-  if (!hybridNodes(s)) {
+  if (!s.hybridNodes()) {
     forbid(h.fwdSrcMetadata, "handle.fwd_src_metadata", "only hybrid mode has forwarders");
     forbid(h.fwdCounts, "handle.fwd_counts", "only hybrid mode has forwarders");
   }

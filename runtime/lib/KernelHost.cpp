@@ -420,7 +420,7 @@ void KernelHost::checkWorld(const EPSpec &spec, size_t calls) const {
                                 " ranks");
   // Kernels compiled for another split of the world into nodes would reach
   // same-node peers over the network (or other nodes over NVLink).
-  const int perNode = spec.scaleupRanks ? spec.scaleupRanks : spec.ranks;
+  const int perNode = spec.ranksPerNode();
   if (perNode != gpusPerNode())
     throw std::invalid_argument("num_scaleup_ranks is " + std::to_string(perNode) +
                                 " (ranks per node) but the buffer's " + "world is " +

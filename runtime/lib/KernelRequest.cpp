@@ -154,7 +154,7 @@ void EPSpec::validate() const {
           "num_scaleup_ranks (" + dim(scaleupRanks) + ") must divide the number of ranks (" +
               dim(ranks) + ")");
   if (hybrid) {
-    const int perNode = scaleupRanks ? scaleupRanks : ranks;
+    const int perNode = ranksPerNode();
     require(ranks / perNode > 1, "hybrid mode needs more than one node (num_scaleup_ranks " +
                                      dim(perNode) + " of " + dim(ranks) + " ranks)");
     inRange(lim::kHybridNodes, ranks / perNode);

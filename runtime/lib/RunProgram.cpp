@@ -22,7 +22,7 @@ namespace {
 NodeLayout topologyOf(const EPSpec &spec) {
   NodeLayout t;
   t.gpusPerNode = spec.scaleupRanks;
-  t.hybrid = spec.hybrid && spec.scaleupRanks && spec.ranks / spec.scaleupRanks > 1;
+  t.hybrid = spec.hybridNodes() > 0;
   return t;
 }
 

@@ -41,6 +41,7 @@ import numpy as np
 sys.path.insert(0, "python")
 import epic._C as C  # noqa: E402
 from epic import reference as ref  # noqa: E402
+from epic.handle import HANDLE_SLOTS  # noqa: E402
 
 K, H, TMAX = 6, 2048, 128
 LOCAL = 8  # experts per rank
@@ -306,10 +307,7 @@ def run_case(world, name, spec, dvariant, cvariant, combines, seed):
     # Combine: random bf16 rows in each rank's received order back to their sources.
     ys = [rng.standard_normal((g.recv_x.shape[0], H)).astype(ml_dtypes.bfloat16) for g in results]
     back = [g.recv_topk_weights for g in results]
-    handle = ("topk_idx", "dst_buffer_slot_idx", "recv_src_metadata",
-              "psum_num_recv_tokens_per_rank", "num_recv_tokens_per_expert",
-              "psum_num_recv_tokens_per_expert") + (("fwd_src_metadata", "fwd_counts")
-                                                   if hybrid else ())
+    handle = [h for h in HANDLE_SLOTS if h in calls[0]]  # hybrid: the forwarders' too
     for cv in combines:
         biases = [tuple(rng.standard_normal((t, H)).astype(ml_dtypes.bfloat16)
                         for _ in range(cv["biases"])) for t in tokens]
@@ -407,11 +405,10 @@ def stall_forwarder():
     world.run("dispatch", spec, dv, calls)
     print("stall: the dispatch ran; rank", stalled, "stalls now (after the entry barrier)",
           flush=True)
-    handle = [h for h in C.slots("combine") if h in calls[0] and h != "x"
-              and not h.startswith("combined")]
+    handle = [h for h in HANDLE_SLOTS if h in calls[0]]
     ccalls = []
     for r in range(R):
-        call = {h: calls[r][h] for h in handle if h != "topk_weights"}
+        call = {h: calls[r][h] for h in handle}
         call["x"] = torch.randn((calls[r]["recv_x"].shape[0], H), dtype=torch.bfloat16,
                                 device="cuda")
         call["topk_weights"] = calls[r]["recv_topk_weights"]

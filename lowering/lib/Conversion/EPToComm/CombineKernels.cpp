@@ -138,10 +138,7 @@ void buildCombineSend(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape
     nodePeers = PeerGroup::node(k);
   Value last = k.lastBlockOfRank(L.combineDone);
   k.when(last, [&] {
-    k.when(k.eq(k.tid, k.i32(0)), [&] {
-      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
-                            k.local(k.i32(L.combineDone)));
-    });
+    k.resetCounter(L.combineDone);
     exchangeDoneFlags(k, L.combineFlags, {}, {}, nodePeers ? &*nodePeers : nullptr);
   });
 }

@@ -166,10 +166,7 @@ void exchangeDispatchCounts(KernelBuilder &k, const DispatchShape &shape, const 
     k.storeCell(encoded, k.wide(cell), dst, comm::Ordering::release,
                 k.add(k.i32(window::kSigCountBase), k.me));
   });
-  k.when(k.eq(k.tid, k.i32(0)), [&] {
-    comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
-                          k.local(k.i32(L.dispatchDone)));
-  });
+  k.resetCounter(L.dispatchDone);
   // The copy epilogue of the previous call is over: its row cursors can go back to zero.
   k.loop(k.tid, k.i32(L.local), k.threads,
          [&](Value e) { k.storeI32(k.i32(0), k.local(k.i32(L.expertCursor)), e); });
@@ -366,10 +363,7 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
   if (shape.cached) {
     // The counts are the handle's: only say that everything was sent.
     k.when(last, [&] {
-      k.when(k.eq(k.tid, k.i32(0)), [&] {
-        comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
-                              k.local(k.i32(L.dispatchDone)));
-      });
+      k.resetCounter(L.dispatchDone);
       exchangeDoneFlags(k, L.dispatchFlags);
     });
     return;

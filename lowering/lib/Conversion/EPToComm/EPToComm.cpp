@@ -334,16 +334,11 @@ struct DispatchOpLowering : KernelOpLowering<ep::DispatchOp> {
                                            const RecordLayout &record) {
       EPLayout layout = plan.layout(idxBits, record, kDispatchMaxTokens);
       OpBuilder b = kernelInsertionPoint(module);
-      if (scatter) {
-        buildDispatchScatter(plan.kernel(b, 0, false), layout, shape);
-        return;
-      }
-      if (shape.onePass) {
-        buildDispatchSend(plan.kernel(b, 0, true), layout, shape);
-        buildDispatchScatter(plan.kernel(b, 1, false), layout, shape);
-        return;
-      }
-      buildDispatchSend(plan.kernel(b, 0, true), layout, shape);
+      if (scatter)
+        return buildDispatchScatter(plan.kernel(b, 0, false), layout, shape);
+      buildDispatchSend(plan.kernel(b, 0, true), layout, shape); // one pass: counts only
+      if (shape.onePass)
+        return buildDispatchScatter(plan.kernel(b, 1, false), layout, shape);
       if (layout.hybrid)
         buildDispatchForward(plan.kernel(b, 1, true), layout, shape);
       buildDispatchCopy(plan.kernel(b, plan.kernels.size() - 1, false), layout, shape);
@@ -365,15 +360,15 @@ struct CombineOpLowering : KernelOpLowering<ep::CombineOp> {
                        static_cast<unsigned>(combine.getBiases().size()), plan.cfg.isExpanded()};
     const bool hybrid = plan.cfg.isMultiNode() && plan.cfg.isHybrid();
     shape.onePass = entry.onePassCombine && !plan.cfg.isMultiNode();
-    plan.kernels = {entry.name + "_send", entry.name + "_reduce"};
     plan.fields = fieldNames(kCombineFields);
     if (shape.onePass) {
       plan.kernels = {entry.name + "_gather"};
       plan.cooperative = false; // no rank waits for another
-    }
-    if (hybrid) {
-      plan.kernels.insert(plan.kernels.begin() + 1, entry.name + "_forward");
+    } else if (hybrid) {
+      plan.kernels = {entry.name + "_send", entry.name + "_forward", entry.name + "_reduce"};
       plan.fields = fieldNames(kCombineFields, kCombineForwarderFields);
+    } else {
+      plan.kernels = {entry.name + "_send", entry.name + "_reduce"};
     }
     plan.build = [shape](const KernelPlan &plan, gpu::GPUModuleOp module,
                          const RecordLayout &record) {

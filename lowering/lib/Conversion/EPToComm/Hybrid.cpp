@@ -84,10 +84,7 @@ struct ForwardItems {
 
 void endForwardSends(KernelBuilder &k, const DispatchShape &shape) {
   const EPLayout &L = k.layout;
-  k.when(k.eq(k.tid, k.i32(0)), [&] {
-    comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
-                          k.local(k.i32(L.dispatchDone)));
-  });
+  k.resetCounter(L.dispatchDone);
   PeerGroup rail = PeerGroup::rail(k);
   if (shape.cached) // the handle has the counts: only say that everything was put
     return exchangeDoneFlags(k, L.dispatchFlags, {}, {}, &rail);
@@ -205,10 +202,7 @@ void buildDispatchForward(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape 
   k.when(last, [&] {
     if (!shape.cached)
       return exchangeDispatchCounts(k, shape, nodePeers, lsa);
-    k.when(k.eq(k.tid, k.i32(0)), [&] {
-      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
-                            k.local(k.i32(L.dispatchDone)));
-    });
+    k.resetCounter(L.dispatchDone);
     exchangeDoneFlags(k, L.dispatchFlags, {}, {}, &nodePeers);
   });
 }
@@ -272,10 +266,7 @@ void buildCombineForward(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sh
   PeerGroup rail = PeerGroup::rail(k);
   Value last = k.lastBlockOfRank(L.combineDone);
   k.when(last, [&] {
-    k.when(k.eq(k.tid, k.i32(0)), [&] {
-      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
-                            k.local(k.i32(L.combineDone)));
-    });
+    k.resetCounter(L.combineDone);
     exchangeDoneFlags(k, L.combineFlags, {}, {}, &rail);
   });
 }

@@ -494,6 +494,15 @@ public:
     return r;
   }
 
+  /// Thread 0 sets the rank's counter at window offset `offset` back to zero
+  /// (relaxed: the kernel boundary orders it before the next launch's use).
+  void resetCounter(int64_t offset) {
+    when(eq(tid, i32(0)), [&] {
+      comm::StoreOp::create(b, comm::Ordering::relaxed, comm::Scope::gpu, i32(0),
+                            local(i32(offset)));
+    });
+  }
+
   /// Thread 0 counts this block's arrival (acq_rel, system scope, so the
   /// whole block's writes are ordered before it); every thread learns
   /// whether this block was the rank's last. Across nodes the last block also

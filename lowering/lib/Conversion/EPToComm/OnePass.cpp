@@ -267,7 +267,6 @@ void buildCombineGather(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sha
       numTokens, KernelBuilder::maxRowParts(rowBytes, KernelBuilder::kSumChunks),
       [&](Value token, const RowPart &share) {
         auto r = k.route(topkIdx, token);
-        Value group = k.matchAny(r.dst); // lanes of the same destination
         // Lane j (valid): the token's row at d_j and, expanded, slot j's row.
         Value tokenRow = receivedRow(k, r, token, dstSlots, kCPsumPerRank);
         Value sourceRow = tokenRow;
@@ -294,11 +293,13 @@ void buildCombineGather(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sha
         auto rowOf = [&](Value j) { return k.shufflePointer(rowAddress, j); };
         if (!shape.expanded)
           k.sumMaskedRows(outRow, rowBytes, r.masters, rowOf, biasRows, share);
-        else
+        else {
+          // A master's group: the valid lanes of its destination.
+          Value group = k.andi(k.matchAny(r.dst), k.ballot(r.valid));
           sumRoundedGroups(
-              k, outRow, rowBytes, r.masters,
-              [&](Value m) { return k.andi(k.shuffle(group, m), k.ballot(r.valid)); }, rowOf,
+              k, outRow, rowBytes, r.masters, [&](Value m) { return k.shuffle(group, m); }, rowOf,
               biasRows, share);
+        }
         if (!shape.weights)
           return;
         // Slot j's weight, from its rank's topk_weights.

@@ -41,6 +41,13 @@ struct EPSpec {
   void validate() const;
   /// Bytes of one element of `dtype`.
   int elementBytes() const;
+  /// Ranks per node (NVLink domain): scaleupRanks, or every rank on one node.
+  int ranksPerNode() const { return scaleupRanks ? scaleupRanks : ranks; }
+  /// Hybrid mode's nodes (its forwarders' handle tensors, its row groups), or 0
+  /// in direct mode and on one node.
+  int hybridNodes() const {
+    return hybrid && ranks / ranksPerNode() > 1 ? ranks / ranksPerNode() : 0;
+  }
   bool isFP8() const { return dtype == "f8E4M3FN" || dtype == "f8E5M2"; }
 };
 
