@@ -51,7 +51,8 @@ from torch_baseline import NaiveTorchEP, TorchEP  # noqa: E402
 KERNELS = {
     # The virtual world dispatches in one pass: slots and counts, then every row to its place.
     "dispatch": ("ep_dispatch_count", "ep_dispatch_scatter"),
-    "combine": ("ep_combine_send", "ep_combine_reduce"),
+    # ... and combines in one pass: each origin token gathers its contributions where they lie.
+    "combine": ("ep_combine_gather",),
     # The virtual world's cached dispatch: one kernel, rows straight to their place.
     "cached_dispatch": ("ep_dispatch_scatter",),
 }
@@ -96,7 +97,14 @@ def byte_model(cfg, stats):
     weights_moved = tokens * K * 4 + (pairs * 4 if cfg["expand"] else n_recv * 4 * K)
     fresh_scatter = (cached_floor + tokens * K * (8 + 4) + weights_moved + n_recv * 4 * (K + 2)
                      + (pairs * 4 if cfg["expand"] else n_recv * 8 * K))
+    # The combine's floor: each contribution read once (plain: a row per received token;
+    # expanded: per pair), each combined row written once. The one-pass gather also reads the
+    # routing and the slots (expanded: each pair's row in the destination's metadata).
+    contributions = (pairs if cfg["expand"] else n_recv) * 2 * H
+    combine_floor = contributions + tokens * 2 * H
+    gather = combine_floor + tokens * K * (8 + 4) + (pairs * 4 if cfg["expand"] else 0)
     return dict(logical_dispatch=logical_dispatch, logical_combine=logical_combine,
+                ep_combine_gather=gather, combine_floor=combine_floor,
                 ep_dispatch_count=count, dispatch_ep_dispatch_scatter=fresh_scatter,
                 ep_dispatch_send=send, ep_dispatch_copy=copy, ep_combine_send=combine_send,
                 ep_combine_reduce=reduce, cached_dispatch_floor=cached_floor,
@@ -507,11 +515,16 @@ def summarize(res, roofline):
     best = {op: min(res["sweep"], key=lambda row: row[f"{op}_kernel_s"])
             for op in ("dispatch", "combine", "cached_dispatch")}
     floor = res["bytes"]["dispatch_floor"] / roofline
+    combine_floor = res["bytes"]["combine_floor"] / roofline
     return dict(
         dispatch_x_torch=res["torch_dispatch_kernel_s"] / best["dispatch"]["dispatch_kernel_s"],
         combine_x_torch=res["torch_combine_kernel_s"] / best["combine"]["combine_kernel_s"],
         dispatch_floor_fraction=floor / best["dispatch"]["dispatch_kernel_s"],
         cached_floor_fraction=floor / best["cached_dispatch"]["cached_dispatch_kernel_s"],
+        combine_floor_fraction=combine_floor / best["combine"]["combine_kernel_s"],
+        # What a caller waits for per call (host work included), at the same sweep points.
+        dispatch_wall_ms=best["dispatch"]["dispatch_wall_s"] * 1e3,
+        combine_wall_ms=best["combine"]["combine_wall_s"] * 1e3,
         sms={op: row["sms"] for op, row in best.items()})
 
 
@@ -574,12 +587,15 @@ def table(results, roofline, summary):
                 f"{res['naive_torch_combine_wall_s'] / c:5.1f}x"
                 f"  {'ok' if res['equal_to_naive_torch'] else 'NO'}")
     lines.append("summary (epic at its fastest SM count): config, x torch dispatch / combine "
-                 "(kernel times), fraction of the dispatch floor: dispatch / cached")
+                 "(kernel times), fraction of the floor: dispatch / cached / combine, wall ms "
+                 "dispatch / combine")
     for name, entry in summary.items():
         lines.append(f"{name:25s} {entry['dispatch_x_torch']:5.2f}x / "
                      f"{entry['combine_x_torch']:5.2f}x   "
                      f"{entry['dispatch_floor_fraction']:.2f} / "
-                     f"{entry['cached_floor_fraction']:.2f}")
+                     f"{entry['cached_floor_fraction']:.2f} / "
+                     f"{entry['combine_floor_fraction']:.2f}   "
+                     f"{entry['dispatch_wall_ms']:.3f} / {entry['combine_wall_ms']:.3f}")
     return "\n".join(lines)
 
 

@@ -180,8 +180,7 @@ def run(args):
     torch.cuda.synchronize()
     layer_equal = all(torch.equal(a.view(torch.int16), b.view(torch.int16))
                       for other in outs[1:] for a, b in zip(outs[0], other))
-    three_names = ("ep_dispatch_count", "ep_dispatch_scatter", KERNEL, "ep_combine_send",
-                   "ep_combine_reduce")
+    three_names = ("ep_dispatch_count", "ep_dispatch_scatter", KERNEL, "ep_combine_gather")
     per_kernel.update(
         layer_three_steps=timer.kernels(three_steps, three_names, buffer),
         layer_fused_dispatch_gemm=timer.kernels(fused_dispatch_gemm,

@@ -15,9 +15,11 @@ def sort_received(full, n, rows, expand, num_local, aligned_counts, forwarder_gr
 
     Returns (order of the returned rows: new -> old, the order to apply to a
     cached dispatch's rows, the metadata to show in the handle). Plain: the
-    metadata rows move with the data rows (combine pairs them by index); a
-    cached dispatch still writes rows in the first dispatch's slot order, so
-    its rows are reordered too. Expanded: the metadata rows stay in slot order
+    metadata rows move with the data rows (combine pairs them by index),
+    `full["recv_row_of_slot"]` says where each slot's row went (a one-pass
+    combine reads a contribution at its slot's row), and a cached dispatch
+    still writes rows in the first dispatch's slot order, so its rows are
+    reordered too. Expanded: the metadata rows stay in slot order
     (a cached dispatch reads them by slot) and their row indices are remapped,
     so a cached dispatch writes straight into the sorted rows.
     """
@@ -32,6 +34,9 @@ def sort_received(full, n, rows, expand, num_local, aligned_counts, forwarder_gr
     tokens = torch.argsort(key)
     if not expand:
         meta[:n] = meta[:n].index_select(0, tokens)
+        row_of_slot = torch.arange(meta.shape[0], dtype=torch.int32, device=meta.device)
+        row_of_slot[tokens] = torch.arange(n, dtype=torch.int32, device=meta.device)
+        full["recv_row_of_slot"] = row_of_slot
         return tokens, tokens, meta[:n]
     device = meta.device
     slots = meta[:n, 2:].long()

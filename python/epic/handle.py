@@ -8,11 +8,12 @@ from typing import Any
 __all__ = ["EPHandle", "EventHandle", "EventOverlap", "HANDLE_SLOTS"]
 
 # The handle's tensors in the order the runtime's dispatch and combine calls bind them (the
-# last eight slots of epic._C.slots("combine")); the last two only in hybrid mode (the rank's
-# state as a forwarder).
+# last nine slots of epic._C.slots("combine")); fwd_* only in hybrid mode (the rank's state as a
+# forwarder), recv_row_of_slot only where a deterministic buffer sorted plain rows.
 HANDLE_SLOTS = ("topk_idx", "dst_buffer_slot_idx", "recv_src_metadata",
                 "psum_num_recv_tokens_per_rank", "num_recv_tokens_per_expert",
-                "psum_num_recv_tokens_per_expert", "fwd_src_metadata", "fwd_counts")
+                "psum_num_recv_tokens_per_expert", "fwd_src_metadata", "fwd_counts",
+                "recv_row_of_slot")
 
 
 class EventHandle:

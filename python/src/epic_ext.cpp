@@ -177,7 +177,8 @@ template <typename Call> struct Slot {
       EPIC_SLOT(Call, "num_recv_tokens_per_expert", handle.numRecvTokensPerExpert),                \
       EPIC_SLOT(Call, "psum_num_recv_tokens_per_expert", handle.psumNumRecvTokensPerExpert),       \
       EPIC_SLOT(Call, "fwd_src_metadata", handle.fwdSrcMetadata),                                  \
-      EPIC_SLOT(Call, "fwd_counts", handle.fwdCounts)
+      EPIC_SLOT(Call, "fwd_counts", handle.fwdCounts),                                             \
+      EPIC_SLOT(Call, "recv_row_of_slot", handle.recvRowOfSlot)
 const std::vector<Slot<DispatchCall>> kDispatchSlots = {
     EPIC_SLOT(DispatchCall, "x", x),
     EPIC_SLOT(DispatchCall, "x_scale_packs", scalePacks),

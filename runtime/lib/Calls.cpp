@@ -139,6 +139,11 @@ void checkHandle(const EPSpec &s, const Handle &h, int64_t tokens, const char *r
     forbid(h.fwdSrcMetadata, "handle.fwd_src_metadata", "only hybrid mode has forwarders");
     forbid(h.fwdCounts, "handle.fwd_counts", "only hybrid mode has forwarders");
   }
+  if (s.expanded)
+    forbid(h.recvRowOfSlot, "handle.recv_row_of_slot",
+           "expanded rows are found through recv_src_metadata");
+  else if (h.recvRowOfSlot.given())
+    check(h.recvRowOfSlot, {"handle.recv_row_of_slot", "i32", {s.ranks * s.maxTokensPerRank}});
 }
 
 } // namespace
@@ -290,6 +295,7 @@ ParamRecord epic::runtime::combineRecord(const EPSpec &s, const CombineVariant &
   r[combine::num_tokens] = uint64_t(T);
   r[combine::max_tokens_per_rank] = uint64_t(s.maxTokensPerRank);
   r[combine::dst_buffer_slot_idx] = ParamValue(c.handle.dstBufferSlotIdx, 4);
+  r[combine::recv_row_of_slot] = ParamValue(c.handle.recvRowOfSlot, 4);
   return r;
 }
 

@@ -8,12 +8,13 @@
 // RUN: FileCheck %s --check-prefix=PTX < %t.nccl.ptx
 // RUN: FileCheck %s --check-prefix=JSON < %t.nccl.json
 // RUN: epic-compile %s --backend=virtual -o %t.virtual
-// RUN: FileCheck %s --check-prefix=JSON < %t.virtual.json
+// RUN: FileCheck %s --check-prefix=VJSON < %t.virtual.json
 // RUN: FileCheck %s --check-prefix=VIRTUAL < %t.virtual.ptx
 
 // The parameter table is a by-value kernel parameter (one 192-byte record on
 // nccl; on the virtual backend one per rank, 8), its fields read with ld.param.
-// The virtual backend dispatches in one pass (count, then scatter: no copy epilogue).
+// The virtual backend dispatches in one pass (count, then scatter: no copy epilogue)
+// and combines in one (gather: no send, no reduce).
 // PTX-LABEL: .entry dispatch_send(
 // PTX: .param .align 64 .b8 dispatch_send_param_2[192]
 // PTX: ld.param.{{.*}}[dispatch_send_param_2+{{[0-9]+}}]
@@ -21,6 +22,9 @@
 // VIRTUAL: .param .align 64 .b8 dispatch_count_param_2[1536]
 // VIRTUAL: ld.param.v2.b64 {{.*}}, [%rd{{[0-9]+}}{{(\+[0-9]+)?}}]
 // VIRTUAL-LABEL: .entry dispatch_scatter(
+// VIRTUAL-LABEL: .entry combine_gather(
+// VIRTUAL: cvt.rn.bf16x2.f32
+// VIRTUAL-NOT: st.release.sys
 // PTX: match.any.sync.b32
 // PTX: {{ld.global.v4.[bu]32|ld.global.nc.v4.[bu]32}}
 // PTX: {{st.v4.[bu]32|st.global.v4.[bu]32}}
@@ -34,6 +38,9 @@
 
 // JSON: "kernels": [
 // JSON-COUNT-4: "spill_store_bytes": 0
+// VJSON: "kernels": [
+// VJSON-COUNT-3: "spill_store_bytes": 0
+// VJSON-NOT: "spill_store_bytes"
 
 #v3 = #ep.config<ranks = 8, experts = 256, topk = 8, hidden = 7168, dtype = f8E4M3FN,
                  scale_packs = 56, expert_alignment = 128, max_tokens_per_rank = 4096>

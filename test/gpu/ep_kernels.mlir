@@ -8,8 +8,8 @@
 // CHECK-DAG: "name": "dispatch_exp_scatter"
 // CHECK-DAG: "name": "dispatch_bf16_cached_scatter"
 // CHECK-DAG: "name": "dispatch_bf16_count"
-// CHECK-DAG: "name": "combine_fp8_reduce"
-// CHECK-DAG: "name": "combine_bf16_b1_reduce"
+// CHECK-DAG: "name": "combine_fp8_gather"
+// CHECK-DAG: "name": "combine_bf16_b1_gather"
 // CHECK-DAG: "name": "dispatch_exp1_cached_scatter"
 
 #bf16 = #ep.config<ranks = 8, experts = 64, topk = 6, hidden = 2048, dtype = bf16,

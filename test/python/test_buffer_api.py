@@ -308,7 +308,9 @@ def test_the_compiler_makes_the_kernels_of_a_configuration_without_a_gpu(tmp_pat
     again = runtime.kernels(spec, dict(weights=True, cached=False, zero_padding=False), "dispatch")
     assert again["source"] == "memory" and again["key"] == dispatch["key"]
     combine = runtime.kernels(spec, dict(weights=False, biases=2), "combine")
-    assert ".entry ep_combine_send" in combine["ptx"]
+    # ... and combines in one pass: one gather kernel, no send into the window.
+    assert ".entry ep_combine_gather" in combine["ptx"]
+    assert ".entry ep_combine_send" not in combine["ptx"]
     with pytest.raises(ValueError, match="kind must be"):
         runtime.kernels(spec, {}, "gather")
     with pytest.raises(ValueError, match="hidden"):
@@ -328,7 +330,7 @@ def test_quickstart_without_a_gpu_compiles_and_says_so(tmp_path):
                          capture_output=True, text=True, check=True).stdout
     assert "no CUDA GPU here, so nothing runs" in out
     assert "dispatch: kernel request" in out and "ep_dispatch_count (" in out
-    assert "combine: kernel request" in out and "ep_combine_reduce (" in out
+    assert "combine: kernel request" in out and "ep_combine_gather (" in out
 
 
 def test_window_tensor_checks_the_rank_then_needs_the_device():

@@ -235,16 +235,19 @@ def test_summary_takes_epic_at_its_fastest_against_the_baseline(tmp_path):
 
     cfg = dict(tokens=4096, fp8=True, expand=True, alignment=128)
     sweep = [dict(sms=sms, dispatch_kernel_s=d, combine_kernel_s=c, cached_dispatch_kernel_s=k,
+                  dispatch_wall_s=2 * d, combine_wall_s=2 * c,
                   dispatch_logical_gbs_per_rank=1.0, combine_logical_gbs_per_rank=1.0)
              for sms, d, c, k in ((64, 2e-3, 3e-3, 1e-3), (128, 1e-3, 4e-3, 0.5e-3))]
     res = dict(config=cfg, name=E.config_name(cfg), sweep=sweep, equal_to_naive_torch=True,
-               bytes=dict(dispatch_floor=2e9, logical_dispatch=1e9, logical_combine=1e9),
+               bytes=dict(dispatch_floor=2e9, combine_floor=6e9, logical_dispatch=1e9,
+                          logical_combine=1e9),
                torch_dispatch_kernel_s=4e-3, torch_combine_kernel_s=6e-3,
                naive_torch_dispatch_wall_s=0.02, naive_torch_combine_wall_s=0.03)
     summary = {res["name"]: E.summarize(res, roofline=4e12)}
     assert summary == {"t4096-fp8-expanded-a128": dict(
         dispatch_x_torch=4.0, combine_x_torch=2.0, dispatch_floor_fraction=0.5,
-        cached_floor_fraction=1.0, sms=dict(dispatch=128, combine=64, cached_dispatch=128))}
+        cached_floor_fraction=1.0, combine_floor_fraction=0.5, dispatch_wall_ms=2.0,
+        combine_wall_ms=6.0, sms=dict(dispatch=128, combine=64, cached_dispatch=128))}
     text = E.table([res], 4e12, summary)
     assert "t4096-fp8-expanded-a128" in text and "4.00x /  2.00x" in text
     E.plot([res], 4e12, 8, str(tmp_path / "plot.png"))  # False without matplotlib

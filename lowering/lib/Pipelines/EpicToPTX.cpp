@@ -101,7 +101,10 @@ std::string epic::getTargetFeatures(const EpicToPTXOptions &options) {
 
 epic::ConvertEPToCommOptions epic::getEPToCommOptions(const EpicToPTXOptions &options) {
   ConvertEPToCommOptions lowering;
+  // One address space: a kernel reaches every rank's tensors, so neither
+  // dispatch nor combine stages rows in the window.
   lowering.onePassDispatch = options.backend == CommBackend::virtual_;
+  lowering.onePassCombine = options.backend == CommBackend::virtual_;
   return lowering;
 }
 

@@ -72,10 +72,10 @@
 // CHECK-SAME:      epic.cooperative = 1
 // CHECK-SAME:      epic.entry = "gemm_combine"
 // CHECK-SAME:      epic.kernels = ["moe_out_gemm_send", "moe_out_reduce"]
-// CHECK-SAME:      "max_tokens_per_rank", "dst_buffer_slot_idx", "lhs", "weights", "psum_num_recv_tokens_per_expert", "num_rows"]
-// CHECK-SAME:      epic.param_stride = 384
-// CHECK-SAME:      field = "lhs", offset = 128 : i64, rows = "num_rows"
-// CHECK-SAME:      field = "weights", offset = 256 : i64
+// CHECK-SAME:      "max_tokens_per_rank", "dst_buffer_slot_idx", "recv_row_of_slot", "lhs", "weights", "psum_num_recv_tokens_per_expert", "num_rows"]
+// CHECK-SAME:      epic.param_stride = 448
+// CHECK-SAME:      field = "lhs", offset = 192 : i64, rows = "num_rows"
+// CHECK-SAME:      field = "weights", offset = 320 : i64
 
 // JSON: "ctas_per_sm": 2
 // JSON: "name": "moe_out_gemm_send"

@@ -1,6 +1,6 @@
-// convert-ep-to-comm with one-pass-combine (one address space; not yet set by epic-to-ptx): a
-// combine is one kernel that reads every contribution where it lies, in each destination's x
-// (through its parameter record), with no window traffic and no waits.
+// convert-ep-to-comm with one-pass-combine (one address space; epic-to-ptx sets it for the
+// virtual backend): a combine is one kernel that reads every contribution where it lies, in
+// each destination's x (through its parameter record), with no window traffic and no waits.
 // RUN: epic-opt %s --split-input-file --convert-ep-to-comm=one-pass-combine=true | FileCheck %s
 // Without the option: the staged send + reduce.
 // RUN: epic-opt %s --split-input-file --convert-ep-to-comm | FileCheck %s --check-prefix=STAGED
@@ -9,8 +9,9 @@
                   max_tokens_per_rank = 64>
 
 // Plain: slot j's row at d_j is d_j's prefix sum before this rank (field 3) plus the
-// dispatch's slot (dst_buffer_slot_idx, field 11); the bias first, then the rows of the master
-// slots in increasing order, fp32, one rounding; the weights from d_j's topk_weights (field 1).
+// dispatch's slot (dst_buffer_slot_idx, field 11), through d_j's recv_row_of_slot (field 12)
+// where d_j gave one (a deterministic buffer's sorted rows); the bias first, then the rows of
+// the master slots in increasing order, fp32, one rounding; the weights from d_j's topk_weights (field 1).
 // CHECK-LABEL: gpu.module @ep_kernels
 // CHECK: gpu.func @plain_gather(
 // CHECK-NOT: comm.wait_flag
@@ -18,6 +19,9 @@
 // CHECK: llvm.getelementptr %{{.*}}[%c88_i64{{.*}}]
 // CHECK: comm.peer_params
 // CHECK: llvm.getelementptr %{{.*}}[%c24_i64{{.*}}]
+// CHECK: comm.peer_params
+// CHECK: llvm.getelementptr %{{.*}}[%c96_i64{{.*}}]
+// CHECK: llvm.ptrtoint
 // CHECK: comm.peer_params
 // CHECK: llvm.getelementptr %{{.*}}[%c0_i64{{.*}}]
 // CHECK: scf.while

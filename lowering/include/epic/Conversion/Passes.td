@@ -168,9 +168,8 @@ def ConvertEPToComm : Pass<"convert-ep-to-comm", "::mlir::ModuleOp"> {
     Option<"onePassCombine", "one-pass-combine", "bool", /*default=*/"false",
            "a combine reads every contribution straight from its rank's rows, one "
            "kernel (one address space: the virtual backend). It finds a plain row by "
-           "its dispatch slot, so the rows must be in slot order (not a deterministic "
-           "buffer's sorted ones); epic-to-ptx does not set it until it is measured on "
-           "a GPU">
+           "its dispatch slot, through the handle's recv_row_of_slot where a "
+           "deterministic buffer sorted the rows">
   ];
   let dependentDialects = ["::mlir::gpu::GPUDialect", "::mlir::scf::SCFDialect",
                            "::mlir::arith::ArithDialect", "::mlir::LLVM::LLVMDialect",

@@ -237,9 +237,7 @@ void buildDispatchSend(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape sha
   Value weights = shape.weights ? k.pointerParam(kTopkWeights) : Value();
   // DeepEP's do_handle_copy: the handle's own copy of the routing (i64), or null.
   Value idxCopy = shape.cached ? Value() : k.pointerParam(kTopkIdxCopy);
-  Value copyIds = shape.cached ? Value()
-                               : k.cmp(arith::CmpIPredicate::ne,
-                                       LLVM::PtrToIntOp::create(k.b, k.i64T(), idxCopy), k.i64(0));
+  Value copyIds = shape.cached ? Value() : k.isGiven(idxCopy);
   k.entryBarrier();
 
   // One warp per token: send it once to each destination rank (hybrid: to

@@ -175,6 +175,11 @@ public:
   }
   void barrier() { gpu::BarrierOp::create(b); }
 
+  /// True where `ptr` (an optional tensor of a record) is not null.
+  Value isGiven(Value ptr) {
+    return cmp(arith::CmpIPredicate::ne, LLVM::PtrToIntOp::create(b, i64T(), ptr), i64(0));
+  }
+
   // --- warp -----------------------------------------------------------------
   Value fullMask() { return i32(-1); }
   Value shuffle(Value v, Value srcLane) {

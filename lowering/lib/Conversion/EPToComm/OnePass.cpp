@@ -199,6 +199,11 @@ SmallVector<Value> foldBits(KernelBuilder &k, Value mask, ArrayRef<Value> carrie
   return SmallVector<Value>(loop.getResults().drop_front());
 }
 
+/// 16-byte chunks per lane and group of sumRoundedGroups: it keeps two sets of
+/// fp32 sums (the rank's and the total), so half of sumMaskedRows' chunks keep
+/// a 1024-thread block's 64 registers free of spills.
+constexpr int64_t kGroupSumChunks = KernelBuilder::kSumChunks / 2;
+
 /// The bf16 row at `dst`: per chunk group of a lane, from +0.0 in fp32, the
 /// rows `firstRows`, then each group (set bits m of `groups`, increasing):
 /// its rows (set bits of `members(m)`, increasing, `row(bit)` their bases)
@@ -209,7 +214,7 @@ void sumRoundedGroups(KernelBuilder &k, Value dst, int64_t bytes, Value groups,
                       ArrayRef<Value> firstRows, const RowPart &share) {
   auto f32 = VectorType::get({8}, k.b.getF32Type());
   auto bf16 = VectorType::get({8}, k.b.getBF16Type());
-  const int64_t chunks = KernelBuilder::kSumChunks;
+  const int64_t chunks = kGroupSumChunks;
   auto zeros = [&] {
     return SmallVector<Value>(chunks, arith::ConstantOp::create(k.b, f32, k.b.getZeroAttr(f32)));
   };
@@ -263,22 +268,31 @@ void buildCombineGather(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sha
   FloatType f32 = k.b.getF32Type();
   const int64_t rowBytes = L.hidden * 2, metaColumns = L.topk + 2;
 
+  const int64_t chunks = shape.expanded ? kGroupSumChunks : KernelBuilder::kSumChunks;
   k.loopRowParts(
-      numTokens, KernelBuilder::maxRowParts(rowBytes, KernelBuilder::kSumChunks),
+      numTokens, KernelBuilder::maxRowParts(rowBytes, chunks),
       [&](Value token, const RowPart &share) {
         auto r = k.route(topkIdx, token);
-        // Lane j (valid): the token's row at d_j and, expanded, slot j's row.
+        // Lane j (valid): the token's received row at d_j (prefix + slot).
         Value tokenRow = receivedRow(k, r, token, dstSlots, kCPsumPerRank);
-        Value sourceRow = tokenRow;
-        if (shape.expanded)
-          sourceRow = k.choose(
-              r.valid, k.i32T(),
-              [&]() -> Value {
-                Value metadata = k.pointerField(k.peerParams(r.dst), kCSrcMetadata);
+        // The row d_j holds it at. Plain: that slot's row (a deterministic
+        // buffer sorted them); expanded: slot j's row, from d_j's metadata.
+        Value sourceRow = k.choose(
+            r.valid, k.i32T(),
+            [&]() -> Value {
+              Value params = k.peerParams(r.dst);
+              if (shape.expanded) {
+                Value metadata = k.pointerField(params, kCSrcMetadata);
                 Value column = k.add(k.lane, k.i32(2));
                 return k.loadI32(metadata, k.add(k.mul(tokenRow, k.i32(metaColumns)), column));
-              },
-              [&]() -> Value { return k.i32(-1); });
+              }
+              Value rowOfSlot = k.pointerField(params, kCRowOfSlot);
+              return k.choose(
+                  k.isGiven(rowOfSlot), k.i32T(),
+                  [&]() -> Value { return k.loadI32(rowOfSlot, tokenRow); },
+                  [&]() -> Value { return tokenRow; });
+            },
+            [&]() -> Value { return k.i32(-1); });
         Value rowAddress = k.choose(
             r.valid, k.ptrT(),
             [&]() -> Value {
@@ -309,7 +323,7 @@ void buildCombineGather(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sha
               [&]() -> Value {
                 Value weights = k.pointerField(k.peerParams(r.dst), kCTopkWeights);
                 Value element =
-                    shape.expanded ? sourceRow : k.add(k.mul(tokenRow, k.i32(L.topk)), k.lane);
+                    shape.expanded ? sourceRow : k.add(k.mul(sourceRow, k.i32(L.topk)), k.lane);
                 return k.load(f32, k.elementAt(weights, element, 4), 4);
               },
               [&]() -> Value { return arith::ConstantFloatOp::create(k.b, f32, APFloat(0.0f)); });

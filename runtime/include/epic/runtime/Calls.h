@@ -81,6 +81,10 @@ struct Handle {
   /// x M + the destination's LSA rank, or -1; and i32 [N], items per node.
   DeviceTensor fwdSrcMetadata;
   DeviceTensor fwdCounts;
+  /// Optional, plain layout only: i32 [R * Tmax], the row this rank returned
+  /// each received slot at (a deterministic buffer sorts its rows after the
+  /// dispatch); not given: row = slot. Not written by the kernels.
+  DeviceTensor recvRowOfSlot;
 };
 
 struct DispatchCall {
