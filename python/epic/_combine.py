@@ -31,6 +31,25 @@ def _expert_inputs(b, op, x, weights, handle):
     return handles, xs, ws
 
 
+def _reads_in_place(b, xs, handles):
+    """Whether the combine reads x where it lies: every rank's x in its window (from
+    ElasticBuffer.combine_input_buffer), of a dispatch with window_outputs."""
+    ranks = [r if b.virtual else b.rank_idx for r in range(len(xs))]
+    inside = [b._in_window(xr, rank) for xr, rank in zip(xs, ranks)]
+    if not any(inside):
+        return False
+    for r, (ok, hd) in enumerate(zip(inside, handles)):
+        if not ok:
+            raise ValueError(f"{b._name('x', r)}: outside the window while other ranks' x lie "
+                             "in it: every rank's x in the window (combine_input_buffer), or "
+                             "none")
+        if getattr(hd, "_window_epoch", -1) < 0:
+            raise ValueError(f"{b._name('handle', r)}: x lies in the window but the handle is "
+                             "not of a dispatch with window_outputs=True, whose handle tensors "
+                             "peers read there")
+    return True
+
+
 def _rows_of_the_dispatch(b, r, x, hd, rows, what):
     """`x` has the rows the handle's dispatch received (the handle knows how many)."""
     if tuple(x.shape) != (rows, hd._hidden):
@@ -158,10 +177,12 @@ def combine(b, x, handle, topk_weights, bias, num_sms, num_qps, previous_event,
         b._dtype(xr, "x", r)
         rows = hd.num_expanded_tokens if hd.do_expand else hd.num_recv_tokens
         _rows_of_the_dispatch(b, r, xr, hd, rows, "one row per row the dispatch received")
+        b._window_handle_current(hd, "handle", r)
     h0 = handles[0]
     K = h0.topk_idx.shape[1]
     spec = _spec(b, h0, K)
-    variant = dict(weights=weights[0] is not None, biases=len(terms[0]))
+    window = gemm is None and _reads_in_place(b, xs, handles)
+    variant = dict(weights=weights[0] is not None, biases=len(terms[0]), window_outputs=window)
     kind, extra = "combine", None
     pairs = []
     for r, hd in enumerate(handles):
@@ -173,7 +194,8 @@ def combine(b, x, handle, topk_weights, bias, num_sms, num_qps, previous_event,
         kind, extra = "gemm_combine", "gemm"
         for p, lhs, w in zip(pairs, *gemm):
             p += [("lhs", lhs), ("weights", w)]
-    key = _key(kind, num_sms, (extra, variant["weights"], variant["biases"]), pairs, handles)
+    key = _key(kind, num_sms, (extra, variant["weights"], variant["biases"], window), pairs,
+               handles)
 
     def make_outputs():
         return [b._allocate(_C().outputs("combine", spec, variant, hd.topk_idx.shape[0]),

@@ -52,7 +52,7 @@ def dispatch(b, x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, n
              num_max_tokens_per_rank, expert_alignment, num_sms, num_qps, previous_event,
              previous_event_before_epilogue, async_with_compute_stream, allocate_on_comm_stream,
              handle, do_handle_copy, do_cpu_sync, do_expand, do_zero_padding,
-             use_tma_aligned_col_major_sf, gemm):
+             use_tma_aligned_col_major_sf, gemm, window_outputs=False):
     # The decode call (no handle, no CPU sync, the current stream): a replay of options
     # already checked, when its tensors have the signatures of that check.
     # Flags must be real bools (1 == True would share a key): anything else is checked.
@@ -62,11 +62,11 @@ def dispatch(b, x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, n
             previous_event_before_epilogue is None and async_with_compute_stream is False and \
             allocate_on_comm_stream is False and type(do_handle_copy) is bool and \
             type(do_expand) is bool and type(do_zero_padding) is bool and \
-            type(use_tma_aligned_col_major_sf) is bool:
+            type(use_tma_aligned_col_major_sf) is bool and type(window_outputs) is bool:
         replay_key = ("dispatch", num_experts, num_max_tokens_per_rank,
                       b.num_max_tokens_per_rank, expert_alignment, num_sms,
                       num_qps, do_handle_copy, do_expand, do_zero_padding,
-                      use_tma_aligned_col_major_sf, type(num_experts),
+                      use_tma_aligned_col_major_sf, window_outputs, type(num_experts),
                       type(num_max_tokens_per_rank), type(expert_alignment), type(num_sms),
                       type(num_qps))
         replay = b._replays.get(replay_key)
@@ -79,7 +79,8 @@ def dispatch(b, x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, n
                        ("do_zero_padding", do_zero_padding),
                        ("use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf),
                        ("async_with_compute_stream", async_with_compute_stream),
-                       ("allocate_on_comm_stream", allocate_on_comm_stream)):
+                       ("allocate_on_comm_stream", allocate_on_comm_stream),
+                       ("window_outputs", window_outputs)):
         _check_bool(name, flag)
     if do_cpu_sync is not None:
         _check_bool("do_cpu_sync", do_cpu_sync)
@@ -89,6 +90,10 @@ def dispatch(b, x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, n
     cached = handle is not None
     xs = b._per_rank("x", x)
     handles = b._handles("handle", handle) if cached else None
+    if window_outputs:
+        _window_outputs_allowed(b, cached)
+    for r, hd in enumerate(handles or ()):
+        b._window_handle_current(hd, "handle", r)
     if cached:
         if topk_idx is not None:
             raise ValueError("topk_idx: must be None with a cached handle (the handle's routing "
@@ -150,7 +155,11 @@ def dispatch(b, x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, n
     num_packs = packs[0].shape[1] if packs[0] is not None and len(packs[0].shape) == 2 else 0
     L = num_experts // R
     spec = b._spec(R, num_experts, K, hidden, dtype, num_packs, alignment, do_expand, tmax)
-    variant = dict(weights=weights[0] is not None, cached=cached, zero_padding=do_zero_padding)
+    variant = dict(weights=weights[0] is not None, cached=cached, zero_padding=do_zero_padding,
+                   window_outputs=window_outputs)
+    if window_outputs and not T.is_cuda(data[0]):
+        raise ValueError("window_outputs: needs CUDA tensors (the outputs lie in the window on "
+                         "the GPU)")
     kind = "dispatch"
     if gemm is not None:
         kind = "dispatch_gemm"
@@ -175,7 +184,7 @@ def dispatch(b, x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, n
 
     # numpy inputs (no GPU here) are checked on every call and never launched: no plan key.
     key = (kind, cached, num_experts, tmax, alignment, do_expand, do_zero_padding, num_sms,
-           copy_routing, do_cpu_sync, gemm[1] if gemm is not None else None,
+           copy_routing, do_cpu_sync, gemm[1] if gemm is not None else None, window_outputs,
            signatures(pairs),
            tuple(h._key for h in handles) if cached else None) if T.is_torch(data[0]) else None
 
@@ -183,8 +192,9 @@ def dispatch(b, x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, n
         """Every rank's outputs (and, uncached, its handle's tensors) for a call."""
         per_rank = []
         for r in range(len(data)):
-            out = b._allocate(_C().outputs("dispatch", spec, variant, tokens[r]), packs[r],
-                              data[r])
+            specs = _C().outputs("dispatch", spec, variant, tokens[r])
+            out = (b._window_allocate(specs, r if b.virtual else b.rank_idx, packs[r])
+                   if window_outputs else b._allocate(specs, packs[r], data[r]))
             extra = []
             if copy_routing:
                 extra.append(("topk_idx_copy", "i64", (tokens[r], K)))
@@ -198,7 +208,7 @@ def dispatch(b, x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, n
     stream, streams = b._stream(previous_event, allocate_on_comm_stream,
                                 async_with_compute_stream, previous_event_before_epilogue)
     call = _Call(handles, spec, tmax, alignment, copy_routing, do_cpu_sync,
-                 use_tma_aligned_col_major_sf, gemm is not None)
+                 use_tma_aligned_col_major_sf, gemm is not None, window_outputs)
     result = _launch(b, plan, call, pairs, idxs, stream, streams, stats,
                      async_with_compute_stream)
     if replay_key is not None and key is not None and all(T.is_cuda(i) for i in idxs):
@@ -206,17 +216,28 @@ def dispatch(b, x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, n
     return result
 
 
+def _window_outputs_allowed(b, cached):
+    """window_outputs: an uncached dispatch whose rows stay where they land."""
+    why = ("a cached dispatch reads its handle's tensors, which a dispatch with window_outputs "
+           "would overwrite: pass window_outputs to the uncached dispatch only" if cached else
+           "a deterministic buffer sorts the received rows after the dispatch, so they do not "
+           "stay where the senders wrote them" if b.deterministic else None)
+    if why:
+        raise ValueError(f"window_outputs: {why}")
+
+
 class _Call:
     """What a dispatch's launch and results depend on besides its tensors (fixed for a
     plan's signature and options)."""
 
     __slots__ = ("handles", "spec", "tmax", "alignment", "copy_routing", "do_cpu_sync", "tma_sf",
-                 "gemm")
+                 "gemm", "window")
 
-    def __init__(self, handles, spec, tmax, alignment, copy_routing, do_cpu_sync, tma_sf, gemm):
+    def __init__(self, handles, spec, tmax, alignment, copy_routing, do_cpu_sync, tma_sf, gemm,
+                 window=False):
         self.handles, self.spec, self.tmax, self.alignment = handles, spec, tmax, alignment
         self.copy_routing, self.do_cpu_sync = copy_routing, do_cpu_sync
-        self.tma_sf, self.gemm = tma_sf, gemm
+        self.tma_sf, self.gemm, self.window = tma_sf, gemm, window
 
 
 class _Replay:
@@ -257,6 +278,8 @@ def _launch(b, plan, c, pairs, idxs, stream, streams, stats, async_with_compute_
     """A checked dispatch: outputs taken from the plan's pool, the kernels launched, the
     results (and handles) handed out."""
     out = plan.take(_capturing())
+    if c.window:  # this dispatch's outputs take the window's memory from the last one's
+        b._window_claim(out.per_rank)
     if c.gemm:  # padding rows are zero (and rows of other experts in a reused set)
         zero_on_launch_stream([o["gemm_out"] for o in out.per_rank], streams)
     plan.launch(out, pairs, stream)  # the runtime's errors carry the wait reports already
@@ -284,6 +307,9 @@ def _launch(b, plan, c, pairs, idxs, stream, streams, stats, async_with_compute_
                            plan.sms, c.copy_routing, c.tma_sf)
         if not out.sealed:  # the handles (r[3]) hold the handle's tensors
             out.seal(*((results, _handle_of) if same_every_call else ()))
+    if c.window:
+        for r in results:
+            r[3]._window_epoch = b._window_epoch
     for r, s in enumerate(stats):
         if s is not None:
             s.add_(out.per_rank[r]["num_recv_tokens_per_expert"])

@@ -307,6 +307,10 @@ class ElasticBuffer:
         self._comm_stream = None
         self._device_index = None
         self._plans = PlanCache(output_pool_bytes)  # signature -> OpPlan, and output pools
+        # window_outputs: tensors carved from the top of each served rank's window, from the
+        # end down (the kernels use it from the start); reset by every such dispatch, whose
+        # number (the epoch) a handle keeps, so that a stale one is refused by name.
+        self._window_top, self._window_epoch, self._window_views = {}, 0, {}
         self._replays = {}  # decode-call options -> the replay of their checked call
         self._destroyed = False
         if not self.virtual:
@@ -465,6 +469,82 @@ class ElasticBuffer:
 
         return torch.as_tensor(_Window(), device="cuda")
 
+    def combine_input_buffer(self, handle):
+        """epic: where to write the expert outputs of a dispatch made with
+        ``window_outputs=True``: a bf16 ``[rows, hidden]`` tensor per rank (one row per row the
+        dispatch received) in the buffer's window, which :meth:`combine` then reads in place
+        (no copy into the window: each rank gathers its tokens' rows straight from their
+        ranks). Like the dispatch's outputs it is valid until the next dispatch with
+        ``window_outputs`` on this buffer."""
+        handles = self._handles("handle", handle)
+        out = []
+        for r, hd in enumerate(handles):
+            self._window_handle_current(hd, "handle", r)
+            if getattr(hd, "_window_epoch", -1) < 0:
+                raise ValueError(f"{self._name('handle', r)}: not of a dispatch with "
+                                 "window_outputs=True (its rows are not in the window)")
+            rows = hd.num_expanded_tokens if hd.do_expand else hd.num_recv_tokens
+            out.append(self._window_allocate([("x", "bf16", (rows, hd._hidden))], hd._rank,
+                                             below=self._window_top[hd._rank])["x"])
+        return self._ranks_out(out)
+
+    def _window_claim(self, per_rank):
+        """A dispatch with window_outputs launches with the output set `per_rank` (the
+        window's top, where every such set lies): the last one's tensors end, a later
+        allocation (combine_input_buffer) goes below these."""
+        self._window_epoch += 1
+        self._window_top = {}
+        for r, outputs in enumerate(per_rank):
+            rank = r if self.virtual else self.rank_idx
+            window = self._window_views[rank]
+            base, size = window.data_ptr(), window.shape[0]
+            self._window_top[rank] = min(t.data_ptr() - base for t in outputs.values()
+                                         if 0 <= t.data_ptr() - base < size)
+
+    def _window_allocate(self, specs, rank, like_packs=None, below=None):
+        """Tensors for `specs` ([(name, runtime dtype, shape)]) in served rank `rank`'s
+        window, from `below` (default: the window's end) down, 256-byte aligned."""
+        import torch
+
+        window = self._window_views.get(rank)
+        if window is None:
+            window = self._window_views[rank] = self.window_tensor(rank if self.virtual else None)
+        top = window.shape[0] if below is None else below
+        out = {}
+        for name, dtype, shape in specs:
+            torch_dtype = (like_packs.dtype if name.endswith("scale_packs") and
+                           like_packs is not None else T.torch_dtype(dtype))
+            count = 1
+            for n in shape:
+                count *= n
+            nbytes = count * torch.empty((), dtype=torch_dtype).element_size()
+            start = (top - nbytes) // 256 * 256
+            if start < 0:
+                raise ValueError(f"window_outputs: {name} ({nbytes} bytes) does not fit in the "
+                                 f"window ({window.shape[0]} bytes, {window.shape[0] - top} "
+                                 "taken by this op's other tensors): create the buffer with "
+                                 "a larger num_bytes")
+            out[name] = window[start:start + nbytes].view(torch_dtype).view(shape)
+            top = start
+        return out
+
+    def _in_window(self, t, rank):
+        """Whether tensor `t` lies in served rank `rank`'s window."""
+        if not T.is_torch(t) or not t.is_cuda:
+            return False
+        state = self._runtime()
+        base = state.window_address(rank if self.virtual else 0)
+        return base <= t.data_ptr() and t.data_ptr() + t.numel() * t.element_size() <= \
+            base + state.window_bytes
+
+    def _window_handle_current(self, hd, name, rank):
+        """A handle whose tensors lie in the window must be of the last such dispatch."""
+        epoch = getattr(hd, "_window_epoch", -1)
+        if epoch >= 0 and epoch != self._window_epoch:
+            raise ValueError(f"{self._name(name, rank)}: its tensors lie in the window "
+                             "(window_outputs) and a later dispatch with window_outputs "
+                             "reused that memory: use handles of the last such dispatch")
+
     def time_kernels(self, on: bool = True):
         """epic: per-kernel timing without a profiler. While on, every kernel this buffer
         launches (outside CUDA-graph capture) is bracketed by CUDA events; :meth:`kernel_times`
@@ -505,6 +585,7 @@ class ElasticBuffer:
                 torch.cuda.synchronize()
             self._plans.clear()  # the plans and their pooled outputs
             self._replays.clear()
+            self._window_views.clear()
             self._state.destroy()
         self._state, self._destroyed = None, True
 
@@ -702,11 +783,20 @@ class ElasticBuffer:
                  previous_event_before_epilogue=None, async_with_compute_stream: bool = False,
                  allocate_on_comm_stream: bool = False, handle=None, do_handle_copy: bool = True,
                  do_cpu_sync=None, do_expand: bool = False, do_zero_padding: bool = False,
-                 use_tma_aligned_col_major_sf: bool = False, _gemm=None):
+                 use_tma_aligned_col_major_sf: bool = False, window_outputs: bool = False,
+                 _gemm=None):
         """Sends every token to the ranks that own its top-k experts.
 
         Returns ``(recv_x, recv_topk_idx, recv_topk_weights, handle, event)``;
         ``recv_x`` is a ``(data, scale_packs)`` tuple for FP8 input.
+
+        epic: with ``window_outputs=True`` (an uncached dispatch on one NVLink domain) the
+        outputs and the handle's tensors lie in the buffer's window, so each sender writes
+        every row straight to its final row at the destination (no copy out of the window,
+        on either backend). They stay valid until the next dispatch with ``window_outputs``
+        on this buffer, which reuses that memory (a stale handle is refused by name); write
+        the expert outputs into :meth:`combine_input_buffer` to have :meth:`combine` read them
+        in place too.
         """
         return _dispatch.dispatch(self, x, topk_idx, topk_weights,
                                   cumulative_local_expert_recv_stats, num_experts,
@@ -714,7 +804,7 @@ class ElasticBuffer:
                                   previous_event, previous_event_before_epilogue,
                                   async_with_compute_stream, allocate_on_comm_stream, handle,
                                   do_handle_copy, do_cpu_sync, do_expand, do_zero_padding,
-                                  use_tma_aligned_col_major_sf, _gemm)
+                                  use_tma_aligned_col_major_sf, _gemm, window_outputs)
 
     def dispatch_gemm(self, x, topk_idx, experts, topk_weights=None, num_experts=None,
                       expert_alignment=None, out_dtype=None, num_sms: int = 0,

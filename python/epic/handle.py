@@ -97,6 +97,8 @@ class EPHandle:
     _num_scale_packs: int = 0
     _hidden: int = 0
     _row_order: Any = None  # deterministic buffers: received row -> row the kernels wrote
+    # window_outputs: the buffer's window epoch its tensors belong to (-1: not in the window).
+    _window_epoch: int = -1
     # What a call's checks of this handle depend on (not its addresses): part of the
     # signature of the combines and cached dispatches that use it.
     _key: tuple = ()

@@ -283,6 +283,7 @@ DispatchVariant dispatchVariantFrom(const py::dict &d) {
   v.weights = field<bool>(d, "weights");
   v.cached = field<bool>(d, "cached");
   v.zeroPadding = field<bool>(d, "zero_padding");
+  v.windowOutputs = field<bool>(d, "window_outputs", false);
   return v;
 }
 
@@ -290,6 +291,7 @@ CombineVariant combineVariantFrom(const py::dict &d) {
   CombineVariant v;
   v.weights = field<bool>(d, "weights");
   v.biases = field<int>(d, "biases");
+  v.windowOutputs = field<bool>(d, "window_outputs", false);
   return v;
 }
 

@@ -78,6 +78,16 @@ void forbid(const DeviceTensor &t, const char *name, const std::string &why) {
     fail(std::string(name) + " was given but " + why);
 }
 
+/// window_outputs: field `field` (set, if its tensor is given) must lie in the
+/// rank's window, where peers reach it.
+void inWindow(ParamRecord &r, const char *field, const DeviceTensor &t) {
+  auto at = r.find(field);
+  if (at == r.end() || !t.given())
+    return;
+  at->second.inWindow = true;
+  at->second.bytes = t.bytes();
+}
+
 /// `holder` (the tensor that fixes the token count) holds `tokens` tokens.
 void checkTokens(const EPSpec &s, int64_t tokens, const std::string &holder) {
   if (tokens > s.maxTokensPerRank)
@@ -155,6 +165,14 @@ int64_t DeviceTensor::elements() const {
   for (int64_t d : shape)
     n *= d;
   return n;
+}
+
+int64_t DeviceTensor::bytes() const {
+  const int64_t size = dtype == "i64"                      ? 8
+                       : dtype == "f32" || dtype == "i32"  ? 4
+                       : dtype == "bf16" || dtype == "f16" ? 2
+                                                           : 1;
+  return elements() * size;
 }
 
 std::vector<TensorSpec> epic::runtime::dispatchOutputs(const EPSpec &s, const DispatchVariant &v,
@@ -251,6 +269,16 @@ ParamRecord epic::runtime::dispatchRecord(const EPSpec &s, const DispatchVariant
   r[dispatch::num_tokens] = uint64_t(T);
   r[dispatch::dst_buffer_slot_idx] = ParamValue(c.handle.dstBufferSlotIdx, 4);
   r[dispatch::max_tokens_per_rank] = uint64_t(s.maxTokensPerRank);
+  if (v.windowOutputs) { // what the senders write, and the counts they read, at this rank
+    inWindow(r, dispatch::recv_x, c.recvX);
+    inWindow(r, dispatch::recv_scale_packs, c.recvScalePacks);
+    inWindow(r, dispatch::recv_topk_idx, c.recvTopkIdx);
+    inWindow(r, dispatch::recv_topk_weights, c.recvTopkWeights);
+    inWindow(r, dispatch::recv_src_metadata, c.handle.recvSrcMetadata);
+    inWindow(r, dispatch::psum_num_recv_tokens_per_rank, c.handle.psumNumRecvTokensPerRank);
+    inWindow(r, dispatch::num_recv_tokens_per_expert, c.handle.numRecvTokensPerExpert);
+    inWindow(r, dispatch::psum_num_recv_tokens_per_expert, c.handle.psumNumRecvTokensPerExpert);
+  }
   return r;
 }
 
@@ -296,6 +324,13 @@ ParamRecord epic::runtime::combineRecord(const EPSpec &s, const CombineVariant &
   r[combine::max_tokens_per_rank] = uint64_t(s.maxTokensPerRank);
   r[combine::dst_buffer_slot_idx] = ParamValue(c.handle.dstBufferSlotIdx, 4);
   r[combine::recv_row_of_slot] = ParamValue(c.handle.recvRowOfSlot, 4);
+  if (v.windowOutputs) { // what the origins read at this rank
+    inWindow(r, combine::x, c.x);
+    inWindow(r, combine::topk_weights, c.topkWeights);
+    inWindow(r, combine::recv_src_metadata, c.handle.recvSrcMetadata);
+    inWindow(r, combine::psum_num_recv_tokens_per_rank, c.handle.psumNumRecvTokensPerRank);
+    inWindow(r, combine::recv_row_of_slot, c.handle.recvRowOfSlot);
+  }
   return r;
 }
 
@@ -413,7 +448,7 @@ AddressBindings::AddressBindings(const std::vector<ParamRecord> &records,
       slots = std::max(slots, value.slot + 1);
       bindings.push_back({r, value.slot,
                           size_t(r) * size_t(stride) / 8 + size_t(at - fields.begin()),
-                          std::max(1, value.alignment), value.empty});
+                          std::max(1, value.alignment), value.empty, value.inWindow, value.bytes});
     }
 }
 
@@ -423,20 +458,35 @@ std::string AddressBindings::name(int rank, int slot) const {
   return servedRanks > 1 ? n + "[" + std::to_string(rank) + "]" : n;
 }
 
-void AddressBindings::bind(const uint64_t *addresses, size_t count,
-                           std::vector<uint64_t> &table) const {
+void AddressBindings::checkAddress(const Binding &b, uint64_t address,
+                                   const std::vector<WindowRange> &windows) const {
+  if (!address && !b.empty)
+    fail(name(b.rank, b.slot) + " is required here but was not given (a null pointer)");
+  if (address % b.alignment)
+    fail(name(b.rank, b.slot) + " must be " + std::to_string(b.alignment) +
+         "-byte aligned, it is at " + std::to_string(address));
+  if (b.inWindow && address)
+    requireInWindow(name(b.rank, b.slot), address, b.bytes,
+                    size_t(b.rank) < windows.size() ? windows[b.rank] : WindowRange{});
+}
+
+void epic::runtime::requireInWindow(const std::string &tensor, uint64_t address, int64_t bytes,
+                                    const WindowRange &window) {
+  if (address < window.begin || address + uint64_t(bytes) > window.end)
+    fail(tensor + " must lie in the buffer's window, past the kernels' region (addresses " +
+         std::to_string(window.begin) + " to " + std::to_string(window.end) +
+         "): with window_outputs peers reach it there; it is " + std::to_string(bytes) +
+         " bytes at " + std::to_string(address));
+}
+
+void AddressBindings::bind(const uint64_t *addresses, size_t count, std::vector<uint64_t> &table,
+                           const std::vector<WindowRange> &windows) const {
   if (count != size_t(servedRanks) * slots)
     fail("expected " + std::to_string(servedRanks) + " x " + std::to_string(slots) +
          " tensor addresses (ranks x slots), got " + std::to_string(count));
   // Every address first: a refused call changes nothing.
-  for (const Binding &b : bindings) {
-    uint64_t address = addresses[size_t(b.rank) * slots + b.slot];
-    if (!address && !b.empty)
-      fail(name(b.rank, b.slot) + " is required here but was not given (a null pointer)");
-    if (address % b.alignment)
-      fail(name(b.rank, b.slot) + " must be " + std::to_string(b.alignment) +
-           "-byte aligned, it is at " + std::to_string(address));
-  }
+  for (const Binding &b : bindings)
+    checkAddress(b, addresses[size_t(b.rank) * slots + b.slot], windows);
   for (const Binding &b : bindings) {
     uint64_t address = addresses[size_t(b.rank) * slots + b.slot];
     table[b.word] = address ? address : 16; // an empty tensor: any aligned address

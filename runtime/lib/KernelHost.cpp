@@ -239,6 +239,7 @@ KernelHost::Prepared KernelHost::prepare(const KernelInput &input,
       tokens = std::max<int64_t>(tokens, int64_t(it->second.value));
   const int64_t windowNeeded = k.meta.windowFor(tokens, blocks);
   prepared.dataEnd = k.meta.windowScratchAt >= 0 ? k.meta.windowScratchAt : windowNeeded;
+  prepared.kernelsEnd = windowNeeded;
   if (windowNeeded > bytesPerRank)
     throw std::invalid_argument(
         "the buffer has " + std::to_string(bytesPerRank) + " bytes per rank, these kernels need " +
@@ -288,6 +289,12 @@ KernelHost::Prepared KernelHost::prepare(const KernelInput &input,
                  k.meta.programmaticLaunch ? ", programmatic dependent launch" : "",
                  (long long)windowNeeded, (long long)bytesPerRank, (long long)tableBytes);
   }
+  const std::vector<WindowRange> windows = windowRanges(prepared);
+  for (int r = 0; r < servedRanks; ++r)
+    for (const auto &[name, value] : records[r])
+      if (value.inWindow && value.value)
+        requireInWindow(servedRanks > 1 ? name + "[" + std::to_string(r) + "]" : name, value.value,
+                        value.bytes, windows[r]);
   prepared.table.assign(size_t(tableBytes / 8), 0);
   for (int r = 0; r < servedRanks; ++r)
     for (const auto &[name, value] : records[r]) {
@@ -379,8 +386,17 @@ void *KernelHost::launch(const Prepared &prepared, void *stream, const LaunchOpt
 
 void KernelHost::Plan::launch(void *stream) { host->launch(ready, stream); }
 
+std::vector<WindowRange> KernelHost::windowRanges(const Prepared &prepared) const {
+  std::vector<WindowRange> ranges;
+  for (int r = 0; r < servedRanks; ++r) {
+    const uint64_t base = reinterpret_cast<uint64_t>(windowMemory(r));
+    ranges.push_back({base + uint64_t(prepared.kernelsEnd), base + uint64_t(bytesPerRank)});
+  }
+  return ranges;
+}
+
 void KernelHost::Plan::launch(const uint64_t *addresses, size_t count, void *stream) {
-  bindings.bind(addresses, count, ready.table);
+  bindings.bind(addresses, count, ready.table, host->windowRanges(ready));
   if (!ready.kernels->meta.tensorMaps.empty() && encodedFrom != ready.table) {
     host->encodeTensorMaps(ready);
     encodedFrom = ready.table;

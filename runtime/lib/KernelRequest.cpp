@@ -221,6 +221,15 @@ void KernelRequest::validate() const {
   if (info.combine)
     require(combine.biases >= 0 && combine.biases <= 2,
             "combine takes 0, 1 or 2 biases, got " + dim(combine.biases));
+  const bool window = (info.dispatch && d.windowOutputs) || (info.combine && combine.windowOutputs);
+  if (window) {
+    require(kind == KernelKind::dispatch || kind == KernelKind::combine,
+            "window_outputs is a dispatch's or a combine's option, not " + std::string(info.name) +
+                "'s");
+    require(spec.ranksPerNode() == spec.ranks,
+            "window_outputs needs every rank in one NVLink domain (scaleup_ranks = ranks): "
+            "senders store into the destination's window by its NVLink pointer");
+  }
 }
 
 std::string KernelRequest::json() const {

@@ -108,3 +108,18 @@ func.func @multi_node(%x: tensor<?x1024xbf16>, %idx: tensor<?x4xi64>,
       : tensor<?x1024xbf16>, tensor<8x1024x512xbf16> -> tensor<?x512xbf16>
   return %y : tensor<?x512xbf16>
 }
+
+// -----
+
+// Rows in the window: the fused kernel writes its own rows.
+#cfg = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 1024, dtype = bf16,
+                  expert_alignment = 128, layout = expanded, max_tokens_per_rank = 256>
+func.func @window(%x: tensor<?x1024xbf16>, %idx: tensor<?x4xi64>, %e: tensor<8x1024x512xbf16>)
+    -> tensor<?x512xbf16> {
+  // expected-remark@+1 {{ep-fuse-dispatch-gemm: not fused: its outputs lie in the window (window_outputs), which the fused kernel does not write}}
+  %rx, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) window_outputs config #cfg
+      : tensor<?x1024xbf16> -> tensor<?x1024xbf16>, !ep.handle<#cfg>
+  %y = ep.grouped_gemm %rx, %e layout(%h : !ep.handle<#cfg>)
+      : tensor<?x1024xbf16>, tensor<8x1024x512xbf16> -> tensor<?x512xbf16>
+  return %y : tensor<?x512xbf16>
+}

@@ -89,3 +89,17 @@ func.func @multi_node(%rx: tensor<?x1024xbf16>, %w: tensor<8x1024x1024xbf16>,
   %out = ep.combine %y, %h : tensor<?x1024xbf16>, !ep.handle<#cfg> -> tensor<?x1024xbf16>
   return %out : tensor<?x1024xbf16>
 }
+
+// -----
+
+// A combine reading its input in the window: the fused kernel writes its own y.
+#cfg = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 1024, dtype = bf16,
+                  expert_alignment = 128, layout = expanded, max_tokens_per_rank = 256>
+func.func @window(%rx: tensor<?x1024xbf16>, %w: tensor<8x1024x1024xbf16>, %h: !ep.handle<#cfg>)
+    -> tensor<?x1024xbf16> {
+  // expected-remark@+1 {{ep-fuse-gemm-combine: not fused: the combine reads its input in the window (window_outputs), which the fused kernel does not write}}
+  %y = ep.grouped_gemm %rx, %w layout(%h : !ep.handle<#cfg>)
+      : tensor<?x1024xbf16>, tensor<8x1024x1024xbf16> -> tensor<?x1024xbf16>
+  %out = ep.combine %y, %h window_outputs : tensor<?x1024xbf16>, !ep.handle<#cfg> -> tensor<?x1024xbf16>
+  return %out : tensor<?x1024xbf16>
+}

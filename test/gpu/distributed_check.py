@@ -61,6 +61,11 @@ def compile_only(args):
         for weights, biases in ((True, 2), (True, 0), (False, 0)):
             runtime.kernels(spec, dict(weights=weights, biases=biases), "combine")
             count += 1
+        if not expand:  # 5.: outputs in the window, the combine reading x in place
+            runtime.kernels(spec, dict(weights=True, cached=False, zero_padding=False,
+                                       window_outputs=True), "dispatch")
+            runtime.kernels(spec, dict(weights=True, biases=2, window_outputs=True), "combine")
+            count += 2
     print(f"distributed_check: {count} kernel sets for {args.world_size} NCCL ranks in "
           f"{runtime.cache_dir}")
     return 0
@@ -108,8 +113,10 @@ def main():
     to_torch, to_numpy = numpy_to_torch, torch_to_numpy
     if args.missing_rank >= 0:
         return missing_rank(args, rank, world)
-    buffer = epic.ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=TOKENS, hidden=HIDDEN,
-                                num_topk=TOPK, use_fp8_dispatch=True, explicitly_destroy=True)
+    # num_bytes: room for check 5's outputs in the window besides the kernels' region.
+    buffer = epic.ElasticBuffer(dist.group.WORLD, num_bytes=256 << 20,
+                                num_max_tokens_per_rank=TOKENS, hidden=HIDDEN, num_topk=TOPK,
+                                use_fp8_dispatch=True, explicitly_destroy=True)
     L = EXPERTS // world
     results = {}
 
@@ -226,6 +233,38 @@ def main():
         replays_ok &= to_numpy(graph_out).tobytes() == want.combined_x.tobytes()
         replays_ok &= torch.equal(graph_out.view(torch.int16), eager.view(torch.int16))
     results["CUDA graph replays of dispatch + combine (bitwise)"] = replays_ok
+
+    # 5. Outputs in the window: senders store rows straight into the destination's window
+    # (no copy epilogue), the combine reads the expert outputs where they lie; bitwise the copy
+    # path's results (plain BF16, weights there and back, two biases).
+    expected = ref.dispatch(xs16, idxs, ws, num_experts=EXPERTS, num_max_tokens_per_rank=TOKENS)
+    slow()
+    recv, recv_idx, recv_w, handle, _ = buffer.dispatch(
+        to_torch(xs16[rank]), to_torch(idxs[rank]), to_torch(ws[rank]), num_experts=EXPERTS,
+        window_outputs=True)
+    got = dataclasses.replace(expected[rank], recv_x=to_numpy(recv),
+                              recv_topk_idx=to_numpy(recv_idx),
+                              recv_topk_weights=to_numpy(recv_w),
+                              recv_src_metadata=to_numpy(handle.recv_src_metadata))
+    s = ref.sort_by_source(got)
+    results["window outputs: plain BF16 dispatch in place (rows, ids, metadata)"] = (
+        buffer._in_window(recv, rank) and all(
+            getattr(s, f).tobytes() == getattr(expected[rank], f).tobytes()
+            for f in ("recv_x", "recv_topk_idx", "recv_src_metadata")))
+    y_copy = (recv.float() * 2).to(torch.bfloat16)
+    bias = tuple(to_torch(b) for b in biases[rank])
+    copied, copied_w, _ = buffer.combine(y_copy, handle, topk_weights=recv_w, bias=bias)
+    y_window = buffer.combine_input_buffer(handle)
+    y_window.copy_(y_copy)
+    out, out_w, _ = buffer.combine(y_window, handle, topk_weights=recv_w, bias=bias)
+    ys = [(e.recv_x.astype(np.float32) * 2).astype(ref.bfloat16) for e in expected]
+    want = ref.combine(ys, expected, topk_weights=[e.recv_topk_weights for e in expected],
+                       bias=biases)[rank]
+    results["window outputs: combine read in place = copy path (bitwise)"] = (
+        torch.equal(out.view(torch.int16), copied.view(torch.int16))
+        and torch.equal(out_w, copied_w)
+        and to_numpy(out).tobytes() == want.combined_x.tobytes()
+        and to_numpy(out_w).tobytes() == want.combined_topk_weights.tobytes())
 
     buffer.barrier()
     verdicts = [None] * world

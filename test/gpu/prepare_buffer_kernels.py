@@ -41,6 +41,20 @@ def ragged_configs(ranks):
         yield spec, dict(weights=True, biases=0), "combine"
 
 
+def window_configs(ranks):
+    """test_window_outputs_*: FP8 plain and expanded (alignment 128, zero padding), outputs in
+    the window: dispatches with and without weights, the combine reading x in place."""
+    for expand in (False, True):
+        spec = dict(num_ranks=ranks, num_experts=8 * ranks, num_topk=K, hidden=H,
+                    dtype="f8E4M3FN", num_scale_packs=H // 128,
+                    expert_alignment=128 if expand else 1, do_expand=expand,
+                    num_max_tokens_per_rank=TMAX)
+        for weights in (True, False):
+            yield spec, dict(weights=weights, cached=False, zero_padding=expand,
+                             window_outputs=True), "dispatch"
+        yield spec, dict(weights=True, biases=0, window_outputs=True), "combine"
+
+
 def two_node_configs():
     """test_two_nodes_*: 2 nodes x 2 GPUs, BF16 plain (hybrid: also a combine without weights,
     test_two_nodes_hybrid_deterministic_rows_in_reference_order's)."""
@@ -58,7 +72,8 @@ def main():
     runtime = C.Runtime("virtual", "", "")
     start, count = time.time(), 0
     for ranks in (2, 8):
-        for spec, variant, kind in itertools.chain(configs(ranks), ragged_configs(ranks)):
+        for spec, variant, kind in itertools.chain(configs(ranks), ragged_configs(ranks),
+                                                   window_configs(ranks)):
             runtime.kernels(spec, variant, kind)
             count += 1
     for spec, variant, kind in two_node_configs():

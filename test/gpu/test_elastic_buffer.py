@@ -519,3 +519,62 @@ def test_two_nodes_hybrid_round_trip():
         combine_two_nodes(buffer, rng, got, handles, recv_w)
     finally:
         buffer.destroy()
+
+
+@pytest.mark.parametrize("do_expand", [False, True])
+def test_window_outputs_write_rows_in_place_and_combine_reads_them_there(do_expand):
+    """window_outputs: the outputs and handle lie in each rank's window, the kernels meet at
+    barriers and reach each other's tensors through the records they publish there (the
+    protocol a multi-process world runs); the same results as the reference, and the combine
+    reads its input in place, bitwise the same sums."""
+    for R in (2, 8):
+        E, K = 8 * R, 6
+        buffer = epic.ElasticBuffer(epic.VirtualWorld(R), num_bytes=64 << 20,
+                                    num_max_tokens_per_rank=TMAX, hidden=H, num_topk=K,
+                                    use_fp8_dispatch=True, explicitly_destroy=True)
+        rng, tokens, idxs, ws, xs, sfs = inputs(R, E, K, seed=80 + R, fp8=True)
+        alignment = 128 if do_expand else 1
+        expected = ref.dispatch(xs, idxs, ws, sfs, num_experts=E, num_max_tokens_per_rank=TMAX,
+                                expert_alignment=alignment, expand=do_expand,
+                                zero_padding=do_expand)
+        x_in = [(to_torch(x), to_torch(sf)) for x, sf in zip(xs, sfs)]
+        recv, recv_idx, recv_w, handles, _ = buffer.dispatch(
+            x_in, [to_torch(i) for i in idxs], [to_torch(w) for w in ws], num_experts=E,
+            expert_alignment=alignment, do_expand=do_expand, do_zero_padding=do_expand,
+            window_outputs=True)
+        got = []
+        for r in range(R):
+            data, sf = recv[r]
+            assert buffer._in_window(data, r) and buffer._in_window(sf, r)
+            got.append(as_result(expected[r], data, sf, None if do_expand else recv_idx[r],
+                                 recv_w[r], handles[r]))
+            check_dispatch(expected[r], got[r], handles[r])
+        ys = [rng.standard_normal((g.recv_x.shape[0], H)).astype(ref.bfloat16) for g in got]
+        want = ref.combine(ys, got, topk_weights=[g.recv_topk_weights for g in got])
+        # The copy path first (x outside the window), then in place: the same bits.
+        staged, staged_w, _ = buffer.combine([to_torch(y) for y in ys], handles,
+                                             topk_weights=recv_w)
+        inputs_in_window = buffer.combine_input_buffer(handles)
+        for r in range(R):
+            inputs_in_window[r].copy_(to_torch(ys[r]))
+            assert buffer._in_window(inputs_in_window[r], r)
+        out, out_w, _ = buffer.combine(inputs_in_window, handles, topk_weights=recv_w)
+        for r in range(R):
+            assert same_bits(to_numpy(out[r]), want[r].combined_x)
+            assert same_bits(to_numpy(out_w[r]), want[r].combined_topk_weights)
+            assert same_bits(to_numpy(staged[r]), to_numpy(out[r]))
+            assert same_bits(to_numpy(staged_w[r]), to_numpy(out_w[r]))
+        # A later dispatch with window_outputs reuses the memory: the old handle is refused.
+        buffer.dispatch(x_in, [to_torch(i) for i in idxs], num_experts=E,
+                        expert_alignment=alignment, do_expand=do_expand,
+                        do_zero_padding=do_expand, window_outputs=True)
+        with pytest.raises(ValueError, match="a later dispatch with window_outputs"):
+            buffer.combine(inputs_in_window, handles)
+        with pytest.raises(ValueError, match="window_outputs: a cached dispatch"):
+            buffer.dispatch(x_in, handle=handles, do_expand=do_expand, window_outputs=True)
+        copied = buffer.dispatch(x_in, [to_torch(i) for i in idxs], num_experts=E,
+                                 expert_alignment=alignment, do_expand=do_expand,
+                                 do_zero_padding=do_expand)[3]
+        with pytest.raises(ValueError, match="not of a dispatch with window_outputs=True"):
+            buffer.combine_input_buffer(copied)
+        buffer.destroy()

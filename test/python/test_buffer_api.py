@@ -97,6 +97,18 @@ def test_constructor_checks(buf):
         sorted_rows.dispatch(xs, idxs, num_experts=E, do_cpu_sync=False)
 
 
+def test_window_outputs_refuses_what_it_cannot_keep_in_place(buf):
+    xs, idxs, _ = inputs()
+    with pytest.raises(ValueError, match="window_outputs: needs CUDA tensors"):
+        buf.dispatch(xs, idxs, num_experts=E, window_outputs=True)
+    with pytest.raises(TypeError, match="window_outputs: expected a bool"):
+        buf.dispatch(xs, idxs, num_experts=E, window_outputs=1)
+    sorted_rows = epic.ElasticBuffer(epic.VirtualWorld(R), num_bytes=2 << 20, deterministic=True,
+                                     num_max_tokens_per_rank=TMAX)
+    with pytest.raises(ValueError, match="window_outputs: a deterministic buffer sorts"):
+        sorted_rows.dispatch(xs, idxs, num_experts=E, window_outputs=True)
+
+
 @pytest.mark.parametrize("kwargs, error, pattern", [
     (dict(num_bytes=2**70), ValueError, r"num_bytes: must be \[1, 1099511627776\]"),
     (dict(num_bytes=None, num_max_tokens_per_rank=16, hidden=2**40), ValueError,

@@ -241,7 +241,7 @@ TEST(EntryBuilder, ABadRequestIsRefusedByField) {
        "kernel request: spec.expanded: expected true or false, got 1"},
       {[&](auto &r) { (*variant(r))["wieghts"] = true; },
        "kernel request: dispatch.wieghts: is not a field here (weights, cached, zero_padding, "
-       "topk_idx_bits)"},
+       "topk_idx_bits, window_outputs)"},
       {[&](auto &r) { (*variant(r))["topk_idx_bits"] = 12; },
        "kernel request: dispatch.topk_idx_bits: topk_idx must be an 8, 16, 32 or 64-bit "
        "integer, got 12 bits"},

@@ -38,19 +38,19 @@ EPSpec bf16(bool expanded = true) {
 TEST(KernelRequest, JsonIsCanonical) {
   EPSpec s = v3(false);
   s.timeoutMs = 5000;
-  EXPECT_EQ(
-      dispatchRequest(s, {true, false, false, 32}).json(),
-      R"({"version":2,"kind":"dispatch","name":"ep_dispatch",)"
-      R"("spec":{"ranks":8,"experts":256,"topk":8,"hidden":7168,"dtype":"f8E4M3FN",)"
-      R"("scale_packs":56,"expert_alignment":128,"expanded":false,"num_sms":0,)"
-      R"("max_tokens_per_rank":0,"scaleup_ranks":0,"hybrid":false,"timeout_ms":5000},)"
-      R"("dispatch":{"weights":true,"cached":false,"zero_padding":false,"topk_idx_bits":32}})");
+  EXPECT_EQ(dispatchRequest(s, {true, false, false, 32}).json(),
+            R"({"version":3,"kind":"dispatch","name":"ep_dispatch",)"
+            R"("spec":{"ranks":8,"experts":256,"topk":8,"hidden":7168,"dtype":"f8E4M3FN",)"
+            R"("scale_packs":56,"expert_alignment":128,"expanded":false,"num_sms":0,)"
+            R"("max_tokens_per_rank":0,"scaleup_ranks":0,"hybrid":false,"timeout_ms":5000},)"
+            R"("dispatch":{"weights":true,"cached":false,"zero_padding":false,"topk_idx_bits":32,)"
+            R"("window_outputs":false}})");
   EXPECT_EQ(gemmCombineRequest(bf16(), 2, "moe").json(),
-            R"({"version":2,"kind":"gemm_combine","name":"moe",)"
+            R"({"version":3,"kind":"gemm_combine","name":"moe",)"
             R"("spec":{"ranks":8,"experts":256,"topk":8,"hidden":7168,"dtype":"bf16",)"
             R"("scale_packs":0,"expert_alignment":128,"expanded":true,"num_sms":0,)"
             R"("max_tokens_per_rank":4096,"scaleup_ranks":0,"hybrid":false,"timeout_ms":0},)"
-            R"("combine":{"weights":false,"biases":2}})");
+            R"("combine":{"weights":false,"biases":2,"window_outputs":false}})");
   // Every kind has its sections and only those, and its default entry name.
   std::string grouped = groupedGemmRequest(bf16(), 2048, "f32").json();
   EXPECT_NE(grouped.find(R"("gemm":{"n":2048,"out_dtype":"f32"})"), std::string::npos);
@@ -58,7 +58,8 @@ TEST(KernelRequest, JsonIsCanonical) {
   std::string fused = dispatchGemmRequest(bf16(), {true, false, true, 64}, 256, "bf16").json();
   EXPECT_NE(fused.find(R"("name":"ep_dispatch_gemm")"), std::string::npos);
   EXPECT_NE(fused.find(R"("dispatch":{"weights":true,"cached":false,"zero_padding":true,)"
-                       R"("topk_idx_bits":64},"gemm":{"n":256,"out_dtype":"bf16"}})"),
+                       R"("topk_idx_bits":64,"window_outputs":false},"gemm":{"n":256,)"
+                       R"("out_dtype":"bf16"}})"),
             std::string::npos);
   EXPECT_NE(combineRequest(v3(true), {true, 1}).json().find(R"("name":"ep_combine","spec":)"),
             std::string::npos);
@@ -144,6 +145,27 @@ TEST(KernelRequest, BadArgumentsAreNamed) {
   EXPECT_NE(refusal([] {
               combineRequest(v3(false), {false, 3});
             }).find("combine takes 0, 1 or 2 biases, got 3"),
+            std::string::npos);
+}
+
+// window_outputs: a dispatch's or a combine's, on one NVLink domain.
+TEST(KernelRequest, WindowOutputsNeedOneNVLinkDomain) {
+  DispatchVariant window;
+  window.windowOutputs = true;
+  EXPECT_EQ(refusal([&] { dispatchRequest(v3(false), window, "d"); }), "");
+  EPSpec nodes = v3(false);
+  nodes.scaleupRanks = 4;
+  EXPECT_NE(refusal([&] {
+              dispatchRequest(nodes, window, "d");
+            }).find("window_outputs needs every rank in one NVLink domain"),
+            std::string::npos);
+  CombineVariant combine;
+  combine.windowOutputs = true;
+  EXPECT_NE(refusal([&] { combineRequest(nodes, combine, "c"); }).find("one NVLink domain"),
+            std::string::npos);
+  EXPECT_NE(refusal([&] {
+              dispatchGemmRequest(bf16(), window, 256, "bf16");
+            }).find("window_outputs is a dispatch's or a combine's option"),
             std::string::npos);
 }
 

@@ -667,7 +667,8 @@ func.func @main() {
   EXPECT_EQ(plan.kernels()[0].kind, KernelKind::dispatch);
   EXPECT_EQ(plan.kernels()[0].spec.hidden, 64);
   EXPECT_EQ(plan.kernels()[1].request().kind, KernelKind::combine);
-  EXPECT_NE(plan.kernels()[1].request().json().find(R"("combine":{"weights":false,"biases":0})"),
+  EXPECT_NE(plan.kernels()[1].request().json().find(
+                R"("combine":{"weights":false,"biases":0,"window_outputs":false})"),
             std::string::npos);
   KernelProvider offline(cache, {"virtual", "sm_90", "/nonexistent/epic-compile"});
   EXPECT_EQ(offline.runPlan(program), provider.runPlan(program));

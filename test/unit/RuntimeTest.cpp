@@ -498,7 +498,7 @@ TEST(Calls, CachedSignaturesCheckTheAddressesTheyBind) {
   std::vector<uint64_t> table(size_t(2 * stride / 8), 7);
   // Rank-major addresses; slot 1 (no scale packs in this signature) is ignored.
   std::vector<uint64_t> addresses = {0x1000, 0, 0x2000, 0x3000, 0x4000, 0, 0x5000, 0x6000};
-  bindings.bind(addresses.data(), addresses.size(), table);
+  bindings.bind(addresses.data(), addresses.size(), table, {});
   EXPECT_EQ(table[word(0, "x")], 0x1000u);
   EXPECT_EQ(table[word(1, "topk_idx")], 0x6000u);
   EXPECT_EQ(table[word(1, "topk_weights")], 0x5000u);
@@ -507,7 +507,7 @@ TEST(Calls, CachedSignaturesCheckTheAddressesTheyBind) {
   auto error = [&](std::vector<uint64_t> a) -> std::string {
     std::vector<uint64_t> before = table;
     try {
-      bindings.bind(a.data(), a.size(), table);
+      bindings.bind(a.data(), a.size(), table, {});
     } catch (const std::invalid_argument &e) {
       EXPECT_EQ(table, before) << "a refused call wrote the table";
       return e.what();
@@ -521,6 +521,43 @@ TEST(Calls, CachedSignaturesCheckTheAddressesTheyBind) {
   missing[2] = 0;
   EXPECT_EQ(error(missing), "topk_weights[0] is required here but was not given (a null pointer)");
   EXPECT_NE(error({1, 2, 3}).find("expected 2 x 4 tensor addresses"), std::string::npos);
+}
+
+// window_outputs: what peers write or read at a rank must lie in its window,
+// past the kernels' region; a tensor elsewhere is named before anything runs.
+TEST(Calls, WindowOutputsMustLieInTheWindow) {
+  CallFixture f;
+  DispatchVariant window = f.dispatchVariant;
+  window.windowOutputs = true;
+  f.dispatch.recvX.slot = 0, f.dispatch.handle.recvSrcMetadata.slot = 1;
+  std::vector<ParamRecord> records = {dispatchRecord(f.spec, window, f.dispatch)};
+  EXPECT_TRUE(records[0].at("recv_x").inWindow);
+  EXPECT_EQ(records[0].at("recv_x").bytes, f.dispatch.recvX.bytes());
+  EXPECT_FALSE(records[0].at("x").inWindow); // the sender's own input
+  EXPECT_FALSE(dispatchRecord(f.spec, f.dispatchVariant, f.dispatch).at("recv_x").inWindow);
+  std::vector<std::string> fields;
+  for (const auto &[name, value] : records[0])
+    fields.push_back(name);
+  AddressBindings bindings(records, fields, int64_t(fields.size()) * 8,
+                           {"recv_x", "recv_src_metadata"});
+  std::vector<uint64_t> table(fields.size(), 0);
+  const uint64_t base = 1 << 20, end = base + (uint64_t(1) << 30);
+  const std::vector<WindowRange> windows = {{base, end}};
+  std::vector<uint64_t> inside = {base, base + (uint64_t(1) << 29)};
+  bindings.bind(inside.data(), inside.size(), table, windows);
+  std::vector<uint64_t> outside = {base - 4096, base + (uint64_t(1) << 29)};
+  try {
+    bindings.bind(outside.data(), outside.size(), table, windows);
+    ADD_FAILURE() << "recv_x outside the window was bound";
+  } catch (const std::invalid_argument &e) {
+    EXPECT_NE(std::string(e.what()).find("recv_x must lie in the buffer's window"),
+              std::string::npos)
+        << e.what();
+  }
+  // The last byte counts: a tensor running past the window's end is refused too.
+  std::vector<uint64_t> overrun = {end - 16, base + (uint64_t(1) << 29)};
+  EXPECT_THROW(bindings.bind(overrun.data(), overrun.size(), table, windows),
+               std::invalid_argument);
 }
 
 TEST(Calls, TheHandlesCopyOfTheRoutingIsChecked) {

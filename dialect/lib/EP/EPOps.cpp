@@ -141,6 +141,16 @@ void DispatchOp::build(OpBuilder &builder, OperationState &state, ConfigAttr con
         scalePacks, topkWeights, cachedHandle, zeroPadding);
 }
 
+/// `window_outputs`: senders (or gathering origins) reach every peer's
+/// window by its NVLink pointer, so every rank is in one NVLink domain.
+static LogicalResult verifyWindowOutputs(Operation *op, bool windowOutputs, ConfigAttr cfg) {
+  if (!windowOutputs || !cfg.isMultiNode())
+    return success();
+  return op->emitOpError("window_outputs needs one NVLink domain: peers' windows are reached by "
+                         "their NVLink pointers, and the configuration spans ")
+         << cfg.getNumNodes() << " nodes of " << cfg.getRanksPerNode() << " ranks";
+}
+
 LogicalResult DispatchOp::verify() {
   ConfigAttr cfg = getConfig();
   ShapeChecker check{*this};
@@ -157,6 +167,8 @@ LogicalResult DispatchOp::verify() {
   if (getZeroPadding() && !cfg.isExpanded())
     return emitOpError("zero_padding needs the expanded layout: the plain layout "
                        "has no padding rows");
+  if (failed(verifyWindowOutputs(*this, getWindowOutputs(), cfg)))
+    return failure();
   if (getTopkIdx() && getCachedHandle())
     return emitOpError("takes either topk(...) or cached(...), not both: a "
                        "cached dispatch reuses the handle's routing");
@@ -415,6 +427,8 @@ LogicalResult CombineOp::verify() {
   if ((2 * uint64_t(hidden)) % 16 != 0)
     return emitOpError("combine moves bf16 rows of hidden x 2 = ")
            << 2 * hidden << " bytes, which must be a multiple of 16";
+  if (failed(verifyWindowOutputs(*this, getWindowOutputs(), cfg)))
+    return failure();
 
   if (Value w = getTopkWeights()) {
     ShapedType wt = shaped(w);

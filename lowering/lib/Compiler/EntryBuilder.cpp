@@ -135,6 +135,7 @@ LogicalResult EntryBuilder::buildDispatch() {
   auto dispatch = epic::ep::DispatchOp::create(
       builder, loc, config, argument(func, x), argument(func, topkIdx), argument(func, scales),
       argument(func, weights), argument(func, cached), variant.zeroPadding);
+  dispatch.setWindowOutputs(variant.windowOutputs);
   finish(func, dispatch->getResults());
   return success();
 }
@@ -178,6 +179,7 @@ LogicalResult EntryBuilder::buildCombine() {
       builder, loc, y, variant.weights ? Type(rows(config.getTopk(), f32())) : Type(),
       argument(func, x), argument(func, handle), argument(func, weights),
       func.getArguments().slice(firstBias, variant.biases));
+  combine.setWindowOutputs(variant.windowOutputs);
   finish(func, combine->getResults());
   return success();
 }

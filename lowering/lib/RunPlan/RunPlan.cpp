@@ -104,6 +104,13 @@ private:
     return success();
   }
 
+  /// epic-run allocates every tensor in device memory, outside the window.
+  LogicalResult windowOutputsRefused(Operation *op) {
+    return op->emitError("epic-run: window_outputs is not supported: the runner allocates a "
+                         "program's tensors in device memory, outside the buffer's window (drop "
+                         "the attribute; ElasticBuffer's window_outputs places them)");
+  }
+
   LogicalResult requireI64(Operation *op, Value value, StringRef what) {
     if (!value)
       return success();
@@ -189,6 +196,8 @@ private:
       return success();
     }
     if (auto dispatch = dyn_cast<ep::DispatchOp>(op)) {
+      if (dispatch.getWindowOutputs())
+        return windowOutputsRefused(op);
       ep::ConfigAttr config = dispatch.getConfig();
       if (failed(world(op, config)) || failed(requireI64(op, dispatch.getTopkIdx(), "topk_idx")) ||
           failed(requireI64(op, dispatch.getRecvTopkIdx(), "recv_topk_idx")))
@@ -214,6 +223,8 @@ private:
       return success();
     }
     if (auto combine = dyn_cast<ep::CombineOp>(op)) {
+      if (combine.getWindowOutputs())
+        return windowOutputsRefused(op);
       if (failed(world(op, combine.getConfig())))
         return failure();
       json::Array biases;

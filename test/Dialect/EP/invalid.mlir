@@ -762,3 +762,23 @@ gpu.module @kernels {
     gpu.return
   }
 }
+
+// -----
+
+// Window-resident outputs are reached by NVLink pointers: one NVLink domain.
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, scaleup_ranks = 4>
+func.func @f(%x: tensor<?x128xbf16>, %idx: tensor<?x4xi64>) {
+  // expected-error@+1 {{window_outputs needs one NVLink domain: peers' windows are reached by their NVLink pointers, and the configuration spans 2 nodes of 4 ranks}}
+  %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) window_outputs config #c
+      : tensor<?x128xbf16> -> tensor<?x128xbf16>, tensor<?x4xi64>, !ep.handle<#c>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, scaleup_ranks = 4>
+func.func @f(%y: tensor<?x128xbf16>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{window_outputs needs one NVLink domain}}
+  %out = ep.combine %y, %h window_outputs : tensor<?x128xbf16>, !ep.handle<#c> -> tensor<?x128xbf16>
+  return
+}

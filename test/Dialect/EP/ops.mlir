@@ -119,6 +119,17 @@ func.func @dispatch_expanded_zero_padding(%x: tensor<?x1024xbf16>, %idx: tensor<
   return
 }
 
+// Outputs in the window, for dispatch and combine: the attribute round-trips.
+// CHECK-LABEL: func.func @window_outputs
+func.func @window_outputs(%x: tensor<?x1024xbf16>, %idx: tensor<?x6xi64>) {
+  // CHECK: ep.dispatch %{{.*}} topk(%{{.*}} : tensor<?x6xi64>) zero_padding window_outputs config #[[$EXP]]
+  %rx, %h = ep.dispatch %x topk(%idx : tensor<?x6xi64>) zero_padding window_outputs config #exp
+      : tensor<?x1024xbf16> -> tensor<?x1024xbf16>, !ep.handle<#exp>
+  // CHECK: ep.combine %{{.*}}, %{{.*}} window_outputs :
+  %y = ep.combine %rx, %h window_outputs : tensor<?x1024xbf16>, !ep.handle<#exp> -> tensor<?x1024xbf16>
+  return
+}
+
 // The expanded layout has no recv_topk_idx and one weight per row.
 // CHECK-LABEL: func.func @dispatch_expanded
 func.func @dispatch_expanded(%x: tensor<?x1024xbf16>, %idx: tensor<?x6xi64>,

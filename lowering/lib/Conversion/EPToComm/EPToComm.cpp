@@ -299,6 +299,17 @@ struct DispatchLayoutOpLowering : KernelOpLowering<ep::DispatchLayoutOp> {
   }
 };
 
+/// An op with window-resident tensors publishes its parameter record in the
+/// window's control region for peers to read (KernelBuilder::publishRecord).
+static LogicalResult checkPublishable(Operation *op, const KernelPlan &plan) {
+  const int64_t stride = plan.record().stride;
+  if (stride <= epic::ep::window::kMaxPublishedRecordBytes)
+    return success();
+  return op->emitOpError("window_outputs: the parameter record (")
+         << stride << " bytes) exceeds the window's published-record slot ("
+         << epic::ep::window::kMaxPublishedRecordBytes << " bytes)";
+}
+
 struct DispatchOpLowering : KernelOpLowering<ep::DispatchOp> {
   using KernelOpLowering::KernelOpLowering;
   FailureOr<KernelPlan> planKernels(ep::DispatchOp dispatch, const Entry &entry,
@@ -313,15 +324,19 @@ struct DispatchOpLowering : KernelOpLowering<ep::DispatchOp> {
                         static_cast<bool>(dispatch.getTopkWeights()), plan.cfg.isExpanded(),
                         dispatch.isCached(), dispatch.getZeroPadding()};
     plan.fields = fieldNames(kDispatchFields);
-    // The one-pass scatter stores into every destination's tensors: one address
-    // space, which ranks of other nodes do not share. Uncached, a count kernel
-    // takes every slot first.
-    const bool onePass = entry.onePassDispatch && !plan.cfg.isMultiNode();
+    // The one-pass scatter stores into every destination's tensors: in one
+    // address space, or where they lie in the window (window_outputs), which
+    // ranks of other nodes do not reach. Uncached, a count kernel takes every
+    // slot first.
+    const bool window = dispatch.getWindowOutputs();
+    if (window && failed(checkPublishable(dispatch, plan)))
+      return failure();
+    const bool onePass = (entry.onePassDispatch || window) && !plan.cfg.isMultiNode();
     const bool scatter = shape.cached && onePass;
     shape.onePass = onePass && !shape.cached;
     if (scatter) {
       plan.kernels = {entry.name + "_scatter"};
-      plan.cooperative = false; // no rank waits for another
+      plan.cooperative = window; // in the window, ranks meet before and after
     } else if (shape.onePass) {
       plan.kernels = {entry.name + "_count", entry.name + "_scatter"};
     } else if (plan.cfg.isMultiNode() && plan.cfg.isHybrid()) {
@@ -330,9 +345,10 @@ struct DispatchOpLowering : KernelOpLowering<ep::DispatchOp> {
     } else {
       plan.kernels = {entry.name + "_send", entry.name + "_copy"};
     }
-    plan.build = [idxBits, shape, scatter](const KernelPlan &plan, gpu::GPUModuleOp module,
-                                           const RecordLayout &record) {
+    plan.build = [idxBits, shape, scatter, window](const KernelPlan &plan, gpu::GPUModuleOp module,
+                                                   const RecordLayout &record) {
       EPLayout layout = plan.layout(idxBits, record, kDispatchMaxTokens);
+      layout.peersInWindow = window;
       OpBuilder b = kernelInsertionPoint(module);
       if (scatter)
         return buildDispatchScatter(plan.kernel(b, 0, false), layout, shape);
@@ -359,21 +375,25 @@ struct CombineOpLowering : KernelOpLowering<ep::CombineOp> {
     CombineShape shape{static_cast<bool>(combine.getTopkWeights()),
                        static_cast<unsigned>(combine.getBiases().size()), plan.cfg.isExpanded()};
     const bool hybrid = plan.cfg.isMultiNode() && plan.cfg.isHybrid();
-    shape.onePass = entry.onePassCombine && !plan.cfg.isMultiNode();
+    const bool window = combine.getWindowOutputs();
+    shape.onePass = (entry.onePassCombine || window) && !plan.cfg.isMultiNode();
     plan.fields = fieldNames(kCombineFields);
+    if (window && failed(checkPublishable(combine, plan)))
+      return failure();
     if (shape.onePass) {
       plan.kernels = {entry.name + "_gather"};
-      plan.cooperative = false; // no rank waits for another
+      plan.cooperative = window; // in the window, ranks meet before and after
     } else if (hybrid) {
       plan.kernels = {entry.name + "_send", entry.name + "_forward", entry.name + "_reduce"};
       plan.fields = fieldNames(kCombineFields, kCombineForwarderFields);
     } else {
       plan.kernels = {entry.name + "_send", entry.name + "_reduce"};
     }
-    plan.build = [shape](const KernelPlan &plan, gpu::GPUModuleOp module,
-                         const RecordLayout &record) {
+    plan.build = [shape, window](const KernelPlan &plan, gpu::GPUModuleOp module,
+                                 const RecordLayout &record) {
       // The routing comes from the handle (topk_idx of the dispatch); int64.
       EPLayout layout = plan.layout(64, record, kCMaxTokens);
+      layout.peersInWindow = window;
       OpBuilder b = kernelInsertionPoint(module);
       if (shape.onePass)
         return buildCombineGather(plan.kernel(b, 0, false), layout, shape);

@@ -124,6 +124,50 @@ public:
   Value peer(Value bytes, Value rank) {
     return comm::PeerPtrOp::create(b, ptrT(), window, wide(bytes), team, rank);
   }
+
+  /// Another rank's tensors: through its record in the launch's table (one
+  /// address space), or, when the op's tensors lie in the window, through
+  /// the record the rank published there (publishRecord): a field is an
+  /// address in that rank's process, so it is rebased on the rank's window
+  /// and reached by its LSA pointer.
+  struct PeerRecord {
+    KernelBuilder &k;
+    Value rank, record, windowBase; // windowBase: null in one address space
+    /// Field `field` as the rank's kernel sees it (null stays null).
+    Value raw(int64_t field) { return k.pointerField(record, field); }
+    /// Where this rank reaches the tensor `raw(field)` names.
+    Value reach(Value raw) {
+      if (!windowBase)
+        return raw;
+      Value offset =
+          arith::SubIOp::create(k.b, LLVM::PtrToIntOp::create(k.b, k.i64T(), raw), windowBase);
+      return k.peer(offset, rank);
+    }
+    Value pointer(int64_t field) { return reach(raw(field)); }
+  };
+  PeerRecord peerRecord(Value rank) {
+    if (!layout.peersInWindow)
+      return {*this, rank, peerParams(rank), Value()};
+    Value record = peer(i64(layout.publishedRecord), rank);
+    Value base = load(i64T(), at(record, i64(epic::ep::window::kMaxPublishedRecordBytes)), 8);
+    return {*this, rank, record, base};
+  }
+  /// Ops whose tensors lie in the window: every block copies this rank's
+  /// record (and the window's address) to where peers read it, before its
+  /// entry barrier (which releases it); all blocks write the same bytes.
+  void publishRecord() {
+    const int64_t words = layout.paramStride / 8;
+    loop(tid, i32(words), threads, [&](Value w) {
+      Value offset = mul(wide(w), i64(8));
+      store(load(i64T(), at(params, offset), 8), local(add(i64(layout.publishedRecord), offset)),
+            8);
+    });
+    when(eq(tid, i32(0)), [&] {
+      Value base = LLVM::PtrToIntOp::create(b, i64T(), local(i64(0)));
+      store(base, local(i64(layout.publishedRecord + epic::ep::window::kMaxPublishedRecordBytes)),
+            8);
+    });
+  }
   /// Element `index` (i32: EPLimits.def keeps every index the kernels compute
   /// below 2^31) of `bytes` each at `base`, with a 64-bit byte offset.
   Value elementAt(Value base, Value index, int64_t bytes) {

@@ -73,6 +73,7 @@ struct EPLayout {
                            barrierArrivals = epic::ep::window::kBarrierArrivals,
                            barrierEpochs = epic::ep::window::kBarrierEpochs,
                            entryPassed = epic::ep::window::kEntryPassed,
+                           publishedRecord = epic::ep::window::kPublishedRecord,
                            data = epic::ep::window::kControlEnd;
   /// The window: `data + tmax * windowPerToken` bytes (windowBytes when
   /// Tmax is static, else just the control region, `data`).
@@ -85,6 +86,11 @@ struct EPLayout {
   int64_t timeoutMs = kDefaultTimeoutMs;
   /// Bytes per rank of the parameter table (more for fused entries' fields).
   int64_t paramStride = 128;
+  /// The op's outputs (and what peers read of its inputs) lie in the
+  /// symmetric window: a peer's tensors are found through the record it
+  /// publishes there (KernelBuilder::peerRecord), on any backend; else
+  /// through the launch's parameter table (one address space).
+  bool peersInWindow = false;
   /// The entry's configuration and variant, hashed (opSignatureOf): the
   /// entry barrier checks that every rank entered the same op.
   int64_t signature = 0;

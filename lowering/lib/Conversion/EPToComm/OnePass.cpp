@@ -33,7 +33,7 @@ static Value receivedRow(KernelBuilder &k, const KernelBuilder::Routing &r, Valu
   return k.choose(
       r.valid, k.i32T(),
       [&]() -> Value {
-        Value psum = k.pointerField(k.peerParams(r.dst), psumField);
+        Value psum = k.peerRecord(r.dst).pointer(psumField);
         Value before = k.choose(
             k.cmp(arith::CmpIPredicate::sgt, k.me, k.i32(0)), k.i32T(),
             [&]() -> Value { return k.loadI32(psum, k.sub(k.me, k.i32(1))); },
@@ -42,6 +42,25 @@ static Value receivedRow(KernelBuilder &k, const KernelBuilder::Routing &r, Valu
         return k.add(before, slot);
       },
       [&]() -> Value { return k.i32(-1); });
+}
+
+/// Window-resident tensors (the op's `window_outputs`; several processes):
+/// the record peers read is published and every rank's earlier kernels
+/// (counts, prefix sums) are done before any rank reads another's tensors...
+static void windowEntry(KernelBuilder &k) {
+  if (!k.layout.peersInWindow)
+    return;
+  k.publishRecord();
+  k.entryBarrier();
+}
+
+/// ... and no rank's kernel ends before every rank is done with its tensors:
+/// a dispatch's outputs are complete when it returns, and neither the
+/// published record nor a combine's inputs change under a peer still
+/// reading them. (One launch serving every rank needs neither barrier.)
+static void windowExit(KernelBuilder &k) {
+  if (k.layout.peersInWindow)
+    k.entryBarrier();
 }
 
 /// One warp per token: lane j's destination d_j and the token's received row
@@ -60,6 +79,7 @@ void buildDispatchScatter(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape 
   Value weights = shape.weights ? k.pointerParam(kTopkWeights) : Value();
   const int64_t metaColumns = L.topk + 2;
   FloatType f32 = k.b.getF32Type();
+  windowEntry(k);
 
   k.loop(k.globalWarp, numTokens, k.numWarps, [&](Value token) {
     auto r = k.route(topkIdx, token);
@@ -74,9 +94,9 @@ void buildDispatchScatter(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape 
       targetRow = k.choose(
           r.valid, k.i32T(),
           [&]() -> Value {
-            Value theirs = k.peerParams(r.dst);
+            auto theirs = k.peerRecord(r.dst);
             if (!fresh) { // the row d_j's metadata recorded
-              Value metadata = k.pointerField(theirs, kRecvSrcMetadata);
+              Value metadata = theirs.pointer(kRecvSrcMetadata);
               Value column = k.add(k.lane, k.i32(2));
               return k.loadI32(metadata, k.add(k.mul(tokenRow, k.i32(metaColumns)), column));
             }
@@ -84,8 +104,8 @@ void buildDispatchScatter(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape 
             // rank's first row in its block (the count exchange's cell) and
             // the slot's row among them.
             Value e = k.remu(r.expert, k.i32(L.local));
-            Value end = k.loadI32(k.pointerField(theirs, kPsumPerExpert), e);
-            Value count = k.loadI32(k.pointerField(theirs, kExpertCounts), e);
+            Value end = k.loadI32(theirs.pointer(kPsumPerExpert), e);
+            Value count = k.loadI32(theirs.pointer(kExpertCounts), e);
             Value cell =
                 k.add(k.i32(L.expertIn), k.mul(k.add(k.mul(k.me, k.i32(L.local)), e), k.i32(4)));
             Value first = k.load(k.i32T(), k.peer(cell, r.dst), 4);
@@ -98,7 +118,7 @@ void buildDispatchScatter(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape 
     Value rowAddress = k.choose(
         k.cmp(arith::CmpIPredicate::sge, targetRow, k.i32(0)), k.ptrT(),
         [&]() -> Value {
-          Value recvX = k.pointerField(k.peerParams(r.dst), kRecvX);
+          Value recvX = k.peerRecord(r.dst).pointer(kRecvX);
           return k.at(recvX, k.mul(k.wide(targetRow), k.i64(L.rowBytes)));
         },
         [&]() -> Value { return x; });
@@ -114,9 +134,9 @@ void buildDispatchScatter(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape 
     k.forEachLane(targets, [&](Value j) {
       Value dst = k.shuffle(r.dst, j);
       Value row = k.shuffle(targetRow, j);
-      Value theirs = k.peerParams(dst);
+      auto theirs = k.peerRecord(dst);
       if (shape.scalePacks) {
-        Value recvPacks = k.pointerField(theirs, kRecvScalePacks);
+        Value recvPacks = theirs.pointer(kRecvScalePacks);
         k.loop(k.lane, k.i32(L.packs), k.i32(32), [&](Value p) {
           Value v = k.loadI32(scalePacks, k.add(k.mul(token, k.i32(L.packs)), p));
           k.storeI32(v, recvPacks, k.add(k.mul(row, k.i32(L.packs)), p));
@@ -124,20 +144,19 @@ void buildDispatchScatter(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape 
       }
       if (!shape.expanded) {
         // Lane i < K: slot i's local expert id at d, or -1; and its weight.
-        Value recvIdx = k.pointerField(theirs, kRecvTopkIdx);
+        Value recvIdx = theirs.pointer(kRecvTopkIdx);
         k.when(k.lt(k.lane, k.i32(L.topk)), [&] {
           Value localId = k.select(k.eq(r.dst, dst), k.rems(r.expert, k.i32(L.local)), k.i32(-1));
           Value element = k.add(k.mul(row, k.i32(L.topk)), k.lane);
           k.storeTopkId(localId, recvIdx, element);
           if (weight)
-            k.store(weight, k.elementAt(k.pointerField(theirs, kRecvTopkWeights), element, 4), 4);
+            k.store(weight, k.elementAt(theirs.pointer(kRecvTopkWeights), element, 4), 4);
         });
       } else if (weight) {
         // The expanded row of slot j holds slot j's weight.
         Value w = k.shuffle(weight, j);
-        k.when(k.eq(k.lane, k.i32(0)), [&] {
-          k.store(w, k.elementAt(k.pointerField(theirs, kRecvTopkWeights), row, 4), 4);
-        });
+        k.when(k.eq(k.lane, k.i32(0)),
+               [&] { k.store(w, k.elementAt(theirs.pointer(kRecvTopkWeights), row, 4), 4); });
       }
     });
     if (!fresh)
@@ -147,7 +166,7 @@ void buildDispatchScatter(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape 
     k.forEachLane(r.masters, [&](Value m) {
       Value dst = k.shuffle(r.dst, m);
       Value row = k.shuffle(tokenRow, m);
-      Value metadata = k.pointerField(k.peerParams(dst), kRecvSrcMetadata);
+      Value metadata = k.peerRecord(dst).pointer(kRecvSrcMetadata);
       Value metaRow = k.mul(row, k.i32(metaColumns));
       k.when(k.eq(k.lane, k.i32(0)), [&] {
         k.storeI32(k.add(k.mul(k.me, k.tmax), token), metadata, metaRow);
@@ -166,6 +185,7 @@ void buildDispatchScatter(gpu::GPUFuncOp func, const EPLayout &L, DispatchShape 
                     shape.scalePacks ? k.pointerParam(kRecvScalePacks) : Value(),
                     weights ? k.pointerParam(kRecvTopkWeights) : Value(),
                     k.pointerParam(kExpertCounts), k.pointerParam(kPsumPerExpert));
+  windowExit(k);
 }
 
 } // namespace epic::expand
@@ -269,6 +289,7 @@ void buildCombineGather(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sha
   const int64_t rowBytes = L.hidden * 2, metaColumns = L.topk + 2;
 
   const int64_t chunks = shape.expanded ? kGroupSumChunks : KernelBuilder::kSumChunks;
+  windowEntry(k);
   k.loopRowParts(
       numTokens, KernelBuilder::maxRowParts(rowBytes, chunks),
       [&](Value token, const RowPart &share) {
@@ -280,23 +301,23 @@ void buildCombineGather(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sha
         Value sourceRow = k.choose(
             r.valid, k.i32T(),
             [&]() -> Value {
-              Value params = k.peerParams(r.dst);
+              auto theirs = k.peerRecord(r.dst);
               if (shape.expanded) {
-                Value metadata = k.pointerField(params, kCSrcMetadata);
+                Value metadata = theirs.pointer(kCSrcMetadata);
                 Value column = k.add(k.lane, k.i32(2));
                 return k.loadI32(metadata, k.add(k.mul(tokenRow, k.i32(metaColumns)), column));
               }
-              Value rowOfSlot = k.pointerField(params, kCRowOfSlot);
+              Value rowOfSlot = theirs.raw(kCRowOfSlot);
               return k.choose(
                   k.isGiven(rowOfSlot), k.i32T(),
-                  [&]() -> Value { return k.loadI32(rowOfSlot, tokenRow); },
+                  [&]() -> Value { return k.loadI32(theirs.reach(rowOfSlot), tokenRow); },
                   [&]() -> Value { return tokenRow; });
             },
             [&]() -> Value { return k.i32(-1); });
         Value rowAddress = k.choose(
             r.valid, k.ptrT(),
             [&]() -> Value {
-              Value x = k.pointerField(k.peerParams(r.dst), kCX);
+              Value x = k.peerRecord(r.dst).pointer(kCX);
               return k.at(x, k.mul(k.wide(sourceRow), k.i64(rowBytes)));
             },
             [&]() -> Value { return out; });
@@ -321,7 +342,7 @@ void buildCombineGather(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sha
           Value w = k.choose(
               r.valid, f32,
               [&]() -> Value {
-                Value weights = k.pointerField(k.peerParams(r.dst), kCTopkWeights);
+                Value weights = k.peerRecord(r.dst).pointer(kCTopkWeights);
                 Value element =
                     shape.expanded ? sourceRow : k.add(k.mul(sourceRow, k.i32(L.topk)), k.lane);
                 return k.load(f32, k.elementAt(weights, element, 4), 4);
@@ -330,6 +351,7 @@ void buildCombineGather(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sha
           k.store(w, k.elementAt(outWeights, k.add(k.mul(token, k.i32(L.topk)), k.lane), 4), 4);
         });
       });
+  windowExit(k);
 }
 
 } // namespace epic::expand

@@ -46,6 +46,9 @@ FailureOr<ep::GroupedGemmOp> fusableGemm(ep::DispatchOp dispatch) {
                                         "feed one of them");
   if (dispatch.isCached())
     return refuse("a cached dispatch replays its routing; fusion covers the routed dispatch");
+  if (dispatch.getWindowOutputs())
+    return refuse("its outputs lie in the window (window_outputs), which the fused kernel does "
+                  "not write");
   ep::ConfigAttr cfg = dispatch.getConfig();
   if (cfg.isFP8() || dispatch.getScalePacks())
     return refuse("FP8 rows with scale packs are not multiplied by the fused kernel yet");

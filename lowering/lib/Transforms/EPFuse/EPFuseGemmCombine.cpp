@@ -37,6 +37,9 @@ FailureOr<ep::CombineOp> fusableCombine(ep::GroupedGemmOp gemm) {
   if (combines.size() > 1)
     return refuse("the output is combined more than once");
   ep::CombineOp combine = combines.front();
+  if (combine.getWindowOutputs())
+    return refuse("the combine reads its input in the window (window_outputs), which the fused "
+                  "kernel does not write");
   auto type = cast<ShapedType>(out.getType());
   if (!type.getElementType().isBF16())
     return refuse("the combine sends bf16 rows; the GEMM's output is " +

@@ -39,6 +39,7 @@ struct DeviceTensor {
   int slot = -1;
   bool given() const { return data != 0; }
   int64_t elements() const;
+  int64_t bytes() const;        ///< elements x the dtype's size
   std::string describe() const; ///< e.g. "bf16[128, 7168]"
 };
 
@@ -50,6 +51,10 @@ struct ParamValue {
   int slot = -1;      ///< the tensor's DeviceTensor::slot; -1 for integers
   int alignment = 1;  ///< bytes the address must be a multiple of
   bool empty = false; ///< the tensor has no elements (any address will do)
+  /// window_outputs: a peer reaches the tensor through the window, so its
+  /// `bytes` must lie in the rank's window (past the kernels' own region).
+  bool inWindow = false;
+  int64_t bytes = 0;
   ParamValue() = default;
   ParamValue(uint64_t v) : value(v) {}
   ParamValue(const DeviceTensor &t, int alignment = 1)
@@ -143,6 +148,17 @@ struct GemmCombineCall {
   DeviceTensor weights; ///< [L, H, H]
 };
 
+/// Where a served rank's window-resident tensors may lie: [begin, end) of
+/// its window, past the region its kernels use.
+struct WindowRange {
+  uint64_t begin = 0, end = 0;
+};
+
+/// Throws std::invalid_argument naming `tensor` unless its `bytes` at
+/// `address` lie in `window` (a window-resident tensor: window_outputs).
+void requireInWindow(const std::string &tensor, uint64_t address, int64_t bytes,
+                     const WindowRange &window);
+
 /// Where a plan's later calls put their tensors' addresses: for every
 /// served rank's tensor fields (the records' ParamValues with a slot), the
 /// word of the parameter table it goes to and the alignment the checks
@@ -158,9 +174,11 @@ public:
   int ranks() const { return servedRanks; }
   /// `addresses`: ranks() x slotsPerRank(), rank-major (0 where the signature
   /// has no tensor, or an empty one). Checks every bound address (given,
-  /// aligned), then writes them into `table`; throws std::invalid_argument
+  /// aligned, inside `windows[rank]` where the op's tensors lie in the
+  /// window), then writes them into `table`; throws std::invalid_argument
   /// naming the slot (with its rank where there are several) otherwise.
-  void bind(const uint64_t *addresses, size_t count, std::vector<uint64_t> &table) const;
+  void bind(const uint64_t *addresses, size_t count, std::vector<uint64_t> &table,
+            const std::vector<WindowRange> &windows) const;
   /// The name of slot `slot` of rank `rank`, as errors write it.
   std::string name(int rank, int slot) const;
 
@@ -169,8 +187,11 @@ private:
     int rank, slot;
     size_t word;
     int alignment;
-    bool empty;
+    bool empty, inWindow;
+    int64_t bytes;
   };
+  void checkAddress(const Binding &b, uint64_t address,
+                    const std::vector<WindowRange> &windows) const;
   std::vector<Binding> bindings;
   std::vector<std::string> slotNames;
   int slots = 0, servedRanks = 0;

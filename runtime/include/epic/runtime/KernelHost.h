@@ -74,7 +74,8 @@ public:
     Loaded *kernels = nullptr;
     std::vector<uint64_t> table; ///< servedRanks records of param_stride bytes
     int blocks = 0;
-    int64_t dataEnd = 0; ///< the window's data region ends here (EPWindow.h)
+    int64_t dataEnd = 0;    ///< the window's data region ends here (EPWindow.h)
+    int64_t kernelsEnd = 0; ///< the kernels use the window up to here (scratch included)
   };
 
   /// A call whose signature (configuration, every tensor's dtype and shape,
@@ -201,6 +202,9 @@ public:
   /// The device memory of the `servedRank`-th served rank's window (what its
   /// kernels see at window offset 0), for inspection and tests.
   virtual void *windowMemory(int servedRank) const = 0;
+  /// Where each served rank's window-resident tensors may lie: its window
+  /// past the region `prepared`'s kernels use (EPWindow.h's data region).
+  std::vector<WindowRange> windowRanges(const Prepared &prepared) const;
   int blocks() const { return blocksPerRank; }
   /// Ranks of the whole EP world (all of them are served in the virtual
   /// world; one per process with NCCL).

@@ -56,11 +56,17 @@ struct DispatchVariant {
   bool cached = false;
   bool zeroPadding = false;
   int topkIdxBits = 64; ///< i64 (DeepEP's topk_idx_t); a cached dispatch reads int64
+  /// Outputs and handle in the symmetric window (every tensor a peer writes
+  /// or reads): the one-pass kernels on any backend.
+  bool windowOutputs = false;
 };
 
 struct CombineVariant {
   bool weights = false;
   int biases = 0; ///< 0, 1 or 2
+  /// x, the weights and the handle in the symmetric window: the one-pass
+  /// gather on any backend.
+  bool windowOutputs = false;
 };
 
 /// The expert GEMM's N and output element type.

@@ -118,6 +118,13 @@ def EP_DispatchOp : EP_Op<"dispatch", [EP_KernelOpInterface, AttrSizedOperandSeg
     zeroed (data, scale packs, weight); otherwise their contents are
     unspecified.
 
+    **Window-resident outputs.** With `window_outputs` the results and the
+    handle's tensors lie in the buffer's symmetric window (the caller places
+    them there), so each sender stores every row straight to its final row
+    at the destination, through the destination's NVLink (LSA) pointer, on
+    any backend: a count kernel, then one pass over the data, no copy
+    epilogue. Every rank must be in one NVLink domain.
+
     The handle records everything `ep.combine` and a cached dispatch need.
     The number of received rows is data dependent; result token dimensions
     are normally dynamic and never exceed the configuration's worst case.
@@ -149,7 +156,8 @@ def EP_DispatchOp : EP_Op<"dispatch", [EP_KernelOpInterface, AttrSizedOperandSeg
     Optional<EP_ScalePackTensor>:$scale_packs,
     Optional<2DTensorOf<[F32]>>:$topk_weights,
     Optional<EP_HandleType>:$cached_handle,
-    UnitAttr:$zero_padding);
+    UnitAttr:$zero_padding,
+    UnitAttr:$window_outputs);
   let results = (outs
     EP_RowTensor:$recv_x,
     Optional<EP_ScalePackTensor>:$recv_scale_packs,
@@ -163,6 +171,7 @@ def EP_DispatchOp : EP_Op<"dispatch", [EP_KernelOpInterface, AttrSizedOperandSeg
     (`weights` `(` $topk_weights^ `:` type($topk_weights) `)`)?
     (`cached` `(` $cached_handle^ `:` qualified(type($cached_handle)) `)`)?
     (`zero_padding` $zero_padding^)?
+    (`window_outputs` $window_outputs^)?
     `config` $config attr-dict `:` type($x) `->`
     custom<DispatchResultTypes>(type($recv_x), type($recv_scale_packs),
         type($recv_topk_idx), type($recv_topk_weights), type($handle),
@@ -220,6 +229,11 @@ def EP_CombineOp : EP_Op<"combine", [EP_KernelOpInterface, AttrSizedOperandSegme
 
     Up to two BF16 biases of shape `[T, H]` are added once to the final sum.
 
+    With `window_outputs`, `x`, the weights and the handle's tensors lie in
+    the symmetric window: each origin token reads its contributions where
+    they lie (one gather kernel, no send into the window, the same order of
+    the sum, bitwise the same results); one NVLink domain.
+
     ```mlir
     %y, %y_w = ep.combine %x, %handle weights(%w : tensor<?x8xf32>)
         bias(%b0, %b1 : tensor<?x7168xbf16>, tensor<?x7168xbf16>)
@@ -231,7 +245,8 @@ def EP_CombineOp : EP_Op<"combine", [EP_KernelOpInterface, AttrSizedOperandSegme
     EP_BF16RowTensor:$x,
     EP_HandleType:$handle,
     Optional<EP_WeightTensor>:$topk_weights,
-    Variadic<EP_BF16RowTensor>:$biases);
+    Variadic<EP_BF16RowTensor>:$biases,
+    UnitAttr:$window_outputs);
   let results = (outs
     EP_BF16RowTensor:$combined_x,
     Optional<2DTensorOf<[F32]>>:$combined_topk_weights);
@@ -239,6 +254,7 @@ def EP_CombineOp : EP_Op<"combine", [EP_KernelOpInterface, AttrSizedOperandSegme
     $x `,` $handle
     (`weights` `(` $topk_weights^ `:` type($topk_weights) `)`)?
     (`bias` `(` $biases^ `:` type($biases) `)`)?
+    (`window_outputs` $window_outputs^)?
     attr-dict `:` type($x) `,` qualified(type($handle)) `->`
     custom<CombineResultTypes>(type($combined_x), type($combined_topk_weights),
         ref(type($topk_weights)))

@@ -8,7 +8,8 @@
 //                             counters and epochs, the counters of one
 //                             dispatch or combine (all zero between ops),
 //                             the ops' signatures (KernelBuilder::entryBarrier),
-//                             the multi-node entry release;
+//                             the multi-node entry release, the record
+//                             an op with window-resident outputs publishes;
 //   [kControlEnd, ...)        the data region: dispatch records
 //                             ([source rank][Tmax][record]) or combine
 //                             records ([master slot][Tmax][record]);
@@ -82,8 +83,16 @@ inline constexpr int64_t kOpSignatures = detail::after(kCombineFlags, limits::kM
 /// nodeEntryBarrier), which releases the rank's other blocks; the op's last
 /// block sets it back to zero.
 inline constexpr int64_t kEntryPassed = detail::after(kOpSignatures, 2 * limits::kMaxRanks * 8);
+/// Ops with window-resident outputs (`window_outputs`): this rank's parameter
+/// record as its kernel got it (at most kMaxPublishedRecordBytes), then at
+/// +kMaxPublishedRecordBytes this window's address in this rank's process
+/// (i64). A peer reads a field through its LSA pointer and finds the tensor
+/// at the same offset from the peer's window (KernelBuilder::peerRecord).
+inline constexpr int64_t kMaxPublishedRecordBytes = 1024;
+inline constexpr int64_t kPublishedRecord = detail::after(kEntryPassed, 8);
 /// Where the data region starts, for every configuration.
-inline constexpr int64_t kControlEnd = align(detail::after(kEntryPassed, 8), 4096);
+inline constexpr int64_t kControlEnd =
+    align(detail::after(kPublishedRecord, kMaxPublishedRecordBytes + 8), 4096);
 
 /// Bytes of one dispatch record: the row, its scale packs, the top-k ids
 /// (i32) and weights (f32), then the source token and its master slot (across
