@@ -510,7 +510,7 @@ class ElasticBuffer:
         if window is None:
             window = self._window_views[rank] = self.window_tensor(rank if self.virtual else None)
         top = window.shape[0] if below is None else below
-        out = {}
+        planned = []
         for name, dtype, shape in specs:
             torch_dtype = (like_packs.dtype if name.endswith("scale_packs") and
                            like_packs is not None else T.torch_dtype(dtype))
@@ -518,15 +518,16 @@ class ElasticBuffer:
             for n in shape:
                 count *= n
             nbytes = count * torch.empty((), dtype=torch_dtype).element_size()
-            start = (top - nbytes) // 256 * 256
-            if start < 0:
-                raise ValueError(f"window_outputs: {name} ({nbytes} bytes) does not fit in the "
-                                 f"window ({window.shape[0]} bytes, {window.shape[0] - top} "
-                                 "taken by this op's other tensors): create the buffer with "
-                                 "a larger num_bytes")
-            out[name] = window[start:start + nbytes].view(torch_dtype).view(shape)
-            top = start
-        return out
+            top = (top - nbytes) // 256 * 256
+            planned.append((name, torch_dtype, shape, top, nbytes))
+        if top < 0:  # the kernels' own region (below) is checked by the runtime at launch
+            needed = window.shape[0] - top
+            raise ValueError(f"window_outputs: {', '.join(p[0] for p in planned)} need "
+                             f"{needed} bytes at the top of the window, which holds "
+                             f"{window.shape[0]} (with the kernels' region below them): create "
+                             "the buffer with a larger num_bytes")
+        return {name: window[start:start + nbytes].view(torch_dtype).view(shape)
+                for name, torch_dtype, shape, start, nbytes in planned}
 
     def _in_window(self, t, rank):
         """Whether tensor `t` lies in served rank `rank`'s window."""
