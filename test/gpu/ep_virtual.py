@@ -230,6 +230,7 @@ def run(module, entries, fp8, blocks_per_rank, seed):
             "recv_src_metadata": dev[r]["recv_src_metadata"],
             "psum_num_recv_tokens_per_rank": dev[r]["psum_num_recv_tokens_per_rank"],
             "topk_idx": dev[r]["topk_idx"],
+            "dst_buffer_slot_idx": dev[r]["dst_buffer_slot_idx"],  # the one-pass gather's
             "combined_x": cp.full((tokens[r], H), 0x7FC1, cp.uint16),  # poisoned
             "combined_topk_weights": cp.full((tokens[r], K), np.nan, cp.float32),
             "num_tokens": tokens[r],
@@ -363,6 +364,7 @@ def run_expanded(module, entries, blocks_per_rank, seed, A=128, zero_padding=Tru
             "recv_src_metadata": dev[r]["recv_src_metadata"],
             "psum_num_recv_tokens_per_rank": dev[r]["psum_num_recv_tokens_per_rank"],
             "topk_idx": dev[r]["topk_idx"],
+            "dst_buffer_slot_idx": dev[r]["dst_buffer_slot_idx"],  # the one-pass gather's
             "combined_x": cp.full((tokens[r], H), 0x7FC1, cp.uint16),
             "combined_topk_weights": cp.full((tokens[r], K), np.nan, cp.float32),
             "num_tokens": tokens[r],

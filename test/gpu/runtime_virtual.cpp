@@ -373,12 +373,14 @@ void runWorld(KernelProvider &provider, int R, const MakeBuffer &make, const cha
       KernelRequest variant = request;
       variant.name += "_clusters_of_2";
       CompiledModule module = *provider.get(request).module;
-      const std::string cooperative = "\"cooperative\": 1,";
-      size_t at = module.metadataJson.find(cooperative);
+      // After the cooperative attribute (0 for the one-pass gather, 1 otherwise).
+      size_t at = module.metadataJson.find("\"cooperative\": ");
+      if (at != std::string::npos)
+        at = module.metadataJson.find(',', at);
       if (at == std::string::npos)
         throw std::runtime_error("no cooperative attribute in the metadata of " +
                                  std::string(kindName(request.kind)));
-      module.metadataJson.insert(at + cooperative.size(),
+      module.metadataJson.insert(at + 1,
                                  " \"cluster_dims\": [2, 1, 1], \"programmatic_launch\": 1,");
       KernelCache(provider.cacheDirectory()).store(provider.keyFor(variant), module);
       return variant;
