@@ -1,4 +1,5 @@
-"""Executable numpy specification of DeepEP V2 dispatch/combine semantics.
+"""Executable numpy specification of DeepEP V2 dispatch/combine semantics (and, from
+``_reference_collectives``, of its all-gather, Engram and PP primitives, with reduce-scatter).
 
 The whole expert-parallel world of ``R`` ranks is simulated in one process:
 every per-rank quantity is passed as a Python list with one array per rank
@@ -54,6 +55,8 @@ from ._reference_checks import (  # noqa: F401 - the world limits are part of th
     _check_experts, _check_float32, _check_handle, _check_handles, _check_int, _check_number,
     _check_per_rank, _check_topk_idx, _check_topology, _describe, _expanded_row_owners,
     _handle_topology, _is_list, _source_ids, _to_bf16, bfloat16)
+from . import _reference_collectives
+from ._reference_collectives import *  # noqa: F401,F403 - re-exported through __all__
 
 __all__ = [
     "MAX_TOPK",
@@ -76,7 +79,7 @@ __all__ = [
     "per_token_cast_to_fp8",
     "per_token_cast_back",
     "generate_pre_combine_data",
-]
+] + _reference_collectives.__all__  # DeepEP V2's other primitives
 
 float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)
 _HIDDEN_MULTIPLE = 8  # combine reduces 8 channels a step
