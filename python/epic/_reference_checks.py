@@ -31,6 +31,17 @@ def _describe(a) -> str:
     return f"{a.dtype} array of shape {a.shape}"
 
 
+def align(n, alignment):
+    """Round ``n`` (int or int array) up to a multiple of ``alignment`` (an int >= 1)."""
+    alignment = _check_int("alignment", alignment)
+    if isinstance(n, np.ndarray):
+        if not np.issubdtype(n.dtype, np.integer):
+            raise TypeError(f"n: expected int or int array, got {_describe(n)}")
+    elif isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"n: expected int or int array, got {type(n).__name__}")
+    return (n + alignment - 1) // alignment * alignment
+
+
 def _check_int(name, value, minimum=1, maximum=None):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name}: expected int, got {type(value).__name__}")

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._reference_checks import _check_array, _check_int, _check_per_rank, _is_list, _to_bf16
+from ._reference_checks import (_check_array, _check_int, _check_per_rank, _is_list, _to_bf16,
+                                align)
 
 __all__ = [
     "all_gather",
@@ -24,10 +25,6 @@ __all__ = [
 ]
 
 _MiB2 = 2 << 20
-
-
-def _align(n, alignment):
-    return (n + alignment - 1) // alignment * alignment
 
 
 def _same_arrays(name, arrays):
@@ -143,14 +140,14 @@ def agrs_num_max_session_bytes(num_ranks, shapes, itemsize):
     _check_int("itemsize", itemsize, 1)
     total = 0
     for shape in shapes:
-        total += _align(num_ranks * int(np.prod(shape, dtype=np.int64)) * itemsize, 32)
+        total += align(num_ranks * int(np.prod(shape, dtype=np.int64)) * itemsize, 32)
     return total
 
 
 def agrs_buffer_size_hint(num_bytes):
     """A session buffer of ``num_bytes``, 2 MiB aligned."""
     _check_int("num_bytes", num_bytes, 0)
-    return _align(num_bytes, _MiB2)
+    return align(num_bytes, _MiB2)
 
 
 def engram_storage_size_hint(num_entries, hidden, num_max_tokens_per_rank, itemsize=2):
@@ -160,8 +157,8 @@ def engram_storage_size_hint(num_entries, hidden, num_max_tokens_per_rank, items
                         ("num_max_tokens_per_rank", num_max_tokens_per_rank),
                         ("itemsize", itemsize)):
         _check_int(name, value, 1)
-    entry = _align(hidden * itemsize, 32)
-    return _align(entry * num_max_tokens_per_rank, _MiB2), _align(entry * num_entries, _MiB2)
+    entry = align(hidden * itemsize, 32)
+    return align(entry * num_max_tokens_per_rank, _MiB2), align(entry * num_entries, _MiB2)
 
 
 def pp_buffer_size_hint(max_bytes, max_inflight):
@@ -169,4 +166,4 @@ def pp_buffer_size_hint(max_bytes, max_inflight):
     ``max_bytes`` (32-byte aligned), 2 MiB aligned."""
     _check_int("max_bytes", max_bytes, 1)
     _check_int("max_inflight", max_inflight, 1)
-    return _align(_align(max_bytes, 32) * max_inflight * 4, _MiB2)
+    return align(align(max_bytes, 32) * max_inflight * 4, _MiB2)

@@ -311,6 +311,7 @@ class ElasticBuffer:
         # end down (the kernels use it from the start); reset by every such dispatch, whose
         # number (the epoch) a handle keeps, so that a stale one is refused by name.
         self._window_top, self._window_epoch, self._window_views = {}, 0, {}
+        self._window_bounds = {}  # served rank -> (first, end) address of its window
         self._replays = {}  # decode-call options -> the replay of their checked call
         self._destroyed = False
         if not self.virtual:
@@ -504,8 +505,6 @@ class ElasticBuffer:
     def _window_allocate(self, specs, rank, like_packs=None, below=None):
         """Tensors for `specs` ([(name, runtime dtype, shape)]) in served rank `rank`'s
         window, from `below` (default: the window's end) down, 256-byte aligned."""
-        import torch
-
         window = self._window_views.get(rank)
         if window is None:
             window = self._window_views[rank] = self.window_tensor(rank if self.virtual else None)
@@ -517,7 +516,7 @@ class ElasticBuffer:
             count = 1
             for n in shape:
                 count *= n
-            nbytes = count * torch.empty((), dtype=torch_dtype).element_size()
+            nbytes = count * torch_dtype.itemsize
             top = (top - nbytes) // 256 * 256
             planned.append((name, torch_dtype, shape, top, nbytes))
         if top < 0:  # the kernels' own region (below) is checked by the runtime at launch
@@ -530,13 +529,17 @@ class ElasticBuffer:
                 for name, torch_dtype, shape, start, nbytes in planned}
 
     def _in_window(self, t, rank):
-        """Whether tensor `t` lies in served rank `rank`'s window."""
+        """Whether tensor `t` lies in served rank `rank`'s window (every combine asks: the
+        window's bounds are kept, not asked of the runtime each time)."""
         if not T.is_torch(t) or not t.is_cuda:
             return False
-        state = self._runtime()
-        base = state.window_address(rank if self.virtual else 0)
-        return base <= t.data_ptr() and t.data_ptr() + t.numel() * t.element_size() <= \
-            base + state.window_bytes
+        bounds = self._window_bounds.get(rank)
+        if bounds is None:
+            state = self._runtime()
+            base = state.window_address(rank if self.virtual else 0)
+            bounds = self._window_bounds[rank] = (base, base + state.window_bytes)
+        return bounds[0] <= t.data_ptr() and \
+            t.data_ptr() + t.numel() * t.element_size() <= bounds[1]
 
     def _window_handle_current(self, hd, name, rank):
         """A handle whose tensors lie in the window must be of the last such dispatch."""
@@ -587,6 +590,7 @@ class ElasticBuffer:
             self._plans.clear()  # the plans and their pooled outputs
             self._replays.clear()
             self._window_views.clear()
+            self._window_bounds.clear()
             self._state.destroy()
         self._state, self._destroyed = None, True
 

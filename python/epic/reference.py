@@ -50,7 +50,7 @@ import ml_dtypes
 import numpy as np
 
 from ._reference_checks import (  # noqa: F401 - the world limits are part of this API
-    MAX_EXPERT_ALIGNMENT, MAX_HYBRID_GPUS_PER_NODE, MAX_HYBRID_NODES, MAX_TOPK,
+    MAX_EXPERT_ALIGNMENT, MAX_HYBRID_GPUS_PER_NODE, MAX_HYBRID_NODES, MAX_TOPK, align,
     _MAX_ELEMENT_INDEX, _MAX_RANKS, _check_array, _check_bf16, _check_bool, _check_dtype,
     _check_experts, _check_float32, _check_handle, _check_handles, _check_int, _check_number,
     _check_per_rank, _check_topk_idx, _check_topology, _describe, _expanded_row_owners,
@@ -88,17 +88,6 @@ FP8_E4M3_MAX = 448.0
 _FP8_AMAX_FLOOR = 1e-4
 # Scale packs travel only with FP8 data (the runtime's rule too).
 _FP8_DTYPES = (float8_e4m3fn, np.dtype(ml_dtypes.float8_e5m2))
-
-
-def align(n, alignment):
-    """Round ``n`` (int or int array) up to a multiple of ``alignment`` (an int >= 1)."""
-    alignment = _check_int("alignment", alignment)
-    if isinstance(n, np.ndarray):
-        if not np.issubdtype(n.dtype, np.integer):
-            raise TypeError(f"n: expected int or int array, got {_describe(n)}")
-    elif isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-        raise TypeError(f"n: expected int or int array, got {type(n).__name__}")
-    return (n + alignment - 1) // alignment * alignment
 
 
 # --------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 //===- Calls.cpp - typed dispatch/combine arguments, validated ------------===//
 
 #include "epic/runtime/Calls.h"
+#include "epic/runtime/Reference.h"
 
 #include "epic/Dialect/EP/IR/EPLimits.h"
 #include "epic/Dialect/EP/IR/EPRecords.h"
@@ -167,13 +168,7 @@ int64_t DeviceTensor::elements() const {
   return n;
 }
 
-int64_t DeviceTensor::bytes() const {
-  const int64_t size = dtype == "i64"                      ? 8
-                       : dtype == "f32" || dtype == "i32"  ? 4
-                       : dtype == "bf16" || dtype == "f16" ? 2
-                                                           : 1;
-  return elements() * size;
-}
+int64_t DeviceTensor::bytes() const { return elements() * dtypeBytes(dtype); }
 
 std::vector<TensorSpec> epic::runtime::dispatchOutputs(const EPSpec &s, const DispatchVariant &v,
                                                        int64_t tokens) {

@@ -289,12 +289,15 @@ KernelHost::Prepared KernelHost::prepare(const KernelInput &input,
                  k.meta.programmaticLaunch ? ", programmatic dependent launch" : "",
                  (long long)windowNeeded, (long long)bytesPerRank, (long long)tableBytes);
   }
-  const std::vector<WindowRange> windows = windowRanges(prepared);
+  std::vector<WindowRange> windows; // found at the first window-resident tensor
   for (int r = 0; r < servedRanks; ++r)
     for (const auto &[name, value] : records[r])
-      if (value.inWindow && value.value)
+      if (value.inWindow && value.value) {
+        if (windows.empty())
+          windows = windowRanges(prepared);
         requireInWindow(servedRanks > 1 ? name + "[" + std::to_string(r) + "]" : name, value.value,
                         value.bytes, windows[r]);
+      }
   prepared.table.assign(size_t(tableBytes / 8), 0);
   for (int r = 0; r < servedRanks; ++r)
     for (const auto &[name, value] : records[r]) {
@@ -396,7 +399,7 @@ std::vector<WindowRange> KernelHost::windowRanges(const Prepared &prepared) cons
 }
 
 void KernelHost::Plan::launch(const uint64_t *addresses, size_t count, void *stream) {
-  bindings.bind(addresses, count, ready.table, host->windowRanges(ready));
+  bindings.bind(addresses, count, ready.table, windows);
   if (!ready.kernels->meta.tensorMaps.empty() && encodedFrom != ready.table) {
     host->encodeTensorMaps(ready);
     encodedFrom = ready.table;
@@ -413,6 +416,7 @@ KernelHost::Plan KernelHost::plan(const KernelRequest &request,
   const Loaded &k = *p.ready.kernels;
   p.bindings =
       AddressBindings(records, k.meta.paramFields, k.meta.paramStride, std::move(slotNames));
+  p.windows = windowRanges(p.ready);
   if (!k.meta.tensorMaps.empty())
     p.encodedFrom = p.ready.table;
   return p;

@@ -102,6 +102,9 @@ public:
     KernelHost *host = nullptr;
     Prepared ready;
     AddressBindings bindings;
+    /// Where its window-resident tensors may lie (fixed for the buffer's life,
+    /// so found once, not on every call).
+    std::vector<WindowRange> windows;
     /// The table words TMA descriptors are encoded from, as last encoded.
     std::vector<uint64_t> encodedFrom;
   };
