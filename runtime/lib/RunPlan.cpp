@@ -246,6 +246,18 @@ RunPlan RunPlan::parse(const std::string &text) {
           values.define(step, "result", Kind::tensor);
           values.define(step, "handle", Kind::handle);
         }
+      } else if (step.op == "gemm_combine") {
+        specFrom(step.fields.at("spec")).validate();
+        values.use(step, "x", Kind::tensor);
+        values.use(step, "weights", Kind::tensor);
+        values.use(step, "handle", Kind::handle);
+        const auto &biases = step.fields.at("biases").list();
+        if (biases.size() > 2)
+          values.fail("at most two biases");
+        for (const Json &bias : biases)
+          values.use(bias.integer(), "biases", Kind::tensor);
+        values.define(step, "result", Kind::tensor);
+        values.define(step, "combined_x", Kind::tensor);
       } else if (step.op == "print") {
         values.use(step, "value", Kind::undefined);
         if (step.integer("rows") < 0)
@@ -266,7 +278,7 @@ RunPlan RunPlan::parse(const std::string &text) {
 
 bool epic::runtime::isKernelStep(const RunStep &step) {
   return step.op == "dispatch" || step.op == "combine" || step.op == "dispatch_layout" ||
-         step.op == "grouped_gemm" || step.op == "dispatch_gemm";
+         step.op == "grouped_gemm" || step.op == "dispatch_gemm" || step.op == "gemm_combine";
 }
 
 std::vector<PlanKernel> RunPlan::kernels() const {
@@ -284,6 +296,8 @@ std::vector<PlanKernel> RunPlan::kernels() const {
       k.dispatchVariant.zeroPadding = step.fields.at("zero_padding").flag();
     } else if (k.kind == KernelKind::combine) {
       k.combineVariant.weights = step.integer("topk_weights") >= 0;
+      k.combineVariant.biases = int(step.fields.at("biases").list().size());
+    } else if (k.kind == KernelKind::gemmCombine) { // rows only: no weights travel back
       k.combineVariant.biases = int(step.fields.at("biases").list().size());
     }
     if (k.kind == KernelKind::groupedGemm || k.kind == KernelKind::dispatchGemm) {

@@ -81,8 +81,9 @@ public:
         case KernelKind::dispatchLayout:
           dispatchLayout(step, k);
           break;
-        case KernelKind::gemmCombine: // not a step kind: RunPlan::parse refuses it
-          throw std::invalid_argument("gemm_combine steps are not executed by run plans");
+        case KernelKind::gemmCombine:
+          gemmCombine(step, k);
+          break;
         }
       } catch (const std::invalid_argument &e) {
         throw std::invalid_argument(step.op + " at " + step.loc + ": " + e.what());
@@ -426,6 +427,57 @@ private:
     }
     if (options.check)
       report(step, checkCombine(spec, handle->records, checked, topologyOf(spec)));
+  }
+
+  /// The expert GEMM fused with the combine of its output: both results are
+  /// checked, the GEMM's against a float64 product and the combine's against
+  /// the reference combine of the rows the kernel computed (the fused kernel
+  /// is bitwise the two ops one after the other).
+  void gemmCombine(const RunStep &step, const PlanKernel &k) {
+    const EPSpec &spec = k.spec;
+    const Value &x = at(step.integer("x")), &weights = at(step.integer("weights"));
+    std::shared_ptr<HandleValue> handle = at(step.integer("handle")).handle;
+    const auto &biasIds = step.fields.at("biases").list();
+    std::vector<GemmCombineCall> calls(static_cast<size_t>(R()));
+    for (int r = 0; r < R(); ++r) {
+      GemmCombineCall &c = calls[r];
+      const int64_t T = handle->device[r].topkIdx.shape[0];
+      c.lhs = x.tensor[r].device;
+      c.weights = weights.tensor[r].device;
+      // The GEMM's output: padding rows stay as allocated (zero).
+      c.combine.x = allocate("bf16", {c.lhs.shape[0], spec.hidden});
+      c.combine.handle = handle->device[r];
+      if (biasIds.size() >= 1)
+        c.combine.bias0 = at(biasIds[0].integer()).tensor[r].device;
+      if (biasIds.size() == 2)
+        c.combine.bias1 = at(biasIds[1].integer()).tensor[r].device;
+      c.combine.combinedX = allocate("bf16", {T, spec.hidden});
+    }
+    buffer.gemmCombine(spec, k.combineVariant.biases, calls);
+
+    std::vector<GemmRecord> products;
+    std::vector<CombineRecord> combined(static_cast<size_t>(R()));
+    for (int r = 0; r < R(); ++r) {
+      const GemmCombineCall &c = calls[r];
+      RankTensor y = received(c.combine.x, c.combine.x.shape[0]);
+      RankTensor out = received(c.combine.combinedX, c.combine.combinedX.shape[0]);
+      products.push_back({x.tensor[r].host, weights.tensor[r].host, y.host});
+      CombineRecord &rec = combined[r];
+      rec.x = y.host;
+      rec.combinedX = out.host;
+      for (const Json &id : biasIds)
+        rec.biases.push_back(at(id.integer()).tensor[r].host);
+      Value &result = at(step.integer("result"));
+      result.receivedBy = x.receivedBy; // rows of the dispatch: printed in canonical order
+      result.tensor.push_back(std::move(y));
+      at(step.integer("combined_x")).tensor.push_back(std::move(out));
+    }
+    if (options.check) {
+      std::vector<std::string> problems = checkGroupedGemm(spec, handle->records, products);
+      for (std::string &p : checkCombine(spec, handle->records, combined, topologyOf(spec)))
+        problems.push_back(std::move(p));
+      report(step, problems);
+    }
   }
 
   void report(const RunStep &step, const std::vector<std::string> &problems) {

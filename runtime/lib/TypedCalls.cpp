@@ -122,3 +122,9 @@ KernelHost::Run KernelHost::groupedGemm(const EPSpec &spec,
                                         int blocks) {
   return launchAndWait(planGroupedGemm(spec, calls, blocks, stream).prepared(), stream);
 }
+
+KernelHost::Run KernelHost::gemmCombine(const EPSpec &spec, int biases,
+                                        const std::vector<GemmCombineCall> &calls, void *stream,
+                                        int blocks) {
+  return launchAndWait(planGemmCombine(spec, biases, calls, blocks, stream).prepared(), stream);
+}

@@ -9,6 +9,11 @@
 // RUN:   | FileCheck %s --check-prefix=UNFUSED
 // RUN: epic-run %S/../../examples/mlir/moe_layer.mlir --compile-only --cache-dir=%t.cache \
 // RUN:   | FileCheck %s --check-prefix=LAYER
+// A GEMM whose output is combined: one gemm_combine step, GEMM then combine fields.
+// RUN: epic-compile %S/../../examples/run/gemm_combine.mlir --run-plan -o - \
+// RUN:   | FileCheck %s --check-prefix=GC-PLAN
+// RUN: epic-run %S/../../examples/run/gemm_combine.mlir --compile-only --cache-dir=%t.cache \
+// RUN:   | FileCheck %s --check-prefix=GC
 
 // KERNELS: kernels of ep.dispatch_layout at {{.*}}: compiled
 // KERNELS-NEXT: kernels of ep.dispatch_gemm at {{.*}}: compiled
@@ -19,6 +24,13 @@
 // LAYER: kernels of ep.dispatch_layout at {{.*}}moe_layer.mlir:{{[0-9]+}}:{{[0-9]+}}: compiled
 // LAYER-NEXT: kernels of ep.dispatch_gemm at
 // LAYER-NEXT: kernels of ep.combine at
+// GC: kernels of ep.dispatch at
+// GC-NEXT: kernels of ep.dispatch at
+// GC-NEXT: kernels of ep.gemm_combine at {{.*}}gemm_combine.mlir:{{[0-9]+}}:{{[0-9]+}}: compiled
+// GC-NOT: kernels of
+// GC-PLAN: "op": "gemm_combine",
+// GC-PLAN-NOT: "op": "combine"
+// GC-PLAN-NOT: "op": "grouped_gemm"
 
 #cfg = #ep.config<ranks = 2, experts = 4, topk = 2, hidden = 128, dtype = bf16,
                   expert_alignment = 16, layout = expanded, max_tokens_per_rank = 32>

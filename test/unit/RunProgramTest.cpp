@@ -626,6 +626,41 @@ TEST(RunPlan, RefusesWhatTheRunDialectRefuses) {
                   "expected a list, got a number");
 }
 
+TEST(RunPlan, GemmCombineStepIsOneKernelWithItsBiases) {
+  const std::string spec =
+      R"({"dtype": "bf16", "expanded": true, "expert_alignment": 32, "experts": 4,
+      "hidden": 64, "hybrid": false, "max_tokens_per_rank": 8, "num_sms": 0, "ranks": 2,
+      "scale_packs": 0, "scaleup_ranks": 0, "topk": 2})";
+  auto random = [](int result, int cols) {
+    return R"({"op": "random", "loc": "p.mlir:2:1", "rows": 0, "distribution": "normal",
+        "scale": 1, "seed": 1, "dtype": "bf16", "cols": )" +
+           std::to_string(cols) + ", \"result\": " + std::to_string(result) + "}";
+  };
+  const std::string prefix =
+      std::string(kTokens) + "," + random(1, 64) + "," +
+      R"({"op": "routing", "loc": "p.mlir:3:1", "result": 2, "rows": 0, "experts": 4,
+          "topk": 2, "seed": 2, "masked": 0},
+         {"op": "dispatch", "loc": "p.mlir:4:1", "spec": )" +
+      spec + R"(, "cached": false, "zero_padding": false, "x": 1, "topk_idx": 2,
+          "scale_packs": -1, "topk_weights": -1, "cached_handle": -1, "recv_x": 3,
+          "recv_scale_packs": -1, "recv_topk_idx": -1, "recv_topk_weights": -1, "handle": 4},)" +
+      random(5, 64 * 64) + "," + random(6, 64) + ",";
+  auto fused = [&](const std::string &weights, const std::string &biases) {
+    return prefix + R"({"op": "gemm_combine", "loc": "p.mlir:5:1", "spec": )" + spec +
+           R"(, "x": 3, "weights": )" + weights + R"(, "handle": 4, "biases": )" + biases +
+           R"(, "result": 7, "combined_x": 8})";
+  };
+  RunPlan plan = RunPlan::parse(planWith(fused("5", "[6]"), 9));
+  std::vector<PlanKernel> kernels = plan.kernels();
+  ASSERT_EQ(kernels.size(), 2u);
+  EXPECT_EQ(kernels[1].kind, KernelKind::gemmCombine);
+  EXPECT_EQ(kernels[1].combineVariant.biases, 1);
+  EXPECT_FALSE(kernels[1].combineVariant.weights);
+  EXPECT_EQ(kernels[1].request().kind, KernelKind::gemmCombine);
+  expectPlanError(planWith(fused("4", "[6]"), 9), "weights must be a tensor, value 4 is a handle");
+  expectPlanError(planWith(fused("5", "[6, 6, 6]"), 9), "at most two biases");
+}
+
 class RunPlanCache : public ::testing::Test {
 protected:
   void SetUp() override {

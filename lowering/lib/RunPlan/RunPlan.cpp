@@ -300,6 +300,24 @@ private:
       add(op, "dispatch_gemm", std::move(step));
       return success();
     }
+    if (auto fused = dyn_cast<ep::GemmCombineOp>(op)) {
+      if (failed(world(op, fused.getConfig())))
+        return failure();
+      // The GEMM's fields, then the combine's (a fused combine sends no
+      // weights back: ep-fuse-gemm-combine refuses those).
+      json::Array biases;
+      for (Value bias : fused.getBiases())
+        biases.push_back(use(bias));
+      json::Object step{{"spec", epic::configJson(fused.getConfig())},
+                        {"x", use(fused.getLhs())},
+                        {"weights", use(fused.getRhs())},
+                        {"handle", use(fused.getHandle())},
+                        {"biases", std::move(biases)}};
+      step["result"] = define(fused.getResult());
+      step["combined_x"] = define(fused.getCombinedX());
+      add(op, "gemm_combine", std::move(step));
+      return success();
+    }
     if (auto ret = dyn_cast<func::ReturnOp>(op)) {
       if (!callStack.empty()) { // the callee's results are the call's
         for (auto [result, value] : llvm::zip(callStack.back()->getResults(), ret.getOperands()))
@@ -310,7 +328,7 @@ private:
     return op->emitError() << "epic-run: '" << op->getName()
                            << "' is not supported in a run program (it may use run.tokens, "
                               "run.random, run.routing, run.print, ep.dispatch_layout, "
-                              "ep.dispatch, ep.grouped_gemm, ep.combine, func.call, "
+                              "ep.dispatch, ep.grouped_gemm, ep.combine, the fused ops, func.call, "
                               "tensor.dim, tensor.cast and index arith.constant)";
   }
 

@@ -187,6 +187,8 @@ public:
                    int blocks = 0);
   Run dispatchLayout(const EPSpec &spec, const std::vector<LayoutCall> &calls,
                      void *stream = nullptr, int blocks = 0);
+  Run gemmCombine(const EPSpec &spec, int biases, const std::vector<GemmCombineCall> &calls,
+                  void *stream = nullptr, int blocks = 0);
 
   /// Every rank's work queued on `stream` before the barrier happens before
   /// any rank's work queued after it (DeepEP's barrier). No host wait.
