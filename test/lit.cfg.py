@@ -12,7 +12,7 @@ config.suffixes = [".mlir"]
 config.test_source_root = os.path.dirname(__file__)
 config.test_exec_root = os.path.join(config.epic_obj_root, "test")
 # Only IR tests live under lit; unit/ and python/ have their own runners.
-config.excludes = ["unit", "python", "CMakeLists.txt", "lit.cfg.py", "lit.site.cfg.py"]
+config.excludes = ["unit", "python", "Inputs", "CMakeLists.txt", "lit.cfg.py", "lit.site.cfg.py"]
 
 config.environment["FILECHECK_OPTS"] = "--enable-var-scope --dump-input=fail"
 llvm_config.use_default_substitutions()

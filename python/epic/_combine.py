@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import weakref
 
+from . import _agrs
 from . import _tensors as T
 from ._plans import signature, signatures, zero_on_launch_stream
 from .buffer import _C, _capturing, _check_bool, _check_event, _check_int, _gemm_dtype
@@ -137,6 +138,7 @@ class _Replay:
 def combine(b, x, handle, topk_weights, bias, num_sms, num_qps, previous_event,
             previous_event_before_epilogue, async_with_compute_stream, allocate_on_comm_stream,
             gemm):
+    _agrs.refuse_in_session(b, "combine")
     # The decode call (no bias, the current stream): a replay of a checked call, when it
     # passes the same handles and tensors of the same signatures.
     replay_key = None
@@ -217,6 +219,7 @@ def combine(b, x, handle, topk_weights, bias, num_sms, num_qps, previous_event,
 
 def gemm_combine(b, x, weights, handle, bias, num_sms, previous_event,
                  async_with_compute_stream, allocate_on_comm_stream):
+    _agrs.refuse_in_session(b, "gemm_combine")
     handles, xs, ws = _expert_inputs(b, "gemm_combine", x, weights, handle)
     # y: the GEMM's output, which the fused kernel writes and the combine sends; padding rows
     # are zero (a new tensor per call: it is returned, and the combine's plan binds it). The

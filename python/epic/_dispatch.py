@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 
+from . import _agrs
 from . import _tensors as T
 from ._plans import signatures, zero_on_launch_stream
 from .buffer import (_C, _capturing, _check_bool, _check_event, _check_int, _device_wait_reports,
@@ -53,6 +54,7 @@ def dispatch(b, x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, n
              previous_event_before_epilogue, async_with_compute_stream, allocate_on_comm_stream,
              handle, do_handle_copy, do_cpu_sync, do_expand, do_zero_padding,
              use_tma_aligned_col_major_sf, gemm, window_outputs=False):
+    _agrs.refuse_in_session(b, "dispatch")
     # The decode call (no handle, no CPU sync, the current stream): a replay of options
     # already checked, when its tensors have the signatures of that check.
     # Flags must be real bools (1 == True would share a key): anything else is checked.

@@ -9,6 +9,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "Buffer.h"
 #include "DLPack.h"
 
 #include "epic/Dialect/EP/IR/EPWindow.h"
@@ -34,6 +35,7 @@
 
 namespace py = pybind11;
 using namespace epic::runtime;
+using namespace epic::python;
 namespace dl = epic::python::dlpack;
 
 namespace {
@@ -430,29 +432,6 @@ const char *sourceName(KernelCache::Source source) {
   }
 }
 
-/// The kernel cache and provider of one backend, shared by buffers.
-struct Runtime {
-  KernelCache cache;
-  KernelProvider provider;
-  Runtime(const std::string &backend, const std::string &cacheDir, const std::string &compiler)
-      : cache(cacheDir), provider(cache, CompileSettings{backend, "sm_90a", compiler}) {}
-};
-
-/// An ElasticBuffer of either kind, with what it depends on kept alive.
-struct Buffer {
-  std::shared_ptr<Runtime> runtime;
-  std::unique_ptr<Communicator> comm;
-  std::unique_ptr<KernelHost> host;
-
-  /// The virtual world, for what only it has; `what` names the caller.
-  VirtualElasticBuffer &virtualWorld(const char *what) {
-    auto *world = dynamic_cast<VirtualElasticBuffer *>(host.get());
-    if (!world)
-      invalid(std::string(what) + ": only a virtual world has it, this buffer is on NCCL");
-    return *world;
-  }
-};
-
 } // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -561,7 +540,8 @@ PYBIND11_MODULE(_C, m) {
           "Binds every served rank's tensor addresses (slot order, 0 for none) and launches on "
           "`stream`: no allocation, no copy, no synchronization (graph-capturable).");
 
-  py::class_<Buffer>(m, "Buffer")
+  py::class_<Buffer> buffer(m, "Buffer");
+  buffer
       .def_static(
           "virtual_world",
           [](std::shared_ptr<Runtime> runtime, int ranks, int64_t bytes, int blocks,
@@ -690,6 +670,7 @@ PYBIND11_MODULE(_C, m) {
           [](Buffer &b, uintptr_t stream) { b.host->barrier(reinterpret_cast<void *>(stream)); },
           py::arg("stream"))
       .def("destroy", [](Buffer &b) {
+        b.agrs.reset();
         b.host.reset();
         b.comm.reset();
       });
@@ -804,4 +785,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("nccl_version", &ncclVersion);
   m.def("nccl_loaded_version", &Communicator::loadedVersion,
         "NCCL_VERSION_CODE of the NCCL library loaded in this process (ncclGetVersion).");
+  bindAgrs(buffer);
 }

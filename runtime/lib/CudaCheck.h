@@ -48,6 +48,8 @@ struct DriverApi {
   decltype(&::cuTensorMapEncodeTiled) tensorMapEncodeTiled = nullptr;
   /// Where a kernel's parameters are (CUDA 12.4+ drivers; null on older ones).
   decltype(&::cuFuncGetParamInfo) funcGetParamInfo = nullptr;
+  /// Stream memory operations (flag writes and waits of AGRS, Agrs.cpp).
+  decltype(&::cuStreamBatchMemOp) streamBatchMemOp = nullptr;
 };
 
 /// Throws CudaError if the driver (or one of its functions) is unavailable.
@@ -81,6 +83,7 @@ inline const DriverApi &driver() {
     resolve("cuLaunchKernelEx", a.launchKernelEx);
     resolve("cuTensorMapEncodeTiled", a.tensorMapEncodeTiled);
     resolve("cuFuncGetParamInfo", a.funcGetParamInfo, /*required=*/false);
+    resolve("cuStreamBatchMemOp", a.streamBatchMemOp);
     return a;
   }();
   return api;

@@ -338,6 +338,10 @@ void KernelHost::trackWindow(const Prepared &prepared, void *stream) {
   (captured ? writtenByGraphs : written).add(epic::ep::window::kControlEnd, prepared.dataEnd);
 }
 
+void KernelHost::noteWindowData(int64_t begin, int64_t end, void *stream) {
+  (capturing(stream) ? writtenByGraphs : written).add(begin, end);
+}
+
 void KernelHost::launch(const Prepared &prepared, void *stream) {
   if (!prepared.kernels)
     throw std::invalid_argument("launch() of an empty prepared entry");

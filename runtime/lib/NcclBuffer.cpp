@@ -315,6 +315,16 @@ void NcclElasticBuffer::acquire(int blocksPerRank) {
                     "not supported on this communicator (NCCL_WIN_ENABLE=0 or "
                     "NCCL_LOCAL_REGISTER=0?)");
   window = w;
+  {
+    // The LSA mapping kernels reach peers through (ncclGetLsaPointer's
+    // arithmetic on the window's device descriptor): the copy engines of
+    // AGRS write to the same addresses from the host's side.
+    ncclWindow_vidmem descriptor{};
+    check(cudaMemcpy(&descriptor, w, sizeof(descriptor), cudaMemcpyDeviceToHost),
+          "reading the window's descriptor (cudaMemcpy)");
+    lsaBase = descriptor.lsaFlatBase;
+    lsaStride = uint64_t(descriptor.stride4G) << 32;
+  }
   check(cudaMalloc(&commArgument, sizeof(ncclDevComm)), "cudaMalloc(device communicator)");
   check(cudaMemcpy(commArgument, dev, sizeof(ncclDevComm), cudaMemcpyHostToDevice),
         "cudaMemcpy(device communicator)");
@@ -366,6 +376,19 @@ void NcclElasticBuffer::checkRanks(int blocksPerRank) {
 }
 
 NcclElasticBuffer::~NcclElasticBuffer() { release(); }
+
+void *NcclElasticBuffer::peerWindowMemory(int servedRank, int peer) const {
+  windowMemory(servedRank); // checks the served rank
+  // The LSA team is apiInfo.lsaSize consecutive world ranks (checkRanks).
+  const int lsaIndex = apiInfo.lsaRank + (peer - apiInfo.rank);
+  if (peer < 0 || peer >= apiInfo.worldSize || lsaIndex < 0 || lsaIndex >= apiInfo.lsaSize)
+    throw std::out_of_range("rank " + std::to_string(peer) + " is not in rank " +
+                            std::to_string(apiInfo.rank) + "'s NVLink (LSA) team of " +
+                            std::to_string(apiInfo.lsaSize) + " ranks");
+  if (peer == apiInfo.rank)
+    return memory;
+  return lsaBase + uint64_t(lsaIndex) * lsaStride;
+}
 
 void *NcclElasticBuffer::windowMemory(int servedRank) const {
   if (servedRank != 0)

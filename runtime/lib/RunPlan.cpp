@@ -47,14 +47,16 @@ struct ValueTable {
     throw std::runtime_error("run plan: " + where + ": " + what);
   }
   void define(const RunStep &step, const char *field, Kind kind, bool optional = false) {
-    int64_t id = step.integer(field);
+    define(step.integer(field), field, kind, optional);
+  }
+  void define(int64_t id, const std::string &field, Kind kind, bool optional = false) {
     if (optional && id < 0)
       return;
     if (id < 0 || id >= int64_t(kinds.size()))
-      fail(std::string(field) + " is value " + std::to_string(id) + ", outside the plan's " +
+      fail(field + " is value " + std::to_string(id) + ", outside the plan's " +
            std::to_string(kinds.size()) + " values");
     if (kinds[id] != Kind::undefined)
-      fail(std::string(field) + " defines value " + std::to_string(id) + " a second time");
+      fail(field + " defines value " + std::to_string(id) + " a second time");
     kinds[id] = kind;
   }
   void use(int64_t id, const std::string &field, Kind kind, bool optional = false) const {
@@ -258,6 +260,20 @@ RunPlan RunPlan::parse(const std::string &text) {
           values.use(bias.integer(), "biases", Kind::tensor);
         values.define(step, "result", Kind::tensor);
         values.define(step, "combined_x", Kind::tensor);
+      } else if (step.op == "all_gather") {
+        const auto &inputs = step.fields.at("inputs").list();
+        const auto &gathered = step.fields.at("gathered").list();
+        if (inputs.empty() || inputs.size() != gathered.size())
+          values.fail("an all_gather gathers one tensor per input (" +
+                      std::to_string(inputs.size()) + " inputs, " +
+                      std::to_string(gathered.size()) + " results)");
+        for (const Json &input : inputs)
+          values.use(input.integer(), "inputs", Kind::tensor);
+        for (const Json &result : gathered)
+          values.define(result.integer(), "gathered", Kind::tensor);
+      } else if (step.op == "reduce_scatter") {
+        values.use(step, "input", Kind::tensor);
+        values.define(step, "result", Kind::tensor);
       } else if (step.op == "print") {
         values.use(step, "value", Kind::undefined);
         if (step.integer("rows") < 0)

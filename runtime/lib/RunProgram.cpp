@@ -2,12 +2,15 @@
 
 #include "epic/runtime/RunProgram.h"
 
+#include "epic/Dialect/EP/IR/EPWindow.h"
+#include "epic/runtime/Agrs.h"
 #include "epic/runtime/VirtualBuffer.h"
 
 #include "CudaCheck.h"
 
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -53,6 +56,14 @@ public:
   Executor(const RunPlan &plan, KernelHost &buffer, const RunOptions &options)
       : plan(plan), buffer(buffer), options(options), values(size_t(plan.values)) {}
   ~Executor() {
+    if (agrs && agrs->isOpen()) {
+      try {
+        agrs->destroy(nullptr);
+      } catch (...) { // a destructor throws nothing; the buffer goes with the program
+      }
+    }
+    if (agrsStream)
+      cudaStreamDestroy(agrsStream);
     for (void *p : allocations)
       cudaFree(p);
   }
@@ -169,7 +180,117 @@ private:
       }
     } else if (step.op == "print") {
       print(step);
+    } else if (step.op == "all_gather" || step.op == "reduce_scatter") {
+      agrsStep(step);
     }
+  }
+
+  /// The program's AGRS session (copy engines, no kernel): one session as
+  /// large as the window allows, ended and opened again when a step does not
+  /// fit in it; every step's results are copied out of the window at once.
+  AgrsSessions &session(int64_t bytes) {
+    if (!agrs) {
+      // The copies need a stream of their own (a batch cannot go on the legacy stream).
+      check(cudaStreamCreate(&agrsStream), "cudaStreamCreate (the AGRS copies' stream)");
+      agrs = std::make_unique<AgrsSessions>(buffer);
+      agrs->setConfig(buffer.windowBytes() - epic::ep::window::kControlEnd, 32);
+    }
+    if (agrs->isOpen() && (agrs->usedBytes() + bytes > agrs->maxSessionBytes() ||
+                           agrs->opsInSession() == agrs->maxOps()))
+      agrs->destroy(nullptr);
+    if (!agrs->isOpen())
+      agrs->create(nullptr);
+    return *agrs;
+  }
+
+  void agrsStep(const RunStep &step) {
+    const bool scatter = step.op == "reduce_scatter";
+    std::vector<int64_t> inputIds, resultIds;
+    if (scatter) {
+      inputIds.push_back(step.integer("input"));
+      resultIds.push_back(step.integer("result"));
+    } else {
+      for (const Json &id : step.fields.at("inputs").list())
+        inputIds.push_back(id.integer());
+      for (const Json &id : step.fields.at("gathered").list())
+        resultIds.push_back(id.integer());
+    }
+    // Every rank's tensor i alike (the slots have one size).
+    std::vector<int64_t> bytes;
+    int64_t total = 0;
+    for (int64_t id : inputIds) {
+      const Value &v = at(id);
+      const HostTensor &first = v.tensor.at(0).host;
+      for (int r = 1; r < R(); ++r)
+        if (v.tensor[r].host.shape != first.shape)
+          throw std::invalid_argument("rank " + std::to_string(r) +
+                                      "'s input has another shape than rank 0's (an AGRS "
+                                      "op's inputs are alike on every rank)");
+      bytes.push_back(int64_t(first.data.size()));
+      // With the alignment of the block's start.
+      total += epic::ep::window::align(int64_t(first.data.size()) * (scatter ? 1 : R()), 32) + 32;
+    }
+    AgrsSessions &s = session(total);
+    std::vector<std::vector<uint64_t>> addresses(static_cast<size_t>(R()));
+    for (int r = 0; r < R(); ++r)
+      for (int64_t id : inputIds)
+        addresses[r].push_back(at(id).tensor[r].device.data);
+    AgrsSessions::Issued issued = scatter ? s.scatterBlocks(addresses, bytes, nullptr, agrsStream)
+                                          : s.allGather(addresses, bytes, nullptr, agrsStream);
+    s.wait(issued.sequence, nullptr);
+    check(cudaDeviceSynchronize(), "waiting for the AGRS step");
+
+    std::vector<std::string> problems;
+    for (size_t i = 0; i < inputIds.size(); ++i) {
+      const Value &input = at(inputIds[i]);
+      const AgrsBlock &block = issued.blocks[i];
+      const HostTensor &like = input.tensor[0].host;
+      std::vector<HostTensor> inputs, results;
+      for (int r = 0; r < R(); ++r) {
+        inputs.push_back(input.tensor[r].host);
+        // Rank r's window block: [R][slot], copied out of the window.
+        HostTensor slots(like.dtype, {int64_t(R()) * block.slotBytes / dtypeBytes(like.dtype)});
+        check(cudaMemcpy(slots.data.data(),
+                         static_cast<char *>(buffer.windowMemory(r)) + block.offset,
+                         slots.data.size(), cudaMemcpyDeviceToHost),
+              "cudaMemcpy (reading the AGRS block)");
+        HostTensor result;
+        if (scatter) {
+          // The blocks moved by the copy engines, summed here on the host (f32 in rank
+          // order): the runtime has no reduction kernel; Python's reduce_scatter sums on
+          // the GPU.
+          std::vector<HostTensor> parts;
+          for (int s = 0; s < R(); ++s) {
+            HostTensor part(like.dtype, like.shape);
+            part.shape[0] /= R();
+            std::memcpy(part.data.data(), slots.data.data() + size_t(s) * block.slotBytes,
+                        size_t(block.slotBytes));
+            parts.push_back(std::move(part));
+          }
+          // The slots of rank r are every rank's block r: check the transport first.
+          for (int s = 0; s < R(); ++s)
+            if (std::memcmp(parts[s].data.data(),
+                            input.tensor[s].host.data.data() + size_t(r) * block.slotBytes,
+                            size_t(block.slotBytes)) != 0)
+              problems.push_back("rank " + std::to_string(r) + ": the block from rank " +
+                                 std::to_string(s) + " differs from its input's block " +
+                                 std::to_string(r));
+          result = sumInRankOrder(parts);
+        } else {
+          result = slots;
+          result.shape = {int64_t(R())};
+          result.shape.insert(result.shape.end(), like.shape.begin(), like.shape.end());
+        }
+        results.push_back(result);
+        at(resultIds[i]).tensor.push_back(upload(std::move(result)));
+      }
+      if (options.check)
+        for (std::string &p :
+             scatter ? checkReduceScatter(inputs, results) : checkAllGather(inputs, results))
+          problems.push_back(std::move(p));
+    }
+    if (options.check)
+      report(step, problems);
   }
 
   void print(const RunStep &step) {
@@ -495,6 +616,8 @@ private:
   std::vector<Value> values;
   std::vector<void *> allocations;
   RunSummary summary;
+  std::unique_ptr<AgrsSessions> agrs; ///< made by the first AGRS step
+  cudaStream_t agrsStream = nullptr;
 };
 
 } // namespace

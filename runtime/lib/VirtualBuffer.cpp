@@ -91,6 +91,16 @@ VirtualElasticBuffer::~VirtualElasticBuffer() {
 // any rank queued before is finished before any rank's later work starts.
 void VirtualElasticBuffer::barrier(void *) {}
 
+void *VirtualElasticBuffer::peerWindowMemory(int servedRank, int peer) const {
+  windowMemory(servedRank); // checks the served rank
+  const int perNode = gpusPerNode();
+  if (peer < 0 || peer >= servedRanks || peer / perNode != servedRank / perNode)
+    throw std::out_of_range("rank " + std::to_string(peer) + " is not in rank " +
+                            std::to_string(servedRank) + "'s NVLink domain (nodes of " +
+                            std::to_string(perNode) + " ranks)");
+  return windowMemory(peer);
+}
+
 void *VirtualElasticBuffer::windowMemory(int servedRank) const {
   if (servedRank < 0 || servedRank >= servedRanks)
     throw std::out_of_range("window of rank " + std::to_string(servedRank) + ": the world has " +

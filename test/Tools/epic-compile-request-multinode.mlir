@@ -35,7 +35,7 @@
 // COMBINE: "kernels": [
 // COMBINE-NEXT: "ep_combine_send",
 // COMBINE-NEXT: "ep_combine_reduce"
-// JSON: "window_bytes": 69632,
+// JSON: "window_bytes": 77824,
 // DISPATCH-NEXT: "window_bytes_per_token": 24768,
 // DISPATCH-NEXT: "window_bytes_per_warp": 8256
 // COMBINE-NEXT: "window_bytes_per_token": 33280,

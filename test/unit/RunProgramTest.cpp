@@ -782,3 +782,74 @@ TEST(Reference, GroupedGemmChecksExpertRowsAndPadding) {
   padding.out.as<float>()[1] = 1;
   EXPECT_TRUE(mentions(checkGroupedGemm(spec, {handle}, {padding}), "padding row"));
 }
+
+// --- AGRS ---------------------------------------------------------------------------
+
+namespace {
+HostTensor floats(const std::string &dtype, std::vector<int64_t> shape,
+                  const std::vector<double> &values) {
+  HostTensor t(dtype, std::move(shape));
+  for (size_t i = 0; i < values.size(); ++i)
+    storeElement(dtype, values[i], t.data.data() + i * size_t(dtypeBytes(dtype)));
+  return t;
+}
+} // namespace
+
+TEST(Reference, AllGatherStacksEveryRankInRankOrder) {
+  std::vector<HostTensor> inputs = {floats("f32", {2}, {1, 2}), floats("f32", {2}, {3, 4})};
+  HostTensor gathered = floats("f32", {2, 2}, {1, 2, 3, 4});
+  EXPECT_TRUE(checkAllGather(inputs, {gathered, gathered}).empty());
+  HostTensor swapped = floats("f32", {2, 2}, {3, 4, 1, 2});
+  EXPECT_TRUE(mentions(checkAllGather(inputs, {gathered, swapped}),
+                       "rank 1: gathered[0] differs from rank 0's input at byte "));
+  EXPECT_TRUE(mentions(checkAllGather(inputs, {gathered, floats("f32", {2, 1}, {1, 3})}),
+                       "rank 1: gathered is f32[2x1]"));
+  EXPECT_THROW(checkAllGather({inputs[0], floats("f32", {3}, {1, 2, 3})}, {}),
+               std::invalid_argument);
+}
+
+TEST(Reference, ReduceScatterSumsInRankOrderInFloat32AndRoundsOnce) {
+  // Element 0 of block 0: 2^24 + (-2^24) + 1 + 1 = 2 in rank order; 2^24 + 1 first loses the 1.
+  const double big = 16777216.0;
+  std::vector<HostTensor> inputs = {
+      floats("f32", {4}, {big, 0, 0, 0}), floats("f32", {4}, {-big, 0, 0, 0}),
+      floats("f32", {4}, {1, 0, 0, 0}), floats("f32", {4}, {1, 0, 0, 0})};
+  std::vector<HostTensor> want = referenceReduceScatter(inputs);
+  ASSERT_EQ(want.size(), 4u);
+  EXPECT_EQ(want[0].shape, std::vector<int64_t>{1});
+  EXPECT_EQ(want[0].at(0), 2.0);
+  EXPECT_TRUE(checkReduceScatter(inputs, want).empty());
+  // bf16: 1 + 3 x 2^-9 in f32, rounded once, is 1 + 2^-7 (step-by-step bf16 stays at 1).
+  std::vector<HostTensor> bf = {floats("bf16", {1}, {1.0}), floats("bf16", {1}, {0.001953125}),
+                                floats("bf16", {1}, {0.001953125}),
+                                floats("bf16", {1}, {0.001953125})};
+  HostTensor sum = sumInRankOrder(bf);
+  EXPECT_EQ(sum.at(0), 1.0078125);
+  std::vector<HostTensor> wrong = want;
+  storeElement("f32", 3.0, wrong[0].data.data());
+  EXPECT_TRUE(mentions(checkReduceScatter(inputs, wrong), "rank 0: element 0 is 3"));
+  EXPECT_THROW(
+      referenceReduceScatter({floats("f32", {3}, {1, 2, 3}), floats("f32", {3}, {1, 2, 3})}),
+      std::invalid_argument);
+  EXPECT_THROW(referenceReduceScatter({floats("i32", {2}, {1, 2}), floats("i32", {2}, {1, 2})}),
+               std::invalid_argument);
+}
+
+TEST(RunPlan, AgrsStepsParseAndRefuseMalformedOnes) {
+  const std::string random = R"({"op": "random", "loc": "p.mlir:2:1", "result": 1, "rows": 0,
+      "distribution": "normal", "scale": 1, "seed": 1, "dtype": "bf16", "cols": 64})";
+  const std::string prefix = std::string(kTokens) + "," + random + ",";
+  RunPlan plan = RunPlan::parse(planWith(
+      prefix + R"({"op": "all_gather", "loc": "p.mlir:3:1", "inputs": [1], "gathered": [2]},
+                  {"op": "reduce_scatter", "loc": "p.mlir:4:1", "input": 1, "result": 3})",
+      4));
+  EXPECT_TRUE(plan.kernels().empty()); // copy engines: no kernel
+  expectPlanError(planWith(prefix + R"({"op": "all_gather", "loc": "p.mlir:3:1", "inputs": [1],
+                            "gathered": [2, 3]})",
+                           4),
+                  "one tensor per input (1 inputs, 2 results)");
+  expectPlanError(planWith(prefix + R"({"op": "reduce_scatter", "loc": "p.mlir:4:1",
+                                        "input": 0, "result": 2})",
+                           3),
+                  "input must be a tensor, value 0 is an index");
+}

@@ -26,12 +26,13 @@ done
 # The kernel cache of the runtime's GPU test (the GPU machine has no compiler).
 EPIC_CACHE_DIR="$out/cache" "$build/bin/epic-prepare-gpu-kernels"
 # The run plans and kernels of the epic-run programs (examples/run, the whole MoE layer of
-# examples/mlir/moe_layer.mlir, and one NCCL rank).
+# examples/mlir/moe_layer.mlir, and programs of one NCCL rank).
 for program in examples/run/*.mlir examples/mlir/moe_layer.mlir; do
   "$build/bin/epic-run" "$program" --compile-only --cache-dir="$out/cache" > /dev/null
 done
-"$build/bin/epic-run" test/gpu/run_nccl_one_rank.mlir --backend=nccl --compile-only \
-  --cache-dir="$out/cache" > /dev/null
+for program in test/gpu/run_nccl_one_rank.mlir test/gpu/agrs_nccl_one_rank.mlir; do
+  "$build/bin/epic-run" "$program" --backend=nccl --compile-only --cache-dir="$out/cache" > /dev/null
+done
 # The configurations the Python API's GPU tests use.
 PYTHONPATH=python EPIC_CACHE_DIR="$out/cache" python3 test/gpu/prepare_buffer_kernels.py
 PYTHONPATH=python EPIC_CACHE_DIR="$out/cache" python3 bench/multinode_bench.py --compile-only

@@ -511,3 +511,51 @@ void CombineOp::getCanonicalizationPatterns(RewritePatternSet &results, MLIRCont
 
 #define GET_OP_CLASSES
 #include "epic/Dialect/EP/IR/EPOps.cpp.inc"
+
+//===----------------------------------------------------------------------===//
+// AllGatherOp, ReduceScatterOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult AllGatherOp::verify() {
+  if (getInputs().empty())
+    return emitOpError("needs at least one input");
+  if (getGathered().size() != getInputs().size())
+    return emitOpError() << "has " << getInputs().size() << " inputs but " << getGathered().size()
+                         << " results (one gathered tensor per input)";
+  const int64_t ranks = int64_t(getRanks());
+  for (auto [i, pair] : llvm::enumerate(llvm::zip(getInputs(), getGathered()))) {
+    ShapedType in = shaped(std::get<0>(pair)), out = shaped(std::get<1>(pair));
+    SmallVector<int64_t> want{ranks};
+    llvm::append_range(want, in.getShape());
+    if (out.getElementType() != in.getElementType() || out.getShape() != ArrayRef(want))
+      return emitOpError() << "result " << i << " must be "
+                           << RankedTensorType::get(want, in.getElementType()) << " (ranks x input "
+                           << i << "), got " << out;
+  }
+  return success();
+}
+
+LogicalResult ReduceScatterOp::verify() {
+  ShapedType in = shaped(getInput()), out = shaped(getResult());
+  const int64_t ranks = int64_t(getRanks());
+  if (in.getRank() < 1 || in.getRank() != out.getRank())
+    return emitOpError() << "input and result must have the same rank (at least 1), got " << in
+                         << " and " << out;
+  if (in.getElementType() != out.getElementType())
+    return emitOpError() << "result element type must be the input's (" << in.getElementType()
+                         << "), got " << out.getElementType();
+  if (!in.isDynamicDim(0) && in.getDimSize(0) % ranks)
+    return emitOpError() << "input dimension 0 (" << in.getDimSize(0)
+                         << ") must be a multiple of ranks (" << ranks
+                         << "): rank r gets block r of it";
+  ShapeChecker check{*this};
+  const int64_t block = in.isDynamicDim(0) ? ShapedType::kDynamic : in.getDimSize(0) / ranks;
+  if (failed(check.dim("result", out, 0, block, "the input's rows / ranks")))
+    return failure();
+  for (unsigned d = 1; d < unsigned(in.getRank()); ++d)
+    if (failed(check.dim("result", out, d,
+                         in.isDynamicDim(d) ? ShapedType::kDynamic : in.getDimSize(d),
+                         "the input's")))
+      return failure();
+  return success();
+}

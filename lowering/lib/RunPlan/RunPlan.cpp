@@ -111,6 +111,20 @@ private:
                          "the attribute; ElasticBuffer's window_outputs places them)");
   }
 
+  /// An AGRS op: its `ranks` is the world's (one NVLink domain).
+  LogicalResult agrsWorld(Operation *op, int64_t opRanks) {
+    if (ranks < 0) {
+      ranks = gpusPerNode = opRanks;
+      return success();
+    }
+    if (opRanks != ranks || gpusPerNode != ranks)
+      return op->emitError() << "epic-run: AGRS ops run on the program's world of one NVLink "
+                                "domain; this one has "
+                             << opRanks << " ranks, the world " << ranks << " ranks in nodes of "
+                             << gpusPerNode;
+    return success();
+  }
+
   LogicalResult requireI64(Operation *op, Value value, StringRef what) {
     if (!value)
       return success();
@@ -318,6 +332,26 @@ private:
       add(op, "gemm_combine", std::move(step));
       return success();
     }
+    if (auto gather = dyn_cast<ep::AllGatherOp>(op)) {
+      if (failed(agrsWorld(op, int64_t(gather.getRanks()))))
+        return failure();
+      json::Array inputs, gathered;
+      for (Value input : gather.getInputs())
+        inputs.push_back(use(input));
+      for (Value result : gather.getGathered())
+        gathered.push_back(define(result));
+      add(op, "all_gather",
+          json::Object{{"inputs", std::move(inputs)}, {"gathered", std::move(gathered)}});
+      return success();
+    }
+    if (auto scatter = dyn_cast<ep::ReduceScatterOp>(op)) {
+      if (failed(agrsWorld(op, int64_t(scatter.getRanks()))))
+        return failure();
+      add(op, "reduce_scatter",
+          json::Object{{"input", use(scatter.getInput())},
+                       {"result", define(scatter.getResult())}});
+      return success();
+    }
     if (auto ret = dyn_cast<func::ReturnOp>(op)) {
       if (!callStack.empty()) { // the callee's results are the call's
         for (auto [result, value] : llvm::zip(callStack.back()->getResults(), ret.getOperands()))
@@ -325,11 +359,13 @@ private:
       }
       return success();
     }
-    return op->emitError() << "epic-run: '" << op->getName()
-                           << "' is not supported in a run program (it may use run.tokens, "
-                              "run.random, run.routing, run.print, ep.dispatch_layout, "
-                              "ep.dispatch, ep.grouped_gemm, ep.combine, the fused ops, func.call, "
-                              "tensor.dim, tensor.cast and index arith.constant)";
+    return op->emitError()
+           << "epic-run: '" << op->getName()
+           << "' is not supported in a run program (it may use run.tokens, "
+              "run.random, run.routing, run.print, ep.dispatch_layout, "
+              "ep.dispatch, ep.grouped_gemm, ep.combine, the fused ops, ep.all_gather, "
+              "ep.reduce_scatter, func.call, "
+              "tensor.dim, tensor.cast and index arith.constant)";
   }
 
   /// A call of a function of the module: its ops become steps here, its

@@ -22,12 +22,12 @@
 // CHECK:         %[[BLOCK:.*]] = gpu.block_id x
 // CHECK:         %[[BLOCKS:.*]] = gpu.grid_dim x
 // First the copy: a row is placed, then counted in its tile (the counters
-// follow the dispatch's window, at 4362240).
+// follow the dispatch's window, at 4370432).
 // CHECK:         comm.atomic_rmw add relaxed scope gpu
 // CHECK:         comm.fence acq_rel scope gpu
 // CHECK:         nvvm.bar.warp.sync
 // CHECK:         scf.if
-// CHECK:           arith.constant 4362240 : i32
+// CHECK:           arith.constant 4370432 : i32
 // CHECK:           %[[DONE:.*]] = comm.local_ptr %[[WIN]][%{{.*}}] : !llvm.ptr<1>
 // CHECK:           comm.red add release scope gpu %{{.*}}, %[[DONE]] : i32, !llvm.ptr<1>
 // Then the GEMM: every row of the tile's expert must be in place before its
@@ -39,7 +39,7 @@
 // CHECK:             scf.for %[[M:.*]] = %{{.*}} to %[[MTILES]] step
 // CHECK:               %[[NEED:.*]] = arith.index_cast %{{.*}} : index to i32
 // CHECK:               arith.addi %{{.*}}, %[[M]] : index
-// CHECK:               arith.constant 4362240 : index
+// CHECK:               arith.constant 4370432 : index
 // CHECK:               %[[TILE:.*]] = comm.local_ptr %[[WIN]][%{{.*}}] : !llvm.ptr<1>
 // CHECK-NEXT:          comm.wait_flag %[[TILE]] ge %[[NEED]] rank %{{.*}} scope gpu : !llvm.ptr<1>, i32
 // CHECK-NEXT:        }
@@ -49,8 +49,8 @@
 // CHECK:           nvgpu.tma.async.load
 // CHECK:           nvgpu.warpgroup.mma
 // After the tile: the expert's last tile (row tiles x 4 column tiles, counted
-// at 4362752) resets every row tile's counter of the expert.
-// CHECK:           arith.constant 4362752 : index
+// at 4370944) resets every row tile's counter of the expert.
+// CHECK:           arith.constant 4370944 : index
 // CHECK:           %[[BEFORE:.*]] = comm.atomic_rmw add relaxed scope gpu
 // CHECK:           %[[TILES:.*]] = arith.muli %[[MTILES]], %c4
 // CHECK:           %[[LAST:.*]] = arith.subi %{{.*}}, %c1_i32
@@ -68,8 +68,8 @@
 // The tile counters are scratch that must be zero when the kernels start:
 // from window_scratch_at to window_bytes (the runtime zeroes it where another
 // configuration's data may have been written).
-// CHECK-SAME:      epic.window_bytes = 4363264
-// CHECK-SAME:      epic.window_scratch_at = 4362240
+// CHECK-SAME:      epic.window_bytes = 4371456
+// CHECK-SAME:      epic.window_scratch_at = 4370432
 
 // Two one-warpgroup blocks per SM (the runtime launches ctas_per_sm x num_sms).
 // JSON: "ctas_per_sm": 2

@@ -21,7 +21,7 @@
 // CHECK: arith.muli %[[DNODE]], %c2_i32{{.*}} : i32
 // CHECK: nvvm.match.sync any
 // The record goes into the forwarder's forward region [my node][slot], after the receive
-// region of 4 x 64 records: (4 + node) x 64 + slot records of 1072 bytes past 69632. A
+// region of 4 x 64 records: (4 + node) x 64 + slot records of 1072 bytes past 77824. A
 // forwarder in another node gets the staged record by a put.
 // CHECK: %[[FWD:.*]] = arith.addi %c4_i64, %{{.*}} : i64
 // CHECK: arith.muli %{{.*}}, %c1072_i64{{.*}} : i64
@@ -72,8 +72,8 @@
 // CHECK-SAME: epic.kernels = ["dispatch_send", "dispatch_forward", "dispatch_copy"]
 // CHECK-SAME: "fwd_src_metadata", "fwd_counts"
 // The data region: the larger of (4 + 2) x 64 dispatch records and 4 x (2 + 1) x 64 combine
-// records (1040 bytes): 69632 + 798720.
-// CHECK-SAME: epic.window_bytes = 868352 : i64, epic.window_bytes_per_warp = 2144 : i64
+// records (1040 bytes): 77824 + 798720.
+// CHECK-SAME: epic.window_bytes = 876544 : i64, epic.window_bytes_per_warp = 2144 : i64
 func.func @dispatch(%x: tensor<?x512xbf16>, %idx: tensor<?x4xi64>)
     -> (tensor<?x512xbf16>, tensor<?x4xi64>, !ep.handle<#cfg>) {
   %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) config #cfg

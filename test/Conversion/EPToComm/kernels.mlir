@@ -291,10 +291,10 @@ func.func @cached(%x: tensor<?x512xbf16>, %h: !ep.handle<#cfg>)
 // CHECK: arith.divui %{{.*}}, %[[TMAX3]] : i32
 // CHECK: arith.remui %{{.*}}, %[[TMAX3]] : i32
 // CHECK: func.func @rt_dispatch(
-// CHECK-SAME: epic.window_bytes = 69632
+// CHECK-SAME: epic.window_bytes = 77824
 // CHECK-SAME: epic.window_bytes_per_token = 8384
 // CHECK: func.func @rt_combine(
-// CHECK-SAME: epic.window_bytes = 69632
+// CHECK-SAME: epic.window_bytes = 77824
 // CHECK-SAME: epic.window_bytes_per_token = 8384
 func.func @rt_dispatch(%x: tensor<?x1024xbf16>, %idx: tensor<?x4xi64>)
     -> (tensor<?x1024xbf16>, tensor<?x4xi64>, !ep.handle<#rt>) {

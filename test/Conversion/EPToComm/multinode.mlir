@@ -52,10 +52,10 @@
 // CHECK: %[[FLUSH:.*]] = arith.andi %[[STAGED]], %[[REUSE]] : i1
 // CHECK: scf.if %[[FLUSH]] {
 // CHECK: comm.flush via %[[DC]] context(%{{.*}}) coop warp
-// The ring follows the data region: 69632 + 64 x 4 x 1072, 1072-byte slots.
+// The ring follows the data region: 77824 + 64 x 4 x 1072, 1072-byte slots.
 // CHECK: arith.remui %[[N]], %c2_i32
 // CHECK: %[[SLOT:.*]] = arith.muli %{{.*}}, %c1072_i64 : i64
-// CHECK: %[[STAGING:.*]] = arith.addi %c344064_i64, %[[SLOT]] : i64
+// CHECK: %[[STAGING:.*]] = arith.addi %c352256_i64, %[[SLOT]] : i64
 // A master lane's record: in the peer's window when it is in the node, else the staging slot.
 // CHECK: scf.if %{{.*}} -> (!llvm.ptr<1>) {
 // CHECK: arith.cmpi eq, %{{.*}}, %[[NODE]] : i32
@@ -102,7 +102,7 @@
 // CHECK: func.func @dispatch(
 // CHECK-SAME: epic.gin_signals = 16 : i64
 // CHECK-SAME: epic.kernels = ["dispatch_send", "dispatch_copy"]
-// CHECK-SAME: epic.window_bytes = 344064 : i64, epic.window_bytes_per_warp = 2144 : i64
+// CHECK-SAME: epic.window_bytes = 352256 : i64, epic.window_bytes_per_warp = 2144 : i64
 func.func @dispatch(%x: tensor<?x512xbf16>, %idx: tensor<?x4xi64>)
     -> (tensor<?x512xbf16>, tensor<?x4xi64>, !ep.handle<#cfg>) {
   %rx, %ri, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) config #cfg
@@ -124,11 +124,11 @@ func.func @dispatch(%x: tensor<?x512xbf16>, %idx: tensor<?x4xi64>)
 // CHECK: %[[NODE:.*]] = arith.divui %{{.*}}, %c2_i32 : i32
 // CHECK: scf.for %[[ROW:.*]] = %{{.*}} to %{{.*}} step %{{.*}} : i32
 // CHECK: %[[SRC:.*]] = arith.divui
-// CHECK: %[[OFFSET:.*]] = arith.addi %c69632_i64{{.*}}, %{{.*}} : i64
+// CHECK: %[[OFFSET:.*]] = arith.addi %c77824_i64{{.*}}, %{{.*}} : i64
 // CHECK: %[[OTHER:.*]] = arith.cmpi ne, %{{.*}}, %[[NODE]] : i32
 // CHECK: scf.if %{{.*}} {
 // CHECK: comm.flush via %[[DC]] context(%{{.*}}) coop warp
-// CHECK: %[[STAGING:.*]] = arith.addi %c344064_i64, %{{.*}} : i64
+// CHECK: %[[STAGING:.*]] = arith.addi %c352256_i64, %{{.*}} : i64
 // CHECK: %[[RECORD:.*]] = scf.if %[[OTHER]] -> (!llvm.ptr<1>) {
 // CHECK: comm.local_ptr %[[WIN]][%[[STAGING]]]
 // CHECK: } else {
@@ -166,7 +166,7 @@ func.func @combine(%y: tensor<?x512xbf16>, %h: !ep.handle<#cfg>, %w: tensor<?x4x
 // -----
 
 // A run-time token cap: the staging ring starts after the data region of that cap
-// (69632 + Tmax x 4288). A cached dispatch across nodes is send + copy even where the
+// (77824 + Tmax x 4288). A cached dispatch across nodes is send + copy even where the
 // one-pass scatter is asked for (it writes other ranks' tensors: one address space).
 #dyn = #ep.config<ranks = 4, experts = 16, topk = 4, hidden = 512, dtype = bf16,
                   scaleup_ranks = 2>
@@ -174,14 +174,14 @@ func.func @combine(%y: tensor<?x512xbf16>, %h: !ep.handle<#cfg>, %w: tensor<?x4x
 // CHECK-LABEL: gpu.func @cached_send(
 // CHECK-NOT: comm.peer_params
 // CHECK: %[[DATA:.*]] = arith.muli %{{.*}}, %c4288_i64 : i64
-// CHECK: %[[BASE:.*]] = arith.addi %c69632_i64, %[[DATA]] : i64
+// CHECK: %[[BASE:.*]] = arith.addi %c77824_i64, %[[DATA]] : i64
 // CHECK: %[[SLOT:.*]] = arith.muli %{{.*}}, %c1072_i64 : i64
 // CHECK: arith.addi %[[BASE]], %[[SLOT]] : i64
 // CHECK: comm.put
 // CHECK-LABEL: gpu.func @cached_copy(
 // CHECK: func.func @cached(
 // CHECK-SAME: epic.kernels = ["cached_send", "cached_copy"]
-// CHECK-SAME: epic.window_bytes = 69632 : i64, epic.window_bytes_per_token = 4288 : i64, epic.window_bytes_per_warp = 2144 : i64
+// CHECK-SAME: epic.window_bytes = 77824 : i64, epic.window_bytes_per_token = 4288 : i64, epic.window_bytes_per_warp = 2144 : i64
 func.func @cached(%x: tensor<?x512xbf16>, %h: !ep.handle<#dyn>)
     -> (tensor<?x512xbf16>, tensor<?x4xi64>, !ep.handle<#dyn>) {
   %rx, %ri, %h2 = ep.dispatch %x cached(%h : !ep.handle<#dyn>) config #dyn

@@ -5,8 +5,8 @@
 // hidden size or token cap: a call never reads counters that another
 // configuration left at its own offsets. Two very different configurations
 // here; both must address the barrier epochs at 8192, the token counts at
-// 16384, the send's done counter at 41984 and the data region at 69632, and
-// with a run-time token cap their window starts with the same 69632 bytes.
+// 16384, the send's done counter at 41984 and the data region at 77824, and
+// with a run-time token cap their window starts with the same 77824 bytes.
 
 #few = #ep.config<ranks = 4, experts = 4, topk = 1, hidden = 256, dtype = bf16>
 
@@ -14,9 +14,9 @@
 // CHECK-DAG: arith.constant 8192 : i64
 // CHECK-DAG: arith.constant 16384 : i32
 // CHECK-DAG: arith.constant 41984 : i32
-// CHECK-DAG: arith.constant 69632 : i64
+// CHECK-DAG: arith.constant 77824 : i64
 // CHECK: func.func @few(
-// CHECK-SAME: epic.window_bytes = 69632
+// CHECK-SAME: epic.window_bytes = 77824
 // CHECK-SAME: epic.window_bytes_per_token = 2112
 func.func @few(%x: tensor<?x256xbf16>, %idx: tensor<?x1xi64>)
     -> (tensor<?x256xbf16>, tensor<?x1xi64>, !ep.handle<#few>) {
@@ -33,9 +33,9 @@ func.func @few(%x: tensor<?x256xbf16>, %idx: tensor<?x1xi64>)
 // CHECK-DAG: arith.constant 8192 : i64
 // CHECK-DAG: arith.constant 16384 : i32
 // CHECK-DAG: arith.constant 41984 : i32
-// CHECK-DAG: arith.constant 69632 : i64
+// CHECK-DAG: arith.constant 77824 : i64
 // CHECK: func.func @many(
-// CHECK-SAME: epic.window_bytes = 69632
+// CHECK-SAME: epic.window_bytes = 77824
 // CHECK-SAME: epic.window_bytes_per_token = 114944
 func.func @many(%x: tensor<?x7168xbf16>, %idx: tensor<?x8xi64>)
     -> (tensor<?x7168xbf16>, tensor<?x8xi64>, !ep.handle<#many>) {

@@ -782,3 +782,71 @@ func.func @f(%y: tensor<?x128xbf16>, %h: !ep.handle<#c>) {
   %out = ep.combine %y, %h window_outputs : tensor<?x128xbf16>, !ep.handle<#c> -> tensor<?x128xbf16>
   return
 }
+
+//===----------------------------------------------------------------------===//
+// ep.all_gather, ep.reduce_scatter
+//===----------------------------------------------------------------------===//
+
+// -----
+
+func.func @f(%x: tensor<4xf32>) {
+  // expected-error@+1 {{result 0 must be 'tensor<8x4xf32>' (ranks x input 0), got 'tensor<4x4xf32>'}}
+  %g = ep.all_gather %x ranks 8 : tensor<4xf32> -> tensor<4x4xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<4xf32>) {
+  // expected-error@+1 {{has 1 inputs but 2 results}}
+  %g:2 = ep.all_gather %x ranks 2 : tensor<4xf32> -> tensor<2x4xf32>, tensor<2x4xf32>
+  return
+}
+
+// -----
+
+func.func @f() {
+  // expected-error@+1 {{needs at least one input}}
+  "ep.all_gather"() {ranks = 2 : i64} : () -> ()
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<4xf32>) {
+  // expected-error@+1 {{attribute 'ranks' failed to satisfy constraint}}
+  %g = ep.all_gather %x ranks 0 : tensor<4xf32> -> tensor<0x4xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<6x8xbf16>) {
+  // expected-error@+1 {{input dimension 0 (6) must be a multiple of ranks (4)}}
+  %y = ep.reduce_scatter %x ranks 4 : tensor<6x8xbf16> -> tensor<1x8xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<8x8xbf16>) {
+  // expected-error@+1 {{result dimension 0 (the input's rows / ranks) must be 2, got 8}}
+  %y = ep.reduce_scatter %x ranks 4 : tensor<8x8xbf16> -> tensor<8x8xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<8x8xbf16>) {
+  // expected-error@+1 {{result element type must be the input's ('bf16'), got 'f32'}}
+  %y = ep.reduce_scatter %x ranks 4 : tensor<8x8xbf16> -> tensor<2x8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<8x8xi32>) {
+  // expected-error@+1 {{operand #0 must be tensor of bfloat16 type or 16-bit float or 32-bit float values}}
+  %y = ep.reduce_scatter %x ranks 4 : tensor<8x8xi32> -> tensor<2x8xi32>
+  return
+}

@@ -217,3 +217,19 @@ func.func @dispatch_gemm(%x: tensor<?x1024xbf16>, %idx: tensor<?x6xi64>, %w: ten
       : tensor<?x1024xbf16> -> tensor<?x1024xbf16>, tensor<?x512xf32>, !ep.handle<#exp>
   return
 }
+
+// AGRS: an all-gather (one input, and a batch of two), a reduce-scatter (static and dynamic rows).
+// CHECK-LABEL: func @agrs
+// CHECK: ep.all_gather %{{.*}} ranks 8 : tensor<32x64xbf16> -> tensor<8x32x64xbf16>
+// CHECK: ep.all_gather %{{.*}}, %{{.*}} ranks 4 : tensor<7xf32>, tensor<2x3xf8E4M3FN> -> tensor<4x7xf32>, tensor<4x2x3xf8E4M3FN>
+// CHECK: ep.reduce_scatter %{{.*}} ranks 8 : tensor<64x96xbf16> -> tensor<8x96xbf16>
+// CHECK: ep.reduce_scatter %{{.*}} ranks 2 : tensor<?x5xf32> -> tensor<?x5xf32>
+func.func @agrs(%x: tensor<32x64xbf16>, %a: tensor<7xf32>, %b: tensor<2x3xf8E4M3FN>,
+                %g: tensor<64x96xbf16>, %d: tensor<?x5xf32>) {
+  %0 = ep.all_gather %x ranks 8 : tensor<32x64xbf16> -> tensor<8x32x64xbf16>
+  %1:2 = ep.all_gather %a, %b ranks 4
+      : tensor<7xf32>, tensor<2x3xf8E4M3FN> -> tensor<4x7xf32>, tensor<4x2x3xf8E4M3FN>
+  %2 = ep.reduce_scatter %g ranks 8 : tensor<64x96xbf16> -> tensor<8x96xbf16>
+  %3 = ep.reduce_scatter %d ranks 2 : tensor<?x5xf32> -> tensor<?x5xf32>
+  return
+}

@@ -207,6 +207,17 @@ public:
   /// The device memory of the `servedRank`-th served rank's window (what its
   /// kernels see at window offset 0), for inspection and tests.
   virtual void *windowMemory(int servedRank) const = 0;
+  /// World rank `peer`'s window as the `servedRank`-th served rank reaches
+  /// it (the virtual world's slice; NCCL: the peer's NVLink mapping in this
+  /// process, its LSA pointer). Throws naming a peer outside the served
+  /// rank's NVLink domain.
+  virtual void *peerWindowMemory(int servedRank, int peer) const = 0;
+  /// World rank of the `servedRank`-th served rank.
+  virtual int worldRankOf(int servedRank) const { return servedRank; }
+  /// Window bytes [begin, end) of every served rank now hold data written
+  /// outside a kernel (copy engines): the fused kernels' scratch is zeroed
+  /// before use there, as after a kernel's data.
+  void noteWindowData(int64_t begin, int64_t end, void *stream);
   /// Where each served rank's window-resident tensors may lie: its window
   /// past the region `prepared`'s kernels use (EPWindow.h's data region).
   std::vector<WindowRange> windowRanges(const Prepared &prepared) const;

@@ -99,6 +99,8 @@ public:
   /// (collective: every rank calls it).
   void barrier(void *stream = nullptr) override;
   void *windowMemory(int servedRank) const override;
+  void *peerWindowMemory(int servedRank, int peer) const override;
+  int worldRankOf(int) const override { return apiInfo.rank; }
 
 private:
   void acquire(int blocksPerRank);
@@ -114,6 +116,11 @@ private:
   void *window = nullptr;      ///< ncclWindow_t
   void *devCommHost = nullptr; ///< ncclDevComm (host copy, for destruction)
   int *barrierWord = nullptr;  ///< the barrier's all-reduce operand
+  /// The LSA team's mapping of the window (NCCL's ncclGetLsaPointer, read
+  /// once from the window's device descriptor): peer i's window at
+  /// lsaBase + i * lsaStride.
+  char *lsaBase = nullptr;
+  uint64_t lsaStride = 0;
 };
 
 } // namespace epic::runtime

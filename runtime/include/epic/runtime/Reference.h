@@ -164,6 +164,26 @@ std::vector<std::string> checkGroupedGemm(const EPSpec &spec,
 std::vector<int64_t> canonicalRows(const EPSpec &spec, const DispatchRecord &record,
                                    const NodeLayout &topology = {});
 
+/// AGRS (ReferenceCollectives.cpp; python/epic/_reference_collectives.py is
+/// the executable form). inputs[r] is rank r's tensor; every rank's must have
+/// one dtype and shape.
+///
+/// All-gather: every rank gets [R, *shape], row r = inputs[r], bit for bit.
+/// Checks `gathered[r]` (rank r's result) against that.
+std::vector<std::string> checkAllGather(const std::vector<HostTensor> &inputs,
+                                        const std::vector<HostTensor> &gathered, size_t limit = 8);
+/// Reduce-scatter: inputs [R * n, ...] (bf16, f16 or f32); rank r gets
+/// [n, ...], block r of the sum over ranks accumulated in f32 in increasing
+/// rank order from +0.0, rounded once to the dtype.
+std::vector<HostTensor> referenceReduceScatter(const std::vector<HostTensor> &inputs);
+/// parts[0] + parts[1] + ... elementwise, in f32 from +0.0 in that order,
+/// rounded once to their dtype (one rank's reduce-scatter result from the
+/// blocks every rank contributed).
+HostTensor sumInRankOrder(const std::vector<HostTensor> &parts);
+std::vector<std::string> checkReduceScatter(const std::vector<HostTensor> &inputs,
+                                            const std::vector<HostTensor> &results,
+                                            size_t limit = 8);
+
 } // namespace epic::runtime
 
 #endif // EPIC_RUNTIME_REFERENCE_H

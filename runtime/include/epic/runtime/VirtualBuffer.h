@@ -36,6 +36,7 @@ public:
   /// order already is the barrier, so there is nothing to launch.
   void barrier(void *stream = nullptr) override;
   void *windowMemory(int servedRank) const override;
+  void *peerWindowMemory(int servedRank, int peer) const override;
 
   /// What the GIN operations sent since the last call, [R][R][3] (from, to,
   /// kind: put bytes, put_value bytes, signal operations), then zero. Waits

@@ -427,4 +427,61 @@ def EP_GemmCombineOp : EP_Op<"gemm_combine", [EP_KernelOpInterface]> {
   let hasVerifier = 1;
 }
 
+//===----------------------------------------------------------------------===//
+// ep.all_gather, ep.reduce_scatter (AGRS sessions)
+//===----------------------------------------------------------------------===//
+
+def EP_RanksAttr : ConfinedAttr<I64Attr, [IntMinValue<1>, IntMaxValue<1024>]>;
+
+def EP_AllGatherOp : EP_Op<"all_gather"> {
+  let summary = "every rank's tensors, stacked in rank order, on every rank";
+  let description = [{
+    DeepEP V2's all-gather (AGRS). Every one of the `ranks` ranks of one
+    NVLink domain calls it collectively with tensors of the same shapes and
+    element types; result `i` is `[ranks, *shape_i]` whose row `r` is rank
+    `r`'s input `i`, bit for bit. Several inputs make one batched all-gather.
+
+    The runtime moves the bytes with the copy engines, no kernel: each rank's
+    inputs are copied into every peer's window, and stream memory operations
+    write and wait for per-source arrival flags (docs/semantics.md, "AGRS
+    sessions"). The results live in the window for the AGRS session.
+
+    ```mlir
+    %g = ep.all_gather %x ranks 8 : tensor<32x64xbf16> -> tensor<8x32x64xbf16>
+    ```
+  }];
+  let arguments = (ins Variadic<AnyRankedTensor>:$inputs, EP_RanksAttr:$ranks);
+  let results = (outs Variadic<AnyRankedTensor>:$gathered);
+  let assemblyFormat = [{
+    $inputs `ranks` $ranks attr-dict `:` type($inputs) `->` type($gathered)
+  }];
+  let hasVerifier = 1;
+}
+
+def EP_ReduceScatterOp : EP_Op<"reduce_scatter"> {
+  let summary = "block r of the sum over ranks, on rank r, in a fixed order";
+  let description = [{
+    Every one of the `ranks` ranks of one NVLink domain calls it collectively
+    with an input of the same shape `[ranks * n, ...]`; rank `r`'s result is
+    `[n, ...]`, block `r` (rows `[r * n, (r + 1) * n)`) of the sum of every
+    rank's input. The sum is accumulated in f32 in increasing rank order from
+    +0.0 and rounded once to the element type, so the result is bitwise
+    reproducible (epic's addition to DeepEP's AGRS, which lists it as future
+    work).
+
+    The blocks move like an all-gather's (copy engines, arrival flags): block
+    `r` of each rank's input lands in rank `r`'s window, which then sums them.
+
+    ```mlir
+    %y = ep.reduce_scatter %x ranks 8 : tensor<64x96xbf16> -> tensor<8x96xbf16>
+    ```
+  }];
+  let arguments = (ins TensorOf<[BF16, F16, F32]>:$input, EP_RanksAttr:$ranks);
+  let results = (outs TensorOf<[BF16, F16, F32]>:$result);
+  let assemblyFormat = [{
+    $input `ranks` $ranks attr-dict `:` type($input) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
 #endif // EPIC_DIALECT_EP_IR_EPOPS_TD

@@ -9,7 +9,8 @@
 //                             dispatch or combine (all zero between ops),
 //                             the ops' signatures (KernelBuilder::entryBarrier),
 //                             the multi-node entry release, the record
-//                             an op with window-resident outputs publishes;
+//                             an op with window-resident outputs publishes,
+//                             the AGRS sessions' arrival and release flags;
 //   [kControlEnd, ...)        the data region: dispatch records
 //                             ([source rank][Tmax][record]) or combine
 //                             records ([master slot][Tmax][record]);
@@ -90,9 +91,20 @@ inline constexpr int64_t kEntryPassed = detail::after(kOpSignatures, 2 * limits:
 /// at the same offset from the peer's window (KernelBuilder::peerRecord).
 inline constexpr int64_t kMaxPublishedRecordBytes = 1024;
 inline constexpr int64_t kPublishedRecord = detail::after(kEntryPassed, 8);
-/// Where the data region starts, for every configuration.
+/// AGRS sessions (all-gathers by copy engines, runtime/lib/Agrs.cpp):
+/// [source rank] i32, the number of the last all-gather whose data that
+/// source has copied into this window (written after the data by a stream
+/// memory operation with a fence); then [source rank] i32, the last AGRS
+/// session that source has ended, after which this rank may copy into its
+/// window again. Never reset: the numbers grow for the buffer's life and are
+/// compared with wrap-around (a wait for >= n).
+inline constexpr int64_t kAgrsArrived =
+    detail::after(kPublishedRecord, kMaxPublishedRecordBytes + 8);
+inline constexpr int64_t kAgrsReleased = detail::after(kAgrsArrived, limits::kMaxRanks * 4);
+/// Where the data region starts, for every configuration (an AGRS session's
+/// tensors too).
 inline constexpr int64_t kControlEnd =
-    align(detail::after(kPublishedRecord, kMaxPublishedRecordBytes + 8), 4096);
+    align(detail::after(kAgrsReleased, limits::kMaxRanks * 4), 4096);
 
 /// Bytes of one dispatch record: the row, its scale packs, the top-k ids
 /// (i32) and weights (f32), then the source token and its master slot (across

@@ -1,0 +1,82 @@
+//===- AgrsBindings.cpp - epic._C.Buffer's AGRS sessions ------------------===//
+//
+// DeepEP's AGRS calls on a buffer (runtime/include/epic/runtime/Agrs.h):
+// epic.ElasticBuffer adapts tensors to device addresses and builds the
+// gathered views of the window from the blocks returned here.
+
+#include "Buffer.h"
+
+#include "epic/Dialect/EP/IR/EPWindow.h"
+
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+namespace py = pybind11;
+using namespace epic::runtime;
+
+namespace {
+
+void *streamOf(uintptr_t stream) { return reinterpret_cast<void *>(stream); }
+
+std::vector<std::tuple<int64_t, int64_t>> blocksOf(const std::vector<AgrsBlock> &blocks) {
+  std::vector<std::tuple<int64_t, int64_t>> out;
+  for (const AgrsBlock &b : blocks)
+    out.emplace_back(b.offset, b.slotBytes);
+  return out;
+}
+
+} // namespace
+
+void epic::python::bindAgrs(py::class_<Buffer> &buffer) {
+  buffer.attr("AGRS_DATA_OFFSET") = epic::ep::window::kControlEnd;
+  buffer
+      .def(
+          "agrs_set_config",
+          [](Buffer &b, int64_t maxSessionBytes, int maxOps) {
+            b.sessions().setConfig(maxSessionBytes, maxOps);
+          },
+          py::arg("num_max_session_bytes"), py::arg("num_max_all_gathers_per_session"))
+      .def_property_readonly("agrs_open", [](Buffer &b) { return b.agrs && b.agrs->isOpen(); })
+      .def_property_readonly("agrs_used_bytes",
+                             [](Buffer &b) { return b.agrs ? b.agrs->usedBytes() : 0; })
+      .def(
+          "agrs_create", [](Buffer &b, uintptr_t stream) { b.sessions().create(streamOf(stream)); },
+          py::arg("comm_stream"))
+      .def(
+          "agrs_destroy",
+          [](Buffer &b, uintptr_t stream) { b.sessions().destroy(streamOf(stream)); },
+          py::arg("stream"))
+      .def(
+          "agrs_reserve_inplace",
+          [](Buffer &b, const std::vector<int64_t> &bytes) {
+            return blocksOf(b.sessions().reserveInplace(bytes));
+          },
+          py::arg("bytes"),
+          "Blocks [(offset, slot bytes)] of the next all-gather; this rank's slot of block i "
+          "is at offset + rank * slot bytes.")
+      .def(
+          "agrs_all_gather",
+          [](Buffer &b, const std::vector<std::vector<uint64_t>> &inputs,
+             const std::vector<int64_t> &bytes, uintptr_t stream, uintptr_t commStream,
+             bool scatter) {
+            AgrsSessions &s = b.sessions();
+            AgrsSessions::Issued issued =
+                scatter ? s.scatterBlocks(inputs, bytes, streamOf(stream), streamOf(commStream))
+                        : s.allGather(inputs, bytes, streamOf(stream), streamOf(commStream));
+            return std::make_tuple(blocksOf(issued.blocks), issued.sequence);
+          },
+          py::arg("inputs"), py::arg("bytes"), py::arg("stream"), py::arg("comm_stream"),
+          py::arg("scatter") = false,
+          "inputs[served rank][tensor]: device addresses. Copies on comm_stream after stream's "
+          "work; returns ([(offset, slot bytes)], the sequence number agrs_wait waits for). "
+          "scatter: block r of each input goes to rank r (reduce-scatter's transport).")
+      .def(
+          "agrs_wait",
+          [](Buffer &b, uint32_t sequence, uintptr_t stream) {
+            b.sessions().wait(sequence, streamOf(stream));
+          },
+          py::arg("sequence"), py::arg("stream"));
+}

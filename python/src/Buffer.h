@@ -1,0 +1,60 @@
+//===- Buffer.h - the extension's ElasticBuffer state ---------------------===//
+//
+// What the bindings of epic._C share: a backend's kernel cache and provider,
+// and an ElasticBuffer of either kind with what it depends on (epic_ext.cpp
+// binds its ops, AgrsBindings.cpp its AGRS sessions).
+
+#ifndef EPIC_PYTHON_BUFFER_H
+#define EPIC_PYTHON_BUFFER_H
+
+#include "epic/runtime/Agrs.h"
+#include "epic/runtime/KernelCache.h"
+#include "epic/runtime/KernelProvider.h"
+#include "epic/runtime/NcclBuffer.h"
+#include "epic/runtime/VirtualBuffer.h"
+
+#include <pybind11/pybind11.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+namespace epic::python {
+
+/// The kernel cache and provider of one backend, shared by buffers.
+struct Runtime {
+  runtime::KernelCache cache;
+  runtime::KernelProvider provider;
+  Runtime(const std::string &backend, const std::string &cacheDir, const std::string &compiler)
+      : cache(cacheDir), provider(cache, runtime::CompileSettings{backend, "sm_90a", compiler}) {}
+};
+
+/// An ElasticBuffer of either kind, with what it depends on kept alive.
+struct Buffer {
+  std::shared_ptr<Runtime> runtime;
+  std::unique_ptr<runtime::Communicator> comm;
+  std::unique_ptr<runtime::KernelHost> host;
+  /// Its AGRS sessions, made on first use (before `host` is destroyed: declared after it).
+  std::unique_ptr<runtime::AgrsSessions> agrs;
+
+  /// The virtual world, for what only it has; `what` names the caller.
+  runtime::VirtualElasticBuffer &virtualWorld(const char *what) {
+    auto *world = dynamic_cast<runtime::VirtualElasticBuffer *>(host.get());
+    if (!world)
+      throw std::invalid_argument(std::string(what) +
+                                  ": only a virtual world has it, this buffer is on NCCL");
+    return *world;
+  }
+  runtime::AgrsSessions &sessions() {
+    if (!agrs)
+      agrs = std::make_unique<runtime::AgrsSessions>(*host);
+    return *agrs;
+  }
+};
+
+/// AGRS sessions' methods on epic._C.Buffer (AgrsBindings.cpp).
+void bindAgrs(pybind11::class_<Buffer> &buffer);
+
+} // namespace epic::python
+
+#endif // EPIC_PYTHON_BUFFER_H

@@ -1,0 +1,56 @@
+"""ElasticBuffer's AGRS API without a GPU: DeepEP's size formulas (and epic's window on top),
+and the arguments refused by name before anything runs. The sessions themselves run on the GPU
+(test/gpu/test_agrs.py, test/gpu/agrs_distributed.py)."""
+
+import numpy as np
+import pytest
+
+import epic
+from epic import _C
+from epic import reference as ref
+
+BF16 = np.dtype("float16")  # any dtype with itemsize 2 (a torch.dtype on a GPU machine)
+
+
+def test_session_bytes_follow_deepeps_formula():
+    world = epic.VirtualWorld(8)
+    # DeepEP's test_agrs.py: (32, 64, 2048) bf16 on 8 ranks is 64 MiB.
+    assert epic.ElasticBuffer.get_agrs_num_max_session_bytes(world, (32, 64, 2048), BF16) == \
+        64 << 20
+    # Each gathered tensor 32-byte aligned: 8 x 3 x 2 = 48 -> 64, 8 x 5 x 2 = 80 -> 96.
+    assert epic.ElasticBuffer.get_agrs_num_max_session_bytes(world, [(3,), (5,)], BF16) == 160
+    assert epic.ElasticBuffer.get_agrs_num_max_session_bytes(world, [(3,), (5,)], BF16) == \
+        ref.agrs_num_max_session_bytes(8, [(3,), (5,)], 2)
+
+
+def test_buffer_hint_adds_the_window_control_region():
+    world = epic.VirtualWorld(8)
+    offset = _C.Buffer.AGRS_DATA_OFFSET
+    assert offset > 0 and offset % 4096 == 0
+    assert epic.ElasticBuffer.get_agrs_buffer_size_hint(world, 64 << 20) == (64 << 20) + (2 << 20)
+    assert epic.ElasticBuffer.get_agrs_buffer_size_hint(world, (2 << 20) - offset) == 2 << 20
+    assert epic.ElasticBuffer.get_agrs_buffer_size_hint(world, (2 << 20) - offset + 1) == 4 << 20
+
+
+def test_bad_arguments_are_named():
+    world = epic.VirtualWorld(4)
+    with pytest.raises(TypeError, match="dtype: expected a torch.dtype"):
+        epic.ElasticBuffer.get_agrs_num_max_session_bytes(world, (3,), float)
+    with pytest.raises(TypeError, match=r"shapes\[1\]: expected a shape"):
+        epic.ElasticBuffer.get_agrs_num_max_session_bytes(world, [(3,), (-1,)], BF16)
+    with pytest.raises(ValueError, match="num_max_session_bytes: must be a positive int"):
+        epic.ElasticBuffer.get_agrs_buffer_size_hint(world, 0)
+    with pytest.raises(TypeError, match="group: expected a torch.distributed ProcessGroup"):
+        epic.ElasticBuffer.get_agrs_buffer_size_hint(object(), 1 << 20)
+    buffer = epic.ElasticBuffer(world, num_bytes=4 << 20)
+    with pytest.raises(TypeError, match="one entry per rank"):
+        buffer.all_gather([np.ones(3)] * 3)
+    with pytest.raises(TypeError, match=r"t\[0\]: expected a torch.Tensor, got ndarray"):
+        buffer.all_gather([np.ones(3)] * 4)
+    with pytest.raises(TypeError, match=r"t\[0\]\[0\]: expected a torch.Tensor, got str"):
+        buffer.all_gather([["x"], ["x"], [1], [2]])
+    with pytest.raises(TypeError, match="enabled: expected a bool"):
+        with buffer.agrs_new_session(enabled=1):
+            pass
+    with pytest.raises(TypeError, match="num_max_all_gathers_per_session: expected an int"):
+        buffer.agrs_set_config(1 << 20, 2.0)
