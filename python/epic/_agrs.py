@@ -183,6 +183,18 @@ def get_inplace_tensor(b, shapes, dtype):
     return per_rank if b.virtual else per_rank[0]
 
 
+def check_device_tensor(name, x):
+    """A contiguous CUDA tensor with elements (what the copy engines read or write)."""
+    if not T.is_torch(x):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if not x.is_cuda:
+        raise ValueError(f"{name}: must be a CUDA tensor")
+    if not x.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous")
+    if x.numel() == 0:
+        raise ValueError(f"{name}: has no elements")
+
+
 def _inputs(b, what, t):
     """[served rank][tensor] CUDA tensors, and whether the caller passed a batch."""
     if b.virtual:
@@ -203,14 +215,7 @@ def _inputs(b, what, t):
             raise ValueError(f"{where}: {len(tensors)} tensors, rank 0 gives {count}")
         for i, x in enumerate(tensors):
             name = f"{where}[{i}]" if batched else where
-            if not T.is_torch(x):
-                raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-            if not x.is_cuda:
-                raise ValueError(f"{name}: must be a CUDA tensor")
-            if not x.is_contiguous():
-                raise ValueError(f"{name}: must be contiguous")
-            if x.numel() == 0:
-                raise ValueError(f"{name}: has no elements")
+            check_device_tensor(name, x)
             first = per_rank[0][i]
             if x.dtype != first.dtype or x.shape != first.shape:
                 raise ValueError(f"{name}: {x.dtype} {tuple(x.shape)}, but rank 0's is "

@@ -25,6 +25,7 @@ import os
 from . import _limits as LIM
 from . import _nccl, _topology
 from ._agrs import AgrsMethods
+from ._pp import PpMethods
 from . import _tensors as T
 from ._plans import OpPlan, PlanCache
 from .handle import EPHandle, EventHandle, EventOverlap
@@ -186,9 +187,10 @@ def _refuse_in_capture(what, instead):
         raise RuntimeError(f"{what} cannot be captured in a CUDA graph: {instead}")
 
 
-class ElasticBuffer(AgrsMethods):
+class ElasticBuffer(AgrsMethods, PpMethods):
     """DeepEP V2's ElasticBuffer: dispatch and combine of MoE tokens (and DeepEP's AGRS
-    sessions: all-gather by copy engines, with a reduce-scatter; ``epic._agrs``).
+    sessions: all-gather by copy engines, with a reduce-scatter, ``epic._agrs``; PP send/recv
+    between ring neighbours, ``epic._pp``).
 
     ``group`` is a ``torch.distributed`` process group (NCCL backend) or an
     :class:`epic.VirtualWorld`. The other arguments are DeepEP's; see

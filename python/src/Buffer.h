@@ -2,12 +2,13 @@
 //
 // What the bindings of epic._C share: a backend's kernel cache and provider,
 // and an ElasticBuffer of either kind with what it depends on (epic_ext.cpp
-// binds its ops, AgrsBindings.cpp its AGRS sessions).
+// binds its ops, CopyEngineBindings.cpp its AGRS sessions and PP channels).
 
 #ifndef EPIC_PYTHON_BUFFER_H
 #define EPIC_PYTHON_BUFFER_H
 
 #include "epic/runtime/Agrs.h"
+#include "epic/runtime/Pp.h"
 #include "epic/runtime/KernelCache.h"
 #include "epic/runtime/KernelProvider.h"
 #include "epic/runtime/NcclBuffer.h"
@@ -36,6 +37,8 @@ struct Buffer {
   std::unique_ptr<runtime::KernelHost> host;
   /// Its AGRS sessions, made on first use (before `host` is destroyed: declared after it).
   std::unique_ptr<runtime::AgrsSessions> agrs;
+  /// Its PP channels, likewise.
+  std::unique_ptr<runtime::PpChannels> pp;
 
   /// The virtual world, for what only it has; `what` names the caller.
   runtime::VirtualElasticBuffer &virtualWorld(const char *what) {
@@ -45,6 +48,11 @@ struct Buffer {
                                   ": only a virtual world has it, this buffer is on NCCL");
     return *world;
   }
+  runtime::PpChannels &channels() {
+    if (!pp)
+      pp = std::make_unique<runtime::PpChannels>(*host);
+    return *pp;
+  }
   runtime::AgrsSessions &sessions() {
     if (!agrs)
       agrs = std::make_unique<runtime::AgrsSessions>(*host);
@@ -52,8 +60,9 @@ struct Buffer {
   }
 };
 
-/// AGRS sessions' methods on epic._C.Buffer (AgrsBindings.cpp).
-void bindAgrs(pybind11::class_<Buffer> &buffer);
+/// The AGRS sessions' and PP channels' methods on epic._C.Buffer
+/// (CopyEngineBindings.cpp).
+void bindCopyEngineOps(pybind11::class_<Buffer> &buffer);
 
 } // namespace epic::python
 

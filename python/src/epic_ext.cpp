@@ -671,6 +671,7 @@ PYBIND11_MODULE(_C, m) {
           py::arg("stream"))
       .def("destroy", [](Buffer &b) {
         b.agrs.reset();
+        b.pp.reset();
         b.host.reset();
         b.comm.reset();
       });
@@ -785,5 +786,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("nccl_version", &ncclVersion);
   m.def("nccl_loaded_version", &Communicator::loadedVersion,
         "NCCL_VERSION_CODE of the NCCL library loaded in this process (ncclGetVersion).");
-  bindAgrs(buffer);
+  bindCopyEngineOps(buffer);
 }

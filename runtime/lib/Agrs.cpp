@@ -9,6 +9,7 @@
 #include "epic/Dialect/EP/IR/EPWindow.h"
 
 #include "CudaCheck.h"
+#include "StreamMemOps.h"
 
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -23,36 +24,10 @@ namespace window = epic::ep::window;
 namespace {
 
 constexpr int kMaxOpsPerSession = 32; // DeepEP's bound
-/// Stream memory operations per cuStreamBatchMemOp call (the driver's bound).
-constexpr size_t kMemOpsPerBatch = 256;
 
-/// Enqueues `ops` on `stream`, in batches the driver accepts.
-void streamMemOps(std::vector<CUstreamBatchMemOpParams> &ops, void *stream, const char *what) {
-  for (size_t first = 0; first < ops.size(); first += kMemOpsPerBatch) {
-    const unsigned count = unsigned(std::min(kMemOpsPerBatch, ops.size() - first));
-    check(detail::driver().streamBatchMemOp(static_cast<CUstream>(stream), count,
-                                            ops.data() + first, 0),
-          what);
-  }
-}
-
-CUstreamBatchMemOpParams writeFlag(void *flag, uint32_t value) {
-  CUstreamBatchMemOpParams op{};
-  op.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-  op.writeValue.address = reinterpret_cast<CUdeviceptr>(flag);
-  op.writeValue.value = value;
-  op.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT; // a fence first: the data lands before
-  return op;
-}
-
-CUstreamBatchMemOpParams waitFlag(void *flag, uint32_t value) {
-  CUstreamBatchMemOpParams op{};
-  op.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-  op.waitValue.address = reinterpret_cast<CUdeviceptr>(flag);
-  op.waitValue.value = value;
-  op.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ; // (int32_t)(*flag - value) >= 0
-  return op;
-}
+using detail::streamMemOps;
+using detail::waitFlagOp;
+using detail::writeFlagOp;
 
 void *at(void *base, int64_t offset) { return static_cast<char *>(base) + offset; }
 
@@ -72,12 +47,7 @@ void AgrsSessions::setConfig(int64_t maxSessionBytes, int maxOps) {
     throw std::invalid_argument("num_max_all_gathers_per_session: must be in [1, " +
                                 std::to_string(kMaxOpsPerSession) + "], got " +
                                 std::to_string(maxOps));
-  if (host.gpusPerNode() != host.worldSize())
-    throw std::invalid_argument(
-        "agrs_set_config: AGRS copies between the ranks of one NVLink domain; the buffer's "
-        "world is " +
-        std::to_string(host.worldSize() / host.gpusPerNode()) + " nodes of " +
-        std::to_string(host.gpusPerNode()) + " ranks");
+  host.requireOneNvlinkDomain("agrs_set_config: AGRS");
   if (maxSessionBytes < 1)
     throw std::invalid_argument("num_max_session_bytes: must be positive, got " +
                                 std::to_string(maxSessionBytes));
@@ -130,7 +100,7 @@ void AgrsSessions::destroy(void *stream) {
   for (int s = 0; s < host.servedRankCount(); ++s) {
     const int me = host.worldRankOf(s);
     for (int peer = 0; peer < R; ++peer)
-      writes.push_back(writeFlag(
+      writes.push_back(writeFlagOp(
           at(host.peerWindowMemory(s, peer), window::kAgrsReleased + 4 * int64_t(me)), session));
   }
   streamMemOps(writes, stream, "destroy_agrs_session: the release flags (cuStreamBatchMemOp)");
@@ -250,7 +220,7 @@ AgrsSessions::Issued AgrsSessions::issue(const std::vector<std::vector<uint64_t>
     std::vector<CUstreamBatchMemOpParams> waits;
     for (int s = 0; s < served; ++s)
       for (int peer = 0; peer < R; ++peer)
-        waits.push_back(waitFlag(
+        waits.push_back(waitFlagOp(
             at(host.windowMemory(s), window::kAgrsReleased + 4 * int64_t(peer)), session - 1));
     streamMemOps(waits, commStream, "waiting for the peers' release (cuStreamBatchMemOp)");
     releaseWaitPending = false;
@@ -292,11 +262,10 @@ AgrsSessions::Issued AgrsSessions::issue(const std::vector<std::vector<uint64_t>
   for (int s = 0; s < served; ++s) {
     const int64_t me = host.worldRankOf(s);
     for (int peer = 0; peer < R; ++peer)
-      writes.push_back(writeFlag(at(host.peerWindowMemory(s, peer), window::kAgrsArrived + 4 * me),
-                                 issued.sequence));
+      writes.push_back(writeFlagOp(
+          at(host.peerWindowMemory(s, peer), window::kAgrsArrived + 4 * me), issued.sequence));
   }
-  streamMemOps(writes, commStream,
-               (std::string(what) + ": the arrival flags (cuStreamBatchMemOp)").c_str());
+  streamMemOps(writes, commStream, std::string(what) + ": the arrival flags (cuStreamBatchMemOp)");
   for (const AgrsBlock &b : blocks)
     host.noteWindowData(b.offset, b.offset + R * b.slotBytes, commStream);
   return issued;
@@ -308,6 +277,6 @@ void AgrsSessions::wait(uint32_t seq, void *stream) {
   for (int s = 0; s < host.servedRankCount(); ++s)
     for (int source = 0; source < R; ++source)
       waits.push_back(
-          waitFlag(at(host.windowMemory(s), window::kAgrsArrived + 4 * int64_t(source)), seq));
+          waitFlagOp(at(host.windowMemory(s), window::kAgrsArrived + 4 * int64_t(source)), seq));
   streamMemOps(waits, stream, "waiting for the all-gather's data (cuStreamBatchMemOp)");
 }

@@ -338,6 +338,15 @@ void KernelHost::trackWindow(const Prepared &prepared, void *stream) {
   (captured ? writtenByGraphs : written).add(epic::ep::window::kControlEnd, prepared.dataEnd);
 }
 
+void KernelHost::requireOneNvlinkDomain(const std::string &what) const {
+  if (gpusPerNode() != worldSize())
+    throw std::invalid_argument(what +
+                                " copies between the ranks of one NVLink domain; the "
+                                "buffer's world is " +
+                                std::to_string(worldSize() / gpusPerNode()) + " nodes of " +
+                                std::to_string(gpusPerNode()) + " ranks");
+}
+
 void KernelHost::noteWindowData(int64_t begin, int64_t end, void *stream) {
   (capturing(stream) ? writtenByGraphs : written).add(begin, end);
 }

@@ -151,6 +151,8 @@ def test_what_a_session_refuses():
         buffer.create_agrs_session()
     with pytest.raises(ValueError, match="an AGRS session is open; destroy it first"):
         buffer.agrs_set_config(1 << 20, 2)
+    with pytest.raises(RuntimeError, match="where the PP slots are"):
+        buffer.pp_send(x, [1, 0])
     with pytest.raises(RuntimeError, match="AGRS session is open on this buffer"):
         buffer.dispatch(x, topk_idx=[torch.zeros((8, 1), dtype=torch.int64, device="cuda")] * R,
                         num_experts=2)

@@ -3,7 +3,8 @@
 # test drivers against the machine's CUDA and NCCL, runs them, and leaves logs in $OUT.
 #   tools/device/run.sh           # everything
 #   tools/device/run.sh python    # only the Python API's tests and examples (after the build)
-#   tools/device/run.sh bench     # bench/ep_bench.py, dsl_bench.py, gemm_bench.py, agrs_bench.py
+#   tools/device/run.sh bench     # bench/ep_bench.py, dsl_bench.py, gemm_bench.py,
+#                                 # collectives_bench.py
 #                                 # (into $OUT)
 #   tools/device/run.sh latency   # bench/latency.py: per-call wall time, eager and CUDA graphs
 #   tools/device/run.sh dsl       # only the DSL's GPU tests and examples (after the build)
@@ -149,7 +150,7 @@ if [[ $only == bench ]]; then
   rc=$(( rc | PIPESTATUS[0] ))
   EPIC_CACHE_DIR="$dev/cache" python3 bench/gemm_bench.py --out "$out" 2>&1 | tee "$out/gemm_bench.log"
   rc=$(( rc | PIPESTATUS[0] ))
-  python3 bench/agrs_bench.py --out "$out" 2>&1 | tee "$out/agrs_bench.log"
+  python3 bench/collectives_bench.py --out "$out" 2>&1 | tee "$out/collectives_bench.log"
   exit $(( rc | PIPESTATUS[0] ))
 fi
 # ep.grouped_gemm against torch per expert, and feeding the combine; ep.dispatch_layout.
@@ -167,9 +168,11 @@ if [[ $only == dsl ]]; then
 fi
 EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run python3 -m pytest -q -p no:cacheprovider \
   test/gpu/test_elastic_buffer.py test/gpu/test_graphs.py
-# AGRS sessions (copy engines, no kernel): virtual worlds of 1-8 ranks, then real NCCL ranks.
-PYTHONPATH=python run python3 -m pytest -q -p no:cacheprovider test/gpu/test_agrs.py
-run torchrun --nproc-per-node "$(nvidia-smi -L | wc -l)" test/gpu/agrs_distributed.py
+# AGRS sessions and PP channels (copy engines, no kernel): virtual worlds of 1-8 ranks, then
+# real NCCL ranks.
+PYTHONPATH=python run python3 -m pytest -q -p no:cacheprovider test/gpu/test_agrs.py \
+  test/gpu/test_pp.py
+run torchrun --nproc-per-node "$(nvidia-smi -L | wc -l)" test/gpu/collectives_distributed.py
 EPIC_CACHE_DIR="$dev/cache" run python3 examples/quickstart.py
 EPIC_CACHE_DIR="$dev/cache" run torchrun --nproc-per-node 1 examples/torch_distributed.py
 EPIC_CACHE_DIR="$dev/cache" EPIC_REUSE_NCCL_COMM=0 run torchrun --nproc-per-node 1 \

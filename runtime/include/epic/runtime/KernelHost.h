@@ -212,6 +212,9 @@ public:
   /// process, its LSA pointer). Throws naming a peer outside the served
   /// rank's NVLink domain.
   virtual void *peerWindowMemory(int servedRank, int peer) const = 0;
+  /// Throws std::invalid_argument unless the world is one NVLink domain:
+  /// "<what> copies between the ranks of one NVLink domain; ...".
+  void requireOneNvlinkDomain(const std::string &what) const;
   /// World rank of the `servedRank`-th served rank.
   virtual int worldRankOf(int servedRank) const { return servedRank; }
   /// Window bytes [begin, end) of every served rank now hold data written

@@ -10,7 +10,8 @@
 //                             the ops' signatures (KernelBuilder::entryBarrier),
 //                             the multi-node entry release, the record
 //                             an op with window-resident outputs publishes,
-//                             the AGRS sessions' arrival and release flags;
+//                             the AGRS sessions' and PP channels' arrival
+//                             and release flags;
 //   [kControlEnd, ...)        the data region: dispatch records
 //                             ([source rank][Tmax][record]) or combine
 //                             records ([master slot][Tmax][record]);
@@ -101,10 +102,16 @@ inline constexpr int64_t kPublishedRecord = detail::after(kEntryPassed, 8);
 inline constexpr int64_t kAgrsArrived =
     detail::after(kPublishedRecord, kMaxPublishedRecordBytes + 8);
 inline constexpr int64_t kAgrsReleased = detail::after(kAgrsArrived, limits::kMaxRanks * 4);
+/// PP channels to the ring neighbours (runtime/lib/Pp.cpp), i32 each, never
+/// reset: [0] from the previous rank, [1] from the next: how many tensors it
+/// has copied into this window; then [0] to the next rank, [1] to the
+/// previous: how many of this rank's tensors it has copied out (its slots
+/// free again).
+inline constexpr int64_t kPpArrived = detail::after(kAgrsReleased, limits::kMaxRanks * 4);
+inline constexpr int64_t kPpReleased = detail::after(kPpArrived, 2 * 4);
 /// Where the data region starts, for every configuration (an AGRS session's
-/// tensors too).
-inline constexpr int64_t kControlEnd =
-    align(detail::after(kAgrsReleased, limits::kMaxRanks * 4), 4096);
+/// tensors and the PP slots too).
+inline constexpr int64_t kControlEnd = align(detail::after(kPpReleased, 2 * 4), 4096);
 
 /// Bytes of one dispatch record: the row, its scale packs, the top-k ids
 /// (i32) and weights (f32), then the source token and its master slot (across

@@ -1,8 +1,8 @@
-"""AGRS: all-gather and reduce-scatter sessions against the copy roofline and torch.distributed.
+"""AGRS and PP: all-gather, reduce-scatter and ring send/recv against the copy roofline and torch.
 
-    python bench/agrs_bench.py [--out DIR]      # H200: runs, writes JSON + plot + log lines
+    python bench/collectives_bench.py [--out DIR]      # H200: runs, writes JSON + plot + log lines
 
-Three measurements, each in this one process:
+Four measurements, each in this one process:
 
 * **Virtual world of 8 ranks, all-gather**, per-rank tensors of 1 to 64 MiB: a session of 4
   all-gathers (DeepEP's test: 4 in flight), timed with CUDA events over the whole session
@@ -15,12 +15,17 @@ Three measurements, each in this one process:
   the current stream; against the best torch a skilled engineer writes for 8 virtual ranks
   (one stacked ``sum`` over ranks of the [R, R, n] inputs, one kernel, not rank-ordered) and
   against the bytes the sum must touch.
+* **PP, virtual ring of 4 ranks**: every rank sends a tensor (1 to 56 MiB; DeepEP's test uses
+  4096 x 7168 bf16 = 56 MiB) to its next neighbour and receives one from its previous, 4 in
+  flight per direction: GPU time of 4 rounds. Each tensor is copied twice (into the receiver's
+  slot, then out of it): bytes moved against the same copy roofline; DeepEP's send figure
+  ``2 x bytes / t`` per rank.
 * **API overhead on one NCCL rank**: the wall time of one small all-gather (4 KiB) + wait on
   epic's buffer against ``torch.distributed.all_gather_into_tensor`` on a one-rank NCCL group,
   host clock, synchronized, median of 200.
 
 One GPU serves every virtual rank, so "NVLink" is HBM: the ratios say how close the copy-engine
-path comes to the device's copy rate, not NVLink's. Writes agrs-<gpu>-<date>.{json,png}.
+path comes to the device's copy rate, not NVLink's. Writes collectives-<gpu>-<date>.{json,png}.
 """
 
 from __future__ import annotations
@@ -133,6 +138,43 @@ def reduce_scatter_rows():
     return rows
 
 
+def pp_rows(ranks=4, inflight=4):
+    import torch
+
+    rows = []
+    for mib in (1, 8, 56):
+        nbytes = mib << 20
+        buffer = epic.ElasticBuffer(epic.VirtualWorld(ranks), num_bytes=epic.ElasticBuffer.
+                                    get_pp_buffer_size_hint(nbytes, inflight),
+                                    explicitly_destroy=True)
+        buffer.pp_set_config(nbytes, inflight)
+        xs = [torch.randn(nbytes // 2, device="cuda").to(torch.bfloat16) for _ in range(ranks)]
+        outs = [torch.empty_like(x) for x in xs]
+        nxt = [(r + 1) % ranks for r in range(ranks)]
+        prv = [(r - 1) % ranks for r in range(ranks)]
+
+        def rounds():  # 4 tensors to every next neighbour, then 4 received from every previous
+            for _ in range(inflight):
+                buffer.pp_send(xs, nxt)
+            for _ in range(inflight):
+                buffer.pp_recv(outs, prv)
+
+        ms, wall = timed(rounds)
+        assert all(torch.equal(outs[r], xs[prv[r]]) for r in range(ranks))
+        moved = 2 * ranks * inflight * nbytes
+        copy_ms = copy_roofline_ms(moved)
+        buffer.destroy()
+        row = dict(op="pp", mib=mib, ranks=ranks, inflight=inflight, gpu_ms=ms, wall_ms=wall,
+                   gbs=moved / ms / 1e6, roofline_gbs=moved / copy_ms / 1e6,
+                   deepep_send_gbs=2 * nbytes * inflight / ms / 1e6)
+        row["x_roofline"] = row["gbs"] / row["roofline_gbs"]
+        rows.append(row)
+        print(f"pp {mib:>3} MiB x {ranks} ranks x {inflight} in flight: {ms:.3f} ms ({wall:.3f} "
+              f"wall), {row['gbs']:.0f} GB/s moved, roofline {row['roofline_gbs']:.0f} GB/s "
+              f"({row['x_roofline']:.2f}x)", flush=True)
+    return rows
+
+
 def overhead_row():
     import torch
     import torch.distributed as dist
@@ -220,13 +262,14 @@ def main():
     args = parser.parse_args()
     import torch
 
-    rows = all_gather_rows() + reduce_scatter_rows() + [overhead_row()]
+    rows = all_gather_rows() + reduce_scatter_rows() + pp_rows() + [overhead_row()]
     gpu = torch.cuda.get_device_name().split()[-1].lower()
-    stem = os.path.join(args.out, f"agrs-{gpu}-{datetime.date.today().isoformat()}")
+    stem = os.path.join(args.out, f"collectives-{gpu}-{datetime.date.today().isoformat()}")
     os.makedirs(args.out, exist_ok=True)
     summary = dict(
         all_gather_min_x_roofline=min(r["x_roofline"] for r in rows if r["op"] == "all_gather"),
         reduce_scatter_min_x_torch=min(r["x_torch"] for r in rows if r["op"] == "reduce_scatter"),
+        pp_min_x_roofline=min(r["x_roofline"] for r in rows if r["op"] == "pp"),
         api_overhead_x_torch=rows[-1]["x_torch"])
     with open(stem + ".json", "w") as f:
         json.dump(dict(rows=rows, summary=summary, ranks=R, inflight=INFLIGHT), f, indent=1)

@@ -1,11 +1,12 @@
-"""AGRS sessions on real ranks (one process per GPU, NCCL): the copy engines write into the
-peers' NVLink (LSA) mappings of the window, the flags cross processes.
+"""AGRS sessions and PP channels on real ranks (one process per GPU, NCCL): the copy engines
+write into the peers' NVLink (LSA) mappings of the window, the flags cross processes.
 
-    torchrun --nproc-per-node N test/gpu/agrs_distributed.py
+    torchrun --nproc-per-node N test/gpu/collectives_distributed.py
 
 Every process makes every rank's inputs (seeded), so each checks its own results against
-epic.reference: all-gathers (single, batched, in place) across two sessions and a
-reduce-scatter. Rank 0 prints one line per check with every rank's verdict.
+epic.reference: all-gathers (single, batched, in place) across two sessions, a reduce-scatter,
+and PP sends to both ring neighbours (more than the slots hold, so the flow control waits).
+Rank 0 prints one line per check with every rank's verdict.
 """
 
 from __future__ import annotations
@@ -80,9 +81,36 @@ def main():
             check(f"session {s}: reduce_scatter {shapes[2]} bf16",
                   torch_to_numpy(out).tobytes() == want.tobytes())
     buffer.destroy()
+
+    # PP: 6 tensors to each neighbour through 2 slots per direction, received in send order.
+    inflight, count, shape = 2, 6, (64, 96)
+    nbytes = 64 * 96 * 2
+    pp = epic.ElasticBuffer(group, num_bytes=epic.ElasticBuffer.get_pp_buffer_size_hint(
+        nbytes, inflight), explicitly_destroy=True)
+    pp.pp_set_config(nbytes, inflight)
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+
+    def tensor(sender, receiver, i):
+        return rank_inputs(world, 1000 + 37 * sender + 7 * receiver + i, shape,
+                           torch.bfloat16)[sender].cuda()
+
+    ok = True
+    for i in range(count):
+        pp.pp_send(tensor(rank, nxt, i), nxt)
+        if world > 2:
+            pp.pp_send(tensor(rank, prv, i), prv)
+        got = torch.empty(shape, dtype=torch.bfloat16, device="cuda")
+        pp.pp_recv(got, prv)
+        ok &= bool(torch.equal(got, tensor(prv, rank, i)))
+        if world > 2:
+            pp.pp_recv(got, nxt)
+            ok &= bool(torch.equal(got, tensor(nxt, rank, i)))
+    torch.cuda.synchronize()
+    check(f"PP: {count} tensors to each ring neighbour through {inflight} slots", ok)
+    pp.destroy()
     dist.destroy_process_group()
     if rank == 0:
-        print(f"AGRS on {world} NCCL rank(s): {'passed' if all(results) else 'FAILED'}")
+        print(f"AGRS and PP on {world} NCCL rank(s): {'passed' if all(results) else 'FAILED'}")
     return 0 if all(results) else 1
 
 

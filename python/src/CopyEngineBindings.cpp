@@ -1,8 +1,9 @@
-//===- AgrsBindings.cpp - epic._C.Buffer's AGRS sessions ------------------===//
+//===- CopyEngineBindings.cpp - epic._C.Buffer's AGRS sessions and PP -----===//
 //
-// DeepEP's AGRS calls on a buffer (runtime/include/epic/runtime/Agrs.h):
-// epic.ElasticBuffer adapts tensors to device addresses and builds the
-// gathered views of the window from the blocks returned here.
+// DeepEP's AGRS and PP calls on a buffer (runtime/include/epic/runtime/
+// Agrs.h, Pp.h), which move data with copy engines and stream memory
+// operations: epic.ElasticBuffer adapts tensors to device addresses and
+// builds the gathered views of the window from the blocks returned here.
 
 #include "Buffer.h"
 
@@ -30,7 +31,7 @@ std::vector<std::tuple<int64_t, int64_t>> blocksOf(const std::vector<AgrsBlock> 
 
 } // namespace
 
-void epic::python::bindAgrs(py::class_<Buffer> &buffer) {
+void epic::python::bindCopyEngineOps(py::class_<Buffer> &buffer) {
   buffer.attr("AGRS_DATA_OFFSET") = epic::ep::window::kControlEnd;
   buffer
       .def(
@@ -79,4 +80,40 @@ void epic::python::bindAgrs(py::class_<Buffer> &buffer) {
             b.sessions().wait(sequence, streamOf(stream));
           },
           py::arg("sequence"), py::arg("stream"));
+
+  buffer
+      .def_static("pp_region_bytes", &PpChannels::regionBytes, py::arg("num_max_tensor_bytes"),
+                  py::arg("num_max_inflight_tensors"),
+                  "Window bytes PP's slots take after the control region.")
+      .def(
+          "pp_set_config",
+          [](Buffer &b, int64_t maxBytes, int inflight) {
+            b.channels().setConfig(maxBytes, inflight);
+          },
+          py::arg("num_max_tensor_bytes"), py::arg("num_max_inflight_tensors"))
+      .def(
+          "pp_send",
+          [](Buffer &b, int servedRank, uint64_t src, int64_t bytes, int dst, uintptr_t stream) {
+            b.channels().send(servedRank, src, bytes, dst, streamOf(stream));
+          },
+          py::arg("served_rank"), py::arg("src"), py::arg("bytes"), py::arg("dst_rank"),
+          py::arg("stream"))
+      .def(
+          "pp_recv",
+          [](Buffer &b, int servedRank, uint64_t dst, int64_t bytes, int src, uintptr_t stream) {
+            b.channels().recv(servedRank, dst, bytes, src, streamOf(stream));
+          },
+          py::arg("served_rank"), py::arg("dst"), py::arg("bytes"), py::arg("src_rank"),
+          py::arg("stream"))
+      .def(
+          "pp_counts",
+          [](Buffer &b, int servedRank) {
+            PpChannels &c = b.channels();
+            return std::make_tuple(c.sentCount(servedRank, 0), c.sentCount(servedRank, 1),
+                                   c.receivedCount(servedRank, 0), c.receivedCount(servedRank, 1),
+                                   c.inflight());
+          },
+          py::arg("served_rank"),
+          "(sent to next, sent to previous, received from previous, received from next, "
+          "in flight allowed) of a served rank.");
 }

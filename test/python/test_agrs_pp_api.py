@@ -1,6 +1,6 @@
-"""ElasticBuffer's AGRS API without a GPU: DeepEP's size formulas (and epic's window on top),
-and the arguments refused by name before anything runs. The sessions themselves run on the GPU
-(test/gpu/test_agrs.py, test/gpu/agrs_distributed.py)."""
+"""ElasticBuffer's AGRS and PP APIs without a GPU: DeepEP's size formulas (and epic's window on
+top), and the arguments refused by name before anything runs. The sessions and channels
+themselves run on the GPU (test/gpu/test_agrs.py, test_pp.py, collectives_distributed.py)."""
 
 import numpy as np
 import pytest
@@ -54,3 +54,24 @@ def test_bad_arguments_are_named():
             pass
     with pytest.raises(TypeError, match="num_max_all_gathers_per_session: expected an int"):
         buffer.agrs_set_config(1 << 20, 2.0)
+
+
+def test_pp_buffer_hint_holds_the_slots_after_the_control_region():
+    offset = _C.Buffer.AGRS_DATA_OFFSET
+    # DeepEP's test_pp.py: 4096 x 7168 bf16, 4 in flight; epic keeps slots from both neighbours.
+    tensor = 4096 * 7168 * 2
+    assert _C.Buffer.pp_region_bytes(tensor, 4) == 2 * 4 * tensor
+    hint = epic.ElasticBuffer.get_pp_buffer_size_hint(tensor, 4)
+    assert hint % (2 << 20) == 0 and hint >= offset + 8 * tensor
+    assert hint - (2 << 20) < offset + 8 * tensor
+    # Slots are 32-byte aligned.
+    assert _C.Buffer.pp_region_bytes(33, 1) == 2 * 64
+    with pytest.raises(ValueError, match="num_max_inflight_tensors: must be >= 1"):
+        epic.ElasticBuffer.get_pp_buffer_size_hint(1024, 0)
+    with pytest.raises(TypeError, match="num_max_tensor_bytes: expected an int"):
+        epic.ElasticBuffer.get_pp_buffer_size_hint(1.5, 2)
+    buffer = epic.ElasticBuffer(epic.VirtualWorld(2), num_bytes=4 << 20)
+    with pytest.raises(TypeError, match="one tensor \\(or None\\) per rank"):
+        buffer.pp_send([np.ones(3)], [1, 0])
+    with pytest.raises(ValueError, match="num_sms: must be >= 0"):
+        buffer.pp_recv([None, None], [1, 0], num_sms=-1)
