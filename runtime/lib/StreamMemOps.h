@@ -44,8 +44,7 @@ inline void streamMemOps(const std::vector<CUstreamBatchMemOpParams> &ops, void 
   for (size_t first = 0; first < ops.size(); first += kPerBatch) {
     const unsigned count = unsigned(std::min(kPerBatch, ops.size() - first));
     check(driver().streamBatchMemOp(static_cast<CUstream>(stream), count,
-                                    const_cast<CUstreamBatchMemOpParams *>(ops.data() + first),
-                                    0),
+                                    const_cast<CUstreamBatchMemOpParams *>(ops.data() + first), 0),
           what);
   }
 }
