@@ -11,6 +11,13 @@ import numpy as np
 from . import _limits
 
 bfloat16 = np.dtype(ml_dtypes.bfloat16)
+float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)
+_HIDDEN_MULTIPLE = 8  # combine reduces 8 channels a step
+_MAX_SOURCE_IDS = 2**31 - 1  # R * Tmax: recv_src_metadata's src_rank * Tmax + token is int32
+FP8_E4M3_MAX = 448.0
+_FP8_AMAX_FLOOR = 1e-4
+# Scale packs travel only with FP8 data (the runtime's rule too).
+_FP8_DTYPES = (float8_e4m3fn, np.dtype(ml_dtypes.float8_e5m2))
 
 # The bounds of a world are #ep.config's (EPLimits.def, the one source the verifier and the
 # runtime use too): the reference refuses what no kernel runs, so a GPU result is never compared
