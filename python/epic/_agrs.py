@@ -85,10 +85,9 @@ def set_config(b, num_max_session_bytes, num_max_all_gathers_per_session):
 
 
 def create_session(b):
-    state = b._runtime()
     # The session's first copies (on the communication stream) wait for the peers' release of
     # the last one; they also follow the caller's work (each all_gather orders them).
-    state.agrs_create(b._comm_stream.cuda_stream)
+    b._runtime().agrs_create()
     b._agrs_open = True
 
 
@@ -125,18 +124,6 @@ def _torch_dtype(dtype):
     return dtype
 
 
-def _windows(b):
-    """Every served rank's window as a uint8 tensor (aliases; kept by the buffer)."""
-    ranks = range(b.num_ranks) if b.virtual else [b.rank_idx]
-    out = []
-    for rank in ranks:
-        window = b._window_views.get(rank)
-        if window is None:
-            window = b._window_views[rank] = b.window_tensor(rank if b.virtual else None)
-        out.append(window)
-    return out
-
-
 def _served_windows(b):
     """Every served rank's window in one uint8 tensor: served rank s's at s x window_bytes (a
     virtual world's windows are consecutive; NCCL serves one)."""
@@ -156,8 +143,16 @@ def _served_windows(b):
     return whole
 
 
-def _view(window, offset, nbytes, dtype, shape):
-    return window[offset:offset + nbytes].view(dtype).view(shape)
+def _view(b, served, offset, nbytes, dtype, shape):
+    """`nbytes` at `offset` of the `served`-th served rank's window as a `dtype` tensor."""
+    start = served * b._state.window_bytes + offset
+    return _served_windows(b)[start:start + nbytes].view(dtype).view(shape)
+
+
+def _require_session(b, what):
+    if not b._agrs_open:
+        raise RuntimeError(f"{what}: no AGRS session is open (create_agrs_session, or the "
+                           "agrs_new_session context manager)")
 
 
 def get_inplace_tensor(b, shapes, dtype):
@@ -175,9 +170,9 @@ def get_inplace_tensor(b, shapes, dtype):
     state = b._runtime()
     blocks = state.agrs_reserve_inplace(nbytes)
     per_rank = []
-    for served, window in enumerate(_windows(b)):
+    for served in range(b.num_ranks if b.virtual else 1):
         rank = served if b.virtual else b.rank_idx
-        views = tuple(_view(window, offset + rank * slot, slot, dtype, shape)
+        views = tuple(_view(b, served, offset + rank * slot, slot, dtype, shape)
                       for (offset, slot), shape in zip(blocks, shape_list))
         per_rank.append(views if batched else views[0])
     return per_rank if b.virtual else per_rank[0]
@@ -224,7 +219,7 @@ def _inputs(b, what, t):
     return per_rank, batched
 
 
-def _issue(b, what, per_rank, scatter):
+def _issue(b, per_rank, scatter):
     import torch
 
     state = b._runtime()
@@ -257,17 +252,14 @@ def _waiter(b, sequence, then=None):
 
 def all_gather(b, t):
     per_rank, batched = _inputs(b, "t", t)
-    if not b._agrs_open:
-        raise RuntimeError("all_gather: no AGRS session is open (create_agrs_session, or the "
-                           "agrs_new_session context manager)")
-    blocks, sequence = _issue(b, "all_gather", per_rank, scatter=False)
+    _require_session(b, "all_gather")
+    blocks, sequence = _issue(b, per_rank, scatter=False)
     R = b.num_ranks
     gathered = []  # [tensor][served rank]
-    windows = _windows(b)
     for i, (offset, slot) in enumerate(blocks):
         x = per_rank[0][i]
-        gathered.append([_view(window, offset, R * slot, x.dtype, (R, *x.shape))
-                         for window in windows])
+        gathered.append([_view(b, served, offset, R * slot, x.dtype, (R, *x.shape))
+                         for served in range(len(per_rank))])
     handle = _waiter(b, sequence)
     out = [g if b.virtual else g[0] for g in gathered]
     return (*out, handle) if batched else (out[0], handle)
@@ -279,9 +271,7 @@ def reduce_scatter(b, t):
     per_rank, batched = _inputs(b, "t", t)
     if batched:
         raise TypeError("reduce_scatter: takes one tensor per rank")
-    if not b._agrs_open:
-        raise RuntimeError("reduce_scatter: no AGRS session is open (create_agrs_session, or "
-                           "the agrs_new_session context manager)")
+    _require_session(b, "reduce_scatter")
     R = b.num_ranks
     x = per_rank[0][0]
     name = "t[0]" if b.virtual else "t"
@@ -292,7 +282,7 @@ def reduce_scatter(b, t):
         raise ValueError(f"{name}: the first dimension ({tuple(x.shape)}) must be a multiple of "
                          f"the {R} ranks (rank r gets block r of the sum)")
     out_shape = (x.shape[0] // R, *x.shape[1:])
-    blocks, sequence = _issue(b, "reduce_scatter", per_rank, scatter=True)
+    blocks, sequence = _issue(b, per_rank, scatter=True)
     (offset, slot), = blocks
     served = len(per_rank)
     elements = slot // x.element_size()

@@ -40,12 +40,7 @@ void epic::python::bindCopyEngineOps(py::class_<Buffer> &buffer) {
             b.sessions().setConfig(maxSessionBytes, maxOps);
           },
           py::arg("num_max_session_bytes"), py::arg("num_max_all_gathers_per_session"))
-      .def_property_readonly("agrs_open", [](Buffer &b) { return b.agrs && b.agrs->isOpen(); })
-      .def_property_readonly("agrs_used_bytes",
-                             [](Buffer &b) { return b.agrs ? b.agrs->usedBytes() : 0; })
-      .def(
-          "agrs_create", [](Buffer &b, uintptr_t stream) { b.sessions().create(streamOf(stream)); },
-          py::arg("comm_stream"))
+      .def("agrs_create", [](Buffer &b) { b.sessions().create(); })
       .def(
           "agrs_destroy",
           [](Buffer &b, uintptr_t stream) { b.sessions().destroy(streamOf(stream)); },

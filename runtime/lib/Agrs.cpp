@@ -25,11 +25,10 @@ namespace {
 
 constexpr int kMaxOpsPerSession = 32; // DeepEP's bound
 
+using detail::byteAt;
 using detail::streamMemOps;
 using detail::waitFlagOp;
 using detail::writeFlagOp;
-
-void *at(void *base, int64_t offset) { return static_cast<char *>(base) + offset; }
 
 } // namespace
 
@@ -75,7 +74,7 @@ void AgrsSessions::requireOpen(const char *what) const {
                                 "agrs_new_session context manager)");
 }
 
-void AgrsSessions::create(void *) {
+void AgrsSessions::create() {
   if (!configured())
     throw std::invalid_argument("create_agrs_session: call agrs_set_config first");
   if (open)
@@ -101,7 +100,8 @@ void AgrsSessions::destroy(void *stream) {
     const int me = host.worldRankOf(s);
     for (int peer = 0; peer < R; ++peer)
       writes.push_back(writeFlagOp(
-          at(host.peerWindowMemory(s, peer), window::kAgrsReleased + 4 * int64_t(me)), session));
+          byteAt(host.peerWindowMemory(s, peer), window::kAgrsReleased + 4 * int64_t(me)),
+          session));
   }
   streamMemOps(writes, stream, "destroy_agrs_session: the release flags (cuStreamBatchMemOp)");
   open = false;
@@ -116,17 +116,12 @@ std::vector<AgrsBlock> AgrsSessions::place(const std::vector<int64_t> &slotBytes
     throw std::invalid_argument(std::string(what) + ": the session already holds " +
                                 std::to_string(ops) + " all-gathers, num_max_all_gathers_per_" +
                                 "session is " + std::to_string(maxOpsPerSession));
-  const int64_t R = host.worldSize();
-  std::vector<AgrsBlock> blocks;
-  int64_t at = cursor;
-  for (size_t i = 0; i < slotBytes.size(); ++i) {
+  for (size_t i = 0; i < slotBytes.size(); ++i)
     if (slotBytes[i] < 1)
       throw std::invalid_argument(std::string(what) + ": tensor " + std::to_string(i) +
                                   " has no bytes");
-    at = window::align(at, 32);
-    blocks.push_back({window::kControlEnd + at, slotBytes[i]});
-    at += R * slotBytes[i];
-  }
+  int64_t at = 0;
+  std::vector<AgrsBlock> blocks = layout(slotBytes, at);
   if (at > maxBytes)
     throw std::invalid_argument(
         std::string(what) + ": the session would hold " + std::to_string(at) +
@@ -135,6 +130,24 @@ std::vector<AgrsBlock> AgrsSessions::place(const std::vector<int64_t> &slotBytes
   cursor = at;
   ++ops;
   return blocks;
+}
+
+std::vector<AgrsBlock> AgrsSessions::layout(const std::vector<int64_t> &slotBytes,
+                                            int64_t &end) const {
+  std::vector<AgrsBlock> blocks;
+  end = cursor;
+  for (int64_t slot : slotBytes) {
+    end = window::align(end, 32);
+    blocks.push_back({window::kControlEnd + end, slot});
+    end += int64_t(host.worldSize()) * slot;
+  }
+  return blocks;
+}
+
+bool AgrsSessions::fits(const std::vector<int64_t> &slotBytes) const {
+  int64_t end = 0;
+  layout(slotBytes, end);
+  return open && ops < maxOpsPerSession && end <= maxBytes;
 }
 
 std::vector<AgrsBlock> AgrsSessions::reserveInplace(const std::vector<int64_t> &bytes) {
@@ -193,8 +206,8 @@ AgrsSessions::Issued AgrsSessions::issue(const std::vector<std::vector<uint64_t>
       inPlace = inplace[i].slotBytes == bytes[i];
       for (int s = 0; s < served && inPlace; ++s)
         inPlace = inputs[s][i] ==
-                  reinterpret_cast<uint64_t>(
-                      at(host.windowMemory(s), inplace[i].offset + host.worldRankOf(s) * bytes[i]));
+                  reinterpret_cast<uint64_t>(byteAt(
+                      host.windowMemory(s), inplace[i].offset + host.worldRankOf(s) * bytes[i]));
     }
   }
   if (inPlace) {
@@ -221,7 +234,7 @@ AgrsSessions::Issued AgrsSessions::issue(const std::vector<std::vector<uint64_t>
     for (int s = 0; s < served; ++s)
       for (int peer = 0; peer < R; ++peer)
         waits.push_back(waitFlagOp(
-            at(host.windowMemory(s), window::kAgrsReleased + 4 * int64_t(peer)), session - 1));
+            byteAt(host.windowMemory(s), window::kAgrsReleased + 4 * int64_t(peer)), session - 1));
     streamMemOps(waits, commStream, "waiting for the peers' release (cuStreamBatchMemOp)");
     releaseWaitPending = false;
   }
@@ -263,7 +276,7 @@ AgrsSessions::Issued AgrsSessions::issue(const std::vector<std::vector<uint64_t>
     const int64_t me = host.worldRankOf(s);
     for (int peer = 0; peer < R; ++peer)
       writes.push_back(writeFlagOp(
-          at(host.peerWindowMemory(s, peer), window::kAgrsArrived + 4 * me), issued.sequence));
+          byteAt(host.peerWindowMemory(s, peer), window::kAgrsArrived + 4 * me), issued.sequence));
   }
   streamMemOps(writes, commStream, std::string(what) + ": the arrival flags (cuStreamBatchMemOp)");
   for (const AgrsBlock &b : blocks)
@@ -276,7 +289,7 @@ void AgrsSessions::wait(uint32_t seq, void *stream) {
   const int R = host.worldSize();
   for (int s = 0; s < host.servedRankCount(); ++s)
     for (int source = 0; source < R; ++source)
-      waits.push_back(
-          waitFlagOp(at(host.windowMemory(s), window::kAgrsArrived + 4 * int64_t(source)), seq));
+      waits.push_back(waitFlagOp(
+          byteAt(host.windowMemory(s), window::kAgrsArrived + 4 * int64_t(source)), seq));
   streamMemOps(waits, stream, "waiting for the all-gather's data (cuStreamBatchMemOp)");
 }

@@ -31,8 +31,6 @@ void waitFlag(void *flag, uint32_t value, void *stream, const std::string &what)
   detail::streamMemOps({detail::waitFlagOp(flag, value)}, stream, what);
 }
 
-void *at(void *base, int64_t offset) { return static_cast<char *>(base) + offset; }
-
 } // namespace
 
 PpChannels::PpChannels(KernelHost &host)
@@ -92,7 +90,7 @@ void PpChannels::send(int servedRank, uint64_t src, int64_t bytes, int dst, void
   // previous rank (we send to our next), 1 otherwise.
   const int region = dir;
   if (n >= uint32_t(maxInflight)) // the slot's last tensor must have been received
-    waitFlag(at(host.windowMemory(servedRank), window::kPpReleased + 4 * dir),
+    waitFlag(detail::byteAt(host.windowMemory(servedRank), window::kPpReleased + 4 * dir),
              n - uint32_t(maxInflight) + 1, stream, "pp_send: waiting for a free slot");
   char *peer = static_cast<char *>(host.peerWindowMemory(servedRank, dst));
   check(cudaMemcpyAsync(peer + slotOffset(region, n), reinterpret_cast<const void *>(src),
@@ -128,7 +126,8 @@ void PpChannels::recv(int servedRank, uint64_t dst, int64_t bytes, int src, void
   // Free the slot in the sender's release flag for its direction to us:
   // region 0 came from its sends to its next (0), region 1 from its sends to
   // its previous (1).
-  writeFlag(at(host.peerWindowMemory(servedRank, src), window::kPpReleased + 4 * region), n + 1,
-            stream, "pp_recv: the release flag (cuStreamBatchMemOp)");
+  writeFlag(
+      detail::byteAt(host.peerWindowMemory(servedRank, src), window::kPpReleased + 4 * region),
+      n + 1, stream, "pp_recv: the release flag (cuStreamBatchMemOp)");
   received[servedRank][region] = n + 1;
 }

@@ -68,6 +68,14 @@ struct ValueTable {
       fail(field + " must be " + kindName(kind) + ", value " + std::to_string(id) + " is " +
            kindName(kinds[id]));
   }
+  /// A combine's biases: at most two tensors.
+  void useBiases(const RunStep &step) const {
+    const auto &biases = step.fields.at("biases").list();
+    if (biases.size() > 2)
+      fail("at most two biases");
+    for (const Json &bias : biases)
+      use(bias.integer(), "biases", Kind::tensor);
+  }
   void use(const RunStep &step, const char *field, Kind kind, bool optional = false) const {
     use(step.integer(field), field, kind, optional);
   }
@@ -214,11 +222,7 @@ RunPlan RunPlan::parse(const std::string &text) {
         values.use(step, "x", Kind::tensor);
         values.use(step, "handle", Kind::handle);
         values.use(step, "topk_weights", Kind::tensor, true);
-        const auto &biases = step.fields.at("biases").list();
-        if (biases.size() > 2)
-          values.fail("at most two biases");
-        for (const Json &bias : biases)
-          values.use(bias.integer(), "biases", Kind::tensor);
+        values.useBiases(step);
         values.define(step, "combined_x", Kind::tensor);
         values.define(step, "combined_topk_weights", Kind::tensor, true);
       } else if (step.op == "dispatch_layout") {
@@ -253,11 +257,7 @@ RunPlan RunPlan::parse(const std::string &text) {
         values.use(step, "x", Kind::tensor);
         values.use(step, "weights", Kind::tensor);
         values.use(step, "handle", Kind::handle);
-        const auto &biases = step.fields.at("biases").list();
-        if (biases.size() > 2)
-          values.fail("at most two biases");
-        for (const Json &bias : biases)
-          values.use(bias.integer(), "biases", Kind::tensor);
+        values.useBiases(step);
         values.define(step, "result", Kind::tensor);
         values.define(step, "combined_x", Kind::tensor);
       } else if (step.op == "all_gather") {

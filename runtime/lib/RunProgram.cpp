@@ -188,18 +188,17 @@ private:
   /// The program's AGRS session (copy engines, no kernel): one session as
   /// large as the window allows, ended and opened again when a step does not
   /// fit in it; every step's results are copied out of the window at once.
-  AgrsSessions &session(int64_t bytes) {
+  AgrsSessions &session(const std::vector<int64_t> &slotBytes) {
     if (!agrs) {
       // The copies need a stream of their own (a batch cannot go on the legacy stream).
       check(cudaStreamCreate(&agrsStream), "cudaStreamCreate (the AGRS copies' stream)");
       agrs = std::make_unique<AgrsSessions>(buffer);
       agrs->setConfig(buffer.windowBytes() - epic::ep::window::kControlEnd, 32);
     }
-    if (agrs->isOpen() && (agrs->usedBytes() + bytes > agrs->maxSessionBytes() ||
-                           agrs->opsInSession() == agrs->maxOps()))
+    if (agrs->isOpen() && !agrs->fits(slotBytes))
       agrs->destroy(nullptr);
     if (!agrs->isOpen())
-      agrs->create(nullptr);
+      agrs->create();
     return *agrs;
   }
 
@@ -216,8 +215,7 @@ private:
         resultIds.push_back(id.integer());
     }
     // Every rank's tensor i alike (the slots have one size).
-    std::vector<int64_t> bytes;
-    int64_t total = 0;
+    std::vector<int64_t> bytes, slotBytes;
     for (int64_t id : inputIds) {
       const Value &v = at(id);
       const HostTensor &first = v.tensor.at(0).host;
@@ -227,10 +225,9 @@ private:
                                       "'s input has another shape than rank 0's (an AGRS "
                                       "op's inputs are alike on every rank)");
       bytes.push_back(int64_t(first.data.size()));
-      // With the alignment of the block's start.
-      total += epic::ep::window::align(int64_t(first.data.size()) * (scatter ? 1 : R()), 32) + 32;
+      slotBytes.push_back(bytes.back() / (scatter ? R() : 1));
     }
-    AgrsSessions &s = session(total);
+    AgrsSessions &s = session(slotBytes);
     std::vector<std::vector<uint64_t>> addresses(static_cast<size_t>(R()));
     for (int r = 0; r < R(); ++r)
       for (int64_t id : inputIds)
@@ -503,6 +500,14 @@ private:
       report(step, checkDispatchLayout(spec, checked));
   }
 
+  /// A combine's biases (at most two; RunPlan::parse checks) for rank r.
+  void bindBiases(CombineCall &c, const std::vector<Json> &biasIds, int r) {
+    if (biasIds.size() >= 1)
+      c.bias0 = at(biasIds[0].integer()).tensor[r].device;
+    if (biasIds.size() == 2)
+      c.bias1 = at(biasIds[1].integer()).tensor[r].device;
+  }
+
   void combine(const RunStep &step, const PlanKernel &k) {
     const EPSpec &spec = k.spec;
     const int64_t K = spec.topk, H = spec.hidden;
@@ -520,10 +525,7 @@ private:
         c.topkWeights = at(weightsId).tensor[r].device;
         c.combinedTopkWeights = allocate("f32", {T, K});
       }
-      if (biasIds.size() >= 1)
-        c.bias0 = at(biasIds[0].integer()).tensor[r].device;
-      if (biasIds.size() == 2)
-        c.bias1 = at(biasIds[1].integer()).tensor[r].device;
+      bindBiases(c, biasIds, r);
       c.combinedX = allocate("bf16", {T, H});
     }
     buffer.combine(spec, k.combineVariant, calls);
@@ -568,10 +570,7 @@ private:
       // The GEMM's output: padding rows stay as allocated (zero).
       c.combine.x = allocate("bf16", {c.lhs.shape[0], spec.hidden});
       c.combine.handle = handle->device[r];
-      if (biasIds.size() >= 1)
-        c.combine.bias0 = at(biasIds[0].integer()).tensor[r].device;
-      if (biasIds.size() == 2)
-        c.combine.bias1 = at(biasIds[1].integer()).tensor[r].device;
+      bindBiases(c.combine, biasIds, r);
       c.combine.combinedX = allocate("bf16", {T, spec.hidden});
     }
     buffer.gemmCombine(spec, k.combineVariant.biases, calls);

@@ -19,6 +19,9 @@
 
 namespace epic::runtime::detail {
 
+/// `offset` bytes into `base` (a window: its flags and slots).
+inline void *byteAt(void *base, int64_t offset) { return static_cast<char *>(base) + offset; }
+
 inline CUstreamBatchMemOpParams writeFlagOp(void *flag, uint32_t value) {
   CUstreamBatchMemOpParams op{};
   op.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;

@@ -47,17 +47,13 @@ public:
   void setConfig(int64_t maxSessionBytes, int maxOpsPerSession);
   bool configured() const { return maxBytes > 0; }
   bool isOpen() const { return open; }
-  int64_t maxSessionBytes() const { return maxBytes; }
-  int maxOps() const { return maxOpsPerSession; }
-  /// Bytes of the session used so far (its next block starts at
-  /// kControlEnd + used, 32-byte aligned).
-  int64_t usedBytes() const { return cursor; }
-  /// All-gathers (and scatters) placed in the open session so far.
-  int opsInSession() const { return ops; }
+  /// Whether the open session still holds an all-gather (or scatter) of
+  /// slots of `slotBytes` each (per tensor; a scatter's are bytes / ranks).
+  bool fits(const std::vector<int64_t> &slotBytes) const;
 
   /// create_agrs_session: opens a session; its first copies into a peer
-  /// (on `commStream`) wait until that peer has ended the previous session.
-  void create(void *commStream);
+  /// (on the copies' stream) wait until that peer has ended the previous one.
+  void create();
   /// destroy_agrs_session: on `stream` (after the caller's reads of the
   /// session's tensors), tells every peer this rank is done with them.
   void destroy(void *stream);
@@ -89,6 +85,9 @@ private:
   Issued issue(const std::vector<std::vector<uint64_t>> &inputs, const std::vector<int64_t> &bytes,
                bool scatter, void *stream, void *commStream);
   std::vector<AgrsBlock> place(const std::vector<int64_t> &slotBytes, const char *what);
+  /// Where the blocks of `slotBytes` start (32-byte aligned, from the
+  /// session's cursor), and where the last one ends.
+  std::vector<AgrsBlock> layout(const std::vector<int64_t> &slotBytes, int64_t &end) const;
   void requireOpen(const char *what) const;
 
   KernelHost &host;
