@@ -1,8 +1,9 @@
-"""AGRS and PP: all-gather, reduce-scatter and ring send/recv against the copy roofline and torch.
+"""AGRS, PP and Engram: all-gather, reduce-scatter, ring send/recv and table fetches against
+the copy rooflines and torch.
 
     python bench/collectives_bench.py [--out DIR]      # H200: runs, writes JSON + plot + log lines
 
-Four measurements, each in this one process:
+Five measurements, each in this one process:
 
 * **Virtual world of 8 ranks, all-gather**, per-rank tensors of 1 to 64 MiB: a session of 4
   all-gathers (DeepEP's test: 4 in flight), timed with CUDA events over the whole session
@@ -20,6 +21,11 @@ Four measurements, each in this one process:
   flight per direction: GPU time of 4 rounds. Each tensor is copied twice (into the receiver's
   slot, then out of it): bytes moved against the same copy roofline; DeepEP's send figure
   ``2 x bytes / t`` per rank.
+* **Engram, virtual world of 4 ranks**: every rank fetches T x 24 random entries (256 bytes,
+  bf16 hidden 128; DeepEP's test fetches 512 x 24) of the world's tables in host memory, fetch
+  + wait timed with CUDA events. Against the host-to-device copy roofline of the same bytes (one
+  pinned-memory copy: the rows come over the same link) and, for scale, a torch gather from a
+  table in GPU memory. Reported: GB/s, its ratio to the roofline, million fetches per second.
 * **API overhead on one NCCL rank**: the wall time of one small all-gather (4 KiB) + wait on
   epic's buffer against ``torch.distributed.all_gather_into_tensor`` on a one-rank NCCL group,
   host clock, synchronized, median of 200.
@@ -225,6 +231,49 @@ def overhead_row():
     return row
 
 
+def engram_rows(ranks=4, entries=65536, hidden=128):
+    """Engram fetches on a virtual world: every rank fetches T x M random entries of the world's
+    table (bf16, hidden 128: 256-byte entries in host memory). Against the host-to-device copy
+    roofline of the same bytes (one pinned-memory copy) and a torch gather from a table in GPU
+    memory (what the fetch would cost if the table fit the GPU)."""
+    import torch
+
+    rows = []
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    group = epic.VirtualWorld(ranks)
+    gpu, cpu = epic.ElasticBuffer.get_engram_storage_size_hint(entries, hidden, 4096 * 24)
+    buffer = epic.ElasticBuffer(group, num_bytes=2 << 20, num_cpu_bytes=cpu,
+                                explicitly_destroy=True)
+    tables = [torch.randn((entries, hidden), generator=gen, device="cuda").to(torch.bfloat16)
+              for _ in range(ranks)]
+    buffer.engram_write(tables)
+    world = torch.cat(tables)
+    for tokens, m in ((64, 24), (512, 24), (4096, 24)):
+        idxs = [torch.randint(0, ranks * entries, (tokens, m), generator=gen, device="cuda",
+                              dtype=torch.int32) for _ in range(ranks)]
+        ms, wall = timed(lambda: buffer.engram_fetch(idxs)())
+        moved = ranks * tokens * m * hidden * 2
+        host = torch.empty(moved // 2, dtype=torch.bfloat16).pin_memory()
+        dev = torch.empty(moved // 2, dtype=torch.bfloat16, device="cuda")
+        h2d_ms = timed(lambda: dev.copy_(host, non_blocking=True))[0]
+        flat = [i.view(-1).long() for i in idxs]
+        torch_ms = timed(lambda: [world.index_select(0, f) for f in flat])[0]
+        row = dict(op="engram_fetch", ranks=ranks, tokens=tokens, entries_per_token=m,
+                   bytes=moved, gpu_ms=ms, wall_ms=wall, gbs=moved / ms / 1e6,
+                   h2d_roofline_gbs=moved / h2d_ms / 1e6,
+                   mfetch_per_s=ranks * tokens * m / ms / 1e3,
+                   torch_gpu_table_gather_ms=torch_ms)
+        row["x_roofline"] = row["gbs"] / row["h2d_roofline_gbs"]
+        rows.append(row)
+        print(f"engram_fetch {ranks} ranks x {tokens}x{m} entries of {hidden * 2} B: {ms:.3f} ms "
+              f"({wall:.3f} wall), {row['gbs']:.1f} GB/s, H2D roofline "
+              f"{row['h2d_roofline_gbs']:.1f} GB/s ({row['x_roofline']:.2f}x), "
+              f"{row['mfetch_per_s']:.0f} M fetches/s; torch gather from a GPU table "
+              f"{torch_ms:.3f} ms", flush=True)
+    buffer.destroy()
+    return rows
+
+
 def plot(rows, path):
     import matplotlib
 
@@ -262,7 +311,8 @@ def main():
     args = parser.parse_args()
     import torch
 
-    rows = all_gather_rows() + reduce_scatter_rows() + pp_rows() + [overhead_row()]
+    rows = all_gather_rows() + reduce_scatter_rows() + pp_rows() + engram_rows() + \
+        [overhead_row()]
     gpu = torch.cuda.get_device_name().split()[-1].lower()
     stem = os.path.join(args.out, f"collectives-{gpu}-{datetime.date.today().isoformat()}")
     os.makedirs(args.out, exist_ok=True)
@@ -270,6 +320,8 @@ def main():
         all_gather_min_x_roofline=min(r["x_roofline"] for r in rows if r["op"] == "all_gather"),
         reduce_scatter_min_x_torch=min(r["x_torch"] for r in rows if r["op"] == "reduce_scatter"),
         pp_min_x_roofline=min(r["x_roofline"] for r in rows if r["op"] == "pp"),
+        engram_min_x_h2d_roofline=min(r["x_roofline"] for r in rows
+                                      if r["op"] == "engram_fetch"),
         api_overhead_x_torch=rows[-1]["x_torch"])
     with open(stem + ".json", "w") as f:
         json.dump(dict(rows=rows, summary=summary, ranks=R, inflight=INFLIGHT), f, indent=1)

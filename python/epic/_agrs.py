@@ -125,7 +125,7 @@ def _torch_dtype(dtype):
 
 
 def _served_windows(b):
-    """Every served rank's window in one uint8 tensor: served rank s's at s x window_bytes (a
+    """Every served rank's window in one uint8 tensor: served rank s's at s x window_stride (a
     virtual world's windows are consecutive; NCCL serves one)."""
     whole = b._window_views.get("served")
     if whole is None:
@@ -135,7 +135,7 @@ def _served_windows(b):
         served = b.num_ranks if b.virtual else 1
 
         class _Windows:  # the CUDA array interface: torch wraps the memory without copying
-            __cuda_array_interface__ = {"shape": (served * state.window_bytes,), "typestr": "|u1",
+            __cuda_array_interface__ = {"shape": (served * state.window_stride,), "typestr": "|u1",
                                         "data": (state.window_address(0), False), "version": 3,
                                         "strides": None}
 
@@ -145,7 +145,7 @@ def _served_windows(b):
 
 def _view(b, served, offset, nbytes, dtype, shape):
     """`nbytes` at `offset` of the `served`-th served rank's window as a `dtype` tensor."""
-    start = served * b._state.window_bytes + offset
+    start = served * b._state.window_stride + offset
     return _served_windows(b)[start:start + nbytes].view(dtype).view(shape)
 
 
@@ -291,7 +291,7 @@ def reduce_scatter(b, t):
     # world's windows are consecutive slices of one allocation).
     item = x.element_size()
     blocks_view = _served_windows(b).view(x.dtype).as_strided(
-        (served, R, elements), (b._state.window_bytes // item, slot // item, 1), offset // item)
+        (served, R, elements), (b._state.window_stride // item, slot // item, 1), offset // item)
 
     def reduce():
         # Every served rank's R slots, summed in float32 in rank order from +0.0, rounded once.

@@ -25,6 +25,7 @@ import os
 from . import _limits as LIM
 from . import _nccl, _topology
 from ._agrs import AgrsMethods
+from ._engram import EngramMethods
 from ._pp import PpMethods
 from . import _tensors as T
 from ._plans import OpPlan, PlanCache
@@ -187,7 +188,7 @@ def _refuse_in_capture(what, instead):
         raise RuntimeError(f"{what} cannot be captured in a CUDA graph: {instead}")
 
 
-class ElasticBuffer(AgrsMethods, PpMethods):
+class ElasticBuffer(AgrsMethods, EngramMethods, PpMethods):
     """DeepEP V2's ElasticBuffer: dispatch and combine of MoE tokens (and DeepEP's AGRS
     sessions: all-gather by copy engines, with a reduce-scatter, ``epic._agrs``; PP send/recv
     between ring neighbours, ``epic._pp``).
@@ -268,10 +269,9 @@ class ElasticBuffer(AgrsMethods, PpMethods):
                     not 0 < secs <= LIM.MAX_TIMEOUT_MS / 1000:
                 raise ValueError(f"{name}: must be a positive number of seconds up to "
                                  f"{LIM.MAX_TIMEOUT_MS // 1000}, got {secs!r}")
-        if num_cpu_bytes:
-            raise ValueError(
-                "num_cpu_bytes: host-memory (Engram) storage is not supported by epic; pass 0"
-            )
+        if num_cpu_bytes % (2 << 20):
+            raise ValueError(f"num_cpu_bytes: must be a multiple of 2 MiB (2097152), got "
+                             f"{num_cpu_bytes} (get_engram_storage_size_hint rounds it)")
         if not allow_multiple_reduction:
             raise ValueError(
                 "allow_multiple_reduction: epic's combine reduces an expanded rank's rows "
@@ -305,6 +305,7 @@ class ElasticBuffer(AgrsMethods, PpMethods):
         if num_bytes % (2 * _MIB):
             raise ValueError(f"num_bytes: must be a multiple of 2 MiB, got {num_bytes}")
         self.num_bytes = num_bytes
+        self.num_cpu_bytes = num_cpu_bytes
         self._requested_sms = num_sms
         self._cache_dir = os.fspath(cache_dir) if cache_dir is not None else ""
         self._state = None  # the C++ buffer, made on first use in a virtual world
@@ -359,7 +360,8 @@ class ElasticBuffer(AgrsMethods, PpMethods):
         if self.virtual:
             # The virtual world has the group's nodes: NVLink pointers to another node trap.
             state = C.Buffer.virtual_world(runtime, self.num_ranks, self.num_bytes, sms,
-                                           gpus_per_node=self.num_nvlink_ranks)
+                                           gpus_per_node=self.num_nvlink_ranks,
+                                           num_cpu_bytes=self.num_cpu_bytes)
         else:
             comm_ptr, self.nccl_comm_reason = _nccl.pytorch_comm(self.group, C)
             unique_id = b"" if comm_ptr else _nccl.broadcast_unique_id(self.group, self.rank_idx, C)
@@ -367,13 +369,16 @@ class ElasticBuffer(AgrsMethods, PpMethods):
             # enter PyTorch's order and it outlives the process group) or a new one; the ranks
             # then all-gather and compare num_bytes, blocks, NCCL version and SM count.
             state = C.Buffer.nccl(runtime, self.num_ranks, self.rank_idx, unique_id, comm_ptr,
-                                  self.num_bytes, sms, self.num_cpu_timeout_secs)
+                                  self.num_bytes, sms, self.num_cpu_timeout_secs,
+                                  num_cpu_bytes=self.num_cpu_bytes)
             self.nccl_comm_source = "pytorch-split" if comm_ptr else "new"
             # NCCL's LSA team is the NVLink domain (it can span hosts: multi-node NVLink); the
             # ranks agreed on its size in the runtime.
             lsa = state.device_api["lsa_size"]
             if lsa != self.num_nvlink_ranks:
                 self._set_layout(self.num_ranks // lsa, lsa)
+        # AGRS and PP stream waits on peers' flags are reported after the GPU timeout.
+        state.set_stream_wait_timeout(float(self.num_gpu_timeout_secs))
         self._state = state
         self._comm_stream = torch.cuda.Stream(priority=-1)
         if not self.virtual:

@@ -211,6 +211,8 @@ const std::vector<Slot<LayoutCall>> kLayoutSlots = {
     EPIC_SLOT(LayoutCall, "num_tokens_per_rank", numTokensPerRank),
     EPIC_SLOT(LayoutCall, "num_tokens_per_expert", numTokensPerExpert),
     EPIC_SLOT(LayoutCall, "is_token_in_rank", isTokenInRank)};
+const std::vector<Slot<EngramCall>> kEngramSlots = {EPIC_SLOT(EngramCall, "indices", indices),
+                                                    EPIC_SLOT(EngramCall, "out", out)};
 #undef EPIC_HANDLE_SLOTS_AFTER_IDS
 #undef EPIC_SLOT
 
@@ -315,6 +317,8 @@ KernelRequest requestFrom(const std::string &kind, const py::dict &spec, const p
     return gemmCombineRequest(s, field<int>(variant, "biases"));
   case KernelKind::dispatchLayout:
     return dispatchLayoutRequest(s, field<int>(variant, "topk_idx_bits"));
+  case KernelKind::engramFetch:
+    return engramFetchRequest(s);
   }
   invalid("unknown kind \"" + kind + "\"");
 }
@@ -399,6 +403,18 @@ py::object planOrCheck(KernelHost *host, const std::string &kind, const py::dict
     return check(
         c, [&](const LayoutCall &call) { return layoutRecord(s, call); },
         [&] { checkRanksAgree(c, "topk_idx's dtype", layoutOperands); });
+  }
+  case KernelKind::engramFetch: {
+    // The tables' size: a call's value (the last engram_write's), not the kernels'.
+    const auto entries = field<int64_t>(variant, "entries_per_rank");
+    auto c = callsFrom(calls, kEngramSlots, offDevice);
+    if (host)
+      return plan([&] {
+        return host->planEngramFetch(s, entries, c, blocks, stream, slotNames(kEngramSlots));
+      });
+    return check(
+        c, [&](const EngramCall &call) { return engramRecord(s, entries, 0, 0, call); },
+        [&] { engramFetchRequest(s); });
   }
   }
   invalid("unknown kind \"" + kind + "\"");
@@ -545,37 +561,55 @@ PYBIND11_MODULE(_C, m) {
       .def_static(
           "virtual_world",
           [](std::shared_ptr<Runtime> runtime, int ranks, int64_t bytes, int blocks,
-             std::optional<int> gpusPerNode) {
+             std::optional<int> gpusPerNode, int64_t cpuBytes) {
             auto b = std::make_unique<Buffer>();
             b->runtime = std::move(runtime);
             b->host = std::make_unique<VirtualElasticBuffer>(ranks, bytes, b->runtime->provider,
-                                                             blocks, gpusPerNode);
+                                                             blocks, gpusPerNode, cpuBytes);
             return b;
           },
           py::arg("runtime"), py::arg("num_ranks"), py::arg("num_bytes"),
           py::arg("blocks_per_rank"), py::arg("gpus_per_node") = py::none(),
-          "num_ranks ranks on one GPU, in nodes of gpus_per_node (None: one node of all)")
+          py::arg("num_cpu_bytes") = 0,
+          "num_ranks ranks on one GPU, in nodes of gpus_per_node (None: one node of all); "
+          "num_cpu_bytes of host memory after each rank's window (Engram's tables)")
       .def_static(
           "nccl",
           [](std::shared_ptr<Runtime> runtime, int worldSize, int rank, py::bytes uniqueId,
-             uintptr_t splitComm, int64_t bytes, int blocks, double timeout) {
+             uintptr_t splitComm, int64_t bytes, int blocks, double timeout, int64_t cpuBytes) {
             auto b = std::make_unique<Buffer>();
             b->runtime = std::move(runtime);
             b->comm = splitComm
                           ? Communicator::splitOf(reinterpret_cast<ncclComm_t>(splitComm), timeout)
                           : std::make_unique<Communicator>(worldSize, rank, std::string(uniqueId),
                                                            timeout);
-            b->host =
-                std::make_unique<NcclElasticBuffer>(*b->comm, bytes, b->runtime->provider, blocks);
+            b->host = std::make_unique<NcclElasticBuffer>(*b->comm, bytes, b->runtime->provider,
+                                                          blocks, cpuBytes);
             return b;
           },
           py::arg("runtime"), py::arg("world_size"), py::arg("rank"), py::arg("unique_id"),
           py::arg("comm_ptr"), py::arg("num_bytes"), py::arg("blocks_per_rank"),
-          py::arg("timeout_secs") = 300.0,
+          py::arg("timeout_secs") = 300.0, py::arg("num_cpu_bytes") = 0,
           "Collective. comm_ptr: a communicator (PyTorch's) to split epic's from, or 0 for a "
           "new one from unique_id; timeout_secs bounds every host wait on it.")
       .def_property_readonly("world_size", [](Buffer &b) { return b.host->worldSize(); })
       .def_property_readonly("window_bytes", [](Buffer &b) { return b.host->windowBytes(); })
+      .def(
+          "set_stream_wait_timeout",
+          [](Buffer &b, double secs) {
+            if (!(secs > 0))
+              throw std::invalid_argument("the stream wait timeout must be positive seconds");
+            b.host->setStreamWaitTimeout(secs);
+          },
+          py::arg("secs"),
+          "After how long an AGRS or PP stream wait on a peer's flag is reported (stderr, "
+          "stream_wait_reports()).")
+      .def_property_readonly(
+          "host_segment_bytes", [](Buffer &b) { return b.host->hostSegmentBytes(); },
+          "Bytes of host memory after each window (num_cpu_bytes), at offset window_bytes.")
+      .def_property_readonly(
+          "window_stride", [](Buffer &b) { return b.host->windowStride(); },
+          "Bytes from one served rank's window to the next's (device part and host segment).")
       .def(
           "window_address",
           [](Buffer &b, int servedRank) {
@@ -721,6 +755,8 @@ PYBIND11_MODULE(_C, m) {
       py::arg("spec"), py::arg("routing"), py::arg("name"),
       "Every expert id of `routing` (host memory) in [-1, num_experts), else ValueError "
       "naming name[t][j].");
+  m.def("stream_wait_reports", &streamWaitReports,
+        "Every report of an AGRS or PP stream wait that outlasted its bound, in order.");
   m.def(
       "slots",
       [](const std::string &kind) -> std::vector<std::string> {
@@ -736,6 +772,8 @@ PYBIND11_MODULE(_C, m) {
           return slotNames(kGemmCombineSlots);
         if (kind == "dispatch_layout")
           return slotNames(kLayoutSlots);
+        if (kind == "engram_fetch")
+          return slotNames(kEngramSlots);
         invalid("no op kind \"" + kind + "\"");
       },
       py::arg("kind"), "The tensor slots of an op's calls, in the order a plan binds them.");

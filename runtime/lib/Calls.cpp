@@ -19,6 +19,7 @@ namespace dispatch = epic::ep::records::dispatch;
 namespace combine = epic::ep::records::combine;
 namespace grouped_gemm = epic::ep::records::grouped_gemm;
 namespace layout = epic::ep::records::layout;
+namespace engram = epic::ep::records::engram;
 // putHandle fills the fields the dispatch and combine records share.
 static_assert(std::string_view(dispatch::topk_idx) == combine::topk_idx &&
               std::string_view(dispatch::recv_src_metadata) == combine::recv_src_metadata &&
@@ -372,6 +373,28 @@ ParamRecord epic::runtime::layoutRecord(const EPSpec &s, const LayoutCall &c) {
   r[layout::num_tokens_per_expert] =
       check(c.numTokensPerExpert, {"num_tokens_per_expert", "i32", {s.experts}});
   r[layout::is_token_in_rank] = check(c.isTokenInRank, {"is_token_in_rank", "i1", {T, s.ranks}});
+  return r;
+}
+
+ParamRecord epic::runtime::engramRecord(const EPSpec &s, int64_t entriesPerRank,
+                                        int64_t tableOffset, uint64_t ownTable,
+                                        const EngramCall &c) {
+  s.validate();
+  if (c.indices.shape.size() != 2)
+    fail("indices must be [tokens, entries per token], got " + c.indices.describe());
+  const int64_t T = c.indices.shape[0], M = c.indices.shape[1];
+  if (entriesPerRank < 0 || int64_t(s.ranks) * entriesPerRank > (int64_t(1) << 31))
+    fail("entries per rank (" + std::to_string(entriesPerRank) + ") x " + std::to_string(s.ranks) +
+         " ranks must be ids an i32 holds");
+  if (T * M > (int64_t(1) << 31) - 1)
+    fail("indices has " + std::to_string(T * M) + " ids, more than the kernel's 32-bit rows");
+  ParamRecord r;
+  r[engram::indices] = check(c.indices, {"indices", "i32", {T, M}});
+  r[engram::num_rows] = uint64_t(T * M);
+  r[engram::entries_per_rank] = uint64_t(entriesPerRank);
+  r[engram::table_offset] = uint64_t(tableOffset);
+  r[engram::own_table] = ownTable;
+  r[engram::out] = check(c.out, {"out", s.dtype, {T, M * s.hidden}}, /*vectorized=*/true);
   return r;
 }
 

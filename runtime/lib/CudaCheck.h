@@ -50,6 +50,16 @@ struct DriverApi {
   decltype(&::cuFuncGetParamInfo) funcGetParamInfo = nullptr;
   /// Stream memory operations (flag writes and waits of AGRS, Agrs.cpp).
   decltype(&::cuStreamBatchMemOp) streamBatchMemOp = nullptr;
+  /// Virtual memory management (windows with a host segment, HostSegment.cpp).
+  decltype(&::cuDeviceGetAttribute) deviceGetAttribute = nullptr;
+  decltype(&::cuMemGetAllocationGranularity) memGetAllocationGranularity = nullptr;
+  decltype(&::cuMemAddressReserve) memAddressReserve = nullptr;
+  decltype(&::cuMemAddressFree) memAddressFree = nullptr;
+  decltype(&::cuMemCreate) memCreate = nullptr;
+  decltype(&::cuMemRelease) memRelease = nullptr;
+  decltype(&::cuMemMap) memMap = nullptr;
+  decltype(&::cuMemUnmap) memUnmap = nullptr;
+  decltype(&::cuMemSetAccess) memSetAccess = nullptr;
 };
 
 /// Throws CudaError if the driver (or one of its functions) is unavailable.
@@ -84,6 +94,15 @@ inline const DriverApi &driver() {
     resolve("cuTensorMapEncodeTiled", a.tensorMapEncodeTiled);
     resolve("cuFuncGetParamInfo", a.funcGetParamInfo, /*required=*/false);
     resolve("cuStreamBatchMemOp", a.streamBatchMemOp);
+    resolve("cuDeviceGetAttribute", a.deviceGetAttribute);
+    resolve("cuMemGetAllocationGranularity", a.memGetAllocationGranularity);
+    resolve("cuMemAddressReserve", a.memAddressReserve);
+    resolve("cuMemAddressFree", a.memAddressFree);
+    resolve("cuMemCreate", a.memCreate);
+    resolve("cuMemRelease", a.memRelease);
+    resolve("cuMemMap", a.memMap);
+    resolve("cuMemUnmap", a.memUnmap);
+    resolve("cuMemSetAccess", a.memSetAccess);
     return a;
   }();
   return api;

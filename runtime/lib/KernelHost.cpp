@@ -1,6 +1,7 @@
 //===- KernelHost.cpp - load, prepare and launch compiled kernels ---------===//
 
 #include "epic/runtime/KernelHost.h"
+#include "epic/runtime/HostSegment.h"
 
 #include "epic/Dialect/EP/IR/EPWindow.h"
 
@@ -119,9 +120,16 @@ CUlaunchConfig launchConfig(const Loaded &k, unsigned grid, void *stream,
 } // namespace
 
 KernelHost::KernelHost(KernelProvider &provider, int servedRanks, int64_t windowBytes,
-                       int blocksPerRank)
+                       int blocksPerRank, int64_t hostBytes)
     : provider(provider), servedRanks(servedRanks),
-      bytesPerRank((windowBytes + 4095) / 4096 * 4096), blocksPerRank(blocksPerRank) {
+      bytesPerRank(hostBytes > 0 ? (windowBytes + MixedWindows::kGranularity - 1) /
+                                       MixedWindows::kGranularity * MixedWindows::kGranularity
+                                 : (windowBytes + 4095) / 4096 * 4096),
+      cpuBytesPerRank(hostBytes), blocksPerRank(blocksPerRank) {
+  if (hostBytes < 0 || hostBytes % MixedWindows::kGranularity)
+    throw std::invalid_argument("num_cpu_bytes must be a non-negative multiple of 2 MiB "
+                                "(2097152), got " +
+                                std::to_string(hostBytes));
   if (servedRanks < 1 || servedRanks > 1024)
     throw std::invalid_argument("num_ranks must be in [1, 1024], got " +
                                 std::to_string(servedRanks));

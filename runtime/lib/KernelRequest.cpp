@@ -210,6 +210,15 @@ void KernelRequest::validate() const {
     requireGemmRows(spec, "the fused GEMM + combine");
     require(!combine.weights, "the fused GEMM + combine takes no topk_weights");
     break;
+  case KernelKind::engramFetch: {
+    const bool fp8 = spec.dtype.rfind("f8", 0) == 0;
+    require(spec.experts == spec.ranks && spec.topk == 1 && spec.scalePacks == (fp8 ? 1 : 0) &&
+                spec.expertAlignment == 1 && !spec.expanded && !spec.hybrid,
+            "engram_fetch's configuration is normalized: experts = ranks, topk = 1, "
+            "scale_packs = 1 for FP8 rows (else 0), expert_alignment = 1, plain, direct "
+            "(engramFetchRequest makes it)");
+    break;
+  }
   }
   const KindInfo &info = infoOf(kind);
   if (info.dispatch) {
@@ -323,6 +332,13 @@ KernelRequest epic::runtime::dispatchLayoutRequest(const EPSpec &spec, int topkI
   KernelRequest r = request(KernelKind::dispatchLayout, spec, std::move(name));
   r.dispatch.topkIdxBits = topkIdxBits;
   return validated(std::move(r));
+}
+
+KernelRequest epic::runtime::engramFetchRequest(const EPSpec &spec, std::string name) {
+  EPSpec s = spec;
+  s.experts = s.ranks, s.topk = 1, s.expertAlignment = 1, s.expanded = false, s.hybrid = false;
+  s.scalePacks = s.dtype.rfind("f8", 0) == 0 ? 1 : 0;
+  return validated(request(KernelKind::engramFetch, s, std::move(name)));
 }
 
 KernelRequest epic::runtime::gemmCombineRequest(const EPSpec &spec, int biases, std::string name) {

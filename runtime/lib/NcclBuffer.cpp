@@ -262,8 +262,8 @@ int Communicator::rank() const {
 }
 
 NcclElasticBuffer::NcclElasticBuffer(Communicator &comm, int64_t windowBytes,
-                                     KernelProvider &provider, int blocksPerRank)
-    : KernelHost(provider, /*servedRanks=*/1, windowBytes, blocksPerRank), comm(comm) {
+                                     KernelProvider &provider, int blocksPerRank, int64_t hostBytes)
+    : KernelHost(provider, /*servedRanks=*/1, windowBytes, blocksPerRank, hostBytes), comm(comm) {
   if (provider.settings().backend != "nccl")
     throw std::invalid_argument("an NCCL buffer needs kernels compiled for backend=nccl, not " +
                                 provider.settings().backend);
@@ -305,10 +305,22 @@ void NcclElasticBuffer::acquire(int blocksPerRank) {
                     apiInfo.describe() + ")");
   check(created, "ncclDevCommCreate");
   devCommCreated = true;
-  check(ncclMemAlloc(&memory, size_t(bytesPerRank)), "ncclMemAlloc(window)");
-  check(cudaMemset(memory, 0, size_t(bytesPerRank)), "cudaMemset(window)");
+  if (cpuBytesPerRank && apiInfo.worldSize > 1)
+    throw NcclError("num_cpu_bytes (Engram's host segment) on an NCCL world of " +
+                    std::to_string(apiInfo.worldSize) +
+                    " ranks: a peer's host segment is reached by NCCL's GIN get or by host "
+                    "memory in NCCL's NVLink mappings, neither of which epic uses yet; use one "
+                    "rank or the virtual world (" +
+                    apiInfo.describe() + ")");
+  if (cpuBytesPerRank) {
+    mixed = std::make_unique<MixedWindows>(1, bytesPerRank, cpuBytesPerRank);
+    memory = mixed->base();
+  } else {
+    check(ncclMemAlloc(&memory, size_t(bytesPerRank)), "ncclMemAlloc(window)");
+    check(cudaMemset(memory, 0, size_t(bytesPerRank)), "cudaMemset(window)");
+  }
   ncclWindow_t w = nullptr;
-  check(ncclCommWindowRegister(c, memory, size_t(bytesPerRank), &w, NCCL_WIN_COLL_SYMMETRIC),
+  check(ncclCommWindowRegister(c, memory, size_t(windowStride()), &w, NCCL_WIN_COLL_SYMMETRIC),
         "ncclCommWindowRegister");
   if (!w)
     throw NcclError("ncclCommWindowRegister registered no window: symmetric registration is "
@@ -418,8 +430,9 @@ void NcclElasticBuffer::release() {
   barrierWord = nullptr;
   if (window)
     ncclCommWindowDeregister(c, static_cast<ncclWindow_t>(window));
-  if (memory)
+  if (memory && !mixed)
     ncclMemFree(memory);
+  mixed.reset();
   devCommHost = commArgument = window = memory = nullptr;
   devCommCreated = false;
 }

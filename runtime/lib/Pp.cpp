@@ -11,6 +11,7 @@
 
 #include "CudaCheck.h"
 #include "StreamMemOps.h"
+#include "StreamWaits.h"
 
 #include <cuda_runtime.h>
 
@@ -27,8 +28,11 @@ void writeFlag(void *flag, uint32_t value, void *stream, const std::string &what
   detail::streamMemOps({detail::writeFlagOp(flag, value)}, stream, what);
 }
 
-void waitFlag(void *flag, uint32_t value, void *stream, const std::string &what) {
+/// The wait, and its watch (StreamWaits.h): `flagName` names the flag in a report.
+void waitFlag(void *flag, uint32_t value, void *stream, const std::string &what,
+              const std::string &flagName, double timeoutSecs) {
   detail::streamMemOps({detail::waitFlagOp(flag, value)}, stream, what);
+  detail::watchFlagWaits(stream, what, {{flag, value, flagName}}, timeoutSecs);
 }
 
 } // namespace
@@ -91,7 +95,12 @@ void PpChannels::send(int servedRank, uint64_t src, int64_t bytes, int dst, void
   const int region = dir;
   if (n >= uint32_t(maxInflight)) // the slot's last tensor must have been received
     waitFlag(detail::byteAt(host.windowMemory(servedRank), window::kPpReleased + 4 * dir),
-             n - uint32_t(maxInflight) + 1, stream, "pp_send: waiting for a free slot");
+             n - uint32_t(maxInflight) + 1, stream,
+             "pp_send of rank " + std::to_string(host.worldRankOf(servedRank)) + " to rank " +
+                 std::to_string(dst),
+             "rank " + std::to_string(dst) + "'s release count (it has not received tensor " +
+                 std::to_string(n - uint32_t(maxInflight) + 1) + " of this direction)",
+             host.streamWaitTimeout());
   char *peer = static_cast<char *>(host.peerWindowMemory(servedRank, dst));
   check(cudaMemcpyAsync(peer + slotOffset(region, n), reinterpret_cast<const void *>(src),
                         size_t(bytes), cudaMemcpyDefault, static_cast<cudaStream_t>(stream)),
@@ -119,7 +128,10 @@ void PpChannels::recv(int servedRank, uint64_t dst, int64_t bytes, int src, void
   const uint32_t n = received[servedRank][region];
   char *mine = static_cast<char *>(host.windowMemory(servedRank));
   waitFlag(mine + window::kPpArrived + 4 * region, n + 1, stream,
-           "pp_recv: waiting for the tensor");
+           "pp_recv of rank " + std::to_string(me) + " from rank " + std::to_string(src),
+           "rank " + std::to_string(src) + "'s arrival count (it has not sent tensor " +
+               std::to_string(n + 1) + " of this direction)",
+           host.streamWaitTimeout());
   check(cudaMemcpyAsync(reinterpret_cast<void *>(dst), mine + slotOffset(region, n), size_t(bytes),
                         cudaMemcpyDefault, static_cast<cudaStream_t>(stream)),
         "pp_recv: the copy (cudaMemcpyAsync)");

@@ -110,6 +110,8 @@ KernelRequest PlanKernel::request() const {
     return gemmCombineRequest(spec, combineVariant.biases);
   case KernelKind::dispatchLayout:
     return dispatchLayoutRequest(spec);
+  case KernelKind::engramFetch:
+    return engramFetchRequest(spec);
   }
   throw std::logic_error("PlanKernel::request: unknown kind");
 }
@@ -272,6 +274,12 @@ RunPlan RunPlan::parse(const std::string &text) {
         for (const Json &result : gathered)
           values.define(result.integer(), "gathered", Kind::tensor);
       } else if (step.op == "reduce_scatter") {
+        values.use(step, "input", Kind::tensor);
+        values.define(step, "result", Kind::tensor);
+      } else if (step.op == "pp_send_recv") {
+        const std::string &to = step.fields.at("to").text();
+        if (to != "next" && to != "prev")
+          values.fail("to must be \"next\" or \"prev\", got \"" + to + "\"");
         values.use(step, "input", Kind::tensor);
         values.define(step, "result", Kind::tensor);
       } else if (step.op == "print") {

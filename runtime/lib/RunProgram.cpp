@@ -4,6 +4,7 @@
 
 #include "epic/Dialect/EP/IR/EPWindow.h"
 #include "epic/runtime/Agrs.h"
+#include "epic/runtime/Pp.h"
 #include "epic/runtime/VirtualBuffer.h"
 
 #include "CudaCheck.h"
@@ -95,6 +96,10 @@ public:
         case KernelKind::gemmCombine:
           gemmCombine(step, k);
           break;
+        case KernelKind::engramFetch:
+          // Its tables are a buffer's state (engram_write), not a program's values.
+          throw std::invalid_argument("engram_fetch is not a run-plan step: fetch through "
+                                      "ElasticBuffer.engram_fetch");
         }
       } catch (const std::invalid_argument &e) {
         throw std::invalid_argument(step.op + " at " + step.loc + ": " + e.what());
@@ -182,7 +187,21 @@ private:
       print(step);
     } else if (step.op == "all_gather" || step.op == "reduce_scatter") {
       agrsStep(step);
+    } else if (step.op == "pp_send_recv") {
+      ppStep(step);
     }
+  }
+
+  /// Rank 0's tensor of `v`, after checking every rank's has its shape (the
+  /// copy-engine steps move slots of one size); `op` names the step.
+  const HostTensor &alikeOnEveryRank(const Value &v, const char *op) const {
+    const HostTensor &first = v.tensor.at(0).host;
+    for (int r = 1; r < R(); ++r)
+      if (v.tensor[r].host.shape != first.shape)
+        throw std::invalid_argument("rank " + std::to_string(r) +
+                                    "'s input has another shape than rank 0's (" + op +
+                                    "'s inputs are alike on every rank)");
+    return first;
   }
 
   /// The program's AGRS session (copy engines, no kernel): one session as
@@ -217,13 +236,7 @@ private:
     // Every rank's tensor i alike (the slots have one size).
     std::vector<int64_t> bytes, slotBytes;
     for (int64_t id : inputIds) {
-      const Value &v = at(id);
-      const HostTensor &first = v.tensor.at(0).host;
-      for (int r = 1; r < R(); ++r)
-        if (v.tensor[r].host.shape != first.shape)
-          throw std::invalid_argument("rank " + std::to_string(r) +
-                                      "'s input has another shape than rank 0's (an AGRS "
-                                      "op's inputs are alike on every rank)");
+      const HostTensor &first = alikeOnEveryRank(at(id), "an AGRS op");
       bytes.push_back(int64_t(first.data.size()));
       slotBytes.push_back(bytes.back() / (scatter ? R() : 1));
     }
@@ -285,6 +298,44 @@ private:
         for (std::string &p :
              scatter ? checkReduceScatter(inputs, results) : checkAllGather(inputs, results))
           problems.push_back(std::move(p));
+    }
+    if (options.check)
+      report(step, problems);
+  }
+
+  /// Every rank sends its input to its neighbour `to` through the PP slots
+  /// (copy engines), then every rank receives from the other side: all sends
+  /// before any receive, as one stream orders a virtual world's ranks.
+  void ppStep(const RunStep &step) {
+    const Value &input = at(step.integer("input"));
+    const HostTensor &like = alikeOnEveryRank(input, "a PP step");
+    const int64_t bytes = int64_t(like.data.size());
+    // The PP slots lie where an AGRS session's blocks do.
+    if (agrs && agrs->isOpen())
+      agrs->destroy(nullptr);
+    if (!pp)
+      pp = std::make_unique<PpChannels>(buffer);
+    if (!pp->configured() || bytes > ppBytes) {
+      pp->setConfig(bytes, 1);
+      ppBytes = bytes;
+    }
+    const bool next = step.fields.at("to").text() == "next";
+    auto ring = [&](int r, int step) { return ((r + step) % R() + R()) % R(); };
+    for (int r = 0; r < R(); ++r)
+      pp->send(r, input.tensor[r].device.data, bytes, ring(r, next ? 1 : -1), nullptr);
+    Value &result = at(step.integer("result"));
+    std::vector<std::string> problems;
+    for (int r = 0; r < R(); ++r) {
+      RankTensor got{allocate(like.dtype, like.shape), HostTensor(like.dtype, like.shape)};
+      const int from = ring(r, next ? -1 : 1);
+      pp->recv(r, got.device.data, bytes, from, nullptr);
+      check(cudaMemcpy(got.host.data.data(), reinterpret_cast<void *>(got.device.data),
+                       size_t(bytes), cudaMemcpyDeviceToHost),
+            "cudaMemcpy (reading a PP receive)");
+      if (options.check && got.host.data != input.tensor[from].host.data)
+        problems.push_back("rank " + std::to_string(r) + " did not receive rank " +
+                           std::to_string(from) + "'s tensor bit for bit");
+      result.tensor.push_back(std::move(got));
     }
     if (options.check)
       report(step, problems);
@@ -617,6 +668,8 @@ private:
   RunSummary summary;
   std::unique_ptr<AgrsSessions> agrs; ///< made by the first AGRS step
   cudaStream_t agrsStream = nullptr;
+  std::unique_ptr<PpChannels> pp; ///< made by the first PP step, its slots of ppBytes
+  int64_t ppBytes = 0;
 };
 
 } // namespace

@@ -68,6 +68,33 @@ KernelHost::Plan KernelHost::planDispatchLayout(const EPSpec &spec,
               std::move(slotNames));
 }
 
+KernelHost::Plan KernelHost::planEngramFetch(const EPSpec &spec, int64_t entriesPerRank,
+                                             const std::vector<EngramCall> &calls, int blocks,
+                                             void *stream, std::vector<std::string> slotNames) {
+  checkWorld(spec, calls.size());
+  if (!cpuBytesPerRank)
+    throw std::invalid_argument("engram_fetch: this buffer has no host segment for the tables "
+                                "(num_cpu_bytes = 0)");
+  if (gpusPerNode() != worldSize())
+    throw std::invalid_argument("engram_fetch reads the owners' tables through NVLink: the "
+                                "world of " +
+                                std::to_string(worldSize()) + " ranks has nodes of " +
+                                std::to_string(gpusPerNode()));
+  const int64_t rowBytes = int64_t(spec.hidden) * spec.elementBytes();
+  if (entriesPerRank * ((rowBytes + 31) / 32 * 32) > cpuBytesPerRank)
+    throw std::invalid_argument("engram_fetch: " + std::to_string(entriesPerRank) + " entries of " +
+                                std::to_string(rowBytes) +
+                                " bytes do not fit the host segment of " +
+                                std::to_string(cpuBytesPerRank) + " bytes");
+  std::vector<ParamRecord> records;
+  for (size_t s = 0; s < calls.size(); ++s) {
+    // The served rank's own table, as this process maps it.
+    const auto own = reinterpret_cast<uint64_t>(windowMemory(int(s))) + uint64_t(bytesPerRank);
+    records.push_back(engramRecord(spec, entriesPerRank, bytesPerRank, own, calls[s]));
+  }
+  return plan(engramFetchRequest(spec), records, blocks, stream, std::move(slotNames));
+}
+
 KernelHost::Plan KernelHost::planGemmCombine(const EPSpec &spec, int biases,
                                              const std::vector<GemmCombineCall> &calls, int blocks,
                                              void *stream, std::vector<std::string> slotNames) {
@@ -75,6 +102,13 @@ KernelHost::Plan KernelHost::planGemmCombine(const EPSpec &spec, int biases,
   std::vector<ParamRecord> records = recordsOf(
       calls, [&](const GemmCombineCall &call) { return gemmCombineRecord(spec, biases, call); });
   return plan(gemmCombineRequest(spec, biases), records, blocks, stream, std::move(slotNames));
+}
+
+KernelHost::Run KernelHost::engramFetch(const EPSpec &spec, int64_t entriesPerRank,
+                                        const std::vector<EngramCall> &calls, void *stream,
+                                        int blocks) {
+  return launchAndWait(planEngramFetch(spec, entriesPerRank, calls, blocks, stream).prepared(),
+                       stream);
 }
 
 KernelHost::Run KernelHost::dispatch(const EPSpec &spec, const DispatchVariant &variant,

@@ -42,8 +42,9 @@ void *zeroed(size_t bytes, const char *what) {
 int VirtualElasticBuffer::signalsPerRank(int ranks) { return std::max(64, 8 + 2 * ranks); }
 
 VirtualElasticBuffer::VirtualElasticBuffer(int ranks, int64_t windowBytes, KernelProvider &provider,
-                                           int blocksPerRank, std::optional<int> gpusPerNode)
-    : KernelHost(provider, checkedRanks(ranks, gpusPerNode), windowBytes, blocksPerRank),
+                                           int blocksPerRank, std::optional<int> gpusPerNode,
+                                           int64_t hostBytes)
+    : KernelHost(provider, checkedRanks(ranks, gpusPerNode), windowBytes, blocksPerRank, hostBytes),
       lsaSize(gpusPerNode.value_or(ranks)) {
   if (provider.settings().backend != "virtual")
     throw std::invalid_argument("a virtual world needs kernels compiled for backend=virtual, "
@@ -51,7 +52,12 @@ VirtualElasticBuffer::VirtualElasticBuffer(int ranks, int64_t windowBytes, Kerne
                                 provider.settings().backend);
   check(cudaFree(nullptr), "cudaFree(0) (creating the CUDA context)");
   const size_t nodes = size_t(ranks / lsaSize), signalCount = signalsPerRank(ranks);
-  window = zeroed(size_t(ranks) * bytesPerRank, "window");
+  if (cpuBytesPerRank) {
+    mixed = std::make_unique<MixedWindows>(ranks, bytesPerRank, cpuBytesPerRank);
+    window = mixed->base();
+  } else {
+    window = zeroed(size_t(ranks) * bytesPerRank, "window");
+  }
   signals = zeroed(sizeof(uint64_t) * ranks * signalCount, "signals");
   counters = zeroed(sizeof(uint64_t) * ranks * kCounters, "counters");
   barriers = zeroed(sizeof(uint64_t) * kBarrierIndices * (1 + nodes + lsaSize), "barriers");
@@ -72,7 +78,7 @@ VirtualElasticBuffer::VirtualElasticBuffer(int ranks, int64_t windowBytes, Kerne
   comm.gin_mode = 0;
   comm.drop_spares_signal = -1;
   comm.reserved = 0;
-  EpicVirtualWindow desc{static_cast<char *>(window), uint64_t(bytesPerRank), ranks, 0};
+  EpicVirtualWindow desc{static_cast<char *>(window), uint64_t(windowStride()), ranks, 0};
   check(cudaMalloc(&commArgument, sizeof comm), "cudaMalloc(comm descriptor)");
   check(cudaMemcpy(commArgument, &comm, sizeof comm, cudaMemcpyHostToDevice), "cudaMemcpy");
   check(cudaMalloc(&windowArgument, sizeof desc), "cudaMalloc(window descriptor)");
@@ -82,7 +88,8 @@ VirtualElasticBuffer::VirtualElasticBuffer(int ranks, int64_t windowBytes, Kerne
 VirtualElasticBuffer::~VirtualElasticBuffer() {
   // Nothing may still run on the window when it goes.
   cudaDeviceSynchronize();
-  for (void *p : {windowArgument, commArgument, traffic, barriers, counters, signals, window})
+  for (void *p : {windowArgument, commArgument, traffic, barriers, counters, signals,
+                  mixed ? nullptr : window})
     if (p)
       cudaFree(p);
 }
@@ -105,7 +112,7 @@ void *VirtualElasticBuffer::windowMemory(int servedRank) const {
   if (servedRank < 0 || servedRank >= servedRanks)
     throw std::out_of_range("window of rank " + std::to_string(servedRank) + ": the world has " +
                             std::to_string(servedRanks) + " ranks");
-  return static_cast<char *>(window) + int64_t(servedRank) * bytesPerRank;
+  return static_cast<char *>(window) + int64_t(servedRank) * windowStride();
 }
 
 std::vector<uint64_t> VirtualElasticBuffer::takeTraffic() {

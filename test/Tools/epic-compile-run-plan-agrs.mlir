@@ -1,4 +1,4 @@
-// AGRS ops in run plans: steps the runtime executes with copy engines (no kernels).
+// AGRS and PP ops in run plans: steps the runtime executes with copy engines (no kernels).
 // RUN: epic-compile %s --run-plan -o - | FileCheck %s
 // RUN: rm -rf %t.cache && epic-run %s --compile-only --cache-dir=%t.cache \
 // RUN:   | FileCheck %s --check-prefix=KERNELS
@@ -23,12 +23,17 @@
 // CHECK: "result": [[Y:[0-9]+]]
 // CHECK: "op": "print",
 // CHECK: "value": [[Y]]
+// PP: every rank sends y to its previous neighbour.
+// CHECK: "input": [[Y]],
+// CHECK: "op": "pp_send_recv",
+// CHECK: "result": [[Z:[0-9]+]],
+// CHECK-NEXT: "to": "prev"
 
 // No kernel to compile: the plan only.
 // KERNELS-NOT: kernels of
 // KERNELS: epic-run: plan and kernels are in
 
-// WORLD: error: epic-run: AGRS ops run on the program's world of one NVLink domain; this one has 2 ranks, the world 4 ranks in nodes of 4
+// WORLD: error: epic-run: AGRS and PP ops run on the program's world of one NVLink domain; this one has 2 ranks, the world 4 ranks in nodes of 4
 
 func.func @main() {
   %rows = arith.constant 8 : index
@@ -38,5 +43,6 @@ func.func @main() {
       : tensor<?x16xbf16>, tensor<?x4xf32> -> tensor<4x?x16xbf16>, tensor<4x?x4xf32>
   %y = ep.reduce_scatter %x ranks 4 : tensor<?x16xbf16> -> tensor<?x16xbf16>
   run.print %y : tensor<?x16xbf16>
+  %z = ep.pp_send_recv %y ranks 4 to prev : tensor<?x16xbf16> -> tensor<?x16xbf16>
   return
 }

@@ -1,4 +1,4 @@
-"""AGRS sessions and PP channels on real ranks (one process per GPU, NCCL): the copy engines
+"""AGRS sessions, PP channels and Engram on real ranks (one process per GPU, NCCL): the copy engines
 write into the peers' NVLink (LSA) mappings of the window, the flags cross processes.
 
     torchrun --nproc-per-node N test/gpu/collectives_distributed.py
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
@@ -108,9 +109,60 @@ def main():
     torch.cuda.synchronize()
     check(f"PP: {count} tensors to each ring neighbour through {inflight} slots", ok)
     pp.destroy()
+
+    # A receive posted before its send (on another stream): the wait outlasts the buffer's GPU
+    # timeout (1 s here), is reported naming the sender's arrival count, and completes when the
+    # send comes.
+    if world == 1:
+        from epic import _C
+
+        late = epic.ElasticBuffer(group, num_bytes=epic.ElasticBuffer.get_pp_buffer_size_hint(
+            nbytes, 1), num_gpu_timeout_secs=1, explicitly_destroy=True)
+        late.pp_set_config(nbytes, 1)
+        got = torch.empty(shape, dtype=torch.bfloat16, device="cuda")
+        before = len(_C.stream_wait_reports())
+        late.pp_recv(got, 0)
+        time.sleep(2.5)
+        reports = _C.stream_wait_reports()[before:]
+        sender = torch.cuda.Stream()
+        with torch.cuda.stream(sender):
+            late.pp_send(tensor(0, 0, 99), 0)
+        torch.cuda.synchronize()
+        check("PP: a receive waiting past the timeout is reported, then completes",
+              len(reports) == 1 and "pp_recv of rank 0 from rank 0" in reports[0]
+              and "arrival count" in reports[0] and "needs 1, holds 0" in reports[0]
+              and bool(torch.equal(got, tensor(0, 0, 99))))
+        if rank == 0 and reports:
+            print(f"  report: {reports[0]}", flush=True)
+        late.destroy()
+
+    # Engram: a one-rank world fetches from its own host segment (the window NCCL registers is
+    # the device part and the segment); a world of several ranks is refused by name.
+    entries, hidden = 1000, 128
+    gpu_bytes, cpu_bytes = epic.ElasticBuffer.get_engram_storage_size_hint(entries, hidden, 64)
+    if world == 1:
+        engram = epic.ElasticBuffer(group, num_bytes=max(gpu_bytes, 2 << 20),
+                                    num_cpu_bytes=cpu_bytes, explicitly_destroy=True)
+        table = rank_inputs(1, 77, (entries, hidden), torch.bfloat16)[0].cuda()
+        engram.engram_write(table)
+        ids = torch.randint(0, entries, (64, 4), dtype=torch.int32, device="cuda")
+        data, sf = engram.engram_fetch(ids)()
+        want = ref.engram_fetch([torch_to_numpy(table)], [torch_to_numpy(ids)])[0][0]
+        check("Engram: 64 x 4 entries from the own host segment",
+              torch_to_numpy(data).tobytes() == want.tobytes() and sf is None)
+        engram.destroy()
+    else:
+        try:
+            epic.ElasticBuffer(group, num_bytes=2 << 20, num_cpu_bytes=cpu_bytes,
+                               explicitly_destroy=True)._runtime()
+            refused = False
+        except RuntimeError as e:
+            refused = "num_cpu_bytes" in str(e)
+        check(f"Engram on {world} NCCL ranks: refused by name", refused)
     dist.destroy_process_group()
     if rank == 0:
-        print(f"AGRS and PP on {world} NCCL rank(s): {'passed' if all(results) else 'FAILED'}")
+        print(f"AGRS, PP and Engram on {world} NCCL rank(s): "
+              f"{'passed' if all(results) else 'FAILED'}")
     return 0 if all(results) else 1
 
 

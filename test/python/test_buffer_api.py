@@ -88,8 +88,10 @@ def test_constructor_checks(buf):
         epic.ElasticBuffer(epic.VirtualWorld(2), num_bytes=3 << 20)
     with pytest.raises(ValueError, match="num_bytes: give it, or give num_max_tokens_per_rank"):
         epic.ElasticBuffer(epic.VirtualWorld(2))
-    with pytest.raises(ValueError, match="num_cpu_bytes"):
-        epic.ElasticBuffer(epic.VirtualWorld(2), num_bytes=2 << 20, num_cpu_bytes=2 << 20)
+    with pytest.raises(ValueError, match="num_cpu_bytes: must be a multiple of 2 MiB"):
+        epic.ElasticBuffer(epic.VirtualWorld(2), num_bytes=2 << 20, num_cpu_bytes=3 << 20)
+    with pytest.raises(ValueError, match="num_cpu_bytes: must be >= 0"):
+        epic.ElasticBuffer(epic.VirtualWorld(2), num_bytes=2 << 20, num_cpu_bytes=-(2 << 20))
     sorted_rows = epic.ElasticBuffer(epic.VirtualWorld(R), num_bytes=2 << 20, deterministic=True,
                                      num_max_tokens_per_rank=TMAX)
     xs, idxs, _ = inputs()

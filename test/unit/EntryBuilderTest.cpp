@@ -221,7 +221,7 @@ TEST(EntryBuilder, ABadRequestIsRefusedByField) {
        "kernel request: version: expected an integer, got none"},
       {[](auto &r) { r["kind"] = "gather"; },
        "kernel request: kind: expected one of dispatch, combine, grouped_gemm, dispatch_gemm, "
-       "gemm_combine, dispatch_layout, got \"gather\""},
+       "gemm_combine, dispatch_layout, engram_fetch, got \"gather\""},
       {[](auto &r) { r["name"] = ""; }, "kernel request: name: expected a non-empty string"},
       {[](auto &r) { r["colour"] = 1; }, "kernel request: colour: is not a field here (version, "
                                          "kind, name, spec, dispatch, combine, gemm)"},

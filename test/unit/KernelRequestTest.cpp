@@ -199,6 +199,26 @@ TEST(KernelRequest, TheExpertGemmsRefuseWhatTheyCannotMultiply) {
   EXPECT_NE(refusal([&] { weighted.json(); }).find("takes no topk_weights"), std::string::npos);
 }
 
+TEST(KernelRequest, EngramFetchIsOneKernelPerRowShape) {
+  // Whatever routing fields the caller's spec has, the request keeps only what the fetch is
+  // specialized on: two buffers of other expert counts share the kernel.
+  EPSpec a = bf16(), b = bf16(false);
+  b.experts = 64, b.topk = 2, b.maxTokensPerRank = 7;
+  EXPECT_EQ(engramFetchRequest(a).json(), engramFetchRequest(b).json());
+  std::string json = engramFetchRequest(a).json();
+  EXPECT_NE(json.find(R"("kind":"engram_fetch","name":"ep_engram_fetch")"), std::string::npos);
+  EXPECT_NE(json.find(R"("experts":8,"topk":1)"), std::string::npos) << json;
+  EXPECT_EQ(json.find(R"("dispatch")"), std::string::npos); // no variant section
+  EXPECT_NE(engramFetchRequest(v3(false)).json().find(R"("scale_packs":1)"), std::string::npos);
+  b.hidden = 2048;
+  EXPECT_NE(engramFetchRequest(a).json(), engramFetchRequest(b).json());
+  // A hand-made request with a routing configuration is refused by name.
+  KernelRequest r = engramFetchRequest(a);
+  r.spec.topk = 4;
+  EXPECT_NE(refusal([&] { r.validate(); }).find("engram_fetch's configuration is normalized"),
+            std::string::npos);
+}
+
 TEST(KernelRequest, VersionNameAndKindAreChecked) {
   KernelRequest r = dispatchRequest(v3(false), {});
   EXPECT_EQ(r.version, kKernelRequestVersion);
@@ -222,9 +242,8 @@ TEST(KernelRequest, VersionNameAndKindAreChecked) {
   EXPECT_EQ(std::string(kindName(KernelKind::groupedGemm)), "grouped_gemm");
   EXPECT_EQ(std::string(defaultEntryName(KernelKind::dispatchGemm)), "ep_dispatch_gemm");
   EXPECT_EQ(refusal([] { kindNamed("gather"); }),
-            "kind must be dispatch, combine, grouped_gemm, dispatch_gemm, gemm_combine or "
-            "dispatch_layout, got "
-            "\"gather\"");
+            "kind must be dispatch, combine, grouped_gemm, dispatch_gemm, gemm_combine, "
+            "dispatch_layout or engram_fetch, got \"gather\"");
 }
 
 TEST(KernelRequest, ARequestAndIRNeverShareAKey) {

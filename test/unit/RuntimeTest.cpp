@@ -676,6 +676,40 @@ TEST(Calls, TopkIndicesRepeatingAnExpert) {
   }
 }
 
+TEST(Calls, EngramFetchArgumentsAreCheckedByName) {
+  CallFixture f;
+  EngramCall c{{fakeAddress(50), "i32", {64, 24}},
+               {fakeAddress(51), f.spec.dtype, {64, 24 * int64_t(f.spec.hidden)}}};
+  auto error = [&](const EngramCall &call, int64_t entries = 4096) -> std::string {
+    try {
+      engramRecord(f.spec, entries, 1 << 21, 0x7000, call);
+    } catch (const std::invalid_argument &e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error(c), "");
+  ParamRecord r = engramRecord(f.spec, 4096, 1 << 21, 0x7000, c);
+  EXPECT_EQ(r.at("num_rows").value, uint64_t(64 * 24));
+  EXPECT_EQ(r.at("entries_per_rank").value, 4096u);
+  EXPECT_EQ(r.at("table_offset").value, uint64_t(1) << 21);
+  EXPECT_EQ(r.at("own_table").value, 0x7000u);
+  EXPECT_EQ(r.at("out").value, c.out.data);
+  EngramCall bad = c;
+  bad.indices.dtype = "i64";
+  EXPECT_NE(error(bad).find("indices must be i32, got i64"), std::string::npos) << error(bad);
+  bad = c;
+  bad.out.shape = {64, 100};
+  EXPECT_NE(error(bad).find("out must have shape"), std::string::npos) << error(bad);
+  bad = c;
+  bad.out.data += 8;
+  EXPECT_NE(error(bad).find("out must be 16-byte aligned"), std::string::npos) << error(bad);
+  bad = c;
+  bad.indices.shape = {64};
+  EXPECT_NE(error(bad).find("indices must be [tokens, entries per token]"), std::string::npos);
+  EXPECT_NE(error(c, int64_t(1) << 31).find("must be ids an i32 holds"), std::string::npos);
+}
+
 TEST(Calls, GroupedGemmArgumentsAreCheckedByName) {
   CallFixture f(false, true);
   const int64_t rows = receiveRows(f.spec);

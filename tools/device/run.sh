@@ -172,6 +172,9 @@ EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run python3 -m pytest -q -p no:cac
 # real NCCL ranks.
 PYTHONPATH=python run python3 -m pytest -q -p no:cacheprovider test/gpu/test_agrs.py \
   test/gpu/test_pp.py
+# Engram: tables in the windows' host segments, fetched by the kernel of ep.engram_fetch.
+EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run python3 -m pytest -q -p no:cacheprovider \
+  test/gpu/test_engram.py
 run torchrun --nproc-per-node "$(nvidia-smi -L | wc -l)" test/gpu/collectives_distributed.py
 EPIC_CACHE_DIR="$dev/cache" run python3 examples/quickstart.py
 EPIC_CACHE_DIR="$dev/cache" run torchrun --nproc-per-node 1 examples/torch_distributed.py

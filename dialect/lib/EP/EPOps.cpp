@@ -559,3 +559,42 @@ LogicalResult ReduceScatterOp::verify() {
       return failure();
   return success();
 }
+
+//===----------------------------------------------------------------------===//
+// EngramFetchOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult EngramFetchOp::verify() {
+  ConfigAttr cfg = getConfig();
+  if (cfg.isMultiNode())
+    return emitOpError() << "reads the owners' tables through NVLink: every rank must be in one "
+                            "NVLink domain (scaleup_ranks "
+                         << cfg.getRanksPerNode() << " of " << cfg.getRanks()
+                         << " ranks; across nodes a fetch needs GIN get)";
+  ShapeChecker check{*this};
+  ShapedType idx = shaped(getIndices()), rows = shaped(getRows());
+  const int64_t hidden = cfg.getHidden();
+  if (failed(check.elementType("rows", rows, cfg.getDtype())) ||
+      failed(check.sameDim("indices", idx, "rows", rows, "the token count")))
+    return failure();
+  if (!rows.isDynamicDim(1) && rows.getDimSize(1) % hidden)
+    return emitOpError() << "rows dimension 1 (" << rows.getDimSize(1)
+                         << ") must be a multiple of hidden (" << hidden
+                         << "): M entries side by side";
+  const int64_t m = idx.getDimSize(1);
+  return check.dim("rows", rows, 1, idx.isDynamicDim(1) ? ShapedType::kDynamic : m * hidden,
+                   "entries per token x hidden");
+}
+
+//===----------------------------------------------------------------------===//
+// PpSendRecvOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult PpSendRecvOp::verify() {
+  // Every rank sends a tensor like the one it receives: the result is the input's type.
+  if (getX().getType() != getResult().getType())
+    return emitOpError() << "result must have the input's type " << getX().getType()
+                         << " (every rank sends and receives a tensor alike), got "
+                         << getResult().getType();
+  return success();
+}

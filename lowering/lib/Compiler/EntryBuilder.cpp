@@ -77,6 +77,7 @@ private:
   LogicalResult buildDispatchGemm();
   LogicalResult buildGemmCombine();
   LogicalResult buildDispatchLayout();
+  LogicalResult buildEngramFetch();
 
   const EntryRequest &request;
   Location loc;
@@ -156,6 +157,18 @@ LogicalResult EntryBuilder::buildDispatchLayout() {
                             IntegerType::get(ctx, 1)),
       config, argument(func, topkIdx));
   finish(func, layout->getResults());
+  return success();
+}
+
+LogicalResult EntryBuilder::buildEngramFetch() {
+  // [T, M] ids in, [T, M x hidden] rows out: T and M are the call's.
+  const int64_t dyn = ShapedType::kDynamic;
+  Signature signature;
+  int indices = signature.add(RankedTensorType::get({dyn, dyn}, builder.getI32Type()));
+  func::FuncOp func = begin(signature);
+  auto fetch = epic::ep::EngramFetchOp::create(
+      builder, loc, RankedTensorType::get({dyn, dyn}, dtype), config, argument(func, indices));
+  finish(func, fetch->getResults());
   return success();
 }
 
@@ -291,6 +304,9 @@ OwningOpRef<ModuleOp> EntryBuilder::build() {
     break;
   case KernelKind::dispatchLayout:
     built = buildDispatchLayout();
+    break;
+  case KernelKind::engramFetch:
+    built = buildEngramFetch();
     break;
   }
   if (failed(built))

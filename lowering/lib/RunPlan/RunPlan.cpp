@@ -118,10 +118,10 @@ private:
       return success();
     }
     if (opRanks != ranks || gpusPerNode != ranks)
-      return op->emitError() << "epic-run: AGRS ops run on the program's world of one NVLink "
-                                "domain; this one has "
-                             << opRanks << " ranks, the world " << ranks << " ranks in nodes of "
-                             << gpusPerNode;
+      return op->emitError()
+             << "epic-run: AGRS and PP ops run on the program's world of one NVLink "
+                "domain; this one has "
+             << opRanks << " ranks, the world " << ranks << " ranks in nodes of " << gpusPerNode;
     return success();
   }
 
@@ -352,6 +352,15 @@ private:
                        {"result", define(scatter.getResult())}});
       return success();
     }
+    if (auto pp = dyn_cast<ep::PpSendRecvOp>(op)) {
+      if (failed(agrsWorld(op, int64_t(pp.getRanks()))))
+        return failure();
+      add(op, "pp_send_recv",
+          json::Object{{"input", use(pp.getX())},
+                       {"to", ep::stringifyRingDirection(pp.getTo()).str()},
+                       {"result", define(pp.getResult())}});
+      return success();
+    }
     if (auto ret = dyn_cast<func::ReturnOp>(op)) {
       if (!callStack.empty()) { // the callee's results are the call's
         for (auto [result, value] : llvm::zip(callStack.back()->getResults(), ret.getOperands()))
@@ -364,7 +373,7 @@ private:
            << "' is not supported in a run program (it may use run.tokens, "
               "run.random, run.routing, run.print, ep.dispatch_layout, "
               "ep.dispatch, ep.grouped_gemm, ep.combine, the fused ops, ep.all_gather, "
-              "ep.reduce_scatter, func.call, "
+              "ep.reduce_scatter, ep.pp_send_recv, func.call, "
               "tensor.dim, tensor.cast and index arith.constant)";
   }
 

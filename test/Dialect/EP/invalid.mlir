@@ -850,3 +850,82 @@ func.func @f(%x: tensor<8x8xi32>) {
   %y = ep.reduce_scatter %x ranks 4 : tensor<8x8xi32> -> tensor<2x8xi32>
   return
 }
+
+// -----
+
+#two_nodes = #ep.config<ranks = 8, experts = 8, topk = 1, hidden = 128, dtype = bf16,
+                        scaleup_ranks = 4>
+func.func @f(%ids: tensor<?x4xi32>) {
+  // expected-error@+1 {{reads the owners' tables through NVLink: every rank must be in one NVLink domain (scaleup_ranks 4 of 8 ranks; across nodes a fetch needs GIN get)}}
+  %rows = ep.engram_fetch %ids config #two_nodes : tensor<?x4xi32> -> tensor<?x512xbf16>
+  return
+}
+
+// -----
+
+#engram = #ep.config<ranks = 4, experts = 4, topk = 1, hidden = 128, dtype = bf16>
+func.func @f(%ids: tensor<?x4xi32>) {
+  // expected-error@+1 {{rows dimension 1 (entries per token x hidden) must be 512, got 256}}
+  %rows = ep.engram_fetch %ids config #engram : tensor<?x4xi32> -> tensor<?x256xbf16>
+  return
+}
+
+// -----
+
+#engram = #ep.config<ranks = 4, experts = 4, topk = 1, hidden = 128, dtype = bf16>
+func.func @f(%ids: tensor<?x?xi32>) {
+  // expected-error@+1 {{rows dimension 1 (200) must be a multiple of hidden (128): M entries side by side}}
+  %rows = ep.engram_fetch %ids config #engram : tensor<?x?xi32> -> tensor<?x200xbf16>
+  return
+}
+
+// -----
+
+#engram = #ep.config<ranks = 4, experts = 4, topk = 1, hidden = 128, dtype = bf16>
+func.func @f(%ids: tensor<3x4xi32>) {
+  // expected-error@+1 {{rows element type must be 'bf16', got 'f16'}}
+  %rows = ep.engram_fetch %ids config #engram : tensor<3x4xi32> -> tensor<3x512xf16>
+  return
+}
+
+// -----
+
+#engram = #ep.config<ranks = 4, experts = 4, topk = 1, hidden = 128, dtype = bf16>
+func.func @f(%ids: tensor<3x4xi32>) {
+  // expected-error@+1 {{indices and rows disagree on the token count: 3 vs 5}}
+  %rows = ep.engram_fetch %ids config #engram : tensor<3x4xi32> -> tensor<5x512xbf16>
+  return
+}
+
+// -----
+
+#engram = #ep.config<ranks = 4, experts = 4, topk = 1, hidden = 128, dtype = bf16>
+func.func @f(%ids: tensor<3x4xi64>) {
+  // expected-error@+1 {{operand #0 must be 2D tensor of 32-bit signless integer values}}
+  %rows = ep.engram_fetch %ids config #engram : tensor<3x4xi64> -> tensor<3x512xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x96xbf16>) {
+  // expected-error@+1 {{result must have the input's type 'tensor<?x96xbf16>' (every rank sends and receives a tensor alike), got 'tensor<?x96xf16>'}}
+  %y = ep.pp_send_recv %x ranks 4 to next : tensor<?x96xbf16> -> tensor<?x96xf16>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x96xbf16>) {
+  // expected-error@+1 {{expected string or keyword containing one of the following enum values for attribute 'to' [next, prev]}}
+  %y = ep.pp_send_recv %x ranks 4 to left : tensor<?x96xbf16> -> tensor<?x96xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x96xbf16>) {
+  // expected-error@+1 {{attribute 'ranks' failed to satisfy constraint}}
+  %y = ep.pp_send_recv %x ranks 0 to next : tensor<?x96xbf16> -> tensor<?x96xbf16>
+  return
+}

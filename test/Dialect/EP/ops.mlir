@@ -44,6 +44,23 @@ func.func @layout(%idx: tensor<?x4xi64>)
   return %r, %e, %in : tensor<8xi32>, tensor<64xi32>, tensor<?x8xi1>
 }
 
+// CHECK-LABEL: func.func @pp_send_recv
+func.func @pp_send_recv(%x: tensor<?x96xbf16>) -> (tensor<?x96xbf16>, tensor<?x96xbf16>) {
+  // CHECK: ep.pp_send_recv %{{.*}} ranks 4 to next : tensor<?x96xbf16> -> tensor<?x96xbf16>
+  %y = ep.pp_send_recv %x ranks 4 to next : tensor<?x96xbf16> -> tensor<?x96xbf16>
+  // CHECK: ep.pp_send_recv %{{.*}} ranks 4 to prev
+  %z = ep.pp_send_recv %y ranks 4 to prev : tensor<?x96xbf16> -> tensor<?x96xbf16>
+  return %y, %z : tensor<?x96xbf16>, tensor<?x96xbf16>
+}
+
+// CHECK-LABEL: func.func @engram_fetch
+// CHECK-SAME: (%[[IDS:.*]]: tensor<?x24xi32>)
+func.func @engram_fetch(%ids: tensor<?x24xi32>) -> tensor<?x49152xbf16> {
+  // CHECK: ep.engram_fetch %[[IDS]] config #[[$BF16]] : tensor<?x24xi32> -> tensor<?x49152xbf16>
+  %rows = ep.engram_fetch %ids config #bf16 : tensor<?x24xi32> -> tensor<?x49152xbf16>
+  return %rows : tensor<?x49152xbf16>
+}
+
 // CHECK-LABEL: func.func @dispatch_bf16_minimal
 // CHECK-SAME: (%[[X:.*]]: tensor<?x2048xbf16>, %[[IDX:.*]]: tensor<?x4xi32>)
 func.func @dispatch_bf16_minimal(%x: tensor<?x2048xbf16>, %idx: tensor<?x4xi32>)

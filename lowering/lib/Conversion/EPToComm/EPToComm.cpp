@@ -524,6 +524,27 @@ struct GemmCombineOpLowering : KernelOpLowering<ep::GemmCombineOp> {
   }
 };
 
+/// DeepEP's engram_fetch: a warp per fetched row, nothing waits.
+struct EngramFetchOpLowering : KernelOpLowering<ep::EngramFetchOp> {
+  using KernelOpLowering::KernelOpLowering;
+  FailureOr<KernelPlan> planKernels(ep::EngramFetchOp op, const Entry &entry,
+                                    Builder &) const override {
+    KernelPlan plan(op, op.getConfig(), entry, entry.threads);
+    plan.kernels = {entry.name + "_fetch"};
+    plan.fields = fieldNames(kEngramFields);
+    plan.cooperative = false;
+    // The tables lie past the window's device part, at the record's
+    // table_offset: the kernel needs no window bytes of its own.
+    plan.windowBytes = 0;
+    plan.build = [](const KernelPlan &plan, gpu::GPUModuleOp module, const RecordLayout &record) {
+      EPLayout layout = plan.layout(64, record, kENumRows);
+      OpBuilder b = kernelInsertionPoint(module);
+      buildEngramFetch(plan.kernel(b, 0, false), layout);
+    };
+    return plan;
+  }
+};
+
 struct ConvertEPToCommPass : public epic::impl::ConvertEPToCommBase<ConvertEPToCommPass> {
   using ConvertEPToCommBase::ConvertEPToCommBase;
   void runOnOperation() override {
@@ -566,7 +587,8 @@ struct ConvertEPToCommPass : public epic::impl::ConvertEPToCommBase<ConvertEPToC
 
 void epic::populateEPToCommConversionPatterns(RewritePatternSet &patterns, unsigned threads,
                                               bool onePassDispatch, bool onePassCombine) {
-  patterns.add<DispatchLayoutOpLowering, DispatchOpLowering, CombineOpLowering,
-               GroupedGemmOpLowering, DispatchGemmOpLowering, GemmCombineOpLowering>(
-      patterns.getContext(), threads, onePassDispatch, onePassCombine);
+  patterns
+      .add<DispatchLayoutOpLowering, DispatchOpLowering, CombineOpLowering, GroupedGemmOpLowering,
+           DispatchGemmOpLowering, GemmCombineOpLowering, EngramFetchOpLowering>(
+          patterns.getContext(), threads, onePassDispatch, onePassCombine);
 }

@@ -91,6 +91,8 @@ std::pair<Value, Value> combineDestination(KernelBuilder &k, const EPLayout &L, 
 // per token.
 void buildLayoutZero(gpu::GPUFuncOp func, const EPLayout &L);
 void buildLayoutCount(gpu::GPUFuncOp func, const EPLayout &L);
+/// ep.engram_fetch: a warp per fetched row (EngramKernels.cpp).
+void buildEngramFetch(gpu::GPUFuncOp func, const EPLayout &L);
 
 // Fused with the grouped GEMM.
 void buildCopyGemmKernel(OpBuilder &builder, Location loc, StringRef name, const EPLayout &L,

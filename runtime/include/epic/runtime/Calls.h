@@ -134,6 +134,12 @@ struct LayoutCall {
   DeviceTensor isTokenInRank;      ///< i1 [T, R], a byte each
 };
 
+/// ep.engram_fetch of one rank: rows of the ranks' tables by global entry id.
+struct EngramCall {
+  DeviceTensor indices; ///< i32 [T, M]: owner rank x entries per rank + local entry
+  DeviceTensor out;     ///< [T, M x hidden] of the tables' dtype, 16-byte aligned
+};
+
 /// An expanded dispatch fused with the expert GEMM on its rows.
 struct DispatchGemmCall {
   DispatchCall dispatch;
@@ -224,6 +230,11 @@ ParamRecord combineRecord(const EPSpec &spec, const CombineVariant &variant,
 ParamRecord groupedGemmRecord(const EPSpec &spec, const GroupedGemmCall &call);
 /// The dispatch layout's record (the routing, its token count, the outputs).
 ParamRecord layoutRecord(const EPSpec &spec, const LayoutCall &call);
+/// The Engram fetch's record: the ids, their count, the tables' entries per
+/// rank and window offset (the host segment), the rank's own table (its
+/// address in this process), the output.
+ParamRecord engramRecord(const EPSpec &spec, int64_t entriesPerRank, int64_t tableOffset,
+                         uint64_t ownTable, const EngramCall &call);
 /// The fused entry's record: the dispatch's, then "experts" and "gemm_out".
 ParamRecord dispatchGemmRecord(const EPSpec &spec, const DispatchVariant &variant,
                                const DispatchGemmCall &call);

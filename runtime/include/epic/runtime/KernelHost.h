@@ -40,6 +40,11 @@ struct CudaError : public std::runtime_error {
 /// after a CUDA error seen elsewhere (e.g. torch.cuda.synchronize).
 std::string takeDeviceWaitReports();
 
+/// Every report of a stream wait on a peer's flag (AGRS, PP) that outlasted
+/// its bound, in order (runtime/lib/StreamWaits.h): each names the flags and
+/// the values the stream still waits for.
+std::vector<std::string> streamWaitReports();
+
 struct Loaded;
 
 /// Loads the kernels of requests from the provider, checks and lays out the
@@ -161,6 +166,13 @@ public:
   /// routing: no communication, two small kernels.
   Plan planDispatchLayout(const EPSpec &spec, const std::vector<LayoutCall> &calls, int blocks = 0,
                           void *stream = nullptr, std::vector<std::string> slotNames = {});
+  /// ep.engram_fetch of each served rank's ids from the tables in the
+  /// ranks' host segments (`entriesPerRank` entries each, written by the
+  /// caller): one kernel, nothing waits. Throws if the buffer has no host
+  /// segment.
+  Plan planEngramFetch(const EPSpec &spec, int64_t entriesPerRank,
+                       const std::vector<EngramCall> &calls, int blocks = 0, void *stream = nullptr,
+                       std::vector<std::string> slotNames = {});
   /// An expanded dispatch and the expert GEMM on its rows, fused by the
   /// compiler (ep-fuse-dispatch-gemm): GEMM tiles start as their rows land.
   Plan planDispatchGemm(const EPSpec &spec, const DispatchVariant &variant,
@@ -189,6 +201,8 @@ public:
                      void *stream = nullptr, int blocks = 0);
   Run gemmCombine(const EPSpec &spec, int biases, const std::vector<GemmCombineCall> &calls,
                   void *stream = nullptr, int blocks = 0);
+  Run engramFetch(const EPSpec &spec, int64_t entriesPerRank, const std::vector<EngramCall> &calls,
+                  void *stream = nullptr, int blocks = 0);
 
   /// Every rank's work queued on `stream` before the barrier happens before
   /// any rank's work queued after it (DeepEP's barrier). No host wait.
@@ -204,6 +218,16 @@ public:
   std::vector<std::pair<std::string, double>> takeKernelTimes();
 
   int64_t windowBytes() const { return bytesPerRank; }
+  /// After how long a stream wait of AGRS or PP on a peer's flag is reported
+  /// (the buffer's GPU timeout; StreamWaits.h).
+  double streamWaitTimeout() const { return waitTimeoutSecs; }
+  void setStreamWaitTimeout(double secs) { waitTimeoutSecs = secs; }
+  /// Bytes of host memory after each rank's window (DeepEP's num_cpu_bytes,
+  /// Engram's tables; HostSegment.h): at window offset windowBytes(). 0: none.
+  int64_t hostSegmentBytes() const { return cpuBytesPerRank; }
+  /// Bytes from one served rank's window to the next's (the device part and
+  /// the host segment).
+  int64_t windowStride() const { return bytesPerRank + cpuBytesPerRank; }
   /// The device memory of the `servedRank`-th served rank's window (what its
   /// kernels see at window offset 0), for inspection and tests.
   virtual void *windowMemory(int servedRank) const = 0;
@@ -237,7 +261,10 @@ protected:
   void checkWorld(const EPSpec &spec, size_t calls) const;
   /// launch() and wait for the stream.
   Run launchAndWait(const Prepared &prepared, void *stream);
-  KernelHost(KernelProvider &provider, int servedRanks, int64_t windowBytes, int blocksPerRank);
+  /// With `hostBytes` (a multiple of 2 MiB), the window's device part is
+  /// rounded up to 2 MiB too, so that the host segment can follow it.
+  KernelHost(KernelProvider &provider, int servedRanks, int64_t windowBytes, int blocksPerRank,
+             int64_t hostBytes = 0);
   /// The loaded kernels of `input`; `mayLoad` false refuses (naming why)
   /// to load a module that is not loaded yet.
   Loaded &load(const KernelInput &input, Run &run, bool mayLoad);
@@ -248,6 +275,8 @@ protected:
   KernelProvider &provider;
   int servedRanks;
   int64_t bytesPerRank;
+  int64_t cpuBytesPerRank;
+  double waitTimeoutSecs = 100;
   int blocksPerRank;
   int deviceSms = 0;
   /// The kernels' first two arguments: the device communicator and window.

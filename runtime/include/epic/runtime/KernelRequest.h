@@ -136,6 +136,11 @@ KernelRequest gemmCombineRequest(const EPSpec &spec, int biases, std::string nam
 /// ep.dispatch_layout of a routing table of `topkIdxBits`-bit expert ids.
 KernelRequest dispatchLayoutRequest(const EPSpec &spec, int topkIdxBits = 64,
                                     std::string name = "");
+/// ep.engram_fetch of rows of `spec.hidden` elements of `spec.dtype` from the
+/// tables of `spec.ranks` ranks (NVLink domains of `spec.scaleupRanks`). The
+/// request's configuration is normalized (experts = ranks, top-1, no scale
+/// packs but FP8's one, alignment 1, plain): one kernel per row shape.
+KernelRequest engramFetchRequest(const EPSpec &spec, std::string name = "");
 
 } // namespace epic::runtime
 

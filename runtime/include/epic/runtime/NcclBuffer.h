@@ -15,6 +15,7 @@
 #define EPIC_RUNTIME_NCCLBUFFER_H
 
 #include "epic/runtime/NcclChecks.h"
+#include "epic/runtime/HostSegment.h"
 #include "epic/runtime/KernelHost.h"
 
 #include <memory>
@@ -87,8 +88,11 @@ private:
 class NcclElasticBuffer : public KernelHost {
 public:
   /// Collective: every rank of `comm` calls it with the same arguments.
+  /// `hostBytes`: a host segment after the window (HostSegment.h), on a
+  /// one-rank communicator only: NCCL 2.28 maps no host memory for its LSA
+  /// peers (a peer's segment would need NCCL's GIN get), refused by name.
   NcclElasticBuffer(Communicator &comm, int64_t windowBytes, KernelProvider &provider,
-                    int blocksPerRank = 16);
+                    int blocksPerRank = 16, int64_t hostBytes = 0);
   ~NcclElasticBuffer() override;
 
   const DeviceApiInfo &info() const { return apiInfo; }
@@ -113,6 +117,8 @@ private:
   DeviceApiInfo apiInfo;
   bool devCommCreated = false;
   void *memory = nullptr;
+  /// The window's memory when it has a host segment (else ncclMemAlloc's).
+  std::unique_ptr<MixedWindows> mixed;
   void *window = nullptr;      ///< ncclWindow_t
   void *devCommHost = nullptr; ///< ncclDevComm (host copy, for destruction)
   int *barrierWord = nullptr;  ///< the barrier's all-reduce operand

@@ -12,9 +12,11 @@
 #ifndef EPIC_RUNTIME_VIRTUALBUFFER_H
 #define EPIC_RUNTIME_VIRTUALBUFFER_H
 
+#include "epic/runtime/HostSegment.h"
 #include "epic/runtime/KernelHost.h"
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -26,9 +28,11 @@ class VirtualElasticBuffer : public KernelHost {
 public:
   /// `windowBytes` per rank (at least the entries' `window_bytes`);
   /// `blocksPerRank` blocks of every kernel serve each rank; `gpusPerNode`
-  /// (M, dividing `ranks`; none: all of them) ranks per node.
+  /// (M, dividing `ranks`; none: all of them) ranks per node; `hostBytes`
+  /// of host memory after each rank's window (HostSegment.h), 0: none.
   VirtualElasticBuffer(int ranks, int64_t windowBytes, KernelProvider &provider,
-                       int blocksPerRank = 16, std::optional<int> gpusPerNode = std::nullopt);
+                       int blocksPerRank = 16, std::optional<int> gpusPerNode = std::nullopt,
+                       int64_t hostBytes = 0);
   ~VirtualElasticBuffer() override;
   int ranks() const { return servedRanks; }
   int gpusPerNode() const override { return lsaSize; }
@@ -54,6 +58,8 @@ public:
 
 private:
   int lsaSize, droppedRank = -1;
+  /// The windows when they have host segments (else `window` is cudaMalloc'd).
+  std::unique_ptr<MixedWindows> mixed;
   void *window = nullptr, *signals = nullptr, *counters = nullptr, *barriers = nullptr,
        *traffic = nullptr;
 };

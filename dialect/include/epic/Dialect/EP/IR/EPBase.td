@@ -77,6 +77,16 @@ def EP_Mode : I32EnumAttr<"Mode", "how tokens reach ranks of other nodes", [
   }];
 }
 
+def EP_RingDirection : I32EnumAttr<"RingDirection", "a ring neighbour", [
+    I32EnumAttrCase<"next", 0>,
+    I32EnumAttrCase<"prev", 1>
+  ]> {
+  let cppNamespace = "::epic::ep";
+  let description = [{
+    `next`: rank `(r + 1) mod R`; `prev`: rank `(r - 1) mod R` (PP's ring).
+  }];
+}
+
 // Every ep op is host-level: it becomes kernels and their launch
 // (convert-ep-to-comm), which cannot happen inside a kernel (verified by the
 // trait).

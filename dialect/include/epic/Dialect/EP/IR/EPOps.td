@@ -484,4 +484,71 @@ def EP_ReduceScatterOp : EP_Op<"reduce_scatter"> {
   let hasVerifier = 1;
 }
 
+//===----------------------------------------------------------------------===//
+// ep.pp_send_recv (PP channels)
+//===----------------------------------------------------------------------===//
+
+def EP_PpSendRecvOp : EP_Op<"pp_send_recv"> {
+  let summary = "send to a ring neighbour, receive from the other one";
+  let description = [{
+    DeepEP V2's pipeline send/recv (PP) as one collective step: every one of
+    the `ranks` ranks of one NVLink domain sends `x` to its ring neighbour
+    `to` (`next`: rank `(r + 1) mod ranks`, `prev`: `(r - 1) mod ranks`) and
+    receives the tensor its other neighbour sent, bit for bit: with `to next`
+    rank `r`'s result is rank `(r - 1) mod ranks`'s `x`. Every rank's `x` has
+    the same shape and element type.
+
+    The runtime moves the bytes with the copy engines, no kernel, through the
+    receiver's PP slots with the arrival and release flags of
+    docs/semantics.md ("PP channels"): the send waits for a free slot, the
+    receive for the arrival.
+
+    ```mlir
+    %y = ep.pp_send_recv %x ranks 4 to next : tensor<?x96xbf16> -> tensor<?x96xbf16>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$x, EP_RanksAttr:$ranks, EP_RingDirection:$to);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = [{
+    $x `ranks` $ranks `to` $to attr-dict `:` type($x) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// ep.engram_fetch (Engram: rows of tables held in host memory)
+//===----------------------------------------------------------------------===//
+
+def EP_EngramFetchOp : EP_Op<"engram_fetch", [EP_KernelOpInterface]> {
+  let summary = "fetch rows of the ranks' host-memory tables by global entry id";
+  let description = [{
+    DeepEP V2's Engram fetch. Every rank holds a table of `N_e` entries of
+    `hidden` elements of `dtype` in the host segment of its window (written
+    by the buffer's `engram_write`, `num_cpu_bytes` of pinned host memory
+    after the window; an entry takes `align(hidden x bytes(dtype), 32)`
+    bytes). `indices` (`[T, M]`, i32) are global entry ids
+    `owner_rank x N_e + local_entry`; the result is `[T, M x hidden]`: row
+    `t` holds the `M` entries `indices[t, :]` side by side.
+
+    Only the rows move: an FP8 table's scale factors are a replicated table
+    the caller gathers itself. Of the configuration, `ranks`, `hidden`,
+    `dtype`, `scaleup_ranks` and `num_sms` matter; the kernel reads the
+    owners' segments through NVLink, so every rank must be in one NVLink
+    domain (`scaleup_ranks` = `ranks`). An id outside `[0, ranks x N_e)`
+    fetches a row of zeros (the runtime refuses such ids where it checks).
+    `N_e` and the segment's offset are run-time values of the kernel.
+
+    ```mlir
+    %rows = ep.engram_fetch %indices config #cfg
+        : tensor<?x24xi32> -> tensor<?x3072xbf16>
+    ```
+  }];
+  let arguments = (ins EP_ConfigAttr:$config, 2DTensorOf<[I32]>:$indices);
+  let results = (outs EP_RowTensor:$rows);
+  let assemblyFormat = [{
+    $indices `config` $config attr-dict `:` type($indices) `->` type($rows)
+  }];
+  let hasVerifier = 1;
+}
+
 #endif // EPIC_DIALECT_EP_IR_EPOPS_TD

@@ -57,6 +57,11 @@ enum LayoutField {
 #include "epic/Dialect/EP/IR/EPRecords.def"
   kNumLayoutFields
 };
+enum EngramField {
+#define EP_ENGRAM_FIELD(Enumerator, name) Enumerator,
+#include "epic/Dialect/EP/IR/EPRecords.def"
+  kNumEngramFields
+};
 
 /// The names in record order (the fused entries and hybrid mode: only the
 /// fields they add).
@@ -92,6 +97,10 @@ inline constexpr const char *kLayoutFields[] = {
 #define EP_LAYOUT_FIELD(Enumerator, name) #name,
 #include "epic/Dialect/EP/IR/EPRecords.def"
 };
+inline constexpr const char *kEngramFields[] = {
+#define EP_ENGRAM_FIELD(Enumerator, name) #name,
+#include "epic/Dialect/EP/IR/EPRecords.def"
+};
 
 /// Name constants for the runtime, which fills records by name.
 namespace dispatch {
@@ -114,6 +123,10 @@ namespace layout {
 #define EP_LAYOUT_FIELD(Enumerator, name) inline constexpr const char name[] = #name;
 #include "epic/Dialect/EP/IR/EPRecords.def"
 } // namespace layout
+namespace engram {
+#define EP_ENGRAM_FIELD(Enumerator, name) inline constexpr const char name[] = #name;
+#include "epic/Dialect/EP/IR/EPRecords.def"
+} // namespace engram
 
 } // namespace epic::ep::records
 
