@@ -48,6 +48,18 @@ def toy_expert_torch(torch, data, sf, aligned_counts, num_local_experts):
     return (deq * scale[:, None]).to(torch.bfloat16)
 
 
+def toy_expert_combined(torch, expected, num_local_experts, rank):
+    """The reference combine of the toy expert's outputs on every rank's reference FP8
+    expanded dispatch (`expected`), weights sent back: what rank `rank` must get."""
+    from epic import reference as ref
+
+    ys = [torch_to_numpy(toy_expert_torch(torch, numpy_to_torch(e.recv_x, "cpu"),
+                                          numpy_to_torch(e.recv_scale_packs, "cpu"),
+                                          e.num_recv_tokens_per_expert_list, num_local_experts))
+          for e in expected]
+    return ref.combine(ys, expected, topk_weights=[e.recv_topk_weights for e in expected])[rank]
+
+
 def to_torch(torch, a, device="cuda"):
     return numpy_to_torch(a, device)
 

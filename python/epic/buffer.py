@@ -21,9 +21,11 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import sys
 
 from . import _limits as LIM
 from . import _nccl, _topology
+from . import _deepep_env
 from ._agrs import AgrsMethods
 from ._engram import EngramMethods
 from ._pp import PpMethods
@@ -352,7 +354,8 @@ class ElasticBuffer(AgrsMethods, EngramMethods, PpMethods):
         if self.virtual and self.group.device is not None:
             torch.cuda.set_device(self.group.device)
         self._device_index = torch.cuda.current_device()
-        runtime = C.Runtime("virtual" if self.virtual else "nccl", self._cache_dir, "")
+        runtime = self._kernel_runtime = C.Runtime("virtual" if self.virtual else "nccl",
+                                                   self._cache_dir, "")
         # The most blocks per rank any call may use: the request, else the whole GPU. A call
         # without num_sms takes the analytic count of its own experts and top-k (_call_sms).
         sms = _blocks_per_rank(self._requested_sms, _device_sms(self._device_index),
@@ -379,6 +382,13 @@ class ElasticBuffer(AgrsMethods, EngramMethods, PpMethods):
                 self._set_layout(self.num_ranks // lsa, lsa)
         # AGRS and PP stream waits on peers' flags are reported after the GPU timeout.
         state.set_stream_wait_timeout(float(self.num_gpu_timeout_secs))
+        if _deepep_env.buffer_debug():  # DeepEP's EP_BUFFER_DEBUG
+            print(f"epic ElasticBuffer: {self.num_ranks} rank(s) "
+                  f"({'virtual' if self.virtual else 'NCCL rank ' + str(self.rank_idx)}), "
+                  f"{self.num_nvlink_ranks} per NVLink domain, num_bytes {self.num_bytes} "
+                  f"(window {state.window_bytes}), num_cpu_bytes {self.num_cpu_bytes}, "
+                  f"{sms} blocks per rank at most, kernel cache {runtime.cache_dir}",
+                  file=sys.stderr)
         self._state = state
         self._comm_stream = torch.cuda.Stream(priority=-1)
         if not self.virtual:
@@ -694,6 +704,8 @@ class ElasticBuffer(AgrsMethods, EngramMethods, PpMethods):
         # The stream only decides whether loading kernels is refused (while capturing).
         stream = self._current_stream()
         sms = num_sms or self._call_sms(spec, state.blocks_per_rank)
+        if _deepep_env.dump_ptx() or _deepep_env.dump_sass():  # DeepEP's EP_JIT_DUMP_*
+            _deepep_env.note_kernels(self._kernel_runtime, kind, spec, variant)
         plan = OpPlan(state.plan(kind, spec, variant, runtime_calls, sms, stream), C.slots(kind),
                       make_outputs, outputs, sms=sms)
         if key is not None:
@@ -752,6 +764,8 @@ class ElasticBuffer(AgrsMethods, EngramMethods, PpMethods):
         if not async_with_compute_stream:
             compute.wait_stream(comm)
             return EventOverlap(None)
+        if _deepep_env.avoid_record_stream():  # DeepEP's EP_AVOID_RECORD_STREAM
+            return EventOverlap(EventHandle(_record(comm)), extra=outputs)
         for tensors in outputs.per_rank:
             for t in tensors.values():
                 t.record_stream(comm)

@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 
 import epic  # noqa: E402
 from common import (GROUP, add_compile_only_arguments, init_distributed, make_inputs,  # noqa: E402
-                    toy_expert_torch)
+                    toy_expert_combined, toy_expert_torch)
 from epic import reference as ref  # noqa: E402
 from epic._tensors import numpy_to_torch, torch_to_numpy  # noqa: E402
 
@@ -176,10 +176,7 @@ def main():
         torch.equal(again.view(torch.uint8), data.view(torch.uint8)) and torch.equal(again_sf, sf))
     y = toy_expert_torch(torch, data, sf, handle.num_recv_tokens_per_expert_list, L)
     out, out_w, _ = buffer.combine(y, handle, topk_weights=recv_w)
-    ys = [to_numpy(toy_expert_torch(torch, to_torch(e.recv_x, "cpu"),
-                                    to_torch(e.recv_scale_packs, "cpu"),
-                                    e.num_recv_tokens_per_expert_list, L)) for e in expected]
-    want = ref.combine(ys, expected, topk_weights=[e.recv_topk_weights for e in expected])[rank]
+    want = toy_expert_combined(torch, expected, L, rank)
     results["FP8 expanded combine, weights back (bitwise)"] = (
         to_numpy(out).tobytes() == want.combined_x.tobytes()
         and to_numpy(out_w).tobytes() == want.combined_topk_weights.tobytes())

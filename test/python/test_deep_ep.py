@@ -1,0 +1,105 @@
+"""epic.deep_ep without a GPU: DeepEP's names and signatures, the environment variables (each
+in a fresh interpreter: the module reads them on import), and what is refused by name."""
+
+import inspect
+import os
+import subprocess
+import sys
+
+import pytest
+
+import epic
+import epic.deep_ep as deep_ep
+from epic import _deepep_env
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHON = os.path.join(HERE, "..", "..", "python")
+
+# DeepEP V2's module-level names (deep_ep/__init__.py), V1's Buffer and Config aside.
+DEEPEP_NAMES = ["ElasticBuffer", "EPHandle", "EventOverlap", "EventHandle", "topk_idx_t",
+                "get_physical_domain_size", "get_logical_domain_size"]
+# Every EP_* variable DeepEP V2 reads (its README and sources).
+DEEPEP_VARIABLES = ["EP_BUFFER_DEBUG", "EP_SUPPRESS_NCCL_CHECK", "EP_AVOID_RECORD_STREAM",
+                    "EP_NUM_TOPK_IDX_BITS", "EP_NIC_NAME", "EP_OVERRIDE_RDMA_SL", "EP_DISABLE_GIN",
+                    "EP_REUSE_NCCL_COMM", "EP_NUM_MAX_LOCAL_RANKS", "EP_JIT_DEBUG",
+                    "EP_JIT_CACHE_DIR", "EP_JIT_NVCC_COMPILER", "EP_JIT_CPP_STANDARD",
+                    "EP_JIT_PRINT_COMPILER_COMMAND", "EP_JIT_PTXAS_VERBOSE", "EP_JIT_PTXAS_CHECK",
+                    "EP_JIT_WITH_LINEINFO", "EP_JIT_DUMP_ASM", "EP_JIT_DUMP_PTX",
+                    "EP_JIT_DUMP_SASS", "EP_GIN_GDAKI_DEBUG"]
+
+
+def run(code, **env):
+    """`code` in a fresh interpreter with `env` added; (returncode, stdout, stderr)."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("EP_", "EPIC_CACHE"))}
+    full.update(env, PYTHONPATH=PYTHON)
+    p = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True,
+                       timeout=120)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_deepeps_names_are_there():
+    for name in DEEPEP_NAMES:
+        assert name in dir(deep_ep), name
+    assert issubclass(deep_ep.ElasticBuffer, epic.ElasticBuffer)
+    assert deep_ep.__version__.startswith("2.1.0+epic")
+    assert inspect.signature(deep_ep.ElasticBuffer.__init__) == \
+        inspect.signature(epic.ElasticBuffer.__init__)
+
+
+def test_v1_names_are_refused_by_name():
+    for name in ("Buffer", "Config"):
+        with pytest.raises(AttributeError, match=f"DeepEP V1's {name} is not available"):
+            getattr(deep_ep, name)
+    with pytest.raises(AttributeError, match="has no attribute 'Nothing'"):
+        deep_ep.Nothing  # noqa: B018
+
+
+def test_every_deepep_variable_has_a_status():
+    assert sorted(_deepep_env.VARIABLES) == sorted(DEEPEP_VARIABLES)
+    for name, (status, what) in _deepep_env.VARIABLES.items():
+        assert status in ("honoured", "not applicable") and what, name
+
+
+def test_the_cache_directory_and_communicator_reuse_become_epics():
+    code = "import os, epic.deep_ep; print(os.environ['EPIC_CACHE_DIR'], " \
+           "os.environ['EPIC_REUSE_NCCL_COMM'])"
+    rc, out, err = run(code, EP_JIT_CACHE_DIR="/tmp/ep-cache", EP_REUSE_NCCL_COMM="0")
+    assert rc == 0, err
+    assert out.split() == ["/tmp/ep-cache", "0"]
+    # epic's own setting wins.
+    rc, out, err = run("import os, epic.deep_ep; print(os.environ['EPIC_CACHE_DIR'])",
+                       EP_JIT_CACHE_DIR="/tmp/ep-cache", EPIC_CACHE_DIR="/tmp/epic-cache")
+    assert rc == 0 and out.strip() == "/tmp/epic-cache", err
+
+
+def test_variables_that_do_not_apply_are_named_once():
+    rc, out, err = run("import epic.deep_ep", EP_NIC_NAME="mlx5_1", EP_DISABLE_GIN="1")
+    assert rc == 0, err
+    assert err.count("do not apply to epic") == 1
+    assert "EP_DISABLE_GIN (" in err and "EP_NIC_NAME (" in err
+    rc, out, err = run("import epic.deep_ep")
+    assert rc == 0 and "do not apply" not in err
+
+
+def test_topk_idx_bits():
+    rc, out, err = run("import epic._deepep_env as e; print(e.topk_idx_bits())",
+                       EP_NUM_TOPK_IDX_BITS="32")
+    assert rc == 0 and out.strip() == "32", err
+    rc, out, err = run("import epic.deep_ep", EP_NUM_TOPK_IDX_BITS="12")
+    assert rc != 0 and "EP_NUM_TOPK_IDX_BITS='12': top-k ids are 8, 16, 32 or 64-bit" in err
+
+
+def test_flags_read_the_environment(monkeypatch):
+    for name, flag in (("EP_AVOID_RECORD_STREAM", _deepep_env.avoid_record_stream),
+                       ("EP_BUFFER_DEBUG", _deepep_env.buffer_debug),
+                       ("EP_JIT_DUMP_PTX", _deepep_env.dump_ptx),
+                       ("EP_JIT_DUMP_SASS", _deepep_env.dump_sass)):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv("EP_JIT_DUMP_ASM", raising=False)
+        assert not flag(), name
+        monkeypatch.setenv(name, "1")
+        assert flag(), name
+        monkeypatch.setenv(name, "0")
+        assert not flag(), name
+    monkeypatch.setenv("EP_JIT_DUMP_ASM", "1")
+    assert _deepep_env.dump_ptx() and _deepep_env.dump_sass()
