@@ -9,8 +9,8 @@ variable and what epic does with it) and warns once about those that do not appl
 ``EP_NUM_TOPK_IDX_BITS`` sets ``topk_idx_t``, and this module's ``ElasticBuffer.dispatch``
 returns ``recv_topk_idx`` in it, as DeepEP does (epic's own returns int64).
 
-DeepEP V1's ``Buffer`` and ``Config`` are not available yet: asking for them raises an
-``AttributeError`` that says so.
+DeepEP V1's ``Buffer`` (normal mode; low-latency mode is refused by name) and ``Config`` are
+epic's adapters over ElasticBuffer (``epic._v1``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 from . import __version__ as _epic_version
 from . import _deepep_env
 from ._topology import get_logical_domain_size, get_physical_domain_size
+from ._v1 import Buffer, Config
 from .buffer import ElasticBuffer as _EpicElasticBuffer
 from .buffer import EventHandle, EventOverlap, _record
 from .handle import EPHandle
@@ -28,9 +29,7 @@ _deepep_env.apply()
 __version__ = f"2.1.0+epic{_epic_version}"
 
 __all__ = ["ElasticBuffer", "EPHandle", "EventOverlap", "EventHandle", "topk_idx_t",  # noqa: F822
-           "get_physical_domain_size", "get_logical_domain_size"]
-
-_V1 = {"Buffer", "Config"}
+           "get_physical_domain_size", "get_logical_domain_size", "Buffer", "Config"]
 
 
 class ElasticBuffer(_EpicElasticBuffer):
@@ -66,9 +65,6 @@ def _cast(ids, dtype):
 def __getattr__(name):
     if name == "topk_idx_t":
         return _deepep_env.topk_idx_dtype()
-    if name in _V1:
-        raise AttributeError(f"epic.deep_ep.{name}: DeepEP V1's {name} is not available in epic "
-                             "yet; use ElasticBuffer (DeepEP V2's API), which epic implements")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -12,8 +12,11 @@ topk_weights=None, async_with_compute_stream=False, allocate_on_comm_stream=Fals
 ``destroy()``. SGLang: its buffer (``sl_idx=0, prefer_overlap_with_compute=False``), an FP8
 expanded dispatch with ``expert_alignment=128``, ``num_sms``, ``num_qps``,
 ``use_tma_aligned_col_major_sf=True``, the ``psum_num_recv_tokens_per_expert`` it reads, and
-``combine(x, handle=..., topk_weights=..., num_sms=..., num_qps=...)``. Rank 0 prints one line
-per check with every rank's verdict.
+``combine(x, handle=..., topk_weights=..., num_sms=..., num_qps=...)``. DeepEP V1's normal mode
+(vLLM's ``deepep_high_throughput``, SGLang's normal dispatcher): ``Buffer(group, num_nvl_bytes,
+num_rdma_bytes, low_latency_mode=False, ...)``, ``get_dispatch_layout`` (5-tuple), ``dispatch``
+with the layout tensors and ``Config`` (6-tuple), ``combine``. Rank 0 prints one line per check
+with every rank's verdict.
 """
 
 from __future__ import annotations
@@ -53,6 +56,10 @@ def kernel_sets(world):
     s = spec("f8E4M3FN", True, 128)  # SGLang
     yield s, dispatch, "dispatch"
     yield s, dict(weights=True, biases=0, window_outputs=False), "combine"
+    # DeepEP V1's normal mode: the layout, a plain BF16 dispatch with weights, their combine.
+    yield dict(spec("bf16", False, 1), hidden=128), dict(topk_idx_bits=64), "dispatch_layout"
+    yield spec("bf16", False, 1), dispatch, "dispatch"
+    yield spec("bf16", False, 1), dict(weights=True, biases=0, window_outputs=False), "combine"
 
 
 def compile_only(args):
@@ -179,6 +186,46 @@ def main():
                                              num_qps=0)
     want = toy_expert_combined(torch, expected, L, rank)
     results["SGLang: combine with weights (bitwise)"] = (
+        to_numpy(combined).tobytes() == want.combined_x.tobytes()
+        and to_numpy(combined_w).tobytes() == want.combined_topk_weights.tobytes())
+    buffer.destroy()
+
+    # --- DeepEP V1 normal mode (vLLM deepep_high_throughput, SGLang's normal dispatcher) ---
+    buffer = deep_ep.Buffer(group, num_nvl_bytes=256 << 20, num_rdma_bytes=0,
+                            low_latency_mode=False, num_qps_per_rank=1, explicitly_destroy=True)
+    expected = ref.dispatch(xs16, idxs, ws, num_experts=EXPERTS, num_max_tokens_per_rank=TOKENS)
+    layout = ref.dispatch_layout(idxs[rank], EXPERTS, world)
+    per_rank, per_rdma, per_expert, in_rank, _ = buffer.get_dispatch_layout(
+        to_torch(idxs[rank]), EXPERTS, previous_event=None, async_finish=False,
+        allocate_on_comm_stream=False)
+    results["V1: get_dispatch_layout (5-tuple, counts)"] = (
+        per_rdma is None and to_numpy(per_rank).tobytes() == layout[0].tobytes()
+        and to_numpy(per_expert).tobytes() == layout[1].tobytes()
+        and to_numpy(in_rank).tobytes() == layout[2].tobytes())
+    config = deep_ep.Buffer.get_dispatch_config(world)
+    recv_x, recv_topk_idx, recv_w, counts_list, handle, event = buffer.dispatch(
+        to_torch(xs16[rank]), handle=None, num_tokens_per_rank=per_rank,
+        num_tokens_per_rdma_rank=per_rdma, is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert, topk_idx=to_torch(idxs[rank]),
+        topk_weights=to_torch(ws[rank]), expert_alignment=1, config=config, previous_event=None,
+        async_finish=False, allocate_on_comm_stream=False)
+    e = expected[rank]
+    got = dataclasses.replace(e, recv_x=to_numpy(recv_x),
+                              recv_topk_idx=to_numpy(recv_topk_idx).astype(np.int64),
+                              recv_topk_weights=to_numpy(recv_w),
+                              recv_src_metadata=to_numpy(handle.recv_src_metadata))
+    s = ref.sort_by_source(got)
+    results["V1: dispatch (6-tuple: rows, ids, weights, counts)"] = all(
+        getattr(s, f).tobytes() == getattr(e, f).tobytes()
+        for f in ("recv_x", "recv_topk_idx", "recv_topk_weights", "recv_src_metadata")) and \
+        counts_list == e.num_recv_tokens_per_expert_list
+    y = (recv_x.float() * 2).to(torch.bfloat16)
+    combined, combined_w, event = buffer.combine(
+        y, handle, topk_weights=recv_w, config=deep_ep.Buffer.get_combine_config(world),
+        previous_event=None, async_finish=False, allocate_on_comm_stream=False)
+    ys = [(x.recv_x.astype(np.float32) * 2).astype(ref.bfloat16) for x in expected]
+    want = ref.combine(ys, expected, topk_weights=[x.recv_topk_weights for x in expected])[rank]
+    results["V1: combine with weights (bitwise)"] = (
         to_numpy(combined).tobytes() == want.combined_x.tobytes()
         and to_numpy(combined_w).tobytes() == want.combined_topk_weights.tobytes())
     buffer.destroy()

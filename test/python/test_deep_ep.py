@@ -15,9 +15,9 @@ from epic import _deepep_env
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON = os.path.join(HERE, "..", "..", "python")
 
-# DeepEP V2's module-level names (deep_ep/__init__.py), V1's Buffer and Config aside.
+# DeepEP V2's module-level names (deep_ep/__init__.py), V1's Buffer and Config included.
 DEEPEP_NAMES = ["ElasticBuffer", "EPHandle", "EventOverlap", "EventHandle", "topk_idx_t",
-                "get_physical_domain_size", "get_logical_domain_size"]
+                "get_physical_domain_size", "get_logical_domain_size", "Buffer", "Config"]
 # Every EP_* variable DeepEP V2 reads (its README and sources).
 DEEPEP_VARIABLES = ["EP_BUFFER_DEBUG", "EP_SUPPRESS_NCCL_CHECK", "EP_AVOID_RECORD_STREAM",
                     "EP_NUM_TOPK_IDX_BITS", "EP_NIC_NAME", "EP_OVERRIDE_RDMA_SL", "EP_DISABLE_GIN",
@@ -46,10 +46,29 @@ def test_deepeps_names_are_there():
         inspect.signature(epic.ElasticBuffer.__init__)
 
 
-def test_v1_names_are_refused_by_name():
-    for name in ("Buffer", "Config"):
-        with pytest.raises(AttributeError, match=f"DeepEP V1's {name} is not available"):
-            getattr(deep_ep, name)
+def test_v1_buffer_and_config():
+    """DeepEP V1's normal-mode Buffer: its signatures, its static configs, what it refuses."""
+    params = list(inspect.signature(deep_ep.Buffer.__init__).parameters)
+    assert params[:5] == ["self", "group", "num_nvl_bytes", "num_rdma_bytes", "low_latency_mode"]
+    dispatch = list(inspect.signature(deep_ep.Buffer.dispatch).parameters)
+    assert dispatch == ["self", "x", "handle", "num_tokens_per_rank", "num_tokens_per_rdma_rank",
+                        "is_token_in_rank", "num_tokens_per_expert", "topk_idx", "topk_weights",
+                        "expert_alignment", "num_worst_tokens", "config", "previous_event",
+                        "async_finish", "allocate_on_comm_stream"]
+    combine = list(inspect.signature(deep_ep.Buffer.combine).parameters)
+    assert combine == ["self", "x", "handle", "topk_weights", "bias", "config", "previous_event",
+                       "async_finish", "allocate_on_comm_stream"]
+    deep_ep.Buffer.set_num_sms(24)
+    assert deep_ep.Buffer.get_dispatch_config(8).num_sms == 24
+    assert deep_ep.Buffer.get_combine_config(8).num_sms == 24
+    deep_ep.Buffer.set_num_sms(20)
+    with pytest.raises(ValueError, match="num_sms: must be >= 1"):
+        deep_ep.Config(0)
+    with pytest.raises(ValueError, match="low_latency_mode: DeepEP V1's low-latency mode is not "
+                                         "available"):
+        deep_ep.Buffer(epic.VirtualWorld(2), num_rdma_bytes=1 << 30, low_latency_mode=True)
+    with pytest.raises(ValueError, match="the buffer needs bytes"):
+        deep_ep.Buffer(epic.VirtualWorld(2))
     with pytest.raises(AttributeError, match="has no attribute 'Nothing'"):
         deep_ep.Nothing  # noqa: B018
 
