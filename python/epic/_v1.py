@@ -143,8 +143,7 @@ class Buffer:
                 x, handle=handle, num_sms=num_sms, previous_event=previous_event,
                 async_with_compute_stream=async_finish,
                 allocate_on_comm_stream=allocate_on_comm_stream)
-            return (recv_x, recv_idx, recv_w, handle.num_recv_tokens_per_expert_list, handle,
-                    event)
+            return recv_x, recv_idx, recv_w, _counts(handle), handle, event
         if topk_idx is None or num_tokens_per_expert is None:
             raise ValueError("topk_idx and num_tokens_per_expert: required unless a handle is "
                              "given (get_dispatch_layout makes the layout)")
@@ -163,7 +162,7 @@ class Buffer:
             num_max_tokens_per_rank=cap, expert_alignment=expert_alignment, num_sms=num_sms,
             previous_event=previous_event, async_with_compute_stream=async_finish,
             allocate_on_comm_stream=allocate_on_comm_stream, do_cpu_sync=not num_worst_tokens)
-        counts = [] if num_worst_tokens else handle.num_recv_tokens_per_expert_list
+        counts = [] if num_worst_tokens else _counts(handle)
         return recv_x, recv_idx, recv_w, counts, handle, event
 
     def combine(self, x, handle, topk_weights=None, bias=None, config: Config | None = None,
@@ -181,6 +180,13 @@ class Buffer:
 
 def _rows(t):
     return int(t.shape[0])
+
+
+def _counts(handle):
+    """The received count per local expert: a list, or one per rank (a virtual world)."""
+    if isinstance(handle, list):
+        return [h.num_recv_tokens_per_expert_list for h in handle]
+    return handle.num_recv_tokens_per_expert_list
 
 
 def _first(v):

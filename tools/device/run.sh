@@ -179,6 +179,7 @@ run torchrun --nproc-per-node "$(nvidia-smi -L | wc -l)" test/gpu/collectives_di
 # The engines' DeepEP V2 call sequences on epic.deep_ep (vLLM, SGLang), then again with DeepEP's
 # environment: 32-bit topk_idx_t, no record_stream, buffer debug lines, PTX paths.
 EPIC_CACHE_DIR="$dev/cache" run torchrun --nproc-per-node 1 test/gpu/engine_replay.py
+EPIC_CACHE_DIR="$dev/cache" run python3 test/gpu/engine_replay.py --virtual
 EPIC_CACHE_DIR="$dev/cache" EP_NUM_TOPK_IDX_BITS=32 EP_AVOID_RECORD_STREAM=1 EP_BUFFER_DEBUG=1 \
   EP_JIT_DUMP_PTX=1 run torchrun --nproc-per-node 1 test/gpu/engine_replay.py
 EPIC_CACHE_DIR="$dev/cache" run python3 examples/quickstart.py
