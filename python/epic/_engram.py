@@ -19,6 +19,7 @@ from . import _tensors as T
 from ._agrs import check_device_tensor
 from ._plans import signatures
 from ._reference_checks import align
+from ._reference_collectives import engram_storage_size_hint
 
 _MIB2 = 2 << 20
 _ROW_DTYPES = ("bf16", "f16", "f32", "f8E4M3FN", "f8E5M2")
@@ -37,8 +38,7 @@ def storage_size_hint(num_entries, hidden, num_max_tokens_per_rank, dtype):
     itemsize = getattr(dtype, "itemsize", None)
     if not isinstance(itemsize, int) or itemsize < 1:
         raise TypeError(f"dtype: expected a torch.dtype, got {dtype!r}")
-    entry = align(hidden * itemsize, 32)
-    return align(entry * num_max_tokens_per_rank, _MIB2), align(entry * num_entries, _MIB2)
+    return engram_storage_size_hint(num_entries, hidden, num_max_tokens_per_rank, itemsize)
 
 
 def _segment(b, served, nbytes):
@@ -55,7 +55,7 @@ def _segment(b, served, nbytes):
     return torch.as_tensor(_Segment(), device="cuda")
 
 
-def _check_table(b, name, table):
+def _check_table(name, table):
     check_device_tensor(name, table)
     if table.dim() != 2:
         raise ValueError(f"{name}: expected [num_entries, hidden], got shape {tuple(table.shape)}")
@@ -98,7 +98,7 @@ class EngramMethods:
         R = self.num_ranks
         first = None
         for r, table in enumerate(tables):
-            dtype = _check_table(self, self._name("storage", r), table)
+            dtype = _check_table(self._name("storage", r), table)
             if first is None:
                 first = (table.shape, dtype)
             elif (table.shape, dtype) != first:

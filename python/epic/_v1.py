@@ -13,7 +13,7 @@ Low-latency mode is not available yet: ``Buffer(low_latency_mode=True)`` says so
 
 from __future__ import annotations
 
-from .buffer import ElasticBuffer, _check_bool, _check_int
+from .buffer import ElasticBuffer, _check_bool, _check_int, _staging_blocks
 
 _MIB2 = 2 << 20
 
@@ -99,9 +99,16 @@ class Buffer:
         elements and `topk` experts (the same on every rank)."""
         key = (hidden, topk, fp8)
         if key not in self._caps:
+            b = self._buffer
+            # get_buffer_size_hint's model on the buffer's own layout: no collective per probe
+            # (the hint of a process group all-gathers host names to find its nodes).
+            ranks_on_device = b.num_ranks if b.virtual else 1
+            staging = _staging_blocks(b.num_rdma_ranks, None, ranks_on_device)
+
             def fits(tokens):
-                return ElasticBuffer.get_buffer_size_hint(
-                    self.group, tokens, hidden, topk, fp8) <= self._buffer.num_bytes
+                return ElasticBuffer._size_hint(
+                    b.num_rdma_ranks, b.num_nvlink_ranks, tokens, hidden, topk, fp8,
+                    b.allow_hybrid_mode, True, staging) <= b.num_bytes
 
             if not fits(1):
                 raise ValueError(f"num_nvl_bytes + num_rdma_bytes ({self._buffer.num_bytes}): "

@@ -28,7 +28,6 @@ constexpr int kMaxOpsPerSession = 32; // DeepEP's bound
 
 using detail::byteAt;
 using detail::streamMemOps;
-using detail::waitFlagOp;
 using detail::writeFlagOp;
 
 } // namespace
@@ -231,23 +230,18 @@ AgrsSessions::Issued AgrsSessions::issue(const std::vector<std::vector<uint64_t>
   }
   if (releaseWaitPending) {
     // Every peer has ended the previous session before we write into it.
-    std::vector<CUstreamBatchMemOpParams> waits;
+    std::vector<detail::FlagWait> waits;
     for (int s = 0; s < served; ++s)
       for (int peer = 0; peer < R; ++peer)
-        waits.push_back(waitFlagOp(
-            byteAt(host.windowMemory(s), window::kAgrsReleased + 4 * int64_t(peer)), session - 1));
-    streamMemOps(waits, commStream, "waiting for the peers' release (cuStreamBatchMemOp)");
-    std::vector<detail::FlagWait> watched;
-    for (int s = 0; s < served; ++s)
-      for (int peer = 0; peer < R; ++peer)
-        watched.push_back(
-            {reinterpret_cast<const void *>(waits[size_t(s) * R + peer].waitValue.address),
-             session - 1,
-             "rank " + std::to_string(peer) + "'s end of AGRS session " +
-                 std::to_string(session - 1) + " (seen by rank " +
-                 std::to_string(host.worldRankOf(s)) + ")"});
-    detail::watchFlagWaits(commStream, "an all-gather of AGRS session " + std::to_string(session),
-                           std::move(watched), host.streamWaitTimeout());
+        waits.push_back({byteAt(host.windowMemory(s), window::kAgrsReleased + 4 * int64_t(peer)),
+                         session - 1,
+                         "rank " + std::to_string(peer) + "'s end of AGRS session " +
+                             std::to_string(session - 1) + " (seen by rank " +
+                             std::to_string(host.worldRankOf(s)) + ")"});
+    detail::waitFlags(std::move(waits), commStream,
+                      "an all-gather of AGRS session " + std::to_string(session) +
+                          " waiting for the peers' release",
+                      host.streamWaitTimeout());
     releaseWaitPending = false;
   }
 
@@ -297,21 +291,15 @@ AgrsSessions::Issued AgrsSessions::issue(const std::vector<std::vector<uint64_t>
 }
 
 void AgrsSessions::wait(uint32_t seq, void *stream) {
-  std::vector<CUstreamBatchMemOpParams> waits;
+  std::vector<detail::FlagWait> waits;
   const int R = host.worldSize();
   for (int s = 0; s < host.servedRankCount(); ++s)
     for (int source = 0; source < R; ++source)
-      waits.push_back(waitFlagOp(
-          byteAt(host.windowMemory(s), window::kAgrsArrived + 4 * int64_t(source)), seq));
-  streamMemOps(waits, stream, "waiting for the all-gather's data (cuStreamBatchMemOp)");
-  std::vector<detail::FlagWait> watched;
-  for (int s = 0; s < host.servedRankCount(); ++s)
-    for (int source = 0; source < R; ++source)
-      watched.push_back(
-          {reinterpret_cast<const void *>(waits[size_t(s) * R + source].waitValue.address), seq,
-           "rank " + std::to_string(source) + "'s arrival flag of all-gather " +
-               std::to_string(seq) + " (in rank " + std::to_string(host.worldRankOf(s)) +
-               "'s window)"});
-  detail::watchFlagWaits(stream, "the handle of all-gather " + std::to_string(seq),
-                         std::move(watched), host.streamWaitTimeout());
+      waits.push_back({byteAt(host.windowMemory(s), window::kAgrsArrived + 4 * int64_t(source)),
+                       seq,
+                       "rank " + std::to_string(source) + "'s arrival flag of all-gather " +
+                           std::to_string(seq) + " (in rank " +
+                           std::to_string(host.worldRankOf(s)) + "'s window)"});
+  detail::waitFlags(std::move(waits), stream, "the handle of all-gather " + std::to_string(seq),
+                    host.streamWaitTimeout());
 }

@@ -28,11 +28,10 @@ void writeFlag(void *flag, uint32_t value, void *stream, const std::string &what
   detail::streamMemOps({detail::writeFlagOp(flag, value)}, stream, what);
 }
 
-/// The wait, and its watch (StreamWaits.h): `flagName` names the flag in a report.
+/// The wait, watched (StreamWaits.h): `flagName` names the flag in a report.
 void waitFlag(void *flag, uint32_t value, void *stream, const std::string &what,
               const std::string &flagName, double timeoutSecs) {
-  detail::streamMemOps({detail::waitFlagOp(flag, value)}, stream, what);
-  detail::watchFlagWaits(stream, what, {{flag, value, flagName}}, timeoutSecs);
+  detail::waitFlags({{flag, value, flagName}}, stream, what, timeoutSecs);
 }
 
 } // namespace

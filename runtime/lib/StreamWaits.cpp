@@ -5,6 +5,7 @@
 #include "epic/runtime/KernelHost.h"
 
 #include "CudaCheck.h"
+#include "StreamMemOps.h"
 
 #include <cuda_runtime.h>
 
@@ -37,11 +38,31 @@ public:
     return watcher;
   }
 
+  /// An event of `device` to record after a wait: a finished watch's, or a new one.
+  cudaEvent_t event(int device) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      for (auto it = spare.begin(); it != spare.end(); ++it)
+        if (it->first == device) {
+          cudaEvent_t e = it->second;
+          spare.erase(it);
+          return e;
+        }
+    }
+    cudaEvent_t e = nullptr;
+    detail::check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+                  "cudaEventCreate (a wait's)");
+    return e;
+  }
+
   void add(Watched w) {
-    std::lock_guard<std::mutex> lock(mutex);
-    watched.push_back(std::move(w));
-    if (!thread.joinable())
-      thread = std::thread([this] { loop(); });
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      watched.push_back(std::move(w));
+      if (!thread.joinable())
+        thread = std::thread([this] { loop(); });
+    }
+    wake.notify_all();
   }
 
   std::vector<std::string> reports() {
@@ -63,12 +84,20 @@ private:
   void loop() {
     std::unique_lock<std::mutex> lock(mutex);
     while (!stopping) {
-      wake.wait_for(lock, std::chrono::milliseconds(20));
+      // Nothing watched: sleep until a watch is added (no polling while idle).
+      if (watched.empty())
+        wake.wait(lock, [this] { return stopping || !watched.empty(); });
+      else
+        wake.wait_for(lock, std::chrono::milliseconds(20));
       for (auto it = watched.begin(); it != watched.end();) {
         cudaSetDevice(it->device);
         cudaError_t state = cudaEventQuery(it->done);
-        if (state != cudaErrorNotReady) { // done (or the context is gone: nothing to say)
-          cudaEventDestroy(it->done);
+        if (state == cudaSuccess) { // over: the event serves the next watch
+          spare.emplace_back(it->device, it->done);
+          it = watched.erase(it);
+          continue;
+        }
+        if (state != cudaErrorNotReady) { // the context is gone: nothing to say
           it = watched.erase(it);
           continue;
         }
@@ -108,6 +137,7 @@ private:
   std::mutex mutex;
   std::condition_variable wake;
   std::list<Watched> watched;
+  std::vector<std::pair<int, cudaEvent_t>> spare; ///< (device, event) of finished watches
   std::vector<std::string> reported;
   std::thread thread;
   cudaStream_t reader = nullptr;
@@ -116,13 +146,19 @@ private:
 
 } // namespace
 
-void detail::watchFlagWaits(void *stream, const std::string &what, std::vector<FlagWait> waits,
-                            double timeoutSecs) {
-  if (waits.empty() || capturing(stream))
+void detail::waitFlags(std::vector<FlagWait> waits, void *stream, const std::string &what,
+                       double timeoutSecs) {
+  if (waits.empty())
+    return;
+  std::vector<CUstreamBatchMemOpParams> ops;
+  for (const FlagWait &f : waits)
+    ops.push_back(waitFlagOp(const_cast<void *>(f.flag), f.value));
+  streamMemOps(ops, stream, what + " (cuStreamBatchMemOp)");
+  if (capturing(stream))
     return;
   Watched w{nullptr, 0, Clock::now(), timeoutSecs, what, std::move(waits)};
   check(cudaGetDevice(&w.device), "cudaGetDevice");
-  check(cudaEventCreateWithFlags(&w.done, cudaEventDisableTiming), "cudaEventCreate (a wait's)");
+  w.done = Watcher::get().event(w.device);
   check(cudaEventRecord(w.done, static_cast<cudaStream_t>(stream)), "cudaEventRecord (a wait's)");
   Watcher::get().add(std::move(w));
 }

@@ -27,10 +27,11 @@ struct FlagWait {
   std::string what; ///< e.g. "rank 3's arrival flag"
 };
 
-/// Watches the waits just enqueued on `stream` (nothing while it is being
+/// Holds `stream` until every flag of `waits` has its value (stream memory
+/// operations) and watches the wait (nothing while the stream is being
 /// captured: a graph's waits run at replay). `what` names the operation.
-void watchFlagWaits(void *stream, const std::string &what, std::vector<FlagWait> waits,
-                    double timeoutSecs);
+void waitFlags(std::vector<FlagWait> waits, void *stream, const std::string &what,
+               double timeoutSecs);
 
 } // namespace epic::runtime::detail
 
