@@ -20,6 +20,10 @@ on a one-rank NCCL world (a torchrun child process) and on a virtual world of 8 
 * the floors: a kernel launch (an empty torch op, synchronized) and the bytes the kernels move
   over the copy bandwidth.
 
+DeepEP V1's low-latency pair at 128 tokens per rank (``epic.deep_ep.Buffer(low_latency_mode=
+True)``: ``low_latency_dispatch`` with FP8, ``low_latency_combine``) on both worlds, the same
+measurements (``--low-latency``: only these).
+
 Also: the distinct dispatch kernel sets used for caps 128, 256, 512, 1000 and 4096 with
 everything else equal (the cap is a run-time value of the kernels). Writes
 bench/results/latency-<gpu>-<date>.json (with the `summary` the issue names) and a plot.
@@ -64,6 +68,11 @@ def compile_only():
         runtime.kernels(s, dict(weights=True, cached=False, zero_padding=False), "dispatch")
         runtime.kernels(s, dict(weights=False, cached=True, zero_padding=False), "dispatch")
         runtime.kernels(s, dict(weights=False, biases=0), "combine")
+        ll = dict(s, dtype="f8E4M3FN", num_scale_packs=PACKS, num_max_tokens_per_rank=128)
+        runtime.kernels(ll, dict(round_scale=False, use_ue8m0=False, parity=0,
+                                 topk_idx_bits=64), "low_latency_dispatch")
+        runtime.kernels(dict(ll, dtype="bf16", num_scale_packs=0), dict(parity=0, topk_idx_bits=64),
+                        "low_latency_combine")
     print(f"latency: kernels in {runtime.cache_dir}")
     return 0
 
@@ -171,6 +180,16 @@ def kernel_times(torch, fn, iterations=50):
     return total * 1e-6, {name: statistics.median(v) for name, v in per_kernel.items()}
 
 
+def timings(torch, fn, iterations):
+    """Every measurement of one call (us): eager, graph replay, kernels."""
+    synced, back_to_back, host = wall(torch, fn, iterations)
+    g_synced, g_back_to_back = graph(torch, fn, iterations)
+    kernel, per_kernel = kernel_times(torch, fn)
+    return dict(wall_us=synced * 1e6, back_to_back_us=back_to_back * 1e6, host_us=host * 1e6,
+                kernel_us=kernel * 1e6, graph_wall_us=g_synced * 1e6,
+                graph_back_to_back_us=g_back_to_back * 1e6, kernels_us=per_kernel)
+
+
 def launch_only(buffer, kind, stream, iterations=200):
     """Host time of the runtime's launch of the last call of a plan of `kind` (the C++ call:
     address checks, table, cuLaunchKernelEx per kernel, copies), back to back, no sync."""
@@ -218,17 +237,9 @@ def measure_world(torch, buffer, R, iterations):
             _, _, _, h, _ = dispatch()
             return buffer.combine(y, h)
 
-        row = {}
-        for name, fn in (("dispatch", dispatch), ("combine", combine),
-                         ("cached_dispatch", cached), ("pair", pair)):
-            synced, back_to_back, host = wall(torch, fn, iterations)
-            g_synced, g_back_to_back = graph(torch, fn, iterations)
-            kernel, per_kernel = kernel_times(torch, fn)
-            row[name] = dict(wall_us=synced * 1e6, back_to_back_us=back_to_back * 1e6,
-                             host_us=host * 1e6, kernel_us=kernel * 1e6,
-                             graph_wall_us=g_synced * 1e6,
-                             graph_back_to_back_us=g_back_to_back * 1e6,
-                             kernels_us=per_kernel)
+        row = {name: timings(torch, fn, iterations)
+               for name, fn in (("dispatch", dispatch), ("combine", combine),
+                                ("cached_dispatch", cached), ("pair", pair))}
         stream = torch.cuda.current_stream().cuda_stream
         for kind, op in (("dispatch", "dispatch"), ("combine", "combine")):
             row[op]["launch_only_us"] = launch_only(buffer, kind, stream) * 1e6
@@ -245,6 +256,51 @@ def measure_world(torch, buffer, R, iterations):
         print(f"  T={T:4d}: " + ", ".join(f"{k} {v['wall_us']:.0f}/{v.get('graph_wall_us', 0):.0f}"
                                           for k, v in row.items() if "wall_us" in v), flush=True)
     return out
+
+
+def measure_low_latency(torch, group, R, iterations, T=128):
+    """DeepEP V1's low-latency pair at `T` tokens per rank (``epic.deep_ep.Buffer`` with
+    ``low_latency_mode=True``, the V3 shape, FP8 dispatch): eager, graph, kernels, bytes."""
+    from epic import deep_ep
+
+    nbytes = deep_ep.Buffer.get_low_latency_rdma_size_hint(T, HIDDEN, R, EXPERTS)
+    buf = deep_ep.Buffer(group, num_rdma_bytes=nbytes, low_latency_mode=True,
+                         num_qps_per_rank=EXPERTS // R, explicitly_destroy=True)
+    virtual = isinstance(group, epic.VirtualWorld)
+    one = (lambda v: v) if virtual else (lambda v: v[0])
+    xs8, sfs, idxs, ws = inputs(torch, R, T)
+    xs = [torch.randn((T, HIDDEN), device="cuda").to(torch.bfloat16) for _ in range(R)]
+    x, idx, w = one(xs), one(idxs), one(ws)
+    L = EXPERTS // R
+    y = one([torch.randn((L, R * T, HIDDEN), device="cuda").to(torch.bfloat16)
+             for _ in range(R)])
+
+    def dispatch():
+        return buf.low_latency_dispatch(x, idx, T, EXPERTS, use_fp8=True)
+
+    _, _, handle, _, _ = dispatch()
+
+    def combine():
+        return buf.low_latency_combine(y, idx, w, handle)
+
+    def pair():
+        _, _, h, _, _ = dispatch()
+        return buf.low_latency_combine(y, idx, w, h)
+
+    row = {name: timings(torch, fn, iterations)
+           for name, fn in (("dispatch", dispatch), ("combine", combine), ("pair", pair))}
+    # Bytes through memory: each (token, expert) pair's FP8 row + f32 scales is written into
+    # the window, read and written out by the receiver; its bf16 expert output is read, written
+    # into the origin's window and read by the weighted sum; plus the inputs and outputs.
+    pairs = sum(int((i >= 0).sum()) for i in idxs)
+    row["bytes"] = dict(dispatch=3 * pairs * (HIDDEN + 4 * PACKS) + R * T * 2 * HIDDEN,
+                        combine=3 * pairs * 2 * HIDDEN + R * T * 2 * HIDDEN)
+    buf.destroy()
+    print("  low-latency T=%d: " % T + ", ".join(
+        f"{k} {v['wall_us']:.0f}/{v['graph_wall_us']:.0f}/{v['graph_back_to_back_us']:.0f}"
+        for k, v in row.items() if "wall_us" in v) + " us (eager/graph/graph back to back)",
+        flush=True)
+    return row
 
 
 def kernel_sets_for_caps(torch, buffer, R):
@@ -281,14 +337,17 @@ def nccl_child(args):
 
     dist.init_process_group("nccl")
     torch.cuda.set_device(0)
-    buffer = epic.ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=max(CAPS),
-                                hidden=HIDDEN, num_topk=TOPK, use_fp8_dispatch=True,
-                                explicitly_destroy=True)
-    part = dict(world="nccl", ranks=1, blocks_per_rank=buffer._runtime().blocks_per_rank,
-                sizes=measure_world(torch, buffer, 1, args.iterations))
-    if args.profile:
-        part["profile"] = profile_pair(torch, buffer)
-    buffer.destroy()
+    part = dict(world="nccl", ranks=1)
+    if not args.low_latency:
+        buffer = epic.ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=max(CAPS),
+                                    hidden=HIDDEN, num_topk=TOPK, use_fp8_dispatch=True,
+                                    explicitly_destroy=True)
+        part.update(blocks_per_rank=buffer._runtime().blocks_per_rank,
+                    sizes=measure_world(torch, buffer, 1, args.iterations))
+        if args.profile:
+            part["profile"] = profile_pair(torch, buffer)
+        buffer.destroy()
+    part["low_latency"] = measure_low_latency(torch, dist.group.WORLD, 1, args.iterations)
     dist.destroy_process_group()
     with open(args.child_out, "w") as f:
         json.dump(part, f)
@@ -359,6 +418,8 @@ def main():
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--profile", action="store_true",
                         help="add a cProfile of the eager 128-token pair (NCCL world)")
+    parser.add_argument("--low-latency", action="store_true",
+                        help="only DeepEP V1's low-latency pair (both worlds)")
     parser.add_argument("--child-out", help=argparse.SUPPRESS)  # the torchrun child's JSON
     args = parser.parse_args()
     if args.compile_only:
@@ -372,32 +433,46 @@ def main():
         print("one-rank NCCL world (torchrun):", flush=True)
         subprocess.run(["torchrun", "--nproc-per-node", "1", os.path.abspath(__file__),
                         "--child-out", child, "--iterations", str(args.iterations)]
-                       + (["--profile"] if args.profile else []), check=True)
+                       + (["--profile"] if args.profile else [])
+                       + (["--low-latency"] if args.low_latency else []), check=True)
         with open(child) as f:
             nccl = json.load(f)
     print("virtual world of 8 ranks:", flush=True)
-    buffer = epic.ElasticBuffer(epic.VirtualWorld(8), num_max_tokens_per_rank=max(CAPS),
-                                hidden=HIDDEN, num_topk=TOPK, use_fp8_dispatch=True,
-                                explicitly_destroy=True)
-    virtual = dict(world="virtual", ranks=8, blocks_per_rank=buffer._runtime().blocks_per_rank,
-                   sizes=measure_world(torch, buffer, 8, args.iterations))
-    sets = kernel_sets_for_caps(torch, buffer, 8)
-    buffer.destroy()
+    virtual = dict(world="virtual", ranks=8)
+    if not args.low_latency:
+        buffer = epic.ElasticBuffer(epic.VirtualWorld(8), num_max_tokens_per_rank=max(CAPS),
+                                    hidden=HIDDEN, num_topk=TOPK, use_fp8_dispatch=True,
+                                    explicitly_destroy=True)
+        virtual.update(blocks_per_rank=buffer._runtime().blocks_per_rank,
+                       sizes=measure_world(torch, buffer, 8, args.iterations))
+        virtual["kernel_sets_for_5_caps"] = kernel_sets_for_caps(torch, buffer, 8)
+        buffer.destroy()
+    virtual["low_latency"] = measure_low_latency(torch, epic.VirtualWorld(8), 8, args.iterations)
     report = dict(date=datetime.date.today().isoformat(), gpu=torch.cuda.get_device_name(),
                   args=vars(args), floors=floors(torch, args.iterations),
                   worlds=dict(nccl1=nccl, virtual8=virtual))
-    n, v = nccl["sizes"]["128"], virtual["sizes"]["128"]
+    nl, vl = nccl["low_latency"], virtual["low_latency"]
     report["summary"] = dict(
-        nccl1_t128_dispatch_us=n["dispatch"]["wall_us"],
-        nccl1_t128_combine_us=n["combine"]["wall_us"],
-        nccl1_t128_graph_pair_us=n["pair"]["graph_wall_us"],
-        virtual8_t128_pair_us=v["pair"]["wall_us"],
-        virtual8_t128_graph_pair_us=v["pair"]["graph_wall_us"],
-        kernel_sets_for_5_caps=sets)
+        nccl1_t128_low_latency_pair_us=nl["pair"]["wall_us"],
+        nccl1_t128_low_latency_graph_pair_us=nl["pair"]["graph_wall_us"],
+        nccl1_t128_low_latency_graph_back_to_back_pair_us=nl["pair"]["graph_back_to_back_us"],
+        nccl1_t128_low_latency_kernels_us=nl["pair"]["kernel_us"],
+        virtual8_t128_low_latency_pair_us=vl["pair"]["wall_us"],
+        virtual8_t128_low_latency_graph_pair_us=vl["pair"]["graph_wall_us"])
+    if not args.low_latency:
+        n, v = nccl["sizes"]["128"], virtual["sizes"]["128"]
+        report["summary"].update(
+            nccl1_t128_dispatch_us=n["dispatch"]["wall_us"],
+            nccl1_t128_combine_us=n["combine"]["wall_us"],
+            nccl1_t128_graph_pair_us=n["pair"]["graph_wall_us"],
+            virtual8_t128_pair_us=v["pair"]["wall_us"],
+            virtual8_t128_graph_pair_us=v["pair"]["graph_wall_us"],
+            kernel_sets_for_5_caps=virtual["kernel_sets_for_5_caps"])
     os.makedirs(args.out, exist_ok=True)
     png = os.path.join(args.out,
                        f"latency-{report['gpu'].split()[-1].lower()}-{report['date']}.png")
-    report["plot"] = os.path.basename(png) if plot(report, png) else None
+    report["plot"] = os.path.basename(png) if not args.low_latency and plot(report, png) \
+        else None
     ep_bench.write_report(report, args.out, prefix="latency-")
     print(json.dumps(report["summary"], indent=1))
     return 0

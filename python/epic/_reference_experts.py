@@ -69,7 +69,7 @@ def _groups(hidden, group):
     return group, math.ceil(hidden / group)
 
 
-def per_token_cast_to_fp8(x, group=128, use_ue8m0=False):
+def per_token_cast_to_fp8(x, group=128, use_ue8m0=False, round_scale=None):
     """Quantise ``[T, H]`` rows to E4M3 with one scale per ``group`` channels.
 
     ``scale = amax / 448`` per (token, group), ``amax`` clamped below at 1e-4;
@@ -77,9 +77,11 @@ def per_token_cast_to_fp8(x, group=128, use_ue8m0=False):
     clipped to +-448 so rounding can never overflow to NaN). A ragged last
     group is treated as zero-padded.
 
-    With ``use_ue8m0`` the scale is rounded up to a power of two and returned
-    as UE8M0 exponent bytes, four consecutive groups packed little-endian per
-    int32 (``[T, ceil(G/4)]``).
+    With ``round_scale`` (default: ``use_ue8m0``) the scale is rounded up to a
+    power of two (``2^ceil(log2(scale))``, exactly: from the float's bits) and
+    the data is ``x / scale``. With ``use_ue8m0`` (which needs the rounding)
+    the scales are returned as UE8M0 exponent bytes, four consecutive groups
+    packed little-endian per int32 (``[T, ceil(G/4)]``).
 
     Args:
         x: ``[T, H]`` float32 or bfloat16.
@@ -105,9 +107,18 @@ def per_token_cast_to_fp8(x, group=128, use_ue8m0=False):
     xg = xf.reshape(num_tokens, num_groups, group)
     amax = np.maximum(np.abs(xg).max(axis=2, initial=0.0), np.float32(_FP8_AMAX_FLOOR))
     scale = amax / np.float32(FP8_E4M3_MAX)
-    if use_ue8m0:
-        scale = np.exp2(np.ceil(np.log2(scale))).astype(np.float32)
-    inv = (np.float32(FP8_E4M3_MAX) / amax) if not use_ue8m0 else (np.float32(1.0) / scale)
+    if round_scale is None:
+        round_scale = use_ue8m0
+    if use_ue8m0 and not round_scale:
+        raise ValueError("use_ue8m0 needs round_scale (a UE8M0 scale is a power of two)")
+    if round_scale:
+        # 2^ceil(log2(scale)) from the bits: the biased exponent, one more
+        # unless the mantissa is zero (np.log2 may round a value just above a
+        # power of two down onto it). Scales are normal floats (amax >= 1e-4).
+        bits = scale.astype(np.float32).view(np.uint32)
+        exponent = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0)
+        scale = (exponent.astype(np.uint32) << 23).view(np.float32)
+    inv = (np.float32(FP8_E4M3_MAX) / amax) if not round_scale else (np.float32(1.0) / scale)
     q = np.clip(xg * inv[:, :, None], -FP8_E4M3_MAX, FP8_E4M3_MAX)
     data = q.reshape(num_tokens, num_groups * group)[:, :hidden].astype(float8_e4m3fn)
     if not use_ue8m0:

@@ -8,11 +8,12 @@ shape and otherwise not needed: epic's dispatch counts in its own kernel. V1 has
 epic's kernels need one every rank agrees on, so the buffer uses the largest that its window
 holds for the call's rows (the same on every rank: same bytes, same configuration). ``Config``'s
 chunk sizes are kept for the caller and not needed; its ``num_sms`` is the call's SM count.
-Low-latency mode is not available yet: ``Buffer(low_latency_mode=True)`` says so.
+Low-latency mode (``Buffer(low_latency_mode=True)``): :mod:`epic._v1_low_latency`.
 """
 
 from __future__ import annotations
 
+from ._v1_low_latency import LowLatencyMethods
 from .buffer import ElasticBuffer, _check_bool, _check_int, _staging_blocks
 
 _MIB2 = 2 << 20
@@ -41,8 +42,8 @@ class Config:
         self.num_max_rdma_chunked_recv_tokens = num_max_rdma_chunked_recv_tokens
 
 
-class Buffer:
-    """DeepEP V1's ``Buffer`` in normal mode."""
+class Buffer(LowLatencyMethods):
+    """DeepEP V1's ``Buffer``: normal mode, and low-latency mode (LowLatencyMethods)."""
 
     num_sms = 20  # DeepEP V1's class-wide default (set_num_sms)
 
@@ -59,15 +60,15 @@ class Buffer:
                            ("allow_mnnvl", allow_mnnvl),
                            ("explicitly_destroy", explicitly_destroy)):
             _check_bool(name, flag)
-        if low_latency_mode:
-            raise ValueError("low_latency_mode: DeepEP V1's low-latency mode is not available in "
-                             "epic yet; use normal mode, or ElasticBuffer (DeepEP V2)")
         total = num_nvl_bytes + num_rdma_bytes
         if total == 0:
             raise ValueError("num_nvl_bytes + num_rdma_bytes: the buffer needs bytes")
         self.group = group
         self.num_nvl_bytes, self.num_rdma_bytes = num_nvl_bytes, num_rdma_bytes
-        self.low_latency_mode = False
+        self.low_latency_mode = low_latency_mode
+        # Normal-mode calls overwrite low-latency mode's counters (DeepEP's
+        # clean_low_latency_buffer): the next low-latency call zeroes them first.
+        self._ll_dirty = False
         self._buffer = ElasticBuffer(group, num_bytes=(total + _MIB2 - 1) // _MIB2 * _MIB2,
                                      explicitly_destroy=explicitly_destroy)
         self.rank, self.group_size = self._buffer.rank_idx, self._buffer.num_ranks
@@ -140,6 +141,7 @@ class Buffer:
         ``num_worst_tokens`` the outputs have worst-case rows and no host synchronization (the
         count list is then empty, as in DeepEP)."""
         _check_int("num_worst_tokens", num_worst_tokens, 0)
+        self._ll_dirty = True
         if config is not None and not isinstance(config, Config):
             raise TypeError(f"config: expected a Config, got {type(config).__name__}")
         num_sms = (config or self.get_dispatch_config(self.group_size)).num_sms
@@ -176,6 +178,7 @@ class Buffer:
                 previous_event=None, async_finish: bool = False,
                 allocate_on_comm_stream: bool = False):
         """``(combined_x, combined_topk_weights, event)``."""
+        self._ll_dirty = True
         if config is not None and not isinstance(config, Config):
             raise TypeError(f"config: expected a Config, got {type(config).__name__}")
         num_sms = (config or self.get_combine_config(self.group_size)).num_sms

@@ -9,7 +9,7 @@ variable and what epic does with it) and warns once about those that do not appl
 ``EP_NUM_TOPK_IDX_BITS`` sets ``topk_idx_t``, and this module's ``ElasticBuffer.dispatch``
 returns ``recv_topk_idx`` in it, as DeepEP does (epic's own returns int64).
 
-DeepEP V1's ``Buffer`` (normal mode; low-latency mode is refused by name) and ``Config`` are
+DeepEP V1's ``Buffer`` (normal and low-latency mode) and ``Config`` are
 epic's adapters over ElasticBuffer (``epic._v1``).
 """
 

@@ -54,6 +54,7 @@ from ._reference_dispatch import (CombineResult, DispatchResult, dispatch, dispa
 from ._reference_experts import (generate_pre_combine_data, grouped_gemm, per_token_cast_back,
                                  per_token_cast_to_fp8)
 from ._reference_hybrid import check_hybrid_metadata, expected_network_bytes
+from ._reference_low_latency import LowLatencyResult, low_latency_combine, low_latency_dispatch
 
 __all__ = [
     "MAX_TOPK",
@@ -76,4 +77,7 @@ __all__ = [
     "per_token_cast_to_fp8",
     "per_token_cast_back",
     "generate_pre_combine_data",
+    "LowLatencyResult",
+    "low_latency_dispatch",
+    "low_latency_combine",
 ] + _reference_collectives.__all__  # DeepEP V2's other primitives

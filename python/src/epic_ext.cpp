@@ -213,6 +213,23 @@ const std::vector<Slot<LayoutCall>> kLayoutSlots = {
     EPIC_SLOT(LayoutCall, "is_token_in_rank", isTokenInRank)};
 const std::vector<Slot<EngramCall>> kEngramSlots = {EPIC_SLOT(EngramCall, "indices", indices),
                                                     EPIC_SLOT(EngramCall, "out", out)};
+const std::vector<Slot<LowLatencyDispatchCall>> kLowLatencyDispatchSlots = {
+    EPIC_SLOT(LowLatencyDispatchCall, "x", x),
+    EPIC_SLOT(LowLatencyDispatchCall, "topk_idx", topkIdx),
+    EPIC_SLOT(LowLatencyDispatchCall, "recv_x", recvX),
+    EPIC_SLOT(LowLatencyDispatchCall, "recv_x_scales", recvScales),
+    EPIC_SLOT(LowLatencyDispatchCall, "recv_count", recvCount),
+    EPIC_SLOT(LowLatencyDispatchCall, "src_info", srcInfo),
+    EPIC_SLOT(LowLatencyDispatchCall, "layout_range", layoutRange),
+    EPIC_SLOT(LowLatencyDispatchCall, "route", route),
+    EPIC_SLOT(LowLatencyDispatchCall, "cumulative_local_expert_recv_stats", stats)};
+const std::vector<Slot<LowLatencyCombineCall>> kLowLatencyCombineSlots = {
+    EPIC_SLOT(LowLatencyCombineCall, "x", x),
+    EPIC_SLOT(LowLatencyCombineCall, "layout_range", layoutRange),
+    EPIC_SLOT(LowLatencyCombineCall, "route", route),
+    EPIC_SLOT(LowLatencyCombineCall, "topk_idx", topkIdx),
+    EPIC_SLOT(LowLatencyCombineCall, "topk_weights", topkWeights),
+    EPIC_SLOT(LowLatencyCombineCall, "out", out)};
 #undef EPIC_HANDLE_SLOTS_AFTER_IDS
 #undef EPIC_SLOT
 
@@ -288,6 +305,18 @@ DispatchVariant dispatchVariantFrom(const py::dict &d) {
   v.cached = field<bool>(d, "cached");
   v.zeroPadding = field<bool>(d, "zero_padding");
   v.windowOutputs = field<bool>(d, "window_outputs", false);
+  v.roundScale = field<bool>(d, "round_scale", false);
+  v.useUe8m0 = field<bool>(d, "use_ue8m0", false);
+  return v;
+}
+
+/// Low-latency mode's variant: the dispatch's FP8 options, and which window
+/// region the call uses.
+DispatchVariant lowLatencyVariantFrom(const py::dict &d) {
+  DispatchVariant v;
+  v.roundScale = field<bool>(d, "round_scale", false);
+  v.useUe8m0 = field<bool>(d, "use_ue8m0", false);
+  v.topkIdxBits = field<int>(d, "topk_idx_bits", 64);
   return v;
 }
 
@@ -319,6 +348,12 @@ KernelRequest requestFrom(const std::string &kind, const py::dict &spec, const p
     return dispatchLayoutRequest(s, field<int>(variant, "topk_idx_bits"));
   case KernelKind::engramFetch:
     return engramFetchRequest(s);
+  case KernelKind::lowLatencyDispatch: {
+    DispatchVariant v = lowLatencyVariantFrom(variant);
+    return lowLatencyDispatchRequest(s, v.topkIdxBits, v.roundScale, v.useUe8m0);
+  }
+  case KernelKind::lowLatencyCombine:
+    return lowLatencyCombineRequest(s, lowLatencyVariantFrom(variant).topkIdxBits);
   }
   invalid("unknown kind \"" + kind + "\"");
 }
@@ -415,6 +450,42 @@ py::object planOrCheck(KernelHost *host, const std::string &kind, const py::dict
     return check(
         c, [&](const EngramCall &call) { return engramRecord(s, entries, 0, 0, call); },
         [&] { engramFetchRequest(s); });
+  }
+  case KernelKind::lowLatencyDispatch: {
+    DispatchVariant v = lowLatencyVariantFrom(variant);
+    const int parity = field<int>(variant, "parity");
+    auto c = callsFrom(calls, kLowLatencyDispatchSlots, offDevice);
+    if (host)
+      return plan([&] {
+        return host->planLowLatencyDispatch(s, v, parity, c, blocks, stream,
+                                            slotNames(kLowLatencyDispatchSlots));
+      });
+    return check(
+        c,
+        [&](const LowLatencyDispatchCall &call) {
+          return lowLatencyDispatchRecord(s, v, parity, call);
+        },
+        [&] {
+          checkRanksAgree(c, "topk_idx's dtype", lowLatencyOperands);
+          lowLatencyDispatchRequest(s, c.front().topkIdx.dtype == "i32" ? 32 : 64, v.roundScale,
+                                    v.useUe8m0);
+        });
+  }
+  case KernelKind::lowLatencyCombine: {
+    const int parity = field<int>(variant, "parity");
+    auto c = callsFrom(calls, kLowLatencyCombineSlots, offDevice);
+    if (host)
+      return plan([&] {
+        return host->planLowLatencyCombine(s, parity, c, blocks, stream,
+                                           slotNames(kLowLatencyCombineSlots));
+      });
+    return check(
+        c,
+        [&](const LowLatencyCombineCall &call) { return lowLatencyCombineRecord(s, parity, call); },
+        [&] {
+          checkRanksAgree(c, "topk_idx's dtype", lowLatencyCombineOperands);
+          lowLatencyCombineRequest(s, c.front().topkIdx.dtype == "i32" ? 32 : 64);
+        });
   }
   }
   invalid("unknown kind \"" + kind + "\"");
@@ -549,12 +620,15 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("slots_per_rank", &KernelHost::Plan::slotsPerRank)
       .def(
           "launch",
-          [](KernelHost::Plan &p, const std::vector<uint64_t> &addresses, uintptr_t stream) {
-            p.launch(addresses.data(), addresses.size(), reinterpret_cast<void *>(stream));
+          [](KernelHost::Plan &p, const std::vector<uint64_t> &addresses, uintptr_t stream,
+             int first, int kernels) {
+            p.launch(addresses.data(), addresses.size(), reinterpret_cast<void *>(stream), first,
+                     kernels);
           },
-          py::arg("addresses"), py::arg("stream"),
+          py::arg("addresses"), py::arg("stream"), py::arg("first") = 0, py::arg("kernels") = -1,
           "Binds every served rank's tensor addresses (slot order, 0 for none) and launches on "
-          "`stream`: no allocation, no copy, no synchronization (graph-capturable).");
+          "`stream`: no allocation, no copy, no synchronization (graph-capturable). `first`, "
+          "`kernels`: only those of the entry's kernels (-1: the rest), e.g. a receive phase.");
 
   py::class_<Buffer> buffer(m, "Buffer");
   buffer
@@ -774,6 +848,10 @@ PYBIND11_MODULE(_C, m) {
           return slotNames(kLayoutSlots);
         if (kind == "engram_fetch")
           return slotNames(kEngramSlots);
+        if (kind == "low_latency_dispatch")
+          return slotNames(kLowLatencyDispatchSlots);
+        if (kind == "low_latency_combine")
+          return slotNames(kLowLatencyCombineSlots);
         invalid("no op kind \"" + kind + "\"");
       },
       py::arg("kind"), "The tensor slots of an op's calls, in the order a plan binds them.");
@@ -781,6 +859,20 @@ PYBIND11_MODULE(_C, m) {
         py::arg("tokens"),
         "[(name, dtype, shape)] of the tensors a dispatch or combine of `tokens` tokens writes "
         "(worst-case shapes), which the caller allocates.");
+  m.def(
+      "low_latency_layout",
+      [](int64_t experts, int64_t ranks, int64_t topk, int64_t hidden) {
+        epic::ep::window::LowLatencyLayout ll(experts, ranks, topk, hidden);
+        py::dict out;
+        out["control_at"] = ll.controlAt(0);
+        out["control_bytes"] = 2 * ll.control; // both parities' control blocks
+        out["base_bytes"] = ll.bytes(0);
+        out["bytes_per_token"] = ll.bytesPerToken();
+        return out;
+      },
+      py::arg("num_experts"), py::arg("num_ranks"), py::arg("num_topk"), py::arg("hidden"),
+      "Low-latency mode's window (EPWindow.h): where its control blocks lie (zeroed by "
+      "clean_low_latency_buffer) and the bytes a cap needs (base + cap x per token).");
   m.def(
       "buffer_size_hint",
       [](int nodes, int perNode, bool hybrid, int64_t tokens, int64_t hidden, int topk, bool fp8,

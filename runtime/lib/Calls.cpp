@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string_view>
 #include <stdexcept>
+#include <tuple>
 
 using namespace epic::runtime;
 
@@ -20,6 +21,8 @@ namespace combine = epic::ep::records::combine;
 namespace grouped_gemm = epic::ep::records::grouped_gemm;
 namespace layout = epic::ep::records::layout;
 namespace engram = epic::ep::records::engram;
+namespace ll_dispatch = epic::ep::records::ll_dispatch;
+namespace ll_combine = epic::ep::records::ll_combine;
 // putHandle fills the fields the dispatch and combine records share.
 static_assert(std::string_view(dispatch::topk_idx) == combine::topk_idx &&
               std::string_view(dispatch::recv_src_metadata) == combine::recv_src_metadata &&
@@ -373,6 +376,86 @@ ParamRecord epic::runtime::layoutRecord(const EPSpec &s, const LayoutCall &c) {
   r[layout::num_tokens_per_expert] =
       check(c.numTokensPerExpert, {"num_tokens_per_expert", "i32", {s.experts}});
   r[layout::is_token_in_rank] = check(c.isTokenInRank, {"is_token_in_rank", "i1", {T, s.ranks}});
+  return r;
+}
+
+namespace {
+/// Low-latency mode's common checks: the cap, one NVLink domain, a parity,
+/// integer top-k ids of K columns; returns (T, L, R x cap).
+std::tuple<int64_t, int64_t, int64_t> lowLatencyShape(const EPSpec &s, int parity,
+                                                      const DeviceTensor &ids) {
+  s.validate();
+  if (s.ranksPerNode() != s.ranks)
+    fail("low-latency mode sends through NVLink: every rank must be in one NVLink domain "
+         "(scaleup_ranks " +
+         std::to_string(s.ranksPerNode()) + " of " + std::to_string(s.ranks) + ")");
+  if (s.hidden % 128)
+    fail("low-latency mode needs hidden to be a multiple of 128, got " + std::to_string(s.hidden));
+  if (parity != 0 && parity != 1)
+    fail("the low-latency region's parity must be 0 or 1, got " + std::to_string(parity));
+  if (ids.dtype != "i32" && ids.dtype != "i64")
+    fail("topk_idx must be an i32 or i64 tensor, got " + ids.describe());
+  if (ids.shape.size() != 2)
+    fail("topk_idx must be [tokens, top-k], got " + ids.describe());
+  const int64_t T = ids.shape[0];
+  if (T > s.maxTokensPerRank)
+    fail("topk_idx has " + std::to_string(T) +
+         " tokens, more than num_max_dispatch_tokens_per_rank (" +
+         std::to_string(s.maxTokensPerRank) + ")");
+  return {T, s.experts / s.ranks, int64_t(s.ranks) * s.maxTokensPerRank};
+}
+} // namespace
+
+ParamRecord epic::runtime::lowLatencyDispatchRecord(const EPSpec &s, const DispatchVariant &v,
+                                                    int parity, const LowLatencyDispatchCall &c) {
+  auto [T, L, rows] = lowLatencyShape(s, parity, c.topkIdx);
+  const bool fp8 = s.dtype == "f8E4M3FN";
+  if (!fp8 && s.dtype != "bf16")
+    fail("the received rows must be bf16 or f8E4M3FN, got " + s.dtype);
+  if (v.useUe8m0 && !v.roundScale)
+    fail("use_ue8m0 needs round_scale (UE8M0 scales are powers of two)");
+  if (!fp8 && (v.roundScale || v.useUe8m0))
+    fail("round_scale and use_ue8m0 need use_fp8");
+  const int64_t groups = s.hidden / 128;
+  ParamRecord r;
+  r[ll_dispatch::x] = check(c.x, {"x", "bf16", {T, s.hidden}}, /*vectorized=*/true);
+  r[ll_dispatch::topk_idx] = check(c.topkIdx, {"topk_idx", c.topkIdx.dtype, {T, s.topk}});
+  r[ll_dispatch::num_tokens] = uint64_t(T);
+  r[ll_dispatch::max_tokens_per_rank] = uint64_t(s.maxTokensPerRank);
+  r[ll_dispatch::parity] = uint64_t(parity);
+  r[ll_dispatch::recv_x] =
+      check(c.recvX, {"recv_x", s.dtype, {L, rows, s.hidden}}, /*vectorized=*/true);
+  if (fp8)
+    r[ll_dispatch::recv_scales] =
+        v.useUe8m0 ? check(c.recvScales, {"recv_x_scales", "i32", {L, (groups + 3) / 4, rows}})
+                   : check(c.recvScales, {"recv_x_scales", "f32", {L, groups, rows}});
+  else
+    forbid(c.recvScales, "recv_x_scales", "bf16 rows have no scales");
+  r[ll_dispatch::recv_count] = check(c.recvCount, {"recv_count", "i32", {L}});
+  r[ll_dispatch::recv_src_info] = check(c.srcInfo, {"src_info", "i32", {L, rows}});
+  r[ll_dispatch::recv_layout_range] = check(c.layoutRange, {"layout_range", "i64", {L, s.ranks}});
+  r[ll_dispatch::recv_route] = check(c.route, {"route", "i32", {L, rows}});
+  if (c.stats.given())
+    r[ll_dispatch::cumulative_recv_stats] =
+        check(c.stats, {"cumulative_local_expert_recv_stats", "i32", {L}});
+  else
+    r[ll_dispatch::cumulative_recv_stats] = uint64_t(0);
+  return r;
+}
+
+ParamRecord epic::runtime::lowLatencyCombineRecord(const EPSpec &s, int parity,
+                                                   const LowLatencyCombineCall &c) {
+  auto [T, L, rows] = lowLatencyShape(s, parity, c.topkIdx);
+  ParamRecord r;
+  r[ll_combine::x] = check(c.x, {"x", "bf16", {L, rows, s.hidden}}, /*vectorized=*/true);
+  r[ll_combine::layout_range] = check(c.layoutRange, {"layout_range", "i64", {L, s.ranks}});
+  r[ll_combine::route] = check(c.route, {"route", "i32", {L, rows}});
+  r[ll_combine::topk_idx] = check(c.topkIdx, {"topk_idx", c.topkIdx.dtype, {T, s.topk}});
+  r[ll_combine::topk_weights] = check(c.topkWeights, {"topk_weights", "f32", {T, s.topk}});
+  r[ll_combine::num_tokens] = uint64_t(T);
+  r[ll_combine::max_tokens_per_rank] = uint64_t(s.maxTokensPerRank);
+  r[ll_combine::parity] = uint64_t(parity);
+  r[ll_combine::combined_x] = check(c.out, {"out", "bf16", {T, s.hidden}}, /*vectorized=*/true);
   return r;
 }
 

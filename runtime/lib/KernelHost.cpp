@@ -359,9 +359,14 @@ void KernelHost::noteWindowData(int64_t begin, int64_t end, void *stream) {
   (capturing(stream) ? writtenByGraphs : written).add(begin, end);
 }
 
-void KernelHost::launch(const Prepared &prepared, void *stream) {
+void KernelHost::launch(const Prepared &prepared, void *stream, int first, int kernels) {
   if (!prepared.kernels)
     throw std::invalid_argument("launch() of an empty prepared entry");
+  const int total = int(prepared.kernels->kernels.size());
+  const int end = kernels < 0 ? total : first + kernels;
+  if (first < 0 || first >= total || end > total || end <= first)
+    throw std::invalid_argument("launch(): kernels [" + std::to_string(first) + ", " +
+                                std::to_string(end) + ") of an entry of " + std::to_string(total));
   auto cudaStream = static_cast<cudaStream_t>(stream);
   const Loaded &k = *prepared.kernels;
   trackWindow(prepared, stream);
@@ -380,7 +385,7 @@ void KernelHost::launch(const Prepared &prepared, void *stream) {
     return event;
   };
   void *before = timed ? timingEvent() : nullptr;
-  for (size_t i = 0; i < k.kernels.size(); ++i) {
+  for (size_t i = size_t(first); i < size_t(end); ++i) {
     check(detail::driver().launchKernelEx(&config, k.kernels[i], args, nullptr),
           "launching " + k.meta.kernels[i]);
     if (timed) {
@@ -419,13 +424,14 @@ std::vector<WindowRange> KernelHost::windowRanges(const Prepared &prepared) cons
   return ranges;
 }
 
-void KernelHost::Plan::launch(const uint64_t *addresses, size_t count, void *stream) {
+void KernelHost::Plan::launch(const uint64_t *addresses, size_t count, void *stream, int first,
+                              int kernels) {
   bindings.bind(addresses, count, ready.table, windows);
   if (!ready.kernels->meta.tensorMaps.empty() && encodedFrom != ready.table) {
     host->encodeTensorMaps(ready);
     encodedFrom = ready.table;
   }
-  host->launch(ready, stream);
+  host->launch(ready, stream, first, kernels);
 }
 
 KernelHost::Plan KernelHost::plan(const KernelRequest &request,

@@ -210,6 +210,31 @@ void KernelRequest::validate() const {
     requireGemmRows(spec, "the fused GEMM + combine");
     require(!combine.weights, "the fused GEMM + combine takes no topk_weights");
     break;
+  case KernelKind::lowLatencyDispatch:
+  case KernelKind::lowLatencyCombine: {
+    const bool dispatching = kind == KernelKind::lowLatencyDispatch;
+    const bool fp8 = spec.dtype == "f8E4M3FN";
+    require(dispatching ? (fp8 || spec.dtype == "bf16") : spec.dtype == "bf16",
+            dispatching ? "the low-latency dispatch's dtype (the received rows) must be bf16 or "
+                          "f8E4M3FN, got " +
+                              spec.dtype
+                        : "the low-latency combine's dtype must be bf16, got " + spec.dtype);
+    require(spec.hidden % 128 == 0,
+            "low-latency mode needs hidden to be a multiple of 128, got " + dim(spec.hidden));
+    require(spec.scalePacks == (fp8 ? spec.hidden / 128 : 0) && spec.expertAlignment == 1 &&
+                !spec.expanded && !spec.hybrid && spec.ranksPerNode() == spec.ranks,
+            "low-latency mode's configuration is normalized: scale_packs = hidden / 128 for "
+            "FP8 rows (else 0), expert_alignment = 1, plain, one NVLink domain "
+            "(lowLatencyDispatchRequest / lowLatencyCombineRequest make it)");
+    require(!d.cached && !d.weights && !d.zeroPadding && !d.windowOutputs,
+            "low-latency mode's dispatch section holds topk_idx_bits, round_scale and use_ue8m0 "
+            "only");
+    require(dispatching ? (!d.useUe8m0 || d.roundScale) && (fp8 || !d.roundScale)
+                        : !d.roundScale && !d.useUe8m0,
+            dispatching ? "use_ue8m0 needs round_scale, and both need FP8 rows"
+                        : "the low-latency combine has no round_scale or use_ue8m0");
+    break;
+  }
   case KernelKind::engramFetch: {
     const bool fp8 = spec.dtype.rfind("f8", 0) == 0;
     require(spec.experts == spec.ranks && spec.topk == 1 && spec.scalePacks == (fp8 ? 1 : 0) &&
@@ -221,6 +246,9 @@ void KernelRequest::validate() const {
   }
   }
   const KindInfo &info = infoOf(kind);
+  if (kind != KernelKind::lowLatencyDispatch)
+    require(!d.roundScale && !d.useUe8m0,
+            "round_scale and use_ue8m0 are options of the low-latency dispatch only");
   if (info.dispatch) {
     require(d.topkIdxBits == 8 || d.topkIdxBits == 16 || d.topkIdxBits == 32 || d.topkIdxBits == 64,
             "topk_idx must be an 8, 16, 32 or 64-bit integer, got " + dim(d.topkIdxBits) + " bits");
@@ -339,6 +367,35 @@ KernelRequest epic::runtime::engramFetchRequest(const EPSpec &spec, std::string 
   s.experts = s.ranks, s.topk = 1, s.expertAlignment = 1, s.expanded = false, s.hybrid = false;
   s.scalePacks = s.dtype.rfind("f8", 0) == 0 ? 1 : 0;
   return validated(request(KernelKind::engramFetch, s, std::move(name)));
+}
+
+namespace {
+/// Low-latency mode's configuration: what the kernels are specialized on.
+EPSpec lowLatencySpec(const EPSpec &spec) {
+  EPSpec s = spec;
+  s.scalePacks = s.dtype == "f8E4M3FN" ? s.hidden / 128 : 0;
+  s.expertAlignment = 1, s.expanded = false, s.hybrid = false;
+  return s;
+}
+} // namespace
+
+KernelRequest epic::runtime::lowLatencyDispatchRequest(const EPSpec &spec, int topkIdxBits,
+                                                       bool roundScale, bool useUe8m0,
+                                                       std::string name) {
+  KernelRequest r = request(KernelKind::lowLatencyDispatch, lowLatencySpec(spec), std::move(name));
+  r.dispatch.topkIdxBits = topkIdxBits;
+  r.dispatch.roundScale = roundScale;
+  r.dispatch.useUe8m0 = useUe8m0;
+  return validated(std::move(r));
+}
+
+KernelRequest epic::runtime::lowLatencyCombineRequest(const EPSpec &spec, int topkIdxBits,
+                                                      std::string name) {
+  EPSpec s = spec;
+  s.dtype = "bf16";
+  KernelRequest r = request(KernelKind::lowLatencyCombine, lowLatencySpec(s), std::move(name));
+  r.dispatch.topkIdxBits = topkIdxBits;
+  return validated(std::move(r));
 }
 
 KernelRequest epic::runtime::gemmCombineRequest(const EPSpec &spec, int biases, std::string name) {

@@ -95,6 +95,33 @@ KernelHost::Plan KernelHost::planEngramFetch(const EPSpec &spec, int64_t entries
   return plan(engramFetchRequest(spec), records, blocks, stream, std::move(slotNames));
 }
 
+KernelHost::Plan
+KernelHost::planLowLatencyDispatch(const EPSpec &spec, const DispatchVariant &variant, int parity,
+                                   const std::vector<LowLatencyDispatchCall> &calls, int blocks,
+                                   void *stream, std::vector<std::string> slotNames) {
+  checkWorld(spec, calls.size());
+  std::vector<ParamRecord> records = recordsOf(calls, [&](const LowLatencyDispatchCall &call) {
+    return lowLatencyDispatchRecord(spec, variant, parity, call);
+  });
+  checkRanksAgree(calls, "topk_idx's dtype", lowLatencyOperands);
+  const int bits = calls.front().topkIdx.dtype == "i32" ? 32 : 64;
+  return plan(lowLatencyDispatchRequest(spec, bits, variant.roundScale, variant.useUe8m0), records,
+              blocks, stream, std::move(slotNames));
+}
+
+KernelHost::Plan KernelHost::planLowLatencyCombine(const EPSpec &spec, int parity,
+                                                   const std::vector<LowLatencyCombineCall> &calls,
+                                                   int blocks, void *stream,
+                                                   std::vector<std::string> slotNames) {
+  checkWorld(spec, calls.size());
+  std::vector<ParamRecord> records = recordsOf(calls, [&](const LowLatencyCombineCall &call) {
+    return lowLatencyCombineRecord(spec, parity, call);
+  });
+  checkRanksAgree(calls, "topk_idx's dtype", lowLatencyCombineOperands);
+  const int bits = calls.front().topkIdx.dtype == "i32" ? 32 : 64;
+  return plan(lowLatencyCombineRequest(spec, bits), records, blocks, stream, std::move(slotNames));
+}
+
 KernelHost::Plan KernelHost::planGemmCombine(const EPSpec &spec, int biases,
                                              const std::vector<GemmCombineCall> &calls, int blocks,
                                              void *stream, std::vector<std::string> slotNames) {

@@ -34,6 +34,10 @@
 // RUN:   | FileCheck %s --match-full-lines --check-prefix=GEMM-COMBINE
 // RUN: epic-compile --request=%S/Inputs/requests/dispatch-layout-i32.json --print-entry-ir \
 // RUN:   | FileCheck %s --match-full-lines --check-prefix=DISPATCH-LAYOUT-I32
+// RUN: epic-compile --request=%S/Inputs/requests/low-latency-dispatch-ue8m0-i32.json --print-entry-ir \
+// RUN:   | FileCheck %s --match-full-lines --check-prefix=LL-DISPATCH
+// RUN: epic-compile --request=%S/Inputs/requests/low-latency-combine.json --print-entry-ir \
+// RUN:   | FileCheck %s --match-full-lines --check-prefix=LL-COMBINE
 // RUN: epic-compile --request=%S/Inputs/requests/grouped-gemm-f16.json --print-entry-ir \
 // RUN:   | FileCheck %s --match-full-lines --check-prefix=GROUPED-GEMM-F16
 // RUN: epic-compile --request=%S/Inputs/requests/grouped-gemm-f32.json --print-entry-ir \
@@ -172,3 +176,14 @@
 // GROUPED-GEMM-F32-NEXT:     return %0 : tensor<?x2048xf32>
 // GROUPED-GEMM-F32-NEXT:   }
 // GROUPED-GEMM-F32-NEXT: }
+
+// DeepEP V1's low-latency mode: per local expert [L, R x Tmax, ...] results, Tmax a run-time
+// value; UE8M0 scales as i32 packs of four groups.
+// LL-DISPATCH:      #ep_config = #ep.config<ranks = 2, experts = 16, topk = 4, hidden = 512, dtype = f8E4M3FN, scale_packs = 4>
+// LL-DISPATCH-NEXT: module {
+// LL-DISPATCH-NEXT:   func.func @ep_low_latency_dispatch(%arg0: tensor<?x512xbf16>, %arg1: tensor<?x4xi32>) -> (tensor<8x?x512xf8E4M3FN>, tensor<8x?x1xi32>, tensor<8xi32>, tensor<8x?xi32>, tensor<8x2xi64>, tensor<8x?xi32>) {
+// LL-DISPATCH-NEXT:     %recv_x, %recv_scales, %recv_count, %src_info, %layout_range, %route = ep.low_latency_dispatch %arg0, %arg1 round_scale ue8m0 config #ep_config : tensor<?x512xbf16>, tensor<?x4xi32> -> tensor<8x?x512xf8E4M3FN>, scales tensor<8x?x1xi32>, tensor<8xi32>, tensor<8x?xi32>, tensor<8x2xi64>, tensor<8x?xi32>
+// LL-COMBINE:      #ep_config = #ep.config<ranks = 2, experts = 16, topk = 4, hidden = 512, dtype = bf16>
+// LL-COMBINE-NEXT: module {
+// LL-COMBINE-NEXT:   func.func @ep_low_latency_combine(%arg0: tensor<8x?x512xbf16>, %arg1: tensor<8x2xi64>, %arg2: tensor<8x?xi32>, %arg3: tensor<?x4xi64>, %arg4: tensor<?x4xf32>) -> tensor<?x512xbf16> {
+// LL-COMBINE-NEXT:     %0 = ep.low_latency_combine %arg0, %arg1, %arg2, %arg3, %arg4 config #ep_config : tensor<8x?x512xbf16>, tensor<8x2xi64>, tensor<8x?xi32>, tensor<?x4xi64>, tensor<?x4xf32> -> tensor<?x512xbf16>

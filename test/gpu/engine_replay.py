@@ -16,8 +16,12 @@ expanded dispatch with ``expert_alignment=128``, ``num_sms``, ``num_qps``,
 ``combine(x, handle=..., topk_weights=..., num_sms=..., num_qps=...)``. DeepEP V1's normal mode
 (vLLM's ``deepep_high_throughput``, SGLang's normal dispatcher): ``Buffer(group, num_nvl_bytes,
 num_rdma_bytes, low_latency_mode=False, ...)``, ``get_dispatch_layout`` (5-tuple), ``dispatch``
-with the layout tensors and ``Config`` (6-tuple), ``combine``. Rank 0 prints one line per check
-with every rank's verdict.
+with the layout tensors and ``Config`` (6-tuple), ``combine``. DeepEP V1's low-latency mode
+(vLLM's ``deepep_low_latency``, SGLang's low-latency dispatcher): ``Buffer(low_latency_mode=True,
+num_rdma_bytes=get_low_latency_rdma_size_hint(...))``, ``low_latency_dispatch`` (FP8, with the
+receive hook; async), ``low_latency_combine`` (into ``out``; zero-copy through
+``get_next_low_latency_combine_buffer``, async). Rank 0 prints one line per check with every
+rank's verdict.
 """
 
 from __future__ import annotations
@@ -62,6 +66,13 @@ def kernel_sets(world):
     yield dict(spec("bf16", False, 1), hidden=128), dict(topk_idx_bits=64), "dispatch_layout"
     yield spec("bf16", False, 1), dispatch, "dispatch"
     yield spec("bf16", False, 1), dict(weights=True, biases=0, window_outputs=False), "combine"
+    # DeepEP V1's low-latency mode: FP8 dispatch (vLLM's and SGLang's), its combine; the ids as
+    # deep_ep.topk_idx_t (64 bits, or 32 with EP_NUM_TOPK_IDX_BITS=32).
+    for bits in (64, 32):
+        yield dict(spec("f8E4M3FN", False, 1)), dict(round_scale=False, use_ue8m0=False,
+                                                     parity=0, topk_idx_bits=bits), \
+            "low_latency_dispatch"
+        yield spec("bf16", False, 1), dict(parity=0, topk_idx_bits=bits), "low_latency_combine"
 
 
 def compile_only(args):
@@ -274,6 +285,74 @@ def main():
         to_numpy(c).tobytes() == want[r].combined_x.tobytes()
         and to_numpy(cw).tobytes() == want[r].combined_topk_weights.tobytes()
         for r, c, cw in zip(served, each(combined), each(combined_w)))
+    buffer.destroy()
+
+    # --- DeepEP V1 low-latency mode (vLLM deepep_low_latency, SGLang's LL dispatcher) ------
+    rdma = deep_ep.Buffer.get_low_latency_rdma_size_hint(
+        num_max_dispatch_tokens_per_rank=TOKENS, hidden=HIDDEN, num_ranks=world,
+        num_experts=EXPERTS)
+    buffer = deep_ep.Buffer(group, num_nvl_bytes=0, num_rdma_bytes=rdma, low_latency_mode=True,
+                            num_qps_per_rank=EXPERTS // world,
+                            allow_nvlink_for_low_latency_mode=True, allow_mnnvl=False,
+                            explicitly_destroy=True)
+    ids_t = [i.astype(np.int32 if deep_ep.topk_idx_t == torch.int32 else np.int64) for i in idxs]
+    want = ref.low_latency_dispatch(xs16, idxs, EXPERTS, TOKENS, use_fp8=True)
+    rng = np.random.default_rng(4)
+    ys = []
+    for w in want:
+        y = np.zeros((L, world * TOKENS, HIDDEN), ref.bfloat16)
+        for local, n in enumerate(w.recv_count):
+            y[local, :int(n)] = rng.standard_normal((int(n), HIDDEN)).astype(ref.bfloat16)
+        ys.append(y)
+    want_combined = ref.low_latency_combine(ys, want, idxs, ws)
+
+    def ll_dispatch_ok(recv, count, handle):
+        ok = True
+        for r, (data, sf), c, src, rng_ in zip(served, each(recv), each(count), each(handle[0]),
+                                              each(handle[1])):
+            w = want[r]
+            ok &= to_numpy(c).tobytes() == w.recv_count.tobytes()
+            ok &= to_numpy(rng_).tobytes() == w.layout_range.tobytes()
+            for local, n in enumerate(w.recv_count):
+                n = int(n)
+                ok &= to_numpy(data[local, :n].contiguous()).tobytes() == \
+                    w.recv_x[local, :n].tobytes()
+                ok &= to_numpy(sf[local, :n].contiguous()).tobytes() == \
+                    w.recv_scales[local, :n].tobytes()
+                ok &= to_numpy(src[local, :n]).tobytes() == w.src_info[local, :n].tobytes()
+        return ok
+
+    # vLLM: dispatch with the receive hook, the expert output into `out`.
+    recv, count, handle, _, hook = buffer.low_latency_dispatch(
+        arg(xs16), arg(ids_t), TOKENS, num_experts=EXPERTS, use_fp8=True, round_scale=False,
+        use_ue8m0=False, async_finish=False, return_recv_hook=True)
+    hook()
+    results["V1 low-latency (vLLM): FP8 dispatch + recv hook vs reference"] = \
+        ll_dispatch_ok(recv, count, handle)
+    out = arg([np.zeros((x.shape[0], HIDDEN), ref.bfloat16) for x in xs16])
+    combined, _, hook = buffer.low_latency_combine(
+        arg(ys), arg(ids_t), arg(ws), handle, async_finish=False, zero_copy=False,
+        return_recv_hook=False, out=out)
+    results["V1 low-latency (vLLM): combine into out (bitwise)"] = all(
+        to_numpy(c).tobytes() == want_combined[r].tobytes() and c is o
+        for r, c, o in zip(served, each(combined), each(out)))
+    # SGLang: async_finish without a hook, events waited on; then the zero-copy combine.
+    recv, count, handle, event, hook = buffer.low_latency_dispatch(
+        arg(xs16), arg(ids_t), TOKENS, EXPERTS, use_fp8=True, async_finish=True,
+        return_recv_hook=False, round_scale=False, use_ue8m0=False)
+    event.current_stream_wait()
+    results["V1 low-latency (SGLang): async FP8 dispatch vs reference"] = \
+        hook is None and ll_dispatch_ok(recv, count, handle)
+    staged = buffer.get_next_low_latency_combine_buffer(handle)
+    for s_, y in zip(each(staged), ys if V else [ys[rank]]):
+        s_.copy_(to_torch(y))
+    combined, event, hook = buffer.low_latency_combine(
+        x=staged, topk_idx=arg(ids_t), topk_weights=arg(ws), handle=handle, zero_copy=True,
+        async_finish=True, return_recv_hook=False)
+    event.current_stream_wait()
+    results["V1 low-latency (SGLang): async zero-copy combine (bitwise)"] = all(
+        to_numpy(c).tobytes() == want_combined[r].tobytes()
+        for r, c in zip(served, each(combined)))
     buffer.destroy()
 
     if V:

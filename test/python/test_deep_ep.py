@@ -64,9 +64,18 @@ def test_v1_buffer_and_config():
     deep_ep.Buffer.set_num_sms(20)
     with pytest.raises(ValueError, match="num_sms: must be >= 1"):
         deep_ep.Config(0)
-    with pytest.raises(ValueError, match="low_latency_mode: DeepEP V1's low-latency mode is not "
-                                         "available"):
-        deep_ep.Buffer(epic.VirtualWorld(2), num_rdma_bytes=1 << 30, low_latency_mode=True)
+    # Low-latency mode: DeepEP V1's signatures (test_v1_low_latency_api.py has the rest).
+    assert list(inspect.signature(deep_ep.Buffer.low_latency_dispatch).parameters) == [
+        "self", "x", "topk_idx", "num_max_dispatch_tokens_per_rank", "num_experts",
+        "cumulative_local_expert_recv_stats", "dispatch_wait_recv_cost_stats", "use_fp8",
+        "round_scale", "use_ue8m0", "async_finish", "return_recv_hook"]
+    assert list(inspect.signature(deep_ep.Buffer.low_latency_combine).parameters) == [
+        "self", "x", "topk_idx", "topk_weights", "handle", "use_logfmt", "zero_copy",
+        "async_finish", "return_recv_hook", "out", "combine_wait_recv_cost_stats"]
+    for name in ("get_low_latency_rdma_size_hint", "clean_low_latency_buffer",
+                 "get_next_low_latency_combine_buffer", "low_latency_update_mask_buffer",
+                 "low_latency_query_mask_buffer", "low_latency_clean_mask_buffer"):
+        assert callable(getattr(deep_ep.Buffer, name)), name
     with pytest.raises(ValueError, match="the buffer needs bytes"):
         deep_ep.Buffer(epic.VirtualWorld(2))
     with pytest.raises(AttributeError, match="has no attribute 'Nothing'"):

@@ -221,7 +221,8 @@ TEST(EntryBuilder, ABadRequestIsRefusedByField) {
        "kernel request: version: expected an integer, got none"},
       {[](auto &r) { r["kind"] = "gather"; },
        "kernel request: kind: expected one of dispatch, combine, grouped_gemm, dispatch_gemm, "
-       "gemm_combine, dispatch_layout, engram_fetch, got \"gather\""},
+       "gemm_combine, dispatch_layout, engram_fetch, low_latency_dispatch, low_latency_combine, "
+       "got \"gather\""},
       {[](auto &r) { r["name"] = ""; }, "kernel request: name: expected a non-empty string"},
       {[](auto &r) { r["colour"] = 1; }, "kernel request: colour: is not a field here (version, "
                                          "kind, name, spec, dispatch, combine, gemm)"},
@@ -241,7 +242,7 @@ TEST(EntryBuilder, ABadRequestIsRefusedByField) {
        "kernel request: spec.expanded: expected true or false, got 1"},
       {[&](auto &r) { (*variant(r))["wieghts"] = true; },
        "kernel request: dispatch.wieghts: is not a field here (weights, cached, zero_padding, "
-       "topk_idx_bits, window_outputs)"},
+       "topk_idx_bits, window_outputs, round_scale, use_ue8m0)"},
       {[&](auto &r) { (*variant(r))["topk_idx_bits"] = 12; },
        "kernel request: dispatch.topk_idx_bits: topk_idx must be an 8, 16, 32 or 64-bit "
        "integer, got 12 bits"},

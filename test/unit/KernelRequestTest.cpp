@@ -39,14 +39,14 @@ TEST(KernelRequest, JsonIsCanonical) {
   EPSpec s = v3(false);
   s.timeoutMs = 5000;
   EXPECT_EQ(dispatchRequest(s, {true, false, false, 32}).json(),
-            R"({"version":3,"kind":"dispatch","name":"ep_dispatch",)"
+            R"({"version":4,"kind":"dispatch","name":"ep_dispatch",)"
             R"("spec":{"ranks":8,"experts":256,"topk":8,"hidden":7168,"dtype":"f8E4M3FN",)"
             R"("scale_packs":56,"expert_alignment":128,"expanded":false,"num_sms":0,)"
             R"("max_tokens_per_rank":0,"scaleup_ranks":0,"hybrid":false,"timeout_ms":5000},)"
             R"("dispatch":{"weights":true,"cached":false,"zero_padding":false,"topk_idx_bits":32,)"
-            R"("window_outputs":false}})");
+            R"("window_outputs":false,"round_scale":false,"use_ue8m0":false}})");
   EXPECT_EQ(gemmCombineRequest(bf16(), 2, "moe").json(),
-            R"({"version":3,"kind":"gemm_combine","name":"moe",)"
+            R"({"version":4,"kind":"gemm_combine","name":"moe",)"
             R"("spec":{"ranks":8,"experts":256,"topk":8,"hidden":7168,"dtype":"bf16",)"
             R"("scale_packs":0,"expert_alignment":128,"expanded":true,"num_sms":0,)"
             R"("max_tokens_per_rank":4096,"scaleup_ranks":0,"hybrid":false,"timeout_ms":0},)"
@@ -58,7 +58,8 @@ TEST(KernelRequest, JsonIsCanonical) {
   std::string fused = dispatchGemmRequest(bf16(), {true, false, true, 64}, 256, "bf16").json();
   EXPECT_NE(fused.find(R"("name":"ep_dispatch_gemm")"), std::string::npos);
   EXPECT_NE(fused.find(R"("dispatch":{"weights":true,"cached":false,"zero_padding":true,)"
-                       R"("topk_idx_bits":64,"window_outputs":false},"gemm":{"n":256,)"
+                       R"("topk_idx_bits":64,"window_outputs":false,"round_scale":false,)"
+                       R"("use_ue8m0":false},"gemm":{"n":256,)"
                        R"("out_dtype":"bf16"}})"),
             std::string::npos);
   EXPECT_NE(combineRequest(v3(true), {true, 1}).json().find(R"("name":"ep_combine","spec":)"),
@@ -243,7 +244,45 @@ TEST(KernelRequest, VersionNameAndKindAreChecked) {
   EXPECT_EQ(std::string(defaultEntryName(KernelKind::dispatchGemm)), "ep_dispatch_gemm");
   EXPECT_EQ(refusal([] { kindNamed("gather"); }),
             "kind must be dispatch, combine, grouped_gemm, dispatch_gemm, gemm_combine, "
-            "dispatch_layout or engram_fetch, got \"gather\"");
+            "dispatch_layout, engram_fetch, low_latency_dispatch or low_latency_combine, got "
+            "\"gather\"");
+}
+
+TEST(KernelRequest, LowLatencyRequestsKeepWhatTheKernelsAreSpecializedOn) {
+  // The caller's layout fields are normalized away; the FP8 options and the ids' width stay.
+  EPSpec a = v3(true), b = v3(false);
+  b.expertAlignment = 1, b.maxTokensPerRank = 128;
+  EXPECT_EQ(lowLatencyDispatchRequest(a, 64, true, false).json(),
+            lowLatencyDispatchRequest(b, 64, true, false).json());
+  std::string json = lowLatencyDispatchRequest(a, 32, true, true).json();
+  EXPECT_NE(json.find(R"("kind":"low_latency_dispatch","name":"ep_low_latency_dispatch")"),
+            std::string::npos);
+  EXPECT_NE(json.find(R"("expert_alignment":1,"expanded":false)"), std::string::npos) << json;
+  EXPECT_NE(json.find(R"("topk_idx_bits":32)"), std::string::npos) << json;
+  EXPECT_NE(json.find(R"("round_scale":true,"use_ue8m0":true)"), std::string::npos) << json;
+  EXPECT_NE(lowLatencyDispatchRequest(a, 64, false, false).json(), json);
+  // The combine is bf16 whatever the dispatch's dtype, without the FP8 options.
+  std::string combine = lowLatencyCombineRequest(a, 64).json();
+  EXPECT_NE(combine.find(R"("dtype":"bf16","scale_packs":0)"), std::string::npos) << combine;
+  EXPECT_EQ(combine, lowLatencyCombineRequest(bf16(false), 64).json());
+  // Refused by name: UE8M0 without the rounding, the options on a bf16 dispatch or on another
+  // kind, a hidden size that is not whole scale groups.
+  EXPECT_NE(refusal([&] {
+              lowLatencyDispatchRequest(a, 64, false, true);
+            }).find("use_ue8m0 needs round_scale"),
+            std::string::npos);
+  EXPECT_NE(refusal([&] {
+              lowLatencyDispatchRequest(bf16(false), 64, true, false);
+            }).find("both need FP8 rows"),
+            std::string::npos);
+  KernelRequest d = dispatchRequest(v3(false), {});
+  d.dispatch.roundScale = true;
+  EXPECT_NE(refusal([&] { d.validate(); }).find("options of the low-latency dispatch only"),
+            std::string::npos);
+  EPSpec odd = bf16(false);
+  odd.hidden = 7104, odd.scalePacks = 0;
+  EXPECT_NE(refusal([&] { lowLatencyCombineRequest(odd, 64); }).find("multiple of 128"),
+            std::string::npos);
 }
 
 TEST(KernelRequest, ARequestAndIRNeverShareAKey) {

@@ -55,6 +55,7 @@ EPIC_CACHE_DIR="$out/cache" python3 bench/dsl_bench.py --compile-only
 EPIC_CACHE_DIR="$out/cache" PYTHONPATH=python python3 test/gpu/test_grouped_gemm.py --prepare
 EPIC_CACHE_DIR="$out/cache" PYTHONPATH=python python3 test/gpu/test_dispatch_layout.py --prepare
 EPIC_CACHE_DIR="$out/cache" PYTHONPATH=python python3 test/gpu/test_engram.py --prepare
+EPIC_CACHE_DIR="$out/cache" PYTHONPATH=python python3 test/gpu/test_v1_low_latency.py --prepare
 EPIC_CACHE_DIR="$out/cache" python3 test/gpu/engine_replay.py --compile-only --world-size 1
 # Direct mode across nodes on virtual worlds of 2x4, 4x2 and 2x2 ranks (run.sh multinode).
 EPIC_CACHE_DIR="$out/cache" PYTHONPATH=python python3 test/gpu/ep_multinode.py --prepare

@@ -176,6 +176,9 @@ PYTHONPATH=python run python3 -m pytest -q -p no:cacheprovider test/gpu/test_agr
 EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run python3 -m pytest -q -p no:cacheprovider \
   test/gpu/test_engram.py
 run torchrun --nproc-per-node "$(nvidia-smi -L | wc -l)" test/gpu/collectives_distributed.py
+# DeepEP V1's low-latency mode (ep.low_latency_dispatch / _combine) on virtual worlds.
+EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run python3 -m pytest -q -p no:cacheprovider \
+  test/gpu/test_v1_low_latency.py
 # The engines' DeepEP V2 call sequences on epic.deep_ep (vLLM, SGLang), then again with DeepEP's
 # environment: 32-bit topk_idx_t, no record_stream, buffer debug lines, PTX paths.
 EPIC_CACHE_DIR="$dev/cache" run torchrun --nproc-per-node 1 test/gpu/engine_replay.py

@@ -598,3 +598,89 @@ LogicalResult PpSendRecvOp::verify() {
                          << getResult().getType();
   return success();
 }
+
+//===----------------------------------------------------------------------===//
+// LowLatencyDispatchOp / LowLatencyCombineOp
+//===----------------------------------------------------------------------===//
+
+namespace {
+/// What both low-latency ops ask of the configuration: one NVLink domain,
+/// rows of whole 128-channel groups, and the per-expert shapes of `rows`
+/// ([L, R x Tmax, ...]) and of the dispatch's `layoutRange` / `route`.
+LogicalResult verifyLowLatency(Operation *op, ConfigAttr cfg, ShapedType rows,
+                               ShapedType layoutRange, ShapedType route) {
+  if (cfg.isMultiNode())
+    return op->emitOpError() << "sends through NVLink: every rank must be in one NVLink domain "
+                                "(scaleup_ranks "
+                             << cfg.getRanksPerNode() << " of " << cfg.getRanks()
+                             << " ranks; across nodes low-latency mode needs GIN puts)";
+  if (cfg.getHidden() % 128)
+    return op->emitOpError() << "hidden (" << cfg.getHidden()
+                             << ") must be a multiple of 128 (one FP8 scale per 128 channels)";
+  ShapeChecker check{op};
+  const int64_t local = cfg.getNumLocalExperts(), ranks = cfg.getRanks();
+  const int64_t slots =
+      cfg.hasStaticTokenCap() ? ranks * int64_t(cfg.getMaxTokensPerRank()) : ShapedType::kDynamic;
+  return success(succeeded(check.dim("x", rows, 0, local, "local experts")) &&
+                 succeeded(check.dim("x", rows, 1, slots, "ranks x token cap")) &&
+                 succeeded(check.dim("x", rows, 2, cfg.getHidden(), "hidden")) &&
+                 succeeded(check.dim("layout_range", layoutRange, 0, local, "local experts")) &&
+                 succeeded(check.dim("layout_range", layoutRange, 1, ranks, "ranks")) &&
+                 succeeded(check.dim("route", route, 0, local, "local experts")) &&
+                 succeeded(check.dim("route", route, 1, slots, "ranks x token cap")));
+}
+} // namespace
+
+LogicalResult LowLatencyDispatchOp::verify() {
+  ConfigAttr cfg = getConfig();
+  Type dtype = cfg.getDtype();
+  const bool fp8 = isa<Float8E4M3FNType>(dtype);
+  if (!fp8 && !dtype.isBF16())
+    return emitOpError() << "dtype must be bf16 or f8E4M3FN (the received rows), got " << dtype;
+  ShapeChecker check{*this};
+  ShapedType x = shaped(getX()), idx = shaped(getTopkIdx()), recv = shaped(getRecvX());
+  if (failed(check.dim("x", x, 1, cfg.getHidden(), "hidden")) ||
+      failed(check.dim("topk_idx", idx, 1, cfg.getTopk(), "top-k")) ||
+      failed(check.sameDim("x", x, "topk_idx", idx, "the token count")) ||
+      failed(check.elementType("recv_x", recv, dtype)) ||
+      failed(verifyLowLatency(*this, cfg, recv, shaped(getLayoutRange()), shaped(getRoute()))) ||
+      failed(check.dim("recv_count", shaped(getRecvCount()), 0, cfg.getNumLocalExperts(),
+                       "local experts")) ||
+      failed(check.dim("src_info", shaped(getSrcInfo()), 0, cfg.getNumLocalExperts(),
+                       "local experts")))
+    return failure();
+  if (getUseUe8m0() && !getRoundScale())
+    return emitOpError() << "ue8m0 scales need round_scale (a UE8M0 scale is a power of two)";
+  if (!fp8) {
+    if (getRoundScale() || getRecvScales())
+      return emitOpError() << "a bf16 dispatch has no scales (round_scale, ue8m0 and the scales "
+                              "result need dtype f8E4M3FN)";
+    return success();
+  }
+  if (!getRecvScales())
+    return emitOpError() << "an FP8 dispatch returns its scales (a `scales` result)";
+  ShapedType scales = shaped(getRecvScales());
+  const int64_t groups = cfg.getHidden() / 128;
+  Type want = getUseUe8m0() ? Type(IntegerType::get(getContext(), 32))
+                            : Type(Float32Type::get(getContext()));
+  return success(
+      succeeded(check.elementType("scales", scales, want)) &&
+      succeeded(check.dim("scales", scales, 0, cfg.getNumLocalExperts(), "local experts")) &&
+      succeeded(check.dim("scales", scales, 2, getUseUe8m0() ? (groups + 3) / 4 : groups,
+                          getUseUe8m0() ? "scale groups / 4" : "scale groups")));
+}
+
+LogicalResult LowLatencyCombineOp::verify() {
+  ConfigAttr cfg = getConfig();
+  if (!cfg.getDtype().isBF16())
+    return emitOpError() << "dtype must be bf16 (the expert outputs), got " << cfg.getDtype();
+  ShapeChecker check{*this};
+  ShapedType idx = shaped(getTopkIdx()), w = shaped(getTopkWeights()), out = shaped(getCombinedX());
+  return success(succeeded(verifyLowLatency(*this, cfg, shaped(getX()), shaped(getLayoutRange()),
+                                            shaped(getRoute()))) &&
+                 succeeded(check.dim("topk_idx", idx, 1, cfg.getTopk(), "top-k")) &&
+                 succeeded(check.dim("topk_weights", w, 1, cfg.getTopk(), "top-k")) &&
+                 succeeded(check.sameDim("topk_idx", idx, "topk_weights", w, "the token count")) &&
+                 succeeded(check.sameDim("topk_idx", idx, "combined_x", out, "the token count")) &&
+                 succeeded(check.dim("combined_x", out, 1, cfg.getHidden(), "hidden")));
+}

@@ -78,6 +78,8 @@ private:
   LogicalResult buildGemmCombine();
   LogicalResult buildDispatchLayout();
   LogicalResult buildEngramFetch();
+  LogicalResult buildLowLatencyDispatch();
+  LogicalResult buildLowLatencyCombine();
 
   const EntryRequest &request;
   Location loc;
@@ -169,6 +171,55 @@ LogicalResult EntryBuilder::buildEngramFetch() {
   auto fetch = epic::ep::EngramFetchOp::create(
       builder, loc, RankedTensorType::get({dyn, dyn}, dtype), config, argument(func, indices));
   finish(func, fetch->getResults());
+  return success();
+}
+
+LogicalResult EntryBuilder::buildLowLatencyDispatch() {
+  // bf16 tokens and their routing in; per local expert [L, R x Tmax, ...]
+  // out, Tmax a run-time value.
+  const EntryRequest::Dispatch &variant = request.dispatch;
+  if (failed(checkTopkIdxBits(variant.topkIdxBits)))
+    return failure();
+  const int64_t dyn = ShapedType::kDynamic, local = config.getNumLocalExperts();
+  const int64_t groups = config.getHidden() / 128;
+  Type i32 = builder.getI32Type();
+  Signature signature;
+  int x = signature.add(rows(config.getHidden(), bf16()));
+  int topkIdx = signature.add(rows(config.getTopk(), builder.getIntegerType(variant.topkIdxBits)));
+  func::FuncOp func = begin(signature);
+  Type scales;
+  if (config.isFP8())
+    scales = variant.useUe8m0 ? RankedTensorType::get({local, dyn, (groups + 3) / 4}, i32)
+                              : RankedTensorType::get({local, dyn, groups}, f32());
+  auto dispatch = epic::ep::LowLatencyDispatchOp::create(
+      builder, loc, RankedTensorType::get({local, dyn, int64_t(config.getHidden())}, dtype), scales,
+      RankedTensorType::get({local}, i32), RankedTensorType::get({local, dyn}, i32),
+      RankedTensorType::get({local, int64_t(config.getRanks())}, builder.getI64Type()),
+      RankedTensorType::get({local, dyn}, i32), config, argument(func, x), argument(func, topkIdx),
+      variant.roundScale, variant.useUe8m0);
+  finish(func, dispatch->getResults());
+  return success();
+}
+
+LogicalResult EntryBuilder::buildLowLatencyCombine() {
+  const EntryRequest::Dispatch &variant = request.dispatch;
+  if (failed(checkTopkIdxBits(variant.topkIdxBits)))
+    return failure();
+  const int64_t dyn = ShapedType::kDynamic, local = config.getNumLocalExperts();
+  Type i32 = builder.getI32Type();
+  Signature signature;
+  int x = signature.add(RankedTensorType::get({local, dyn, int64_t(config.getHidden())}, bf16()));
+  int range = signature.add(
+      RankedTensorType::get({local, int64_t(config.getRanks())}, builder.getI64Type()));
+  int route = signature.add(RankedTensorType::get({local, dyn}, i32));
+  int topkIdx = signature.add(rows(config.getTopk(), builder.getIntegerType(variant.topkIdxBits)));
+  int weights = signature.add(rows(config.getTopk(), f32()));
+  func::FuncOp func = begin(signature);
+  auto combine = epic::ep::LowLatencyCombineOp::create(
+      builder, loc, rows(config.getHidden(), bf16()), config, argument(func, x),
+      argument(func, range), argument(func, route), argument(func, topkIdx),
+      argument(func, weights));
+  finish(func, combine->getResults());
   return success();
 }
 
@@ -307,6 +358,12 @@ OwningOpRef<ModuleOp> EntryBuilder::build() {
     break;
   case KernelKind::engramFetch:
     built = buildEngramFetch();
+    break;
+  case KernelKind::lowLatencyDispatch:
+    built = buildLowLatencyDispatch();
+    break;
+  case KernelKind::lowLatencyCombine:
+    built = buildLowLatencyCombine();
     break;
   }
   if (failed(built))

@@ -929,3 +929,108 @@ func.func @f(%x: tensor<?x96xbf16>) {
   %y = ep.pp_send_recv %x ranks 0 to next : tensor<?x96xbf16> -> tensor<?x96xbf16>
   return
 }
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// ep.low_latency_dispatch / ep.low_latency_combine
+//===----------------------------------------------------------------------===//
+
+#ll = #ep.config<ranks = 2, experts = 8, topk = 4, hidden = 256, dtype = f8E4M3FN, scale_packs = 2>
+func.func @f(%x: tensor<?x256xbf16>, %i: tensor<?x4xi64>) {
+  // expected-error@+1 {{ue8m0 scales need round_scale}}
+  %a, %b, %c, %d, %e, %f = ep.low_latency_dispatch %x, %i ue8m0 config #ll
+      : tensor<?x256xbf16>, tensor<?x4xi64> -> tensor<4x?x256xf8E4M3FN>, scales tensor<4x?x1xi32>,
+        tensor<4xi32>, tensor<4x?xi32>, tensor<4x2xi64>, tensor<4x?xi32>
+  return
+}
+
+// -----
+
+#ll = #ep.config<ranks = 2, experts = 8, topk = 4, hidden = 256, dtype = f8E4M3FN, scale_packs = 2>
+func.func @f(%x: tensor<?x256xbf16>, %i: tensor<?x4xi64>) {
+  // expected-error@+1 {{an FP8 dispatch returns its scales}}
+  %a, %c, %d, %e, %f = ep.low_latency_dispatch %x, %i config #ll
+      : tensor<?x256xbf16>, tensor<?x4xi64> -> tensor<4x?x256xf8E4M3FN>,
+        tensor<4xi32>, tensor<4x?xi32>, tensor<4x2xi64>, tensor<4x?xi32>
+  return
+}
+
+// -----
+
+#ll = #ep.config<ranks = 2, experts = 8, topk = 4, hidden = 256, dtype = f8E4M3FN, scale_packs = 2>
+func.func @f(%x: tensor<?x256xbf16>, %i: tensor<?x4xi64>) {
+  // expected-error@+1 {{scales dimension 2 (scale groups) must be 2, got 3}}
+  %a, %b, %c, %d, %e, %f = ep.low_latency_dispatch %x, %i config #ll
+      : tensor<?x256xbf16>, tensor<?x4xi64> -> tensor<4x?x256xf8E4M3FN>, scales tensor<4x?x3xf32>,
+        tensor<4xi32>, tensor<4x?xi32>, tensor<4x2xi64>, tensor<4x?xi32>
+  return
+}
+
+// -----
+
+#ll = #ep.config<ranks = 2, experts = 8, topk = 4, hidden = 256, dtype = bf16>
+func.func @f(%x: tensor<?x256xbf16>, %i: tensor<?x4xi64>) {
+  // expected-error@+1 {{a bf16 dispatch has no scales}}
+  %a, %c, %d, %e, %f = ep.low_latency_dispatch %x, %i round_scale config #ll
+      : tensor<?x256xbf16>, tensor<?x4xi64> -> tensor<4x?x256xbf16>,
+        tensor<4xi32>, tensor<4x?xi32>, tensor<4x2xi64>, tensor<4x?xi32>
+  return
+}
+
+// -----
+
+#ll = #ep.config<ranks = 2, experts = 8, topk = 4, hidden = 256, dtype = f16>
+func.func @f(%x: tensor<?x256xbf16>, %i: tensor<?x4xi64>) {
+  // expected-error@+1 {{dtype must be bf16 or f8E4M3FN (the received rows), got 'f16'}}
+  %a, %c, %d, %e, %f = ep.low_latency_dispatch %x, %i config #ll
+      : tensor<?x256xbf16>, tensor<?x4xi64> -> tensor<4x?x256xbf16>,
+        tensor<4xi32>, tensor<4x?xi32>, tensor<4x2xi64>, tensor<4x?xi32>
+  return
+}
+
+// -----
+
+#ll = #ep.config<ranks = 2, experts = 8, topk = 4, hidden = 200, dtype = bf16>
+func.func @f(%x: tensor<?x200xbf16>, %i: tensor<?x4xi64>) {
+  // expected-error@+1 {{hidden (200) must be a multiple of 128}}
+  %a, %c, %d, %e, %f = ep.low_latency_dispatch %x, %i config #ll
+      : tensor<?x200xbf16>, tensor<?x4xi64> -> tensor<4x?x200xbf16>,
+        tensor<4xi32>, tensor<4x?xi32>, tensor<4x2xi64>, tensor<4x?xi32>
+  return
+}
+
+// -----
+
+#ll = #ep.config<ranks = 4, experts = 8, topk = 4, hidden = 256, dtype = bf16, scaleup_ranks = 2>
+func.func @f(%x: tensor<?x256xbf16>, %i: tensor<?x4xi64>) {
+  // expected-error@+1 {{every rank must be in one NVLink domain}}
+  %a, %c, %d, %e, %f = ep.low_latency_dispatch %x, %i config #ll
+      : tensor<?x256xbf16>, tensor<?x4xi64> -> tensor<2x?x256xbf16>,
+        tensor<2xi32>, tensor<2x?xi32>, tensor<2x4xi64>, tensor<2x?xi32>
+  return
+}
+
+// -----
+
+#ll = #ep.config<ranks = 2, experts = 8, topk = 4, hidden = 256, dtype = bf16>
+func.func @f(%x: tensor<4x?x256xbf16>, %r: tensor<4x3xi64>, %route: tensor<4x?xi32>,
+             %i: tensor<?x4xi64>, %w: tensor<?x4xf32>) {
+  // expected-error@+1 {{layout_range dimension 1 (ranks) must be 2, got 3}}
+  %y = ep.low_latency_combine %x, %r, %route, %i, %w config #ll
+      : tensor<4x?x256xbf16>, tensor<4x3xi64>, tensor<4x?xi32>, tensor<?x4xi64>,
+        tensor<?x4xf32> -> tensor<?x256xbf16>
+  return
+}
+
+// -----
+
+#ll = #ep.config<ranks = 2, experts = 8, topk = 4, hidden = 256, dtype = bf16>
+func.func @f(%x: tensor<4x?x256xbf16>, %r: tensor<4x2xi64>, %route: tensor<4x?xi32>,
+             %i: tensor<5x4xi64>, %w: tensor<6x4xf32>) {
+  // expected-error@+1 {{topk_idx and topk_weights disagree on the token count: 5 vs 6}}
+  %y = ep.low_latency_combine %x, %r, %route, %i, %w config #ll
+      : tensor<4x?x256xbf16>, tensor<4x2xi64>, tensor<4x?xi32>, tensor<5x4xi64>,
+        tensor<6x4xf32> -> tensor<?x256xbf16>
+  return
+}

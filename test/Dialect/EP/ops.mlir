@@ -250,3 +250,35 @@ func.func @agrs(%x: tensor<32x64xbf16>, %a: tensor<7xf32>, %b: tensor<2x3xf8E4M3
   %3 = ep.reduce_scatter %d ranks 2 : tensor<?x5xf32> -> tensor<?x5xf32>
   return
 }
+
+// DeepEP V1's low-latency mode: the dispatch (FP8 with round_scale and UE8M0
+// scales; bf16 without scales) and its combine.
+#ll8 = #ep.config<ranks = 8, experts = 256, topk = 8, hidden = 7168, dtype = f8E4M3FN,
+                  scale_packs = 56>
+#ll16 = #ep.config<ranks = 8, experts = 256, topk = 8, hidden = 7168, dtype = bf16>
+
+// CHECK-LABEL: func.func @low_latency_dispatch_fp8
+func.func @low_latency_dispatch_fp8(%x: tensor<?x7168xbf16>, %idx: tensor<?x8xi64>)
+    -> tensor<32x?x14xi32> {
+  // CHECK: ep.low_latency_dispatch %{{.*}}, %{{.*}} round_scale ue8m0 config #{{.*}} : tensor<?x7168xbf16>, tensor<?x8xi64> -> tensor<32x?x7168xf8E4M3FN>, scales tensor<32x?x14xi32>, tensor<32xi32>, tensor<32x?xi32>, tensor<32x8xi64>, tensor<32x?xi32>
+  %rx, %sf, %n, %src, %range, %route = ep.low_latency_dispatch %x, %idx round_scale ue8m0
+      config #ll8 : tensor<?x7168xbf16>, tensor<?x8xi64>
+      -> tensor<32x?x7168xf8E4M3FN>, scales tensor<32x?x14xi32>, tensor<32xi32>,
+         tensor<32x?xi32>, tensor<32x8xi64>, tensor<32x?xi32>
+  return %sf : tensor<32x?x14xi32>
+}
+
+// CHECK-LABEL: func.func @low_latency_bf16_and_combine
+func.func @low_latency_bf16_and_combine(%x: tensor<?x7168xbf16>, %idx: tensor<?x8xi32>,
+                                        %w: tensor<?x8xf32>) -> tensor<?x7168xbf16> {
+  // CHECK: ep.low_latency_dispatch %{{.*}}, %{{.*}} config #{{.*}} : tensor<?x7168xbf16>, tensor<?x8xi32> -> tensor<32x?x7168xbf16>, tensor<32xi32>, tensor<32x?xi32>, tensor<32x8xi64>, tensor<32x?xi32>
+  %rx, %n, %src, %range, %route = ep.low_latency_dispatch %x, %idx config #ll16
+      : tensor<?x7168xbf16>, tensor<?x8xi32>
+      -> tensor<32x?x7168xbf16>, tensor<32xi32>, tensor<32x?xi32>, tensor<32x8xi64>,
+         tensor<32x?xi32>
+  // CHECK: ep.low_latency_combine %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} config #{{.*}} : tensor<32x?x7168xbf16>, tensor<32x8xi64>, tensor<32x?xi32>, tensor<?x8xi32>, tensor<?x8xf32> -> tensor<?x7168xbf16>
+  %y = ep.low_latency_combine %rx, %range, %route, %idx, %w config #ll16
+      : tensor<32x?x7168xbf16>, tensor<32x8xi64>, tensor<32x?xi32>, tensor<?x8xi32>,
+        tensor<?x8xf32> -> tensor<?x7168xbf16>
+  return %y : tensor<?x7168xbf16>
+}

@@ -545,6 +545,59 @@ struct EngramFetchOpLowering : KernelOpLowering<ep::EngramFetchOp> {
   }
 };
 
+/// DeepEP V1's low-latency mode: two kernels each, nothing cooperative (a
+/// kernel waits only for the previous kernels of other ranks). The window:
+/// the low-latency layout's, the cap a run-time value.
+template <typename OpT>
+KernelPlan lowLatencyPlan(OpT op, const Entry &entry, ArrayRef<StringRef> fields,
+                          std::array<StringRef, 2> suffixes) {
+  ep::ConfigAttr cfg = op.getConfig();
+  KernelPlan plan(op, cfg, entry, entry.threads);
+  plan.kernels = {entry.name + suffixes[0].str(), entry.name + suffixes[1].str()};
+  plan.fields.assign(fields.begin(), fields.end());
+  plan.cooperative = false;
+  epic::ep::window::LowLatencyLayout ll(cfg.getExperts(), cfg.getRanks(), cfg.getTopk(),
+                                        cfg.getHidden());
+  plan.windowBytes = ll.bytes(0);
+  plan.launch.windowBytesPerToken = ll.bytesPerToken();
+  return plan;
+}
+
+struct LowLatencyDispatchOpLowering : KernelOpLowering<ep::LowLatencyDispatchOp> {
+  using KernelOpLowering::KernelOpLowering;
+  FailureOr<KernelPlan> planKernels(ep::LowLatencyDispatchOp op, const Entry &entry,
+                                    Builder &) const override {
+    unsigned idxBits = cast<ShapedType>(op.getTopkIdx().getType()).getElementTypeBitWidth();
+    bool fp8 = op.getConfig().isFP8(), round = op.getRoundScale(), ue8m0 = op.getUseUe8m0();
+    KernelPlan plan =
+        lowLatencyPlan(op, entry, fieldNames(kLowLatencyDispatchFields), {"_send", "_recv"});
+    plan.build = [=](const KernelPlan &plan, gpu::GPUModuleOp module, const RecordLayout &record) {
+      EPLayout layout = plan.layout(idxBits, record, kLdMaxTokens);
+      OpBuilder b = kernelInsertionPoint(module);
+      buildLowLatencySend(plan.kernel(b, 0, true), layout, fp8, round);
+      buildLowLatencyRecv(plan.kernel(b, 1, true), layout, fp8, ue8m0);
+    };
+    return plan;
+  }
+};
+
+struct LowLatencyCombineOpLowering : KernelOpLowering<ep::LowLatencyCombineOp> {
+  using KernelOpLowering::KernelOpLowering;
+  FailureOr<KernelPlan> planKernels(ep::LowLatencyCombineOp op, const Entry &entry,
+                                    Builder &) const override {
+    unsigned idxBits = cast<ShapedType>(op.getTopkIdx().getType()).getElementTypeBitWidth();
+    KernelPlan plan =
+        lowLatencyPlan(op, entry, fieldNames(kLowLatencyCombineFields), {"_send", "_reduce"});
+    plan.build = [=](const KernelPlan &plan, gpu::GPUModuleOp module, const RecordLayout &record) {
+      EPLayout layout = plan.layout(idxBits, record, kLcMaxTokens);
+      OpBuilder b = kernelInsertionPoint(module);
+      buildLowLatencyCombineSend(plan.kernel(b, 0, true), layout);
+      buildLowLatencyCombineReduce(plan.kernel(b, 1, true), layout);
+    };
+    return plan;
+  }
+};
+
 struct ConvertEPToCommPass : public epic::impl::ConvertEPToCommBase<ConvertEPToCommPass> {
   using ConvertEPToCommBase::ConvertEPToCommBase;
   void runOnOperation() override {
@@ -587,8 +640,8 @@ struct ConvertEPToCommPass : public epic::impl::ConvertEPToCommBase<ConvertEPToC
 
 void epic::populateEPToCommConversionPatterns(RewritePatternSet &patterns, unsigned threads,
                                               bool onePassDispatch, bool onePassCombine) {
-  patterns
-      .add<DispatchLayoutOpLowering, DispatchOpLowering, CombineOpLowering, GroupedGemmOpLowering,
-           DispatchGemmOpLowering, GemmCombineOpLowering, EngramFetchOpLowering>(
-          patterns.getContext(), threads, onePassDispatch, onePassCombine);
+  patterns.add<DispatchLayoutOpLowering, DispatchOpLowering, CombineOpLowering,
+               GroupedGemmOpLowering, DispatchGemmOpLowering, GemmCombineOpLowering,
+               EngramFetchOpLowering, LowLatencyDispatchOpLowering, LowLatencyCombineOpLowering>(
+      patterns.getContext(), threads, onePassDispatch, onePassCombine);
 }

@@ -20,6 +20,7 @@
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
 
 namespace epic::expand {
 using namespace mlir;
@@ -353,16 +354,25 @@ public:
   /// order, then the rows of the set bits of the warp-uniform `mask` in
   /// increasing bit order (`row(bit)`: the row's base), rounded once. The row
   /// loop issues a group's loads of a row before adding them, and absent rows
-  /// cost nothing, which matters when few of the K slots are present.
+  /// cost nothing, which matters when few of the K slots are present. With
+  /// `weight`, a masked row's values are multiplied by `weight(bit)` (f32,
+  /// the same in every lane) before they are added (DeepEP V1's weighted
+  /// low-latency combine).
   static constexpr int64_t kSumChunks = 4;
   void sumMaskedRows(Value dst, int64_t bytes, Value mask, function_ref<Value(Value)> row,
-                     ArrayRef<Value> firstRows = {}, const RowPart &share = {}) {
+                     ArrayRef<Value> firstRows = {}, const RowPart &share = {},
+                     function_ref<Value(Value)> weight = {}) {
     auto chunkF32 = VectorType::get({8}, b.getF32Type());
     auto chunkBF16 = VectorType::get({8}, b.getBF16Type());
-    auto addRow = [&](ArrayRef<Value> sums, ArrayRef<Value> values) {
+    auto addRow = [&](ArrayRef<Value> sums, ArrayRef<Value> values, Value scale = {}) {
       SmallVector<Value> next;
-      for (auto [sum, value] : llvm::zip(sums, values))
-        next.push_back(arith::AddFOp::create(b, sum, arith::ExtFOp::create(b, chunkF32, value)));
+      Value factor = scale ? vector::BroadcastOp::create(b, chunkF32, scale).getResult() : Value();
+      for (auto [sum, value] : llvm::zip(sums, values)) {
+        Value term = arith::ExtFOp::create(b, chunkF32, value);
+        if (factor)
+          term = arith::MulFOp::create(b, term, factor);
+        next.push_back(arith::AddFOp::create(b, sum, term));
+      }
       return next;
     };
     forEachChunkGroup(
@@ -387,10 +397,11 @@ public:
                                      before->getArguments());
             Block *after = b.createBlock(&rows.getAfter(), {}, types, locs);
             Value pending = after->getArgument(0);
-            SmallVector<Value> values = loadChunks(chunkBF16, row(cttz(pending)), offsets, inRange);
+            Value bit = cttz(pending);
+            SmallVector<Value> values = loadChunks(chunkBF16, row(bit), offsets, inRange);
             SmallVector<Value> next{andi(pending, sub(pending, i32(1)))};
             SmallVector<Value> carried(after->getArguments().drop_front());
-            next.append(addRow(carried, values));
+            next.append(addRow(carried, values, weight ? weight(bit) : Value()));
             scf::YieldOp::create(b, next);
           }
           SmallVector<Value> rounded;
@@ -545,10 +556,11 @@ public:
 
   /// Thread 0 sets the rank's counter at window offset `offset` back to zero
   /// (relaxed: the kernel boundary orders it before the next launch's use).
-  void resetCounter(int64_t offset) {
+  void resetCounter(int64_t offset) { resetCounter(i32(offset)); }
+  /// The same at a run-time offset (i32 or i64).
+  void resetCounter(Value offset) {
     when(eq(tid, i32(0)), [&] {
-      comm::StoreOp::create(b, comm::Ordering::relaxed, comm::Scope::gpu, i32(0),
-                            local(i32(offset)));
+      comm::StoreOp::create(b, comm::Ordering::relaxed, comm::Scope::gpu, i32(0), local(offset));
     });
   }
 
@@ -557,14 +569,16 @@ public:
   /// whether this block was the rank's last. Across nodes the last block also
   /// takes back the entry release (nodeEntryBarrier): every block of the op
   /// has passed its entry wait by now.
-  Value lastBlockOfRank(int64_t counterOffset) {
+  Value lastBlockOfRank(int64_t counterOffset) { return lastBlockOfRank(i32(counterOffset)); }
+  /// The same with the counter at a run-time window offset (i32 or i64).
+  Value lastBlockOfRank(Value counterOffset) {
     Value memref = sharedFlag;
     Value zero = arith::ConstantIndexOp::create(b, 0);
     barrier();
     when(eq(tid, i32(0)), [&] {
       Value old =
           comm::AtomicRMWOp::create(b, i32T(), comm::AtomicKind::add, comm::Ordering::acq_rel,
-                                    comm::Scope::sys, i32(1), local(i32(counterOffset)));
+                                    comm::Scope::sys, i32(1), local(counterOffset));
       Value isLast = eq(old, sub(blocks, i32(1)));
       Value last = arith::ExtUIOp::create(b, i32T(), isLast);
       memref::StoreOp::create(b, last, memref, ValueRange{zero});

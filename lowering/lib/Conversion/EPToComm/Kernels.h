@@ -93,6 +93,13 @@ void buildLayoutZero(gpu::GPUFuncOp func, const EPLayout &L);
 void buildLayoutCount(gpu::GPUFuncOp func, const EPLayout &L);
 /// ep.engram_fetch: a warp per fetched row (EngramKernels.cpp).
 void buildEngramFetch(gpu::GPUFuncOp func, const EPLayout &L);
+/// DeepEP V1's low-latency mode (LowLatencyKernels.cpp): the dispatch's send
+/// (FP8 cast fused, `roundScale`: power-of-two scales) and receive (`ue8m0`:
+/// scales as exponent bytes), the combine's send and weighted reduce.
+void buildLowLatencySend(gpu::GPUFuncOp func, const EPLayout &L, bool fp8, bool roundScale);
+void buildLowLatencyRecv(gpu::GPUFuncOp func, const EPLayout &L, bool fp8, bool ue8m0);
+void buildLowLatencyCombineSend(gpu::GPUFuncOp func, const EPLayout &L);
+void buildLowLatencyCombineReduce(gpu::GPUFuncOp func, const EPLayout &L);
 
 // Fused with the grouped GEMM.
 void buildCopyGemmKernel(OpBuilder &builder, Location loc, StringRef name, const EPLayout &L,

@@ -140,6 +140,31 @@ struct EngramCall {
   DeviceTensor out;     ///< [T, M x hidden] of the tables' dtype, 16-byte aligned
 };
 
+/// DeepEP V1's low_latency_dispatch of one rank (ep.low_latency_dispatch):
+/// the rank's bf16 tokens into per-local-expert receive tensors, the cap
+/// being spec.maxTokensPerRank (R x cap rows per expert).
+struct LowLatencyDispatchCall {
+  DeviceTensor x;           ///< bf16 [T, hidden], T <= cap
+  DeviceTensor topkIdx;     ///< i32 or i64 [T, K], -1 = none
+  DeviceTensor recvX;       ///< [L, R x cap, hidden] of spec.dtype (bf16 or f8E4M3FN)
+  DeviceTensor recvScales;  ///< FP8: f32 [L, G, R x cap] or, UE8M0, i32 [L, ceil(G / 4), R x cap]
+  DeviceTensor recvCount;   ///< i32 [L]
+  DeviceTensor srcInfo;     ///< i32 [L, R x cap]
+  DeviceTensor layoutRange; ///< i64 [L, R]
+  DeviceTensor route;       ///< i32 [L, R x cap]
+  DeviceTensor stats;       ///< optional i32 [L], incremented by the counts
+};
+
+/// DeepEP V1's low_latency_combine of one rank (ep.low_latency_combine).
+struct LowLatencyCombineCall {
+  DeviceTensor x;           ///< bf16 [L, R x cap, hidden]
+  DeviceTensor layoutRange; ///< i64 [L, R] (the dispatch's)
+  DeviceTensor route;       ///< i32 [L, R x cap] (the dispatch's)
+  DeviceTensor topkIdx;     ///< i32 or i64 [T, K] (the rank's own, as dispatched)
+  DeviceTensor topkWeights; ///< f32 [T, K]
+  DeviceTensor out;         ///< bf16 [T, hidden]
+};
+
 /// An expanded dispatch fused with the expert GEMM on its rows.
 struct DispatchGemmCall {
   DispatchCall dispatch;
@@ -235,6 +260,11 @@ ParamRecord layoutRecord(const EPSpec &spec, const LayoutCall &call);
 /// address in this process), the output.
 ParamRecord engramRecord(const EPSpec &spec, int64_t entriesPerRank, int64_t tableOffset,
                          uint64_t ownTable, const EngramCall &call);
+/// Low-latency mode's records; `parity` picks the window region (0 or 1).
+ParamRecord lowLatencyDispatchRecord(const EPSpec &spec, const DispatchVariant &variant, int parity,
+                                     const LowLatencyDispatchCall &call);
+ParamRecord lowLatencyCombineRecord(const EPSpec &spec, int parity,
+                                    const LowLatencyCombineCall &call);
 /// The fused entry's record: the dispatch's, then "experts" and "gemm_out".
 ParamRecord dispatchGemmRecord(const EPSpec &spec, const DispatchVariant &variant,
                                const DispatchGemmCall &call);
@@ -278,6 +308,10 @@ inline std::pair<std::vector<int64_t>, std::string> fusedGemmOperands(const Disp
 }
 /// What must agree across ranks for one dispatch layout kernel: the id width.
 inline std::string layoutOperands(const LayoutCall &c) { return c.topkIdx.dtype; }
+inline std::string lowLatencyOperands(const LowLatencyDispatchCall &c) { return c.topkIdx.dtype; }
+inline std::string lowLatencyCombineOperands(const LowLatencyCombineCall &c) {
+  return c.topkIdx.dtype;
+}
 
 /// Checks routing read back from the GPU: every entry in [-1, experts).
 /// `tokens` rows of spec.topk entries; throws naming `name`[t][j].

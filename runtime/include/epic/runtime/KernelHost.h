@@ -98,7 +98,10 @@ public:
     /// whose tensor the signature does not have (or has empty). Throws
     /// std::invalid_argument naming the tensor (`slotNames`, with the rank
     /// where several are served) before anything is launched.
-    void launch(const uint64_t *addresses, size_t count, void *stream);
+    /// `kernels` of the entry's kernels from `first` only (-1: the rest): an
+    /// entry's phases launched apart (low-latency mode's receive hook).
+    void launch(const uint64_t *addresses, size_t count, void *stream, int first = 0,
+                int kernels = -1);
     /// Launches with the addresses the plan was made with.
     void launch(void *stream);
 
@@ -129,7 +132,7 @@ public:
   /// Launches a prepared entry's kernels, in order, on `stream` (no host
   /// synchronization, no allocation: graph-capturable), with the launch
   /// attributes the metadata asks for (cooperative, dynamic shared memory).
-  void launch(const Prepared &prepared, void *stream = nullptr);
+  void launch(const Prepared &prepared, void *stream = nullptr, int first = 0, int kernels = -1);
 
   /// DeepEP's overlap controls: the stream first waits for `previousEvent`
   /// (a cudaEvent_t, e.g. recorded on the compute stream); with
@@ -170,6 +173,16 @@ public:
   /// ranks' host segments (`entriesPerRank` entries each, written by the
   /// caller): one kernel, nothing waits. Throws if the buffer has no host
   /// segment.
+  /// DeepEP V1's low-latency mode: ep.low_latency_dispatch (kernels: send,
+  /// receive) and ep.low_latency_combine (send, weighted sum), on window
+  /// region `parity` (0 or 1; consecutive calls alternate). One NVLink
+  /// domain; the cap is spec.maxTokensPerRank.
+  Plan planLowLatencyDispatch(const EPSpec &spec, const DispatchVariant &variant, int parity,
+                              const std::vector<LowLatencyDispatchCall> &calls, int blocks = 0,
+                              void *stream = nullptr, std::vector<std::string> slotNames = {});
+  Plan planLowLatencyCombine(const EPSpec &spec, int parity,
+                             const std::vector<LowLatencyCombineCall> &calls, int blocks = 0,
+                             void *stream = nullptr, std::vector<std::string> slotNames = {});
   Plan planEngramFetch(const EPSpec &spec, int64_t entriesPerRank,
                        const std::vector<EngramCall> &calls, int blocks = 0, void *stream = nullptr,
                        std::vector<std::string> slotNames = {});

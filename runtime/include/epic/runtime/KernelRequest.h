@@ -59,6 +59,9 @@ struct DispatchVariant {
   /// Outputs and handle in the symmetric window (every tensor a peer writes
   /// or reads): the one-pass kernels on any backend.
   bool windowOutputs = false;
+  /// The low-latency dispatch's FP8 scales: powers of two, and as UE8M0 bytes.
+  bool roundScale = false;
+  bool useUe8m0 = false;
 };
 
 struct CombineVariant {
@@ -141,6 +144,13 @@ KernelRequest dispatchLayoutRequest(const EPSpec &spec, int topkIdxBits = 64,
 /// request's configuration is normalized (experts = ranks, top-1, no scale
 /// packs but FP8's one, alignment 1, plain): one kernel per row shape.
 KernelRequest engramFetchRequest(const EPSpec &spec, std::string name = "");
+/// ep.low_latency_dispatch of bf16 rows routed by `topkIdxBits`-bit ids into
+/// rows of `spec.dtype` (bf16, or f8E4M3FN with `roundScale` / `useUe8m0`
+/// scales), and ep.low_latency_combine (bf16). Normalized configuration:
+/// FP8's scale packs are its hidden / 128 scale groups, alignment 1, plain.
+KernelRequest lowLatencyDispatchRequest(const EPSpec &spec, int topkIdxBits, bool roundScale,
+                                        bool useUe8m0, std::string name = "");
+KernelRequest lowLatencyCombineRequest(const EPSpec &spec, int topkIdxBits, std::string name = "");
 
 } // namespace epic::runtime
 

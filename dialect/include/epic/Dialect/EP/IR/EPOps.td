@@ -551,4 +551,92 @@ def EP_EngramFetchOp : EP_Op<"engram_fetch", [EP_KernelOpInterface]> {
   let hasVerifier = 1;
 }
 
+//===----------------------------------------------------------------------===//
+// ep.low_latency_dispatch / ep.low_latency_combine (DeepEP V1's low-latency mode)
+//===----------------------------------------------------------------------===//
+
+def EP_LowLatencyDispatchOp : EP_Op<"low_latency_dispatch", [EP_KernelOpInterface]> {
+  let summary = "decode dispatch into fixed per-expert receive slots, FP8 cast fused";
+  let description = [{
+    DeepEP V1's `low_latency_dispatch`: no count exchange, no host
+    synchronization, one launch of two kernels (a send and a receive phase;
+    the runtime may launch the receive later, DeepEP's `return_recv_hook`).
+    Every rank sends each of its `T` bf16 tokens `x` ([T, hidden], T <= the
+    run-time cap `Tmax`) to the `topk_idx` ([T, K], -1 = none) experts'
+    ranks, cast to FP8 E4M3 on the way when the configuration's dtype is
+    `f8E4M3FN` (one scale per 128 channels: `amax / 448`, amax at least
+    1e-4; `round_scale`: rounded up to a power of two; `ue8m0`: returned as
+    exponent bytes, four to an i32). Each (local expert, source rank) has
+    `Tmax` fixed slots in the receiver's window; a source fills its slots
+    in token order and then posts the count, so the receiver needs no
+    exchange. Results, per local expert `l`:
+
+    - `recv_x` [L, R x Tmax, hidden]: rows `[0, recv_count[l])` valid, from
+      source rank 0 first, each source's tokens in order;
+    - `recv_scales` (FP8 only) [L, R x Tmax, G] f32 or [L, R x Tmax, G/4]
+      i32, column-major per expert (stride 1 along the rows: TMA's layout);
+    - `recv_count` [L], `src_info` [L, R x Tmax] (the source token),
+      `layout_range` [L, R] (`begin << 32 | count` per source rank), and
+      `route` [L, R x Tmax] (`source x Tmax x K + token x K + slot`: where
+      `ep.low_latency_combine` sends the row back).
+
+    One NVLink domain (every rank reached by LSA pointers).
+
+    ```mlir
+    %x8, %sf, %n, %src, %range, %route = ep.low_latency_dispatch %x, %idx
+        round_scale config #cfg
+        : tensor<?x7168xbf16>, tensor<?x8xi64>
+        -> tensor<32x?x7168xf8E4M3FN>, scales tensor<32x?x56xf32>,
+           tensor<32xi32>, tensor<32x?xi32>, tensor<32x8xi64>, tensor<32x?xi32>
+    ```
+  }];
+  let arguments = (ins EP_ConfigAttr:$config, EP_BF16RowTensor:$x, EP_TopkIdxTensor:$topk_idx,
+                       UnitAttr:$round_scale, UnitAttr:$use_ue8m0);
+  let results = (outs
+    TensorRankOf<[BF16, F8E4M3FN], [3]>:$recv_x,
+    Optional<TensorRankOf<[F32, I32], [3]>>:$recv_scales,
+    TensorRankOf<[I32], [1]>:$recv_count,
+    2DTensorOf<[I32]>:$src_info,
+    2DTensorOf<[I64]>:$layout_range,
+    2DTensorOf<[I32]>:$route);
+  let assemblyFormat = [{
+    $x `,` $topk_idx (`round_scale` $round_scale^)? (`ue8m0` $use_ue8m0^)?
+    `config` $config attr-dict `:` type($x) `,` type($topk_idx) `->` type($recv_x) `,`
+    (`scales` type($recv_scales)^ `,`)? type($recv_count) `,` type($src_info) `,`
+    type($layout_range) `,` type($route)
+  }];
+  let hasVerifier = 1;
+}
+
+def EP_LowLatencyCombineOp : EP_Op<"low_latency_combine", [EP_KernelOpInterface]> {
+  let summary = "send expert outputs back to their tokens' ranks, weighted sum there";
+  let description = [{
+    DeepEP V1's `low_latency_combine`: `x` [L, R x Tmax, hidden] bf16 holds
+    each local expert's output rows where `ep.low_latency_dispatch` put its
+    inputs (`layout_range`, `route` are that dispatch's). Every row goes back
+    to its source rank's window, to the slot of its (token, top-k slot); the
+    source then computes, per token `t` of its `T`, `sum over k with
+    topk_idx[t, k] >= 0 of topk_weights[t, k] x row(t, k)` in f32 in k order
+    from +0.0, rounded once to bf16 ([T, hidden]; zeros for a token with no
+    expert). Two kernels (send, then the weighted sum; the runtime may
+    launch the sum later, DeepEP's `return_recv_hook`). One NVLink domain.
+
+    ```mlir
+    %y = ep.low_latency_combine %out, %range, %route, %idx, %w config #cfg
+        : tensor<32x?x7168xbf16>, tensor<32x8xi64>, tensor<32x?xi32>,
+          tensor<?x8xi64>, tensor<?x8xf32> -> tensor<?x7168xbf16>
+    ```
+  }];
+  let arguments = (ins EP_ConfigAttr:$config, TensorRankOf<[BF16], [3]>:$x,
+                       2DTensorOf<[I64]>:$layout_range, 2DTensorOf<[I32]>:$route,
+                       EP_TopkIdxTensor:$topk_idx, 2DTensorOf<[F32]>:$topk_weights);
+  let results = (outs EP_BF16RowTensor:$combined_x);
+  let assemblyFormat = [{
+    $x `,` $layout_range `,` $route `,` $topk_idx `,` $topk_weights `config` $config
+    attr-dict `:` type($x) `,` type($layout_range) `,` type($route) `,` type($topk_idx) `,`
+    type($topk_weights) `->` type($combined_x)
+  }];
+  let hasVerifier = 1;
+}
+
 #endif // EPIC_DIALECT_EP_IR_EPOPS_TD

@@ -62,6 +62,16 @@ enum EngramField {
 #include "epic/Dialect/EP/IR/EPRecords.def"
   kNumEngramFields
 };
+enum LowLatencyDispatchField {
+#define EP_LL_DISPATCH_FIELD(Enumerator, name) Enumerator,
+#include "epic/Dialect/EP/IR/EPRecords.def"
+  kNumLowLatencyDispatchFields
+};
+enum LowLatencyCombineField {
+#define EP_LL_COMBINE_FIELD(Enumerator, name) Enumerator,
+#include "epic/Dialect/EP/IR/EPRecords.def"
+  kNumLowLatencyCombineFields
+};
 
 /// The names in record order (the fused entries and hybrid mode: only the
 /// fields they add).
@@ -101,6 +111,14 @@ inline constexpr const char *kEngramFields[] = {
 #define EP_ENGRAM_FIELD(Enumerator, name) #name,
 #include "epic/Dialect/EP/IR/EPRecords.def"
 };
+inline constexpr const char *kLowLatencyDispatchFields[] = {
+#define EP_LL_DISPATCH_FIELD(Enumerator, name) #name,
+#include "epic/Dialect/EP/IR/EPRecords.def"
+};
+inline constexpr const char *kLowLatencyCombineFields[] = {
+#define EP_LL_COMBINE_FIELD(Enumerator, name) #name,
+#include "epic/Dialect/EP/IR/EPRecords.def"
+};
 
 /// Name constants for the runtime, which fills records by name.
 namespace dispatch {
@@ -127,6 +145,14 @@ namespace engram {
 #define EP_ENGRAM_FIELD(Enumerator, name) inline constexpr const char name[] = #name;
 #include "epic/Dialect/EP/IR/EPRecords.def"
 } // namespace engram
+namespace ll_dispatch {
+#define EP_LL_DISPATCH_FIELD(Enumerator, name) inline constexpr const char name[] = #name;
+#include "epic/Dialect/EP/IR/EPRecords.def"
+} // namespace ll_dispatch
+namespace ll_combine {
+#define EP_LL_COMBINE_FIELD(Enumerator, name) inline constexpr const char name[] = #name;
+#include "epic/Dialect/EP/IR/EPRecords.def"
+} // namespace ll_combine
 
 } // namespace epic::ep::records
 

@@ -174,6 +174,58 @@ constexpr int64_t dataBytesPerToken(int64_t ranks, int64_t topk, const DispatchR
   return std::max(ranks * dispatch.bytes, topk * combine.bytes);
 }
 
+/// DeepEP V1's low-latency mode (ep.low_latency_dispatch / _combine), in the
+/// data region. Two regions (parities 0 and 1): consecutive calls alternate,
+/// so that two calls may be in flight (DeepEP's two buffers). A region is a
+/// control block, the dispatch's receive slots and the combine's rows:
+///
+///   control, per parity (i32 cells, each array on its own 256 bytes):
+///     arrivals [L][R]     rows that source rank s sent local expert l, + 1
+///                         (0: not yet); reset by the receiver
+///     sendCounts [E]      this rank's rows per destination expert (scratch)
+///     combineDone [R]     rank r sent this rank its combined rows (1)
+///     kBlockCounters      last-block counters of the four kernels
+///   slots [L][R][cap][message]  a message: 16-byte header (source token,
+///                         top-k slot), then the row: bf16, or FP8 and its
+///                         f32 scales (the same size serves both)
+///   combine [cap][K][bf16 row]  the origin's rows back, by (token, slot)
+///
+/// The cap (num_max_dispatch_tokens_per_rank) is a run-time value: the
+/// window needs bytes(0) + cap x bytesPerToken(). Every cell is zero between
+/// calls; other modes' data may overwrite them (DeepEP's
+/// clean_low_latency_buffer zeroes the control blocks).
+struct LowLatencyLayout {
+  static constexpr int64_t kHeaderBytes = 16;
+  static constexpr int64_t kBlockCounters = 4;
+  enum BlockCounter { kDispatchSend, kDispatchRecv, kCombineSend, kCombineReduce };
+  int64_t experts, ranks, topk, hidden;
+  int64_t message, combineRow, fp8ScalesAt;
+  int64_t arrivals, sendCounts, combineDone, blockCounters, control;
+
+  constexpr LowLatencyLayout(int64_t experts, int64_t ranks, int64_t topk, int64_t hidden)
+      : experts(experts), ranks(ranks), topk(topk), hidden(hidden),
+        message(kHeaderBytes + align(2 * hidden, 16)), combineRow(align(2 * hidden, 16)),
+        fp8ScalesAt(kHeaderBytes + align(hidden, 16)), arrivals(0),
+        sendCounts(detail::after(arrivals, experts * 4)),
+        combineDone(detail::after(sendCounts, experts * 4)),
+        blockCounters(detail::after(combineDone, ranks * 4)),
+        control(detail::after(blockCounters, kBlockCounters * 4)) {}
+
+  /// Window offsets of parity `p`'s control block, slots and combine rows.
+  constexpr int64_t controlAt(int64_t p) const { return kControlEnd + p * control; }
+  constexpr int64_t slotsAt(int64_t p, int64_t cap) const {
+    return kControlEnd + 2 * control + p * cap * experts * message;
+  }
+  constexpr int64_t combineAt(int64_t p, int64_t cap) const {
+    return slotsAt(2, cap) + p * cap * topk * combineRow;
+  }
+  /// The window this mode needs: bytes(cap) = bytes(0) + cap x bytesPerToken().
+  constexpr int64_t bytesPerToken() const { return 2 * (experts * message + topk * combineRow); }
+  constexpr int64_t bytes(int64_t cap) const {
+    return kControlEnd + 2 * control + cap * bytesPerToken();
+  }
+};
+
 } // namespace epic::ep::window
 
 #endif // EPIC_DIALECT_EP_IR_EPWINDOW_H

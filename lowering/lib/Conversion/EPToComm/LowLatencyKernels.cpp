@@ -1,0 +1,443 @@
+//===- LowLatencyKernels.cpp - DeepEP V1's low-latency dispatch and combine ===//
+//
+// ep.low_latency_dispatch and ep.low_latency_combine, two kernels each, in
+// the window layout of EPWindow.h (LowLatencyLayout). Nothing is exchanged
+// before data moves: every (local expert, source rank) owns `cap` fixed
+// slots in the receiver's window, and a source fills its slots for an expert
+// in its tokens' order (a token's slot is the number of earlier routing
+// entries with the same expert), then posts the count.
+//
+//   dispatch send    a token's row split among warps: each casts its part
+//                    to FP8 (or not) once and stores it into every
+//                    destination's slot; the rank's last block posts the
+//                    count per destination expert (count + 1, release).
+//   dispatch recv    warps per (local expert, source): wait for the
+//                    expert's counts, lay the rows out by source rank, copy
+//                    rows, scales (column-major per expert) and headers out;
+//                    the last block clears the counts.
+//   combine send     each received row goes back to its source's window, to
+//                    the slot of its (token, top-k slot); the last block
+//                    tells every rank it is done (1, release).
+//   combine reduce   waits for every rank, then per token the weighted sum
+//                    of its present slots (f32, k order, one rounding).
+//
+// Kernel boundaries order a rank's phases; the counts and flags are back at
+// zero when each kernel ends, and a region is reused two calls later only
+// (the host alternates parities), after the calls in between have met.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Kernels.h"
+
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+
+namespace epic::expand {
+namespace {
+using LowLatency = epic::ep::window::LowLatencyLayout;
+
+/// The window offsets (i64) of the region a call uses. Its scratch (send
+/// counters, last-block counters) is the region's too: two calls in flight on
+/// one rank (an async call on the communication stream, the next on the
+/// compute stream) have different parities.
+struct Region {
+  LowLatency ll;
+  Value control, slots, combine;
+  Region(KernelBuilder &k, const EPLayout &L, Value parity)
+      : ll(L.experts, L.ranks, L.topk, L.hidden) {
+    Value p = k.wide(parity), cap = k.wide(k.tmax);
+    control = k.add(k.i64(ll.controlAt(0)), k.mul(p, k.i64(ll.control)));
+    Value oneParity = k.mul(cap, k.i64(ll.experts * ll.message));
+    Value base = k.i64(ll.slotsAt(0, 0));
+    slots = k.add(base, k.mul(p, oneParity));
+    Value rows = k.add(base, k.mul(k.i64(2), oneParity));
+    combine = k.add(rows, k.mul(p, k.mul(cap, k.i64(ll.topk * ll.combineRow))));
+  }
+  /// i32 cell `index` of this region's control array at `array`.
+  Value cell(KernelBuilder &k, int64_t array, Value index) const {
+    return k.add(control, k.add(k.i64(array), k.mul(k.wide(index), k.i64(4))));
+  }
+  Value sendCount(KernelBuilder &k, Value expert) const { return cell(k, ll.sendCounts, expert); }
+  Value blockCounter(KernelBuilder &k, LowLatency::BlockCounter which) const {
+    return cell(k, ll.blockCounters, k.i32(which));
+  }
+};
+
+Value f32(KernelBuilder &k, double v) {
+  return arith::ConstantOp::create(k.b, k.b.getF32FloatAttr(v));
+}
+Value bitsToF32(KernelBuilder &k, Value bits) {
+  return arith::BitcastOp::create(k.b, k.b.getF32Type(), bits);
+}
+
+/// Sum of `v` over the warp's lanes (every lane gets it).
+Value warpSum(KernelBuilder &k, Value v) {
+  for (int64_t d = 16; d >= 1; d /= 2)
+    v = k.add(v, gpu::ShuffleOp::create(k.b, v, k.i32(d), k.i32(32), gpu::ShuffleMode::XOR)
+                     .getShuffleResult());
+  return v;
+}
+
+/// Lane j < K: how many routing entries before (token t, slot j) in the
+/// flattened [T, K] table name the same expert `e` (lane j's): the slot of
+/// its row among this rank's rows for that expert. A warp reads the table
+/// up to the token in steps of 32 entries, one ballot per top-k slot.
+Value slotAmongEarlier(KernelBuilder &k, const EPLayout &L, Value ids, Value t, Value e) {
+  const int64_t K = L.topk;
+  SmallVector<Value> experts;
+  for (int64_t j = 0; j < K; ++j)
+    experts.push_back(k.shuffle(e, k.i32(j)));
+  Value first = k.mul(t, k.i32(K));
+  Value end = k.add(first, k.i32(K));
+  Value limit = k.add(first, k.lane); // lane j counts entries before t x K + j
+  auto loop = scf::ForOp::create(k.b, k.i32(0), end, k.i32(32), ValueRange{k.i32(0)});
+  {
+    OpBuilder::InsertionGuard guard(k.b);
+    k.b.setInsertionPointToStart(loop.getBody());
+    Value c = loop.getInductionVar(), count = loop.getRegionIterArgs()[0];
+    Value p = k.add(c, k.lane);
+    // -2 past the end: no expert id and not "none" (-1).
+    Value id = k.choose(
+        k.lt(p, end), k.i32T(), [&] { return k.loadTopkId(ids, p); }, [&] { return k.i32(-2); });
+    Value rel = k.sub(limit, c);
+    Value below = k.select(k.cmp(arith::CmpIPredicate::sge, rel, k.i32(32)), k.i32(-1),
+                           k.select(k.cmp(arith::CmpIPredicate::sle, rel, k.i32(0)), k.i32(0),
+                                    k.sub(arith::ShLIOp::create(k.b, k.i32(1), rel), k.i32(1))));
+    for (int64_t j = 0; j < K; ++j) {
+      Value hits = k.popc(k.andi(k.ballot(k.eq(id, experts[j])), below));
+      count = k.select(k.eq(k.lane, k.i32(j)), k.add(count, hits), count);
+    }
+    if (loop.getBody()->mightHaveTerminator())
+      k.b.setInsertionPoint(loop.getBody()->getTerminator());
+    scf::YieldOp::create(k.b, ValueRange{count});
+  }
+  return loop.getResult(0);
+}
+
+/// A group of 8 bf16 channels (16 bytes, one lane's) cast to FP8: with the
+/// 15 other lanes of its 128-channel group, amax (at least 1e-4), the scale
+/// `amax / 448` (or its power of two above, `round`) and the 8 E4M3 bytes of
+/// `x / scale` rounded to nearest, saturated. Returns (bytes as i64, scale).
+std::pair<Value, Value> castToFp8(KernelBuilder &k, Value chunk, bool round) {
+  auto f32x8 = VectorType::get({8}, k.b.getF32Type());
+  Value x = arith::ExtFOp::create(k.b, f32x8, chunk);
+  Value magnitude = arith::MaxNumFOp::create(k.b, x, arith::NegFOp::create(k.b, x));
+  Value amax = vector::ExtractOp::create(k.b, magnitude, int64_t(0));
+  for (int64_t i = 1; i < 8; ++i)
+    amax = arith::MaxNumFOp::create(k.b, amax, vector::ExtractOp::create(k.b, magnitude, i));
+  for (int64_t d = 8; d >= 1; d /= 2) // the 16 lanes of the group
+    amax = arith::MaxNumFOp::create(
+        k.b, amax,
+        gpu::ShuffleOp::create(k.b, amax, k.i32(d), k.i32(32), gpu::ShuffleMode::XOR)
+            .getShuffleResult());
+  amax = arith::MaxNumFOp::create(k.b, amax, f32(k, 1e-4));
+  Value scale = arith::DivFOp::create(k.b, amax, f32(k, 448.0));
+  Value inverse;
+  if (round) {
+    // 2^ceil(log2(scale)): the exponent, one up unless a power of two already.
+    Value bits = arith::BitcastOp::create(k.b, k.i32T(), scale);
+    Value exponent = k.andi(arith::ShRUIOp::create(k.b, bits, k.i32(23)), k.i32(0xff));
+    Value mantissa = k.andi(bits, k.i32((1 << 23) - 1));
+    Value e = k.add(
+        exponent,
+        arith::ExtUIOp::create(k.b, k.i32T(), k.cmp(arith::CmpIPredicate::ne, mantissa, k.i32(0))));
+    scale = bitsToF32(k, arith::ShLIOp::create(k.b, e, k.i32(23)));
+    inverse = bitsToF32(k, arith::ShLIOp::create(k.b, k.sub(k.i32(254), e), k.i32(23)));
+  } else {
+    inverse = arith::DivFOp::create(k.b, f32(k, 448.0), amax);
+  }
+  Value scaled = arith::MulFOp::create(k.b, x, vector::BroadcastOp::create(k.b, f32x8, inverse));
+  Value packed = k.i64(0);
+  auto i8x2 = VectorType::get({2}, k.b.getI8Type());
+  for (int64_t i = 0; i < 8; i += 2) {
+    Value lo = vector::ExtractOp::create(k.b, scaled, i);
+    Value hi = vector::ExtractOp::create(k.b, scaled, i + 1);
+    Value pair = NVVM::ConvertF32x2ToF8x2Op::create(
+        k.b, i8x2, hi, lo, NVVM::FPRoundingMode::RN, NVVM::SaturationMode::SATFINITE,
+        /*relu=*/false, k.b.getType<Float8E4M3FNType>());
+    Value half = LLVM::BitcastOp::create(k.b, k.b.getI16Type(), pair);
+    Value wide = arith::ExtUIOp::create(k.b, k.i64T(), half);
+    packed = arith::OrIOp::create(k.b, packed, arith::ShLIOp::create(k.b, wide, k.i64(8 * i)));
+  }
+  return {packed, scale};
+}
+
+/// Row parts of a row of `bytes` copied `unroll` chunks per lane at a time.
+int64_t partsOf(int64_t bytes, int64_t unroll) { return KernelBuilder::maxRowParts(bytes, unroll); }
+
+/// Warps per (local expert, source) work item: all the grid's over the pairs.
+Value warpsPerPair(KernelBuilder &k, int64_t pairs) {
+  Value s = k.divu(k.numWarps, k.i32(pairs));
+  return k.select(k.lt(s, k.i32(1)), k.i32(1), s);
+}
+
+/// For each (local expert l, source s) pair, by `perPair` warps: `body(l, s,
+/// sub)`, sub in [0, perPair).
+void loopPairs(KernelBuilder &k, const EPLayout &L, Value perPair,
+               function_ref<void(Value, Value, Value)> body) {
+  const int64_t pairs = L.local * L.ranks;
+  k.loop(k.globalWarp, k.mul(k.i32(pairs), perPair), k.numWarps, [&](Value item) {
+    Value pair = k.divu(item, perPair);
+    body(k.divu(pair, k.i32(L.ranks)), k.remu(pair, k.i32(L.ranks)), k.remu(item, perPair));
+  });
+}
+
+/// When every block of the rank is done: `body(i)` for i in [0, n) over the
+/// last block's threads, then its counter `which` back at zero.
+void whenRankDone(KernelBuilder &k, const Region &g, LowLatency::BlockCounter which, Value n,
+                  function_ref<void(Value)> body) {
+  Value last = k.lastBlockOfRank(g.blockCounter(k, which));
+  k.when(last, [&] {
+    k.loop(k.tid, n, k.threads, body);
+    k.resetCounter(g.blockCounter(k, which));
+  });
+}
+
+} // namespace
+
+void buildLowLatencySend(gpu::GPUFuncOp func, const EPLayout &L, bool fp8, bool roundScale) {
+  KernelBuilder k(func, L);
+  Region g(k, L, k.intParam(kLdParity));
+  Value x = k.pointerParam(kLdX), ids = k.pointerParam(kLdTopkIdx);
+  const int64_t K = L.topk, H = L.hidden, inBytes = 2 * H;
+  const int64_t unroll = kDefaultRowUnroll;
+  k.loopRowParts(
+      k.intParam(kLdNumTokens), partsOf(inBytes, unroll), [&](Value t, const RowPart &share) {
+        Value e = k.choose(
+            k.lt(k.lane, k.i32(K)), k.i32T(),
+            [&] { return k.loadTopkId(ids, k.add(k.mul(t, k.i32(K)), k.lane)); },
+            [&] { return k.i32(-1); });
+        Value valid = k.cmp(arith::CmpIPredicate::sge, e, k.i32(0));
+        Value slot = slotAmongEarlier(k, L, ids, t, e);
+        Value safe = k.select(valid, e, k.i32(0));
+        Value dst = k.divu(safe, k.i32(L.local));
+        Value message = k.add(
+            k.mul(k.add(k.mul(k.remu(safe, k.i32(L.local)), k.i32(L.ranks)), k.me), k.tmax), slot);
+        Value msg = k.peer(k.add(g.slots, k.mul(k.wide(message), k.i64(g.ll.message))), dst);
+        k.inFirstPart(share, [&] {
+          k.when(valid, [&] {
+            k.store(t, msg, 4);
+            k.store(k.lane, k.at(msg, k.i64(4)), 4);
+            comm::RedOp::create(k.b, comm::AtomicKind::add, comm::Ordering::relaxed,
+                                comm::Scope::gpu, k.i32(1), k.local(g.sendCount(k, e)));
+          });
+        });
+        // Every lane learns each slot's destination row (null-free: invalid
+        // slots point at this rank's own window and store nothing).
+        SmallVector<Value> rows, present;
+        Value validBits = arith::ExtUIOp::create(k.b, k.i32T(), valid);
+        for (int64_t j = 0; j < K; ++j) {
+          rows.push_back(k.at(k.shufflePointer(msg, k.i32(j)), k.i64(LowLatency::kHeaderBytes)));
+          present.push_back(k.eq(k.shuffle(validBits, k.i32(j)), k.i32(1)));
+        }
+        Value src = k.at(x, k.mul(k.wide(t), k.i64(inBytes)));
+        if (!fp8) {
+          auto vec = VectorType::get({4}, k.i32T());
+          k.forEachChunkGroup(
+              inBytes, unroll, /*warpUniform=*/false,
+              [&](ArrayRef<Value> offsets, ArrayRef<Value> inRange) {
+                SmallVector<Value> values = k.loadChunks(vec, src, offsets, inRange);
+                for (int64_t j = 0; j < K; ++j)
+                  k.when(present[j], [&] { k.storeChunks(rows[j], values, offsets, inRange); });
+              },
+              share);
+          return;
+        }
+        // FP8: the shuffles of a 128-channel group need all 32 lanes in step.
+        auto bf16x8 = VectorType::get({8}, k.b.getBF16Type());
+        k.forEachChunkGroup(
+            inBytes, unroll, /*warpUniform=*/true,
+            [&](ArrayRef<Value> offsets, ArrayRef<Value> inRange) {
+              SmallVector<Value> values = k.loadChunks(bf16x8, src, offsets, inRange);
+              for (size_t u = 0; u < values.size(); ++u) {
+                auto [bytes, scale] = castToFp8(k, values[u], roundScale);
+                Value chunk = arith::TruncIOp::create(
+                    k.b, k.i32T(), arith::DivUIOp::create(k.b, offsets[u], k.i64(16)));
+                Value dataAt = k.mul(k.wide(chunk), k.i64(8));
+                Value scaleAt = k.add(k.i64(g.ll.fp8ScalesAt - LowLatency::kHeaderBytes),
+                                      k.mul(k.wide(k.divu(chunk, k.i32(16))), k.i64(4)));
+                Value lead = k.eq(k.remu(k.lane, k.i32(16)), k.i32(0));
+                for (int64_t j = 0; j < K; ++j) {
+                  Value go = inRange.empty() ? present[j] : k.andi(present[j], inRange[u]);
+                  k.when(go, [&] {
+                    k.store(bytes, k.at(rows[j], dataAt), 8);
+                    k.when(lead, [&] { k.store(scale, k.at(rows[j], scaleAt), 4); });
+                  });
+                }
+              }
+            },
+            share);
+      });
+  // Every row is written: the rank's last block posts each expert's count.
+  whenRankDone(k, g, LowLatency::kDispatchSend, k.i32(L.experts), [&](Value e) {
+    Value counter = k.local(g.sendCount(k, e));
+    Value count =
+        comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed, comm::Scope::gpu, counter);
+    Value cell =
+        g.cell(k, g.ll.arrivals, k.add(k.mul(k.remu(e, k.i32(L.local)), k.i32(L.ranks)), k.me));
+    comm::StoreOp::create(k.b, comm::Ordering::release, comm::Scope::sys, k.add(count, k.i32(1)),
+                          k.peer(cell, k.divu(e, k.i32(L.local))));
+    comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), counter);
+  });
+}
+
+void buildLowLatencyRecv(gpu::GPUFuncOp func, const EPLayout &L, bool fp8, bool ue8m0) {
+  KernelBuilder k(func, L);
+  Region g(k, L, k.intParam(kLdParity));
+  Value recvX = k.pointerParam(kLdRecvX), counts = k.pointerParam(kLdRecvCount);
+  Value srcInfo = k.pointerParam(kLdSrcInfo), ranges = k.pointerParam(kLdLayoutRange);
+  Value routes = k.pointerParam(kLdRoute), stats = k.pointerParam(kLdStats);
+  Value scales = fp8 ? k.pointerParam(kLdRecvScales) : Value();
+  const int64_t R = L.ranks, K = L.topk, H = L.hidden;
+  const int64_t rowBytes = fp8 ? H : 2 * H, groups = H / 128, packs = (groups + 3) / 4;
+  const int64_t parts = partsOf(rowBytes, KernelBuilder::kCopyUnroll);
+  Value rt = k.mul(k.i32(R), k.tmax); // rows per local expert
+  loopPairs(k, L, warpsPerPair(k, L.local * R), [&](Value l, Value s, Value sub) {
+    // The expert's count from every source (lane r), then this source's
+    // place among them: sources in rank order.
+    Value begin = k.i32(0), count = k.i32(0), total = k.i32(0);
+    for (int64_t base = 0; base < R; base += 32) {
+      Value r = k.add(k.i32(base), k.lane);
+      Value seen = k.choose(
+          k.lt(r, k.i32(R)), k.i32T(),
+          [&] {
+            Value cell = k.local(g.cell(k, g.ll.arrivals, k.add(k.mul(l, k.i32(R)), r)));
+            return comm::WaitFlagOp::create(k.b, k.i32T(), cell, comm::Predicate::ge, k.i32(1),
+                                            k.me, r, comm::Scope::sys, L.timeoutMs)
+                .getResult();
+          },
+          [&] { return k.i32(1); });
+      Value n = k.sub(seen, k.i32(1));
+      begin = k.add(begin, warpSum(k, k.select(k.lt(r, s), n, k.i32(0))));
+      count = k.add(count, warpSum(k, k.select(k.eq(r, s), n, k.i32(0))));
+      total = k.add(total, warpSum(k, n));
+    }
+    k.when(k.andi(k.eq(sub, k.i32(0)), k.eq(k.lane, k.i32(0))), [&] {
+      Value range = arith::OrIOp::create(k.b, arith::ShLIOp::create(k.b, k.wide(begin), k.i64(32)),
+                                         arith::ExtUIOp::create(k.b, k.i64T(), count));
+      k.store(range, k.elementAt(ranges, k.add(k.mul(l, k.i32(R)), s), 8), 8);
+      k.when(k.eq(s, k.i32(R - 1)), [&] {
+        k.storeI32(total, counts, l);
+        k.when(k.isGiven(stats), [&] { k.storeI32(k.add(k.loadI32(stats, l), total), stats, l); });
+      });
+    });
+    Value perPair = warpsPerPair(k, L.local * R);
+    k.loop(sub, k.mul(count, k.i32(parts)), perPair, [&](Value unit) {
+      Value j = k.divu(unit, k.i32(parts)), part = k.remu(unit, k.i32(parts));
+      Value row = k.add(begin, j);
+      Value message = k.add(k.mul(k.add(k.mul(l, k.i32(R)), s), k.tmax), j);
+      Value msg = k.local(k.add(g.slots, k.mul(k.wide(message), k.i64(g.ll.message))));
+      Value element = k.add(k.mul(l, rt), row);
+      k.when(k.eq(part, k.i32(0)), [&] {
+        k.when(k.eq(k.lane, k.i32(0)), [&] {
+          Value t = k.load(k.i32T(), msg, 4);
+          Value slot = k.load(k.i32T(), k.at(msg, k.i64(4)), 4);
+          k.storeI32(t, srcInfo, element);
+          k.storeI32(k.add(k.mul(k.add(k.mul(s, k.tmax), t), k.i32(K)), slot), routes, element);
+        });
+        if (!fp8)
+          return;
+        // Scales, column-major per expert: [l][group][row].
+        k.loop(k.lane, k.i32(ue8m0 ? packs * 4 : groups), k.i32(32), [&](Value gi) {
+          Value inGroups = k.lt(gi, k.i32(groups));
+          Value scale = k.choose(
+              inGroups, k.b.getF32Type(),
+              [&] {
+                return k.load(
+                    k.b.getF32Type(),
+                    k.at(msg, k.add(k.i64(g.ll.fp8ScalesAt), k.mul(k.wide(gi), k.i64(4)))), 4);
+              },
+              [&] { return f32(k, 0.0); });
+          if (!ue8m0) {
+            Value at = k.add(k.mul(k.add(k.mul(l, k.i32(groups)), gi), rt), row);
+            k.store(scale, k.elementAt(scales, at, 4), 4);
+            return;
+          }
+          // UE8M0: the scale's exponent byte (a power of two), four per i32.
+          Value bits = arith::BitcastOp::create(k.b, k.i32T(), scale);
+          Value byte = arith::TruncIOp::create(
+              k.b, k.b.getI8Type(),
+              k.andi(arith::ShRUIOp::create(k.b, bits, k.i32(23)), k.i32(0xff)));
+          Value word = k.add(k.mul(k.add(k.mul(l, k.i32(packs)), k.divu(gi, k.i32(4))), rt), row);
+          Value at = k.add(k.mul(k.wide(word), k.i64(4)), k.wide(k.remu(gi, k.i32(4))));
+          k.store(byte, k.at(scales, at), 1);
+        });
+      });
+      k.copyRow(k.elementAt(recvX, element, rowBytes), k.at(msg, k.i64(LowLatency::kHeaderBytes)),
+                rowBytes, RowPart{part, k.i32(parts)});
+    });
+  });
+  // Every warp has read the counts: the last block clears them.
+  whenRankDone(k, g, LowLatency::kDispatchRecv, k.i32(L.experts), [&](Value i) {
+    comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
+                          k.local(g.cell(k, g.ll.arrivals, i)));
+  });
+}
+
+void buildLowLatencyCombineSend(gpu::GPUFuncOp func, const EPLayout &L) {
+  KernelBuilder k(func, L);
+  Region g(k, L, k.intParam(kLcParity));
+  Value x = k.pointerParam(kLcX), ranges = k.pointerParam(kLcLayoutRange);
+  Value routes = k.pointerParam(kLcRoute);
+  const int64_t R = L.ranks, K = L.topk, rowBytes = 2 * L.hidden;
+  const int64_t parts = partsOf(rowBytes, KernelBuilder::kCopyUnroll);
+  Value rt = k.mul(k.i32(R), k.tmax);
+  Value perPair = warpsPerPair(k, L.local * R);
+  loopPairs(k, L, perPair, [&](Value l, Value s, Value sub) {
+    Value range = k.load(k.i64T(), k.elementAt(ranges, k.add(k.mul(l, k.i32(R)), s), 8), 8);
+    Value begin =
+        arith::TruncIOp::create(k.b, k.i32T(), arith::ShRUIOp::create(k.b, range, k.i64(32)));
+    Value count = arith::TruncIOp::create(k.b, k.i32T(), range);
+    k.loop(sub, k.mul(count, k.i32(parts)), perPair, [&](Value unit) {
+      Value j = k.divu(unit, k.i32(parts)), part = k.remu(unit, k.i32(parts));
+      Value element = k.add(k.mul(l, rt), k.add(begin, j));
+      // Where the source keeps its (token, slot) row: route minus its rank's base.
+      Value slot = k.sub(k.loadI32(routes, element), k.mul(k.mul(s, k.tmax), k.i32(K)));
+      Value dst = k.peer(k.add(g.combine, k.mul(k.wide(slot), k.i64(g.ll.combineRow))), s);
+      k.copyRow(dst, k.elementAt(x, element, rowBytes), rowBytes, RowPart{part, k.i32(parts)});
+    });
+  });
+  whenRankDone(k, g, LowLatency::kCombineSend, k.i32(R), [&](Value r) {
+    comm::StoreOp::create(k.b, comm::Ordering::release, comm::Scope::sys, k.i32(1),
+                          k.peer(g.cell(k, g.ll.combineDone, k.me), r));
+  });
+}
+
+void buildLowLatencyCombineReduce(gpu::GPUFuncOp func, const EPLayout &L) {
+  KernelBuilder k(func, L);
+  Region g(k, L, k.intParam(kLcParity));
+  Value ids = k.pointerParam(kLcTopkIdx), weights = k.pointerParam(kLcTopkWeights);
+  Value out = k.pointerParam(kLcOut);
+  const int64_t R = L.ranks, K = L.topk, rowBytes = 2 * L.hidden;
+  // Every rank has sent its rows back.
+  k.loop(k.tid, k.i32(R), k.threads, [&](Value r) {
+    comm::WaitFlagOp::create(k.b, k.i32T(), k.local(g.cell(k, g.ll.combineDone, r)),
+                             comm::Predicate::eq, k.i32(1), k.me, r, comm::Scope::sys, L.timeoutMs);
+  });
+  k.barrier();
+  k.loopRowParts(
+      k.intParam(kLcNumTokens), partsOf(rowBytes, KernelBuilder::kSumChunks),
+      [&](Value t, const RowPart &share) {
+        Value entry = k.add(k.mul(t, k.i32(K)), k.lane);
+        Value inTopk = k.lt(k.lane, k.i32(K));
+        Value e = k.choose(
+            inTopk, k.i32T(), [&] { return k.loadTopkId(ids, entry); }, [&] { return k.i32(-1); });
+        Value w = k.choose(
+            inTopk, k.b.getF32Type(),
+            [&] { return k.load(k.b.getF32Type(), k.elementAt(weights, entry, 4), 4); },
+            [&] { return f32(k, 0.0); });
+        Value mask = k.ballot(k.cmp(arith::CmpIPredicate::sge, e, k.i32(0)));
+        k.sumMaskedRows(
+            k.elementAt(out, t, rowBytes), rowBytes, mask,
+            [&](Value slot) {
+              Value at = k.add(k.mul(t, k.i32(K)), slot);
+              return k.local(k.add(g.combine, k.mul(k.wide(at), k.i64(g.ll.combineRow))));
+            },
+            {}, share, [&](Value slot) { return k.shuffle(w, slot); });
+      });
+  whenRankDone(k, g, LowLatency::kCombineReduce, k.i32(R), [&](Value r) {
+    comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
+                          k.local(g.cell(k, g.ll.combineDone, r)));
+  });
+}
+
+} // namespace epic::expand

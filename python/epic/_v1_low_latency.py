@@ -1,0 +1,353 @@
+"""DeepEP V1's low-latency mode on epic's kernels (``Buffer(low_latency_mode=True)``).
+
+Decode's dispatch and combine without a count exchange or a host synchronization, as
+``ep.low_latency_dispatch`` / ``ep.low_latency_combine`` compiled by epic (two kernels each:
+send, then receive; ``return_recv_hook`` launches the receive when the hook is called). Each
+(local expert, source rank) owns ``num_max_dispatch_tokens_per_rank`` fixed slots in the
+receiver's window; FP8 casting is fused into the send. Semantics: :mod:`epic.reference`'s
+``low_latency_dispatch`` / ``low_latency_combine`` (bitwise), documented in
+``docs/semantics.md``.
+
+What differs from DeepEP V1: the rows of an expert are in a fixed order (source rank, then
+token), not the order of arrival; the handle is DeepEP's 5-tuple with epic's routing
+attached (``handle.route``); ``get_next_low_latency_combine_buffer`` returns a buffer kept
+per call parity outside the window (the combine reads its input where it lies, so zero-copy
+needs no registered memory); LogFMT, the wait-time statistics and rank masking are refused by
+name. One NVLink domain (no GIN): all ranks of the group on one node.
+"""
+
+from __future__ import annotations
+
+from . import _tensors as T
+from .buffer import _C, _capturing, _check_bool, _check_int
+from .handle import EventHandle, EventOverlap
+
+
+class LowLatencyHandle(tuple):
+    """DeepEP's ``(src_info, layout_range, num_max_dispatch_tokens_per_rank, hidden,
+    num_experts)``; ``route`` ([L, R x cap] int32 per rank: where the combine sends each row
+    back) and ``parity`` are epic's."""
+
+    def __new__(cls, src_info, layout_range, cap, hidden, num_experts, route, topk):
+        h = super().__new__(cls, (src_info, layout_range, cap, hidden, num_experts))
+        h.route, h.topk = route, topk
+        return h
+
+
+class _LowLatencyPlan:
+    """A C++ plan of one call signature (its slot order), launched with new addresses."""
+
+    __slots__ = ("plan", "slots")
+
+    def __init__(self, plan, slot_names):
+        self.plan, self.slots = plan, {name: i for i, name in enumerate(slot_names)}
+
+    def addresses(self, per_rank):
+        n = len(self.slots)
+        out = [0] * (n * len(per_rank))
+        for r, tensors in enumerate(per_rank):
+            for name, t in tensors.items():
+                if t is not None:
+                    out[r * n + self.slots[name]] = t.data_ptr()
+        return out
+
+
+class LowLatencyMethods:
+    """DeepEP V1's low-latency calls of :class:`epic._v1.Buffer` (which holds ``_buffer``, an
+    ElasticBuffer of the group)."""
+
+    @staticmethod
+    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int,
+                                       num_ranks: int, num_experts: int) -> int:
+        """Bytes of window the low-latency calls of this shape need (any top-k up to the
+        kernels' limit, bf16 or FP8 rows: DeepEP's signature has neither)."""
+        from ._reference_checks import MAX_TOPK
+
+        _check_int("num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank, 1)
+        _check_int("hidden", hidden, 128)
+        _check_int("num_ranks", num_ranks, 1)
+        _check_int("num_experts", num_experts, 1)
+        if num_experts % num_ranks:
+            raise ValueError(f"num_experts ({num_experts}) must be divisible by num_ranks "
+                             f"({num_ranks})")
+        ll = _C().low_latency_layout(num_experts, num_ranks, min(num_experts, MAX_TOPK), hidden)
+        return ll["base_bytes"] + num_max_dispatch_tokens_per_rank * ll["bytes_per_token"]
+
+    def _ll_state(self):
+        if not hasattr(self, "_ll"):
+            self._ll = {"parity": 0, "plans": {}, "clean": set(), "combine_buffers": {}}
+        return self._ll
+
+    def _ll_rank_list(self, name, value, optional=False):
+        values = self._buffer._per_rank(name, value, optional=optional)
+        return values
+
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int,
+                                 num_experts: int) -> None:
+        """Zeroes low-latency mode's counters in every served rank's window, on the current
+        stream (DeepEP: needed after normal-mode calls used the buffer; epic also does it by
+        itself before the first low-latency call after them)."""
+        _check_int("num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank, 1)
+        _check_int("hidden", hidden, 128)
+        _check_int("num_experts", num_experts, 1)
+        b = self._buffer
+        ll = _C().low_latency_layout(num_experts, b.num_ranks, 1, hidden)
+        for r in range(b.num_ranks if b.virtual else 1):
+            window = b.window_tensor(r if b.virtual else None)
+            window.narrow(0, ll["control_at"], ll["control_bytes"]).zero_()
+        self._ll_state()["clean"].add((num_experts, hidden))
+
+    def _ll_prepare(self, num_experts, hidden):
+        """Before a low-latency call: its counters zero (after normal-mode use, or first)."""
+        state = self._ll_state()
+        if getattr(self, "_ll_dirty", False):
+            state["clean"].clear()
+            self._ll_dirty = False
+        if (num_experts, hidden) not in state["clean"]:
+            if _capturing():
+                raise RuntimeError("low-latency calls: the buffer's counters must be cleaned "
+                                   "before a CUDA graph captures them (call "
+                                   "clean_low_latency_buffer, or make one call, first)")
+            self.clean_low_latency_buffer(1, hidden, num_experts)
+
+    def _ll_plan(self, key, kind, spec, variant, tensors, num_sms):
+        """The plan of `key`, made (and checked, naming every bad argument) the first time."""
+        state = self._ll_state()
+        plan = state["plans"].get(key)
+        if plan is not None:
+            return plan
+        C = _C()
+        calls = [{name: T.to_runtime(t) for name, t in rank.items() if t is not None}
+                 for rank in tensors]
+        if C.cuda_device_count() == 0:
+            C.check(kind, spec, variant, calls)
+        runtime = self._buffer._runtime()
+        stream = self._buffer._current_stream()
+        blocks = min(num_sms or runtime.blocks_per_rank, runtime.blocks_per_rank)
+        plan = _LowLatencyPlan(runtime.plan(kind, spec, variant, calls, blocks, stream),
+                               C.slots(kind))
+        state["plans"][key] = plan
+        return plan
+
+    def _ll_parity(self):
+        """The window region of the next call (calls alternate; _ll_launch moves on)."""
+        return self._ll_state()["parity"]
+
+    def _ll_launch(self, plan, tensors, async_finish, return_recv_hook, outputs):
+        """Send phase now; the receive now or in the returned hook. (event, hook)."""
+        import torch
+
+        b = self._buffer
+        addresses = plan.addresses(tensors)
+        self._ll_state()["parity"] ^= 1  # the next call uses the other region
+        streams = None
+        if async_finish:
+            compute, comm = torch.cuda.current_stream(), b.get_comm_stream()
+            comm.wait_stream(compute)
+            streams = (compute, comm)
+            stream = comm.cuda_stream
+        else:
+            stream = b._current_stream()
+        if not return_recv_hook:
+            plan.plan.launch(addresses, stream)
+            hook = None
+        else:
+            plan.plan.launch(addresses, stream, 0, 1)
+
+            def hook():
+                """Launches the receive phase on the current stream."""
+                plan.plan.launch(addresses, b._current_stream(), 1, 1)
+
+        if streams is None:
+            return EventOverlap(None), hook
+        compute, comm = streams
+        for t in outputs:
+            t.record_stream(comm)
+        event = torch.cuda.Event()
+        event.record(comm)
+        return EventOverlap(EventHandle(event)), hook
+
+    def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank: int,
+                             num_experts: int, cumulative_local_expert_recv_stats=None,
+                             dispatch_wait_recv_cost_stats=None, use_fp8: bool = True,
+                             round_scale: bool = False, use_ue8m0: bool = False,
+                             async_finish: bool = False, return_recv_hook: bool = False):
+        """``(recv_x or (recv_x, recv_x_scales), recv_count, handle, event, hook)`` (DeepEP
+        V1's shapes: ``[L, R x cap, hidden]`` rows, scales ``[L, R x cap, G]`` float32 or
+        UE8M0 ``[L, R x cap, G / 4]`` int32, column-major per expert)."""
+        import torch
+
+        self._ll_check_mode("low_latency_dispatch")
+        cap = _check_int("num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank, 1)
+        _check_int("num_experts", num_experts, 1)
+        for name, flag in (("use_fp8", use_fp8), ("round_scale", round_scale),
+                           ("use_ue8m0", use_ue8m0), ("async_finish", async_finish),
+                           ("return_recv_hook", return_recv_hook)):
+            _check_bool(name, flag)
+        if dispatch_wait_recv_cost_stats is not None:
+            raise ValueError("dispatch_wait_recv_cost_stats: epic's kernels do not measure "
+                             "wait times; pass None")
+        if use_ue8m0 and not round_scale:
+            raise ValueError("use_ue8m0 needs round_scale=True (UE8M0 scales are powers of two)")
+        if (round_scale or use_ue8m0) and not use_fp8:
+            raise ValueError("round_scale and use_ue8m0 need use_fp8=True")
+        b = self._buffer
+        R = b.num_ranks
+        if num_experts % R:
+            raise ValueError(f"num_experts ({num_experts}) must be divisible by the {R} ranks")
+        xs, idxs = self._ll_rank_list("x", x), self._ll_rank_list("topk_idx", topk_idx)
+        stats = self._ll_rank_list("cumulative_local_expert_recv_stats",
+                                   cumulative_local_expert_recv_stats, optional=True)
+        first = xs[0]
+        if first.dim() != 2 or first.dtype != torch.bfloat16:
+            raise TypeError(f"x: expected a bfloat16 [tokens, hidden] tensor, got "
+                            f"{T.describe(first)}")
+        if idxs[0].dim() != 2:
+            raise TypeError(f"topk_idx: expected [tokens, top-k], got {T.describe(idxs[0])}")
+        hidden, topk, L = int(first.shape[1]), int(idxs[0].shape[1]), num_experts // R
+        self._ll_prepare(num_experts, hidden)
+        fp8 = use_fp8
+        groups = hidden // 128
+        parity = self._ll_parity()
+        spec = dict(num_ranks=R, num_experts=num_experts, num_topk=topk, hidden=hidden,
+                    dtype="f8E4M3FN" if fp8 else "bf16", num_scale_packs=groups if fp8 else 0,
+                    expert_alignment=1, do_expand=False, num_max_tokens_per_rank=cap)
+        if b.num_gpu_timeout_secs != 100:
+            spec["timeout_ms"] = int(b.num_gpu_timeout_secs * 1000)
+        variant = dict(round_scale=round_scale, use_ue8m0=use_ue8m0, parity=parity,
+                       topk_idx_bits=64 if idxs[0].dtype == torch.int64 else 32)
+        device = first.device
+        rows = R * cap
+        tensors, results = [], []
+        for r in range(len(xs)):
+            recv_x = torch.empty((L, rows, hidden),
+                                 dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16,
+                                 device=device)
+            scales = None
+            if fp8:
+                width = (groups + 3) // 4 if use_ue8m0 else groups
+                scales = torch.empty((L, width, rows),
+                                     dtype=torch.int32 if use_ue8m0 else torch.float32,
+                                     device=device)
+            count = torch.empty((L,), dtype=torch.int32, device=device)
+            info = torch.empty((2, L, rows), dtype=torch.int32, device=device)
+            layout_range = torch.empty((L, R), dtype=torch.int64, device=device)
+            tensors.append({"x": xs[r], "topk_idx": idxs[r], "recv_x": recv_x,
+                            "recv_x_scales": scales, "recv_count": count, "src_info": info[0],
+                            "layout_range": layout_range, "route": info[1],
+                            "cumulative_local_expert_recv_stats": stats[r]})
+            results.append((recv_x, scales, count, info, layout_range))
+        key = ("dispatch", parity, cap, num_experts, fp8, round_scale, use_ue8m0,
+               stats[0] is not None,
+               tuple((tuple(t["x"].shape), t["x"].stride(), t["topk_idx"].dtype,
+                      tuple(t["topk_idx"].shape)) for t in tensors))
+        plan = self._ll_plan(key, "low_latency_dispatch", spec, variant, tensors, 0)
+        outputs = [t for res in results for t in res if t is not None]
+        event, hook = self._ll_launch(plan, tensors, async_finish, return_recv_hook, outputs)
+        out = b._ranks_out
+        recv = out([(res[0], res[1].transpose(1, 2)) if fp8 else res[0] for res in results])
+        handle = LowLatencyHandle(out([res[3][0] for res in results]),
+                                  out([res[4] for res in results]), cap, hidden, num_experts,
+                                  out([res[3][1] for res in results]), topk)
+        return recv, out([res[2] for res in results]), handle, event, hook
+
+    def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt: bool = False,
+                            zero_copy: bool = False, async_finish: bool = False,
+                            return_recv_hook: bool = False, out=None,
+                            combine_wait_recv_cost_stats=None):
+        """``(combined_x, event, hook)``: per token the weighted sum of its experts' rows
+        (``x``: ``[L, R x cap, hidden]`` bfloat16, as the dispatch laid them out)."""
+        import torch
+
+        self._ll_check_mode("low_latency_combine")
+        for name, flag in (("use_logfmt", use_logfmt), ("zero_copy", zero_copy),
+                           ("async_finish", async_finish), ("return_recv_hook", return_recv_hook)):
+            _check_bool(name, flag)
+        if use_logfmt:
+            raise ValueError("use_logfmt: epic's low-latency combine sends bf16 rows (no LogFMT "
+                             "encoding); pass use_logfmt=False")
+        if combine_wait_recv_cost_stats is not None:
+            raise ValueError("combine_wait_recv_cost_stats: epic's kernels do not measure wait "
+                             "times; pass None")
+        if not isinstance(handle, LowLatencyHandle):
+            raise TypeError(f"handle: expected the handle low_latency_dispatch returned, got "
+                            f"{type(handle).__name__}")
+        src_info, layout_range, cap, hidden, num_experts = handle
+        b = self._buffer
+        R = b.num_ranks
+        xs = self._ll_rank_list("x", x)
+        idxs = self._ll_rank_list("topk_idx", topk_idx)
+        ws = self._ll_rank_list("topk_weights", topk_weights)
+        outs = self._ll_rank_list("out", out, optional=True)
+        ranges, routes = self._ll_rank_list("handle", layout_range), \
+            self._ll_rank_list("handle", handle.route)
+        topk = int(idxs[0].shape[1]) if idxs[0].dim() == 2 else 0
+        if topk != handle.topk:
+            raise ValueError(f"topk_idx: {T.describe(idxs[0])} has top-{topk} but the dispatch "
+                             f"of this handle had top-{handle.topk}")
+        self._ll_prepare(num_experts, hidden)
+        parity = self._ll_parity()
+        spec = dict(num_ranks=R, num_experts=num_experts, num_topk=topk, hidden=hidden,
+                    dtype="bf16", num_scale_packs=0, expert_alignment=1, do_expand=False,
+                    num_max_tokens_per_rank=cap)
+        if b.num_gpu_timeout_secs != 100:
+            spec["timeout_ms"] = int(b.num_gpu_timeout_secs * 1000)
+        variant = dict(parity=parity, topk_idx_bits=64 if idxs[0].dtype == torch.int64 else 32)
+        tensors, results = [], []
+        for r in range(len(xs)):
+            result = outs[r]
+            if result is None:
+                result = torch.empty((int(idxs[r].shape[0]), hidden), dtype=torch.bfloat16,
+                                     device=xs[r].device)
+            tensors.append({"x": xs[r], "layout_range": ranges[r], "route": routes[r],
+                            "topk_idx": idxs[r], "topk_weights": ws[r], "out": result})
+            results.append(result)
+        key = ("combine", parity, cap, num_experts, hidden,
+               tuple((t["x"].dtype, tuple(t["x"].shape), t["x"].stride(), t["topk_idx"].dtype,
+                      tuple(t["topk_idx"].shape), t["topk_weights"].dtype,
+                      tuple(t["topk_weights"].shape), t["out"].dtype, tuple(t["out"].shape))
+                     for t in tensors))
+        plan = self._ll_plan(key, "low_latency_combine", spec, variant, tensors, 0)
+        event, hook = self._ll_launch(plan, tensors, async_finish, return_recv_hook, results)
+        return b._ranks_out(results), event, hook
+
+    def get_next_low_latency_combine_buffer(self, handle):
+        """A bf16 ``[L, R x cap, hidden]`` tensor (per rank) to write the expert outputs into
+        and pass to :meth:`low_latency_combine` (``zero_copy=True``): the same memory for every
+        call of the next combine's parity (DeepEP's contract: at most two in flight)."""
+        import torch
+
+        if not isinstance(handle, LowLatencyHandle):
+            raise TypeError(f"handle: expected the handle low_latency_dispatch returned, got "
+                            f"{type(handle).__name__}")
+        _, _, cap, hidden, num_experts = handle
+        b = self._buffer
+        state = self._ll_state()
+        key = (state["parity"], cap, hidden, num_experts)
+        buffers = state["combine_buffers"].get(key)
+        if buffers is None:
+            L = num_experts // b.num_ranks
+            device = f"cuda:{b._device_index}"
+            buffers = [torch.empty((L, b.num_ranks * cap, hidden), dtype=torch.bfloat16,
+                                   device=device)
+                       for _ in range(b.num_ranks if b.virtual else 1)]
+            state["combine_buffers"][key] = buffers
+        return b._ranks_out(buffers)
+
+    def _ll_check_mode(self, call):
+        if not self.low_latency_mode:
+            raise ValueError(f"{call}: this Buffer was made with low_latency_mode=False (DeepEP "
+                             "V1 needs low_latency_mode=True and num_rdma_bytes from "
+                             "get_low_latency_rdma_size_hint)")
+
+    def low_latency_update_mask_buffer(self, rank_to_mask: int, mask: bool = False):
+        raise NotImplementedError("low_latency_update_mask_buffer: epic has no rank masking "
+                                  "(DeepEP's fault-tolerant low-latency mode)")
+
+    def low_latency_query_mask_buffer(self, mask_status):
+        raise NotImplementedError("low_latency_query_mask_buffer: epic has no rank masking "
+                                  "(DeepEP's fault-tolerant low-latency mode)")
+
+    def low_latency_clean_mask_buffer(self):
+        raise NotImplementedError("low_latency_clean_mask_buffer: epic has no rank masking "
+                                  "(DeepEP's fault-tolerant low-latency mode)")

@@ -1,0 +1,87 @@
+// DeepEP V1's low-latency mode (LowLatencyKernels.cpp): each op becomes two
+// kernels, neither cooperative; the window is the low-latency layout (two
+// regions: 77824 + 2 x 1024 control bytes, then per token of the cap 2 x
+// (8 experts x (16 + 512) + 4 x 512) bytes). Dispatch send: the slot of a
+// (token, k) among earlier entries by ballots, the FP8 cast fused (scale by a
+// division, power of two with round_scale, cvt satfinite), the count per
+// expert by relaxed reductions, posted as count + 1 (release) by the rank's
+// last block. Receive: every source's count waited for (bounded), then the
+// rows. Combine: rows sent back, a done flag per rank; the weighted sum
+// multiplies each row by its weight before adding it.
+// RUN: epic-opt %s --split-input-file --convert-ep-to-comm | FileCheck %s
+
+#ll = #ep.config<ranks = 2, experts = 8, topk = 4, hidden = 256, dtype = f8E4M3FN, scale_packs = 2>
+
+// CHECK-LABEL: gpu.module @ep_kernels
+// CHECK: gpu.func @lld_send(
+// CHECK-SAME: comm.param_table = #comm.param_table<arg = 2, stride = 128, ranks = 2>
+// Four ballots per 32 routing entries: one per top-k slot.
+// CHECK: scf.for
+// CHECK-COUNT-4: nvvm.vote.sync  ballot
+// CHECK: comm.red add relaxed scope gpu
+// round_scale: the scale's exponent rounded up (the mantissa tested), no division by amax.
+// CHECK: arith.divf %{{.*}}, %cst{{.*}} : f32
+// CHECK: arith.andi %{{.*}}, %c8388607_i32
+// CHECK: nvvm.convert.f32x2.to.f8x2 {{.*}} {rnd = #nvvm.fp_rnd_mode<rn>, sat = #nvvm.sat_mode<satfinite>}
+// The last block posts each expert's count + 1 to its rank, then clears its own.
+// CHECK: comm.atomic_rmw add acq_rel scope sys
+// CHECK: comm.load relaxed scope gpu
+// CHECK: comm.peer_ptr
+// CHECK: %[[POSTED:.*]] = arith.addi %{{.*}}, %c1_i32
+// CHECK: comm.store release scope sys %[[POSTED]]
+// CHECK: gpu.func @lld_recv(
+// CHECK: comm.wait_flag %{{.*}} ge %c1_i32{{.*}} rank %{{.*}} peer %{{.*}} scope sys
+// The layout range: begin << 32 | count.
+// CHECK: arith.shli %{{.*}}, %c32_i64
+// CHECK: comm.atomic_rmw add acq_rel scope sys
+// CHECK: func.func @lld(
+// CHECK-SAME: epic.cooperative = 0 : i64, epic.entry = "low_latency_dispatch", epic.kernels = ["lld_send", "lld_recv"]
+// CHECK-SAME: epic.param_fields = ["x", "topk_idx", "num_tokens", "max_tokens_per_rank", "parity", "recv_x", "recv_scales", "recv_count", "recv_src_info", "recv_layout_range", "recv_route", "cumulative_recv_stats"]
+// CHECK-SAME: epic.window_bytes = 79872 : i64, epic.window_bytes_per_token = 12544 : i64
+func.func @lld(%x: tensor<?x256xbf16>, %i: tensor<?x4xi64>) -> tensor<4x?x256xf8E4M3FN> {
+  %a, %b, %c, %d, %e, %f = ep.low_latency_dispatch %x, %i round_scale config #ll
+      : tensor<?x256xbf16>, tensor<?x4xi64> -> tensor<4x?x256xf8E4M3FN>, scales tensor<4x?x2xf32>,
+        tensor<4xi32>, tensor<4x?xi32>, tensor<4x2xi64>, tensor<4x?xi32>
+  return %a : tensor<4x?x256xf8E4M3FN>
+}
+
+// -----
+
+// Without round_scale: 448 / amax, a division, and no exponent arithmetic.
+#ll = #ep.config<ranks = 2, experts = 8, topk = 4, hidden = 256, dtype = f8E4M3FN, scale_packs = 2>
+// CHECK-LABEL: gpu.func @plain_send(
+// CHECK: %[[AMAX:.*]] = arith.maxnumf %{{.*}}, %cst{{.*}} : f32
+// CHECK: arith.divf %[[AMAX]], %cst{{.*}} : f32
+// CHECK: %[[INV:.*]] = arith.divf %cst{{.*}}, %[[AMAX]] : f32
+// CHECK-NEXT: vector.broadcast %[[INV]]
+// CHECK-LABEL: func.func @plain(
+func.func @plain(%x: tensor<?x256xbf16>, %i: tensor<?x4xi64>) -> tensor<4x?x256xf8E4M3FN> {
+  %a, %b, %c, %d, %e, %f = ep.low_latency_dispatch %x, %i config #ll
+      : tensor<?x256xbf16>, tensor<?x4xi64> -> tensor<4x?x256xf8E4M3FN>, scales tensor<4x?x2xf32>,
+        tensor<4xi32>, tensor<4x?xi32>, tensor<4x2xi64>, tensor<4x?xi32>
+  return %a : tensor<4x?x256xf8E4M3FN>
+}
+
+// -----
+
+#llc = #ep.config<ranks = 2, experts = 8, topk = 4, hidden = 256, dtype = bf16>
+// CHECK-LABEL: gpu.func @llc_send(
+// CHECK: comm.peer_ptr
+// CHECK: comm.atomic_rmw add acq_rel scope sys
+// CHECK: comm.store release scope sys %c1_i32
+// CHECK: gpu.func @llc_reduce(
+// CHECK: comm.wait_flag %{{.*}} eq %c1_i32{{.*}} rank %{{.*}} peer %{{.*}} scope sys
+// CHECK: %[[W:.*]] = vector.broadcast %{{.*}} : f32 to vector<8xf32>
+// CHECK-NEXT: arith.extf
+// CHECK-NEXT: %[[TERM:.*]] = arith.mulf %{{.*}}, %[[W]] : vector<8xf32>
+// CHECK-NEXT: arith.addf %{{.*}}, %[[TERM]] : vector<8xf32>
+// CHECK: func.func @llc(
+// CHECK-SAME: epic.entry = "low_latency_combine", epic.kernels = ["llc_send", "llc_reduce"]
+// CHECK-SAME: epic.param_fields = ["x", "layout_range", "route", "topk_idx", "topk_weights", "num_tokens", "max_tokens_per_rank", "parity", "combined_x"]
+func.func @llc(%x: tensor<4x?x256xbf16>, %r: tensor<4x2xi64>, %route: tensor<4x?xi32>,
+               %i: tensor<?x4xi64>, %w: tensor<?x4xf32>) -> tensor<?x256xbf16> {
+  %y = ep.low_latency_combine %x, %r, %route, %i, %w config #llc
+      : tensor<4x?x256xbf16>, tensor<4x2xi64>, tensor<4x?xi32>, tensor<?x4xi64>,
+        tensor<?x4xf32> -> tensor<?x256xbf16>
+  return %y : tensor<?x256xbf16>
+}
