@@ -258,7 +258,7 @@ def measure_world(torch, buffer, R, iterations):
     return out
 
 
-def measure_low_latency(torch, group, R, iterations, T=128):
+def measure_low_latency(torch, group, R, iterations, T=128, profile=False):
     """DeepEP V1's low-latency pair at `T` tokens per rank (``epic.deep_ep.Buffer`` with
     ``low_latency_mode=True``, the V3 shape, FP8 dispatch): eager, graph, kernels, bytes."""
     from epic import deep_ep
@@ -289,6 +289,8 @@ def measure_low_latency(torch, group, R, iterations, T=128):
 
     row = {name: timings(torch, fn, iterations)
            for name, fn in (("dispatch", dispatch), ("combine", combine), ("pair", pair))}
+    if profile:
+        row["profile"] = profile_calls(torch, pair)
     # Bytes through memory: each (token, expert) pair's FP8 row + f32 scales is written into
     # the window, read and written out by the receiver; its bf16 expert output is read, written
     # into the origin's window and read by the weighted sum; plus the inputs and outputs.
@@ -347,19 +349,16 @@ def nccl_child(args):
         if args.profile:
             part["profile"] = profile_pair(torch, buffer)
         buffer.destroy()
-    part["low_latency"] = measure_low_latency(torch, dist.group.WORLD, 1, args.iterations)
+    part["low_latency"] = measure_low_latency(torch, dist.group.WORLD, 1, args.iterations,
+                                              profile=args.profile)
     dist.destroy_process_group()
     with open(args.child_out, "w") as f:
         json.dump(part, f)
     return 0
 
 
-def profile_pair(torch, buffer, calls=200):
+def profile_pair(torch, buffer):
     """Where an eager 128-token dispatch + combine spends host time (cProfile, top entries)."""
-    import cProfile
-    import io
-    import pstats
-
     xs, sfs, idxs, ws = inputs(torch, 1, 128)
     y = torch.randn((128, HIDDEN), device="cuda").to(torch.bfloat16)
 
@@ -367,6 +366,16 @@ def profile_pair(torch, buffer, calls=200):
         _, _, _, h, _ = buffer.dispatch((xs[0], sfs[0]), idxs[0], ws[0], num_experts=EXPERTS,
                                         num_max_tokens_per_rank=128, do_cpu_sync=False)
         buffer.combine(y, h)
+
+    return profile_calls(torch, pair)
+
+
+def profile_calls(torch, pair, calls=200):
+    """cProfile of `calls` calls of `pair`, each after a synchronization: top entries by own
+    time."""
+    import cProfile
+    import io
+    import pstats
 
     pair()
     profiler = cProfile.Profile()

@@ -1,12 +1,12 @@
 // DeepEP V1's low-latency mode (LowLatencyKernels.cpp): each op becomes two
 // kernels, neither cooperative; the window is the low-latency layout (two
-// regions: 77824 + 2 x 1024 control bytes, then per token of the cap 2 x
+// regions: 77824 + 2 x 1280 control bytes, then per token of the cap 2 x
 // (8 experts x (16 + 512) + 4 x 512) bytes). Dispatch send: the slot of a
 // (token, k) among earlier entries by ballots, the FP8 cast fused (scale by a
 // division, power of two with round_scale, cvt satfinite), the count per
-// expert by relaxed reductions, posted as count + 1 (release) by the rank's
-// last block. Receive: every source's count waited for (bounded), then the
-// rows. Combine: rows sent back, a done flag per rank; the weighted sum
+// expert by relaxed reductions, stored by the rank's last block, then one
+// release flag per rank. Receive: every source's flag waited for (bounded), its counts
+// read, then the rows. Combine: rows sent back, a done flag per rank; the weighted sum
 // multiplies each row by its weight before adding it.
 // RUN: epic-opt %s --split-input-file --convert-ep-to-comm | FileCheck %s
 
@@ -23,21 +23,24 @@
 // CHECK: arith.divf %{{.*}}, %cst{{.*}} : f32
 // CHECK: arith.andi %{{.*}}, %c8388607_i32
 // CHECK: nvvm.convert.f32x2.to.f8x2 {{.*}} {rnd = #nvvm.fp_rnd_mode<rn>, sat = #nvvm.sat_mode<satfinite>}
-// The last block posts each expert's count + 1 to its rank, then clears its own.
+// The last block stores each expert's count at its rank (relaxed) and clears its own, then
+// after a barrier raises one flag per rank (release).
 // CHECK: comm.atomic_rmw add acq_rel scope sys
-// CHECK: comm.load relaxed scope gpu
+// CHECK: %[[COUNT:.*]] = comm.load relaxed scope gpu
 // CHECK: comm.peer_ptr
-// CHECK: %[[POSTED:.*]] = arith.addi %{{.*}}, %c1_i32
-// CHECK: comm.store release scope sys %[[POSTED]]
+// CHECK: comm.store relaxed scope sys %[[COUNT]]
+// CHECK: gpu.barrier
+// CHECK: comm.store release scope sys %c1_i32
 // CHECK: gpu.func @lld_recv(
 // CHECK: comm.wait_flag %{{.*}} ge %c1_i32{{.*}} rank %{{.*}} peer %{{.*}} scope sys
+// CHECK: comm.load relaxed scope sys
 // The layout range: begin << 32 | count.
 // CHECK: arith.shli %{{.*}}, %c32_i64
 // CHECK: comm.atomic_rmw add acq_rel scope sys
 // CHECK: func.func @lld(
 // CHECK-SAME: epic.cooperative = 0 : i64, epic.entry = "low_latency_dispatch", epic.kernels = ["lld_send", "lld_recv"]
 // CHECK-SAME: epic.param_fields = ["x", "topk_idx", "num_tokens", "max_tokens_per_rank", "parity", "recv_x", "recv_scales", "recv_count", "recv_src_info", "recv_layout_range", "recv_route", "cumulative_recv_stats"]
-// CHECK-SAME: epic.window_bytes = 79872 : i64, epic.window_bytes_per_token = 12544 : i64
+// CHECK-SAME: epic.window_bytes = 80384 : i64, epic.window_bytes_per_token = 12544 : i64
 func.func @lld(%x: tensor<?x256xbf16>, %i: tensor<?x4xi64>) -> tensor<4x?x256xf8E4M3FN> {
   %a, %b, %c, %d, %e, %f = ep.low_latency_dispatch %x, %i round_scale config #ll
       : tensor<?x256xbf16>, tensor<?x4xi64> -> tensor<4x?x256xf8E4M3FN>, scales tensor<4x?x2xf32>,

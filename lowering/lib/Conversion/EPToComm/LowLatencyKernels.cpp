@@ -9,10 +9,10 @@
 //
 //   dispatch send    a token's row split among warps: each casts its part
 //                    to FP8 (or not) once and stores it into every
-//                    destination's slot; the rank's last block posts the
-//                    count per destination expert (count + 1, release).
-//   dispatch recv    warps per (local expert, source): wait for the
-//                    expert's counts, lay the rows out by source rank, copy
+//                    destination's slot; the rank's last block stores the
+//                    count per destination expert, then a release flag per rank.
+//   dispatch recv    warps per (local expert, source): wait for every
+//                    source's flag, lay the rows out by source rank, copy
 //                    rows, scales (column-major per expert) and headers out;
 //                    the last block clears the counts.
 //   combine send     each received row goes back to its source's window, to
@@ -79,32 +79,43 @@ Value warpSum(KernelBuilder &k, Value v) {
 
 /// Lane j < K: how many routing entries before (token t, slot j) in the
 /// flattened [T, K] table name the same expert `e` (lane j's): the slot of
-/// its row among this rank's rows for that expert. A warp reads the table
-/// up to the token in steps of 32 entries, one ballot per top-k slot.
+/// its row among this rank's rows for that expert. A warp reads the table up
+/// to the token, kScanUnroll x 32 entries a step with every load in flight
+/// (each a round trip to L2: one per step, not one per 32 entries), then one
+/// ballot per (32 entries, top-k slot).
+constexpr int64_t kScanUnroll = 8;
 Value slotAmongEarlier(KernelBuilder &k, const EPLayout &L, Value ids, Value t, Value e) {
   const int64_t K = L.topk;
   SmallVector<Value> experts;
   for (int64_t j = 0; j < K; ++j)
     experts.push_back(k.shuffle(e, k.i32(j)));
   Value first = k.mul(t, k.i32(K));
-  Value end = k.add(first, k.i32(K));
+  Value end = k.add(first, k.i32(K)), last = k.sub(end, k.i32(1));
   Value limit = k.add(first, k.lane); // lane j counts entries before t x K + j
-  auto loop = scf::ForOp::create(k.b, k.i32(0), end, k.i32(32), ValueRange{k.i32(0)});
+  auto loop = scf::ForOp::create(k.b, k.i32(0), end, k.i32(32 * kScanUnroll), ValueRange{k.i32(0)});
   {
     OpBuilder::InsertionGuard guard(k.b);
     k.b.setInsertionPointToStart(loop.getBody());
     Value c = loop.getInductionVar(), count = loop.getRegionIterArgs()[0];
-    Value p = k.add(c, k.lane);
+    // Every load first (at an index clamped into the table), then the ballots;
     // -2 past the end: no expert id and not "none" (-1).
-    Value id = k.choose(
-        k.lt(p, end), k.i32T(), [&] { return k.loadTopkId(ids, p); }, [&] { return k.i32(-2); });
-    Value rel = k.sub(limit, c);
-    Value below = k.select(k.cmp(arith::CmpIPredicate::sge, rel, k.i32(32)), k.i32(-1),
-                           k.select(k.cmp(arith::CmpIPredicate::sle, rel, k.i32(0)), k.i32(0),
-                                    k.sub(arith::ShLIOp::create(k.b, k.i32(1), rel), k.i32(1))));
-    for (int64_t j = 0; j < K; ++j) {
-      Value hits = k.popc(k.andi(k.ballot(k.eq(id, experts[j])), below));
-      count = k.select(k.eq(k.lane, k.i32(j)), k.add(count, hits), count);
+    SmallVector<Value> id, base;
+    for (int64_t u = 0; u < kScanUnroll; ++u) {
+      base.push_back(k.add(c, k.i32(32 * u)));
+      Value p = k.add(base.back(), k.lane);
+      id.push_back(k.loadTopkId(ids, k.select(k.lt(p, end), p, last)));
+    }
+    for (int64_t u = 0; u < kScanUnroll; ++u) {
+      Value inTable = k.lt(k.add(base[u], k.lane), end);
+      Value entry = k.select(inTable, id[u], k.i32(-2));
+      Value rel = k.sub(limit, base[u]);
+      Value below = k.select(k.cmp(arith::CmpIPredicate::sge, rel, k.i32(32)), k.i32(-1),
+                             k.select(k.cmp(arith::CmpIPredicate::sle, rel, k.i32(0)), k.i32(0),
+                                      k.sub(arith::ShLIOp::create(k.b, k.i32(1), rel), k.i32(1))));
+      for (int64_t j = 0; j < K; ++j) {
+        Value hits = k.popc(k.andi(k.ballot(k.eq(entry, experts[j])), below));
+        count = k.select(k.eq(k.lane, k.i32(j)), k.add(count, hits), count);
+      }
     }
     if (loop.getBody()->mightHaveTerminator())
       k.b.setInsertionPoint(loop.getBody()->getTerminator());
@@ -267,16 +278,27 @@ void buildLowLatencySend(gpu::GPUFuncOp func, const EPLayout &L, bool fp8, bool 
             },
             share);
       });
-  // Every row is written: the rank's last block posts each expert's count.
-  whenRankDone(k, g, LowLatency::kDispatchSend, k.i32(L.experts), [&](Value e) {
-    Value counter = k.local(g.sendCount(k, e));
-    Value count =
-        comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed, comm::Scope::gpu, counter);
-    Value cell =
-        g.cell(k, g.ll.arrivals, k.add(k.mul(k.remu(e, k.i32(L.local)), k.i32(L.ranks)), k.me));
-    comm::StoreOp::create(k.b, comm::Ordering::release, comm::Scope::sys, k.add(count, k.i32(1)),
-                          k.peer(cell, k.divu(e, k.i32(L.local))));
-    comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), counter);
+  // Every row is written: the rank's last block stores each expert's count
+  // at its rank (relaxed), then, after its barrier, tells every rank they are
+  // there with one release each (R system-scope fences, not one per expert).
+  Value last = k.lastBlockOfRank(g.blockCounter(k, LowLatency::kDispatchSend));
+  k.when(last, [&] {
+    k.loop(k.tid, k.i32(L.experts), k.threads, [&](Value e) {
+      Value counter = k.local(g.sendCount(k, e));
+      Value count =
+          comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed, comm::Scope::gpu, counter);
+      Value cell =
+          g.cell(k, g.ll.arrivals, k.add(k.mul(k.remu(e, k.i32(L.local)), k.i32(L.ranks)), k.me));
+      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::sys, count,
+                            k.peer(cell, k.divu(e, k.i32(L.local))));
+      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), counter);
+    });
+    k.barrier();
+    k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value r) {
+      comm::StoreOp::create(k.b, comm::Ordering::release, comm::Scope::sys, k.i32(1),
+                            k.peer(g.cell(k, g.ll.posted, k.me), r));
+    });
+    k.resetCounter(g.blockCounter(k, LowLatency::kDispatchSend));
   });
 }
 
@@ -297,16 +319,18 @@ void buildLowLatencyRecv(gpu::GPUFuncOp func, const EPLayout &L, bool fp8, bool 
     Value begin = k.i32(0), count = k.i32(0), total = k.i32(0);
     for (int64_t base = 0; base < R; base += 32) {
       Value r = k.add(k.i32(base), k.lane);
-      Value seen = k.choose(
+      Value n = k.choose(
           k.lt(r, k.i32(R)), k.i32T(),
           [&] {
+            comm::WaitFlagOp::create(k.b, k.i32T(), k.local(g.cell(k, g.ll.posted, r)),
+                                     comm::Predicate::ge, k.i32(1), k.me, r, comm::Scope::sys,
+                                     L.timeoutMs);
             Value cell = k.local(g.cell(k, g.ll.arrivals, k.add(k.mul(l, k.i32(R)), r)));
-            return comm::WaitFlagOp::create(k.b, k.i32T(), cell, comm::Predicate::ge, k.i32(1),
-                                            k.me, r, comm::Scope::sys, L.timeoutMs)
+            return comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed, comm::Scope::sys,
+                                        cell)
                 .getResult();
           },
-          [&] { return k.i32(1); });
-      Value n = k.sub(seen, k.i32(1));
+          [&] { return k.i32(0); });
       begin = k.add(begin, warpSum(k, k.select(k.lt(r, s), n, k.i32(0))));
       count = k.add(count, warpSum(k, k.select(k.eq(r, s), n, k.i32(0))));
       total = k.add(total, warpSum(k, n));
@@ -366,10 +390,14 @@ void buildLowLatencyRecv(gpu::GPUFuncOp func, const EPLayout &L, bool fp8, bool 
                 rowBytes, RowPart{part, k.i32(parts)});
     });
   });
-  // Every warp has read the counts: the last block clears them.
+  // Every warp has read the counts: the last block clears them and the flags.
   whenRankDone(k, g, LowLatency::kDispatchRecv, k.i32(L.experts), [&](Value i) {
     comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
                           k.local(g.cell(k, g.ll.arrivals, i)));
+    k.when(k.lt(i, k.i32(L.ranks)), [&] {
+      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
+                            k.local(g.cell(k, g.ll.posted, i)));
+    });
   });
 }
 

@@ -180,8 +180,9 @@ constexpr int64_t dataBytesPerToken(int64_t ranks, int64_t topk, const DispatchR
 /// control block, the dispatch's receive slots and the combine's rows:
 ///
 ///   control, per parity (i32 cells, each array on its own 256 bytes):
-///     arrivals [L][R]     rows that source rank s sent local expert l, + 1
-///                         (0: not yet); reset by the receiver
+///     arrivals [L][R]     rows that source rank s sent local expert l
+///                         (written relaxed, then `posted`); reset by the receiver
+///     posted [R]          rank s wrote all its arrivals here (1, release)
 ///     sendCounts [E]      this rank's rows per destination expert (scratch)
 ///     combineDone [R]     rank r sent this rank its combined rows (1)
 ///     kBlockCounters      last-block counters of the four kernels
@@ -200,13 +201,13 @@ struct LowLatencyLayout {
   enum BlockCounter { kDispatchSend, kDispatchRecv, kCombineSend, kCombineReduce };
   int64_t experts, ranks, topk, hidden;
   int64_t message, combineRow, fp8ScalesAt;
-  int64_t arrivals, sendCounts, combineDone, blockCounters, control;
+  int64_t arrivals, posted, sendCounts, combineDone, blockCounters, control;
 
   constexpr LowLatencyLayout(int64_t experts, int64_t ranks, int64_t topk, int64_t hidden)
       : experts(experts), ranks(ranks), topk(topk), hidden(hidden),
         message(kHeaderBytes + align(2 * hidden, 16)), combineRow(align(2 * hidden, 16)),
         fp8ScalesAt(kHeaderBytes + align(hidden, 16)), arrivals(0),
-        sendCounts(detail::after(arrivals, experts * 4)),
+        posted(detail::after(arrivals, experts * 4)), sendCounts(detail::after(posted, ranks * 4)),
         combineDone(detail::after(sendCounts, experts * 4)),
         blockCounters(detail::after(combineDone, ranks * 4)),
         control(detail::after(blockCounters, kBlockCounters * 4)) {}
