@@ -92,6 +92,43 @@ class Buffer(LowLatencyMethods):
     def destroy(self):
         self._buffer.destroy()
 
+    @staticmethod
+    def is_sm90_compiled() -> bool:
+        """epic's kernels are compiled for sm_90a (TMA, wgmma) on every build."""
+        return True
+
+    @staticmethod
+    def capture():
+        """An event on the current stream (DeepEP's ``EventOverlap``)."""
+        from .handle import EventHandle, EventOverlap
+
+        return EventOverlap(EventHandle())
+
+    def get_local_buffer_tensor(self, dtype, size=None, offset: int = 0,
+                                use_rdma_buffer: bool = False):
+        """This process's window as a tensor of `dtype` from element `offset` (a view: no
+        copy), `size` elements (a ``torch.Size``) if given. epic has one window for NVLink and
+        RDMA traffic, so ``use_rdma_buffer`` selects the same memory. In a virtual world: rank
+        0's window (``_buffer.window_tensor(r)`` has the others)."""
+        _check_int("offset", offset, 0)
+        _check_bool("use_rdma_buffer", use_rdma_buffer)
+        b = self._buffer
+        window = b.window_tensor(0 if b.virtual else None)
+        itemsize = window.new_empty((), dtype=dtype).element_size()
+        whole = window[:window.shape[0] // itemsize * itemsize].view(dtype)
+        if offset > whole.numel():
+            raise ValueError(f"offset: {offset} elements is past the window's {whole.numel()}")
+        tensor = whole[offset:]
+        if size is None:
+            return tensor
+        count = 1
+        for d in size:
+            count *= int(d)
+        if count > tensor.numel():
+            raise ValueError(f"size: {tuple(size)} needs {count} elements, the window holds "
+                             f"{tensor.numel()} from offset {offset}")
+        return tensor[:count].view(size)
+
     def get_comm_stream(self):
         return self._buffer.get_comm_stream()
 

@@ -281,3 +281,24 @@ def test_refusals():
         normal.low_latency_dispatch(x, i, cap, E)
     normal.destroy()
     buffer.destroy()
+
+
+def test_v1_buffer_helpers():
+    """DeepEP V1's capture and get_local_buffer_tensor (a view of the window, no copy)."""
+    R, E, K, H, cap = WORLDS[0]
+    buffer = make_buffer(R, E, H, cap)
+    event = buffer.capture()
+    event.current_stream_wait()
+    window = buffer._buffer.window_tensor(0)
+    view = buffer.get_local_buffer_tensor(torch.bfloat16, torch.Size([4, 8]), offset=16)
+    assert view.shape == (4, 8) and view.dtype == torch.bfloat16
+    assert view.data_ptr() == window.data_ptr() + 32
+    view.fill_(1.5)
+    assert torch.equal(window[32:96].view(torch.bfloat16), torch.full((32,), 1.5,
+                                                                      dtype=torch.bfloat16,
+                                                                      device="cuda"))
+    assert buffer.get_local_buffer_tensor(torch.int32, use_rdma_buffer=True).numel() == \
+        window.numel() // 4
+    with pytest.raises(ValueError, match="past the window"):
+        buffer.get_local_buffer_tensor(torch.int32, offset=window.numel())
+    buffer.destroy()

@@ -72,7 +72,9 @@ def test_v1_buffer_and_config():
     assert list(inspect.signature(deep_ep.Buffer.low_latency_combine).parameters) == [
         "self", "x", "topk_idx", "topk_weights", "handle", "use_logfmt", "zero_copy",
         "async_finish", "return_recv_hook", "out", "combine_wait_recv_cost_stats"]
-    for name in ("get_low_latency_rdma_size_hint", "clean_low_latency_buffer",
+    assert deep_ep.Buffer.is_sm90_compiled() is True
+    for name in ("capture", "get_local_buffer_tensor", "get_low_latency_rdma_size_hint",
+                 "clean_low_latency_buffer",
                  "get_next_low_latency_combine_buffer", "low_latency_update_mask_buffer",
                  "low_latency_query_mask_buffer", "low_latency_clean_mask_buffer"):
         assert callable(getattr(deep_ep.Buffer, name)), name
