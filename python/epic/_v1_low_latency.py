@@ -96,7 +96,9 @@ class LowLatencyMethods:
         for r in range(b.num_ranks if b.virtual else 1):
             window = b.window_tensor(r if b.virtual else None)
             window.narrow(0, ll["control_at"], ll["control_bytes"]).zero_()
-        self._ll_state()["clean"].add((num_experts, hidden))
+        # The flags compare with epochs: another layout's control block, which may overlap
+        # this one, is cleaned again before its next call.
+        self._ll_state()["clean"] = {(num_experts, hidden)}
 
     def _ll_prepare(self, num_experts, hidden):
         """Before a low-latency call: its counters zero (after normal-mode use, or first)."""

@@ -1,13 +1,14 @@
 // DeepEP V1's low-latency mode (LowLatencyKernels.cpp): each op becomes two
 // kernels, neither cooperative; the window is the low-latency layout (two
-// regions: 77824 + 2 x 1280 control bytes, then per token of the cap 2 x
+// regions: 77824 + 2 x 1536 control bytes, then per token of the cap 2 x
 // (8 experts x (16 + 512) + 4 x 512) bytes). Dispatch send: the slot of a
 // (token, k) among earlier entries by ballots, the FP8 cast fused (scale by a
 // division, power of two with round_scale, cvt satfinite), the count per
 // expert by relaxed reductions, stored by the rank's last block, then one
-// release flag per rank. Receive: every source's flag waited for (bounded), its counts
-// read, then the rows. Combine: rows sent back, a done flag per rank; the weighted sum
-// multiplies each row by its weight before adding it.
+// release flag per rank holding the rank's next epoch. Receive: every source's flag
+// waited for (bounded) until it reaches this call's epoch, its counts read, then the
+// rows; nothing reset. Combine: rows sent back, the combine epoch raised at every rank;
+// the weighted sum multiplies each row by its weight before adding it.
 // RUN: epic-opt %s --split-input-file --convert-ep-to-comm | FileCheck %s
 
 #ll = #ep.config<ranks = 2, experts = 8, topk = 4, hidden = 256, dtype = f8E4M3FN, scale_packs = 2>
@@ -24,23 +25,29 @@
 // CHECK: arith.andi %{{.*}}, %c8388607_i32
 // CHECK: nvvm.convert.f32x2.to.f8x2 {{.*}} {rnd = #nvvm.fp_rnd_mode<rn>, sat = #nvvm.sat_mode<satfinite>}
 // The last block stores each expert's count at its rank (relaxed) and clears its own, then
-// after a barrier raises one flag per rank (release).
+// after a barrier raises its flag at every rank to its next epoch (release) and keeps it.
 // CHECK: comm.atomic_rmw add acq_rel scope sys
 // CHECK: %[[COUNT:.*]] = comm.load relaxed scope gpu
 // CHECK: comm.peer_ptr
 // CHECK: comm.store relaxed scope sys %[[COUNT]]
+// CHECK: %[[EPOCH:.*]] = comm.load relaxed scope gpu
+// CHECK: %[[NEXT:.*]] = arith.addi %[[EPOCH]], %c1_i32
 // CHECK: gpu.barrier
-// CHECK: comm.store release scope sys %c1_i32
+// CHECK: comm.store release scope sys %[[NEXT]]
+// CHECK: comm.store relaxed scope gpu %[[NEXT]]
 // CHECK: gpu.func @lld_recv(
-// CHECK: comm.wait_flag %{{.*}} ge %c1_i32{{.*}} rank %{{.*}} peer %{{.*}} scope sys
+// The receive waits for every source's flag to reach this call's epoch; nothing is reset
+// (no last-block step).
+// CHECK: %[[CALL:.*]] = comm.load relaxed scope gpu
+// CHECK: comm.wait_flag %{{.*}} ge %[[CALL]] rank %{{.*}} peer %{{.*}} scope sys
 // CHECK: comm.load relaxed scope sys
 // The layout range: begin << 32 | count.
 // CHECK: arith.shli %{{.*}}, %c32_i64
-// CHECK: comm.atomic_rmw add acq_rel scope sys
+// CHECK-NOT: comm.atomic_rmw
 // CHECK: func.func @lld(
 // CHECK-SAME: epic.cooperative = 0 : i64, epic.entry = "low_latency_dispatch", epic.kernels = ["lld_send", "lld_recv"]
 // CHECK-SAME: epic.param_fields = ["x", "topk_idx", "num_tokens", "max_tokens_per_rank", "parity", "recv_x", "recv_scales", "recv_count", "recv_src_info", "recv_layout_range", "recv_route", "cumulative_recv_stats"]
-// CHECK-SAME: epic.window_bytes = 80384 : i64, epic.window_bytes_per_token = 12544 : i64
+// CHECK-SAME: epic.window_bytes = 80896 : i64, epic.window_bytes_per_token = 12544 : i64
 func.func @lld(%x: tensor<?x256xbf16>, %i: tensor<?x4xi64>) -> tensor<4x?x256xf8E4M3FN> {
   %a, %b, %c, %d, %e, %f = ep.low_latency_dispatch %x, %i round_scale config #ll
       : tensor<?x256xbf16>, tensor<?x4xi64> -> tensor<4x?x256xf8E4M3FN>, scales tensor<4x?x2xf32>,
@@ -71,9 +78,11 @@ func.func @plain(%x: tensor<?x256xbf16>, %i: tensor<?x4xi64>) -> tensor<4x?x256x
 // CHECK-LABEL: gpu.func @llc_send(
 // CHECK: comm.peer_ptr
 // CHECK: comm.atomic_rmw add acq_rel scope sys
-// CHECK: comm.store release scope sys %c1_i32
+// CHECK: %[[NEXT:.*]] = arith.addi %{{.*}}, %c1_i32
+// CHECK: comm.store release scope sys %[[NEXT]]
 // CHECK: gpu.func @llc_reduce(
-// CHECK: comm.wait_flag %{{.*}} eq %c1_i32{{.*}} rank %{{.*}} peer %{{.*}} scope sys
+// CHECK: %[[CALL:.*]] = comm.load relaxed scope gpu
+// CHECK: comm.wait_flag %{{.*}} ge %[[CALL]] rank %{{.*}} peer %{{.*}} scope sys
 // CHECK: %[[W:.*]] = vector.broadcast %{{.*}} : f32 to vector<8xf32>
 // CHECK-NEXT: arith.extf
 // CHECK-NEXT: %[[TERM:.*]] = arith.mulf %{{.*}}, %[[W]] : vector<8xf32>

@@ -12,18 +12,21 @@
 //                    destination's slot; the rank's last block stores the
 //                    count per destination expert, then a release flag per rank.
 //   dispatch recv    warps per (local expert, source): wait for every
-//                    source's flag, lay the rows out by source rank, copy
-//                    rows, scales (column-major per expert) and headers out;
-//                    the last block clears the counts.
+//                    source's flag to reach this call's epoch, lay the rows
+//                    out by source rank, copy rows, scales (column-major per
+//                    expert) and headers out. Nothing is reset: flags only
+//                    grow, counts are overwritten by the next call.
 //   combine send     each received row goes back to its source's window, to
 //                    the slot of its (token, top-k slot); the last block
-//                    tells every rank it is done (1, release).
-//   combine reduce   waits for every rank, then per token the weighted sum
-//                    of its present slots (f32, k order, one rounding).
+//                    raises its combine epoch at every rank (release).
+//   combine reduce   waits for every rank's epoch, then per token the
+//                    weighted sum of its present slots (f32, k order, one
+//                    rounding).
 //
-// Kernel boundaries order a rank's phases; the counts and flags are back at
-// zero when each kernel ends, and a region is reused two calls later only
-// (the host alternates parities), after the calls in between have met.
+// Kernel boundaries order a rank's phases: a send kernel moves the rank's
+// epoch of its region on, the receive after it waits for every rank's flag
+// to reach it. A region is reused two calls later only (the host alternates
+// parities), after the calls in between have met.
 //
 //===----------------------------------------------------------------------===//
 
@@ -59,6 +62,15 @@ struct Region {
   Value sendCount(KernelBuilder &k, Value expert) const { return cell(k, ll.sendCounts, expert); }
   Value blockCounter(KernelBuilder &k, LowLatency::BlockCounter which) const {
     return cell(k, ll.blockCounters, k.i32(which));
+  }
+  /// This rank's calls of this parity so far (LowLatency::Epoch), as its
+  /// previous kernel left it.
+  Value epochCell(KernelBuilder &k, LowLatency::Epoch which) const {
+    return k.local(cell(k, ll.epochs, k.i32(which)));
+  }
+  Value epoch(KernelBuilder &k, LowLatency::Epoch which) const {
+    return comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed, comm::Scope::gpu,
+                                epochCell(k, which));
   }
 };
 
@@ -192,17 +204,6 @@ void loopPairs(KernelBuilder &k, const EPLayout &L, Value perPair,
   });
 }
 
-/// When every block of the rank is done: `body(i)` for i in [0, n) over the
-/// last block's threads, then its counter `which` back at zero.
-void whenRankDone(KernelBuilder &k, const Region &g, LowLatency::BlockCounter which, Value n,
-                  function_ref<void(Value)> body) {
-  Value last = k.lastBlockOfRank(g.blockCounter(k, which));
-  k.when(last, [&] {
-    k.loop(k.tid, n, k.threads, body);
-    k.resetCounter(g.blockCounter(k, which));
-  });
-}
-
 } // namespace
 
 void buildLowLatencySend(gpu::GPUFuncOp func, const EPLayout &L, bool fp8, bool roundScale) {
@@ -293,10 +294,15 @@ void buildLowLatencySend(gpu::GPUFuncOp func, const EPLayout &L, bool fp8, bool 
                             k.peer(cell, k.divu(e, k.i32(L.local))));
       comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), counter);
     });
-    k.barrier();
+    Value next = k.add(g.epoch(k, LowLatency::kDispatchEpoch), k.i32(1));
+    k.barrier(); // the counts stored, and the epoch read before thread 0 moves it on
     k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value r) {
-      comm::StoreOp::create(k.b, comm::Ordering::release, comm::Scope::sys, k.i32(1),
+      comm::StoreOp::create(k.b, comm::Ordering::release, comm::Scope::sys, next,
                             k.peer(g.cell(k, g.ll.posted, k.me), r));
+    });
+    k.when(k.eq(k.tid, k.i32(0)), [&] {
+      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, next,
+                            g.epochCell(k, LowLatency::kDispatchEpoch));
     });
     k.resetCounter(g.blockCounter(k, LowLatency::kDispatchSend));
   });
@@ -313,6 +319,8 @@ void buildLowLatencyRecv(gpu::GPUFuncOp func, const EPLayout &L, bool fp8, bool 
   const int64_t rowBytes = fp8 ? H : 2 * H, groups = H / 128, packs = (groups + 3) / 4;
   const int64_t parts = partsOf(rowBytes, KernelBuilder::kCopyUnroll);
   Value rt = k.mul(k.i32(R), k.tmax); // rows per local expert
+  // This call's epoch: the send kernel before this one counted it.
+  Value epoch = g.epoch(k, LowLatency::kDispatchEpoch);
   loopPairs(k, L, warpsPerPair(k, L.local * R), [&](Value l, Value s, Value sub) {
     // The expert's count from every source (lane r), then this source's
     // place among them: sources in rank order.
@@ -323,7 +331,7 @@ void buildLowLatencyRecv(gpu::GPUFuncOp func, const EPLayout &L, bool fp8, bool 
           k.lt(r, k.i32(R)), k.i32T(),
           [&] {
             comm::WaitFlagOp::create(k.b, k.i32T(), k.local(g.cell(k, g.ll.posted, r)),
-                                     comm::Predicate::ge, k.i32(1), k.me, r, comm::Scope::sys,
+                                     comm::Predicate::ge, epoch, k.me, r, comm::Scope::sys,
                                      L.timeoutMs);
             Value cell = k.local(g.cell(k, g.ll.arrivals, k.add(k.mul(l, k.i32(R)), r)));
             return comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed, comm::Scope::sys,
@@ -390,15 +398,8 @@ void buildLowLatencyRecv(gpu::GPUFuncOp func, const EPLayout &L, bool fp8, bool 
                 rowBytes, RowPart{part, k.i32(parts)});
     });
   });
-  // Every warp has read the counts: the last block clears them and the flags.
-  whenRankDone(k, g, LowLatency::kDispatchRecv, k.i32(L.experts), [&](Value i) {
-    comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
-                          k.local(g.cell(k, g.ll.arrivals, i)));
-    k.when(k.lt(i, k.i32(L.ranks)), [&] {
-      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
-                            k.local(g.cell(k, g.ll.posted, i)));
-    });
-  });
+  // Nothing to clear: the next call of this parity overwrites the counts and
+  // waits for the next epoch.
 }
 
 void buildLowLatencyCombineSend(gpu::GPUFuncOp func, const EPLayout &L) {
@@ -424,9 +425,20 @@ void buildLowLatencyCombineSend(gpu::GPUFuncOp func, const EPLayout &L) {
       k.copyRow(dst, k.elementAt(x, element, rowBytes), rowBytes, RowPart{part, k.i32(parts)});
     });
   });
-  whenRankDone(k, g, LowLatency::kCombineSend, k.i32(R), [&](Value r) {
-    comm::StoreOp::create(k.b, comm::Ordering::release, comm::Scope::sys, k.i32(1),
-                          k.peer(g.cell(k, g.ll.combineDone, k.me), r));
+  // The rank's last block raises its combine epoch at every rank.
+  Value last = k.lastBlockOfRank(g.blockCounter(k, LowLatency::kCombineSend));
+  k.when(last, [&] {
+    Value next = k.add(g.epoch(k, LowLatency::kCombineEpoch), k.i32(1));
+    k.barrier(); // every thread has read the epoch before thread 0 moves it on
+    k.loop(k.tid, k.i32(R), k.threads, [&](Value r) {
+      comm::StoreOp::create(k.b, comm::Ordering::release, comm::Scope::sys, next,
+                            k.peer(g.cell(k, g.ll.combineDone, k.me), r));
+    });
+    k.when(k.eq(k.tid, k.i32(0)), [&] {
+      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, next,
+                            g.epochCell(k, LowLatency::kCombineEpoch));
+    });
+    k.resetCounter(g.blockCounter(k, LowLatency::kCombineSend));
   });
 }
 
@@ -436,10 +448,11 @@ void buildLowLatencyCombineReduce(gpu::GPUFuncOp func, const EPLayout &L) {
   Value ids = k.pointerParam(kLcTopkIdx), weights = k.pointerParam(kLcTopkWeights);
   Value out = k.pointerParam(kLcOut);
   const int64_t R = L.ranks, K = L.topk, rowBytes = 2 * L.hidden;
-  // Every rank has sent its rows back.
+  // Every rank has sent its rows back: its combine epoch reached this call's.
+  Value epoch = g.epoch(k, LowLatency::kCombineEpoch);
   k.loop(k.tid, k.i32(R), k.threads, [&](Value r) {
     comm::WaitFlagOp::create(k.b, k.i32T(), k.local(g.cell(k, g.ll.combineDone, r)),
-                             comm::Predicate::eq, k.i32(1), k.me, r, comm::Scope::sys, L.timeoutMs);
+                             comm::Predicate::ge, epoch, k.me, r, comm::Scope::sys, L.timeoutMs);
   });
   k.barrier();
   k.loopRowParts(
@@ -462,10 +475,6 @@ void buildLowLatencyCombineReduce(gpu::GPUFuncOp func, const EPLayout &L) {
             },
             {}, share, [&](Value slot) { return k.shuffle(w, slot); });
       });
-  whenRankDone(k, g, LowLatency::kCombineReduce, k.i32(R), [&](Value r) {
-    comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0),
-                          k.local(g.cell(k, g.ll.combineDone, r)));
-  });
 }
 
 } // namespace epic::expand

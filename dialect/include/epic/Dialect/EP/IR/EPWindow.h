@@ -181,27 +181,33 @@ constexpr int64_t dataBytesPerToken(int64_t ranks, int64_t topk, const DispatchR
 ///
 ///   control, per parity (i32 cells, each array on its own 256 bytes):
 ///     arrivals [L][R]     rows that source rank s sent local expert l
-///                         (written relaxed, then `posted`); reset by the receiver
-///     posted [R]          rank s wrote all its arrivals here (1, release)
+///                         (written relaxed, then `posted`; overwritten each call)
+///     posted [R]          rank s wrote all its arrivals here: its dispatch epoch
+///                         (release)
 ///     sendCounts [E]      this rank's rows per destination expert (scratch)
-///     combineDone [R]     rank r sent this rank its combined rows (1)
-///     kBlockCounters      last-block counters of the four kernels
+///     combineDone [R]     rank r sent this rank its combined rows: its combine
+///                         epoch (release)
+///     epochs [2]          this rank's dispatch and combine calls of this
+///                         parity so far: flags are compared with them, never
+///                         reset (every rank makes the same calls)
+///     kBlockCounters      last-block counters of the two send kernels
 ///   slots [L][R][cap][message]  a message: 16-byte header (source token,
 ///                         top-k slot), then the row: bf16, or FP8 and its
 ///                         f32 scales (the same size serves both)
 ///   combine [cap][K][bf16 row]  the origin's rows back, by (token, slot)
 ///
 /// The cap (num_max_dispatch_tokens_per_rank) is a run-time value: the
-/// window needs bytes(0) + cap x bytesPerToken(). Every cell is zero between
-/// calls; other modes' data may overwrite them (DeepEP's
-/// clean_low_latency_buffer zeroes the control blocks).
+/// window needs bytes(0) + cap x bytesPerToken(). The flags and epochs only
+/// grow; other modes' data may overwrite them (DeepEP's
+/// clean_low_latency_buffer zeroes the control blocks, on every rank).
 struct LowLatencyLayout {
   static constexpr int64_t kHeaderBytes = 16;
-  static constexpr int64_t kBlockCounters = 4;
-  enum BlockCounter { kDispatchSend, kDispatchRecv, kCombineSend, kCombineReduce };
+  static constexpr int64_t kBlockCounters = 2;
+  enum BlockCounter { kDispatchSend, kCombineSend };
+  enum Epoch { kDispatchEpoch, kCombineEpoch };
   int64_t experts, ranks, topk, hidden;
   int64_t message, combineRow, fp8ScalesAt;
-  int64_t arrivals, posted, sendCounts, combineDone, blockCounters, control;
+  int64_t arrivals, posted, sendCounts, combineDone, epochs, blockCounters, control;
 
   constexpr LowLatencyLayout(int64_t experts, int64_t ranks, int64_t topk, int64_t hidden)
       : experts(experts), ranks(ranks), topk(topk), hidden(hidden),
@@ -209,7 +215,7 @@ struct LowLatencyLayout {
         fp8ScalesAt(kHeaderBytes + align(hidden, 16)), arrivals(0),
         posted(detail::after(arrivals, experts * 4)), sendCounts(detail::after(posted, ranks * 4)),
         combineDone(detail::after(sendCounts, experts * 4)),
-        blockCounters(detail::after(combineDone, ranks * 4)),
+        epochs(detail::after(combineDone, ranks * 4)), blockCounters(detail::after(epochs, 2 * 4)),
         control(detail::after(blockCounters, kBlockCounters * 4)) {}
 
   /// Window offsets of parity `p`'s control block, slots and combine rows.
