@@ -1,8 +1,8 @@
 """DeepEP V1's low-latency mode on epic's kernels (``Buffer(low_latency_mode=True)``).
 
 Decode's dispatch and combine without a count exchange or a host synchronization, as
-``ep.low_latency_dispatch`` / ``ep.low_latency_combine`` compiled by epic (two kernels each:
-send, then receive; ``return_recv_hook`` launches the receive when the hook is called). Each
+``ep.low_latency_dispatch`` / ``ep.low_latency_combine`` compiled by epic (one kernel each; with
+``return_recv_hook`` the send kernel, and the receive kernel when the hook is called). Each
 (local expert, source rank) owns ``num_max_dispatch_tokens_per_rank`` fixed slots in the
 receiver's window; FP8 casting is fused into the send. Semantics: :mod:`epic.reference`'s
 ``low_latency_dispatch`` / ``low_latency_combine`` (bitwise), documented in
@@ -152,7 +152,7 @@ class LowLatencyMethods:
         else:
             stream = b._current_stream()
         if not return_recv_hook:
-            plan.plan.launch(addresses, stream)
+            plan.plan.launch(addresses, stream, 2, 1)  # both phases in one kernel
             hook = None
         else:
             plan.plan.launch(addresses, stream, 0, 1)
@@ -356,7 +356,7 @@ class LowLatencyMethods:
         raw = torch._C._cuda_getCurrentRawStream
         state["parity"] ^= 1
         if not return_recv_hook:
-            plan.plan.launch(addresses, raw(device))
+            plan.plan.launch(addresses, raw(device), 2, 1)  # both phases in one kernel
             return None
         plan.plan.launch(addresses, raw(device), 0, 1)
 

@@ -25,9 +25,9 @@
 // PTX-NOT: fma.rn.f32
 // PTX: mul.rn.f32
 // PTX: add.rn.f32
-// META: "cooperative": 0,
+// META: "cooperative": 1,
 // META-NEXT: "entry": "low_latency_dispatch",
-// META: "cooperative": 0,
+// META: "cooperative": 1,
 // META-NEXT: "entry": "low_latency_combine",
 func.func @ll_dispatch(%x: tensor<?x7168xbf16>, %i: tensor<?x8xi64>)
     -> (tensor<32x?x7168xf8E4M3FN>, tensor<32x?x56xf32>) {

@@ -1,5 +1,6 @@
-// DeepEP V1's low-latency mode (LowLatencyKernels.cpp): each op becomes two
-// kernels, neither cooperative; the window is the low-latency layout (two
+// DeepEP V1's low-latency mode (LowLatencyKernels.cpp): each op becomes its
+// two phases as kernels, then both in one (cooperative: its receive waits for
+// every rank's send); the window is the low-latency layout (two
 // regions: 77824 + 2 x 1536 control bytes, then per token of the cap 2 x
 // (8 experts x (16 + 512) + 4 x 512) bytes). Dispatch send: the slot of a
 // (token, k) among earlier entries by ballots, the FP8 cast fused (scale by a
@@ -44,8 +45,15 @@
 // The layout range: begin << 32 | count.
 // CHECK: arith.shli %{{.*}}, %c32_i64
 // CHECK-NOT: comm.atomic_rmw
+// Both phases in one kernel: the epoch read first, the receive waits for it + 1.
+// CHECK: gpu.func @lld_fused(
+// CHECK: %[[OLD:.*]] = comm.load relaxed scope gpu
+// CHECK: %[[THIS:.*]] = arith.addi %[[OLD]], %c1_i32
+// CHECK: nvvm.convert.f32x2.to.f8x2
+// CHECK: comm.atomic_rmw add acq_rel scope sys
+// CHECK: comm.wait_flag %{{.*}} ge %[[THIS]] rank
 // CHECK: func.func @lld(
-// CHECK-SAME: epic.cooperative = 0 : i64, epic.entry = "low_latency_dispatch", epic.kernels = ["lld_send", "lld_recv"]
+// CHECK-SAME: epic.cooperative = 1 : i64, epic.entry = "low_latency_dispatch", epic.kernels = ["lld_send", "lld_recv", "lld_fused"]
 // CHECK-SAME: epic.param_fields = ["x", "topk_idx", "num_tokens", "max_tokens_per_rank", "parity", "recv_x", "recv_scales", "recv_count", "recv_src_info", "recv_layout_range", "recv_route", "cumulative_recv_stats"]
 // CHECK-SAME: epic.window_bytes = 80896 : i64, epic.window_bytes_per_token = 12544 : i64
 func.func @lld(%x: tensor<?x256xbf16>, %i: tensor<?x4xi64>) -> tensor<4x?x256xf8E4M3FN> {
@@ -87,8 +95,14 @@ func.func @plain(%x: tensor<?x256xbf16>, %i: tensor<?x4xi64>) -> tensor<4x?x256x
 // CHECK-NEXT: arith.extf
 // CHECK-NEXT: %[[TERM:.*]] = arith.mulf %{{.*}}, %[[W]] : vector<8xf32>
 // CHECK-NEXT: arith.addf %{{.*}}, %[[TERM]] : vector<8xf32>
+// CHECK-NOT: comm.atomic_rmw
+// CHECK: gpu.func @llc_fused(
+// CHECK: %[[OLD:.*]] = comm.load relaxed scope gpu
+// CHECK: %[[THIS:.*]] = arith.addi %[[OLD]], %c1_i32
+// CHECK: comm.store release scope sys
+// CHECK: comm.wait_flag %{{.*}} ge %[[THIS]] rank
 // CHECK: func.func @llc(
-// CHECK-SAME: epic.entry = "low_latency_combine", epic.kernels = ["llc_send", "llc_reduce"]
+// CHECK-SAME: epic.entry = "low_latency_combine", epic.kernels = ["llc_send", "llc_reduce", "llc_fused"]
 // CHECK-SAME: epic.param_fields = ["x", "layout_range", "route", "topk_idx", "topk_weights", "num_tokens", "max_tokens_per_rank", "parity", "combined_x"]
 func.func @llc(%x: tensor<4x?x256xbf16>, %r: tensor<4x2xi64>, %route: tensor<4x?xi32>,
                %i: tensor<?x4xi64>, %w: tensor<?x4xf32>) -> tensor<?x256xbf16> {

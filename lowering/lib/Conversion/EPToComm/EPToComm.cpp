@@ -553,9 +553,13 @@ KernelPlan lowLatencyPlan(OpT op, const Entry &entry, ArrayRef<StringRef> fields
                           std::array<StringRef, 2> suffixes) {
   ep::ConfigAttr cfg = op.getConfig();
   KernelPlan plan(op, cfg, entry, entry.threads);
-  plan.kernels = {entry.name + suffixes[0].str(), entry.name + suffixes[1].str()};
+  // The two phases, then both in one kernel: the runtime launches the third,
+  // or the first and (a receive hook) later the second.
+  plan.kernels = {entry.name + suffixes[0].str(), entry.name + suffixes[1].str(),
+                  entry.name + "_fused"};
   plan.fields.assign(fields.begin(), fields.end());
-  plan.cooperative = false;
+  // The fused kernel's receive waits for every rank's last send block.
+  plan.cooperative = true;
   epic::ep::window::LowLatencyLayout ll(cfg.getExperts(), cfg.getRanks(), cfg.getTopk(),
                                         cfg.getHidden());
   plan.windowBytes = ll.bytes(0);
@@ -576,6 +580,7 @@ struct LowLatencyDispatchOpLowering : KernelOpLowering<ep::LowLatencyDispatchOp>
       OpBuilder b = kernelInsertionPoint(module);
       buildLowLatencySend(plan.kernel(b, 0, true), layout, fp8, round);
       buildLowLatencyRecv(plan.kernel(b, 1, true), layout, fp8, ue8m0);
+      buildLowLatencyDispatch(plan.kernel(b, 2, true), layout, fp8, round, ue8m0);
     };
     return plan;
   }
@@ -593,6 +598,7 @@ struct LowLatencyCombineOpLowering : KernelOpLowering<ep::LowLatencyCombineOp> {
       OpBuilder b = kernelInsertionPoint(module);
       buildLowLatencyCombineSend(plan.kernel(b, 0, true), layout);
       buildLowLatencyCombineReduce(plan.kernel(b, 1, true), layout);
+      buildLowLatencyCombine(plan.kernel(b, 2, true), layout);
     };
     return plan;
   }

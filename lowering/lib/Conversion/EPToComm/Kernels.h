@@ -100,6 +100,10 @@ void buildLowLatencySend(gpu::GPUFuncOp func, const EPLayout &L, bool fp8, bool 
 void buildLowLatencyRecv(gpu::GPUFuncOp func, const EPLayout &L, bool fp8, bool ue8m0);
 void buildLowLatencyCombineSend(gpu::GPUFuncOp func, const EPLayout &L);
 void buildLowLatencyCombineReduce(gpu::GPUFuncOp func, const EPLayout &L);
+/// Both phases in one kernel each (a call without a receive hook).
+void buildLowLatencyDispatch(gpu::GPUFuncOp func, const EPLayout &L, bool fp8, bool roundScale,
+                             bool ue8m0);
+void buildLowLatencyCombine(gpu::GPUFuncOp func, const EPLayout &L);
 
 // Fused with the grouped GEMM.
 void buildCopyGemmKernel(OpBuilder &builder, Location loc, StringRef name, const EPLayout &L,

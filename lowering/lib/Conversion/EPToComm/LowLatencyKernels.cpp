@@ -206,9 +206,9 @@ void loopPairs(KernelBuilder &k, const EPLayout &L, Value perPair,
 
 } // namespace
 
-void buildLowLatencySend(gpu::GPUFuncOp func, const EPLayout &L, bool fp8, bool roundScale) {
-  KernelBuilder k(func, L);
-  Region g(k, L, k.intParam(kLdParity));
+namespace {
+void emitLowLatencySend(KernelBuilder &k, const Region &g, const EPLayout &L, bool fp8,
+                        bool roundScale) {
   Value x = k.pointerParam(kLdX), ids = k.pointerParam(kLdTopkIdx);
   const int64_t K = L.topk, H = L.hidden, inBytes = 2 * H;
   const int64_t unroll = kDefaultRowUnroll;
@@ -308,9 +308,9 @@ void buildLowLatencySend(gpu::GPUFuncOp func, const EPLayout &L, bool fp8, bool 
   });
 }
 
-void buildLowLatencyRecv(gpu::GPUFuncOp func, const EPLayout &L, bool fp8, bool ue8m0) {
-  KernelBuilder k(func, L);
-  Region g(k, L, k.intParam(kLdParity));
+/// The receive: `epoch` is this call's dispatch epoch of the region.
+void emitLowLatencyRecv(KernelBuilder &k, const Region &g, const EPLayout &L, bool fp8, bool ue8m0,
+                        Value epoch) {
   Value recvX = k.pointerParam(kLdRecvX), counts = k.pointerParam(kLdRecvCount);
   Value srcInfo = k.pointerParam(kLdSrcInfo), ranges = k.pointerParam(kLdLayoutRange);
   Value routes = k.pointerParam(kLdRoute), stats = k.pointerParam(kLdStats);
@@ -319,8 +319,6 @@ void buildLowLatencyRecv(gpu::GPUFuncOp func, const EPLayout &L, bool fp8, bool 
   const int64_t rowBytes = fp8 ? H : 2 * H, groups = H / 128, packs = (groups + 3) / 4;
   const int64_t parts = partsOf(rowBytes, KernelBuilder::kCopyUnroll);
   Value rt = k.mul(k.i32(R), k.tmax); // rows per local expert
-  // This call's epoch: the send kernel before this one counted it.
-  Value epoch = g.epoch(k, LowLatency::kDispatchEpoch);
   loopPairs(k, L, warpsPerPair(k, L.local * R), [&](Value l, Value s, Value sub) {
     // The expert's count from every source (lane r), then this source's
     // place among them: sources in rank order.
@@ -402,9 +400,7 @@ void buildLowLatencyRecv(gpu::GPUFuncOp func, const EPLayout &L, bool fp8, bool 
   // waits for the next epoch.
 }
 
-void buildLowLatencyCombineSend(gpu::GPUFuncOp func, const EPLayout &L) {
-  KernelBuilder k(func, L);
-  Region g(k, L, k.intParam(kLcParity));
+void emitLowLatencyCombineSend(KernelBuilder &k, const Region &g, const EPLayout &L) {
   Value x = k.pointerParam(kLcX), ranges = k.pointerParam(kLcLayoutRange);
   Value routes = k.pointerParam(kLcRoute);
   const int64_t R = L.ranks, K = L.topk, rowBytes = 2 * L.hidden;
@@ -442,14 +438,13 @@ void buildLowLatencyCombineSend(gpu::GPUFuncOp func, const EPLayout &L) {
   });
 }
 
-void buildLowLatencyCombineReduce(gpu::GPUFuncOp func, const EPLayout &L) {
-  KernelBuilder k(func, L);
-  Region g(k, L, k.intParam(kLcParity));
+/// The weighted sum: `epoch` is this call's combine epoch of the region.
+void emitLowLatencyCombineReduce(KernelBuilder &k, const Region &g, const EPLayout &L,
+                                 Value epoch) {
   Value ids = k.pointerParam(kLcTopkIdx), weights = k.pointerParam(kLcTopkWeights);
   Value out = k.pointerParam(kLcOut);
   const int64_t R = L.ranks, K = L.topk, rowBytes = 2 * L.hidden;
   // Every rank has sent its rows back: its combine epoch reached this call's.
-  Value epoch = g.epoch(k, LowLatency::kCombineEpoch);
   k.loop(k.tid, k.i32(R), k.threads, [&](Value r) {
     comm::WaitFlagOp::create(k.b, k.i32T(), k.local(g.cell(k, g.ll.combineDone, r)),
                              comm::Predicate::ge, epoch, k.me, r, comm::Scope::sys, L.timeoutMs);
@@ -475,6 +470,55 @@ void buildLowLatencyCombineReduce(gpu::GPUFuncOp func, const EPLayout &L) {
             },
             {}, share, [&](Value slot) { return k.shuffle(w, slot); });
       });
+}
+
+} // namespace
+
+// The kernels of an entry: the phases apart (a receive hook launches the
+// second later: it reads the epoch the first moved on), then both in one
+// kernel (cooperative: a block's receive waits for every rank's last send
+// block). The fused kernel reads the epoch before its send phase; its last
+// block moves the epoch on only after every block has read it (they all
+// arrived at the last-block counter first), so the receive waits for it + 1.
+void buildLowLatencySend(gpu::GPUFuncOp func, const EPLayout &L, bool fp8, bool roundScale) {
+  KernelBuilder k(func, L);
+  Region g(k, L, k.intParam(kLdParity));
+  emitLowLatencySend(k, g, L, fp8, roundScale);
+}
+
+void buildLowLatencyRecv(gpu::GPUFuncOp func, const EPLayout &L, bool fp8, bool ue8m0) {
+  KernelBuilder k(func, L);
+  Region g(k, L, k.intParam(kLdParity));
+  emitLowLatencyRecv(k, g, L, fp8, ue8m0, g.epoch(k, LowLatency::kDispatchEpoch));
+}
+
+void buildLowLatencyDispatch(gpu::GPUFuncOp func, const EPLayout &L, bool fp8, bool roundScale,
+                             bool ue8m0) {
+  KernelBuilder k(func, L);
+  Region g(k, L, k.intParam(kLdParity));
+  Value epoch = k.add(g.epoch(k, LowLatency::kDispatchEpoch), k.i32(1));
+  emitLowLatencySend(k, g, L, fp8, roundScale);
+  emitLowLatencyRecv(k, g, L, fp8, ue8m0, epoch);
+}
+
+void buildLowLatencyCombineSend(gpu::GPUFuncOp func, const EPLayout &L) {
+  KernelBuilder k(func, L);
+  Region g(k, L, k.intParam(kLcParity));
+  emitLowLatencyCombineSend(k, g, L);
+}
+
+void buildLowLatencyCombineReduce(gpu::GPUFuncOp func, const EPLayout &L) {
+  KernelBuilder k(func, L);
+  Region g(k, L, k.intParam(kLcParity));
+  emitLowLatencyCombineReduce(k, g, L, g.epoch(k, LowLatency::kCombineEpoch));
+}
+
+void buildLowLatencyCombine(gpu::GPUFuncOp func, const EPLayout &L) {
+  KernelBuilder k(func, L);
+  Region g(k, L, k.intParam(kLcParity));
+  Value epoch = k.add(g.epoch(k, LowLatency::kCombineEpoch), k.i32(1));
+  emitLowLatencyCombineSend(k, g, L);
+  emitLowLatencyCombineReduce(k, g, L, epoch);
 }
 
 } // namespace epic::expand
