@@ -268,7 +268,7 @@ def measure_low_latency(torch, group, R, iterations, T=128, profile=False):
                          num_qps_per_rank=EXPERTS // R, explicitly_destroy=True)
     virtual = isinstance(group, epic.VirtualWorld)
     one = (lambda v: v) if virtual else (lambda v: v[0])
-    xs8, sfs, idxs, ws = inputs(torch, R, T)
+    _, _, idxs, ws = inputs(torch, R, T)  # the routing and weights; the rows are bf16 here
     xs = [torch.randn((T, HIDDEN), device="cuda").to(torch.bfloat16) for _ in range(R)]
     x, idx, w = one(xs), one(idxs), one(ws)
     L = EXPERTS // R

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._reference_checks import _check_int, bfloat16
+from ._reference_checks import _check_experts, _check_int, bfloat16
 from ._reference_experts import per_token_cast_to_fp8
 
 __all__ = ["low_latency_dispatch", "low_latency_combine", "LowLatencyResult"]
@@ -38,9 +38,10 @@ class LowLatencyResult:
 
 
 def _routing(topk_idxs, num_experts):
-    R = len(topk_idxs)
-    if num_experts % R:
-        raise ValueError(f"num_experts ({num_experts}) must be divisible by the {R} ranks")
+    """(R, L, every rank's routing as an int64 array). An expert may appear twice in a row
+    (it then gets two rows), unlike in V2's dispatch (_check_topk_idx)."""
+    num_experts, R = _check_experts(num_experts, len(topk_idxs))
+    idxs = []
     for r, idx in enumerate(topk_idxs):
         idx = np.asarray(idx)
         if idx.ndim != 2 or idx.dtype.kind not in "iu":
@@ -48,7 +49,8 @@ def _routing(topk_idxs, num_experts):
                             f"{idx.dtype}{list(idx.shape)}")
         if ((idx < -1) | (idx >= num_experts)).any():
             raise ValueError(f"topk_idxs[{r}]: expert ids must be in [-1, {num_experts})")
-    return R, num_experts // R
+        idxs.append(idx.astype(np.int64))
+    return R, num_experts // R, idxs
 
 
 def low_latency_dispatch(xs, topk_idxs, num_experts, num_max_dispatch_tokens_per_rank,
@@ -62,7 +64,7 @@ def low_latency_dispatch(xs, topk_idxs, num_experts, num_max_dispatch_tokens_per
             ``[L, R x cap, G]``, or int32 UE8M0 packs ``[L, R x cap, ceil(G / 4)]``; None for
             bfloat16).
     """
-    R, L = _routing(topk_idxs, num_experts)
+    R, L, idxs = _routing(topk_idxs, num_experts)
     cap = _check_int("num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank)
     if use_ue8m0 and not round_scale:
         raise ValueError("use_ue8m0 needs round_scale")
@@ -93,11 +95,9 @@ def low_latency_dispatch(xs, topk_idxs, num_experts, num_max_dispatch_tokens_per
         for local in range(L):
             expert = d * L + local
             for s in range(R):
-                flat = np.asarray(topk_idxs[s]).reshape(-1)
-                K = np.asarray(topk_idxs[s]).shape[1]
                 begin = int(count[local])
-                for p in np.nonzero(flat == expert)[0]:
-                    t, k = divmod(int(p), K)
+                for p in np.nonzero(idxs[s].reshape(-1) == expert)[0]:
+                    t, k = divmod(int(p), idxs[s].shape[1])
                     row = int(count[local])
                     recv_x[local, row] = casts[s][0][t]
                     if scales is not None:

@@ -114,8 +114,7 @@ class Buffer(LowLatencyMethods):
         _check_bool("use_rdma_buffer", use_rdma_buffer)
         b = self._buffer
         window = b.window_tensor(0 if b.virtual else None)
-        itemsize = window.new_empty((), dtype=dtype).element_size()
-        whole = window[:window.shape[0] // itemsize * itemsize].view(dtype)
+        whole = window[:window.shape[0] // dtype.itemsize * dtype.itemsize].view(dtype)
         if offset > whole.numel():
             raise ValueError(f"offset: {offset} elements is past the window's {whole.numel()}")
         tensor = whole[offset:]

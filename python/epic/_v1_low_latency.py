@@ -79,10 +79,6 @@ class LowLatencyMethods:
                         "fast": {}}
         return self._ll
 
-    def _ll_rank_list(self, name, value, optional=False):
-        values = self._buffer._per_rank(name, value, optional=optional)
-        return values
-
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int,
                                  num_experts: int) -> None:
         """Zeroes low-latency mode's counters in every served rank's window, on the current
@@ -142,7 +138,6 @@ class LowLatencyMethods:
 
         b = self._buffer
         addresses = plan.addresses(tensors)
-        self._ll_state()["parity"] ^= 1  # the next call uses the other region
         streams = None
         if async_finish:
             compute, comm = torch.cuda.current_stream(), b.get_comm_stream()
@@ -150,17 +145,8 @@ class LowLatencyMethods:
             streams = (compute, comm)
             stream = comm.cuda_stream
         else:
-            stream = b._current_stream()
-        if not return_recv_hook:
-            plan.plan.launch(addresses, stream, 2, 1)  # both phases in one kernel
-            hook = None
-        else:
-            plan.plan.launch(addresses, stream, 0, 1)
-
-            def hook():
-                """Launches the receive phase on the current stream."""
-                plan.plan.launch(addresses, b._current_stream(), 1, 1)
-
+            stream = None  # the current one
+        hook = self._ll_launch_phases(plan, addresses, return_recv_hook, stream)
         if streams is None:
             return EventOverlap(None), hook
         compute, comm = streams
@@ -205,8 +191,8 @@ class LowLatencyMethods:
         R = b.num_ranks
         if num_experts % R:
             raise ValueError(f"num_experts ({num_experts}) must be divisible by the {R} ranks")
-        xs, idxs = self._ll_rank_list("x", x), self._ll_rank_list("topk_idx", topk_idx)
-        stats = self._ll_rank_list("cumulative_local_expert_recv_stats",
+        xs, idxs = self._buffer._per_rank("x", x), self._buffer._per_rank("topk_idx", topk_idx)
+        stats = self._buffer._per_rank("cumulative_local_expert_recv_stats",
                                    cumulative_local_expert_recv_stats, optional=True)
         first = xs[0]
         if first.dim() != 2 or first.dtype != torch.bfloat16:
@@ -296,12 +282,12 @@ class LowLatencyMethods:
         src_info, layout_range, cap, hidden, num_experts = handle
         b = self._buffer
         R = b.num_ranks
-        xs = self._ll_rank_list("x", x)
-        idxs = self._ll_rank_list("topk_idx", topk_idx)
-        ws = self._ll_rank_list("topk_weights", topk_weights)
-        outs = self._ll_rank_list("out", out, optional=True)
-        ranges, routes = self._ll_rank_list("handle", layout_range), \
-            self._ll_rank_list("handle", handle.route)
+        xs = self._buffer._per_rank("x", x)
+        idxs = self._buffer._per_rank("topk_idx", topk_idx)
+        ws = self._buffer._per_rank("topk_weights", topk_weights)
+        outs = self._buffer._per_rank("out", out, optional=True)
+        ranges, routes = self._buffer._per_rank("handle", layout_range), \
+            self._buffer._per_rank("handle", handle.route)
         topk = int(idxs[0].shape[1]) if idxs[0].dim() == 2 else 0
         if topk != handle.topk:
             raise ValueError(f"topk_idx: {T.describe(idxs[0])} has top-{topk} but the dispatch "
@@ -348,21 +334,20 @@ class LowLatencyMethods:
                 idx.stride(), w.shape, w.dtype, w.stride(),
                 None if out is None else (out.shape, out.dtype, out.stride()))
 
-    def _ll_replay_launch(self, plan, addresses, return_recv_hook):
-        """Launches a replayed call on the current stream (the send alone with a hook)."""
-        import torch
-
-        state, device = self._ll_state(), self._buffer._device_index
-        raw = torch._C._cuda_getCurrentRawStream
-        state["parity"] ^= 1
+    def _ll_launch_phases(self, plan, addresses, return_recv_hook, stream=None):
+        """Launches a call on `stream` (default: the current one) and moves the parity on:
+        both phases in one kernel, or (a receive hook) the send kernel, returning the hook
+        that launches the receive kernel on the stream current when it is called."""
+        current = self._buffer._current_stream
+        self._ll_state()["parity"] ^= 1  # the next call uses the other region
         if not return_recv_hook:
-            plan.plan.launch(addresses, raw(device), 2, 1)  # both phases in one kernel
+            plan.plan.launch(addresses, current() if stream is None else stream, 2, 1)
             return None
-        plan.plan.launch(addresses, raw(device), 0, 1)
+        plan.plan.launch(addresses, current() if stream is None else stream, 0, 1)
 
         def hook():
             """Launches the receive phase on the current stream."""
-            plan.plan.launch(addresses, raw(device), 1, 1)
+            plan.plan.launch(addresses, current(), 1, 1)
 
         return hook
 
@@ -393,7 +378,7 @@ class LowLatencyMethods:
                                            base, base + route_offset, ranges.data_ptr(),
                                            0 if stats is None else stats.data_ptr())):
                 addresses[slot] = value
-            hook = self._ll_replay_launch(plan, addresses, return_recv_hook)
+            hook = self._ll_launch_phases(plan, addresses, return_recv_hook)
             handle = LowLatencyHandle(info[0], ranges, cap, hidden, experts, info[1], topk)
             recv = (recv_x, scales.transpose(1, 2)) if fp8 else recv_x
             return recv, count, handle, EventOverlap(None), hook
@@ -415,7 +400,7 @@ class LowLatencyMethods:
                                            handle.route.data_ptr(), idx.data_ptr(),
                                            w.data_ptr(), out.data_ptr())):
                 addresses[slot] = value
-            hook = self._ll_replay_launch(plan, addresses, return_recv_hook)
+            hook = self._ll_launch_phases(plan, addresses, return_recv_hook)
             return out, EventOverlap(None), hook
 
         self._ll_state()["fast"][key] = replay

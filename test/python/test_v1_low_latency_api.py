@@ -153,3 +153,34 @@ def test_the_runtime_checks_name_each_bad_argument():
     spec, calls = _call(H=320)
     with pytest.raises(ValueError, match="multiple of 128"):
         C.check("low_latency_dispatch", spec, variant, calls)
+
+
+def test_a_call_launches_one_kernel_or_the_phases_apart():
+    """Without a receive hook both phases run in one kernel (the entry's third); with one, the
+    send now and the receive when the hook is called, on the stream current then; each call
+    moves the region parity on."""
+    from epic._v1_low_latency import LowLatencyMethods
+
+    launches = []
+
+    class Plan:
+        def launch(self, addresses, stream, first, kernels):
+            launches.append((tuple(addresses), stream, first, kernels))
+
+    class Buffer:
+        stream = 7
+
+        def _current_stream(self):
+            return self.stream
+
+    class Caller(LowLatencyMethods):
+        _buffer = Buffer()
+
+    caller, plan = Caller(), type("P", (), {"plan": Plan()})()
+    assert caller._ll_launch_phases(plan, [1, 2], False) is None
+    assert launches == [((1, 2), 7, 2, 1)] and caller._ll_state()["parity"] == 1
+    hook = caller._ll_launch_phases(plan, [3], True, stream=9)
+    assert launches[-1] == ((3,), 9, 0, 1) and caller._ll_state()["parity"] == 0
+    Caller._buffer.stream = 11
+    hook()
+    assert launches[-1] == ((3,), 11, 1, 1) and len(launches) == 3

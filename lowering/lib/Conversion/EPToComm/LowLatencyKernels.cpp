@@ -204,9 +204,25 @@ void loopPairs(KernelBuilder &k, const EPLayout &L, Value perPair,
   });
 }
 
-} // namespace
+/// The rank's last block, after its earlier stores: raises flag `flags` of
+/// this rank at every rank to the rank's next epoch `which` (release: the
+/// block's barrier orders every earlier store of the rank before it), keeps
+/// that epoch, and clears the block counter `counter` for the next call.
+void postEpoch(KernelBuilder &k, const Region &g, const EPLayout &L, int64_t flags,
+               LowLatency::Epoch which, LowLatency::BlockCounter counter) {
+  Value next = k.add(g.epoch(k, which), k.i32(1));
+  k.barrier(); // the stores before, and the epoch read before thread 0 moves it on
+  k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value r) {
+    comm::StoreOp::create(k.b, comm::Ordering::release, comm::Scope::sys, next,
+                          k.peer(g.cell(k, flags, k.me), r));
+  });
+  k.when(k.eq(k.tid, k.i32(0)), [&] {
+    comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, next,
+                          g.epochCell(k, which));
+  });
+  k.resetCounter(g.blockCounter(k, counter));
+}
 
-namespace {
 void emitLowLatencySend(KernelBuilder &k, const Region &g, const EPLayout &L, bool fp8,
                         bool roundScale) {
   Value x = k.pointerParam(kLdX), ids = k.pointerParam(kLdTopkIdx);
@@ -294,17 +310,7 @@ void emitLowLatencySend(KernelBuilder &k, const Region &g, const EPLayout &L, bo
                             k.peer(cell, k.divu(e, k.i32(L.local))));
       comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, k.i32(0), counter);
     });
-    Value next = k.add(g.epoch(k, LowLatency::kDispatchEpoch), k.i32(1));
-    k.barrier(); // the counts stored, and the epoch read before thread 0 moves it on
-    k.loop(k.tid, k.i32(L.ranks), k.threads, [&](Value r) {
-      comm::StoreOp::create(k.b, comm::Ordering::release, comm::Scope::sys, next,
-                            k.peer(g.cell(k, g.ll.posted, k.me), r));
-    });
-    k.when(k.eq(k.tid, k.i32(0)), [&] {
-      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, next,
-                            g.epochCell(k, LowLatency::kDispatchEpoch));
-    });
-    k.resetCounter(g.blockCounter(k, LowLatency::kDispatchSend));
+    postEpoch(k, g, L, g.ll.posted, LowLatency::kDispatchEpoch, LowLatency::kDispatchSend);
   });
 }
 
@@ -424,17 +430,7 @@ void emitLowLatencyCombineSend(KernelBuilder &k, const Region &g, const EPLayout
   // The rank's last block raises its combine epoch at every rank.
   Value last = k.lastBlockOfRank(g.blockCounter(k, LowLatency::kCombineSend));
   k.when(last, [&] {
-    Value next = k.add(g.epoch(k, LowLatency::kCombineEpoch), k.i32(1));
-    k.barrier(); // every thread has read the epoch before thread 0 moves it on
-    k.loop(k.tid, k.i32(R), k.threads, [&](Value r) {
-      comm::StoreOp::create(k.b, comm::Ordering::release, comm::Scope::sys, next,
-                            k.peer(g.cell(k, g.ll.combineDone, k.me), r));
-    });
-    k.when(k.eq(k.tid, k.i32(0)), [&] {
-      comm::StoreOp::create(k.b, comm::Ordering::relaxed, comm::Scope::gpu, next,
-                            g.epochCell(k, LowLatency::kCombineEpoch));
-    });
-    k.resetCounter(g.blockCounter(k, LowLatency::kCombineSend));
+    postEpoch(k, g, L, g.ll.combineDone, LowLatency::kCombineEpoch, LowLatency::kCombineSend);
   });
 }
 
