@@ -118,6 +118,53 @@ class TorchPair:
         return self.combine(rows, token)
 
 
+class TorchLowLatencyPair:
+    """DeepEP V1's low-latency pair in plain vectorized PyTorch, every rank's tokens at once:
+    the FP8 cast per 128 channels, each routing entry's row placed in its expert's rows
+    (ordered by source rank, then token: a stable sort by expert), then per token the weighted
+    sum of its experts' rows in fp32 (one index_add). No host synchronization (graph
+    capturable): entries without an expert (-1) go to a spare expert's rows, weight 0. What a
+    skilled engineer writes without a communication library on one GPU."""
+
+    def __init__(self, torch, xs, idxs, ws, y, cap):
+        t = self.t = torch
+        self.x, self.idx, self.w = t.cat(xs), t.cat(idxs), t.cat(ws)
+        self.y, self.cap, self.R = y, cap, len(xs)  # y: [experts, R x cap, hidden] bf16
+
+    def dispatch(self):
+        t, N, rows = self.t, self.x.shape[0], self.R * self.cap
+        groups = self.x.view(N, PACKS, 128).float()
+        scale = groups.abs().amax(-1).clamp(min=1e-4) / 448.0              # [N, G]
+        q = (groups / scale.unsqueeze(-1)).view(N, HIDDEN).to(t.float8_e4m3fn)
+        e = self.idx.reshape(-1).long()
+        e = t.where(e >= 0, e, EXPERTS)                                     # EXPERTS: none
+        order = t.argsort(e, stable=True)                                   # by expert
+        counts = t.zeros(EXPERTS + 1, dtype=t.long, device=e.device).scatter_add_(
+            0, e, t.ones_like(e))
+        sorted_e = e[order]
+        start = t.cumsum(counts, 0) - counts
+        pos = (t.arange(order.shape[0], device=e.device) - start[sorted_e]).clamp(max=rows - 1)
+        token = order // TOPK
+        recv = t.empty((EXPERTS + 1, rows, HIDDEN), dtype=t.float8_e4m3fn, device=e.device)
+        recv_sf = t.empty((EXPERTS + 1, PACKS, rows), dtype=t.float32, device=e.device)
+        recv[sorted_e, pos] = q[token]
+        recv_sf[sorted_e, :, pos] = scale[token]
+        return recv[:EXPERTS], recv_sf[:EXPERTS], counts[:EXPERTS], (order, sorted_e, pos, token)
+
+    def combine(self, route):
+        t = self.t
+        order, sorted_e, pos, token = route
+        w = self.w.reshape(-1)[order]
+        w = t.where(sorted_e < EXPERTS, w, 0.0)
+        rows = self.y[sorted_e.clamp(max=EXPERTS - 1), pos].float() * w.unsqueeze(-1)
+        out = t.zeros((self.x.shape[0], HIDDEN), dtype=t.float32, device=rows.device)
+        out.index_add_(0, token, rows)
+        return out.to(t.bfloat16)
+
+    def pair(self):
+        return self.combine(self.dispatch()[3])
+
+
 # --- timing --------------------------------------------------------------------------------------
 
 
@@ -162,10 +209,11 @@ def graph(torch, fn, iterations):
     return synced, (time.perf_counter() - t0) / iterations
 
 
-def kernel_times(torch, fn, iterations=50):
+def kernel_times(torch, fn, iterations=50, every_kernel=False):
     """(GPU time per call of the op's kernels and copies, {name: median us}) from the profiler
     (CUPTI's device timestamps: events around a kernel would also count the host's launch
-    time whenever the GPU waits for it, which at these sizes it does)."""
+    time whenever the GPU waits for it, which at these sizes it does). `every_kernel`: all
+    kernels (a PyTorch baseline's), not only epic's."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -174,17 +222,18 @@ def kernel_times(torch, fn, iterations=50):
         torch.cuda.synchronize()
     per_kernel = {}
     for event in prof.events():
-        if event.device_time_total > 0 and (event.name.startswith("ep_") or "Memcpy" in event.name):
+        if event.device_time_total > 0 and (every_kernel or event.name.startswith("ep_")
+                                            or "Memcpy" in event.name):
             per_kernel.setdefault(event.name, []).append(event.device_time_total)
     total = sum(sum(v) for v in per_kernel.values()) / iterations
     return total * 1e-6, {name: statistics.median(v) for name, v in per_kernel.items()}
 
 
-def timings(torch, fn, iterations):
+def timings(torch, fn, iterations, every_kernel=False):
     """Every measurement of one call (us): eager, graph replay, kernels."""
     synced, back_to_back, host = wall(torch, fn, iterations)
     g_synced, g_back_to_back = graph(torch, fn, iterations)
-    kernel, per_kernel = kernel_times(torch, fn)
+    kernel, per_kernel = kernel_times(torch, fn, every_kernel=every_kernel)
     return dict(wall_us=synced * 1e6, back_to_back_us=back_to_back * 1e6, host_us=host * 1e6,
                 kernel_us=kernel * 1e6, graph_wall_us=g_synced * 1e6,
                 graph_back_to_back_us=g_back_to_back * 1e6, kernels_us=per_kernel)
@@ -289,6 +338,13 @@ def measure_low_latency(torch, group, R, iterations, T=128, profile=False):
 
     row = {name: timings(torch, fn, iterations)
            for name, fn in (("dispatch", dispatch), ("combine", combine), ("pair", pair))}
+    baseline = TorchLowLatencyPair(torch, xs, idxs, ws, torch.cat(y if virtual else [y]), T)
+    row["torch_pair"] = timings(torch, baseline.pair, iterations, every_kernel=True)
+    # The same work: the baseline's result against epic's (fp32 sums in another order).
+    epic_out = torch.cat(pair()[0] if virtual else [pair()[0]]).float()
+    row["torch_pair"]["max_abs_diff_vs_epic"] = float((baseline.pair().float() - epic_out)
+                                                      .abs().max())
+    row["torch_pair"]["max_abs_result"] = float(epic_out.abs().max())
     if profile:
         row["profile"] = profile_calls(torch, pair)
     # Bytes through memory: each (token, expert) pair's FP8 row + f32 scales is written into
@@ -466,6 +522,9 @@ def main():
         nccl1_t128_low_latency_graph_pair_us=nl["pair"]["graph_wall_us"],
         nccl1_t128_low_latency_graph_back_to_back_pair_us=nl["pair"]["graph_back_to_back_us"],
         nccl1_t128_low_latency_kernels_us=nl["pair"]["kernel_us"],
+        nccl1_t128_low_latency_torch_pair_us=nl["torch_pair"]["wall_us"],
+        nccl1_t128_low_latency_torch_graph_pair_us=nl["torch_pair"]["graph_wall_us"],
+        nccl1_t128_low_latency_torch_kernels_us=nl["torch_pair"]["kernel_us"],
         virtual8_t128_low_latency_pair_us=vl["pair"]["wall_us"],
         virtual8_t128_low_latency_graph_pair_us=vl["pair"]["graph_wall_us"])
     if not args.low_latency:

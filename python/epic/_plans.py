@@ -67,8 +67,8 @@ class OutputSet:
     address list the plan binds (every rank's slots), with the outputs' entries filled in; a
     call writes its inputs' entries."""
 
-    __slots__ = ("per_rank", "results", "addresses", "nbytes", "_tensors", "_refs", "_objects",
-                 "_object_refs", "pooled", "sealed")
+    __slots__ = ("per_rank", "results", "addresses", "nbytes", "_tensors", "_refs", "_uses",
+                 "_objects", "_object_refs", "pooled", "sealed")
 
     def __init__(self, per_rank, slot_index, slots_per_rank, pooled):
         self.per_rank = per_rank
@@ -80,7 +80,7 @@ class OutputSet:
                     self.addresses[r * slots_per_rank + slot_index[name]] = t.data_ptr()
         self._tensors = [t for tensors in per_rank for t in tensors.values()]
         self.nbytes = sum(_nbytes(t) for t in self._tensors)
-        self._refs = self._objects = self._object_refs = None
+        self._refs = self._uses = self._objects = self._object_refs = None
         self.pooled = pooled
         self.sealed = False
 
@@ -89,11 +89,14 @@ class OutputSet:
         the same (`results`, a list; `holder(result)`: the object of a result the caller may
         hold that holds tensors of the set, e.g. its handle), then notes the refcounts the
         pool alone holds. The caller holds no other reference to the set's tensors or those
-        objects meanwhile (a temporary one would count as the pool's)."""
+        objects meanwhile (a temporary one would count as the pool's). The tensors' C++ use
+        counts are noted too: views the results hold (a transposed scale tensor, a handle's
+        rows of one tensor) hold their base, and a view the caller makes of them holds it too."""
         self.sealed = True
         self.results = results
         self._objects = [holder(r) for r in results] if holder else []
         self._refs = _refcounts(self._tensors)
+        self._uses = [t._use_count() for t in self._tensors]
         self._object_refs = _refcounts(self._objects)
 
     def free(self):
@@ -102,8 +105,8 @@ class OutputSet:
         if (_refcounts(self._objects) != self._object_refs
                 or _refcounts(self._tensors) != self._refs):
             return False
-        for t in self._tensors:
-            if t._use_count() != 1 or t.requires_grad:
+        for t, uses in zip(self._tensors, self._uses):
+            if t._use_count() != uses or t.requires_grad:
                 return False
         return True
 

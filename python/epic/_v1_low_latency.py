@@ -14,13 +14,23 @@ attached (``handle.route``); ``get_next_low_latency_combine_buffer`` returns a b
 per call parity outside the window (the combine reads its input where it lies, so zero-copy
 needs no registered memory); LogFMT, the wait-time statistics and rank masking are refused by
 name. One NVLink domain (no GIN): all ranks of the group on one node.
+
+A signature checked once is replayed without the checks (one rank per process), its outputs
+taken from the buffer's output pool (epic._plans: a set is reused only when nothing outside the
+pool holds its tensors, the results built from them or a view of either).
 """
 
 from __future__ import annotations
 
 from . import _tensors as T
+from ._plans import OpPlan
 from .buffer import _C, _capturing, _check_bool, _check_int
 from .handle import EventHandle, EventOverlap
+
+
+def _same(result):
+    """What a caller holding one of a pooled set's results holds: the result itself."""
+    return result
 
 
 class LowLatencyHandle(tuple):
@@ -317,7 +327,7 @@ class LowLatencyMethods:
         plan = self._ll_plan(key, "low_latency_combine", spec, variant, tensors, 0)
         if not b.virtual:
             self._ll_remember_combine(self._ll_combine_key(xs[0], idxs[0], ws[0], handle, outs[0]),
-                                      plan, hidden)
+                                      plan, hidden, int(idxs[0].shape[0]), xs[0].device)
         event, hook = self._ll_launch(plan, tensors, async_finish, return_recv_hook, results)
         return b._ranks_out(results), event, hook
 
@@ -351,55 +361,95 @@ class LowLatencyMethods:
 
         return hook
 
+    def _ll_pool(self, key, plan, make_outputs):
+        """The output pool of a replayed signature: sets reused once nothing outside the pool
+        holds their tensors or results (epic._plans.OutputSet's check), counted against the
+        buffer's output pool budget; new tensors while a graph is being captured."""
+        pool = OpPlan(plan.plan, self._ll_slot_names(plan), make_outputs)
+        self._buffer._plans.add(("low_latency",) + key, pool)
+        return pool
+
+    @staticmethod
+    def _ll_slot_names(plan):
+        return [name for name, _ in sorted(plan.slots.items(), key=lambda item: item[1])]
+
     def _ll_remember_dispatch(self, key, plan, shape, device):
-        """A replay of a checked dispatch signature: new outputs, their addresses, the launch."""
+        """A replay of a checked dispatch signature: pooled outputs (their results built once),
+        the inputs' addresses, the launch."""
         import torch
 
         L, rows, hidden, groups, cap, experts, topk, fp8, ue8m0 = shape
-        R, slots, empty = self._buffer.num_ranks, plan.slots, torch.empty
-        order = [slots[n] for n in ("x", "topk_idx", "recv_x", "recv_x_scales", "recv_count",
-                                    "src_info", "route", "layout_range",
-                                    "cumulative_local_expert_recv_stats")]
+        R = self._buffer.num_ranks
         data = torch.float8_e4m3fn if fp8 else torch.bfloat16
         sf_shape = (L, (groups + 3) // 4 if ue8m0 else groups, rows)
         sf_dtype = torch.int32 if ue8m0 else torch.float32
-        route_offset = L * rows * 4
+
+        def make_outputs():
+            # Base tensors only: the results' views (scales transposed, the handle's two rows
+            # of `info`) hold them, and so does any view a caller makes of those.
+            outputs = {"recv_x": torch.empty((L, rows, hidden), dtype=data, device=device),
+                       "recv_count": torch.empty((L,), dtype=torch.int32, device=device),
+                       "info": torch.empty((2, L, rows), dtype=torch.int32, device=device),
+                       "layout_range": torch.empty((L, R), dtype=torch.int64, device=device)}
+            if fp8:
+                outputs["recv_x_scales"] = torch.empty(sf_shape, dtype=sf_dtype, device=device)
+            return [outputs]
+
+        pool = self._ll_pool(key, plan, make_outputs)
+        x_at, idx_at, stats_at, src_at, route_at = (plan.slots[n] for n in (
+            "x", "topk_idx", "cumulative_local_expert_recv_stats", "src_info", "route"))
 
         def replay(x, idx, stats, return_recv_hook):
-            recv_x = empty((L, rows, hidden), dtype=data, device=device)
-            scales = empty(sf_shape, dtype=sf_dtype, device=device) if fp8 else None
-            count = empty((L,), dtype=torch.int32, device=device)
-            info = empty((2, L, rows), dtype=torch.int32, device=device)
-            ranges = empty((L, R), dtype=torch.int64, device=device)
-            addresses = [0] * len(slots)
-            base = info.data_ptr()
-            for slot, value in zip(order, (x.data_ptr(), idx.data_ptr(), recv_x.data_ptr(),
-                                           scales.data_ptr() if fp8 else 0, count.data_ptr(),
-                                           base, base + route_offset, ranges.data_ptr(),
-                                           0 if stats is None else stats.data_ptr())):
-                addresses[slot] = value
+            out = pool.take(_capturing())
+            if out.results is None:
+                o = out.per_rank[0]
+                info = o["info"]
+                out.addresses[src_at] = info.data_ptr()
+                out.addresses[route_at] = info[1].data_ptr()
+                results = [(o["recv_x"], o["recv_x_scales"].transpose(1, 2)) if fp8
+                           else o["recv_x"], o["recv_count"],
+                           LowLatencyHandle(info[0], o["layout_range"], cap, hidden, experts,
+                                            info[1], topk)]
+                del o, info
+                if out.pooled:
+                    out.seal(results, _same)
+                else:
+                    out.results = results
+                del results
+            addresses = out.addresses
+            addresses[x_at], addresses[idx_at] = x.data_ptr(), idx.data_ptr()
+            addresses[stats_at] = 0 if stats is None else stats.data_ptr()
             hook = self._ll_launch_phases(plan, addresses, return_recv_hook)
-            handle = LowLatencyHandle(info[0], ranges, cap, hidden, experts, info[1], topk)
-            recv = (recv_x, scales.transpose(1, 2)) if fp8 else recv_x
+            recv, count, handle = out.results
             return recv, count, handle, EventOverlap(None), hook
 
         self._ll_state()["fast"][key] = replay
 
-    def _ll_remember_combine(self, key, plan, hidden):
+    def _ll_remember_combine(self, key, plan, hidden, tokens, device):
+        """A replay of a checked combine signature: a pooled `out` unless the caller gives one."""
         import torch
 
-        slots, empty = plan.slots, torch.empty
-        order = [slots[n] for n in ("x", "layout_range", "route", "topk_idx", "topk_weights",
-                                    "out")]
+        def make_outputs():
+            return [{"out": torch.empty((tokens, hidden), dtype=torch.bfloat16, device=device)}]
+
+        pool = self._ll_pool(key, plan, make_outputs)
+        at = [plan.slots[n] for n in ("x", "layout_range", "route", "topk_idx", "topk_weights")]
+        out_at = plan.slots["out"]
 
         def replay(x, idx, w, handle, out, return_recv_hook):
             if out is None:
-                out = empty((idx.shape[0], hidden), dtype=torch.bfloat16, device=x.device)
-            addresses = [0] * len(slots)
-            for slot, value in zip(order, (x.data_ptr(), handle[1].data_ptr(),
-                                           handle.route.data_ptr(), idx.data_ptr(),
-                                           w.data_ptr(), out.data_ptr())):
-                addresses[slot] = value
+                s = pool.take(_capturing())
+                if s.results is None:
+                    if s.pooled:
+                        s.seal([s.per_rank[0]["out"]], _same)
+                    else:
+                        s.results = [s.per_rank[0]["out"]]
+                addresses, out = s.addresses, s.results[0]
+            else:
+                addresses = [0] * len(plan.slots)
+                addresses[out_at] = out.data_ptr()
+            for slot, value in zip(at, (x, handle[1], handle.route, idx, w)):
+                addresses[slot] = value.data_ptr()
             hook = self._ll_launch_phases(plan, addresses, return_recv_hook)
             return out, EventOverlap(None), hook
 

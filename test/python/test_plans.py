@@ -101,6 +101,27 @@ def test_views_and_autograd_keep_a_set_busy():
     assert len(made) == 3 and second  # neither pooled set was free: a set of its own
 
 
+def test_views_the_results_keep_are_the_pools_own():
+    """A set whose kept results hold a view of a tensor (a transposed scale tensor, a handle's
+    row of one tensor) counts that view's use as its own: free while nothing else uses the
+    tensor, busy while a caller's view of it lives."""
+    plan, made = make_plan()
+
+    def with_view(s):
+        s.per_rank[0]["out"].uses = 2  # the view the results keep
+        return [object()]
+
+    first = call(plan, FakeTensor(0xA00), with_view).per_rank[0]  # the set's own dict
+    call(plan, FakeTensor(0xA00))
+    assert len(made) == 1  # free again: the view is the pool's
+    first["out"].uses = 3  # a caller made a view of the results' view
+    call(plan, FakeTensor(0xA00))
+    assert len(made) == 2
+    first["out"].uses = 2
+    call(plan, FakeTensor(0xA00))
+    assert len(made) == 2
+
+
 def test_results_kept_with_the_set_are_watched():
     """A set that keeps the objects it returns (a dispatch's handles) is busy while the
     caller holds one of them, though the tensors' refcounts do not move."""

@@ -15,8 +15,10 @@
 #ll = #ep.config<ranks = 2, experts = 8, topk = 4, hidden = 256, dtype = f8E4M3FN, scale_packs = 2>
 
 // CHECK-LABEL: gpu.module @ep_kernels
+// The dispatch's blocks are 512 threads at most (128 registers a thread for the FP8 cast).
 // CHECK: gpu.func @lld_send(
 // CHECK-SAME: comm.param_table = #comm.param_table<arg = 2, stride = 128, ranks = 2>
+// CHECK-SAME: known_block_size = array<i32: 512, 1, 1>
 // Four ballots per 32 routing entries: one per top-k slot.
 // CHECK: scf.for
 // CHECK-COUNT-4: nvvm.vote.sync  ballot
@@ -83,7 +85,9 @@ func.func @plain(%x: tensor<?x256xbf16>, %i: tensor<?x4xi64>) -> tensor<4x?x256x
 // -----
 
 #llc = #ep.config<ranks = 2, experts = 8, topk = 4, hidden = 256, dtype = bf16>
+// The combine keeps the pass's block size (its copies want the warps).
 // CHECK-LABEL: gpu.func @llc_send(
+// CHECK-SAME: known_block_size = array<i32: 1024, 1, 1>
 // CHECK: comm.peer_ptr
 // CHECK: comm.atomic_rmw add acq_rel scope sys
 // CHECK: %[[NEXT:.*]] = arith.addi %{{.*}}, %c1_i32
