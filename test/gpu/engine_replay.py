@@ -359,7 +359,7 @@ def main():
         for r, c in zip(served, each(combined)))
     buffer.destroy()
     if not V:  # epic's replay path (one rank per process) pools its outputs
-        results["V1 low-latency: replayed outputs reused only once released"] = \
+        results["V1 low-latency: replayed outputs reused only once released; graph"] = \
             check_ll_output_pool(torch, deep_ep, group, rdma, to_torch(xs16[rank]),
                                  to_torch(ids_t[rank]), to_torch(ws[rank]), to_torch(ys[rank]),
                                  want[rank], want_combined[rank])
@@ -430,8 +430,39 @@ def check_ll_output_pool(torch, deep_ep, group, rdma, x, idx, w, y, want, want_c
     ok &= to_numpy(outs[0]).tobytes() == want_combined.tobytes()
     ok &= all(to_numpy(o).tobytes() == twice.tobytes() for o in outs[1:])
     ok &= len({o.data_ptr() for o in outs}) == 4  # all held: four sets
+    del outs, recv, handle
+    ok &= check_ll_graph(torch, buffer, x, idx, w, y, want, want_combined, twice)
     buffer.destroy()
     return bool(ok)
+
+
+def check_ll_graph(torch, buffer, x, idx, w, y, want, want_combined, twice):
+    """The replayed (pooled) path captured in a CUDA graph, as an engine's decode step: a
+    dispatch and a combine on static inputs; each replay with new values in them gives that
+    call's results, bitwise (doubled inputs: doubled scales and combine)."""
+    from epic._tensors import torch_to_numpy as to_numpy
+
+    E, cap = want.recv_count.shape[0], TOKENS
+    static_x, static_y = x.clone(), y.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        recv, count, handle, _, _ = buffer.low_latency_dispatch(static_x, idx, cap, E,
+                                                                use_fp8=True)
+        out, _, _ = buffer.low_latency_combine(static_y, idx, w, handle)
+    ok = True
+    for scale, xi, yi, combined in ((2, x * 2, y * 2, twice), (1, x, y, want_combined)):
+        static_x.copy_(xi)
+        static_y.copy_(yi)
+        graph.replay()
+        torch.cuda.synchronize()
+        ok &= to_numpy(count).tobytes() == want.recv_count.tobytes()
+        for local, n in enumerate(want.recv_count.tolist()):
+            ok &= to_numpy(recv[0][local, :n].contiguous()).tobytes() == \
+                want.recv_x[local, :n].tobytes()
+            ok &= np.array_equal(to_numpy(recv[1][local, :n].contiguous()),
+                                 want.recv_scales[local, :n] * scale)
+        ok &= to_numpy(out).tobytes() == combined.tobytes()
+    return ok
 
 
 def _unzip_fp8(virtual, out):
