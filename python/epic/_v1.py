@@ -91,6 +91,9 @@ class Buffer(LowLatencyMethods):
 
     def destroy(self):
         self._buffer.destroy()
+        # The low-latency replays hold the runtime's plans: a later call takes the checked
+        # path, which names the destroyed buffer.
+        self.__dict__.pop("_ll", None)
 
     @staticmethod
     def is_sm90_compiled() -> bool:

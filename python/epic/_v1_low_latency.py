@@ -354,9 +354,14 @@ class LowLatencyMethods:
             plan.plan.launch(addresses, current() if stream is None else stream, 2, 1)
             return None
         plan.plan.launch(addresses, current() if stream is None else stream, 0, 1)
+        # The call's addresses as they are now: a pooled set's list is rewritten by its next
+        # call, which may come before this hook (once the caller dropped the results).
+        addresses = list(addresses)
 
         def hook():
             """Launches the receive phase on the current stream."""
+            if self._buffer._destroyed:
+                raise RuntimeError("low-latency receive hook: its Buffer was destroyed")
             plan.plan.launch(addresses, current(), 1, 1)
 
         return hook

@@ -359,7 +359,7 @@ def main():
         for r, c in zip(served, each(combined)))
     buffer.destroy()
     if not V:  # epic's replay path (one rank per process) pools its outputs
-        results["V1 low-latency: replayed outputs reused only once released; graph"] = \
+        results["V1 low-latency: replay pool, graph, refused after destroy"] = \
             check_ll_output_pool(torch, deep_ep, group, rdma, to_torch(xs16[rank]),
                                  to_torch(ids_t[rank]), to_torch(ws[rank]), to_torch(ys[rank]),
                                  want[rank], want_combined[rank])
@@ -433,6 +433,11 @@ def check_ll_output_pool(torch, deep_ep, group, rdma, x, idx, w, y, want, want_c
     del outs, recv, handle
     ok &= check_ll_graph(torch, buffer, x, idx, w, y, want, want_combined, twice)
     buffer.destroy()
+    try:  # a replayed signature after destroy(): refused by name, nothing launched
+        buffer.low_latency_dispatch(x, idx, cap, E, use_fp8=True)
+        ok = False
+    except RuntimeError as e:
+        ok &= "destroyed" in str(e)
     return bool(ok)
 
 

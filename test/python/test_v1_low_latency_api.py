@@ -169,6 +169,7 @@ def test_a_call_launches_one_kernel_or_the_phases_apart():
 
     class Buffer:
         stream = 7
+        _destroyed = False
 
         def _current_stream(self):
             return self.stream
@@ -179,8 +180,33 @@ def test_a_call_launches_one_kernel_or_the_phases_apart():
     caller, plan = Caller(), type("P", (), {"plan": Plan()})()
     assert caller._ll_launch_phases(plan, [1, 2], False) is None
     assert launches == [((1, 2), 7, 2, 1)] and caller._ll_state()["parity"] == 1
-    hook = caller._ll_launch_phases(plan, [3], True, stream=9)
+    addresses = [3]
+    hook = caller._ll_launch_phases(plan, addresses, True, stream=9)
     assert launches[-1] == ((3,), 9, 0, 1) and caller._ll_state()["parity"] == 0
     Caller._buffer.stream = 11
+    addresses[0] = 4  # a pooled set's list, rewritten by a later call before the hook
     hook()
     assert launches[-1] == ((3,), 11, 1, 1) and len(launches) == 3
+    Caller._buffer._destroyed = True  # a hook called after destroy() is refused by name
+    with pytest.raises(RuntimeError, match="Buffer was destroyed"):
+        hook()
+    assert len(launches) == 3
+
+
+def test_destroy_drops_the_low_latency_replays():
+    """After destroy() no replay of a checked signature runs: the next call is checked and
+    the destroyed buffer is named there."""
+    from epic import _v1
+
+    class Elastic:
+        destroyed = False
+
+        def destroy(self):
+            self.destroyed = True
+
+    buffer = _v1.Buffer.__new__(_v1.Buffer)
+    buffer._buffer = Elastic()
+    buffer._ll_state()["fast"]["key"] = lambda *args: None
+    buffer.destroy()
+    assert buffer._buffer.destroyed and "_ll" not in buffer.__dict__
+    assert buffer._ll_state()["fast"] == {}
