@@ -476,6 +476,44 @@ def plot(report, path):
     return True
 
 
+def plot_low_latency(report, path):
+    """The low-latency pair at 128 tokens per rank: epic and the PyTorch baseline, per world,
+    kernels / eager / graph (synchronized and back to back), with the floors."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fields = (("kernels", "kernel_us"), ("eager", "wall_us"), ("graph", "graph_wall_us"),
+              ("graph back to back", "graph_back_to_back_us"))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, world in zip(axes, ("nccl1", "virtual8")):
+        row = report["worlds"][world]["low_latency"]
+        xs = range(len(fields))
+        for shift, (label, op) in ((-0.2, ("epic", "pair")), (0.2, ("PyTorch", "torch_pair"))):
+            ax.bar([x + shift for x in xs], [row[op][f] for _, f in fields], width=0.4,
+                   label=label)
+        floor = sum(row["bytes"].values()) / report["floors"]["copy_bytes_per_s"] * 1e6
+        ax.axhline(floor, color="gray", linestyle="--", label=f"bytes floor {floor:.0f} us")
+        ax.axhline(report["floors"]["launch_sync_us"], color="black", linestyle=":",
+                   label="launch + sync floor")
+        if world == "nccl1":  # the issue's targets: eager <= 40 us, graph replay <= 25 us
+            ax.plot([0.6, 1.4], [40, 40], color="red", linestyle="--", label="targets")
+            ax.plot([1.6, 3.4], [25, 25], color="red", linestyle="--")
+        ax.set_xticks(list(xs), [name for name, _ in fields], fontsize=8)
+        ax.set_yscale("log")
+        ax.set_title(f"{world}: low-latency pair, 128 tokens, V3 FP8")
+        ax.grid(True, axis="y", which="both", alpha=0.3)
+    axes[0].set_ylabel("us per dispatch + combine")
+    for ax in axes:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=200)
@@ -537,10 +575,11 @@ def main():
             virtual8_t128_graph_pair_us=v["pair"]["graph_wall_us"],
             kernel_sets_for_5_caps=virtual["kernel_sets_for_5_caps"])
     os.makedirs(args.out, exist_ok=True)
+    mode = "-low-latency" if args.low_latency else ""
     png = os.path.join(args.out,
-                       f"latency-{report['gpu'].split()[-1].lower()}-{report['date']}.png")
-    report["plot"] = os.path.basename(png) if not args.low_latency and plot(report, png) \
-        else None
+                       f"latency-{report['gpu'].split()[-1].lower()}-{report['date']}{mode}.png")
+    drawn = plot_low_latency(report, png) if args.low_latency else plot(report, png)
+    report["plot"] = os.path.basename(png) if drawn else None
     ep_bench.write_report(report, args.out, prefix="latency-")
     print(json.dumps(report["summary"], indent=1))
     return 0
