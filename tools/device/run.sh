@@ -7,6 +7,10 @@
 #                                 # collectives_bench.py
 #                                 # (into $OUT)
 #   tools/device/run.sh latency   # bench/latency.py: per-call wall time, eager and CUDA graphs
+#   tools/device/run.sh low-latency
+#                                 # V1's low-latency pair: its GPU tests, the engine replay (NCCL
+#                                 # and virtual), bench/latency.py --low-latency and the kernels'
+#                                 # token sweep (bench/ll_kernels_profile.py --sweep), into $OUT
 #   tools/device/run.sh dsl       # only the DSL's GPU tests and examples (after the build)
 #   tools/device/run.sh multi     # only bench/ep_multi_gpu.py on every GPU (results into $OUT)
 #   tools/device/run.sh soak      # test/gpu/soak.py: 1000 random configurations vs the reference
@@ -142,6 +146,21 @@ fi
 if [[ $only == latency ]]; then
   EPIC_CACHE_DIR="$dev/cache" python3 bench/latency.py --out "$out" --profile 2>&1 | tee "$out/latency.log"
   exit "${PIPESTATUS[0]}"
+fi
+if [[ $only == low-latency ]]; then
+  export EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python
+  status=0
+  for step in "python3 -m pytest -q -p no:cacheprovider test/gpu/test_v1_low_latency.py" \
+      "torchrun --nproc-per-node 1 test/gpu/engine_replay.py" \
+      "python3 test/gpu/engine_replay.py --virtual" \
+      "python3 bench/latency.py --low-latency --profile --iterations 100 --out $out" \
+      "python3 bench/ll_kernels_profile.py --sweep"; do
+    echo "== $step" | tee -a "$out/low-latency.log"
+    timeout "${EPIC_SUITE_TIMEOUT:-300}" $step 2>&1 | tee -a "$out/low-latency.log"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  done
+  echo "low-latency: $([[ $status -eq 0 ]] && echo passed || echo FAILED)" | tee -a "$out/low-latency.log"
+  exit $status
 fi
 if [[ $only == bench ]]; then
   EPIC_CACHE_DIR="$dev/cache" python3 bench/ep_bench.py --out "$out" 2>&1 | tee "$out/ep_bench.log"
