@@ -37,16 +37,16 @@ def main():
     dist.init_process_group("nccl", rank=0, world_size=1)
     torch.cuda.set_device(0)
     T, H, E = args.tokens, latency.HIDDEN, latency.EXPERTS
-    buf = deep_ep.Buffer(dist.group.WORLD, low_latency_mode=True, num_qps_per_rank=E,
-                         num_rdma_bytes=deep_ep.Buffer.get_low_latency_rdma_size_hint(T, H, 1, E),
-                         explicitly_destroy=True)
+
+    def make_buffer():
+        return deep_ep.Buffer(
+            dist.group.WORLD, low_latency_mode=True, num_qps_per_rank=E,
+            num_rdma_bytes=deep_ep.Buffer.get_low_latency_rdma_size_hint(T, H, 1, E),
+            explicitly_destroy=True)
+
     if args.sweep:
-        buf.destroy()
         for blocks in (int(b) for b in args.blocks.split(",")):
-            buf = deep_ep.Buffer(
-                dist.group.WORLD, low_latency_mode=True, num_qps_per_rank=E,
-                num_rdma_bytes=deep_ep.Buffer.get_low_latency_rdma_size_hint(T, H, 1, E),
-                explicitly_destroy=True)
+            buf = make_buffer()
             if blocks:  # the plans of this buffer launch `blocks` blocks per rank
                 plan = buf._ll_plan
                 buf._ll_plan = lambda key, kind, spec, variant, tensors, sms, b=blocks: plan(
@@ -56,6 +56,7 @@ def main():
             buf.destroy()
         dist.destroy_process_group()
         return 0
+    buf = make_buffer()
     _, _, idxs, ws = latency.inputs(torch, 1, T)
     x = torch.randn((T, H), device="cuda").to(torch.bfloat16)
     y = torch.randn((E, T, H), device="cuda").to(torch.bfloat16)

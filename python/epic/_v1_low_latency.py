@@ -33,6 +33,37 @@ def _same(result):
     return result
 
 
+def _dispatch_outputs(torch, device, R, L, rows, hidden, groups, fp8, ue8m0):
+    """One rank's new dispatch outputs. Base tensors only: the results' views (the scales
+    transposed, the handle's two rows of ``info``) hold them, as does any view a caller makes
+    of those (what the output pool watches)."""
+    outputs = {"recv_x": torch.empty((L, rows, hidden),
+                                     dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16,
+                                     device=device),
+               "recv_count": torch.empty((L,), dtype=torch.int32, device=device),
+               "info": torch.empty((2, L, rows), dtype=torch.int32, device=device),
+               "layout_range": torch.empty((L, R), dtype=torch.int64, device=device)}
+    if fp8:
+        outputs["recv_x_scales"] = torch.empty(
+            (L, (groups + 3) // 4 if ue8m0 else groups, rows),
+            dtype=torch.int32 if ue8m0 else torch.float32, device=device)
+    return outputs
+
+
+def _dispatch_slots(o):
+    """The plan's output slots of one rank's outputs (``src_info`` and ``route`` are the two
+    rows of ``info``)."""
+    return {"recv_x": o["recv_x"], "recv_x_scales": o.get("recv_x_scales"),
+            "recv_count": o["recv_count"], "src_info": o["info"][0], "route": o["info"][1],
+            "layout_range": o["layout_range"]}
+
+
+def _dispatch_recv(o):
+    """``recv_x``, or ``(recv_x, scales)`` with the scales viewed ``[L, R x cap, G]``."""
+    scales = o.get("recv_x_scales")
+    return o["recv_x"] if scales is None else (o["recv_x"], scales.transpose(1, 2))
+
+
 class LowLatencyHandle(tuple):
     """DeepEP's ``(src_info, layout_range, num_max_dispatch_tokens_per_rank, hidden,
     num_experts)``; ``route`` ([L, R x cap] int32 per rank: where the combine sends each row
@@ -47,18 +78,24 @@ class LowLatencyHandle(tuple):
 class _LowLatencyPlan:
     """A C++ plan of one call signature (its slot order), launched with new addresses."""
 
-    __slots__ = ("plan", "slots")
+    __slots__ = ("plan", "names", "slots")
 
     def __init__(self, plan, slot_names):
-        self.plan, self.slots = plan, {name: i for i, name in enumerate(slot_names)}
+        self.plan, self.names = plan, list(slot_names)
+        self.slots = {name: i for i, name in enumerate(self.names)}
+
+    def bind(self, addresses, tensors, rank=0):
+        """Writes the addresses of `tensors` ({slot name: tensor or None}) into rank `rank`'s
+        slots of `addresses`."""
+        base = rank * len(self.slots)
+        for name, t in tensors.items():
+            if t is not None:
+                addresses[base + self.slots[name]] = t.data_ptr()
 
     def addresses(self, per_rank):
-        n = len(self.slots)
-        out = [0] * (n * len(per_rank))
+        out = [0] * (len(self.slots) * len(per_rank))
         for r, tensors in enumerate(per_rank):
-            for name, t in tensors.items():
-                if t is not None:
-                    out[r * n + self.slots[name]] = t.data_ptr()
+            self.bind(out, tensors, r)
         return out
 
 
@@ -146,20 +183,12 @@ class LowLatencyMethods:
         """Send phase now; the receive now or in the returned hook. (event, hook)."""
         import torch
 
-        b = self._buffer
         addresses = plan.addresses(tensors)
-        streams = None
-        if async_finish:
-            compute, comm = torch.cuda.current_stream(), b.get_comm_stream()
-            comm.wait_stream(compute)
-            streams = (compute, comm)
-            stream = comm.cuda_stream
-        else:
-            stream = None  # the current one
-        hook = self._ll_launch_phases(plan, addresses, return_recv_hook, stream)
-        if streams is None:
-            return EventOverlap(None), hook
-        compute, comm = streams
+        if not async_finish:
+            return EventOverlap(None), self._ll_launch_phases(plan, addresses, return_recv_hook)
+        compute, comm = torch.cuda.current_stream(), self._buffer.get_comm_stream()
+        comm.wait_stream(compute)
+        hook = self._ll_launch_phases(plan, addresses, return_recv_hook, comm.cuda_stream)
         for t in outputs:
             t.record_stream(comm)
         event = torch.cuda.Event()
@@ -224,25 +253,10 @@ class LowLatencyMethods:
                        topk_idx_bits=64 if idxs[0].dtype == torch.int64 else 32)
         device = first.device
         rows = R * cap
-        tensors, results = [], []
-        for r in range(len(xs)):
-            recv_x = torch.empty((L, rows, hidden),
-                                 dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16,
-                                 device=device)
-            scales = None
-            if fp8:
-                width = (groups + 3) // 4 if use_ue8m0 else groups
-                scales = torch.empty((L, width, rows),
-                                     dtype=torch.int32 if use_ue8m0 else torch.float32,
-                                     device=device)
-            count = torch.empty((L,), dtype=torch.int32, device=device)
-            info = torch.empty((2, L, rows), dtype=torch.int32, device=device)
-            layout_range = torch.empty((L, R), dtype=torch.int64, device=device)
-            tensors.append({"x": xs[r], "topk_idx": idxs[r], "recv_x": recv_x,
-                            "recv_x_scales": scales, "recv_count": count, "src_info": info[0],
-                            "layout_range": layout_range, "route": info[1],
-                            "cumulative_local_expert_recv_stats": stats[r]})
-            results.append((recv_x, scales, count, info, layout_range))
+        shape = (L, rows, hidden, groups, fp8, use_ue8m0)
+        outputs = [_dispatch_outputs(torch, device, R, *shape) for _ in xs]
+        tensors = [{"x": xs[r], "topk_idx": idxs[r], "cumulative_local_expert_recv_stats": stats[r],
+                    **_dispatch_slots(o)} for r, o in enumerate(outputs)]
         key = ("dispatch", parity, cap, num_experts, fp8, round_scale, use_ue8m0,
                stats[0] is not None,
                tuple((tuple(t["x"].shape), t["x"].stride(), t["topk_idx"].dtype,
@@ -252,15 +266,15 @@ class LowLatencyMethods:
             self._ll_remember_dispatch(
                 self._ll_dispatch_key(first, idxs[0], cap, num_experts, stats[0], use_fp8,
                                       round_scale, use_ue8m0),
-                plan, (L, rows, hidden, groups, cap, num_experts, topk, fp8, use_ue8m0), device)
-        outputs = [t for res in results for t in res if t is not None]
-        event, hook = self._ll_launch(plan, tensors, async_finish, return_recv_hook, outputs)
+                plan, shape, (cap, num_experts, topk), device)
+        event, hook = self._ll_launch(plan, tensors, async_finish, return_recv_hook,
+                                      [t for o in outputs for t in o.values()])
         out = b._ranks_out
-        recv = out([(res[0], res[1].transpose(1, 2)) if fp8 else res[0] for res in results])
-        handle = LowLatencyHandle(out([res[3][0] for res in results]),
-                                  out([res[4] for res in results]), cap, hidden, num_experts,
-                                  out([res[3][1] for res in results]), topk)
-        return recv, out([res[2] for res in results]), handle, event, hook
+        handle = LowLatencyHandle(out([o["info"][0] for o in outputs]),
+                                  out([o["layout_range"] for o in outputs]), cap, hidden,
+                                  num_experts, out([o["info"][1] for o in outputs]), topk)
+        return (out([_dispatch_recv(o) for o in outputs]),
+                out([o["recv_count"] for o in outputs]), handle, event, hook)
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt: bool = False,
                             zero_copy: bool = False, async_finish: bool = False,
@@ -370,56 +384,31 @@ class LowLatencyMethods:
         """The output pool of a replayed signature: sets reused once nothing outside the pool
         holds their tensors or results (epic._plans.OutputSet's check), counted against the
         buffer's output pool budget; new tensors while a graph is being captured."""
-        pool = OpPlan(plan.plan, self._ll_slot_names(plan), make_outputs)
+        pool = OpPlan(plan.plan, plan.names, make_outputs)
         self._buffer._plans.add(("low_latency",) + key, pool)
         return pool
 
-    @staticmethod
-    def _ll_slot_names(plan):
-        return [name for name, _ in sorted(plan.slots.items(), key=lambda item: item[1])]
-
-    def _ll_remember_dispatch(self, key, plan, shape, device):
+    def _ll_remember_dispatch(self, key, plan, shape, handle_fields, device):
         """A replay of a checked dispatch signature: pooled outputs (their results built once),
         the inputs' addresses, the launch."""
         import torch
 
-        L, rows, hidden, groups, cap, experts, topk, fp8, ue8m0 = shape
-        R = self._buffer.num_ranks
-        data = torch.float8_e4m3fn if fp8 else torch.bfloat16
-        sf_shape = (L, (groups + 3) // 4 if ue8m0 else groups, rows)
-        sf_dtype = torch.int32 if ue8m0 else torch.float32
-
-        def make_outputs():
-            # Base tensors only: the results' views (scales transposed, the handle's two rows
-            # of `info`) hold them, and so does any view a caller makes of those.
-            outputs = {"recv_x": torch.empty((L, rows, hidden), dtype=data, device=device),
-                       "recv_count": torch.empty((L,), dtype=torch.int32, device=device),
-                       "info": torch.empty((2, L, rows), dtype=torch.int32, device=device),
-                       "layout_range": torch.empty((L, R), dtype=torch.int64, device=device)}
-            if fp8:
-                outputs["recv_x_scales"] = torch.empty(sf_shape, dtype=sf_dtype, device=device)
-            return [outputs]
-
-        pool = self._ll_pool(key, plan, make_outputs)
-        x_at, idx_at, stats_at, src_at, route_at = (plan.slots[n] for n in (
-            "x", "topk_idx", "cumulative_local_expert_recv_stats", "src_info", "route"))
+        cap, experts, topk = handle_fields
+        R, hidden = self._buffer.num_ranks, shape[2]
+        pool = self._ll_pool(key, plan, lambda: [_dispatch_outputs(torch, device, R, *shape)])
+        x_at, idx_at, stats_at = (plan.slots[n] for n in
+                                  ("x", "topk_idx", "cumulative_local_expert_recv_stats"))
 
         def replay(x, idx, stats, return_recv_hook):
             out = pool.take(_capturing())
-            if out.results is None:
+            if out.results is None:  # a new set: its views' addresses, its results
                 o = out.per_rank[0]
-                info = o["info"]
-                out.addresses[src_at] = info.data_ptr()
-                out.addresses[route_at] = info[1].data_ptr()
-                results = [(o["recv_x"], o["recv_x_scales"].transpose(1, 2)) if fp8
-                           else o["recv_x"], o["recv_count"],
-                           LowLatencyHandle(info[0], o["layout_range"], cap, hidden, experts,
-                                            info[1], topk)]
-                del o, info
-                if out.pooled:
-                    out.seal(results, _same)
-                else:
-                    out.results = results
+                plan.bind(out.addresses, _dispatch_slots(o))
+                results = [_dispatch_recv(o), o["recv_count"],
+                           LowLatencyHandle(o["info"][0], o["layout_range"], cap, hidden,
+                                            experts, o["info"][1], topk)]
+                del o
+                out.seal(results, _same)
                 del results
             addresses = out.addresses
             addresses[x_at], addresses[idx_at] = x.data_ptr(), idx.data_ptr()
@@ -445,10 +434,7 @@ class LowLatencyMethods:
             if out is None:
                 s = pool.take(_capturing())
                 if s.results is None:
-                    if s.pooled:
-                        s.seal([s.per_rank[0]["out"]], _same)
-                    else:
-                        s.results = [s.per_rank[0]["out"]]
+                    s.seal([s.per_rank[0]["out"]], _same)
                 addresses, out = s.addresses, s.results[0]
             else:
                 addresses = [0] * len(plan.slots)

@@ -307,20 +307,9 @@ def main():
     want_combined = ref.low_latency_combine(ys, want, idxs, ws)
 
     def ll_dispatch_ok(recv, count, handle):
-        ok = True
-        for r, (data, sf), c, src, rng_ in zip(served, each(recv), each(count), each(handle[0]),
-                                              each(handle[1])):
-            w = want[r]
-            ok &= to_numpy(c).tobytes() == w.recv_count.tobytes()
-            ok &= to_numpy(rng_).tobytes() == w.layout_range.tobytes()
-            for local, n in enumerate(w.recv_count):
-                n = int(n)
-                ok &= to_numpy(data[local, :n].contiguous()).tobytes() == \
-                    w.recv_x[local, :n].tobytes()
-                ok &= to_numpy(sf[local, :n].contiguous()).tobytes() == \
-                    w.recv_scales[local, :n].tobytes()
-                ok &= to_numpy(src[local, :n]).tobytes() == w.src_info[local, :n].tobytes()
-        return ok
+        return all(ll_received_ok(want[r], data_sf, c, src_info=src, layout_range=rng_)
+                   for r, data_sf, c, src, rng_ in zip(served, each(recv), each(count),
+                                                        each(handle[0]), each(handle[1])))
 
     # vLLM: dispatch with the receive hook, the expert output into `out`; three layers (the
     # second and third replay the signatures the first checked: epic's hot path).
@@ -381,6 +370,25 @@ def main():
     return 0
 
 
+def ll_received_ok(want, recv, count, scale=1, src_info=None, layout_range=None):
+    """One rank's FP8 low-latency dispatch against the reference's `want`, bitwise: counts,
+    every expert's valid rows and scales (times `scale`: inputs scaled by a power of two), and
+    when given, the sources and layout ranges."""
+    from epic._tensors import torch_to_numpy as to_numpy
+
+    data, sf = recv
+    ok = to_numpy(count).tobytes() == want.recv_count.tobytes()
+    if layout_range is not None:
+        ok &= to_numpy(layout_range).tobytes() == want.layout_range.tobytes()
+    for local, n in enumerate(want.recv_count.tolist()):
+        ok &= to_numpy(data[local, :n].contiguous()).tobytes() == want.recv_x[local, :n].tobytes()
+        ok &= to_numpy(sf[local, :n].contiguous()).tobytes() == \
+            (want.recv_scales[local, :n] * np.float32(scale)).tobytes()
+        if src_info is not None:
+            ok &= to_numpy(src_info[local, :n]).tobytes() == want.src_info[local, :n].tobytes()
+    return bool(ok)
+
+
 def check_ll_output_pool(torch, deep_ep, group, rdma, x, idx, w, y, want, want_combined):
     """On a fresh buffer: calls alternate two window regions (parities), each signature's
     replay has its own pool. A set a caller still holds (here through a view of a view of the
@@ -398,13 +406,7 @@ def check_ll_output_pool(torch, deep_ep, group, rdma, x, idx, w, y, want, want_c
     def dispatch(xi, scale):
         recv, count, handle, _, _ = buffer.low_latency_dispatch(xi, idx, cap, E, use_fp8=True)
         torch.cuda.synchronize()
-        ok = to_numpy(count).tobytes() == want.recv_count.tobytes()
-        for local, n in enumerate(want.recv_count.tolist()):
-            ok &= to_numpy(recv[0][local, :n].contiguous()).tobytes() == \
-                want.recv_x[local, :n].tobytes()
-            ok &= np.array_equal(to_numpy(recv[1][local, :n].contiguous()),
-                                 want.recv_scales[local, :n] * scale)
-        return ok, recv, handle
+        return ll_received_ok(want, recv, count, scale), recv, handle
 
     ok = dispatch(x, 1)[0] and dispatch(x, 1)[0]  # both parities' checked calls (not pooled)
     ptrs = []
@@ -460,12 +462,7 @@ def check_ll_graph(torch, buffer, x, idx, w, y, want, want_combined, twice):
         static_y.copy_(yi)
         graph.replay()
         torch.cuda.synchronize()
-        ok &= to_numpy(count).tobytes() == want.recv_count.tobytes()
-        for local, n in enumerate(want.recv_count.tolist()):
-            ok &= to_numpy(recv[0][local, :n].contiguous()).tobytes() == \
-                want.recv_x[local, :n].tobytes()
-            ok &= np.array_equal(to_numpy(recv[1][local, :n].contiguous()),
-                                 want.recv_scales[local, :n] * scale)
+        ok &= ll_received_ok(want, recv, count, scale)
         ok &= to_numpy(out).tobytes() == combined.tobytes()
     return ok
 
