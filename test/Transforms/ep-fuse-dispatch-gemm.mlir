@@ -15,6 +15,7 @@
 func.func @fused(%x: tensor<?x1024xbf16>, %idx: tensor<?x4xi64>, %w: tensor<?x4xf32>,
                  %experts: tensor<8x1024x512xbf16>)
     -> (tensor<?x512xbf16>, tensor<?xf32>, !ep.handle<#cfg>) {
+  // expected-remark@+1 {{ep-fuse-dispatch-gemm: fused: predicted 3.8 us fused vs 6.1 us in two steps: the copy (1.0 us) and a kernel boundary (3.0 us) hide under the GEMM (2.1 us, x1.32 in the fused kernel) (sm_90a)}}
   %rx, %rw, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) weights(%w : tensor<?x4xf32>)
       config #cfg : tensor<?x1024xbf16> -> tensor<?x1024xbf16>, tensor<?xf32>, !ep.handle<#cfg>
   %y = ep.grouped_gemm %rx, %experts layout(%h : !ep.handle<#cfg>)
@@ -31,6 +32,7 @@ func.func @fused(%x: tensor<?x1024xbf16>, %idx: tensor<?x4xi64>, %w: tensor<?x4x
 // CHECK:       %[[E:.*]] = tensor.empty() : tensor<8x1024x512xbf16>
 // CHECK-NEXT:  ep.dispatch_gemm %{{.*}} topk(%{{.*}}) experts(%[[E]] : tensor<8x1024x512xbf16>)
 func.func @weights_after(%x: tensor<?x1024xbf16>, %idx: tensor<?x4xi64>) -> tensor<?x512xf32> {
+  // expected-remark@+1 {{ep-fuse-dispatch-gemm: fused: predicted 3.8 us fused vs 6.1 us in two steps: the copy (1.0 us) and a kernel boundary (3.0 us) hide under the GEMM (2.1 us, x1.32 in the fused kernel) (sm_90a)}}
   %rx, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) config #cfg
       : tensor<?x1024xbf16> -> tensor<?x1024xbf16>, !ep.handle<#cfg>
   %experts = tensor.empty() : tensor<8x1024x512xbf16>

@@ -14,6 +14,7 @@
 // CHECK:      return %[[OUT]], %[[Y]]
 func.func @fused(%rx: tensor<?x1024xbf16>, %w: tensor<8x1024x1024xbf16>, %h: !ep.handle<#cfg>,
                  %b: tensor<?x1024xbf16>) -> (tensor<?x1024xbf16>, tensor<?x1024xbf16>) {
+  // expected-remark@+1 {{ep-fuse-gemm-combine: fused: predicted 6.2 us fused vs 12.4 us in two steps: the send (5.2 us) and a kernel boundary (3.0 us) hide under the GEMM (4.2 us, x1.22 in the fused kernel) (sm_90a)}}
   %y = ep.grouped_gemm %rx, %w layout(%h : !ep.handle<#cfg>)
       : tensor<?x1024xbf16>, tensor<8x1024x1024xbf16> -> tensor<?x1024xbf16>
   %out = ep.combine %y, %h bias(%b : tensor<?x1024xbf16>)

@@ -12,6 +12,7 @@
 #include "epic/Conversion/Passes.h"
 #include "epic/EntryBuilder.h"
 #include "epic/InitAllDialects.h"
+#include "epic/Transforms/FusionCostModel.h"
 #include "epic/Transforms/Passes.h"
 #include "epic/runtime/KernelRequest.h"
 #include "epic/runtime/Models.h"
@@ -71,8 +72,7 @@ struct EntryContext {
     if (!module)
       return "building failed: " + diagnostics;
     mlir::PassManager pm(&context);
-    pm.addNestedPass<mlir::func::FuncOp>(epic::createEPFuseDispatchGemm());
-    pm.addNestedPass<mlir::func::FuncOp>(epic::createEPFuseGemmCombine());
+    epic::addEntryFusionPasses(pm, "sm_90a");
     pm.addPass(epic::createConvertEPToComm());
     if (mlir::failed(pm.run(*module)))
       return "convert-ep-to-comm failed: " + diagnostics;

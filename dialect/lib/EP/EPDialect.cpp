@@ -5,6 +5,7 @@
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/DialectImplementation.h"
+#include "mlir/Interfaces/FunctionInterfaces.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 #include <limits>
@@ -45,6 +46,32 @@ void EPDialect::initialize() {
 #include "epic/Dialect/EP/IR/EPOps.cpp.inc"
       >();
   addInterfaces<EPOpAsmDialectInterface>();
+}
+
+std::optional<FusionMode> epic::ep::parseFusionMode(StringRef mode) {
+  if (mode == "auto")
+    return FusionMode::automatic;
+  if (mode == "always")
+    return FusionMode::always;
+  if (mode == "never")
+    return FusionMode::never;
+  return std::nullopt;
+}
+
+LogicalResult EPDialect::verifyOperationAttribute(Operation *op, NamedAttribute attr) {
+  if (attr.getName() != kFusionAttrName)
+    return op->emitError() << "unknown ep dialect attribute '" << attr.getName().getValue()
+                           << "' (the ep dialect's only discardable attribute is '"
+                           << kFusionAttrName << "')";
+  if (!isa<FunctionOpInterface>(op))
+    return op->emitError() << "'" << kFusionAttrName << "' belongs on a function, not on '"
+                           << op->getName() << "'";
+  auto mode = dyn_cast<StringAttr>(attr.getValue());
+  if (!mode || !parseFusionMode(mode.getValue()))
+    return op->emitError() << "'" << kFusionAttrName
+                           << "' must be \"auto\", \"always\" or \"never\", got "
+                           << attr.getValue();
+  return success();
 }
 
 void EPDialect::registerAttributes() {

@@ -7,6 +7,7 @@
 #include "epic/InitAllDialects.h"
 #include "epic/Support/SourceParser.h"
 #include "epic/Pipelines/EpicToPTX.h"
+#include "epic/Transforms/FusionCostModel.h"
 #include "epic/Transforms/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -216,9 +217,12 @@ epic::CompileResult lower(MLIRContext &context, ModuleOp module,
   // ep ops become kernels first, so their names and signatures can be read.
   // ep ops the compiler can fuse become one op (a dispatch feeding the expert
   // GEMM), then every ep op becomes kernels.
+  // A compiled function holds one ep op or one pair to fuse, so every pair
+  // that can be fused is. The cost model decides where a refusal leaves
+  // working code: epic-opt, and epic-run programs, whose ops are separate
+  // steps (RunPlan).
   PassManager expand(&context);
-  expand.addNestedPass<func::FuncOp>(createEPFuseDispatchGemm());
-  expand.addNestedPass<func::FuncOp>(createEPFuseGemmCombine());
+  epic::addEntryFusionPasses(expand, pipeline.chip);
   expand.addPass(createConvertEPToComm(getEPToCommOptions(pipeline)));
   if (failed(expand.run(module)))
     throw CompileError("expanding the ep ops of " + sourceName + " failed:\n" + diagnostics);

@@ -422,8 +422,10 @@ std::string epic::translateRunProgram(const std::string &source, const std::stri
   OwningOpRef<ModuleOp> module = parser.parse();
   if (!module)
     throw CompileError("cannot parse " + sourceName + ":\n" + diagnostics);
-  // The fusion passes rewrite what they can fuse, as epic-compile does: a
-  // program runs the kernels it would compile to.
+  // The fusion passes rewrite the pairs their cost model predicts faster fused
+  // (a remark on each says which way and why); a pair left unfused runs as two
+  // steps. The model prices one rank per GPU (NCCL): a virtual world's run
+  // follows the same plan.
   PassManager fuse(&context);
   fuse.addNestedPass<func::FuncOp>(createEPFuseDispatchGemm());
   fuse.addNestedPass<func::FuncOp>(createEPFuseGemmCombine());

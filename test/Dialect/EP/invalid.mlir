@@ -1034,3 +1034,25 @@ func.func @f(%x: tensor<4x?x256xbf16>, %r: tensor<4x2xi64>, %route: tensor<4x?xi
         tensor<6x4xf32> -> tensor<?x256xbf16>
   return
 }
+
+// -----
+
+// expected-error@+1 {{'ep.fusion' must be "auto", "always" or "never", got "sometimes"}}
+func.func @fusion_mode() attributes {ep.fusion = "sometimes"} {
+  return
+}
+
+// -----
+
+func.func @fusion_on_an_op() {
+  // expected-error@+1 {{'ep.fusion' belongs on a function, not on 'arith.constant'}}
+  %c = arith.constant {ep.fusion = "always"} 0 : i32
+  return
+}
+
+// -----
+
+// expected-error@+1 {{unknown ep dialect attribute 'ep.fuse' (the ep dialect's only discardable attribute is 'ep.fusion')}}
+func.func @unknown_attribute() attributes {ep.fuse = "always"} {
+  return
+}

@@ -5,6 +5,34 @@
 
 include "mlir/Pass/PassBase.td"
 
+// The cost model's options, the same on both fusion passes
+// (FusionCostModel.h; the chips' numbers are FusionCosts.def's, a number left
+// 0 keeps the chip's).
+defvar FusionCostOptions = [
+  Option<"mode", "mode", "std::string", /*default=*/"\"auto\"",
+         "auto: fuse where the cost model predicts a win; always; never (a "
+         "function's ep.fusion attribute overrides it)">,
+  Option<"chip", "chip", "std::string", /*default=*/"\"sm_90a\"",
+         "the GPU whose numbers the cost model uses (FusionCosts.def)">,
+  Option<"ranksPerDevice", "ranks-per-device", "int", /*default=*/"1",
+         "ranks that share one GPU: 1 on NCCL, 0 for all of them (the virtual "
+         "world; the compiler sets it from its backend)">,
+  Option<"copyGBps", "copy-gbps", "double", /*default=*/"0",
+         "bytes a copy moves per second, in GB/s">,
+  Option<"weightGBps", "weight-gbps", "double", /*default=*/"0",
+         "HBM read bandwidth of the GEMM's weights, in GB/s">,
+  Option<"linkGBps", "link-gbps", "double", /*default=*/"0",
+         "bytes one GPU stores into its NVLink peers per second, in GB/s">,
+  Option<"gemmTflops", "gemm-tflops", "double", /*default=*/"0",
+         "the grouped GEMM's dense rate, in TFLOPS">,
+  Option<"launchUs", "launch-us", "double", /*default=*/"0",
+         "one more kernel boundary, in microseconds">,
+  Option<"waitUs", "wait-us", "double", /*default=*/"0",
+         "one cross-block flag round trip, in microseconds">,
+  Option<"slowdown", "slowdown", "double", /*default=*/"0",
+         "the fused kernel's GEMM time over the grouped GEMM's alone">
+];
+
 def EPFuseDispatchGemm : Pass<"ep-fuse-dispatch-gemm", "::mlir::func::FuncOp"> {
   let summary = "fuse an expanded dispatch with the expert GEMM on its rows";
   let description = [{
@@ -39,6 +67,15 @@ def EPFuseDispatchGemm : Pass<"ep-fuse-dispatch-gemm", "::mlir::func::FuncOp"> {
     they are zero again after every call. Every wait in the kernel is the
     call-free kind (a call would serialize its wgmma: `comm.wait_flag`).
 
+    **Cost model** (`mode=auto`, the default): the pass predicts both
+    schedules' time on one GPU at the configuration's token cap — the copy's
+    bytes at copy bandwidth, the GEMM's FLOPs or weight bytes (whichever is
+    slower), a kernel boundary, and the fused kernel's GEMM slowed by the
+    chip's measured factor (it loses L2 reuse) — and fuses only when the
+    fused schedule is predicted faster. A remark on the dispatch says which
+    way and the two predictions. `mode=always` / `never`, or the function's
+    `ep.fusion` attribute, decides without the model.
+
     Fusion is refused, with a remark that says why, when the rows feed
     something else than one `ep.grouped_gemm` on the same handle, when the
     dispatch is cached or FP8, or when the expert weights are not available
@@ -53,6 +90,7 @@ def EPFuseDispatchGemm : Pass<"ep-fuse-dispatch-gemm", "::mlir::func::FuncOp"> {
         experts(%W : ...) config #cfg : ...
     ```
   }];
+  let options = FusionCostOptions;
   let dependentDialects = ["::epic::ep::EPDialect"];
 }
 
@@ -95,6 +133,10 @@ def EPFuseGemmCombine : Pass<"ep-fuse-gemm-combine", "::mlir::func::FuncOp"> {
     1.7-2.2x slower. The send block costs one block of the rank's tiles;
     the tile blocks that finish early drain what it could not send.
 
+    **Cost model**: as for `ep-fuse-dispatch-gemm`, with the combine's send
+    (NVLink bandwidth for rows bound to other GPUs, copy bandwidth for the
+    GPU's own ranks) in place of the copy.
+
     Fusion is refused, with a remark saying why, when the GEMM's output is not
     bf16 or not hidden-wide, when the combine takes weights or another
     handle, or when the output feeds something else than one ep.combine.
@@ -107,6 +149,7 @@ def EPFuseGemmCombine : Pass<"ep-fuse-gemm-combine", "::mlir::func::FuncOp"> {
     %y, %out = ep.gemm_combine %rx, %w layout(%h : ...) : ...
     ```
   }];
+  let options = FusionCostOptions;
   let dependentDialects = ["::epic::ep::EPDialect"];
 }
 

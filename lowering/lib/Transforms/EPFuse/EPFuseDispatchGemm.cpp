@@ -5,6 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "epic/Transforms/FusionCostModel.h"
 #include "epic/Transforms/Passes.h"
 
 #include "mlir/IR/Dominance.h"
@@ -65,10 +66,17 @@ FailureOr<ep::GroupedGemmOp> fusableGemm(ep::DispatchOp dispatch) {
 }
 
 struct EPFuseDispatchGemmPass : public epic::impl::EPFuseDispatchGemmBase<EPFuseDispatchGemmPass> {
+  using EPFuseDispatchGemmBase::EPFuseDispatchGemmBase;
+
   void runOnOperation() override {
     SmallVector<ep::DispatchOp> dispatches;
     getOperation().walk([&](ep::DispatchOp op) { dispatches.push_back(op); });
     DominanceInfo dominance(getOperation());
+    const epic::FusionPolicy policy{
+        mode,
+        chip,
+        ranksPerDevice,
+        {copyGBps, weightGBps, linkGBps, gemmTflops, launchUs, waitUs, slowdown, slowdown}};
     for (ep::DispatchOp dispatch : dispatches) {
       FailureOr<ep::GroupedGemmOp> found = fusableGemm(dispatch);
       if (failed(found))
@@ -92,6 +100,16 @@ struct EPFuseDispatchGemmPass : public epic::impl::EPFuseDispatchGemmBase<EPFuse
         if (!at)
           continue;
       }
+      const int64_t n = cast<ShapedType>(gemm.getResult().getType()).getShape().back();
+      FailureOr<bool> fuse = epic::decideFusion(
+          dispatch, "ep-fuse-dispatch-gemm", policy, [&](const epic::FusionCosts &costs) {
+            return epic::predictDispatchGemm(
+                costs, epic::FusionShape::of(dispatch.getConfig(), n, ranksPerDevice));
+          });
+      if (failed(fuse))
+        return signalPassFailure();
+      if (!*fuse)
+        continue;
       OpBuilder b(at);
       Value weights = dispatch.getTopkWeights();
       auto fused = ep::DispatchGemmOp::create(

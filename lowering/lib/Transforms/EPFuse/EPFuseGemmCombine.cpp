@@ -5,6 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "epic/Transforms/FusionCostModel.h"
 #include "epic/Transforms/Passes.h"
 
 namespace epic {
@@ -60,9 +61,16 @@ FailureOr<ep::CombineOp> fusableCombine(ep::GroupedGemmOp gemm) {
 }
 
 struct EPFuseGemmCombinePass : public epic::impl::EPFuseGemmCombineBase<EPFuseGemmCombinePass> {
+  using EPFuseGemmCombineBase::EPFuseGemmCombineBase;
+
   void runOnOperation() override {
     SmallVector<ep::GroupedGemmOp> gemms;
     getOperation().walk([&](ep::GroupedGemmOp op) { gemms.push_back(op); });
+    const epic::FusionPolicy policy{
+        mode,
+        chip,
+        ranksPerDevice,
+        {copyGBps, weightGBps, linkGBps, gemmTflops, launchUs, waitUs, slowdown, slowdown}};
     for (ep::GroupedGemmOp gemm : gemms) {
       FailureOr<ep::CombineOp> found = fusableCombine(gemm);
       if (failed(found))
@@ -79,6 +87,16 @@ struct EPFuseGemmCombinePass : public epic::impl::EPFuseGemmCombineBase<EPFuseGe
                         "the combine (the fused op stands where the combine is)");
         continue;
       }
+      const int64_t n = cast<ShapedType>(gemm.getResult().getType()).getShape().back();
+      FailureOr<bool> fuse = epic::decideFusion(
+          gemm, "ep-fuse-gemm-combine", policy, [&](const epic::FusionCosts &costs) {
+            return epic::predictGemmCombine(
+                costs, epic::FusionShape::of(combine.getConfig(), n, ranksPerDevice));
+          });
+      if (failed(fuse))
+        return signalPassFailure();
+      if (!*fuse)
+        continue;
       OpBuilder b(combine);
       auto fused = ep::GemmCombineOp::create(b, gemm.getLoc(), gemm.getResult().getType(),
                                              combine.getCombinedX().getType(), gemm.getLhs(),

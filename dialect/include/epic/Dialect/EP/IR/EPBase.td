@@ -40,6 +40,8 @@ def EP_Dialect : Dialect {
   }];
   let useDefaultAttributePrinterParser = 1;
   let useDefaultTypePrinterParser = 1;
+  // ep.fusion on a func.func (EPDialect.h).
+  let hasOperationAttrVerify = 1;
   let hasCanonicalizer = 0;
   let extraClassDeclaration = [{
     void registerAttributes();

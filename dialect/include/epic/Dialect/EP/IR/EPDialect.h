@@ -14,6 +14,8 @@
 #include "mlir/IR/OpImplementation.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
+#include <optional>
+
 namespace epic::ep {
 /// A non-negative #ep.config field, parsed as a signed 64-bit integer so that
 /// a negative or too large value is refused as written, not wrapped to
@@ -28,6 +30,13 @@ class HostOp : public mlir::OpTrait::TraitBase<ConcreteType, HostOp> {
 public:
   static mlir::LogicalResult verifyTrait(mlir::Operation *op) { return verifyOnHost(op); }
 };
+
+/// `ep.fusion` on a func.func: how the ep-fuse-* passes decide in it: by
+/// their cost model ("auto"), or as told ("always", "never"). The dialect
+/// verifies the attribute.
+enum class FusionMode { automatic, always, never };
+inline constexpr llvm::StringLiteral kFusionAttrName = "ep.fusion";
+std::optional<FusionMode> parseFusionMode(llvm::StringRef mode);
 } // namespace epic::ep
 
 #include "epic/Dialect/EP/IR/EPOpsDialect.h.inc"
