@@ -6,7 +6,7 @@
 include "mlir/Pass/PassBase.td"
 
 // The cost model's options, the same on both fusion passes
-// (FusionCostModel.h; the chips' numbers are FusionCosts.def's, a number left
+// (epic/runtime/FusionCostModel.h; the chips' numbers are FusionCosts.def's, a number left
 // 0 keeps the chip's).
 defvar FusionCostOptions = [
   Option<"mode", "mode", "std::string", /*default=*/"\"auto\"",

@@ -102,9 +102,9 @@ struct EPFuseDispatchGemmPass : public epic::impl::EPFuseDispatchGemmBase<EPFuse
       }
       const int64_t n = cast<ShapedType>(gemm.getResult().getType()).getShape().back();
       FailureOr<bool> fuse = epic::decideFusion(
-          dispatch, "ep-fuse-dispatch-gemm", policy, [&](const epic::FusionCosts &costs) {
-            return epic::predictDispatchGemm(
-                costs, epic::FusionShape::of(dispatch.getConfig(), n, ranksPerDevice));
+          dispatch, "ep-fuse-dispatch-gemm", policy, [&](const epic::fusion::Costs &costs) {
+            return epic::fusion::predictDispatchGemm(
+                costs, epic::fusionShapeOf(dispatch.getConfig(), n, ranksPerDevice));
           });
       if (failed(fuse))
         return signalPassFailure();

@@ -89,9 +89,9 @@ struct EPFuseGemmCombinePass : public epic::impl::EPFuseGemmCombineBase<EPFuseGe
       }
       const int64_t n = cast<ShapedType>(gemm.getResult().getType()).getShape().back();
       FailureOr<bool> fuse = epic::decideFusion(
-          gemm, "ep-fuse-gemm-combine", policy, [&](const epic::FusionCosts &costs) {
-            return epic::predictGemmCombine(
-                costs, epic::FusionShape::of(combine.getConfig(), n, ranksPerDevice));
+          gemm, "ep-fuse-gemm-combine", policy, [&](const epic::fusion::Costs &costs) {
+            return epic::fusion::predictGemmCombine(
+                costs, epic::fusionShapeOf(combine.getConfig(), n, ranksPerDevice));
           });
       if (failed(fuse))
         return signalPassFailure();
