@@ -14,7 +14,6 @@
 #include "epic/runtime/FusionCostModel.h"
 
 #include "mlir/Pass/PassManager.h"
-#include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/ADT/StringRef.h"
 
 #include <string>
@@ -33,14 +32,17 @@ struct FusionPolicy {
   fusion::Costs overrides; ///< fields left 0 take the chip's number
 };
 
-/// Whether `pass` fuses at `anchor`: as the enclosing function's `ep.fusion`
-/// or the policy's mode says, else as `predict` says with the policy's
-/// numbers. Emits a remark on `anchor` ("<pass>: fused: ..." or "<pass>:
-/// not fused: ...", with the prediction); fails with an error for a mode
-/// that is none of auto / always / never, or a chip without numbers.
-mlir::FailureOr<bool>
-decideFusion(mlir::Operation *anchor, llvm::StringRef pass, const FusionPolicy &policy,
-             llvm::function_ref<fusion::Prediction(const fusion::Costs &)> predict);
+/// The pair a fusion pass rewrites.
+enum class FusedPair { dispatchGemm, gemmCombine };
+
+/// Whether `pass` fuses `pair` at `anchor` (its configuration `config`, the
+/// GEMM's N `n`): as the enclosing function's `ep.fusion` or the policy's
+/// mode says, else as the model predicts with the policy's numbers. Emits a remark on `anchor`
+/// ("<pass>: fused: ..." or "<pass>: not fused: ...", with the prediction); fails with an error for
+/// a mode that is none of auto / always / never, or a chip without numbers.
+mlir::FailureOr<bool> decideFusion(mlir::Operation *anchor, llvm::StringRef pass,
+                                   const FusionPolicy &policy, FusedPair pair,
+                                   ep::ConfigAttr config, int64_t n);
 
 /// The fusion passes as a compiled entry needs them: a function holds one ep
 /// op or one pair to fuse (convert-ep-to-comm lowers one op per function),

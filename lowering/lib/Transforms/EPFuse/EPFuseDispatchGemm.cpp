@@ -101,11 +101,9 @@ struct EPFuseDispatchGemmPass : public epic::impl::EPFuseDispatchGemmBase<EPFuse
           continue;
       }
       const int64_t n = cast<ShapedType>(gemm.getResult().getType()).getShape().back();
-      FailureOr<bool> fuse = epic::decideFusion(
-          dispatch, "ep-fuse-dispatch-gemm", policy, [&](const epic::fusion::Costs &costs) {
-            return epic::fusion::predictDispatchGemm(
-                costs, epic::fusionShapeOf(dispatch.getConfig(), n, ranksPerDevice));
-          });
+      FailureOr<bool> fuse =
+          epic::decideFusion(dispatch, "ep-fuse-dispatch-gemm", policy,
+                             epic::FusedPair::dispatchGemm, dispatch.getConfig(), n);
       if (failed(fuse))
         return signalPassFailure();
       if (!*fuse)

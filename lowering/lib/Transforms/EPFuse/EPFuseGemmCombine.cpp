@@ -88,11 +88,9 @@ struct EPFuseGemmCombinePass : public epic::impl::EPFuseGemmCombineBase<EPFuseGe
         continue;
       }
       const int64_t n = cast<ShapedType>(gemm.getResult().getType()).getShape().back();
-      FailureOr<bool> fuse = epic::decideFusion(
-          gemm, "ep-fuse-gemm-combine", policy, [&](const epic::fusion::Costs &costs) {
-            return epic::fusion::predictGemmCombine(
-                costs, epic::fusionShapeOf(combine.getConfig(), n, ranksPerDevice));
-          });
+      FailureOr<bool> fuse =
+          epic::decideFusion(gemm, "ep-fuse-gemm-combine", policy, epic::FusedPair::gemmCombine,
+                             combine.getConfig(), n);
       if (failed(fuse))
         return signalPassFailure();
       if (!*fuse)

@@ -25,9 +25,8 @@ fusion::Shape epic::fusionShapeOf(ep::ConfigAttr config, int64_t n, int ranksPer
   return s;
 }
 
-FailureOr<bool>
-epic::decideFusion(Operation *anchor, StringRef pass, const FusionPolicy &policy,
-                   llvm::function_ref<fusion::Prediction(const fusion::Costs &)> predict) {
+FailureOr<bool> epic::decideFusion(Operation *anchor, StringRef pass, const FusionPolicy &policy,
+                                   FusedPair pair, ep::ConfigAttr config, int64_t n) {
   std::optional<ep::FusionMode> mode = ep::parseFusionMode(policy.mode);
   if (!mode)
     return anchor->emitError() << pass << ": option mode must be auto, always or never, got '"
@@ -64,7 +63,9 @@ epic::decideFusion(Operation *anchor, StringRef pass, const FusionPolicy &policy
                                << policy.chip
                                << "' (FusionCosts.def): give copy-gbps, weight-gbps, link-gbps, "
                                   "gemm-tflops and slowdown, or mode=always / mode=never";
-  fusion::Prediction p = predict(costs);
+  const fusion::Shape shape = fusionShapeOf(config, n, policy.ranksPerDevice);
+  fusion::Prediction p = pair == FusedPair::dispatchGemm ? fusion::predictDispatchGemm(costs, shape)
+                                                         : fusion::predictGemmCombine(costs, shape);
   anchor->emitRemark() << pass << (p.pays() ? ": fused: " : ": not fused: ") << p.describe() << " ("
                        << policy.chip << ")";
   return p.pays();

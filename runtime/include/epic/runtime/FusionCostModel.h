@@ -29,7 +29,7 @@ struct Costs {
 
 /// The numbers of `chip` from FusionCosts.def, if it has a row.
 inline std::optional<Costs> costsOf(const std::string &chip) {
-#define FUSION_CHIP(name, copy, weight, link, tflops, launch, wait, dispatchGemm, gemmCombine)      \
+#define FUSION_CHIP(name, copy, weight, link, tflops, launch, wait, dispatchGemm, gemmCombine)     \
   if (chip == name)                                                                                \
     return Costs{copy, weight, link, tflops, launch, wait, dispatchGemm, gemmCombine};
 #include "epic/runtime/FusionCosts.def"
@@ -43,7 +43,9 @@ struct Shape {
   double tokens = 0;         ///< max_tokens_per_rank
   double ranksPerDevice = 1; ///< ranks sharing one GPU; 0: all (the virtual world)
 
-  double perDevice() const { return ranksPerDevice <= 0 ? ranks : std::clamp(ranksPerDevice, 1.0, ranks); }
+  double perDevice() const {
+    return ranksPerDevice <= 0 ? ranks : std::clamp(ranksPerDevice, 1.0, ranks);
+  }
   /// Expanded rows the GPU's ranks receive.
   double rows() const { return perDevice() * tokens * topk; }
   double localExperts() const { return perDevice() * experts / ranks; }
