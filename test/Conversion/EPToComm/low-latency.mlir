@@ -38,14 +38,22 @@
 // CHECK: gpu.barrier
 // CHECK: comm.store release scope sys %[[NEXT]]
 // CHECK: comm.store relaxed scope gpu %[[NEXT]]
+// The receive waits for every source's flag to reach this call's epoch, scans the counts of
+// the 4 x 2 (expert, source) pairs into shared memory (9 words: the starts and the total),
+// writes the layout ranges (begin << 32 | count), then shares the rows evenly over the grid's
+// warps: a row's pair by a binary search over the starts (3 steps for 8 pairs). Nothing is
+// reset (no last-block step).
 // CHECK: gpu.func @lld_recv(
-// The receive waits for every source's flag to reach this call's epoch; nothing is reset
-// (no last-block step).
+// CHECK-SAME: workgroup(%{{.*}} : memref<1xi32, #gpu.address_space<workgroup>>, %[[STARTS:[^ ]*]] : memref<9xi32, #gpu.address_space<workgroup>>)
 // CHECK: %[[CALL:.*]] = comm.load relaxed scope gpu
 // CHECK: comm.wait_flag %{{.*}} ge %[[CALL]] rank %{{.*}} peer %{{.*}} scope sys
+// CHECK: gpu.barrier
 // CHECK: comm.load relaxed scope sys
-// The layout range: begin << 32 | count.
+// CHECK: memref.store %{{.*}}, %[[STARTS]]
+// CHECK: gpu.barrier
 // CHECK: arith.shli %{{.*}}, %c32_i64
+// CHECK: scf.for
+// CHECK-COUNT-3: memref.load %[[STARTS]]
 // CHECK-NOT: comm.atomic_rmw
 // Both phases in one kernel: the epoch read first, the receive waits for it + 1.
 // CHECK: gpu.func @lld_fused(
@@ -86,15 +94,32 @@ func.func @plain(%x: tensor<?x256xbf16>, %i: tensor<?x4xi64>) -> tensor<4x?x256x
 
 #llc = #ep.config<ranks = 2, experts = 8, topk = 4, hidden = 256, dtype = bf16>
 // The combine keeps the pass's block size (its copies want the warps).
+// Its rows shared evenly over the warps: each local expert's rows scanned into shared memory
+// (5 words), a row's expert by a binary search (2 steps for 4 experts), its source from the
+// route.
 // CHECK-LABEL: gpu.func @llc_send(
+// CHECK-SAME: workgroup(%{{[^ ]*}} : memref<1xi32, #gpu.address_space<workgroup>>, %[[STARTS:[^ ]*]] : memref<5xi32, #gpu.address_space<workgroup>>)
 // CHECK-SAME: known_block_size = array<i32: 1024, 1, 1>
+// CHECK: memref.store %{{.*}}, %[[STARTS]]
+// CHECK: gpu.barrier
+// CHECK: scf.for
+// CHECK-COUNT-2: memref.load %[[STARTS]]
 // CHECK: comm.peer_ptr
 // CHECK: comm.atomic_rmw add acq_rel scope sys
 // CHECK: %[[NEXT:.*]] = arith.addi %{{.*}}, %c1_i32
 // CHECK: comm.store release scope sys %[[NEXT]]
+// The weighted sum: a warp loads its token's weights before it waits for the ranks' epochs
+// (no block barrier: the warp's own), then sums.
 // CHECK: gpu.func @llc_reduce(
 // CHECK: %[[CALL:.*]] = comm.load relaxed scope gpu
+// CHECK-NOT: gpu.barrier
+// CHECK: llvm.load %{{.*}} {alignment = 4 : i64} : !llvm.ptr<1> -> f32
+// CHECK-NOT: gpu.barrier
 // CHECK: comm.wait_flag %{{.*}} ge %[[CALL]] rank %{{.*}} peer %{{.*}} scope sys
+// CHECK-NOT: gpu.barrier
+// CHECK: nvvm.bar.warp.sync
+// CHECK-NOT: gpu.barrier
+// CHECK: nvvm.vote.sync  ballot
 // CHECK: %[[W:.*]] = vector.broadcast %{{.*}} : f32 to vector<8xf32>
 // CHECK-NEXT: arith.extf
 // CHECK-NEXT: %[[TERM:.*]] = arith.mulf %{{.*}}, %[[W]] : vector<8xf32>

@@ -136,8 +136,8 @@ struct KernelPlan {
 
   RecordLayout record() const { return RecordLayout(fields.size(), tensorMaps); }
   /// An empty kernel named `kernels[i]` (createKernel) where `b` points.
-  gpu::GPUFuncOp kernel(OpBuilder &b, size_t i, bool sharedFlag) const {
-    return createKernel(b, loc, kernels[i], sharedFlag);
+  gpu::GPUFuncOp kernel(OpBuilder &b, size_t i, bool sharedFlag, int64_t sharedWords = 0) const {
+    return createKernel(b, loc, kernels[i], sharedFlag, sharedWords);
   }
   /// The layout the kernels see, with the entry's timeout and record.
   EPLayout layout(unsigned idxBits, const RecordLayout &record, int64_t tmaxField) const {
@@ -589,9 +589,10 @@ struct LowLatencyDispatchOpLowering : KernelOpLowering<ep::LowLatencyDispatchOp>
     plan.build = [=](const KernelPlan &plan, gpu::GPUModuleOp module, const RecordLayout &record) {
       EPLayout layout = plan.layout(idxBits, record, kLdMaxTokens);
       OpBuilder b = kernelInsertionPoint(module);
+      int64_t words = lowLatencyRecvSharedWords(layout);
       buildLowLatencySend(plan.kernel(b, 0, true), layout, fp8, round);
-      buildLowLatencyRecv(plan.kernel(b, 1, true), layout, fp8, ue8m0);
-      buildLowLatencyDispatch(plan.kernel(b, 2, true), layout, fp8, round, ue8m0);
+      buildLowLatencyRecv(plan.kernel(b, 1, true, words), layout, fp8, ue8m0);
+      buildLowLatencyDispatch(plan.kernel(b, 2, true, words), layout, fp8, round, ue8m0);
     };
     return plan;
   }
@@ -607,9 +608,10 @@ struct LowLatencyCombineOpLowering : KernelOpLowering<ep::LowLatencyCombineOp> {
     plan.build = [=](const KernelPlan &plan, gpu::GPUModuleOp module, const RecordLayout &record) {
       EPLayout layout = plan.layout(idxBits, record, kLcMaxTokens);
       OpBuilder b = kernelInsertionPoint(module);
-      buildLowLatencyCombineSend(plan.kernel(b, 0, true), layout);
+      int64_t words = lowLatencyCombineSendSharedWords(layout);
+      buildLowLatencyCombineSend(plan.kernel(b, 0, true, words), layout);
       buildLowLatencyCombineReduce(plan.kernel(b, 1, true), layout);
-      buildLowLatencyCombine(plan.kernel(b, 2, true), layout);
+      buildLowLatencyCombine(plan.kernel(b, 2, true, words), layout);
     };
     return plan;
   }

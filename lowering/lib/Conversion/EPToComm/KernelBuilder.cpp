@@ -11,7 +11,9 @@ using namespace mlir;
 namespace ep = epic::ep;
 namespace comm = epic::comm;
 
-gpu::GPUFuncOp createKernel(OpBuilder &builder, Location loc, StringRef name, bool sharedFlag) {
+gpu::GPUFuncOp createKernel(OpBuilder &builder, Location loc, StringRef name, bool sharedFlag,
+                            int64_t sharedWords) {
+  assert((sharedFlag || !sharedWords) && "the shared array is the second attribution");
   MLIRContext *ctx = builder.getContext();
   // The parameter table is a generic pointer: the kernel parameter itself
   // (comm.param_table, set by expand()), passed by value.
@@ -22,6 +24,9 @@ gpu::GPUFuncOp createKernel(OpBuilder &builder, Location loc, StringRef name, bo
   if (sharedFlag) {
     auto space = gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup);
     func.addWorkgroupAttribution(MemRefType::get({1}, builder.getI32Type(), nullptr, space), loc);
+    if (sharedWords)
+      func.addWorkgroupAttribution(
+          MemRefType::get({sharedWords}, builder.getI32Type(), nullptr, space), loc);
   }
   OpBuilder::InsertionGuard guard(builder);
   builder.setInsertionPointToEnd(&func.getBody().front());

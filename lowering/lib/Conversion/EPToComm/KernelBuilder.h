@@ -68,6 +68,8 @@ public:
     numWarps = mul(blocks, warpsPerBlock);
     if (func.getNumWorkgroupAttributions())
       sharedFlag = func.getWorkgroupAttributions()[0];
+    if (func.getNumWorkgroupAttributions() > 1)
+      sharedWords = func.getWorkgroupAttributions()[1];
     tmax = layout.tmax ? i32(layout.tmax) : intParam(layout.tmaxField);
     if (layout.multiNode)
       node = divu(me, i32(layout.ranksPerNode));
@@ -81,6 +83,8 @@ public:
   /// `me`: this rank in it, its world rank either way.
   Value comm, window, table, params, team, me, tid, threads, block, blocks, lane, globalWarp,
       numWarps, sharedFlag;
+  /// The kernel's shared i32 array (createKernel's `sharedWords`), if any.
+  Value sharedWords;
   /// Multi-node only: this rank's node (me / ranks per node).
   Value node;
   /// Tmax (i32): the configuration's, or the record's `max_tokens_per_rank`.
@@ -200,6 +204,14 @@ public:
   Value loadI32(Value ptr, Value index) { return load(i32T(), elementAt(ptr, index, 4), 4); }
   void storeI32(Value v, Value ptr, Value index) { store(v, elementAt(ptr, index, 4), 4); }
   Value counter(int64_t offset, Value index) { return local(add(i32(offset), mul(index, i32(4)))); }
+  /// Word `index` (i32) of the kernel's shared array.
+  Value loadShared(Value index) {
+    return memref::LoadOp::create(b, sharedWords, ValueRange{indexOf(index)});
+  }
+  void storeShared(Value v, Value index) {
+    memref::StoreOp::create(b, v, sharedWords, ValueRange{indexOf(index)});
+  }
+  Value indexOf(Value v) { return arith::IndexCastOp::create(b, b.getIndexType(), v); }
 
   // --- control flow ---------------------------------------------------------
   /// for (iv = lb; iv < ub; iv += step), i32 bounds.
@@ -701,8 +713,10 @@ public:
 
 /// A kernel with convert-ep-to-comm's signature (device communicator, window, the
 /// parameter table), empty but for its gpu.return; `sharedFlag`: one i32 of
-/// shared memory (KernelBuilder::sharedFlag).
-gpu::GPUFuncOp createKernel(OpBuilder &builder, Location loc, StringRef name, bool sharedFlag);
+/// shared memory (KernelBuilder::sharedFlag); `sharedWords` (with it): an
+/// i32 array of that many words after it (KernelBuilder::sharedWords).
+gpu::GPUFuncOp createKernel(OpBuilder &builder, Location loc, StringRef name, bool sharedFlag,
+                            int64_t sharedWords = 0);
 
 /// The ranks an exchange at the end of a kernel runs over: `count` peers,
 /// peer i being world rank `rank(i)`, this rank among them. Default: the world.

@@ -104,6 +104,11 @@ void buildLowLatencyCombineReduce(gpu::GPUFuncOp func, const EPLayout &L);
 void buildLowLatencyDispatch(gpu::GPUFuncOp func, const EPLayout &L, bool fp8, bool roundScale,
                              bool ue8m0);
 void buildLowLatencyCombine(gpu::GPUFuncOp func, const EPLayout &L);
+/// The shared i32 words (createKernel's `sharedWords`) of the kernels that
+/// hold a receive (prefix sums over every (local expert, source) pair) and of
+/// those that hold a combine send (over the local experts).
+int64_t lowLatencyRecvSharedWords(const EPLayout &L);
+int64_t lowLatencyCombineSendSharedWords(const EPLayout &L);
 
 // Fused with the grouped GEMM.
 void buildCopyGemmKernel(OpBuilder &builder, Location loc, StringRef name, const EPLayout &L,

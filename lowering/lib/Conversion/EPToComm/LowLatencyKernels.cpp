@@ -11,17 +11,21 @@
 //                    to FP8 (or not) once and stores it into every
 //                    destination's slot; the rank's last block stores the
 //                    count per destination expert, then a release flag per rank.
-//   dispatch recv    warps per (local expert, source): wait for every
-//                    source's flag to reach this call's epoch, lay the rows
-//                    out by source rank, copy rows, scales (column-major per
-//                    expert) and headers out. Nothing is reset: flags only
-//                    grow, counts are overwritten by the next call.
-//   combine send     each received row goes back to its source's window, to
-//                    the slot of its (token, top-k slot); the last block
-//                    raises its combine epoch at every rank (release).
-//   combine reduce   waits for every rank's epoch, then per token the
-//                    weighted sum of its present slots (f32, k order, one
-//                    rounding).
+//   dispatch recv    every block waits for every source's flag to reach
+//                    this call's epoch and scans the counts in (local
+//                    expert, source) order into shared memory; the rows are
+//                    then shared evenly over the grid's warps (a row's pair
+//                    found by a binary search), laid out by source rank:
+//                    rows, scales (column-major per expert) and headers.
+//                    Nothing is reset: flags only grow, counts are
+//                    overwritten by the next call.
+//   combine send     each received row (all of them shared evenly over the
+//                    warps) goes back to its source's window, to the slot of
+//                    its (token, top-k slot); the last block raises its
+//                    combine epoch at every rank (release).
+//   combine reduce   per token: its routing and weights loaded, every rank's
+//                    epoch waited for, then the weighted sum of its present
+//                    slots (f32, k order, one rounding).
 //
 // Kernel boundaries order a rank's phases: a send kernel moves the rank's
 // epoch of its region on, the receive after it waits for every rank's flag
@@ -187,21 +191,38 @@ std::pair<Value, Value> castToFp8(KernelBuilder &k, Value chunk, bool round) {
 /// Row parts of a row of `bytes` copied `unroll` chunks per lane at a time.
 int64_t partsOf(int64_t bytes, int64_t unroll) { return KernelBuilder::maxRowParts(bytes, unroll); }
 
-/// Warps per (local expert, source) work item: all the grid's over the pairs.
-Value warpsPerPair(KernelBuilder &k, int64_t pairs) {
-  Value s = k.divu(k.numWarps, k.i32(pairs));
-  return k.select(k.lt(s, k.i32(1)), k.i32(1), s);
+/// Every thread of the grid: for i in [0, n).
+void loopGridThreads(KernelBuilder &k, Value n, function_ref<void(Value)> body) {
+  k.loop(k.add(k.mul(k.block, k.threads), k.tid), n, k.mul(k.blocks, k.threads), body);
 }
 
-/// For each (local expert l, source s) pair, by `perPair` warps: `body(l, s,
-/// sub)`, sub in [0, perPair).
-void loopPairs(KernelBuilder &k, const EPLayout &L, Value perPair,
-               function_ref<void(Value, Value, Value)> body) {
-  const int64_t pairs = L.local * L.ranks;
-  k.loop(k.globalWarp, k.mul(k.i32(pairs), perPair), k.numWarps, [&](Value item) {
-    Value pair = k.divu(item, perPair);
-    body(k.divu(pair, k.i32(L.ranks)), k.remu(pair, k.i32(L.ranks)), k.remu(item, perPair));
+/// The block's exclusive prefix sums of `n` i32 terms into the shared array:
+/// word i the sum of the terms before i, word n the total (returned). Warp 0
+/// reads every term (all its loads in flight, one round trip) and scans; the
+/// block's barrier after it.
+Value sharedExclusiveScan(KernelBuilder &k, int64_t n, function_ref<Value(Value)> term) {
+  k.when(k.lt(k.tid, k.i32(32)), [&] {
+    k.when(k.eq(k.tid, k.i32(0)), [&] { k.storeShared(k.i32(0), k.i32(0)); });
+    k.warpInclusiveScan(
+        n, [&](Value i) { return std::pair<Value, Value>{term(i), Value()}; },
+        [&](Value i, Value sum, Value) { k.storeShared(sum, k.add(i, k.i32(1))); });
   });
+  k.barrier();
+  return k.loadShared(k.i32(n));
+}
+
+/// The entry p in [0, n) of the shared prefix sums whose rows hold flat row
+/// `f` (< word n): the largest p with word p <= f (an entry without rows has
+/// the next one's start, so it is never taken). log2(n) shared loads.
+Value entryOfRow(KernelBuilder &k, int64_t n, Value f) {
+  Value p = k.i32(0);
+  for (int64_t step = int64_t(llvm::bit_floor(uint64_t(n))); step >= 1; step /= 2) {
+    Value q = k.add(p, k.i32(step));
+    // Word n (the total) is above every row: past the end is never taken.
+    Value start = k.loadShared(k.select(k.lt(q, k.i32(n)), q, k.i32(n)));
+    p = k.select(k.cmp(arith::CmpIPredicate::sle, start, f), q, p);
+  }
+  return p;
 }
 
 /// The rank's last block, after its earlier stores: raises flag `flags` of
@@ -314,118 +335,125 @@ void emitLowLatencySend(KernelBuilder &k, const Region &g, const EPLayout &L, bo
   });
 }
 
-/// The receive: `epoch` is this call's dispatch epoch of the region.
+/// The receive: `epoch` is this call's dispatch epoch of the region. Rows
+/// are shared evenly over the grid's warps in (local expert, source, slot)
+/// order: a fixed group of warps per (expert, source) left the busiest
+/// expert's rows, one round trip after another, as the phase's tail.
 void emitLowLatencyRecv(KernelBuilder &k, const Region &g, const EPLayout &L, bool fp8, bool ue8m0,
                         Value epoch) {
   Value recvX = k.pointerParam(kLdRecvX), counts = k.pointerParam(kLdRecvCount);
   Value srcInfo = k.pointerParam(kLdSrcInfo), ranges = k.pointerParam(kLdLayoutRange);
   Value routes = k.pointerParam(kLdRoute), stats = k.pointerParam(kLdStats);
   Value scales = fp8 ? k.pointerParam(kLdRecvScales) : Value();
-  const int64_t R = L.ranks, K = L.topk, H = L.hidden;
+  const int64_t R = L.ranks, K = L.topk, H = L.hidden, pairs = L.local * R;
   const int64_t rowBytes = fp8 ? H : 2 * H, groups = H / 128, packs = (groups + 3) / 4;
   const int64_t parts = partsOf(rowBytes, KernelBuilder::kCopyUnroll);
   Value rt = k.mul(k.i32(R), k.tmax); // rows per local expert
-  loopPairs(k, L, warpsPerPair(k, L.local * R), [&](Value l, Value s, Value sub) {
-    // The expert's count from every source (lane r), then this source's
-    // place among them: sources in rank order.
-    Value begin = k.i32(0), count = k.i32(0), total = k.i32(0);
-    for (int64_t base = 0; base < R; base += 32) {
-      Value r = k.add(k.i32(base), k.lane);
-      Value n = k.choose(
-          k.lt(r, k.i32(R)), k.i32T(),
-          [&] {
-            comm::WaitFlagOp::create(k.b, k.i32T(), k.local(g.cell(k, g.ll.posted, r)),
-                                     comm::Predicate::ge, epoch, k.me, r, comm::Scope::sys,
-                                     L.timeoutMs);
-            Value cell = k.local(g.cell(k, g.ll.arrivals, k.add(k.mul(l, k.i32(R)), r)));
-            return comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed, comm::Scope::sys,
-                                        cell)
-                .getResult();
-          },
-          [&] { return k.i32(0); });
-      begin = k.add(begin, warpSum(k, k.select(k.lt(r, s), n, k.i32(0))));
-      count = k.add(count, warpSum(k, k.select(k.eq(r, s), n, k.i32(0))));
-      total = k.add(total, warpSum(k, n));
-    }
-    k.when(k.andi(k.eq(sub, k.i32(0)), k.eq(k.lane, k.i32(0))), [&] {
-      Value range = arith::OrIOp::create(k.b, arith::ShLIOp::create(k.b, k.wide(begin), k.i64(32)),
-                                         arith::ExtUIOp::create(k.b, k.i64T(), count));
-      k.store(range, k.elementAt(ranges, k.add(k.mul(l, k.i32(R)), s), 8), 8);
-      k.when(k.eq(s, k.i32(R - 1)), [&] {
-        k.storeI32(total, counts, l);
-        k.when(k.isGiven(stats), [&] { k.storeI32(k.add(k.loadI32(stats, l), total), stats, l); });
-      });
+  // Every source's flag at this call's epoch: its counts and rows are here.
+  k.loop(k.tid, k.i32(R), k.threads, [&](Value r) {
+    comm::WaitFlagOp::create(k.b, k.i32T(), k.local(g.cell(k, g.ll.posted, r)), comm::Predicate::ge,
+                             epoch, k.me, r, comm::Scope::sys, L.timeoutMs);
+  });
+  k.barrier();
+  // The counts in (local expert, source) order -- the arrivals array's -- as
+  // prefix sums: pair p = l R + s starts at word p; expert l's rows at word l R.
+  Value total = sharedExclusiveScan(k, pairs, [&](Value p) {
+    return comm::LoadOp::create(k.b, k.i32T(), comm::Ordering::relaxed, comm::Scope::sys,
+                                k.local(g.cell(k, g.ll.arrivals, p)))
+        .getResult();
+  });
+  // Each pair's layout range (begin in its expert << 32 | count); per expert
+  // its rows, and the cumulative statistics.
+  loopGridThreads(k, k.i32(pairs), [&](Value p) {
+    Value l = k.divu(p, k.i32(R)), first = k.loadShared(k.mul(l, k.i32(R)));
+    Value begin = k.loadShared(p), end = k.loadShared(k.add(p, k.i32(1)));
+    Value range = arith::OrIOp::create(
+        k.b, arith::ShLIOp::create(k.b, k.wide(k.sub(begin, first)), k.i64(32)),
+        arith::ExtUIOp::create(k.b, k.i64T(), k.sub(end, begin)));
+    k.store(range, k.elementAt(ranges, p, 8), 8);
+    k.when(k.eq(k.remu(p, k.i32(R)), k.i32(R - 1)), [&] {
+      Value rows = k.sub(end, first);
+      k.storeI32(rows, counts, l);
+      k.when(k.isGiven(stats), [&] { k.storeI32(k.add(k.loadI32(stats, l), rows), stats, l); });
     });
-    Value perPair = warpsPerPair(k, L.local * R);
-    k.loop(sub, k.mul(count, k.i32(parts)), perPair, [&](Value unit) {
-      Value j = k.divu(unit, k.i32(parts)), part = k.remu(unit, k.i32(parts));
-      Value row = k.add(begin, j);
-      Value message = k.add(k.mul(k.add(k.mul(l, k.i32(R)), s), k.tmax), j);
-      Value msg = k.local(k.add(g.slots, k.mul(k.wide(message), k.i64(g.ll.message))));
-      Value element = k.add(k.mul(l, rt), row);
-      k.when(k.eq(part, k.i32(0)), [&] {
-        k.when(k.eq(k.lane, k.i32(0)), [&] {
-          Value t = k.load(k.i32T(), msg, 4);
-          Value slot = k.load(k.i32T(), k.at(msg, k.i64(4)), 4);
-          k.storeI32(t, srcInfo, element);
-          k.storeI32(k.add(k.mul(k.add(k.mul(s, k.tmax), t), k.i32(K)), slot), routes, element);
-        });
-        if (!fp8)
+  });
+  k.loop(k.globalWarp, k.mul(total, k.i32(parts)), k.numWarps, [&](Value unit) {
+    Value f = k.divu(unit, k.i32(parts)), part = k.remu(unit, k.i32(parts));
+    Value p = entryOfRow(k, pairs, f);
+    Value l = k.divu(p, k.i32(R)), s = k.remu(p, k.i32(R));
+    Value j = k.sub(f, k.loadShared(p));                    // among the pair's slots
+    Value row = k.sub(f, k.loadShared(k.mul(l, k.i32(R)))); // among the expert's rows
+    Value message = k.add(k.mul(p, k.tmax), j);
+    Value msg = k.local(k.add(g.slots, k.mul(k.wide(message), k.i64(g.ll.message))));
+    Value element = k.add(k.mul(l, rt), row);
+    k.when(k.eq(part, k.i32(0)), [&] {
+      k.when(k.eq(k.lane, k.i32(0)), [&] {
+        Value t = k.load(k.i32T(), msg, 4);
+        Value slot = k.load(k.i32T(), k.at(msg, k.i64(4)), 4);
+        k.storeI32(t, srcInfo, element);
+        k.storeI32(k.add(k.mul(k.add(k.mul(s, k.tmax), t), k.i32(K)), slot), routes, element);
+      });
+      if (!fp8)
+        return;
+      // Scales, column-major per expert: [l][group][row].
+      k.loop(k.lane, k.i32(ue8m0 ? packs * 4 : groups), k.i32(32), [&](Value gi) {
+        Value inGroups = k.lt(gi, k.i32(groups));
+        Value scale = k.choose(
+            inGroups, k.b.getF32Type(),
+            [&] {
+              return k.load(k.b.getF32Type(),
+                            k.at(msg, k.add(k.i64(g.ll.fp8ScalesAt), k.mul(k.wide(gi), k.i64(4)))),
+                            4);
+            },
+            [&] { return f32(k, 0.0); });
+        if (!ue8m0) {
+          Value at = k.add(k.mul(k.add(k.mul(l, k.i32(groups)), gi), rt), row);
+          k.store(scale, k.elementAt(scales, at, 4), 4);
           return;
-        // Scales, column-major per expert: [l][group][row].
-        k.loop(k.lane, k.i32(ue8m0 ? packs * 4 : groups), k.i32(32), [&](Value gi) {
-          Value inGroups = k.lt(gi, k.i32(groups));
-          Value scale = k.choose(
-              inGroups, k.b.getF32Type(),
-              [&] {
-                return k.load(
-                    k.b.getF32Type(),
-                    k.at(msg, k.add(k.i64(g.ll.fp8ScalesAt), k.mul(k.wide(gi), k.i64(4)))), 4);
-              },
-              [&] { return f32(k, 0.0); });
-          if (!ue8m0) {
-            Value at = k.add(k.mul(k.add(k.mul(l, k.i32(groups)), gi), rt), row);
-            k.store(scale, k.elementAt(scales, at, 4), 4);
-            return;
-          }
-          // UE8M0: the scale's exponent byte (a power of two), four per i32.
-          Value bits = arith::BitcastOp::create(k.b, k.i32T(), scale);
-          Value byte = arith::TruncIOp::create(
-              k.b, k.b.getI8Type(),
-              k.andi(arith::ShRUIOp::create(k.b, bits, k.i32(23)), k.i32(0xff)));
-          Value word = k.add(k.mul(k.add(k.mul(l, k.i32(packs)), k.divu(gi, k.i32(4))), rt), row);
-          Value at = k.add(k.mul(k.wide(word), k.i64(4)), k.wide(k.remu(gi, k.i32(4))));
-          k.store(byte, k.at(scales, at), 1);
-        });
+        }
+        // UE8M0: the scale's exponent byte (a power of two), four per i32.
+        Value bits = arith::BitcastOp::create(k.b, k.i32T(), scale);
+        Value byte = arith::TruncIOp::create(
+            k.b, k.b.getI8Type(),
+            k.andi(arith::ShRUIOp::create(k.b, bits, k.i32(23)), k.i32(0xff)));
+        Value word = k.add(k.mul(k.add(k.mul(l, k.i32(packs)), k.divu(gi, k.i32(4))), rt), row);
+        Value at = k.add(k.mul(k.wide(word), k.i64(4)), k.wide(k.remu(gi, k.i32(4))));
+        k.store(byte, k.at(scales, at), 1);
       });
-      k.copyRow(k.elementAt(recvX, element, rowBytes), k.at(msg, k.i64(LowLatency::kHeaderBytes)),
-                rowBytes, RowPart{part, k.i32(parts)});
     });
+    k.copyRow(k.elementAt(recvX, element, rowBytes), k.at(msg, k.i64(LowLatency::kHeaderBytes)),
+              rowBytes, RowPart{part, k.i32(parts)});
   });
   // Nothing to clear: the next call of this parity overwrites the counts and
   // waits for the next epoch.
 }
 
+/// The combine send: every received row back to its source, the rows
+/// shared evenly over the grid's warps (local expert by local expert).
 void emitLowLatencyCombineSend(KernelBuilder &k, const Region &g, const EPLayout &L) {
   Value x = k.pointerParam(kLcX), ranges = k.pointerParam(kLcLayoutRange);
   Value routes = k.pointerParam(kLcRoute);
   const int64_t R = L.ranks, K = L.topk, rowBytes = 2 * L.hidden;
   const int64_t parts = partsOf(rowBytes, KernelBuilder::kCopyUnroll);
   Value rt = k.mul(k.i32(R), k.tmax);
-  Value perPair = warpsPerPair(k, L.local * R);
-  loopPairs(k, L, perPair, [&](Value l, Value s, Value sub) {
-    Value range = k.load(k.i64T(), k.elementAt(ranges, k.add(k.mul(l, k.i32(R)), s), 8), 8);
+  // Expert l's rows: [0, end of its last source's range), as prefix sums.
+  Value total = sharedExclusiveScan(k, L.local, [&](Value l) {
+    Value range =
+        k.load(k.i64T(), k.elementAt(ranges, k.add(k.mul(l, k.i32(R)), k.i32(R - 1)), 8), 8);
     Value begin =
         arith::TruncIOp::create(k.b, k.i32T(), arith::ShRUIOp::create(k.b, range, k.i64(32)));
-    Value count = arith::TruncIOp::create(k.b, k.i32T(), range);
-    k.loop(sub, k.mul(count, k.i32(parts)), perPair, [&](Value unit) {
-      Value j = k.divu(unit, k.i32(parts)), part = k.remu(unit, k.i32(parts));
-      Value element = k.add(k.mul(l, rt), k.add(begin, j));
-      // Where the source keeps its (token, slot) row: route minus its rank's base.
-      Value slot = k.sub(k.loadI32(routes, element), k.mul(k.mul(s, k.tmax), k.i32(K)));
-      Value dst = k.peer(k.add(g.combine, k.mul(k.wide(slot), k.i64(g.ll.combineRow))), s);
-      k.copyRow(dst, k.elementAt(x, element, rowBytes), rowBytes, RowPart{part, k.i32(parts)});
-    });
+    return k.add(begin, arith::TruncIOp::create(k.b, k.i32T(), range).getResult());
+  });
+  Value perSource = k.mul(k.tmax, k.i32(K)); // a source's (token, slot) rows
+  k.loop(k.globalWarp, k.mul(total, k.i32(parts)), k.numWarps, [&](Value unit) {
+    Value f = k.divu(unit, k.i32(parts)), part = k.remu(unit, k.i32(parts));
+    Value l = entryOfRow(k, L.local, f);
+    Value element = k.add(k.mul(l, rt), k.sub(f, k.loadShared(l)));
+    // The route names the source and where it keeps its (token, slot) row.
+    Value route = k.loadI32(routes, element);
+    Value s = k.divu(route, perSource), slot = k.remu(route, perSource);
+    Value dst = k.peer(k.add(g.combine, k.mul(k.wide(slot), k.i64(g.ll.combineRow))), s);
+    k.copyRow(dst, k.elementAt(x, element, rowBytes), rowBytes, RowPart{part, k.i32(parts)});
   });
   // The rank's last block raises its combine epoch at every rank.
   Value last = k.lastBlockOfRank(g.blockCounter(k, LowLatency::kCombineSend));
@@ -434,18 +462,14 @@ void emitLowLatencyCombineSend(KernelBuilder &k, const Region &g, const EPLayout
   });
 }
 
-/// The weighted sum: `epoch` is this call's combine epoch of the region.
+/// The weighted sum: `epoch` is this call's combine epoch of the region. A
+/// warp loads its token's routing and weights, then waits for the flags
+/// (those loads in flight meanwhile), then sums the rows.
 void emitLowLatencyCombineReduce(KernelBuilder &k, const Region &g, const EPLayout &L,
                                  Value epoch) {
   Value ids = k.pointerParam(kLcTopkIdx), weights = k.pointerParam(kLcTopkWeights);
   Value out = k.pointerParam(kLcOut);
   const int64_t R = L.ranks, K = L.topk, rowBytes = 2 * L.hidden;
-  // Every rank has sent its rows back: its combine epoch reached this call's.
-  k.loop(k.tid, k.i32(R), k.threads, [&](Value r) {
-    comm::WaitFlagOp::create(k.b, k.i32T(), k.local(g.cell(k, g.ll.combineDone, r)),
-                             comm::Predicate::ge, epoch, k.me, r, comm::Scope::sys, L.timeoutMs);
-  });
-  k.barrier();
   k.loopRowParts(
       k.intParam(kLcNumTokens), partsOf(rowBytes, KernelBuilder::kSumChunks),
       [&](Value t, const RowPart &share) {
@@ -457,6 +481,15 @@ void emitLowLatencyCombineReduce(KernelBuilder &k, const Region &g, const EPLayo
             inTopk, k.b.getF32Type(),
             [&] { return k.load(k.b.getF32Type(), k.elementAt(weights, entry, 4), 4); },
             [&] { return f32(k, 0.0); });
+        // Every rank has sent its rows back (its combine epoch reached this
+        // call's): lane r waits for rank r, the warp's barrier orders what
+        // each lane acquired before every lane's row loads.
+        k.loop(k.lane, k.i32(R), k.i32(32), [&](Value r) {
+          comm::WaitFlagOp::create(k.b, k.i32T(), k.local(g.cell(k, g.ll.combineDone, r)),
+                                   comm::Predicate::ge, epoch, k.me, r, comm::Scope::sys,
+                                   L.timeoutMs);
+        });
+        NVVM::SyncWarpOp::create(k.b, k.fullMask());
         Value mask = k.ballot(k.cmp(arith::CmpIPredicate::sge, e, k.i32(0)));
         k.sumMaskedRows(
             k.elementAt(out, t, rowBytes), rowBytes, mask,
@@ -469,6 +502,9 @@ void emitLowLatencyCombineReduce(KernelBuilder &k, const Region &g, const EPLayo
 }
 
 } // namespace
+
+int64_t lowLatencyRecvSharedWords(const EPLayout &L) { return L.local * L.ranks + 1; }
+int64_t lowLatencyCombineSendSharedWords(const EPLayout &L) { return L.local + 1; }
 
 // The kernels of an entry: the phases apart (a receive hook launches the
 // second later: it reads the epoch the first moved on), then both in one
