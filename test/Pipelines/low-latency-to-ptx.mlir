@@ -1,7 +1,11 @@
 // DeepEP V1's low-latency mode through the whole pipeline on both backends:
 // ptxas accepts the four kernels; the dispatch casts to FP8 with
 // cvt.rn.satfinite; the weighted sum multiplies and adds with .rn (never a
-// fused fma, so the sum is bitwise the reference's); nothing is cooperative.
+// fused fma, so the sum is bitwise the reference's); the phases in one kernel
+// are cooperative. The receive's and the combine send's prefix sums lie in a
+// 16-byte aligned shared array: LLVM merges a lane's consecutive scan stores
+// into st.shared.v4, which faulted (misaligned address) while the array sat
+// right after the 4-byte flag.
 // RUN: epic-compile %s --backend=virtual -o %t
 // RUN: FileCheck %s --check-prefix=PTX < %t.ptx
 // RUN: FileCheck %s --check-prefix=META < %t.json
@@ -18,13 +22,20 @@
 // PTX: cvt.rn.satfinite.e4m3x2.f32
 // PTX: st.release.sys
 // PTX-LABEL: .entry ll_dispatch_recv(
+// PTX: .shared .align 16 .b8 __wg_ll_dispatch_recv_1[1028];
 // PTX: ld.acquire.sys
+// PTX: st.shared.v4.b32
+// PTX-LABEL: .entry ll_dispatch_fused(
+// PTX: .shared .align 16 .b8 __wg_ll_dispatch_fused_1[1028];
 // PTX-LABEL: .entry ll_combine_send(
+// PTX: .shared .align 16 .b8 __wg_ll_combine_send_1[132];
 // PTX: st.release.sys
 // PTX-LABEL: .entry ll_combine_reduce(
 // PTX-NOT: fma.rn.f32
 // PTX: mul.rn.f32
 // PTX: add.rn.f32
+// PTX-LABEL: .entry ll_combine_fused(
+// PTX: .shared .align 16 .b8 __wg_ll_combine_fused_1[132];
 // META: "cooperative": 1,
 // META-NEXT: "entry": "low_latency_dispatch",
 // META: "cooperative": 1,

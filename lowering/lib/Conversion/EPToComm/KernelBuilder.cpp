@@ -24,9 +24,15 @@ gpu::GPUFuncOp createKernel(OpBuilder &builder, Location loc, StringRef name, bo
   if (sharedFlag) {
     auto space = gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup);
     func.addWorkgroupAttribution(MemRefType::get({1}, builder.getI32Type(), nullptr, space), loc);
-    if (sharedWords)
+    if (sharedWords) {
       func.addWorkgroupAttribution(
           MemRefType::get({sharedWords}, builder.getI32Type(), nullptr, space), loc);
+      // 16-byte aligned: LLVM merges the stores of a lane's consecutive
+      // words (a scan's) into st.shared.v4, which faults unless the array is;
+      // the default (the i32's 4) would leave it right after the flag.
+      func.setWorkgroupAttributionAttr(1, LLVM::LLVMDialect::getAlignAttrName(),
+                                       builder.getI64IntegerAttr(16));
+    }
   }
   OpBuilder::InsertionGuard guard(builder);
   builder.setInsertionPointToEnd(&func.getBody().front());
