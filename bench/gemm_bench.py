@@ -1,16 +1,24 @@
 """ep.grouped_gemm (TMA + wgmma, persistent) against torch's cuBLAS matmuls per expert, on the
-rows of a real expanded dispatch, and dispatch -> GEMM in two steps against the fused
-schedule (ep-fuse-dispatch-gemm); same process, one GPU (a virtual EP world).
+rows of a real expanded dispatch, and both fusible pairs (dispatch -> GEMM, GEMM (N = hidden)
+-> combine) in their three modes: two steps (fusion="never"), the fused kernel ("always") and
+the default ("auto", the cost model's choice); decode to prefill sizes, same process, one GPU
+(a virtual EP world).
 
-    python bench/gemm_bench.py                 # V3: EP8, 256 experts, top-8, hidden 7168, N 2048
+    python bench/gemm_bench.py                 # V3: EP8, 256 experts, top-8, hidden 7168, N 2048,
+                                               # 128, 1024 and 4096 tokens per rank
     python bench/gemm_bench.py --compile-only  # fill the kernel cache (tools/device/prepare.sh)
+
+The report's `summary`: fused over unfused as fusion="auto" runs it (decode, prefill, the
+minimum over sizes and pairs), the fused kernels forced for comparison, and each pair's
+prediction next to its measurement (`pairs.<pair>.prediction`).
 
 METHOD: the floor is the FLOPs (2 x rows x hidden x N over every rank's expert rows) at the
 GPU's dense BF16 rate; both sides are timed as kernel time from the profiler (CUPTI), medians of
 --iterations after L2 flushes: epic's one launch for all ranks, and the sum of every kernel
 torch runs for the per-expert `torch.mm(x[rows_e], w[e], out=...)` loop (so its launch gaps do
-not count against it). Results are compared first (fp32 outputs, rtol 1e-3). Writes
-bench/results/gemm-<gpu>-<date>.json.
+not count against it). Results are compared first (fp32 outputs, rtol 1e-3). A pair's time is
+every kernel its call launches (memsets included) and its wall time. Writes
+bench/results/gemm-<gpu>-<date>.json and .png.
 """
 
 from __future__ import annotations
@@ -32,15 +40,23 @@ KERNEL = "ep_grouped_gemm_gemm"
 ALIGNMENT = 128
 
 
-def spec_of(args):
+def spec_of(args, tokens):
     return dict(num_ranks=args.ranks, num_experts=args.experts, num_topk=args.topk,
                 hidden=args.hidden, dtype="bf16", num_scale_packs=0, expert_alignment=ALIGNMENT,
-                do_expand=True, num_max_tokens_per_rank=args.tokens)
+                do_expand=True, num_max_tokens_per_rank=tokens)
 
 
 def compile_only(args):
+    keys = []
+    for tokens in args.tokens:
+        keys += compile_size(args, tokens)
+    print(f"gemm_bench: {len(keys)} kernel sets in {_C.Runtime('virtual', '', '').cache_dir}")
+
+
+def compile_size(args, tokens):
+    """The kernel sets of one size (the token cap is part of the configuration)."""
     runtime = _C.Runtime("virtual", "", "")
-    spec = spec_of(args)
+    spec = spec_of(args, tokens)
     keys = [runtime.kernels(spec, dict(weights=True, cached=False, zero_padding=False),
                             "dispatch")["key"]]
     for out in ("bf16", "f32"):
@@ -54,7 +70,7 @@ def compile_only(args):
                                            n=args.hidden, out_dtype="bf16"),
                                 "dispatch_gemm")["key"])
     keys.append(runtime.kernels(spec, dict(biases=0), "gemm_combine")["key"])
-    print(f"gemm_bench: {len(keys)} kernel sets in {runtime.cache_dir}")
+    return keys
 
 
 def all_kernels_time(torch, timer, fn):
@@ -74,10 +90,11 @@ def all_kernels_time(torch, timer, fn):
     return statistics.median(totals)
 
 
-def run(args):
+def run_size(args, T):
+    """Every measurement at `T` tokens per rank (None with --once: each call once, untimed)."""
     import torch
 
-    R, T, H, E, K, N = args.ranks, args.tokens, args.hidden, args.experts, args.topk, args.n
+    R, H, E, K, N = args.ranks, args.hidden, args.experts, args.topk, args.n
     L = E // R
     timer = ep_bench.Timer(torch, args.iterations)
     xs, _, idxs, ws = ep_bench.make_inputs(torch, R, T, H, E, K, False, seed=7)
@@ -119,97 +136,155 @@ def run(args):
                 error = ((got[r][start:end] - want).abs().max() / want.abs().max()).item()
                 worst = max(worst, error)
                 equal &= error < 1e-3
+    del got
     rows = sum(end - start for rr in ranges for start, end in rr)
     flops = 2.0 * rows * H * N
 
-    # Dispatch then GEMM: two steps, and fused (ep-fuse-dispatch-gemm). The same rows in the
-    # same places are not guaranteed (arrival order), the same multiset per expert is: the
-    # fused output is checked against the grouped GEMM of its own rows (bitwise).
-    def two_steps():
-        rx, _, _, hs, _ = buffer.dispatch(xs, idxs, ws, num_experts=E, do_expand=True,
-                                          expert_alignment=ALIGNMENT)
-        return buffer.grouped_gemm(rx, weights, hs)
-
-    def fused():
-        return buffer.dispatch_gemm(xs, idxs, weights, topk_weights=ws, num_experts=E,
-                                    expert_alignment=ALIGNMENT)
-
-    # dispatch -> GEMM -> combine with a square expert GEMM (N = hidden: the combine sends
-    # hidden-wide rows): the three steps one after another, against each fusion (the compiler
-    # fuses one pair per GEMM). Combined results must be bitwise equal across the three.
+    # The two fusible pairs, each in its three modes: the two steps, the fused kernel
+    # (fusion="always") and the default, fusion="auto" (the cost model's choice). The fused
+    # results are bitwise the steps' (checked below). A pair's time is every kernel its call
+    # launches (CUPTI, memsets included), and its wall time.
     square = [(torch.randn((L, H, H), generator=g, device="cuda") / H ** 0.5)
               .to(torch.bfloat16) for _ in range(R)]
 
-    def three_steps():
-        rx, _, _, hs, _ = buffer.dispatch(xs, idxs, ws, num_experts=E, do_expand=True,
-                                          expert_alignment=ALIGNMENT)
-        return buffer.combine(buffer.grouped_gemm(rx, square, hs), hs)[0]
+    def dispatch_gemm(mode):
+        return lambda: buffer.dispatch_gemm(xs, idxs, weights, topk_weights=ws, num_experts=E,
+                                            expert_alignment=ALIGNMENT, fusion=mode)
 
-    def fused_dispatch_gemm():
-        _, _, y, hs, _ = buffer.dispatch_gemm(xs, idxs, square, topk_weights=ws, num_experts=E,
-                                              expert_alignment=ALIGNMENT)
-        return buffer.combine(y, hs)[0]
+    def gemm_combine(mode):
+        return lambda: buffer.gemm_combine(recv, square, handles, fusion=mode)
 
-    def fused_gemm_combine():
-        rx, _, _, hs, _ = buffer.dispatch(xs, idxs, ws, num_experts=E, do_expand=True,
-                                          expert_alignment=ALIGNMENT)
-        return buffer.gemm_combine(rx, square, hs)[1]
-
-    if args.once:  # for an external profiler: every epic variant once, nothing timed
-        for fn in (epic_gemm, two_steps, fused, three_steps, fused_dispatch_gemm,
-                   fused_gemm_combine):
+    if args.once:  # for an external profiler: every variant once, nothing timed
+        for fn in [epic_gemm] + [call(mode) for call in (dispatch_gemm, gemm_combine)
+                                 for mode in ("never", "always")]:
             fn()
         torch.cuda.synchronize()
+        buffer.destroy()
         return None
     t_epic = timer.kernels(epic_gemm, (KERNEL,), buffer)[KERNEL]
     t_torch = all_kernels_time(torch, timer, torch_gemm)
     w_epic, w_torch = timer.wall(epic_gemm), timer.wall(torch_gemm)
-    frx, _, fout, fhandles, _ = fused()
-    again = buffer.grouped_gemm(frx, weights, fhandles)
-    torch.cuda.synchronize()
-    fused_equal = all(torch.equal(a.view(torch.int16), b.view(torch.int16))
-                      for a, b in zip(fout, again))
-    two_names = ("ep_dispatch_count", "ep_dispatch_scatter", KERNEL)  # one pass (virtual)
-    fused_names = ("ep_dispatch_gemm_send", "ep_dispatch_gemm_copy_gemm")
-    per_kernel = dict(two_steps=timer.kernels(two_steps, two_names, buffer),
-                      fused=timer.kernels(fused, fused_names, buffer))
-    t_two, t_fused = sum(per_kernel["two_steps"].values()), sum(per_kernel["fused"].values())
-    w_two, w_fused = timer.wall(two_steps), timer.wall(fused)
+    def same(a, b):
+        return all(torch.equal(x.view(torch.int16), y.view(torch.int16)) for x, y in zip(a, b))
 
-    outs = [three_steps(), fused_dispatch_gemm(), fused_gemm_combine()]
-    torch.cuda.synchronize()
-    layer_equal = all(torch.equal(a.view(torch.int16), b.view(torch.int16))
-                      for other in outs[1:] for a, b in zip(outs[0], other))
-    three_names = ("ep_dispatch_count", "ep_dispatch_scatter", KERNEL, "ep_combine_gather")
-    per_kernel.update(
-        layer_three_steps=timer.kernels(three_steps, three_names, buffer),
-        layer_fused_dispatch_gemm=timer.kernels(fused_dispatch_gemm,
-                                                fused_names + three_names[3:], buffer),
-        layer_fused_gemm_combine=timer.kernels(fused_gemm_combine, three_names[:2] + (
-            "ep_gemm_combine_gemm_send", "ep_gemm_combine_reduce"), buffer))
-    t_three, t_front, t_back = (sum(per_kernel[k].values()) for k in (
-        "layer_three_steps", "layer_fused_dispatch_gemm", "layer_fused_gemm_combine"))
-    w_three, w_front, w_back = (timer.wall(three_steps), timer.wall(fused_dispatch_gemm),
-                                timer.wall(fused_gemm_combine))
+    pairs, checks = {}, {}
+    for pair, call in (("dispatch_gemm", dispatch_gemm), ("gemm_combine", gemm_combine)):
+        row, ok, unfused = {}, True, None
+        for mode in ("never", "always", "auto"):
+            out = call(mode)()
+            decision = dict(buffer.last_fusion)
+            # Bitwise the two steps (checked, then dropped: the prefill sizes fill the GPU).
+            if pair == "dispatch_gemm":  # the same rows per expert, not in the same places
+                ok &= same(out[2], buffer.grouped_gemm(out[0], weights, out[3]))
+            elif mode == "never":
+                unfused = out
+            else:
+                ok &= same(out[0], unfused[0]) and same(out[1], unfused[1])
+            del out
+            torch.cuda.synchronize()
+            kernel_s, per_name = timer.every_kernel(call(mode))
+            row[mode] = dict(kernel_s=kernel_s, wall_s=timer.wall(call(mode)),
+                             fused=decision["fused"], kernels_s=per_name)
+            if mode == "auto":
+                row["prediction"] = dict(fused_us=decision["fused_us"],
+                                         steps_us=decision["steps_us"], why=decision["why"])
+        del unfused
+        checks[pair] = bool(ok)
+        for mode in ("always", "auto"):
+            row[f"{mode}_x_never_kernel"] = row["never"]["kernel_s"] / row[mode]["kernel_s"]
+            row[f"{mode}_x_never_wall"] = row["never"]["wall_s"] / row[mode]["wall_s"]
+        pairs[pair] = row
     buffer.destroy()
-    return dict(rows=rows, flops=flops, equal=bool(equal), max_relative_error=worst,
-                fused_equal=bool(fused_equal), two_steps_kernel_s=t_two, fused_kernel_s=t_fused,
-                two_steps_wall_s=w_two, fused_wall_s=w_fused, fused_speedup=t_two / t_fused,
-                epic_kernel_s=t_epic, cublas_kernels_s=t_torch, epic_wall_s=w_epic,
-                torch_wall_s=w_torch, layer_equal=bool(layer_equal),
-                three_steps_kernel_s=t_three, fused_dispatch_gemm_layer_kernel_s=t_front,
-                fused_gemm_combine_layer_kernel_s=t_back, three_steps_wall_s=w_three,
-                fused_dispatch_gemm_layer_wall_s=w_front, fused_gemm_combine_layer_wall_s=w_back,
-                layer_speedup_dispatch_gemm=t_three / t_front,
-                layer_speedup_gemm_combine=t_three / t_back, epic_tflops=flops / t_epic / 1e12,
-                cublas_tflops=flops / t_torch / 1e12, epic_over_cublas=t_torch / t_epic,
-                kernel_s=per_kernel)
+    return dict(tokens=T, rows=rows, flops=flops, equal=bool(equal), max_relative_error=worst,
+                fused_equal=bool(all(checks.values())), epic_kernel_s=t_epic,
+                cublas_kernels_s=t_torch, epic_wall_s=w_epic, torch_wall_s=w_torch,
+                epic_tflops=flops / t_epic / 1e12, cublas_tflops=flops / t_torch / 1e12,
+                epic_over_cublas=t_torch / t_epic, pairs=pairs)
+
+
+def summary(sizes):
+    """The issue's top-level numbers: fused over unfused as the default (fusion="auto") runs,
+    at decode (the smallest size) and prefill (the largest) and its minimum over every size and
+    pair (wall time); the fused kernels forced on for comparison."""
+    auto = [(s["tokens"], p, row["auto_x_never_wall"]) for s in sizes
+            for p, row in s["pairs"].items()]
+    always = [(s["tokens"], p, row["always_x_never_wall"]) for s in sizes
+              for p, row in s["pairs"].items()]
+    small, large = min(s["tokens"] for s in sizes), max(s["tokens"] for s in sizes)
+    return dict(
+        fp8_x_bf16_gemm=None,
+        fp8_note="ep.grouped_gemm takes bf16/f16 inputs only: no FP8 GEMM to compare yet",
+        decode_fused_x_unfused=min(r for t, _, r in auto if t == small),
+        prefill_fused_x_unfused=min(r for t, _, r in auto if t == large),
+        min_fused_x_unfused=min(r for _, _, r in auto),
+        min_always_fused_x_unfused=min(r for _, _, r in always),
+        decode_tokens=small, prefill_tokens=large,
+        note="fused = what dispatch_gemm / gemm_combine run by default (fusion='auto'), over "
+             "the two steps (fusion='never'), wall time of the pair; the persistent decode "
+             "kernel is not built yet")
+
+
+def plot(report, path):
+    """Fused over unfused per size: each pair forced fused and as fusion="auto" runs it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = report["sizes"]
+    tokens = [s["tokens"] for s in sizes]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for pair, style in (("dispatch_gemm", "o"), ("gemm_combine", "s")):
+        for mode, line in (("always", "--"), ("auto", "-")):
+            ax.plot(tokens, [s["pairs"][pair][f"{mode}_x_never_wall"] for s in sizes],
+                    line, marker=style, label=f"{pair}, fusion={mode}")
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tokens per rank (virtual EP%d)" % report["args"]["ranks"])
+    ax.set_ylabel("two steps / fused (wall), > 1: fused faster")
+    ax.set_title(f"{report['gpu']}: fusion that pays")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def tokens_list(text):
+    values = [int(v) for v in text.split(",") if v.strip()]
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"comma-separated token counts >= 1, got {text!r}")
+    return values
+
+
+def report_size(args, result):
+    print(f"{result['tokens']} tokens per rank: grouped GEMM, {result['rows']} rows x "
+          f"{args.hidden} x {args.n} over {args.ranks} virtual ranks "
+          f"({result['flops'] / 1e12:.2f} TFLOP):")
+    print(f"  epic   {result['epic_kernel_s'] * 1e3:8.3f} ms  {result['epic_tflops']:7.1f} TFLOPS "
+          f"(wall {result['epic_wall_s'] * 1e3:.3f} ms)")
+    print(f"  cuBLAS {result['cublas_kernels_s'] * 1e3:8.3f} ms  {result['cublas_tflops']:7.1f} "
+          f"TFLOPS (wall {result['torch_wall_s'] * 1e3:.3f} ms, per-expert torch.mm)")
+    print(f"  epic / cuBLAS throughput: {result['epic_over_cublas']:.2f}; results equal: "
+          f"{result['equal']} (max relative error {result['max_relative_error']:.2e}); fused "
+          f"results bitwise the two steps': {result['fused_equal']}")
+    for pair, row in result["pairs"].items():
+        modes = ", ".join(f"{mode} {row[mode]['kernel_s'] * 1e3:.3f} / "
+                          f"{row[mode]['wall_s'] * 1e3:.3f} ms" for mode in
+                          ("never", "always", "auto"))
+        p = row["prediction"]
+        model = (f"model {p['fused_us'] / 1e3:.3f} fused vs {p['steps_us'] / 1e3:.3f} ms"
+                 if p["fused_us"] is not None else f"model: {p['why']}")
+        way = "fused" if row["auto"]["fused"] else "two steps"
+        print(f"  {pair} (kernels / wall): {modes}; auto {way} ({model}); fused/never "
+              f"{row['always_x_never_wall']:.2f}x, auto/never {row['auto_x_never_wall']:.2f}x "
+              "(wall)")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=8)
-    parser.add_argument("--tokens", type=int, default=1024, help="tokens per rank")
+    parser.add_argument("--tokens", type=tokens_list, default=[128, 1024, 4096],
+                        help="tokens per rank, comma-separated (decode to prefill sizes)")
     parser.add_argument("--hidden", type=int, default=7168)
     parser.add_argument("--experts", type=int, default=256)
     parser.add_argument("--topk", type=int, default=8)
@@ -218,8 +293,7 @@ def main():
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--once", action="store_true",
-                        help="run epic's GEMM, two steps, the fused kernels and the layer's three "
-                             "variants once, untimed "
+                        help="run epic's GEMM and each pair unfused and fused once, untimed "
                              "(for tools/device/profile.sh: CUPTI allows one subscriber)")
     args = parser.parse_args()
     if args.compile_only or _C.cuda_device_count() == 0:
@@ -227,39 +301,27 @@ def main():
         return 0
     import torch
 
-    result = run(args)
-    if result is None:
-        print("gemm_bench: ran each variant once")
+    sizes = []
+    for tokens in args.tokens:
+        result = run_size(args, tokens)
+        torch.cuda.empty_cache()
+        if result is None:
+            print(f"gemm_bench: ran each variant once at {tokens} tokens per rank")
+            continue
+        report_size(args, result)
+        sizes.append(result)
+    if not sizes:
         return 0
     report = dict(date=datetime.date.today().isoformat(), args=vars(args),
-                  gpu=torch.cuda.get_device_name(), result=result)
-    print(f"grouped GEMM, {result['rows']} rows x {args.hidden} x {args.n} over {args.ranks} "
-          f"virtual ranks ({result['flops'] / 1e12:.2f} TFLOP):")
-    print(f"  epic   {result['epic_kernel_s'] * 1e3:8.3f} ms  {result['epic_tflops']:7.1f} TFLOPS "
-          f"(wall {result['epic_wall_s'] * 1e3:.3f} ms)")
-    print(f"  cuBLAS {result['cublas_kernels_s'] * 1e3:8.3f} ms  {result['cublas_tflops']:7.1f} "
-          f"TFLOPS (wall {result['torch_wall_s'] * 1e3:.3f} ms, per-expert torch.mm)")
-    print(f"  epic / cuBLAS throughput: {result['epic_over_cublas']:.2f}; results equal: "
-          f"{result['equal']} (max relative error {result['max_relative_error']:.2e})")
-    print(f"dispatch -> GEMM: two steps {result['two_steps_kernel_s'] * 1e3:.3f} ms, fused "
-          f"{result['fused_kernel_s'] * 1e3:.3f} ms (kernels; wall "
-          f"{result['two_steps_wall_s'] * 1e3:.3f} / {result['fused_wall_s'] * 1e3:.3f} ms): "
-          f"{result['fused_speedup']:.2f}x; fused output bitwise the GEMM of its rows: "
-          f"{result['fused_equal']}")
-    print(f"dispatch -> GEMM (N = hidden) -> combine: three steps "
-          f"{result['three_steps_kernel_s'] * 1e3:.3f} ms; fused dispatch+GEMM "
-          f"{result['fused_dispatch_gemm_layer_kernel_s'] * 1e3:.3f} ms "
-          f"({result['layer_speedup_dispatch_gemm']:.2f}x); fused GEMM+combine "
-          f"{result['fused_gemm_combine_layer_kernel_s'] * 1e3:.3f} ms "
-          f"({result['layer_speedup_gemm_combine']:.2f}x) (kernels; wall "
-          f"{result['three_steps_wall_s'] * 1e3:.3f} / "
-          f"{result['fused_dispatch_gemm_layer_wall_s'] * 1e3:.3f} / "
-          f"{result['fused_gemm_combine_layer_wall_s'] * 1e3:.3f} ms); combined outputs bitwise "
-          f"equal: {result['layer_equal']}")
-    for step, kernels in result["kernel_s"].items():
-        print(f"  {step}: " + ", ".join(f"{name} {t * 1e3:.3f} ms" for name, t in kernels.items()))
-    ep_bench.write_report(report, args.out, "gemm-")
-    return 0 if result["equal"] and result["fused_equal"] and result["layer_equal"] else 1
+                  gpu=torch.cuda.get_device_name(), summary=summary(sizes), sizes=sizes)
+    print("summary: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                                  for k, v in report["summary"].items() if k != "note"))
+    path = ep_bench.write_report(report, args.out, "gemm-")
+    try:
+        plot(report, path[:-len(".json")] + ".png")
+    except ImportError:
+        print("gemm_bench: no matplotlib, no plot")
+    return 0 if all(s["equal"] and s["fused_equal"] for s in sizes) else 1
 
 
 if __name__ == "__main__":

@@ -313,6 +313,8 @@ class ElasticBuffer(AgrsMethods, EngramMethods, PpMethods):
         self._state = None  # the C++ buffer, made on first use in a virtual world
         self._comm_stream = None
         self._device_index = None
+        # dispatch_gemm / gemm_combine: the last call's fusion decision (epic._fusion.decide).
+        self.last_fusion = None
         self._plans = PlanCache(output_pool_bytes)  # signature -> OpPlan, and output pools
         # window_outputs: tensors carved from the top of each served rank's window, from the
         # end down (the kernels use it from the start); reset by every such dispatch, whose
@@ -836,17 +838,22 @@ class ElasticBuffer(AgrsMethods, EngramMethods, PpMethods):
 
     def dispatch_gemm(self, x, topk_idx, experts, topk_weights=None, num_experts=None,
                       expert_alignment=None, out_dtype=None, num_sms: int = 0,
-                      do_zero_padding: bool = False, do_cpu_sync: bool = True):
-        """epic: an expanded dispatch fused with the expert GEMM on its rows: the compiler's
-        ``ep-fuse-dispatch-gemm`` schedule, where each GEMM tile starts as soon as its rows are
-        in place instead of after the whole dispatch.
+                      do_zero_padding: bool = False, do_cpu_sync: bool = True,
+                      fusion: str = "auto"):
+        """epic: an expanded dispatch and the expert GEMM on its rows, fused where that pays:
+        the compiler's ``ep-fuse-dispatch-gemm`` schedule, where each GEMM tile starts as soon
+        as its rows are in place instead of after the whole dispatch.
 
         ``experts``: every rank's local expert weights ``[E / R, hidden, N]`` (the dispatch's
         dtype, bf16 or f16; N a multiple of 128, hidden of 64). Returns ``(recv_x,
         recv_topk_weights, gemm_out, handle, event)``, the same as ``dispatch(...,
         do_expand=True)`` followed by :meth:`grouped_gemm` (``gemm_out`` rows follow
-        ``recv_x``'s; padding rows are zero).
+        ``recv_x``'s; padding rows are zero). ``fusion``: ``"auto"`` runs the fused kernel only
+        where the fusion cost model predicts it beats those two calls (``last_fusion`` tells
+        which way this call went and why), ``"always"`` / ``"never"`` decide without it; the
+        results are bitwise the same either way.
         """
+        _fusion.check_mode(fusion)
         ws = self._per_rank("experts", experts)
         xs = self._per_rank("x", x)
         for r, xr in enumerate(xs):
@@ -854,6 +861,25 @@ class ElasticBuffer(AgrsMethods, EngramMethods, PpMethods):
                 raise TypeError(f"{self._name('x', r)}: the fused dispatch + GEMM takes bf16 or "
                                 "f16 rows, not FP8 with scale packs")
         out_name = _gemm_dtype(out_dtype, self._dtype(xs[0], "x"))
+        idxs = self._per_rank("topk_idx", topk_idx)
+
+        def shape():  # only "auto" asks; odd inputs leave it to the two steps' checks
+            if num_experts is None or any(len(getattr(t, "shape", ())) != d for t, d in
+                                          ((xs[0], 2), (idxs[0], 2), (ws[0], 3))):
+                return None
+            return dict(tokens=max(xr.shape[0] for xr in xs), hidden=xs[0].shape[1],
+                        n=ws[0].shape[2], topk=idxs[0].shape[1], experts=num_experts,
+                        element_bytes=2)
+
+        fuse = _fusion.decide(self, "dispatch_gemm", fusion, shape, _fusion.on_gpu(xs + ws))
+        if not fuse:
+            recv_x, _, recv_w, handle, event = self.dispatch(
+                x, topk_idx, topk_weights, num_experts=num_experts,
+                expert_alignment=expert_alignment, num_sms=num_sms, do_cpu_sync=do_cpu_sync,
+                do_expand=True, do_zero_padding=do_zero_padding)
+            gemm_out = self.grouped_gemm(recv_x, experts, handle, out_dtype=out_name,
+                                         num_sms=num_sms)
+            return recv_x, recv_w, gemm_out, handle, event
         recv_x, _, recv_w, handle, event, gemm_out = self.dispatch(
             x, topk_idx, topk_weights, num_experts=num_experts,
             expert_alignment=expert_alignment, num_sms=num_sms, do_cpu_sync=do_cpu_sync,
@@ -876,11 +902,11 @@ class ElasticBuffer(AgrsMethods, EngramMethods, PpMethods):
 
     def gemm_combine(self, x, weights, handle, bias=None, num_sms: int = 0,
                      previous_event=None, async_with_compute_stream: bool = False,
-                     allocate_on_comm_stream: bool = False):
-        """epic: the expert GEMM fused with the combine of its output: the compiler's
-        ``ep-fuse-gemm-combine`` schedule, where each token is sent back to its source as soon
-        as the GEMM tiles holding its rows are written, overlapping the send of early tiles with
-        the computation of later ones.
+                     allocate_on_comm_stream: bool = False, fusion: str = "auto"):
+        """epic: the expert GEMM and the combine of its output, fused where that pays: the
+        compiler's ``ep-fuse-gemm-combine`` schedule, where each token is sent back to its
+        source as soon as the GEMM tiles holding its rows are written, overlapping the send of
+        early tiles with the computation of later ones.
 
         ``x`` is an expanded dispatch's ``recv_x`` (bf16 or f16), ``weights`` every rank's
         local expert matrices ``[E / R, hidden, hidden]`` (same dtype: the combine sends
@@ -888,9 +914,33 @@ class ElasticBuffer(AgrsMethods, EngramMethods, PpMethods):
         is :meth:`grouped_gemm`'s bf16 output (padding rows zero) and ``combined_x`` bitwise
         what :meth:`combine` of ``y`` with the same biases returns. Combine weights are not
         taken (DeepEP applies them in the expert's epilogue, which is this GEMM's).
+        ``fusion``: as :meth:`dispatch_gemm`'s (``"auto"``: the two calls unless the cost
+        model predicts the fused kernel is faster; ``last_fusion`` says which and why).
         """
-        return _combine.gemm_combine(self, x, weights, handle, bias, num_sms, previous_event,
-                                     async_with_compute_stream, allocate_on_comm_stream)
+        _fusion.check_mode(fusion)
+        xs, ws = self._per_rank("x", x), self._per_rank("weights", weights)
+
+        def shape():  # only "auto" asks; odd inputs leave it to the two steps' checks
+            hs = self._handles("handle", handle) if handle is not None else None
+            if not hs or any(len(getattr(t, "shape", ())) != d for t, d in
+                             ((xs[0], 2), (ws[0], 3))):
+                return None
+            return dict(tokens=max(h.topk_idx.shape[0] for h in hs), hidden=xs[0].shape[1],
+                        n=ws[0].shape[2], topk=hs[0].topk_idx.shape[1],
+                        experts=hs[0].num_experts, element_bytes=2)
+
+        if _fusion.decide(self, "gemm_combine", fusion, shape, _fusion.on_gpu(xs + ws)):
+            return _combine.gemm_combine(self, x, weights, handle, bias, num_sms,
+                                         previous_event, async_with_compute_stream,
+                                         allocate_on_comm_stream)
+        _check_event("previous_event", previous_event)
+        if previous_event is not None:  # the GEMM reads x: after the event, as the fused kernel
+            previous_event.current_stream_wait()
+        y = self.grouped_gemm(x, weights, handle, out_dtype="bf16", num_sms=num_sms)
+        combined, _, event = self.combine(y, handle, bias=bias, num_sms=num_sms,
+                                          async_with_compute_stream=async_with_compute_stream,
+                                          allocate_on_comm_stream=allocate_on_comm_stream)
+        return y, combined, event
 
     # --- the expert GEMM -------------------------------------------------------------------
 
@@ -934,4 +984,4 @@ def _record(stream):
 
 
 # The calls' implementations use this module's helpers: imported once they exist.
-from . import _combine, _dispatch, _layout  # noqa: E402
+from . import _combine, _dispatch, _fusion, _layout  # noqa: E402

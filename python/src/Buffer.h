@@ -63,6 +63,8 @@ struct Buffer {
 /// The AGRS sessions' and PP channels' methods on epic._C.Buffer
 /// (CopyEngineBindings.cpp).
 void bindCopyEngineOps(pybind11::class_<Buffer> &buffer);
+/// _C.predict_fusion, the fusion cost model (FusionBindings.cpp).
+void bindFusionModel(pybind11::module_ &m);
 
 } // namespace epic::python
 

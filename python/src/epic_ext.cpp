@@ -427,4 +427,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("nccl_loaded_version", &Communicator::loadedVersion,
         "NCCL_VERSION_CODE of the NCCL library loaded in this process (ncclGetVersion).");
   bindCopyEngineOps(buffer);
+  bindFusionModel(m);
 }

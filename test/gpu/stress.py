@@ -227,7 +227,7 @@ class StepRun:
         if gemm:
             recv, recv_w, gemm_out, handles, _ = self.b.dispatch_gemm(
                 self.w.arg(self.x_in(xs, sfs)), self.w.arg(idx), self.w.arg(self.gemm_weights()),
-                topk_weights=self.w.arg(ws) if ws else None, **kw)
+                topk_weights=self.w.arg(ws) if ws else None, fusion="always", **kw)
             # The fused op returns no recv_topk_idx: the check below takes the reference's.
             recv_idx, gemm_out = [None] * len(served), self.w.out(gemm_out)
         else:
@@ -363,7 +363,7 @@ class StepRun:
         self.delay()
         if fused:
             ys, out, event = self.b.gemm_combine(self.w.arg(self.recv), self.w.arg(
-                self.gemm_weights()), self.w.arg(self.handles), bias=bias_in,
+                self.gemm_weights()), self.w.arg(self.handles), bias=bias_in, fusion="always",
                 **self.stream_kwargs())
             # In DeepEP's async protocol the outputs are ready once the event is waited for.
             self.finish(event)

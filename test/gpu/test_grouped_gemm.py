@@ -66,6 +66,20 @@ if not torch.cuda.is_available():  # pragma: no cover - CPU machines
 
 import epic  # noqa: E402
 
+FUSION_MODES = ["always", "never", "auto"]
+
+
+def check_decision(buffer, pair, mode):
+    """The call went the way its mode says: auto the cost model's way for this call's shape."""
+    decision = buffer.last_fusion
+    assert decision["pair"] == pair and decision["mode"] == mode
+    if mode != "auto":
+        assert decision["fused"] == (mode == "always")
+        return
+    assert decision["fused_us"] is not None, decision["why"]  # the H200 has the model's numbers
+    assert decision["fused"] == (decision["fused_us"] < decision["steps_us"]), decision
+    assert ("fused" in decision["why"]) and ("two steps" in decision["why"])
+
 
 def expert_rows(handle, L, alignment):
     """[(start, end)] of each local expert's rows in the expanded layout."""
@@ -177,10 +191,12 @@ def test_grouped_gemm_output_feeds_the_combine():
 
 @pytest.mark.parametrize("ranks, experts, hidden, n, tokens, alignment", CONFIGS[:2])
 @pytest.mark.parametrize("weights", [False, True])
+@pytest.mark.parametrize("fusion", FUSION_MODES)
 def test_fused_dispatch_gemm_equals_the_two_steps(ranks, experts, hidden, n, tokens, alignment,
-                                                  weights):
+                                                  weights, fusion):
     """ep.dispatch_gemm (copy role + GEMM role waiting per tile) gives the rows, weights and
-    handle of the expanded dispatch, and bitwise the grouped GEMM of those rows."""
+    handle of the expanded dispatch, and bitwise the grouped GEMM of those rows; so does every
+    fusion mode (auto goes the way the cost model predicts)."""
     g = torch.Generator(device="cuda").manual_seed(17 + ranks)
     buffer = epic.ElasticBuffer(epic.VirtualWorld(ranks), num_max_tokens_per_rank=tokens,
                                 hidden=hidden, num_topk=TOPK, explicitly_destroy=True)
@@ -194,7 +210,9 @@ def test_fused_dispatch_gemm_equals_the_two_steps(ranks, experts, hidden, n, tok
     experts_w = [(torch.randn((L, hidden, n), generator=g, device="cuda") / hidden ** 0.5)
                  .to(torch.bfloat16) for _ in range(ranks)]
     recv, recv_w, fused, handles, _ = buffer.dispatch_gemm(
-        xs, idxs, experts_w, topk_weights=ws, num_experts=experts, expert_alignment=alignment)
+        xs, idxs, experts_w, topk_weights=ws, num_experts=experts, expert_alignment=alignment,
+        fusion=fusion)
+    check_decision(buffer, "dispatch_gemm", fusion)
     # The same dispatch unfused: the same multiset of rows per expert.
     plain, _, plain_w, plain_handles, _ = buffer.dispatch(
         xs, idxs, ws, num_experts=experts, do_expand=True, expert_alignment=alignment)
@@ -214,8 +232,9 @@ def test_fused_dispatch_gemm_equals_the_two_steps(ranks, experts, hidden, n, tok
 
 @pytest.mark.parametrize("ranks, experts, hidden, n, tokens, alignment", CONFIGS[:2])
 @pytest.mark.parametrize("biases", [0, 2])
+@pytest.mark.parametrize("fusion", FUSION_MODES)
 def test_fused_gemm_combine_equals_the_two_steps(ranks, experts, hidden, n, tokens, alignment,
-                                                 biases):
+                                                 biases, fusion):
     """ep.gemm_combine (tokens sent from the GEMM's epilogue as their rows finish) returns the
     grouped GEMM's output and bitwise the combine of it."""
     g = torch.Generator(device="cuda").manual_seed(29 + ranks + biases)
@@ -235,7 +254,8 @@ def test_fused_gemm_combine_equals_the_two_steps(ranks, experts, hidden, n, toke
                   for _ in range(biases)) for c in counts] if biases else None
     recv, _, _, handles, _ = buffer.dispatch(xs, idxs, num_experts=experts, do_expand=True,
                                              expert_alignment=alignment)
-    ys, fused, _ = buffer.gemm_combine(recv, ws, handles, bias=bias)
+    ys, fused, _ = buffer.gemm_combine(recv, ws, handles, bias=bias, fusion=fusion)
+    check_decision(buffer, "gemm_combine", fusion)
     separate_ys = buffer.grouped_gemm(recv, ws, handles)
     separate, _, _ = buffer.combine(separate_ys, handles, bias=bias)
     torch.cuda.synchronize()
@@ -245,7 +265,7 @@ def test_fused_gemm_combine_equals_the_two_steps(ranks, experts, hidden, n, toke
         assert torch.equal(fused[r].view(torch.int16), separate[r].view(torch.int16)), \
             f"rank {r}: the fused combine differs from the combine of the GEMM's output"
     # Twice: the per-tile counters and token counts were reset for the next call.
-    ys2, fused2, _ = buffer.gemm_combine(recv, ws, handles, bias=bias)
+    ys2, fused2, _ = buffer.gemm_combine(recv, ws, handles, bias=bias, fusion=fusion)
     torch.cuda.synchronize()
     for r in range(ranks):
         assert torch.equal(fused2[r].view(torch.int16), separate[r].view(torch.int16)), \
@@ -269,8 +289,9 @@ def test_both_fusions_alternate_on_one_buffer():
         idxs = [torch.rand((tokens - step, experts), generator=g, device="cuda").topk(TOPK).indices
                 for _ in range(ranks)]
         recv, _, y, handles, _ = buffer.dispatch_gemm(xs, idxs, ws, num_experts=experts,
+                                                      fusion="always",
                                                       expert_alignment=alignment)
-        ys, combined, _ = buffer.gemm_combine(recv, ws, handles)
+        ys, combined, _ = buffer.gemm_combine(recv, ws, handles, fusion="always")
         want_y = buffer.grouped_gemm(recv, ws, handles)
         want, _, _ = buffer.combine(want_y, handles)
         torch.cuda.synchronize()
@@ -309,10 +330,11 @@ def test_expert_gemm_ops_replay_from_a_cuda_graph():
 
     def step():
         recv, _, y, handles, _ = buffer.dispatch_gemm(xs, idxs, ws, num_experts=experts,
+                                                      fusion="always",
                                                       expert_alignment=alignment,
                                                       do_cpu_sync=False)
         unfused = buffer.grouped_gemm(recv, ws, handles)
-        ys, combined, _ = buffer.gemm_combine(recv, ws, handles)
+        ys, combined, _ = buffer.gemm_combine(recv, ws, handles, fusion="always")
         return y, unfused, ys, combined
 
     step()  # warm-up: plans made, kernels loaded
@@ -358,11 +380,12 @@ def test_gemm_combine_zeroes_its_output_on_the_communication_stream():
     recv, _, _, handles, _ = buffer.dispatch(xs, idxs, num_experts=experts, do_expand=True,
                                              expert_alignment=alignment)
     want = buffer.grouped_gemm(recv, ws, handles)
-    buffer.gemm_combine(recv, ws, handles)  # the plan made, the kernels loaded (which syncs)
+    # The plan made, the kernels loaded (which syncs).
+    buffer.gemm_combine(recv, ws, handles, fusion="always")
     torch.cuda.synchronize()
     event = buffer.capture()
     torch.cuda._sleep(200_000_000)  # about 0.1 s of compute-stream work after the event
-    ys, _, done = buffer.gemm_combine(recv, ws, handles, previous_event=event,
+    ys, _, done = buffer.gemm_combine(recv, ws, handles, previous_event=event, fusion="always",
                                       async_with_compute_stream=True)
     done.current_stream_wait()
     torch.cuda.synchronize()
