@@ -39,12 +39,13 @@
 // CHECK: comm.store release scope sys %[[NEXT]]
 // CHECK: comm.store relaxed scope gpu %[[NEXT]]
 // The receive waits for every source's flag to reach this call's epoch, scans the counts of
-// the 4 x 2 (expert, source) pairs into shared memory (9 words: the starts and the total),
+// the 4 x 2 (expert, source) pairs into shared memory (9 words: the starts and the total;
+// 16-byte aligned, as LLVM may store a lane's consecutive sums as one vector),
 // writes the layout ranges (begin << 32 | count), then shares the rows evenly over the grid's
 // warps: a row's pair by a binary search over the starts (3 steps for 8 pairs). Nothing is
 // reset (no last-block step).
 // CHECK: gpu.func @lld_recv(
-// CHECK-SAME: workgroup(%{{.*}} : memref<1xi32, #gpu.address_space<workgroup>>, %[[STARTS:[^ ]*]] : memref<9xi32, #gpu.address_space<workgroup>>)
+// CHECK-SAME: workgroup(%{{.*}} : memref<1xi32, #gpu.address_space<workgroup>>, %[[STARTS:[^ ]*]] : memref<9xi32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
 // CHECK: %[[CALL:.*]] = comm.load relaxed scope gpu
 // CHECK: comm.wait_flag %{{.*}} ge %[[CALL]] rank %{{.*}} peer %{{.*}} scope sys
 // CHECK: gpu.barrier
@@ -98,7 +99,7 @@ func.func @plain(%x: tensor<?x256xbf16>, %i: tensor<?x4xi64>) -> tensor<4x?x256x
 // (5 words), a row's expert by a binary search (2 steps for 4 experts), its source from the
 // route.
 // CHECK-LABEL: gpu.func @llc_send(
-// CHECK-SAME: workgroup(%{{[^ ]*}} : memref<1xi32, #gpu.address_space<workgroup>>, %[[STARTS:[^ ]*]] : memref<5xi32, #gpu.address_space<workgroup>>)
+// CHECK-SAME: workgroup(%{{[^ ]*}} : memref<1xi32, #gpu.address_space<workgroup>>, %[[STARTS:[^ ]*]] : memref<5xi32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
 // CHECK-SAME: known_block_size = array<i32: 1024, 1, 1>
 // CHECK: memref.store %{{.*}}, %[[STARTS]]
 // CHECK: gpu.barrier
