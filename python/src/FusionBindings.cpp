@@ -25,8 +25,8 @@ double number(const py::dict &shape, const char *name) {
     throw py::value_error(std::string("predict_fusion: shape needs '") + name + "'");
   const double value = shape[name].cast<double>();
   if (!(value >= 0))
-    throw py::value_error(std::string("predict_fusion: shape['") + name +
-                          "'] must be >= 0, got " + std::to_string(value));
+    throw py::value_error(std::string("predict_fusion: shape['") + name + "'] must be >= 0, got " +
+                          std::to_string(value));
   return value;
 }
 } // namespace
@@ -56,7 +56,8 @@ void epic::python::bindFusionModel(py::module_ &m) {
           p = fusion::predictGemmCombine(*costs, s);
         else
           throw py::value_error("predict_fusion: pair must be 'dispatch_gemm' or 'gemm_combine', "
-                                "got '" + pair + "'");
+                                "got '" +
+                                pair + "'");
         py::dict out;
         out["fused_us"] = p.fusedUs;
         out["steps_us"] = p.stepsUs;
