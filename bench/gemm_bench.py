@@ -91,7 +91,18 @@ def all_kernels_time(torch, timer, fn):
 
 
 def run_size(args, T):
-    """Every measurement at `T` tokens per rank (None with --once: each call once, untimed)."""
+    """Every measurement at `T` tokens per rank (None with --once: each call once, untimed).
+    The buffer is destroyed however the size ends (a size that runs out of memory must not keep
+    the next one from its memory)."""
+    buffers = []
+    try:
+        return measure_size(args, T, buffers)
+    finally:
+        for buffer in buffers:
+            buffer.destroy()
+
+
+def measure_size(args, T, buffers):
     import torch
 
     R, H, E, K, N = args.ranks, args.hidden, args.experts, args.topk, args.n
@@ -100,6 +111,7 @@ def run_size(args, T):
     xs, _, idxs, ws = ep_bench.make_inputs(torch, R, T, H, E, K, False, seed=7)
     buffer = epic.ElasticBuffer(epic.VirtualWorld(R), num_max_tokens_per_rank=T, hidden=H,
                                 num_topk=K, explicitly_destroy=True)
+    buffers.append(buffer)
     recv, _, _, handles, _ = buffer.dispatch(xs, idxs, ws, num_experts=E, do_expand=True,
                                              expert_alignment=ALIGNMENT)
     g = torch.Generator(device="cuda").manual_seed(11)
@@ -144,8 +156,11 @@ def run_size(args, T):
     # (fusion="always") and the default, fusion="auto" (the cost model's choice). The fused
     # results are bitwise the steps' (checked below). A pair's time is every kernel its call
     # launches (CUPTI, memsets included), and its wall time.
-    square = [(torch.randn((L, H, H), generator=g, device="cuda") / H ** 0.5)
-              .to(torch.bfloat16) for _ in range(R)]
+    # One square weight set shared by the ranks: 8 of them would be 26 GB at V3's hidden size
+    # (more than an H100 leaves beside a 4096-token buffer); both modes read the same matrices,
+    # so the comparison stays even.
+    square = [(torch.randn((L, H, H), generator=g, device="cuda", dtype=torch.bfloat16)
+               / H ** 0.5)] * R
 
     def dispatch_gemm(mode):
         return lambda: buffer.dispatch_gemm(xs, idxs, weights, topk_weights=ws, num_experts=E,
@@ -159,7 +174,6 @@ def run_size(args, T):
                                  for mode in ("never", "always")]:
             fn()
         torch.cuda.synchronize()
-        buffer.destroy()
         return None
     t_epic = timer.kernels(epic_gemm, (KERNEL,), buffer)[KERNEL]
     t_torch = all_kernels_time(torch, timer, torch_gemm)
@@ -194,7 +208,6 @@ def run_size(args, T):
             row[f"{mode}_x_never_kernel"] = row["never"]["kernel_s"] / row[mode]["kernel_s"]
             row[f"{mode}_x_never_wall"] = row["never"]["wall_s"] / row[mode]["wall_s"]
         pairs[pair] = row
-    buffer.destroy()
     return dict(tokens=T, rows=rows, flops=flops, equal=bool(equal), max_relative_error=worst,
                 fused_equal=bool(all(checks.values())), epic_kernel_s=t_epic,
                 cublas_kernels_s=t_torch, epic_wall_s=w_epic, torch_wall_s=w_torch,
@@ -301,10 +314,19 @@ def main():
         return 0
     import torch
 
-    sizes = []
+    sizes, skipped = [], []
     for tokens in args.tokens:
-        result = run_size(args, tokens)
+        try:
+            result = run_size(args, tokens)
+        except torch.OutOfMemoryError as error:  # a prefill size larger than this GPU
+            first = str(error).splitlines()[0]
+            print(f"gemm_bench: {tokens} tokens per rank do not fit "
+                  f"{torch.cuda.get_device_name()} ({first}); skipped")
+            skipped.append(dict(tokens=tokens, why=first))
+            result = False
         torch.cuda.empty_cache()
+        if result is False:
+            continue
         if result is None:
             print(f"gemm_bench: ran each variant once at {tokens} tokens per rank")
             continue
@@ -313,7 +335,8 @@ def main():
     if not sizes:
         return 0
     report = dict(date=datetime.date.today().isoformat(), args=vars(args),
-                  gpu=torch.cuda.get_device_name(), summary=summary(sizes), sizes=sizes)
+                  gpu=torch.cuda.get_device_name(), summary=summary(sizes), sizes=sizes,
+                  skipped=skipped)
     print("summary: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                                   for k, v in report["summary"].items() if k != "note"))
     path = ep_bench.write_report(report, args.out, "gemm-")
@@ -321,7 +344,10 @@ def main():
         plot(report, path[:-len(".json")] + ".png")
     except ImportError:
         print("gemm_bench: no matplotlib, no plot")
-    return 0 if all(s["equal"] and s["fused_equal"] for s in sizes) else 1
+    if skipped:
+        print("gemm_bench: skipped (out of memory): "
+              + ", ".join(str(s["tokens"]) for s in skipped))
+    return 0 if all(s["equal"] and s["fused_equal"] for s in sizes) and not skipped else 1
 
 
 if __name__ == "__main__":
