@@ -292,6 +292,25 @@ def copy_roofline(torch):
 # --- one configuration ---------------------------------------------------------------------------
 
 
+def quantize_blocks(torch, t, rows_block, block=128):
+    """DeepSeek's FP8 cast of `t` [..., rows, cols]: one f32 scale (amax / 448, amax at least
+    1e-4) per `rows_block` x `block` block of the last two dimensions (1 x 128 for tokens,
+    128 x 128 for expert weights). Returns (e4m3 data, scales [..., rows / rows_block,
+    cols / block])."""
+    *lead, rows, cols = t.shape
+    blocks = t.reshape(*lead, rows // rows_block, rows_block, cols // block, block)
+    scales = (blocks.abs().amax(dim=(-3, -1)).clamp(min=1e-4) / 448.0).float()
+    data = (blocks / scales[..., None, :, None]).reshape(t.shape).to(torch.float8_e4m3fn)
+    return data, scales.contiguous()
+
+
+def dequantize_blocks(data, scales, rows_block, block=128):
+    """The float32 values of quantize_blocks' output."""
+    *lead, rows, cols = data.shape
+    blocks = data.float().reshape(*lead, rows // rows_block, rows_block, cols // block, block)
+    return (blocks * scales[..., None, :, None]).reshape(data.shape)
+
+
 def make_inputs(torch, R, T, H, E, K, fp8, seed, ragged=True):
     """Every rank's tokens (FP8: with scale packs), top-K routing and weights; `ragged`:
     rank r sends T - r tokens (DeepEP's test), else T."""
@@ -301,10 +320,9 @@ def make_inputs(torch, R, T, H, E, K, fp8, seed, ragged=True):
         tokens = max(1, T - r) if ragged else T
         x = torch.randn((tokens, H), generator=g, device="cuda")
         if fp8:
-            groups = x.view(tokens, H // 128, 128)
-            amax = groups.abs().amax(-1).clamp(min=1e-4)
-            sfs.append((amax / 448.0).float().contiguous())
-            xs.append((groups / sfs[-1][..., None]).view(tokens, H).to(torch.float8_e4m3fn))
+            data, scales = quantize_blocks(torch, x, 1)
+            xs.append(data)
+            sfs.append(scales)
         else:
             xs.append(x.to(torch.bfloat16))
         scores = torch.rand((tokens, E), generator=g, device="cuda")

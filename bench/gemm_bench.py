@@ -40,10 +40,14 @@ KERNEL = "ep_grouped_gemm_gemm"
 ALIGNMENT = 128
 
 
-def spec_of(args, tokens):
+SCALE_BLOCK = 128  # FP8: channels per scale (DeepSeek's block scales)
+
+
+def spec_of(args, tokens, fp8=False):
     return dict(num_ranks=args.ranks, num_experts=args.experts, num_topk=args.topk,
-                hidden=args.hidden, dtype="bf16", num_scale_packs=0, expert_alignment=ALIGNMENT,
-                do_expand=True, num_max_tokens_per_rank=tokens)
+                hidden=args.hidden, dtype="f8E4M3FN" if fp8 else "bf16",
+                num_scale_packs=args.hidden // SCALE_BLOCK if fp8 else 0,
+                expert_alignment=ALIGNMENT, do_expand=True, num_max_tokens_per_rank=tokens)
 
 
 def compile_only(args):
@@ -70,6 +74,12 @@ def compile_size(args, tokens):
                                            n=args.hidden, out_dtype="bf16"),
                                 "dispatch_gemm")["key"])
     keys.append(runtime.kernels(spec, dict(biases=0), "gemm_combine")["key"])
+    # The FP8 expert GEMM behind an FP8 dispatch of the same routing.
+    fp8 = spec_of(args, tokens, fp8=True)
+    keys.append(runtime.kernels(fp8, dict(weights=True, cached=False, zero_padding=False),
+                                "dispatch")["key"])
+    for out in ("bf16", "f32"):
+        keys.append(runtime.kernels(fp8, dict(n=args.n, out_dtype=out), "grouped_gemm")["key"])
     return keys
 
 
@@ -88,6 +98,57 @@ def all_kernels_time(torch, timer, fn):
                    and "fill" not in e.name.lower()]
         totals.append(sum(e.device_time_total for e in kernels) / 1e6)
     return statistics.median(totals)
+
+
+def measure_fp8(args, T):
+    """The FP8 grouped GEMM on the BF16 measurement's routing (the same seed), in a buffer of
+    its own (both sizes' receive pools at once do not fit an H100 at 4096 tokens): the tokens
+    cast to FP8 (an f32 scale per 128 channels) and dispatched, weights [L, N, hidden] with
+    128 x 128 block scales; checked against the product of the dequantized operands, then
+    timed like the BF16 kernel."""
+    import torch
+
+    R, H, E, K, N = args.ranks, args.hidden, args.experts, args.topk, args.n
+    L = E // R
+    timer = ep_bench.Timer(torch, args.iterations)
+    xs, sfs, idxs, ws = ep_bench.make_inputs(torch, R, T, H, E, K, True, seed=7)
+    buffer = epic.ElasticBuffer(epic.VirtualWorld(R), num_max_tokens_per_rank=T, hidden=H,
+                                num_topk=K, explicitly_destroy=True)
+    try:
+        return fp8_timings(torch, timer, buffer, R, E, L, N, H, list(zip(xs, sfs)), idxs, ws)
+    finally:
+        buffer.destroy()
+
+
+def fp8_timings(torch, timer, buffer, R, E, L, N, H, xs, idxs, ws):
+    recv, _, _, handles, _ = buffer.dispatch(xs, idxs, ws, num_experts=E, do_expand=True,
+                                             expert_alignment=ALIGNMENT)
+    g = torch.Generator(device="cuda").manual_seed(13)
+    weights = [ep_bench.quantize_blocks(torch, torch.randn((L, N, H), generator=g, device="cuda")
+                               / H ** 0.5, SCALE_BLOCK) for _ in range(R)]
+
+    def fp8_gemm():
+        return buffer.grouped_gemm(recv, weights, handles)
+
+    got = buffer.grouped_gemm(recv, weights, handles, out_dtype=torch.float32)
+    torch.cuda.synchronize()
+    worst = 0.0
+    for r in range(R):
+        x = ep_bench.dequantize_blocks(*recv[r], 1)
+        w = ep_bench.dequantize_blocks(*weights[r], SCALE_BLOCK)
+        psum, previous = handles[r].psum_num_recv_tokens_per_expert.tolist(), 0
+        for e in range(L):
+            start = (previous + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+            end = previous = psum[e]
+            if end > start:
+                want = x[start:end] @ w[e].T
+                error = ((got[r][start:end] - want).abs().max() / want.abs().max()).item()
+                worst = max(worst, error)
+        del x, w
+    del got
+    kernel_s = timer.kernels(fp8_gemm, (KERNEL,), buffer)[KERNEL]
+    return dict(kernel_s=kernel_s, wall_s=timer.wall(fp8_gemm), max_relative_error=worst,
+                equal=bool(worst < 1e-2))
 
 
 def run_size(args, T):
@@ -182,7 +243,8 @@ def measure_size(args, T, buffers):
         return all(torch.equal(x.view(torch.int16), y.view(torch.int16)) for x, y in zip(a, b))
 
     pairs, checks = {}, {}
-    for pair, call in (("dispatch_gemm", dispatch_gemm), ("gemm_combine", gemm_combine)):
+    for pair, call in (() if args.gemm_only else
+                       (("dispatch_gemm", dispatch_gemm), ("gemm_combine", gemm_combine))):
         row, ok, unfused = {}, True, None
         for mode in ("never", "always", "auto"):
             out = call(mode)()
@@ -224,13 +286,17 @@ def summary(sizes):
     always = [(s["tokens"], p, row["always_x_never_wall"]) for s in sizes
               for p, row in s["pairs"].items()]
     small, large = min(s["tokens"] for s in sizes), max(s["tokens"] for s in sizes)
+    with_fp8 = [s for s in sizes if "fp8" in s]
+    largest = max(with_fp8, key=lambda s: s["tokens"]) if with_fp8 else None
     return dict(
-        fp8_x_bf16_gemm=None,
-        fp8_note="ep.grouped_gemm takes bf16/f16 inputs only: no FP8 GEMM to compare yet",
-        decode_fused_x_unfused=min(r for t, _, r in auto if t == small),
-        prefill_fused_x_unfused=min(r for t, _, r in auto if t == large),
-        min_fused_x_unfused=min(r for _, _, r in auto),
-        min_always_fused_x_unfused=min(r for _, _, r in always),
+        fp8_x_bf16_gemm=largest["fp8"]["x_bf16"] if largest else None,
+        fp8_x_bf16_gemm_min=min(s["fp8"]["x_bf16"] for s in with_fp8) if with_fp8 else None,
+        fp8_note="FP8 grouped GEMM (e4m3, block scales) over the BF16 one on the same rows, "
+                 "kernel time; fp8_x_bf16_gemm at the largest size",
+        decode_fused_x_unfused=min((r for t, _, r in auto if t == small), default=None),
+        prefill_fused_x_unfused=min((r for t, _, r in auto if t == large), default=None),
+        min_fused_x_unfused=min((r for _, _, r in auto), default=None),
+        min_always_fused_x_unfused=min((r for _, _, r in always), default=None),
         decode_tokens=small, prefill_tokens=large,
         note="fused = what dispatch_gemm / gemm_combine run by default (fusion='auto'), over "
              "the two steps (fusion='never'), wall time of the pair; the persistent decode "
@@ -246,6 +312,9 @@ def plot(report, path):
 
     sizes = report["sizes"]
     tokens = [s["tokens"] for s in sizes]
+    if not all(s["pairs"] for s in sizes):
+        print("gemm_bench: no pairs measured (--gemm-only), no plot")
+        return
     fig, ax = plt.subplots(figsize=(7, 4))
     for pair, style in (("dispatch_gemm", "o"), ("gemm_combine", "s")):
         for mode, line in (("always", "--"), ("auto", "-")):
@@ -277,6 +346,12 @@ def report_size(args, result):
           f"(wall {result['epic_wall_s'] * 1e3:.3f} ms)")
     print(f"  cuBLAS {result['cublas_kernels_s'] * 1e3:8.3f} ms  {result['cublas_tflops']:7.1f} "
           f"TFLOPS (wall {result['torch_wall_s'] * 1e3:.3f} ms, per-expert torch.mm)")
+    f8 = result.get("fp8")
+    if f8:
+        print(f"  epic FP8 {f8['kernel_s'] * 1e3:6.3f} ms  {f8['tflops']:7.1f} TFLOPS (wall "
+              f"{f8['wall_s'] * 1e3:.3f} ms), {f8['x_bf16']:.2f}x BF16; equal to the "
+              f"dequantized product: {f8['equal']} (max relative error "
+              f"{f8['max_relative_error']:.2e})")
     print(f"  epic / cuBLAS throughput: {result['epic_over_cublas']:.2f}; results equal: "
           f"{result['equal']} (max relative error {result['max_relative_error']:.2e}); fused "
           f"results bitwise the two steps': {result['fused_equal']}")
@@ -305,6 +380,9 @@ def main():
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--no-fp8", action="store_true", help="skip the FP8 grouped GEMM")
+    parser.add_argument("--gemm-only", action="store_true",
+                        help="the grouped GEMMs (BF16, FP8, cuBLAS) only, not the fusible pairs")
     parser.add_argument("--once", action="store_true",
                         help="run epic's GEMM and each pair unfused and fused once, untimed "
                              "(for tools/device/profile.sh: CUPTI allows one subscriber)")
@@ -327,6 +405,12 @@ def main():
         torch.cuda.empty_cache()
         if result is False:
             continue
+        if result is not None and not args.no_fp8:  # the FP8 GEMM, in a buffer of its own
+            fp8 = measure_fp8(args, tokens)
+            torch.cuda.empty_cache()
+            fp8.update(tflops=result["flops"] / fp8["kernel_s"] / 1e12,
+                       x_bf16=result["epic_kernel_s"] / fp8["kernel_s"])
+            result["fp8"] = fp8
         if result is None:
             print(f"gemm_bench: ran each variant once at {tokens} tokens per rank")
             continue
@@ -347,7 +431,8 @@ def main():
     if skipped:
         print("gemm_bench: skipped (out of memory): "
               + ", ".join(str(s["tokens"]) for s in skipped))
-    return 0 if all(s["equal"] and s["fused_equal"] for s in sizes) and not skipped else 1
+    return 0 if all(s["equal"] and s["fused_equal"] and s.get("fp8", {}).get("equal", True)
+                    for s in sizes) and not skipped else 1
 
 
 if __name__ == "__main__":

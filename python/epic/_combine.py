@@ -231,19 +231,49 @@ def gemm_combine(b, x, weights, handle, bias, num_sms, previous_event,
     return b._ranks_out(ys), combined, event
 
 
+FP8_GEMM_DTYPE = "f8E4M3FN"
+
+
+def _split_scaled(b, name, values, what):
+    """FP8 operands of the grouped GEMM, per rank a (data, float32 block scales) pair: the
+    data and the scales as two lists (the runtime checks their shapes)."""
+    data, scales = [], []
+    for r, v in enumerate(values):
+        if not (isinstance(v, tuple) and len(v) == 2):
+            raise TypeError(f"{b._name(name, r)}: FP8 {what} come with their block scales: pass "
+                            f"({name}_fp8, {name}_scales), got {type(v).__name__}")
+        b._dtype(v[0], name, r, allowed=(FP8_GEMM_DTYPE,))
+        b._dtype(v[1], f"{name} scales", r, allowed=("f32",))
+        data.append(v[0])
+        scales.append(v[1])
+    return data, scales
+
+
 def grouped_gemm(b, x, weights, handle, out_dtype, num_sms):
     _check_int("num_sms", num_sms, 0)
+    handle_list = b._handles("handle", handle) if handle is not None else None
+    fp8 = bool(handle_list) and getattr(handle_list[0], "_dtype", None) == FP8_GEMM_DTYPE
+    scale_pairs = None
+    if fp8:  # DeepSeek's block scales travel with the data: (data, scales) per rank
+        xs, x_scales = _split_scaled(b, "x", b._per_rank("x", x), "rows")
+        ws, w_scales = _split_scaled(b, "weights", b._per_rank("weights", weights), "weights")
+        x, weights = b._ranks_out(xs), b._ranks_out(ws)
+        scale_pairs = [[("x_scales", sx), ("weight_scales", sw)]
+                       for sx, sw in zip(x_scales, w_scales)]
     handles, xs, ws = _expert_inputs(b, "grouped_gemm", x, weights, handle)
     h0 = handles[0]
-    out_name = _gemm_dtype(out_dtype, T.dtype_name(xs[0]))
+    out_name = _gemm_dtype(out_dtype, "bf16" if fp8 else T.dtype_name(xs[0]))
     spec = _spec(b, h0, h0.topk_idx.shape[1], expand=True)
     pairs = [[("x", xs[r]), ("weights", ws[r]),
               ("psum_num_recv_tokens_per_expert", hd._full["psum_num_recv_tokens_per_expert"])]
+             + (scale_pairs[r] if fp8 else [])
              for r, hd in enumerate(handles)]
     key = _key("grouped_gemm", num_sms, out_name, pairs, handles)
+    n_dim = 1 if fp8 else 2  # FP8 weights are [L, N, hidden] (K contiguous)
 
     def make_outputs():
-        return [b._allocate([("out", out_name, (xs[r].shape[0], ws[r].shape[2]))], like=xs[r])
+        return [b._allocate([("out", out_name, (xs[r].shape[0], ws[r].shape[n_dim]))],
+                            like=xs[r])
                 for r in range(len(xs))]
 
     # Padding rows are zero: every call zeroes the output (rows of other experts in a reused set).

@@ -954,6 +954,13 @@ class ElasticBuffer(AgrsMethods, EngramMethods, PpMethods):
         or float32); padding rows are zero. On Hopper: TMA loads and wgmma, a persistent kernel
         over (expert, 128-row, 128-column) tiles; ``hidden`` must be a multiple of 64 and N of
         128. Runs on the current stream. Returns the output (a list in a virtual world).
+
+        FP8: after an FP8 dispatch with one float32 scale per 128 channels, ``x`` is the
+        dispatch's ``(recv_x, recv_x_scales)`` and ``weights`` is ``(w, w_scales)``: ``w``
+        float8_e4m3fn ``[E / R, N, hidden]`` (K contiguous), ``w_scales`` float32
+        ``[E / R, N / 128, hidden / 128]`` (one per 128 x 128 block); each block's products are
+        summed in fp32, scaled by the row's and the block's scales and added in fp32; the output
+        is bf16 unless ``out_dtype`` says otherwise. ``hidden`` and N: multiples of 128.
         """
         return _combine.grouped_gemm(self, x, weights, handle, out_dtype, num_sms)
 

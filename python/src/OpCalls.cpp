@@ -63,9 +63,12 @@ const std::vector<Slot<CombineCall>> kCombineSlots = {
     EPIC_SLOT(CombineCall, "topk_idx", handle.topkIdx),
     EPIC_HANDLE_SLOTS_AFTER_IDS(CombineCall)};
 const std::vector<Slot<GroupedGemmCall>> kGroupedGemmSlots = {
-    EPIC_SLOT(GroupedGemmCall, "x", x), EPIC_SLOT(GroupedGemmCall, "weights", weights),
+    EPIC_SLOT(GroupedGemmCall, "x", x),
+    EPIC_SLOT(GroupedGemmCall, "weights", weights),
     EPIC_SLOT(GroupedGemmCall, "out", out),
-    EPIC_SLOT(GroupedGemmCall, "psum_num_recv_tokens_per_expert", psumNumRecvTokensPerExpert)};
+    EPIC_SLOT(GroupedGemmCall, "psum_num_recv_tokens_per_expert", psumNumRecvTokensPerExpert),
+    EPIC_SLOT(GroupedGemmCall, "x_scales", xScales),
+    EPIC_SLOT(GroupedGemmCall, "weight_scales", weightScales)};
 const std::vector<Slot<LayoutCall>> kLayoutSlots = {
     EPIC_SLOT(LayoutCall, "topk_idx", topkIdx),
     EPIC_SLOT(LayoutCall, "num_tokens_per_rank", numTokensPerRank),

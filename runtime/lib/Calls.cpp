@@ -337,19 +337,43 @@ ParamRecord epic::runtime::groupedGemmRecord(const EPSpec &s, const GroupedGemmC
   s.validate();
   if (!s.expanded)
     fail("grouped_gemm needs an expanded dispatch (one row per (token, local expert) pair)");
-  if (s.dtype != "bf16" && s.dtype != "f16")
-    fail("grouped_gemm multiplies bf16 or f16 rows; the buffer dispatches " + s.dtype);
-  const int64_t H = s.hidden, L = s.experts / s.ranks;
+  const bool fp8 = s.dtype == "f8E4M3FN";
+  if (s.dtype != "bf16" && s.dtype != "f16" && !fp8)
+    fail("grouped_gemm multiplies bf16, f16 or f8E4M3FN rows; the buffer dispatches " + s.dtype);
+  const int64_t H = s.hidden, L = s.experts / s.ranks, block = 128;
   ParamRecord r;
   r[grouped_gemm::x] = check(c.x, {"x", s.dtype, {-1, H}}, true);
   if (c.x.shape[0] > receiveRows(s))
     fail("x has " + std::to_string(c.x.shape[0]) + " rows, more than a dispatch can receive (" +
          std::to_string(receiveRows(s)) + ")");
-  if (c.weights.shape.size() != 3 || c.weights.shape[0] != L || c.weights.shape[1] != H)
-    fail("weights must have shape " + s.dtype + "[" + std::to_string(L) + ", " + std::to_string(H) +
-         ", N], got " + c.weights.describe());
-  const int64_t N = c.weights.shape[2];
-  r[grouped_gemm::weights] = check(c.weights, {"weights", s.dtype, {L, H, N}}, true);
+  // FP8 weights are [L, N, H] (K contiguous: FP8 tensor cores read B K-major).
+  const size_t hAt = fp8 ? 2 : 1, nAt = fp8 ? 1 : 2;
+  if (c.weights.shape.size() != 3 || c.weights.shape[0] != L || c.weights.shape[hAt] != H)
+    fail("weights must have shape " + s.dtype + "[" + std::to_string(L) + ", " +
+         (fp8 ? "N, " + std::to_string(H) : std::to_string(H) + ", N") + "], got " +
+         c.weights.describe());
+  const int64_t N = c.weights.shape[nAt];
+  r[grouped_gemm::weights] = check(
+      c.weights,
+      {"weights", s.dtype, fp8 ? std::vector<int64_t>{L, N, H} : std::vector<int64_t>{L, H, N}},
+      true);
+  if (fp8) {
+    if (H % block || N % block)
+      fail("the FP8 grouped GEMM scales blocks of 128 channels: hidden (" + std::to_string(H) +
+           ") and N (" + std::to_string(N) + ") must be multiples of 128");
+    if (s.scalePacks != H / block)
+      fail("the FP8 grouped GEMM reads one f32 scale per 128 channels (" +
+           std::to_string(H / block) + " a row); the buffer dispatches " +
+           std::to_string(s.scalePacks) +
+           " scale packs a row (UE8M0-packed scales are not "
+           "multiplied yet)");
+    r[grouped_gemm::x_scales] = check(c.xScales, {"x_scales", "f32", {c.x.shape[0], H / block}});
+    r[grouped_gemm::weight_scales] =
+        check(c.weightScales, {"weight_scales", "f32", {L, N / block, H / block}});
+  } else {
+    forbid(c.xScales, "x_scales", "block scales are for FP8 rows; x is " + s.dtype);
+    forbid(c.weightScales, "weight_scales", "block scales are for FP8 rows; x is " + s.dtype);
+  }
   if (c.out.dtype != "bf16" && c.out.dtype != "f16" && c.out.dtype != "f32")
     fail("out must be bf16, f16 or f32, got " + c.out.dtype);
   r[grouped_gemm::out] = check(c.out, {"out", c.out.dtype, {c.x.shape[0], N}}, true);

@@ -72,11 +72,13 @@ bool isEntryName(const std::string &name) {
 }
 
 /// What the expert GEMM asks of the rows it multiplies; `entry` names the
-/// kind in the message.
-void requireGemmRows(const EPSpec &spec, const std::string &entry) {
+/// kind in the message. `fp8`: the grouped GEMM also multiplies e4m3 rows
+/// (with their block scales); the fused kernels do not.
+void requireGemmRows(const EPSpec &spec, const std::string &entry, bool fp8 = false) {
   require(spec.expanded, entry + " needs the expanded layout");
-  require(spec.dtype == "bf16" || spec.dtype == "f16",
-          entry + " multiplies bf16 or f16 rows, got " + spec.dtype);
+  require(spec.dtype == "bf16" || spec.dtype == "f16" || (fp8 && spec.dtype == "f8E4M3FN"),
+          entry + " multiplies bf16" + (fp8 ? ", f16 or f8E4M3FN" : " or f16") + " rows, got " +
+              spec.dtype);
 }
 
 /// The GEMM's N and output type; `gemmName` names the GEMM ("grouped_gemm's").
@@ -193,7 +195,7 @@ void KernelRequest::validate() const {
   case KernelKind::combine:
     break;
   case KernelKind::groupedGemm:
-    requireGemmRows(spec, "grouped_gemm");
+    requireGemmRows(spec, "grouped_gemm", /*fp8=*/true);
     requireGemmShape(gemm, "grouped_gemm's");
     break;
   case KernelKind::dispatchGemm:

@@ -39,8 +39,10 @@ KernelHost::Plan KernelHost::planGroupedGemm(const EPSpec &spec,
       recordsOf(calls, [&](const GroupedGemmCall &call) { return groupedGemmRecord(spec, call); });
   checkRanksAgree(calls, "the weights' shape or the output dtype", gemmOperands);
   const GroupedGemmCall &first = calls.front();
-  return plan(groupedGemmRequest(spec, first.weights.shape[2], first.out.dtype), records, blocks,
-              stream, std::move(slotNames));
+  // N: bf16 weights are [L, H, N], FP8 weights [L, N, H].
+  const int64_t n = first.weights.shape[spec.isFP8() ? 1 : 2];
+  return plan(groupedGemmRequest(spec, n, first.out.dtype), records, blocks, stream,
+              std::move(slotNames));
 }
 
 KernelHost::Plan KernelHost::planDispatchGemm(const EPSpec &spec, const DispatchVariant &variant,

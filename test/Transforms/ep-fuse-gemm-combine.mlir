@@ -104,3 +104,20 @@ func.func @window(%rx: tensor<?x1024xbf16>, %w: tensor<8x1024x1024xbf16>, %h: !e
   %out = ep.combine %y, %h window_outputs : tensor<?x1024xbf16>, !ep.handle<#cfg> -> tensor<?x1024xbf16>
   return %out : tensor<?x1024xbf16>
 }
+
+// -----
+
+// FP8 rows: the fused kernel multiplies BF16 or F16 rows only.
+#cfg = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 1024, dtype = f8E4M3FN,
+                  scale_packs = 8, expert_alignment = 128, layout = expanded,
+                  max_tokens_per_rank = 256>
+func.func @fp8(%rx: tensor<?x1024xf8E4M3FN>, %w: tensor<8x1024x1024xf8E4M3FN>,
+               %h: !ep.handle<#cfg>, %sx: tensor<?x8xf32>, %sw: tensor<8x8x8xf32>)
+    -> tensor<?x1024xbf16> {
+  // expected-remark@+1 {{ep-fuse-gemm-combine: not fused: FP8 rows: the fused kernel multiplies BF16 or F16 rows}}
+  %y = ep.grouped_gemm %rx, %w layout(%h : !ep.handle<#cfg>)
+      scales(%sx, %sw : tensor<?x8xf32>, tensor<8x8x8xf32>)
+      : tensor<?x1024xf8E4M3FN>, tensor<8x1024x1024xf8E4M3FN> -> tensor<?x1024xbf16>
+  %out = ep.combine %y, %h : tensor<?x1024xbf16>, !ep.handle<#cfg> -> tensor<?x1024xbf16>
+  return %out : tensor<?x1024xbf16>
+}

@@ -12,12 +12,17 @@ import pytest
 # Configurations: (ranks, experts, hidden, N, tokens per rank, expert alignment).
 CONFIGS = [(2, 16, 1024, 256, 96, 64), (8, 64, 1024, 512, 64, 128), (8, 256, 7168, 2048, 48, 128)]
 TOPK = 6
+# FP8 (e4m3 rows and weights, DeepSeek's block scales): (ranks, experts, hidden, N, tokens per
+# rank); the expert alignment is 128.
+FP8_CONFIGS = [(2, 16, 1024, 256, 96), (8, 256, 7168, 2048, 48)]
+SCALE_BLOCK = 128
 
 
-def spec_of(ranks, experts, hidden, tokens, alignment):
-    return dict(num_ranks=ranks, num_experts=experts, num_topk=TOPK, hidden=hidden, dtype="bf16",
-                num_scale_packs=0, expert_alignment=alignment, do_expand=True,
-                num_max_tokens_per_rank=tokens)
+def spec_of(ranks, experts, hidden, tokens, alignment, fp8=False):
+    return dict(num_ranks=ranks, num_experts=experts, num_topk=TOPK, hidden=hidden,
+                dtype="f8E4M3FN" if fp8 else "bf16",
+                num_scale_packs=hidden // SCALE_BLOCK if fp8 else 0,
+                expert_alignment=alignment, do_expand=True, num_max_tokens_per_rank=tokens)
 
 
 def prepare():
@@ -54,6 +59,12 @@ def prepare():
             runtime.kernels(spec, dict(biases=biases), "gemm_combine")
             runtime.kernels(spec, dict(weights=False, biases=biases), "combine")
             count += 1
+    for ranks, experts, hidden, n, tokens in FP8_CONFIGS:
+        spec = spec_of(ranks, experts, hidden, tokens, SCALE_BLOCK, fp8=True)
+        runtime.kernels(spec, dict(weights=False, cached=False, zero_padding=False), "dispatch")
+        for out in ("bf16", "f32"):
+            runtime.kernels(spec, dict(n=n, out_dtype=out), "grouped_gemm")
+            count += 1
     print(f"test_grouped_gemm: {count} grouped GEMM kernel sets in {runtime.cache_dir}")
 
 
@@ -64,7 +75,12 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():  # pragma: no cover - CPU machines
     pytest.skip("no CUDA device", allow_module_level=True)
 
+import os  # noqa: E402
+
 import epic  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import ep_bench  # noqa: E402  (DeepSeek's block FP8 cast, shared with the benches)
 
 FUSION_MODES = ["always", "never", "auto"]
 
@@ -123,6 +139,50 @@ def test_grouped_gemm_matches_torch_per_expert(ranks, experts, hidden, n, tokens
             covered[start:end] = True
         # Padding rows are not an expert's: the API returns them zero.
         assert not out32[r][~covered].any()
+    buffer.destroy()
+
+
+def quantize_blocks(t, rows_block):
+    return ep_bench.quantize_blocks(torch, t, rows_block)
+
+
+@pytest.mark.parametrize("ranks, experts, hidden, n, tokens", FP8_CONFIGS)
+def test_fp8_grouped_gemm_matches_the_dequantized_product(ranks, experts, hidden, n, tokens):
+    """An FP8 dispatch's rows and scale packs feed the FP8 grouped GEMM directly; its result is
+    the product of the dequantized operands (fp32 sums per 128-channel block, promoted in fp32),
+    padding rows zero."""
+    g = torch.Generator(device="cuda").manual_seed(hidden + n)
+    buffer = epic.ElasticBuffer(epic.VirtualWorld(ranks), num_max_tokens_per_rank=tokens,
+                                hidden=hidden, num_topk=TOPK, explicitly_destroy=True)
+    L = experts // ranks
+    xs = [quantize_blocks(torch.randn((tokens - r, hidden), generator=g, device="cuda"), 1)
+          for r in range(ranks)]
+    idxs = [torch.rand((tokens - r, experts), generator=g, device="cuda").topk(TOPK).indices
+            for r in range(ranks)]
+    recv, _, _, handles, _ = buffer.dispatch(xs, idxs, num_experts=experts, do_expand=True,
+                                             expert_alignment=SCALE_BLOCK)
+    ws = [quantize_blocks(torch.randn((L, n, hidden), generator=g, device="cuda")
+                          / hidden ** 0.5, SCALE_BLOCK) for _ in range(ranks)]
+    out32 = buffer.grouped_gemm(recv, ws, handles, out_dtype=torch.float32)
+    out16 = buffer.grouped_gemm(recv, ws, handles)
+    torch.cuda.synchronize()
+    for r in range(ranks):
+        rows, row_scales = recv[r]
+        assert out16[r].dtype == torch.bfloat16 and out16[r].shape == (rows.shape[0], n)
+        x = ep_bench.dequantize_blocks(rows, row_scales, 1)
+        w = ep_bench.dequantize_blocks(*ws[r], SCALE_BLOCK)
+        covered = torch.zeros(rows.shape[0], dtype=torch.bool, device="cuda")
+        for e, (start, end) in enumerate(expert_rows(handles[r], L, SCALE_BLOCK)):
+            if end == start:
+                continue
+            want = x[start:end] @ w[e].T
+            # FP8 tensor cores sum a block's 128 products with fewer mantissa bits than fp32.
+            torch.testing.assert_close(out32[r][start:end], want, rtol=2e-3, atol=5e-3,
+                                       msg=lambda m: f"rank {r} expert {e}: {m}")
+            torch.testing.assert_close(out16[r][start:end], want.to(torch.bfloat16),
+                                       rtol=1.6e-2, atol=1e-2)
+            covered[start:end] = True
+        assert covered.any() and not out32[r][~covered].any()
     buffer.destroy()
 
 

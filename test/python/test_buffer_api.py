@@ -381,6 +381,40 @@ def test_grouped_gemm_checks_its_arguments_before_the_device(buf):
         buf.grouped_gemm(xs, ws, handles, out_dtype="float32")
 
 
+def test_fp8_grouped_gemm_checks_its_arguments_before_the_device(buf):
+    """FP8 rows (an FP8 dispatch's handle, hidden / 128 f32 scale packs) multiply [L, N, H]
+    FP8 weights, each side with its block scales; everything else is refused by name."""
+    L, N, P, f8 = E // R, 128, H // 128, ml_dtypes.float8_e4m3fn
+    handles = [dataclasses.replace(fake_handle(buf, r), do_expand=True, _dtype="f8E4M3FN",
+                                   _num_scale_packs=P) for r in range(R)]
+    x = (np.zeros((12, H), f8), np.ones((12, P), np.float32))
+    w = (np.zeros((L, N, H), f8), np.ones((L, N // 128, P), np.float32))
+    with pytest.raises(TypeError, match=r"x\[0\]: FP8 rows come with their block scales: pass "
+                                        r"\(x_fp8, x_scales\), got ndarray"):
+        buf.grouped_gemm([x[0]] * R, [w] * R, handles)
+    with pytest.raises(TypeError, match=r"weights\[0\]: FP8 weights come with their block scales"):
+        buf.grouped_gemm([x] * R, [w[0]] * R, handles)
+    with pytest.raises(TypeError, match=r"x scales\[0\]: dtype must be f32, got bf16"):
+        buf.grouped_gemm([(x[0], x[1].astype(ml_dtypes.bfloat16))] * R, [w] * R, handles)
+    with pytest.raises(ValueError, match=rf"rank 0: weights must have shape f8E4M3FN\[{L}, N, "
+                                         rf"{H}\]"):
+        buf.grouped_gemm([x] * R, [(np.zeros((L, H, N), f8), w[1])] * R, handles)
+    one_scale = np.ones((12, 1), np.float32)
+    with pytest.raises(ValueError, match=r"rank 0: x_scales must have shape f32\[12, 2\], got "
+                                         r"f32\[12, 1\]"):
+        buf.grouped_gemm([(x[0], one_scale)] * R, [w] * R, handles)
+    with pytest.raises(ValueError,
+                       match=rf"rank 0: weight_scales must have shape f32\[{L}, 1, 2\]"):
+        buf.grouped_gemm([x] * R, [(w[0], np.ones((1, 1, P), np.float32))] * R, handles)
+    with pytest.raises(ValueError, match=r"x\[0\] must be a CUDA tensor"):
+        buf.grouped_gemm([x] * R, [w] * R, handles)
+    # UE8M0-packed scales (4 to an int32) are not multiplied yet: named, not misread.
+    packed = [dataclasses.replace(h, _num_scale_packs=1) for h in handles]
+    with pytest.raises(ValueError, match=r"one f32 scale per 128 channels \(2 a row\); the "
+                                         r"buffer dispatches 1 scale packs a row"):
+        buf.grouped_gemm([(x[0], one_scale)] * R, [w] * R, packed)
+
+
 def test_dispatch_gemm_checks_its_arguments_before_the_device(buf):
     xs, idxs, _ = inputs()
     L = E // R

@@ -174,7 +174,12 @@ TEST(KernelRequest, TheExpertGemmsRefuseWhatTheyCannotMultiply) {
   auto gemm = [](const EPSpec &s, int64_t n, const std::string &out) {
     return refusal([&] { groupedGemmRequest(s, n, out); });
   };
-  EXPECT_NE(gemm(v3(true), 2048, "bf16").find("bf16 or f16 rows, got f8E4M3FN"), std::string::npos);
+  // e4m3 rows (with their block scales) are the FP8 grouped GEMM's; e5m2 rows are nobody's.
+  EXPECT_EQ(gemm(v3(true), 2048, "bf16"), "");
+  EPSpec e5m2 = v3(true);
+  e5m2.dtype = "f8E5M2";
+  EXPECT_NE(gemm(e5m2, 2048, "bf16").find("bf16, f16 or f8E4M3FN rows, got f8E5M2"),
+            std::string::npos);
   EXPECT_NE(gemm(bf16(), 2048, "i32").find("grouped_gemm's output must be bf16, f16 or f32"),
             std::string::npos);
   EXPECT_NE(gemm(bf16(), 0, "bf16").find("N must be positive, got 0"), std::string::npos);

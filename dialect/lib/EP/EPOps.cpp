@@ -315,17 +315,50 @@ LogicalResult GroupedGemmOp::verify() {
     return failure();
   if (cfg.getDtype() != lhs.getElementType())
     return emitOpError("lhs element type ")
-           << lhs.getElementType() << " differs from the dispatch's " << cfg.getDtype()
-           << (isa<Float8E4M3FNType, Float8E5M2Type>(cfg.getDtype())
-                   ? " (FP8 rows with scale packs are not supported yet: dispatch in BF16)"
-                   : "");
-  if (failed(check.staticDim("rhs", rhs, 0, local, "local experts")) ||
-      failed(check.staticDim("rhs", rhs, 1, hidden, "hidden")))
+           << lhs.getElementType() << " differs from the dispatch's " << cfg.getDtype();
+  if (failed(check.elementType("rhs", rhs, lhs.getElementType())))
     return failure();
-  if (rhs.isDynamicDim(2))
-    return emitOpError("rhs dimension 2 (N) must be static");
-  if (failed(check.elementType("rhs", rhs, lhs.getElementType())) ||
-      failed(check.staticDim("result", out, 1, rhs.getDimSize(2), "N")) ||
+  const bool fp8 = isa<Float8E4M3FNType>(lhs.getElementType());
+  if (bool(getLhsScales()) != bool(getRhsScales()))
+    return emitOpError("takes both block scales (lhs_scales and rhs_scales) or neither");
+  if (fp8 && !getLhsScales())
+    return emitOpError("FP8 rows need their block scales: scales(lhs_scales, rhs_scales)");
+  if (!fp8 && getLhsScales())
+    return emitOpError("scales apply to FP8 rows only; lhs is ") << lhs.getElementType();
+  if (!fp8) {
+    if (failed(check.staticDim("rhs", rhs, 0, local, "local experts")) ||
+        failed(check.staticDim("rhs", rhs, 1, hidden, "hidden")))
+      return failure();
+    if (rhs.isDynamicDim(2))
+      return emitOpError("rhs dimension 2 (N) must be static");
+    if (failed(check.staticDim("result", out, 1, rhs.getDimSize(2), "N")) ||
+        failed(check.sameDim("lhs", lhs, "result", out, "the row count")))
+      return failure();
+    return success();
+  }
+  // FP8: [L, N, hidden] weights (K contiguous), block scales per 128 channels.
+  constexpr int64_t block = 128;
+  if (failed(check.staticDim("rhs", rhs, 0, local, "local experts")) ||
+      failed(check.staticDim("rhs", rhs, 2, hidden, "hidden")))
+    return failure();
+  if (rhs.isDynamicDim(1))
+    return emitOpError("rhs dimension 1 (N) must be static");
+  const int64_t n = rhs.getDimSize(1);
+  if (hidden % block || n % block)
+    return emitOpError("FP8 block scales cover 128 channels: hidden (")
+           << hidden << ") and N (" << n << ") must be multiples of 128";
+  if (int64_t(cfg.getScalePacks()) != hidden / block)
+    return emitOpError("the dispatch carries ")
+           << cfg.getScalePacks() << " scale packs per row; the FP8 GEMM reads one f32 scale per "
+           << block << " channels (" << hidden / block
+           << "); UE8M0-packed scales are not multiplied yet";
+  ShapedType lhsScales = shaped(getLhsScales()), rhsScales = shaped(getRhsScales());
+  if (failed(check.staticDim("lhs_scales", lhsScales, 1, hidden / block, "hidden / 128")) ||
+      failed(check.sameDim("lhs", lhs, "lhs_scales", lhsScales, "the row count")) ||
+      failed(check.staticDim("rhs_scales", rhsScales, 0, local, "local experts")) ||
+      failed(check.staticDim("rhs_scales", rhsScales, 1, n / block, "N / 128")) ||
+      failed(check.staticDim("rhs_scales", rhsScales, 2, hidden / block, "hidden / 128")) ||
+      failed(check.staticDim("result", out, 1, n, "N")) ||
       failed(check.sameDim("lhs", lhs, "result", out, "the row count")))
     return failure();
   return success();

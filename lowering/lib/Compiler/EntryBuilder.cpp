@@ -254,12 +254,20 @@ LogicalResult EntryBuilder::buildGroupedGemm() {
     return failure();
   Signature signature;
   int x = signature.add(rows(config.getHidden(), dtype));
-  int weights = signature.add(expertWeights(request.gemm.n));
+  // FP8 rows: [L, N, hidden] weights (K contiguous) and the block scales of both.
+  const bool fp8 = config.isFP8();
+  const int64_t n = request.gemm.n, hidden = config.getHidden(), block = 128;
+  const int64_t local = config.getNumLocalExperts();
+  int weights =
+      signature.add(fp8 ? RankedTensorType::get({local, n, hidden}, dtype) : expertWeights(n));
   int handle = signature.add(epic::ep::HandleType::get(builder.getContext(), config));
+  int xScales = signature.add(rows(config.getScalePacks(), f32()), fp8);
+  int weightScales =
+      signature.add(RankedTensorType::get({local, n / block, hidden / block}, f32()), fp8);
   func::FuncOp func = begin(signature);
-  Value y =
-      epic::ep::GroupedGemmOp::create(builder, loc, rows(request.gemm.n, out), argument(func, x),
-                                      argument(func, weights), argument(func, handle));
+  Value y = epic::ep::GroupedGemmOp::create(builder, loc, rows(n, out), argument(func, x),
+                                            argument(func, weights), argument(func, handle),
+                                            argument(func, xScales), argument(func, weightScales));
   finish(func, y);
   return success();
 }

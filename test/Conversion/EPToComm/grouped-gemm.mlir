@@ -11,7 +11,7 @@
 
 // CHECK-LABEL: gpu.func @gemm_gemm(
 // CHECK-SAME:      %[[COMM:.*]]: !comm.dev_comm, %{{.*}}: !comm.window, %[[TABLE:.*]]: !llvm.ptr) kernel
-// A record of 5 fields (64 bytes with padding) and two 128-byte descriptors.
+// A record of 7 fields (64 bytes with padding) and two 128-byte descriptors.
 // CHECK-SAME:      comm.param_table = #comm.param_table<arg = 2, stride = 320, ranks = 8>
 // CHECK:         %[[RECORD:.*]] = comm.rank_params %[[TABLE]] stride 320 via %[[COMM]]
 // The descriptors lie in the record (by value, in the kernel's parameter
@@ -60,7 +60,7 @@
 // CHECK-SAME:      epic.ctas_per_sm = 2
 // CHECK-SAME:      epic.dynamic_shared_bytes = 99328
 // CHECK-SAME:      epic.entry = "grouped_gemm"
-// CHECK-SAME:      epic.param_fields = ["x", "weights", "out", "psum_num_recv_tokens_per_expert", "num_rows"]
+// CHECK-SAME:      epic.param_fields = ["x", "weights", "out", "psum_num_recv_tokens_per_expert", "num_rows", "x_scales", "weight_scales"]
 // CHECK-SAME:      epic.param_stride = 320
 // CHECK-SAME:      epic.tensor_maps = [{box_cols = 64 : i64, box_rows = 64 : i64, cols = 1024 : i64, elem_bytes = 2 : i64, field = "x", offset = 64 : i64, rows = "num_rows", swizzle = 128 : i64}, {box_cols = 64 : i64, box_rows = 64 : i64, cols = 512 : i64, elem_bytes = 2 : i64, field = "weights", offset = 192 : i64, rows = 8192 : i64, swizzle = 128 : i64}]
 // CHECK-SAME:      epic.threads = 128

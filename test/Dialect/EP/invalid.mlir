@@ -676,8 +676,64 @@ func.func @f(%x: tensor<?x128xbf16>, %w: tensor<8x128x256xf16>, %h: !ep.handle<#
 
 #c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = f8E4M3FN, scale_packs = 1, layout = expanded, max_tokens_per_rank = 64>
 func.func @f(%x: tensor<?x128xbf16>, %w: tensor<8x128x256xbf16>, %h: !ep.handle<#c>) {
-  // expected-error@+1 {{lhs element type 'bf16' differs from the dispatch's 'f8E4M3FN' (FP8 rows with scale packs are not supported yet: dispatch in BF16)}}
+  // expected-error@+1 {{lhs element type 'bf16' differs from the dispatch's 'f8E4M3FN'}}
   %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#c>) : tensor<?x128xbf16>, tensor<8x128x256xbf16> -> tensor<?x256xbf16>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 256, dtype = f8E4M3FN, scale_packs = 2, layout = expanded, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x256xf8E4M3FN>, %w: tensor<8x128x256xf8E4M3FN>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{FP8 rows need their block scales: scales(lhs_scales, rhs_scales)}}
+  %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#c>) : tensor<?x256xf8E4M3FN>, tensor<8x128x256xf8E4M3FN> -> tensor<?x128xbf16>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, layout = expanded, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x128xbf16>, %w: tensor<8x128x256xbf16>, %h: !ep.handle<#c>, %sx: tensor<?x1xf32>, %sw: tensor<8x2x1xf32>) {
+  // expected-error@+1 {{scales apply to FP8 rows only; lhs is 'bf16'}}
+  %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#c>) scales(%sx, %sw : tensor<?x1xf32>, tensor<8x2x1xf32>) : tensor<?x128xbf16>, tensor<8x128x256xbf16> -> tensor<?x256xbf16>
+  return
+}
+
+// -----
+
+// FP8 weights are [L, N, hidden]: K contiguous.
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 256, dtype = f8E4M3FN, scale_packs = 2, layout = expanded, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x256xf8E4M3FN>, %w: tensor<8x256x128xf8E4M3FN>, %h: !ep.handle<#c>, %sx: tensor<?x2xf32>, %sw: tensor<8x1x2xf32>) {
+  // expected-error@+1 {{rhs dimension 2 (hidden) must be 256, got 128}}
+  %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#c>) scales(%sx, %sw : tensor<?x2xf32>, tensor<8x1x2xf32>) : tensor<?x256xf8E4M3FN>, tensor<8x256x128xf8E4M3FN> -> tensor<?x256xbf16>
+  return
+}
+
+// -----
+
+// One UE8M0-packed int32 per row instead of one f32 per 128 channels.
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 256, dtype = f8E4M3FN, scale_packs = 1, layout = expanded, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x256xf8E4M3FN>, %w: tensor<8x128x256xf8E4M3FN>, %h: !ep.handle<#c>, %sx: tensor<?x1xf32>, %sw: tensor<8x1x2xf32>) {
+  // expected-error@+1 {{the dispatch carries 1 scale packs per row; the FP8 GEMM reads one f32 scale per 128 channels (2); UE8M0-packed scales are not multiplied yet}}
+  %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#c>) scales(%sx, %sw : tensor<?x1xf32>, tensor<8x1x2xf32>) : tensor<?x256xf8E4M3FN>, tensor<8x128x256xf8E4M3FN> -> tensor<?x128xbf16>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 256, dtype = f8E4M3FN, scale_packs = 2, layout = expanded, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x256xf8E4M3FN>, %w: tensor<8x128x256xf8E4M3FN>, %h: !ep.handle<#c>, %sx: tensor<?x2xf32>, %sw: tensor<8x2x2xf32>) {
+  // expected-error@+1 {{rhs_scales dimension 1 (N / 128) must be 1, got 2}}
+  %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#c>) scales(%sx, %sw : tensor<?x2xf32>, tensor<8x2x2xf32>) : tensor<?x256xf8E4M3FN>, tensor<8x128x256xf8E4M3FN> -> tensor<?x128xbf16>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 320, dtype = f8E4M3FN, scale_packs = 2, layout = expanded, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x320xf8E4M3FN>, %w: tensor<8x128x320xf8E4M3FN>, %h: !ep.handle<#c>, %sx: tensor<?x2xf32>, %sw: tensor<8x1x2xf32>) {
+  // expected-error@+1 {{FP8 block scales cover 128 channels: hidden (320) and N (128) must be multiples of 128}}
+  %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#c>) scales(%sx, %sw : tensor<?x2xf32>, tensor<8x1x2xf32>) : tensor<?x320xf8E4M3FN>, tensor<8x128x320xf8E4M3FN> -> tensor<?x128xbf16>
   return
 }
 

@@ -221,6 +221,21 @@ func.func @grouped_gemm(%x: tensor<?x1024xbf16>, %w: tensor<8x1024x512xbf16>,
   return %y, %z : tensor<?x512xbf16>, tensor<?x512xf32>
 }
 
+// FP8 rows and [L, N, hidden] weights with their block scales (f32 per 128 channels).
+#fp8exp = #ep.config<ranks = 8, experts = 64, topk = 6, hidden = 1024, dtype = f8E4M3FN,
+                     scale_packs = 8, layout = expanded, expert_alignment = 128>
+// CHECK-LABEL: func.func @grouped_gemm_fp8
+// CHECK-SAME: (%[[X:.*]]: tensor<?x1024xf8E4M3FN>, %[[W:.*]]: tensor<8x512x1024xf8E4M3FN>, %[[H:.*]]: !ep.handle<{{.*}}>, %[[SX:.*]]: tensor<?x8xf32>, %[[SW:.*]]: tensor<8x4x8xf32>)
+func.func @grouped_gemm_fp8(%x: tensor<?x1024xf8E4M3FN>, %w: tensor<8x512x1024xf8E4M3FN>,
+                            %h: !ep.handle<#fp8exp>, %sx: tensor<?x8xf32>,
+                            %sw: tensor<8x4x8xf32>) -> tensor<?x512xbf16> {
+  // CHECK: ep.grouped_gemm %[[X]], %[[W]] layout(%[[H]] : {{.*}}) scales(%[[SX]], %[[SW]] : tensor<?x8xf32>, tensor<8x4x8xf32>) : tensor<?x1024xf8E4M3FN>, tensor<8x512x1024xf8E4M3FN> -> tensor<?x512xbf16>
+  %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#fp8exp>)
+      scales(%sx, %sw : tensor<?x8xf32>, tensor<8x4x8xf32>)
+      : tensor<?x1024xf8E4M3FN>, tensor<8x512x1024xf8E4M3FN> -> tensor<?x512xbf16>
+  return %y : tensor<?x512xbf16>
+}
+
 // CHECK-LABEL: func.func @dispatch_gemm
 func.func @dispatch_gemm(%x: tensor<?x1024xbf16>, %idx: tensor<?x6xi64>, %w: tensor<?x6xf32>,
                          %e: tensor<8x1024x512xbf16>) {

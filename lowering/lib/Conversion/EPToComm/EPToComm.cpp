@@ -151,7 +151,7 @@ struct KernelPlan {
   /// The grouped GEMM's launch: shared memory, CTAs per SM, TMA descriptors.
   void addGemmMetadata(const epic::detail::GroupedGemmShape &gemm, StringRef lhs, StringRef weights,
                        epic::IntOrField rows) {
-    launch.dynamicSharedBytes = epic::detail::kGemmDynamicSharedBytes;
+    launch.dynamicSharedBytes = epic::detail::gemmDynamicSharedBytes(gemm);
     launch.ctasPerSm = epic::detail::kGemmCtasPerSm;
     launch.tensorMaps = epic::detail::groupedGemmTensorMaps(gemm, lhs, weights, std::move(rows),
                                                             record().mapsOffset);
@@ -416,7 +416,7 @@ struct GroupedGemmOpLowering : KernelOpLowering<ep::GroupedGemmOp> {
     auto lhs = cast<ShapedType>(gemm.getLhs().getType());
     auto rhs = cast<ShapedType>(gemm.getRhs().getType());
     FailureOr<epic::detail::GroupedGemmShape> checked =
-        gemmShapeOf(gemm, cfg, rhs.getDimSize(2), lhs.getElementType(),
+        gemmShapeOf(gemm, cfg, rhs.getDimSize(gemm.getLhsScales() ? 1 : 2), lhs.getElementType(),
                     cast<ShapedType>(gemm.getResult().getType()).getElementType());
     if (failed(checked))
       return failure();

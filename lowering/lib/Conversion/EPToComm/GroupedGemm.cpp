@@ -45,7 +45,24 @@ using namespace mlir;
 namespace comm = epic::comm;
 using namespace epic::detail;
 
+bool epic::detail::isFp8Gemm(const GroupedGemmShape &shape) {
+  return isa<Float8E4M3FNType>(shape.inType);
+}
+
+int64_t epic::detail::gemmDynamicSharedBytes(const GroupedGemmShape &shape) {
+  return isFp8Gemm(shape) ? kFp8DynamicSharedBytes : kGemmDynamicSharedBytes;
+}
+
 LogicalResult epic::detail::checkGroupedGemmShape(Operation *op, const GroupedGemmShape &s) {
+  if (isFp8Gemm(s)) {
+    if (s.hidden % kFp8ScaleBlock != 0 || s.n % kFp8ScaleBlock != 0)
+      return op->emitError("convert-ep-to-comm: the FP8 grouped GEMM scales blocks of ")
+             << kFp8ScaleBlock << " channels: hidden (" << s.hidden << ") and N (" << s.n
+             << ") must be multiples";
+    if (s.tileDone >= 0 || s.afterTile || s.commBlocks > 0)
+      return op->emitError("convert-ep-to-comm: the FP8 grouped GEMM is not fused with the "
+                           "dispatch or the combine yet");
+  }
   if (s.hidden % kGemmTileK != 0)
     return op->emitError("convert-ep-to-comm: the grouped GEMM steps through K (hidden = ")
            << s.hidden << ") in tiles of " << kGemmTileK << ": it must be a multiple";
@@ -60,13 +77,22 @@ LogicalResult epic::detail::checkGroupedGemmShape(Operation *op, const GroupedGe
 std::vector<epic::TensorMapSpec>
 epic::detail::groupedGemmTensorMaps(const GroupedGemmShape &s, StringRef lhsField,
                                     StringRef weightsField, IntOrField rows, int64_t mapsOffset) {
-  auto map = [&](StringRef field, IntOrField rows, int64_t cols, int64_t offset) {
+  auto map = [&](StringRef field, IntOrField rows, int64_t cols, int64_t offset,
+                 int64_t boxRows = 64) {
     TensorMapSpec spec;
     spec.field = field.str(), spec.offset = offset, spec.rows = std::move(rows);
     spec.cols = cols, spec.elemBytes = 2, spec.boxRows = 64, spec.boxCols = 64;
+    if (isFp8Gemm(s)) // a box row is 128 one-byte channels: one scale block
+      spec.elemBytes = 1, spec.boxRows = boxRows, spec.boxCols = kFp8TileK;
     spec.swizzle = 128;
     return spec;
   };
+  // FP8: lhs [num_rows, hidden] in 64-row boxes, weights as [L * N, hidden]
+  // (K contiguous) in 128-row boxes.
+  if (isFp8Gemm(s))
+    return {map(lhsField, std::move(rows), s.hidden, mapsOffset, kFp8TileM),
+            map(weightsField, IntOrField{s.localExperts * s.n, {}}, s.hidden,
+                mapsOffset + LaunchMetadata::kTensorMapBytes, kGemmTileN)};
   // lhs: [num_rows, hidden]; weights as [L * hidden, N] (N contiguous).
   return {map(lhsField, std::move(rows), s.hidden, mapsOffset),
           map(weightsField, IntOrField{s.localExperts * s.hidden, {}}, s.n,
@@ -81,9 +107,16 @@ struct GemmBuilder : epic::expand::ArithBuilder<GemmBuilder> {
   MLIRContext *ctx;
   Attribute workgroup;
 
+  /// The tiling of the kernel's element type (see GroupedGemm.h).
+  const bool fp8;
+  const int64_t tileM, tileK, stages, stageBytes;
+
   GemmBuilder(ImplicitLocOpBuilder &b, const GroupedGemmShape &shape)
       : b(b), shape(shape), ctx(b.getContext()),
-        workgroup(gpu::AddressSpaceAttr::get(b.getContext(), gpu::AddressSpace::Workgroup)) {}
+        workgroup(gpu::AddressSpaceAttr::get(b.getContext(), gpu::AddressSpace::Workgroup)),
+        fp8(isFp8Gemm(shape)), tileM(fp8 ? kFp8TileM : kGemmTileM),
+        tileK(fp8 ? kFp8TileK : kGemmTileK), stages(fp8 ? kFp8Stages : kGemmStages),
+        stageBytes(fp8 ? kFp8StageBytes : kGemmStageBytes) {}
 
   // --- index arithmetic -----------------------------------------------------
   Value idx(int64_t v) { return arith::ConstantIndexOp::create(b, v); }
@@ -99,17 +132,25 @@ struct GemmBuilder : epic::expand::ArithBuilder<GemmBuilder> {
     return MemRefType::get(shape, element, MemRefLayoutAttrInterface(), workgroup);
   }
   nvgpu::MBarrierGroupType barriersT() {
-    return nvgpu::MBarrierGroupType::get(ctx, workgroup, kGemmStages);
+    return nvgpu::MBarrierGroupType::get(ctx, workgroup, stages);
   }
-  nvgpu::TensorMapDescriptorType mapT() {
+  /// A tensor map of `box` boxes (bf16: 64 x 64 for both operands).
+  nvgpu::TensorMapDescriptorType mapT(ArrayRef<int64_t> box = {64, 64}) {
     return nvgpu::TensorMapDescriptorType::get(
-        ctx, smemSpaceless(smem({64, 64}, shape.inType)), nvgpu::TensorMapSwizzleKind::SWIZZLE_128B,
+        ctx, smemSpaceless(smem(box, shape.inType)), nvgpu::TensorMapSwizzleKind::SWIZZLE_128B,
         nvgpu::TensorMapL2PromoKind::L2PROMO_NONE, nvgpu::TensorMapOOBKind::OOB_ZERO,
         nvgpu::TensorMapInterleaveKind::INTERLEAVE_NONE);
   }
   nvgpu::WarpgroupAccumulatorType accT() {
     return nvgpu::WarpgroupAccumulatorType::get(
-        ctx, VectorType::get({kGemmTileM, kGemmTileN}, b.getF32Type()));
+        ctx, VectorType::get({tileM, kGemmTileN}, b.getF32Type()));
+  }
+  /// The accumulators of one warpgroup.mma as convert-nvgpu-to-nvvm lowers them: a
+  /// struct of 64 floats a thread per m64 row block (the FP8 promotion reads them).
+  LLVM::LLVMStructType accStructT() {
+    SmallVector<Type> floats(tileM * kGemmTileN / kGemmThreads, b.getF32Type());
+    return LLVM::LLVMStructType::getLiteral(
+        ctx, SmallVector<Type>(tileM / 64, LLVM::LLVMStructType::getLiteral(ctx, floats)));
   }
 
   // --- memory ---------------------------------------------------------------
@@ -142,7 +183,7 @@ struct GemmBuilder : epic::expand::ArithBuilder<GemmBuilder> {
   }
 
   void build(gpu::GPUFuncOp func) {
-    const int64_t kSteps = shape.hidden / kGemmTileK;
+    const int64_t kSteps = shape.hidden / tileK;
     const int64_t nTiles = shape.n / kGemmTileN;
     const int64_t L = shape.localExperts;
     Value comm = func.getArgument(0), window = func.getArgument(1), table = func.getArgument(2);
@@ -154,9 +195,11 @@ struct GemmBuilder : epic::expand::ArithBuilder<GemmBuilder> {
     // (epic.tensor_maps): the TMA reads them where they lie, in the kernel's
     // parameter space (generic addresses of a grid-constant parameter).
     Value maps = gep(record, i64(idx(shape.mapsOffset)));
-    Value lhsMap = UnrealizedConversionCastOp::create(b, mapT(), maps).getResult(0);
+    nvgpu::TensorMapDescriptorType lhsMapT = fp8 ? mapT({kFp8TileM, kFp8TileK}) : mapT();
+    nvgpu::TensorMapDescriptorType rhsMapT = fp8 ? mapT({kGemmTileN, kFp8TileK}) : mapT();
+    Value lhsMap = UnrealizedConversionCastOp::create(b, lhsMapT, maps).getResult(0);
     Value rhsMap =
-        UnrealizedConversionCastOp::create(b, mapT(), gep(maps, i64(idx(128)))).getResult(0);
+        UnrealizedConversionCastOp::create(b, rhsMapT, gep(maps, i64(idx(128)))).getResult(0);
 
     Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
     Value block = gpu::BlockIdOp::create(b, gpu::Dimension::x);
@@ -171,7 +214,7 @@ struct GemmBuilder : epic::expand::ArithBuilder<GemmBuilder> {
     Value pad = remu(sub(idx(1024), remu(address, idx(1024))), idx(1024));
 
     Value bars = nvgpu::MBarrierCreateOp::create(b, barriersT());
-    for (int64_t s = 0; s < kGemmStages; ++s)
+    for (int64_t s = 0; s < stages; ++s)
       nvgpu::MBarrierInitOp::create(b, bars, idx(1), idx(s), leader);
     nvgpu::TmaPrefetchOp::create(b, lhsMap, leader);
     nvgpu::TmaPrefetchOp::create(b, rhsMap, leader);
@@ -184,7 +227,7 @@ struct GemmBuilder : epic::expand::ArithBuilder<GemmBuilder> {
       return Value(arith::IndexCastUIOp::create(b, b.getIndexType(), end));
     };
     auto tilesOf = [&](Value start, Value end) {
-      return mul(ceilDiv(sub(end, start), kGemmTileM), idx(nTiles));
+      return mul(ceilDiv(sub(end, start), tileM), idx(nTiles));
     };
     // Total tiles of this rank.
     Value total = loop(idx(0), idx(L), idx(1), ValueRange{idx(0), idx(0)},
@@ -195,17 +238,26 @@ struct GemmBuilder : epic::expand::ArithBuilder<GemmBuilder> {
                        })[0];
 
     auto stageOffset = [&](Value step) {
-      return add(pad, mul(remu(step, idx(kGemmStages)), idx(kGemmStageBytes)));
+      return add(pad, mul(remu(step, idx(stages)), idx(stageBytes)));
     };
-    constexpr int64_t lhsBytes = kGemmTileM * kGemmTileK * 2, boxBytes = 64 * 64 * 2;
+    const int64_t inBytes = shape.inType.getIntOrFloatBitWidth() / 8;
+    const int64_t lhsBytes = tileM * tileK * inBytes, boxBytes = 64 * 64 * 2;
     // Thread 0 loads step `k` of a tile into the stage of global step `g`.
     auto issue = [&](Value g, Value k, Value row0, Value weightRow0, Value col0) {
-      Value stage = remu(g, idx(kGemmStages));
+      Value stage = remu(g, idx(stages));
       Value offset = stageOffset(g);
+      nvgpu::MBarrierArriveExpectTxOp::create(b, bars, idx(stageBytes), stage, leader);
+      Value kCol = mul(k, idx(tileK));
+      if (fp8) { // one box each; the weights' rows are the expert's N rows
+        nvgpu::TmaAsyncLoadOp::create(b, view(dynamic, offset, smem({tileM, tileK}, shape.inType)),
+                                      bars, lhsMap, ValueRange{kCol, row0}, stage, Value(), leader);
+        nvgpu::TmaAsyncLoadOp::create(
+            b, view(dynamic, add(offset, idx(lhsBytes)), smem({kGemmTileN, tileK}, shape.inType)),
+            bars, rhsMap, ValueRange{kCol, add(weightRow0, col0)}, stage, Value(), leader);
+        return;
+      }
       MemRefType box = smem({64, 64}, shape.inType);
-      nvgpu::MBarrierArriveExpectTxOp::create(b, bars, idx(kGemmStageBytes), stage, leader);
-      Value kCol = mul(k, idx(kGemmTileK));
-      for (int64_t rows = 0; rows < kGemmTileM / 64; ++rows)
+      for (int64_t rows = 0; rows < tileM / 64; ++rows)
         nvgpu::TmaAsyncLoadOp::create(b, view(dynamic, add(offset, idx(rows * boxBytes)), box),
                                       bars, lhsMap, ValueRange{kCol, add(row0, idx(rows * 64))},
                                       stage, Value(), leader);
@@ -248,11 +300,12 @@ struct GemmBuilder : epic::expand::ArithBuilder<GemmBuilder> {
           // a weight column tile (read from memory once, then from L2) across the
           // expert's row tiles; the weights are most of the bytes.
           Value local = sub(tile, found[5]);
-          Value mTiles = ceilDiv(sub(end, start), kGemmTileM);
+          Value mTiles = ceilDiv(sub(end, start), tileM);
           Value mt = remu(local, mTiles);
-          Value row0 = add(start, mul(mt, idx(kGemmTileM)));
+          Value row0 = add(start, mul(mt, idx(tileM)));
           Value col0 = mul(divu(local, mTiles), idx(kGemmTileN));
-          Value weightRow0 = mul(expert, idx(shape.hidden));
+          // The expert's first weight row: bf16 [hidden, N] matrices, FP8 [N, hidden].
+          Value weightRow0 = mul(expert, idx(fp8 ? shape.n : shape.hidden));
 
           // Fused: wait until the copy role has placed every row of the tile's
           // expert, not only the tile's: the blocks on the row tiles that share a
@@ -289,41 +342,53 @@ struct GemmBuilder : epic::expand::ArithBuilder<GemmBuilder> {
           // in flight: the tensor cores do not idle while the warps wait), and
           // refill the stage the previous step read with the step kGemmStages - 1
           // ahead of this one.
-          for (int64_t i = 0; i < std::min(kGemmStages, kSteps); ++i)
+          for (int64_t i = 0; i < std::min(stages, kSteps); ++i)
             issue(add(g0, idx(i)), idx(i), row0, weightRow0, col0);
-          Value init = nvgpu::WarpgroupMmaInitAccumulatorOp::create(b, accT());
-          Value acc = loop(
-              idx(0), idx(kSteps), idx(1), ValueRange{init},
-              [&](Value k, ValueRange c) -> SmallVector<Value> {
-                Value g = add(g0, k);
-                Value stage = remu(g, idx(kGemmStages));
-                Value parity = arith::IndexCastOp::create(b, b.getI1Type(),
-                                                          remu(divu(g, idx(kGemmStages)), idx(2)));
-                nvgpu::MBarrierTryWaitParityOp::create(b, bars, parity, idx(10000000), stage);
-                Value offset = stageOffset(g);
-                MemRefType lhsTile = smem({kGemmTileM, kGemmTileK}, shape.inType);
-                MemRefType rhsTile = smem({kGemmTileK, kGemmTileN}, shape.inType);
-                Value dA = nvgpu::WarpgroupGenerateDescriptorOp::create(
-                    b, nvgpu::WarpgroupMatrixDescriptorType::get(ctx, smemSpaceless(lhsTile)),
-                    view(dynamic, offset, lhsTile), lhsMap);
-                Value dB = nvgpu::WarpgroupGenerateDescriptorOp::create(
-                    b, nvgpu::WarpgroupMatrixDescriptorType::get(ctx, smemSpaceless(rhsTile)),
-                    view(dynamic, add(offset, idx(lhsBytes)), rhsTile), rhsMap);
-                // waitGroup 1: step k - 1's group is complete, this step's may run on.
-                Value d = nvgpu::WarpgroupMmaOp::create(b, accT(), dA, dB, b.getI64IntegerAttr(1),
-                                                        UnitAttr(), b.getUnitAttr(), c[0]);
-                gpu::BarrierOp::create(b); // every warp is done with step k - 1's stage
-                Value next = add(k, idx(kGemmStages - 1));
-                when(andi(ult(idx(0), k), ult(next, idx(kSteps))),
-                     [&] { issue(add(g, idx(kGemmStages - 1)), next, row0, weightRow0, col0); });
-                return {d};
-              })[0];
+          auto waitStage = [&](Value g) {
+            Value stage = remu(g, idx(stages));
+            Value parity =
+                arith::IndexCastOp::create(b, b.getI1Type(), remu(divu(g, idx(stages)), idx(2)));
+            nvgpu::MBarrierTryWaitParityOp::create(b, bars, parity, idx(10000000), stage);
+          };
+          Value acc =
+              fp8 ? fp8Steps(record, row0, col0, expert, g0, kSteps, dynamic, lhsMap, rhsMap,
+                             waitStage, stageOffset,
+                             [&](Value g, Value k) { issue(g, k, row0, weightRow0, col0); })
+                  : loop(idx(0), idx(kSteps), idx(1),
+                         ValueRange{nvgpu::WarpgroupMmaInitAccumulatorOp::create(b, accT())},
+                         [&](Value k, ValueRange c) -> SmallVector<Value> {
+                           Value g = add(g0, k);
+                           waitStage(g);
+                           Value offset = stageOffset(g);
+                           MemRefType lhsTile = smem({kGemmTileM, kGemmTileK}, shape.inType);
+                           MemRefType rhsTile = smem({kGemmTileK, kGemmTileN}, shape.inType);
+                           Value dA = nvgpu::WarpgroupGenerateDescriptorOp::create(
+                               b,
+                               nvgpu::WarpgroupMatrixDescriptorType::get(ctx,
+                                                                         smemSpaceless(lhsTile)),
+                               view(dynamic, offset, lhsTile), lhsMap);
+                           Value dB = nvgpu::WarpgroupGenerateDescriptorOp::create(
+                               b,
+                               nvgpu::WarpgroupMatrixDescriptorType::get(ctx,
+                                                                         smemSpaceless(rhsTile)),
+                               view(dynamic, add(offset, idx(lhsBytes)), rhsTile), rhsMap);
+                           // waitGroup 1: step k - 1's group is complete, this step's may run on.
+                           Value d = nvgpu::WarpgroupMmaOp::create(
+                               b, accT(), dA, dB, b.getI64IntegerAttr(1), UnitAttr(),
+                               b.getUnitAttr(), c[0]);
+                           gpu::BarrierOp::create(b); // every warp is done with step k - 1's stage
+                           Value next = add(k, idx(kGemmStages - 1));
+                           when(andi(ult(idx(0), k), ult(next, idx(kSteps))), [&] {
+                             issue(add(g, idx(kGemmStages - 1)), next, row0, weightRow0, col0);
+                           });
+                           return {d};
+                         })[0];
           NVVM::WgmmaWaitGroupSyncOp::create(b,
                                              0); // the last group, before the accumulators are read
 
           // Epilogue: through shared memory (the ring is idle: every load was
           // consumed), 8 columns per thread and step, only the expert's rows.
-          MemRefType accTile = smem({kGemmTileM, kGemmTileN}, b.getF32Type());
+          MemRefType accTile = smem({tileM, kGemmTileN}, b.getF32Type());
           Value staged = view(dynamic, pad, accTile);
           nvgpu::WarpgroupMmaStoreOp::create(b, acc, staged);
           gpu::BarrierOp::create(b);
@@ -331,7 +396,7 @@ struct GemmBuilder : epic::expand::ArithBuilder<GemmBuilder> {
           auto chunkF32 = VectorType::get({8}, b.getF32Type());
           auto chunkOut = VectorType::get({8}, shape.outType);
           constexpr int64_t chunksPerRow = kGemmTileN / 8;
-          for (int64_t it = 0; it < kGemmTileM * chunksPerRow / kGemmThreads; ++it) {
+          for (int64_t it = 0; it < tileM * chunksPerRow / kGemmThreads; ++it) {
             Value chunk = add(idx(it * kGemmThreads), tid);
             Value r = divu(chunk, idx(chunksPerRow));
             Value c = mul(remu(chunk, idx(chunksPerRow)), idx(8));
@@ -376,6 +441,87 @@ struct GemmBuilder : epic::expand::ArithBuilder<GemmBuilder> {
               NVVM::SharedSpaceAttr::get(ctx, NVVM::SharedSpace::shared_cta));
           return {add(g0, idx(kSteps))};
         });
+  }
+
+  /// The FP8 tile's steps over K: per step (one scale block), four m64n128k32
+  /// wgmma into zeroed partial sums, then the promotion
+  ///   total[r, c] += partial[r, c] * x_scale[row0 + r, k] * w_scale[e, col0 / 128, k]
+  /// on the registers; the stage is refilled with step k + stages once every
+  /// warp's wgmma is done with it. Returns the totals as a warpgroup accumulator.
+  Value fp8Steps(Value record, Value row0, Value col0, Value expert, Value g0, int64_t kSteps,
+                 Value dynamic, Value lhsMap, Value rhsMap, function_ref<void(Value)> waitStage,
+                 function_ref<Value(Value)> stageOffset,
+                 function_ref<void(Value g, Value k)> issueStep) {
+    Type f32 = b.getF32Type();
+    Value xScales = field(record, shape.xScalesField, ptrT());
+    Value wScales = field(record, shape.weightScalesField, ptrT());
+    Value numRows = arith::IndexCastUIOp::create(b, b.getIndexType(),
+                                                 field(record, shape.numRowsField, b.getI64Type()));
+    const int64_t kBlocks = shape.hidden / kFp8ScaleBlock;
+    // The thread's two rows of the m64 accumulator fragment: warp w holds rows
+    // 16w..16w+15, lane l rows l/4 and l/4 + 8 (element i: row + 8 if bit 1 of i).
+    Value tid = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
+    Value fragmentRow = add(mul(divu(tid, idx(32)), idx(16)), divu(remu(tid, idx(32)), idx(4)));
+    // A row past the lhs (TMA's zero fill) reads row 0's scale: its sums are 0 and dropped.
+    auto rowScales = [&](Value r) {
+      Value row = add(row0, r);
+      return select(ult(row, numRows), mul(row, idx(kBlocks)), idx(0));
+    };
+    Value scaleRow0 = rowScales(fragmentRow), scaleRow8 = rowScales(add(fragmentRow, idx(8)));
+    Value weightScales =
+        mul(add(mul(expert, idx(shape.n / kFp8ScaleBlock)), divu(col0, idx(kFp8ScaleBlock))),
+            idx(kBlocks));
+    auto loadF32 = [&](Value base, Value element) {
+      return Value(LLVM::LoadOp::create(b, f32, gep(base, i64(mul(element, idx(4)))), 4));
+    };
+    LLVM::LLVMStructType totalT = accStructT();
+    auto asStruct = [&](Value acc) {
+      return UnrealizedConversionCastOp::create(b, totalT, acc).getResult(0);
+    };
+    Value zero = nvgpu::WarpgroupMmaInitAccumulatorOp::create(b, accT());
+    Value total =
+        loop(idx(0), idx(kSteps), idx(1), ValueRange{asStruct(zero)},
+             [&](Value k, ValueRange c) -> SmallVector<Value> {
+               Value g = add(g0, k);
+               // The scales first: their loads overlap the wait and the MMAs.
+               Value wScale = loadF32(wScales, add(weightScales, k));
+               Value s0 = LLVM::FMulOp::create(b, loadF32(xScales, add(scaleRow0, k)), wScale);
+               Value s8 = LLVM::FMulOp::create(b, loadF32(xScales, add(scaleRow8, k)), wScale);
+               waitStage(g);
+               Value offset = stageOffset(g);
+               constexpr int64_t kWgmmaK = 32; // bytes of K per FP8 wgmma
+               MemRefType lhsK = smem({kFp8TileM, kWgmmaK}, shape.inType);
+               MemRefType rhsK = smem({kWgmmaK, kGemmTileN}, shape.inType);
+               const int64_t lhsBytes = kFp8TileM * kFp8TileK;
+               Value partial = nvgpu::WarpgroupMmaInitAccumulatorOp::create(b, accT());
+               for (int64_t kk = 0; kk < kFp8TileK / kWgmmaK; ++kk) {
+                 // K-major boxes with a 128-byte swizzle: the next 32 channels start 32
+                 // bytes further into each row (the descriptor's address).
+                 Value dA = nvgpu::WarpgroupGenerateDescriptorOp::create(
+                     b, nvgpu::WarpgroupMatrixDescriptorType::get(ctx, smemSpaceless(lhsK)),
+                     view(dynamic, add(offset, idx(kk * kWgmmaK)), lhsK), lhsMap);
+                 Value dB = nvgpu::WarpgroupGenerateDescriptorOp::create(
+                     b, nvgpu::WarpgroupMatrixDescriptorType::get(ctx, smemSpaceless(rhsK)),
+                     view(dynamic, add(offset, idx(lhsBytes + kk * kWgmmaK)), rhsK), rhsMap);
+                 partial = nvgpu::WarpgroupMmaOp::create(b, accT(), dA, dB, b.getI64IntegerAttr(1),
+                                                         UnitAttr(), UnitAttr(), partial);
+               }
+               NVVM::WgmmaWaitGroupSyncOp::create(b, 0); // the step's sums, before they are read
+               Value sums = asStruct(partial), next = c[0];
+               const int64_t perThread = kFp8TileM * kGemmTileN / kGemmThreads;
+               for (int64_t i = 0; i < perThread; ++i) {
+                 SmallVector<int64_t> at{0, i};
+                 Value p = LLVM::ExtractValueOp::create(b, sums, at);
+                 Value t = LLVM::ExtractValueOp::create(b, next, at);
+                 Value sum = LLVM::FMAOp::create(b, p, (i >> 1) & 1 ? s8 : s0, t);
+                 next = LLVM::InsertValueOp::create(b, next, sum, at);
+               }
+               gpu::BarrierOp::create(b); // every warp is done with the stage
+               Value ahead = add(k, idx(stages));
+               when(ult(ahead, idx(kSteps)), [&] { issueStep(add(g, idx(stages)), ahead); });
+               return {next};
+             })[0];
+    return UnrealizedConversionCastOp::create(b, accT(), total).getResult(0);
   }
 
   /// The descriptor types name the tile's shape in address space 3 (as the

@@ -24,7 +24,7 @@ struct GroupedGemmShape {
   int64_t n;      ///< columns of every expert's weight matrix
   int64_t localExperts;
   int64_t alignment;  ///< the dispatch's expert_alignment (where expert rows start)
-  mlir::Type inType;  ///< bf16 or f16 (lhs and weights)
+  mlir::Type inType;  ///< bf16, f16 or f8E4M3FN (lhs and weights)
   mlir::Type outType; ///< bf16, f16 or f32
   /// Where the kernel's inputs are in the rank's parameter record: fields
   /// (8 bytes each), and the two TMA descriptors (lhs, then weights, 128
@@ -32,6 +32,10 @@ struct GroupedGemmShape {
   int64_t paramStride = 128;
   int64_t outField = epic::ep::records::kGGOut, psumField = epic::ep::records::kGGPsumPerExpert,
           mapsOffset = 64;
+  /// FP8 only (ep.grouped_gemm's record): the row count and the two scale tensors.
+  int64_t numRowsField = epic::ep::records::kGGNumRows,
+          xScalesField = epic::ep::records::kGGXScales,
+          weightScalesField = epic::ep::records::kGGWeightScales;
   /// Fused behind the dispatch's copy (ep.dispatch_gemm): window offsets of
   /// the per-(expert, kGemmTileM-row tile) arrival counters and of the counters of
   /// column tiles done with them, or -1; `maxTiles` row tiles per expert.
@@ -72,6 +76,30 @@ static_assert(kGemmCtasPerSm * kGemmDynamicSharedBytes <= 227 * 1024,
               "two GEMM blocks must fit in an SM's shared memory");
 static_assert(kGemmTileM * kGemmTileN * 4 <= kGemmStages * kGemmStageBytes,
               "the epilogue stages the fp32 tile in the ring");
+
+/// The FP8 kernel (e4m3 rows and weights with DeepSeek's block scales): one
+/// warpgroup computes 64 x 128 output tiles over K in steps of 128 (one scale
+/// block: four m64n128k32 wgmma), and after each step adds the step's fp32
+/// partial sums, times the rows' scales and the weight block's scale, into a
+/// second set of accumulators (the promotion). 64 rows: the partial and the
+/// total sums of a 128-row tile would take 256 registers a thread. A stage:
+/// the 64 x 128 lhs box, then the 128 x 128 weight box (N rows, K contiguous:
+/// FP8 wgmma reads B K-major only), 128-byte swizzle.
+constexpr int64_t kFp8TileM = 64, kFp8TileK = 128, kFp8Stages = 4;
+constexpr int64_t kFp8ScaleBlock = 128; ///< channels per scale (rows' and weights')
+constexpr int64_t kFp8StageBytes = kFp8TileM * kFp8TileK + kFp8TileK * kGemmTileN;
+constexpr int64_t kFp8DynamicSharedBytes = kFp8Stages * kFp8StageBytes + 1024;
+static_assert(kGemmCtasPerSm * kFp8DynamicSharedBytes <= 227 * 1024,
+              "two FP8 GEMM blocks must fit in an SM's shared memory");
+static_assert(kFp8TileM * kGemmTileN * 4 <= kFp8Stages * kFp8StageBytes,
+              "the FP8 epilogue stages the fp32 tile in the ring");
+static_assert(kFp8TileK == kFp8ScaleBlock && kGemmTileN == kFp8ScaleBlock,
+              "an FP8 step covers one scale block of K, a tile one of N");
+
+/// Whether `shape` is the FP8 kernel's.
+bool isFp8Gemm(const GroupedGemmShape &shape);
+/// The dynamic shared memory the kernel of `shape` takes.
+int64_t gemmDynamicSharedBytes(const GroupedGemmShape &shape);
 
 /// Fields of the kernel's per-rank parameter record, in order (the TMA
 /// descriptors follow them, see GroupedGemmShape::mapsOffset).

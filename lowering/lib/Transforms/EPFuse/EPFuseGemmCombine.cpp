@@ -38,6 +38,8 @@ FailureOr<ep::CombineOp> fusableCombine(ep::GroupedGemmOp gemm) {
   if (combines.size() > 1)
     return refuse("the output is combined more than once");
   ep::CombineOp combine = combines.front();
+  if (gemm.getLhsScales())
+    return refuse("FP8 rows: the fused kernel multiplies BF16 or F16 rows");
   if (combine.getWindowOutputs())
     return refuse("the combine reads its input in the window (window_outputs), which the fused "
                   "kernel does not write");

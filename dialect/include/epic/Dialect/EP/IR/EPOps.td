@@ -272,7 +272,8 @@ def EP_CombineOp : EP_Op<"combine", [EP_KernelOpInterface, AttrSizedOperandSegme
 // ep.grouped_gemm
 //===----------------------------------------------------------------------===//
 
-def EP_GroupedGemmOp : EP_Op<"grouped_gemm", [EP_KernelOpInterface, Pure]> {
+def EP_GroupedGemmOp : EP_Op<"grouped_gemm", [EP_KernelOpInterface, Pure,
+                                               AttrSizedOperandSegments]> {
   let summary = "the MoE expert GEMM on a dispatch's expanded layout";
   let description = [{
     Multiplies every local expert's rows of an expanded-layout dispatch
@@ -292,11 +293,24 @@ def EP_GroupedGemmOp : EP_Op<"grouped_gemm", [EP_KernelOpInterface, Pure]> {
     contents are unspecified, as in the dispatch without `zero_padding`; the
     combine never reads them.
 
-    `lhs` holds the dispatched rows (`[rows, hidden]`, BF16 or F16: an FP8
-    dispatch's rows with their scale packs are the next step), `rhs` the
+    `lhs` holds the dispatched rows (`[rows, hidden]`, BF16 or F16), `rhs` the
     experts' weights (`[L, hidden, N]`, the same element type, N contiguous:
     the layout of `torch.stack([w_e for e in experts])` with `w_e : [hidden,
     N]`), `result` is `[rows, N]` in BF16, F16 or F32.
+
+    FP8 (E4M3) rows come with `scales`, DeepSeek's block scales: `lhs_scales`
+    `[rows, hidden / 128]` f32, one per row and 128 channels (an FP8
+    dispatch's scale packs, `scale_packs = hidden / 128`), and `rhs_scales`
+    `[L, N / 128, hidden / 128]` f32, one per 128 x 128 weight block; the
+    weights are then `[L, N, hidden]` (K contiguous, the layout FP8 tensor
+    cores read), and
+
+    ```
+    result[i, n] = round(sum_b (sum_{k in block b} lhs[i, k] * rhs[e, n, k])
+                              * lhs_scales[i, b] * rhs_scales[e, n / 128, b])
+    ```
+
+    each block's products summed in fp32, then scaled and added in fp32.
 
     On Hopper `convert-ep-to-comm` lowers it to a persistent kernel: TMA loads of
     64 x 64 boxes into a multi-stage shared-memory ring (mbarrier
@@ -311,16 +325,29 @@ def EP_GroupedGemmOp : EP_Op<"grouped_gemm", [EP_KernelOpInterface, Pure]> {
                       max_tokens_per_rank = 4096>
     %y = ep.grouped_gemm %recv_x, %w layout(%handle : !ep.handle<#cfg>)
         : tensor<?x7168xbf16>, tensor<32x7168x2048xbf16> -> tensor<?x2048xbf16>
+    // FP8 (#fp8: the same with dtype = f8E4M3FN, scale_packs = 56)
+    %z = ep.grouped_gemm %rows, %w8 layout(%h8 : !ep.handle<#fp8>)
+        scales(%row_scales, %w_scales : tensor<?x56xf32>, tensor<32x16x56xf32>)
+        : tensor<?x7168xf8E4M3FN>, tensor<32x2048x7168xf8E4M3FN> -> tensor<?x2048xbf16>
     ```
   }];
   let arguments = (ins
-    2DTensorOf<[BF16, F16]>:$lhs,
-    3DTensorOf<[BF16, F16]>:$rhs,
-    EP_HandleType:$handle);
+    2DTensorOf<[BF16, F16, F8E4M3FN]>:$lhs,
+    3DTensorOf<[BF16, F16, F8E4M3FN]>:$rhs,
+    EP_HandleType:$handle,
+    Optional<2DTensorOf<[F32]>>:$lhs_scales,
+    Optional<3DTensorOf<[F32]>>:$rhs_scales);
   let results = (outs 2DTensorOf<[BF16, F16, F32]>:$result);
+  let builders = [
+    OpBuilder<(ins "::mlir::Type":$result, "::mlir::Value":$lhs, "::mlir::Value":$rhs,
+                   "::mlir::Value":$handle), [{
+      build($_builder, $_state, result, lhs, rhs, handle, ::mlir::Value(), ::mlir::Value());
+    }]>
+  ];
   let assemblyFormat = [{
-    $lhs `,` $rhs `layout` `(` $handle `:` qualified(type($handle)) `)` attr-dict
-    `:` type($lhs) `,` type($rhs) `->` type($result)
+    $lhs `,` $rhs `layout` `(` $handle `:` qualified(type($handle)) `)`
+    (`scales` `(` $lhs_scales^ `,` $rhs_scales `:` type($lhs_scales) `,` type($rhs_scales) `)`)?
+    attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)
   }];
   let extraClassDeclaration = [{
     ConfigAttr getConfig() {

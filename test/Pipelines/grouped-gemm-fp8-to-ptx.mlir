@@ -1,0 +1,38 @@
+// The FP8 ep.grouped_gemm through the whole pipeline for sm_90a at DeepEP V3's shape
+// (hidden 7168, 56 f32 scales a row, N = 2048 per expert): TMA loads of 64 x 128 and
+// 128 x 128 one-byte boxes, wgmma m64n128k32 on e4m3 with B K-major, 64 fused multiply-adds
+// of the promotion per step, and ptxas accepts the kernel with no spills (partial and total
+// sums of a 64-row tile: 128 registers a thread).
+// RUN: epic-compile %s --backend=virtual -o %t
+// RUN: FileCheck %s --check-prefix=PTX < %t.ptx
+// RUN: FileCheck %s --check-prefix=FMA < %t.ptx
+// RUN: FileCheck %s --check-prefix=JSON < %t.json
+
+// PTX: .target sm_90a
+// PTX-LABEL: .entry ep_grouped_gemm_gemm(
+// PTX: mbarrier.arrive.expect_tx.shared.b64
+// PTX: cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes
+// PTX: mbarrier.try_wait.parity.shared.b64
+// PTX-COUNT-4: wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3
+// PTX-NOT: wgmma.mma_async
+// PTX: wgmma.wait_group.sync.aligned{{[[:space:]]+}}0;
+// The promotion (LLVM places it where it likes in the loop: after the wait, in its own block).
+// FMA-COUNT-64: fma.rn.f32
+// FMA-NOT: fma.rn.f32
+// JSON: "dynamic_shared_bytes": 99328
+// JSON: "elem_bytes": 1
+// JSON: "name": "ep_grouped_gemm_gemm"
+// JSON: "spill_load_bytes": 0
+// JSON: "spill_store_bytes": 0
+
+#cfg = #ep.config<ranks = 8, experts = 256, topk = 8, hidden = 7168, dtype = f8E4M3FN,
+                  scale_packs = 56, expert_alignment = 128, layout = expanded,
+                  max_tokens_per_rank = 4096>
+func.func @ep_grouped_gemm(%x: tensor<?x7168xf8E4M3FN>, %w: tensor<32x2048x7168xf8E4M3FN>,
+                           %h: !ep.handle<#cfg>, %sx: tensor<?x56xf32>,
+                           %sw: tensor<32x16x56xf32>) -> tensor<?x2048xbf16> {
+  %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#cfg>)
+      scales(%sx, %sw : tensor<?x56xf32>, tensor<32x16x56xf32>)
+      : tensor<?x7168xf8E4M3FN>, tensor<32x2048x7168xf8E4M3FN> -> tensor<?x2048xbf16>
+  return %y : tensor<?x2048xbf16>
+}
