@@ -132,6 +132,23 @@ def per_token_cast_to_fp8(x, group=128, use_ue8m0=False, round_scale=None):
     return data, padded.view("<i4").reshape(num_tokens, num_packs)
 
 
+def swiglu_fp8(gate_up):
+    """The activation between an expert's GEMMs with DeepSeek's FP8 re-quantization
+    (:func:`epic.activations.swiglu_fp8`): ``gate_up`` ``[rows, 2I]`` (gate columns, then up),
+    ``y = silu(gate) * up`` in float64 rounded to float32, then :func:`per_token_cast_to_fp8`
+    of ``y`` (a float32 scale per 128 channels). Returns ``(data [rows, I] float8_e4m3fn,
+    scales [rows, I / 128] float32)``."""
+    _check_array("gate_up", gate_up)
+    if gate_up.ndim != 2 or gate_up.shape[1] % 256:
+        raise ValueError(f"gate_up: expected [rows, 2 * I] with I a multiple of 128, got "
+                         f"{_describe(gate_up)}")
+    half = gate_up.shape[1] // 2
+    gate = gate_up[:, :half].astype(np.float64)
+    up = gate_up[:, half:].astype(np.float64)
+    y = (gate / (1.0 + np.exp(-gate)) * up).astype(np.float32)
+    return per_token_cast_to_fp8(y)
+
+
 def per_token_cast_back(data, scales, group=128, out_dtype=bfloat16):
     """Dequantise :func:`per_token_cast_to_fp8` output.
 

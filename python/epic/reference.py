@@ -52,7 +52,7 @@ from ._reference_combine import combine
 from ._reference_dispatch import (CombineResult, DispatchResult, dispatch, dispatch_layout,
                                   sort_by_source)
 from ._reference_experts import (generate_pre_combine_data, grouped_gemm, per_token_cast_back,
-                                 per_token_cast_to_fp8)
+                                 per_token_cast_to_fp8, swiglu_fp8)
 from ._reference_hybrid import check_hybrid_metadata, expected_network_bytes
 from ._reference_low_latency import LowLatencyResult, low_latency_combine, low_latency_dispatch
 
@@ -71,6 +71,7 @@ __all__ = [
     "dispatch",
     "combine",
     "grouped_gemm",
+    "swiglu_fp8",
     "sort_by_source",
     "check_hybrid_metadata",
     "expected_network_bytes",

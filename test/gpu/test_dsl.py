@@ -187,3 +187,27 @@ def test_least_loaded_replica_example_delivers_once_and_balances():
     ok, balanced, loads, primary = least_loaded_replica.run(ranks, tokens, target=t)
     assert ok, "a (token, expert) pair is missing, repeated or off its replicas"
     assert balanced, f"rows per rank {loads}, fixed primaries {primary}"
+
+
+@pytest.mark.parametrize("ranks, intermediate", [(2, 256), (8, 2048)])
+def test_swiglu_fp8_matches_the_reference(ranks, intermediate):
+    """epic.activations.swiglu_fp8 (el.exp as PTX ex2.approx, the e4m3 conversion) on every rank
+    of a virtual world against epic.reference.swiglu_fp8."""
+    from epic import reference as ref
+    from epic.activations import swiglu_fp8
+
+    t = target(ranks)
+    rng = np.random.default_rng(intermediate)
+    xs = [(rng.standard_normal((40 + r, 2 * intermediate)) * 3).astype(ref.bfloat16)
+          for r in range(ranks)]
+    outs = [t.zeros((len(x), intermediate), ref.float8_e4m3fn) for x in xs]
+    scales = [t.zeros((len(x), intermediate // 128), np.float32) for x in xs]
+    swiglu_fp8([t.tensor(x) for x in xs], out=outs, scales=scales, **t.launch)
+    t.synchronize()
+    for x, o, s in zip(xs, outs, scales):
+        got_s, want = t.numpy(s), ref.swiglu_fp8(x)
+        np.testing.assert_allclose(got_s, want[1], rtol=1e-5)
+        got = t.numpy(o).astype(np.float32).reshape(len(x), -1, 128) * got_s[:, :, None]
+        np.testing.assert_allclose(
+            got, want[0].astype(np.float32).reshape(got.shape) * want[1][:, :, None],
+            rtol=2.0 ** -3, atol=float(got_s.max()) * 2.0 ** -9)

@@ -249,6 +249,19 @@ class Semantic(CoreSemantic):
         self.op("gpu.barrier")  # read by all before a next use writes it again
         return value
 
+    def exp(self, node, x):
+        """2^(x log2 e): PTX's ex2.approx.ftz (flushes subnormal results to 0; within 2 ulp)."""
+        if not isinstance(x, Val):
+            return float(np.exp(np.float32(x)))
+        if x.dtype != "f32":
+            raise self.error(f"el.exp of {x.dtype} values: cast them to f32 first", node)
+        scaled = self.binary(ast.Mult(), x, self.const(1.4426950408889634, "f32"), node)
+        # Lane by lane, as PTX (the NVVM lowering sends exp2 to libdevice, which is not linked).
+        attrs = {"ptxCode": '"ex2.approx.ftz.f32 $0, $1;"',
+                 "operandSegmentSizes": "array<i32: 1, 0, 0>"}
+        return self.assemble([self.op("nvvm.inline_ptx", [lane], ["f32"], attrs).result(0)
+                              for lane in self.lanes_of(scaled)], "f32", x.block)
+
     def sum(self, node, x, axis=0):
         return self.reduce(node, x, "sum")
 

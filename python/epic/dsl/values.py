@@ -64,6 +64,13 @@ class Values:
     def cast(self, x, dtype):
         return cast(x, dtype)
 
+    def exp(self, x):
+        values = np.asarray(x)
+        if values.dtype != np.float32:
+            raise TypeError(f"el.exp: takes float32 values, got {values.dtype}: cast them first")
+        out = np.exp(values)
+        return block(out) if out.ndim else out[()]
+
     def sum(self, x, axis):
         return reduce(np.sum, x, axis)
 

@@ -34,7 +34,7 @@ __all__ = [
     "constexpr", "static_range",
     "float32", "bfloat16", "float16", "float8e4nv", "int32", "int64", "uint8",
     "program_id", "num_programs", "arange", "zeros", "full", "load", "store", "where", "cast",
-    "sum", "max", "min", "cumsum", "atomic_add", "atomic_cas",
+    "exp", "sum", "max", "min", "cumsum", "atomic_add", "atomic_cas",
     "rank", "num_ranks", "peer_ptr", "put", "signal", "wait", "flush", "barrier", "fence",
 ]
 
@@ -100,6 +100,13 @@ def where(condition, x, y, _semantic=None):
 def cast(x, dtype, _semantic=None):
     """`x` as `dtype` (FP8 saturates to its largest finite value, like the hardware)."""
     return _executor(_semantic).cast(x, dtype)
+
+
+@_builtin
+def exp(x, _semantic=None):
+    """e to the power of float32 `x` (on the GPU: ``ex2.approx`` of ``x * log2(e)``, within a
+    few ulp of the exact value for normal results; the interpreter uses numpy's)."""
+    return _executor(_semantic).exp(x)
 
 
 @_builtin
