@@ -28,7 +28,8 @@ def _expert_inputs(b, op, x, weights, handle):
     for r, (xr, wr, hd) in enumerate(zip(xs, ws, handles)):
         b._dtype(xr, "x", r)
         b._dtype(wr, "weights", r)
-        _rows_of_the_dispatch(b, r, xr, hd, hd.num_expanded_tokens, "the dispatch's recv_x")
+        _rows_of_the_dispatch(b, r, xr, hd, hd.num_expanded_tokens, "the dispatch's recv_x",
+                              any_width=(op == "grouped_gemm"))
     return handles, xs, ws
 
 
@@ -51,11 +52,13 @@ def _reads_in_place(b, xs, handles):
     return True
 
 
-def _rows_of_the_dispatch(b, r, x, hd, rows, what):
-    """`x` has the rows the handle's dispatch received (the handle knows how many)."""
-    if tuple(x.shape) != (rows, hd._hidden):
-        raise ValueError(f"{b._name('x', r)}: expected {T.dtype_name(x)}[{rows}, {hd._hidden}] "
-                         f"({what}), got {T.describe(x)}")
+def _rows_of_the_dispatch(b, r, x, hd, rows, what, any_width=False):
+    """`x` has the rows the handle's dispatch received (the handle knows how many), hidden-wide
+    unless `any_width` (the grouped GEMM also multiplies an expert's intermediate rows)."""
+    width = x.shape[1] if any_width and len(x.shape) == 2 else hd._hidden
+    if tuple(x.shape) != (rows, width):
+        raise ValueError(f"{b._name('x', r)}: expected {T.dtype_name(x)}[{rows}, "
+                         f"{'K' if any_width else hd._hidden}] ({what}), got {T.describe(x)}")
 
 
 def _key(op, num_sms, extra, pairs, handles):

@@ -947,20 +947,22 @@ class ElasticBuffer(AgrsMethods, EngramMethods, PpMethods):
     def grouped_gemm(self, x, weights, handle, out_dtype=None, num_sms: int = 0):
         """epic: the MoE expert GEMM on an expanded dispatch's rows (``ep.grouped_gemm``).
 
-        ``x`` is the dispatch's ``recv_x`` (bf16 or f16, ``[rows, hidden]``), ``weights`` the
-        local experts' matrices ``[E / R, hidden, N]`` (same dtype, N contiguous), ``handle``
-        the dispatch's (``do_expand=True``). Each expert's rows are multiplied by its matrix
-        with fp32 accumulation and rounded once to ``out_dtype`` (default: ``x``'s; bf16, f16
+        ``x`` is the dispatch's ``recv_x`` (bf16 or f16, ``[rows, hidden]``) or rows of its
+        layout with another width K (an expert's intermediate rows, for its down GEMM),
+        ``weights`` the local experts' matrices ``[E / R, K, N]`` (same dtype, N contiguous),
+        ``handle`` the dispatch's (``do_expand=True``). Each expert's rows are multiplied by its
+        matrix with fp32 accumulation and rounded once to ``out_dtype`` (default: ``x``'s; bf16, f16
         or float32); padding rows are zero. On Hopper: TMA loads and wgmma, a persistent kernel
-        over (expert, 128-row, 128-column) tiles; ``hidden`` must be a multiple of 64 and N of
+        over (expert, 128-row, 128-column) tiles; K must be a multiple of 64 and N of
         128. Runs on the current stream. Returns the output (a list in a virtual world).
 
         FP8: after an FP8 dispatch with one float32 scale per 128 channels, ``x`` is the
-        dispatch's ``(recv_x, recv_x_scales)`` and ``weights`` is ``(w, w_scales)``: ``w``
-        float8_e4m3fn ``[E / R, N, hidden]`` (K contiguous), ``w_scales`` float32
-        ``[E / R, N / 128, hidden / 128]`` (one per 128 x 128 block); each block's products are
+        dispatch's ``(recv_x, recv_x_scales)`` (or ``epic.activations.swiglu_fp8``'s output)
+        and ``weights`` is ``(w, w_scales)``: ``w``
+        float8_e4m3fn ``[E / R, N, K]`` (K contiguous), ``w_scales`` float32
+        ``[E / R, N / 128, K / 128]`` (one per 128 x 128 block); each block's products are
         summed in fp32, scaled by the row's and the block's scales and added in fp32; the output
-        is bf16 unless ``out_dtype`` says otherwise. ``hidden`` and N: multiples of 128.
+        is bf16 unless ``out_dtype`` says otherwise. K and N: multiples of 128.
         """
         return _combine.grouped_gemm(self, x, weights, handle, out_dtype, num_sms)
 

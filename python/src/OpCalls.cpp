@@ -286,7 +286,8 @@ KernelRequest requestFrom(const std::string &kind, const py::dict &spec, const p
     return combineRequest(s, combineVariantFrom(variant));
   case KernelKind::groupedGemm:
     return groupedGemmRequest(s, field<int64_t>(variant, "n"),
-                              field<std::string>(variant, "out_dtype"));
+                              field<std::string>(variant, "out_dtype"), "",
+                              field<int64_t>(variant, "k", int64_t(0)));
   case KernelKind::dispatchGemm:
     return dispatchGemmRequest(s, dispatchVariantFrom(variant), field<int64_t>(variant, "n"),
                                field<std::string>(variant, "out_dtype"));

@@ -340,36 +340,45 @@ ParamRecord epic::runtime::groupedGemmRecord(const EPSpec &s, const GroupedGemmC
   const bool fp8 = s.dtype == "f8E4M3FN";
   if (s.dtype != "bf16" && s.dtype != "f16" && !fp8)
     fail("grouped_gemm multiplies bf16, f16 or f8E4M3FN rows; the buffer dispatches " + s.dtype);
-  const int64_t H = s.hidden, L = s.experts / s.ranks, block = 128;
+  const int64_t L = s.experts / s.ranks, block = 128;
   ParamRecord r;
-  r[grouped_gemm::x] = check(c.x, {"x", s.dtype, {-1, H}}, true);
+  // K: the rows' width, the hidden size for the dispatch's rows, an expert's intermediate
+  // size for its down GEMM's.
+  r[grouped_gemm::x] = check(c.x, {"x", s.dtype, {-1, -1}}, true);
+  const int64_t K = c.x.shape[1];
+  if (K < 1 || K % (fp8 ? block : 64))
+    fail("x has " + std::to_string(K) + " columns: the grouped GEMM steps through K in blocks of " +
+         (fp8 ? "128 (the FP8 scale blocks)" : std::string("64")) +
+         ", K must be a positive multiple");
   if (c.x.shape[0] > receiveRows(s))
     fail("x has " + std::to_string(c.x.shape[0]) + " rows, more than a dispatch can receive (" +
          std::to_string(receiveRows(s)) + ")");
-  // FP8 weights are [L, N, H] (K contiguous: FP8 tensor cores read B K-major).
-  const size_t hAt = fp8 ? 2 : 1, nAt = fp8 ? 1 : 2;
-  if (c.weights.shape.size() != 3 || c.weights.shape[0] != L || c.weights.shape[hAt] != H)
+  // FP8 weights are [L, N, K] (K contiguous: FP8 tensor cores read B K-major).
+  const size_t kAt = fp8 ? 2 : 1, nAt = fp8 ? 1 : 2;
+  if (c.weights.shape.size() != 3 || c.weights.shape[0] != L || c.weights.shape[kAt] != K)
     fail("weights must have shape " + s.dtype + "[" + std::to_string(L) + ", " +
-         (fp8 ? "N, " + std::to_string(H) : std::to_string(H) + ", N") + "], got " +
-         c.weights.describe());
+         (fp8 ? "N, " + std::to_string(K) : std::to_string(K) + ", N") + "] (K = x's " +
+         std::to_string(K) + " columns), got " + c.weights.describe());
   const int64_t N = c.weights.shape[nAt];
   r[grouped_gemm::weights] = check(
       c.weights,
-      {"weights", s.dtype, fp8 ? std::vector<int64_t>{L, N, H} : std::vector<int64_t>{L, H, N}},
+      {"weights", s.dtype, fp8 ? std::vector<int64_t>{L, N, K} : std::vector<int64_t>{L, K, N}},
       true);
   if (fp8) {
-    if (H % block || N % block)
-      fail("the FP8 grouped GEMM scales blocks of 128 channels: hidden (" + std::to_string(H) +
+    if (K % block || N % block)
+      fail("the FP8 grouped GEMM scales blocks of 128 channels: K (" + std::to_string(K) +
            ") and N (" + std::to_string(N) + ") must be multiples of 128");
-    if (s.scalePacks != H / block)
-      fail("the FP8 grouped GEMM reads one f32 scale per 128 channels (" +
-           std::to_string(H / block) + " a row); the buffer dispatches " +
-           std::to_string(s.scalePacks) +
-           " scale packs a row (UE8M0-packed scales are not "
-           "multiplied yet)");
-    r[grouped_gemm::x_scales] = check(c.xScales, {"x_scales", "f32", {c.x.shape[0], H / block}});
+    if (c.xScales.given() && c.xScales.shape.size() == 2 && c.xScales.shape[1] != K / block)
+      fail("x_scales must have shape f32[" + std::to_string(c.x.shape[0]) + ", " +
+           std::to_string(K / block) + "] (one f32 scale per 128 channels), got " +
+           c.xScales.describe() +
+           (K == s.hidden && s.scalePacks != K / block
+                ? ": the dispatch's " + std::to_string(s.scalePacks) +
+                      " scale packs a row (UE8M0-packed scales are not multiplied yet)"
+                : ""));
+    r[grouped_gemm::x_scales] = check(c.xScales, {"x_scales", "f32", {c.x.shape[0], K / block}});
     r[grouped_gemm::weight_scales] =
-        check(c.weightScales, {"weight_scales", "f32", {L, N / block, H / block}});
+        check(c.weightScales, {"weight_scales", "f32", {L, N / block, K / block}});
   } else {
     forbid(c.xScales, "x_scales", "block scales are for FP8 rows; x is " + s.dtype);
     forbid(c.weightScales, "weight_scales", "block scales are for FP8 rows; x is " + s.dtype);
@@ -529,6 +538,11 @@ ParamRecord epic::runtime::gemmCombineRecord(const EPSpec &s, int biases,
          std::to_string(s.hidden) + ", " + std::to_string(s.hidden) +
          "]: the combine sends hidden-wide rows, got " + c.weights.describe());
   // The GEMM's lhs is the caller's x (the dispatch's rows); its output is the combine's x.
+  if (c.lhs.shape.size() == 2 && c.lhs.shape[1] != s.hidden)
+    fail("x must have " + std::to_string(s.hidden) +
+         " columns (the dispatch's rows: the fused "
+         "GEMM + combine multiplies hidden-wide rows), got " +
+         c.lhs.describe());
   GroupedGemmCall gemm{c.lhs, c.weights, c.combine.x, c.combine.handle.psumNumRecvTokensPerExpert};
   ParamRecord g = groupedGemmRecord(s, gemm);
   for (const char *field :

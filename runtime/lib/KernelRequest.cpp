@@ -84,6 +84,7 @@ void requireGemmRows(const EPSpec &spec, const std::string &entry, bool fp8 = fa
 /// The GEMM's N and output type; `gemmName` names the GEMM ("grouped_gemm's").
 void requireGemmShape(const GemmVariant &gemm, const std::string &gemmName) {
   require(gemm.n > 0, gemmName + " N must be positive, got " + dim(gemm.n));
+  require(gemm.k >= 0, gemmName + " K must be positive (0: the hidden size), got " + dim(gemm.k));
   require(gemm.outDtype == "bf16" || gemm.outDtype == "f16" || gemm.outDtype == "f32",
           gemmName + " output must be bf16, f16 or f32, got " + gemm.outDtype);
 }
@@ -202,6 +203,9 @@ void KernelRequest::validate() const {
     require(!d.cached, "the fused dispatch + GEMM routes tokens: it cannot be a cached dispatch");
     requireGemmRows(spec, "the fused dispatch + GEMM");
     requireGemmShape(gemm, "the expert GEMM's");
+    require(gemm.k == 0, "the fused dispatch + GEMM multiplies the dispatch's rows: gemm.k must "
+                         "be 0 (the hidden size), got " +
+                             dim(gemm.k));
     break;
   case KernelKind::dispatchLayout:
     require(!d.cached && !d.weights && !d.zeroPadding,
@@ -342,9 +346,10 @@ KernelRequest epic::runtime::combineRequest(const EPSpec &spec, const CombineVar
 }
 
 KernelRequest epic::runtime::groupedGemmRequest(const EPSpec &spec, int64_t n,
-                                                const std::string &outDtype, std::string name) {
+                                                const std::string &outDtype, std::string name,
+                                                int64_t k) {
   KernelRequest r = request(KernelKind::groupedGemm, spec, std::move(name));
-  r.gemm = {n, outDtype};
+  r.gemm = {n, outDtype, k == spec.hidden ? 0 : k};
   return validated(std::move(r));
 }
 

@@ -41,8 +41,8 @@ KernelHost::Plan KernelHost::planGroupedGemm(const EPSpec &spec,
   const GroupedGemmCall &first = calls.front();
   // N: bf16 weights are [L, H, N], FP8 weights [L, N, H].
   const int64_t n = first.weights.shape[spec.isFP8() ? 1 : 2];
-  return plan(groupedGemmRequest(spec, n, first.out.dtype), records, blocks, stream,
-              std::move(slotNames));
+  return plan(groupedGemmRequest(spec, n, first.out.dtype, "", first.x.shape[1]), records, blocks,
+              stream, std::move(slotNames));
 }
 
 KernelHost::Plan KernelHost::planDispatchGemm(const EPSpec &spec, const DispatchVariant &variant,

@@ -39,7 +39,7 @@
  "spec":{"ranks":2,"experts":16,"topk":4,"hidden":512,"dtype":"bf16","scale_packs":0,"expert_alignment":1,
          "expanded":true,"num_sms":0,"max_tokens_per_rank":0,"scaleup_ranks":0,"hybrid":false,"timeout_ms":0},
  "dispatch":{"weights":false,"cached":false,"zero_padding":false,"topk_idx_bits":64,"window_outputs":false,"round_scale":false,"use_ue8m0":false},
- "gemm":{"n":256,"out_dtype":"bf16"}}
+ "gemm":{"n":256,"out_dtype":"bf16","k":0}}
 //--- config.json
 {"version":4,"kind":"combine","name":"ep_combine",
  "spec":{"ranks":2,"experts":15,"topk":4,"hidden":512,"dtype":"bf16","scale_packs":0,"expert_alignment":1,
@@ -49,7 +49,7 @@
 {"version":4,"kind":"grouped_gemm","name":"g",
  "spec":{"ranks":2,"experts":16,"topk":4,"hidden":512,"dtype":"bf16","scale_packs":0,"expert_alignment":1,
          "expanded":false,"num_sms":0,"max_tokens_per_rank":0,"scaleup_ranks":0,"hybrid":false,"timeout_ms":0},
- "gemm":{"n":256,"out_dtype":"bf16"}}
+ "gemm":{"n":256,"out_dtype":"bf16","k":0}}
 //--- hybrid.json
 {"version":4,"kind":"dispatch","name":"ep_dispatch",
  "spec":{"ranks":8,"experts":16,"topk":4,"hidden":512,"dtype":"bf16","scale_packs":0,"expert_alignment":1,

@@ -16,6 +16,7 @@ TOPK = 6
 # rank); the expert alignment is 128.
 FP8_CONFIGS = [(2, 16, 1024, 256, 96), (8, 256, 7168, 2048, 48)]
 SCALE_BLOCK = 128
+MLP_INTERMEDIATE = 2048  # DeepSeek V3's expert intermediate size
 
 
 def spec_of(ranks, experts, hidden, tokens, alignment, fp8=False):
@@ -65,6 +66,12 @@ def prepare():
         for out in ("bf16", "f32"):
             runtime.kernels(spec, dict(n=n, out_dtype=out), "grouped_gemm")
             count += 1
+    # test_fp8_expert_mlp: gate/up (N = 2I) and down (K = I, N = hidden) FP8 GEMMs.
+    ranks, experts, hidden, _, tokens = FP8_CONFIGS[1]
+    spec = spec_of(ranks, experts, hidden, tokens, SCALE_BLOCK, fp8=True)
+    runtime.kernels(spec, dict(n=2 * MLP_INTERMEDIATE, out_dtype="bf16"), "grouped_gemm")
+    runtime.kernels(spec, dict(n=hidden, out_dtype="bf16", k=MLP_INTERMEDIATE), "grouped_gemm")
+    count += 2
     print(f"test_grouped_gemm: {count} grouped GEMM kernel sets in {runtime.cache_dir}")
 
 
@@ -183,6 +190,50 @@ def test_fp8_grouped_gemm_matches_the_dequantized_product(ranks, experts, hidden
                                        rtol=1.6e-2, atol=1e-2)
             covered[start:end] = True
         assert covered.any() and not out32[r][~covered].any()
+    buffer.destroy()
+
+
+def test_fp8_expert_mlp_step_by_step():
+    """A V3 expert MLP in FP8 on the rows of an FP8 dispatch: gate/up GEMM (N = 2I), SwiGLU with
+    the FP8 re-quant (epic.activations.swiglu_fp8), down GEMM (K = I, N = hidden), each step
+    against torch on the previous step's own output (dequantized)."""
+    from epic.activations import swiglu_fp8
+
+    ranks, experts, hidden, _, tokens = FP8_CONFIGS[1]
+    inter, L = MLP_INTERMEDIATE, experts // ranks
+    g = torch.Generator(device="cuda").manual_seed(21)
+    buffer = epic.ElasticBuffer(epic.VirtualWorld(ranks), num_max_tokens_per_rank=tokens,
+                                hidden=hidden, num_topk=TOPK, explicitly_destroy=True)
+    xs = [quantize_blocks(torch.randn((tokens, hidden), generator=g, device="cuda"), 1)
+          for _ in range(ranks)]
+    idxs = [torch.rand((tokens, experts), generator=g, device="cuda").topk(TOPK).indices
+            for _ in range(ranks)]
+    recv, _, _, handles, _ = buffer.dispatch(xs, idxs, num_experts=experts, do_expand=True,
+                                             expert_alignment=SCALE_BLOCK)
+    w13 = [quantize_blocks(torch.randn((L, 2 * inter, hidden), generator=g, device="cuda")
+                           / hidden ** 0.5, SCALE_BLOCK) for _ in range(ranks)]
+    w2 = [quantize_blocks(torch.randn((L, hidden, inter), generator=g, device="cuda")
+                          / inter ** 0.5, SCALE_BLOCK) for _ in range(ranks)]
+    gate_up = buffer.grouped_gemm(recv, w13, handles)
+    act = swiglu_fp8(gate_up, buffer=buffer)
+    down = buffer.grouped_gemm(list(zip(*act)), w2, handles)
+    torch.cuda.synchronize()
+    for r in range(ranks):
+        assert gate_up[r].shape == (recv[r][0].shape[0], 2 * inter)
+        assert down[r].shape == (recv[r][0].shape[0], hidden)
+        x = ep_bench.dequantize_blocks(*recv[r], 1)
+        a = ep_bench.dequantize_blocks(act[0][r], act[1][r], 1)
+        for e, (start, end) in enumerate(expert_rows(handles[r], L, SCALE_BLOCK)):
+            if end == start:
+                continue
+            want13 = x[start:end] @ ep_bench.dequantize_blocks(*w13[r], SCALE_BLOCK)[e].T
+            torch.testing.assert_close(gate_up[r][start:end].float(), want13, rtol=1.6e-2,
+                                       atol=2e-2)
+            gate, up = gate_up[r][start:end].float().chunk(2, dim=1)
+            torch.testing.assert_close(a[start:end], torch.nn.functional.silu(gate) * up,
+                                       rtol=2.0 ** -3, atol=1e-2)
+            want2 = a[start:end] @ ep_bench.dequantize_blocks(*w2[r], SCALE_BLOCK)[e].T
+            torch.testing.assert_close(down[r][start:end].float(), want2, rtol=1.6e-2, atol=2e-2)
     buffer.destroy()
 
 

@@ -368,7 +368,7 @@ def test_grouped_gemm_checks_its_arguments_before_the_device(buf):
     with pytest.raises(ValueError, match=r"needs an expanded dispatch \(do_expand=True\)"):
         buf.grouped_gemm(xs, ws, plain)
     handles = [dataclasses.replace(h, do_expand=True) for h in plain]
-    with pytest.raises(ValueError, match=r"x\[0\]: expected bf16\[12, 256\] \(the dispatch's "
+    with pytest.raises(ValueError, match=r"x\[0\]: expected bf16\[12, K\] \(the dispatch's "
                                          r"recv_x\), got bf16\[11, 256\]"):
         buf.grouped_gemm([x[:11] for x in xs], ws, handles)
     with pytest.raises(ValueError, match=r"rank 0: weights must be bf16, got f32"):
@@ -379,6 +379,35 @@ def test_grouped_gemm_checks_its_arguments_before_the_device(buf):
         buf.grouped_gemm(xs, ws, handles, out_dtype="int8")
     with pytest.raises(ValueError, match=r"x\[0\] must be a CUDA tensor"):
         buf.grouped_gemm(xs, ws, handles, out_dtype="float32")
+
+
+def test_grouped_gemm_takes_rows_of_any_width_k(buf):
+    """An expert's down GEMM: rows of the intermediate width K (not the hidden size) with
+    [L, K, N] weights pass every check; the kernel request carries K, and a K equal to the
+    hidden size is the same request as none."""
+    import dataclasses
+
+    L = E // R
+    handles = [dataclasses.replace(fake_handle(buf, r), do_expand=True) for r in range(R)]
+    xs = [np.zeros((12, 512), ml_dtypes.bfloat16)] * R
+    with pytest.raises(ValueError, match=r"x\[0\] must be a CUDA tensor"):
+        buf.grouped_gemm(xs, [np.zeros((L, 512, H), ml_dtypes.bfloat16)] * R, handles)
+    with pytest.raises(ValueError, match=rf"rank 0: weights must have shape bf16\[{L}, 512, N\] "
+                                         r"\(K = x's 512 columns\)"):
+        buf.grouped_gemm(xs, [np.zeros((L, H, H), ml_dtypes.bfloat16)] * R, handles)
+    with pytest.raises(ValueError, match=r"rank 0: x has 96 columns: the grouped GEMM steps "
+                                         r"through K in blocks of 64"):
+        buf.grouped_gemm([np.zeros((12, 96), ml_dtypes.bfloat16)] * R,
+                         [np.zeros((L, 96, H), ml_dtypes.bfloat16)] * R, handles)
+    spec = buf._spec(R, E, K, H, "bf16", 0, 1, True, TMAX)
+    runtime = _C.Runtime("virtual", "", "")
+    narrow = runtime.kernels(spec, dict(n=256, out_dtype="bf16", k=512), "grouped_gemm")
+    assert json.loads(narrow["request"])["gemm"]["k"] == 512
+    maps = json.loads(narrow["metadata"])["entries"][0]["tensor_maps"]
+    assert maps[0]["cols"] == 512 and maps[1]["rows"] == L * 512
+    same = [runtime.kernels(spec, dict(n=256, out_dtype="bf16", k=k), "grouped_gemm")["key"]
+            for k in (0, H)]
+    assert same[0] == same[1] != narrow["key"]
 
 
 def test_fp8_grouped_gemm_checks_its_arguments_before_the_device(buf):
@@ -400,8 +429,8 @@ def test_fp8_grouped_gemm_checks_its_arguments_before_the_device(buf):
                                          rf"{H}\]"):
         buf.grouped_gemm([x] * R, [(np.zeros((L, H, N), f8), w[1])] * R, handles)
     one_scale = np.ones((12, 1), np.float32)
-    with pytest.raises(ValueError, match=r"rank 0: x_scales must have shape f32\[12, 2\], got "
-                                         r"f32\[12, 1\]"):
+    with pytest.raises(ValueError, match=r"rank 0: x_scales must have shape f32\[12, 2\] "
+                                         r"\(one f32 scale per 128 channels\), got f32\[12, 1\]"):
         buf.grouped_gemm([(x[0], one_scale)] * R, [w] * R, handles)
     with pytest.raises(ValueError,
                        match=rf"rank 0: weight_scales must have shape f32\[{L}, 1, 2\]"):
@@ -410,8 +439,9 @@ def test_fp8_grouped_gemm_checks_its_arguments_before_the_device(buf):
         buf.grouped_gemm([x] * R, [w] * R, handles)
     # UE8M0-packed scales (4 to an int32) are not multiplied yet: named, not misread.
     packed = [dataclasses.replace(h, _num_scale_packs=1) for h in handles]
-    with pytest.raises(ValueError, match=r"one f32 scale per 128 channels \(2 a row\); the "
-                                         r"buffer dispatches 1 scale packs a row"):
+    with pytest.raises(ValueError, match=r"x_scales must have shape f32\[12, 2\] \(one f32 "
+                                         r"scale per 128 channels\), got f32\[12, 1\]: the "
+                                         r"dispatch's 1 scale packs a row \(UE8M0"):
         buf.grouped_gemm([(x[0], one_scale)] * R, [w] * R, packed)
 
 

@@ -53,14 +53,18 @@ TEST(KernelRequest, JsonIsCanonical) {
             R"("combine":{"weights":false,"biases":2,"window_outputs":false}})");
   // Every kind has its sections and only those, and its default entry name.
   std::string grouped = groupedGemmRequest(bf16(), 2048, "f32").json();
-  EXPECT_NE(grouped.find(R"("gemm":{"n":2048,"out_dtype":"f32"})"), std::string::npos);
+  EXPECT_NE(grouped.find(R"("gemm":{"n":2048,"out_dtype":"f32","k":0})"), std::string::npos);
   EXPECT_EQ(grouped.find(R"("dispatch":)"), std::string::npos);
+  // K: the hidden size is written as 0 (one request, one key); another width as itself.
+  EXPECT_EQ(groupedGemmRequest(bf16(), 2048, "f32", "", bf16().hidden).json(), grouped);
+  EXPECT_NE(groupedGemmRequest(bf16(), 2048, "f32", "", 2048).json().find(R"("k":2048})"),
+            std::string::npos);
   std::string fused = dispatchGemmRequest(bf16(), {true, false, true, 64}, 256, "bf16").json();
   EXPECT_NE(fused.find(R"("name":"ep_dispatch_gemm")"), std::string::npos);
   EXPECT_NE(fused.find(R"("dispatch":{"weights":true,"cached":false,"zero_padding":true,)"
                        R"("topk_idx_bits":64,"window_outputs":false,"round_scale":false,)"
                        R"("use_ue8m0":false},"gemm":{"n":256,)"
-                       R"("out_dtype":"bf16"}})"),
+                       R"("out_dtype":"bf16","k":0}})"),
             std::string::npos);
   EXPECT_NE(combineRequest(v3(true), {true, 1}).json().find(R"("name":"ep_combine","spec":)"),
             std::string::npos);

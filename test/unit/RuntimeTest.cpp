@@ -735,9 +735,10 @@ TEST(Calls, GroupedGemmArgumentsAreCheckedByName) {
   EXPECT_NE(error(plain.spec, g).find("needs an expanded dispatch"), std::string::npos);
   GroupedGemmCall bad = g;
   bad.weights.shape = {4, 1024, 256};
-  EXPECT_NE(
-      error(f.spec, bad).find("weights must have shape bf16[8, 1024, N], got bf16[4, 1024, 256]"),
-      std::string::npos);
+  EXPECT_NE(error(f.spec, bad)
+                .find("weights must have shape bf16[8, 1024, N] (K = x's 1024 columns), got "
+                      "bf16[4, 1024, 256]"),
+            std::string::npos);
   bad = g;
   bad.out.shape = {rows, 128};
   EXPECT_NE(error(f.spec, bad)

@@ -309,9 +309,13 @@ LogicalResult GroupedGemmOp::verify() {
     return emitOpError("needs the expanded layout (one row per (token, local expert) pair, "
                        "grouped by expert); the handle's configuration is plain");
   ShapedType lhs = shaped(getLhs()), rhs = shaped(getRhs()), out = shaped(getResult());
-  int64_t hidden = cfg.getHidden(), local = cfg.getNumLocalExperts();
-  if (failed(check.staticDim("lhs", lhs, 1, hidden, "hidden")) ||
-      failed(check.maxDim("lhs", lhs, 0, cfg.getMaxOutputRows(), "rows")))
+  const int64_t local = cfg.getNumLocalExperts();
+  // K: the rows' width, the hidden size for the dispatch's rows, an expert's intermediate
+  // size for its down GEMM's.
+  if (lhs.isDynamicDim(1))
+    return emitOpError("lhs dimension 1 (K) must be static");
+  const int64_t k = lhs.getDimSize(1);
+  if (failed(check.maxDim("lhs", lhs, 0, cfg.getMaxOutputRows(), "rows")))
     return failure();
   if (cfg.getDtype() != lhs.getElementType())
     return emitOpError("lhs element type ")
@@ -327,7 +331,7 @@ LogicalResult GroupedGemmOp::verify() {
     return emitOpError("scales apply to FP8 rows only; lhs is ") << lhs.getElementType();
   if (!fp8) {
     if (failed(check.staticDim("rhs", rhs, 0, local, "local experts")) ||
-        failed(check.staticDim("rhs", rhs, 1, hidden, "hidden")))
+        failed(check.staticDim("rhs", rhs, 1, k, "K")))
       return failure();
     if (rhs.isDynamicDim(2))
       return emitOpError("rhs dimension 2 (N) must be static");
@@ -336,28 +340,29 @@ LogicalResult GroupedGemmOp::verify() {
       return failure();
     return success();
   }
-  // FP8: [L, N, hidden] weights (K contiguous), block scales per 128 channels.
+  // FP8: [L, N, K] weights (K contiguous), block scales per 128 channels.
   constexpr int64_t block = 128;
   if (failed(check.staticDim("rhs", rhs, 0, local, "local experts")) ||
-      failed(check.staticDim("rhs", rhs, 2, hidden, "hidden")))
+      failed(check.staticDim("rhs", rhs, 2, k, "K")))
     return failure();
   if (rhs.isDynamicDim(1))
     return emitOpError("rhs dimension 1 (N) must be static");
   const int64_t n = rhs.getDimSize(1);
-  if (hidden % block || n % block)
-    return emitOpError("FP8 block scales cover 128 channels: hidden (")
-           << hidden << ") and N (" << n << ") must be multiples of 128";
-  if (int64_t(cfg.getScalePacks()) != hidden / block)
-    return emitOpError("the dispatch carries ")
-           << cfg.getScalePacks() << " scale packs per row; the FP8 GEMM reads one f32 scale per "
-           << block << " channels (" << hidden / block
-           << "); UE8M0-packed scales are not multiplied yet";
+  if (k % block || n % block)
+    return emitOpError("FP8 block scales cover 128 channels: K (")
+           << k << ") and N (" << n << ") must be multiples of 128";
   ShapedType lhsScales = shaped(getLhsScales()), rhsScales = shaped(getRhsScales());
-  if (failed(check.staticDim("lhs_scales", lhsScales, 1, hidden / block, "hidden / 128")) ||
+  if (!lhsScales.isDynamicDim(1) && lhsScales.getDimSize(1) != k / block)
+    return emitOpError("lhs_scales dimension 1 (K / 128) must be ")
+           << k / block << ", got " << lhsScales.getDimSize(1)
+           << (lhsScales.getDimSize(1) == int64_t(cfg.getScalePacks())
+                   ? ": the dispatch's scale packs, UE8M0-packed scales are not multiplied yet"
+                   : "");
+  if (failed(check.staticDim("lhs_scales", lhsScales, 1, k / block, "K / 128")) ||
       failed(check.sameDim("lhs", lhs, "lhs_scales", lhsScales, "the row count")) ||
       failed(check.staticDim("rhs_scales", rhsScales, 0, local, "local experts")) ||
       failed(check.staticDim("rhs_scales", rhsScales, 1, n / block, "N / 128")) ||
-      failed(check.staticDim("rhs_scales", rhsScales, 2, hidden / block, "hidden / 128")) ||
+      failed(check.staticDim("rhs_scales", rhsScales, 2, k / block, "K / 128")) ||
       failed(check.staticDim("result", out, 1, n, "N")) ||
       failed(check.sameDim("lhs", lhs, "result", out, "the row count")))
     return failure();

@@ -253,17 +253,19 @@ LogicalResult EntryBuilder::buildGroupedGemm() {
   if (!out)
     return failure();
   Signature signature;
-  int x = signature.add(rows(config.getHidden(), dtype));
-  // FP8 rows: [L, N, hidden] weights (K contiguous) and the block scales of both.
+  // K: the hidden size (the dispatch's rows), or gemm.k (an expert's intermediate rows).
+  const int64_t k = request.gemm.k ? request.gemm.k : config.getHidden();
+  int x = signature.add(rows(k, dtype));
+  // FP8 rows: [L, N, K] weights (K contiguous) and the block scales of both.
   const bool fp8 = config.isFP8();
-  const int64_t n = request.gemm.n, hidden = config.getHidden(), block = 128;
+  const int64_t n = request.gemm.n, block = 128;
   const int64_t local = config.getNumLocalExperts();
-  int weights =
-      signature.add(fp8 ? RankedTensorType::get({local, n, hidden}, dtype) : expertWeights(n));
+  int weights = signature.add(RankedTensorType::get(
+      fp8 ? ArrayRef<int64_t>{local, n, k} : ArrayRef<int64_t>{local, k, n}, dtype));
   int handle = signature.add(epic::ep::HandleType::get(builder.getContext(), config));
-  int xScales = signature.add(rows(config.getScalePacks(), f32()), fp8);
+  int xScales = signature.add(rows(k / block, f32()), fp8);
   int weightScales =
-      signature.add(RankedTensorType::get({local, n / block, hidden / block}, f32()), fp8);
+      signature.add(RankedTensorType::get({local, n / block, k / block}, f32()), fp8);
   func::FuncOp func = begin(signature);
   Value y = epic::ep::GroupedGemmOp::create(builder, loc, rows(n, out), argument(func, x),
                                             argument(func, weights), argument(func, handle),

@@ -279,6 +279,9 @@ private:
       if (gemm.getLhsScales())
         return op->emitError("run plan: an FP8 ep.grouped_gemm is not a program step yet; call "
                              "it on its own (ElasticBuffer.grouped_gemm with scales)");
+      if (cast<ShapedType>(gemm.getLhs().getType()).getDimSize(1) != config.getHidden())
+        return op->emitError("run plan: an ep.grouped_gemm of rows narrower or wider than the "
+                             "hidden size (an expert's down GEMM) is not a program step yet");
       auto out = cast<ShapedType>(gemm.getResult().getType());
       add(op, "grouped_gemm",
           json::Object{{"spec", epic::configJson(config)},

@@ -44,7 +44,7 @@ func.func @no_time(%x: tensor<?x256xbf16>, %idx: tensor<?x4xi64>)
                   layout = expanded, max_tokens_per_rank = 64>
 func.func @gemm_k(%x: tensor<?x1000xbf16>, %w: tensor<8x1000x256xbf16>, %h: !ep.handle<#cfg>)
     -> tensor<?x256xbf16> {
-  // expected-error@+2 {{convert-ep-to-comm: the grouped GEMM steps through K (hidden = 1000) in tiles of 64: it must be a multiple}}
+  // expected-error@+2 {{convert-ep-to-comm: the grouped GEMM steps through K (1000) in tiles of 64: it must be a multiple}}
   // expected-error@+1 {{failed to legalize operation 'ep.grouped_gemm' that was explicitly marked illegal}}
   %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#cfg>)
       : tensor<?x1000xbf16>, tensor<8x1000x256xbf16> -> tensor<?x256xbf16>

@@ -649,7 +649,7 @@ func.func @f(%x: tensor<?x128xbf16>, %w: tensor<4x128x256xbf16>, %h: !ep.handle<
 
 #c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, layout = expanded, max_tokens_per_rank = 64>
 func.func @f(%x: tensor<?x128xbf16>, %w: tensor<8x64x256xbf16>, %h: !ep.handle<#c>) {
-  // expected-error@+1 {{rhs dimension 1 (hidden) must be 128, got 64}}
+  // expected-error@+1 {{rhs dimension 1 (K) must be 128, got 64}}
   %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#c>) : tensor<?x128xbf16>, tensor<8x64x256xbf16> -> tensor<?x256xbf16>
   return
 }
@@ -704,7 +704,7 @@ func.func @f(%x: tensor<?x128xbf16>, %w: tensor<8x128x256xbf16>, %h: !ep.handle<
 // FP8 weights are [L, N, hidden]: K contiguous.
 #c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 256, dtype = f8E4M3FN, scale_packs = 2, layout = expanded, max_tokens_per_rank = 64>
 func.func @f(%x: tensor<?x256xf8E4M3FN>, %w: tensor<8x256x128xf8E4M3FN>, %h: !ep.handle<#c>, %sx: tensor<?x2xf32>, %sw: tensor<8x1x2xf32>) {
-  // expected-error@+1 {{rhs dimension 2 (hidden) must be 256, got 128}}
+  // expected-error@+1 {{rhs dimension 2 (K) must be 256, got 128}}
   %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#c>) scales(%sx, %sw : tensor<?x2xf32>, tensor<8x1x2xf32>) : tensor<?x256xf8E4M3FN>, tensor<8x256x128xf8E4M3FN> -> tensor<?x256xbf16>
   return
 }
@@ -714,7 +714,7 @@ func.func @f(%x: tensor<?x256xf8E4M3FN>, %w: tensor<8x256x128xf8E4M3FN>, %h: !ep
 // One UE8M0-packed int32 per row instead of one f32 per 128 channels.
 #c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 256, dtype = f8E4M3FN, scale_packs = 1, layout = expanded, max_tokens_per_rank = 64>
 func.func @f(%x: tensor<?x256xf8E4M3FN>, %w: tensor<8x128x256xf8E4M3FN>, %h: !ep.handle<#c>, %sx: tensor<?x1xf32>, %sw: tensor<8x1x2xf32>) {
-  // expected-error@+1 {{the dispatch carries 1 scale packs per row; the FP8 GEMM reads one f32 scale per 128 channels (2); UE8M0-packed scales are not multiplied yet}}
+  // expected-error@+1 {{lhs_scales dimension 1 (K / 128) must be 2, got 1: the dispatch's scale packs, UE8M0-packed scales are not multiplied yet}}
   %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#c>) scales(%sx, %sw : tensor<?x1xf32>, tensor<8x1x2xf32>) : tensor<?x256xf8E4M3FN>, tensor<8x128x256xf8E4M3FN> -> tensor<?x128xbf16>
   return
 }
@@ -732,7 +732,7 @@ func.func @f(%x: tensor<?x256xf8E4M3FN>, %w: tensor<8x128x256xf8E4M3FN>, %h: !ep
 
 #c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 320, dtype = f8E4M3FN, scale_packs = 2, layout = expanded, max_tokens_per_rank = 64>
 func.func @f(%x: tensor<?x320xf8E4M3FN>, %w: tensor<8x128x320xf8E4M3FN>, %h: !ep.handle<#c>, %sx: tensor<?x2xf32>, %sw: tensor<8x1x2xf32>) {
-  // expected-error@+1 {{FP8 block scales cover 128 channels: hidden (320) and N (128) must be multiples of 128}}
+  // expected-error@+1 {{FP8 block scales cover 128 channels: K (320) and N (128) must be multiples of 128}}
   %y = ep.grouped_gemm %x, %w layout(%h : !ep.handle<#c>) scales(%sx, %sw : tensor<?x2xf32>, tensor<8x1x2xf32>) : tensor<?x320xf8E4M3FN>, tensor<8x128x320xf8E4M3FN> -> tensor<?x128xbf16>
   return
 }

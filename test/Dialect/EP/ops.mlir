@@ -221,6 +221,16 @@ func.func @grouped_gemm(%x: tensor<?x1024xbf16>, %w: tensor<8x1024x512xbf16>,
   return %y, %z : tensor<?x512xbf16>, tensor<?x512xf32>
 }
 
+// An expert's down GEMM: rows of the intermediate width (512), not the hidden size (1024).
+// CHECK-LABEL: func.func @grouped_gemm_down
+func.func @grouped_gemm_down(%y: tensor<?x512xbf16>, %w: tensor<8x512x1024xbf16>,
+                             %h: !ep.handle<#exp>) -> tensor<?x1024xbf16> {
+  // CHECK: ep.grouped_gemm {{.*}} : tensor<?x512xbf16>, tensor<8x512x1024xbf16> -> tensor<?x1024xbf16>
+  %z = ep.grouped_gemm %y, %w layout(%h : !ep.handle<#exp>)
+      : tensor<?x512xbf16>, tensor<8x512x1024xbf16> -> tensor<?x1024xbf16>
+  return %z : tensor<?x1024xbf16>
+}
+
 // FP8 rows and [L, N, hidden] weights with their block scales (f32 per 128 channels).
 #fp8exp = #ep.config<ranks = 8, experts = 64, topk = 6, hidden = 1024, dtype = f8E4M3FN,
                      scale_packs = 8, layout = expanded, expert_alignment = 128>

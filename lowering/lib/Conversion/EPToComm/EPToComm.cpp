@@ -158,12 +158,14 @@ struct KernelPlan {
   }
 };
 
-/// The grouped GEMM of `op`'s local experts: hidden x `n` weights, rows of
-/// `lhs`, results of `out`; a diagnostic on `op` if the kernel cannot tile it.
+/// The grouped GEMM of `op`'s local experts: `k` x `n` weights (k: the hidden
+/// size unless given), rows of `lhs`, results of `out`; a diagnostic on `op` if
+/// the kernel cannot tile it.
 FailureOr<epic::detail::GroupedGemmShape> gemmShapeOf(Operation *op, ep::ConfigAttr cfg, int64_t n,
-                                                      Type lhs, Type out) {
-  epic::detail::GroupedGemmShape shape{cfg.getHidden(),          n,   cfg.getNumLocalExperts(),
-                                       cfg.getExpertAlignment(), lhs, out};
+                                                      Type lhs, Type out, int64_t k = 0) {
+  epic::detail::GroupedGemmShape shape{
+      k ? k : int64_t(cfg.getHidden()), n,   cfg.getNumLocalExperts(),
+      cfg.getExpertAlignment(),         lhs, out};
   if (failed(epic::detail::checkGroupedGemmShape(op, shape)))
     return failure();
   return shape;
@@ -415,9 +417,9 @@ struct GroupedGemmOpLowering : KernelOpLowering<ep::GroupedGemmOp> {
     ep::ConfigAttr cfg = plan.cfg;
     auto lhs = cast<ShapedType>(gemm.getLhs().getType());
     auto rhs = cast<ShapedType>(gemm.getRhs().getType());
-    FailureOr<epic::detail::GroupedGemmShape> checked =
-        gemmShapeOf(gemm, cfg, rhs.getDimSize(gemm.getLhsScales() ? 1 : 2), lhs.getElementType(),
-                    cast<ShapedType>(gemm.getResult().getType()).getElementType());
+    FailureOr<epic::detail::GroupedGemmShape> checked = gemmShapeOf(
+        gemm, cfg, rhs.getDimSize(gemm.getLhsScales() ? 1 : 2), lhs.getElementType(),
+        cast<ShapedType>(gemm.getResult().getType()).getElementType(), lhs.getDimSize(1));
     if (failed(checked))
       return failure();
     epic::detail::GroupedGemmShape shape = *checked;

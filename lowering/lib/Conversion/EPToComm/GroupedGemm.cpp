@@ -57,14 +57,14 @@ LogicalResult epic::detail::checkGroupedGemmShape(Operation *op, const GroupedGe
   if (isFp8Gemm(s)) {
     if (s.hidden % kFp8ScaleBlock != 0 || s.n % kFp8ScaleBlock != 0)
       return op->emitError("convert-ep-to-comm: the FP8 grouped GEMM scales blocks of ")
-             << kFp8ScaleBlock << " channels: hidden (" << s.hidden << ") and N (" << s.n
+             << kFp8ScaleBlock << " channels: K (" << s.hidden << ") and N (" << s.n
              << ") must be multiples";
     if (s.tileDone >= 0 || s.afterTile || s.commBlocks > 0)
       return op->emitError("convert-ep-to-comm: the FP8 grouped GEMM is not fused with the "
                            "dispatch or the combine yet");
   }
   if (s.hidden % kGemmTileK != 0)
-    return op->emitError("convert-ep-to-comm: the grouped GEMM steps through K (hidden = ")
+    return op->emitError("convert-ep-to-comm: the grouped GEMM steps through K (")
            << s.hidden << ") in tiles of " << kGemmTileK << ": it must be a multiple";
   if (s.n % kGemmTileN != 0)
     return op->emitError("convert-ep-to-comm: the grouped GEMM's output tiles are ")

@@ -72,10 +72,11 @@ struct CombineVariant {
   bool windowOutputs = false;
 };
 
-/// The expert GEMM's N and output element type.
+/// The expert GEMM's N, output element type and K.
 struct GemmVariant {
   int64_t n = 0;
   std::string outDtype = "bf16"; ///< bf16, f16 or f32
+  int64_t k = 0;                 ///< the rows' width; 0: the hidden size
 };
 
 /// What a request asks for (KernelRequest.def): one ep op, or a pair the
@@ -126,8 +127,10 @@ KernelRequest combineRequest(const EPSpec &spec, const CombineVariant &variant,
                              std::string name = "");
 /// `@<name>` holding one ep.grouped_gemm of an expanded dispatch's rows by
 /// [L, hidden, n] weights into `outDtype` (bf16, f16 or f32).
+/// `k`: the rows' width when it is not the hidden size (an expert's down GEMM); a `k` equal
+/// to the hidden size is written as 0, so both spellings are one request (one cache key).
 KernelRequest groupedGemmRequest(const EPSpec &spec, int64_t n, const std::string &outDtype,
-                                 std::string name = "");
+                                 std::string name = "", int64_t k = 0);
 /// `@<name>` holding an expanded ep.dispatch whose rows feed an
 /// ep.grouped_gemm: the compiler fuses the pair (ep-fuse-dispatch-gemm).
 KernelRequest dispatchGemmRequest(const EPSpec &spec, const DispatchVariant &variant, int64_t n,

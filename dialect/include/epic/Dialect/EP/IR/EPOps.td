@@ -293,17 +293,18 @@ def EP_GroupedGemmOp : EP_Op<"grouped_gemm", [EP_KernelOpInterface, Pure,
     contents are unspecified, as in the dispatch without `zero_padding`; the
     combine never reads them.
 
-    `lhs` holds the dispatched rows (`[rows, hidden]`, BF16 or F16), `rhs` the
-    experts' weights (`[L, hidden, N]`, the same element type, N contiguous:
-    the layout of `torch.stack([w_e for e in experts])` with `w_e : [hidden,
-    N]`), `result` is `[rows, N]` in BF16, F16 or F32.
+    `lhs` holds the dispatched rows (`[rows, hidden]`, BF16 or F16) or rows
+    of the same layout with another width K (an expert's intermediate rows,
+    the input of its down GEMM), `rhs` the experts' weights (`[L, K, N]`, the
+    same element type, N contiguous: the layout of `torch.stack([w_e for e in
+    experts])` with `w_e : [K, N]`), `result` is `[rows, N]` in BF16, F16 or F32.
 
     FP8 (E4M3) rows come with `scales`, DeepSeek's block scales: `lhs_scales`
-    `[rows, hidden / 128]` f32, one per row and 128 channels (an FP8
-    dispatch's scale packs, `scale_packs = hidden / 128`), and `rhs_scales`
-    `[L, N / 128, hidden / 128]` f32, one per 128 x 128 weight block; the
-    weights are then `[L, N, hidden]` (K contiguous, the layout FP8 tensor
-    cores read), and
+    `[rows, K / 128]` f32, one per row and 128 channels (an FP8 dispatch's
+    scale packs with `scale_packs = hidden / 128`, or what
+    `epic.activations.swiglu_fp8` writes), and `rhs_scales` `[L, N / 128,
+    K / 128]` f32, one per 128 x 128 weight block; the weights are then
+    `[L, N, K]` (K contiguous, the layout FP8 tensor cores read), and
 
     ```
     result[i, n] = round(sum_b (sum_{k in block b} lhs[i, k] * rhs[e, n, k])
