@@ -254,8 +254,9 @@ def _split_scaled(b, name, values, what):
 
 def grouped_gemm(b, x, weights, handle, out_dtype, num_sms):
     _check_int("num_sms", num_sms, 0)
-    handle_list = b._handles("handle", handle) if handle is not None else None
-    fp8 = bool(handle_list) and getattr(handle_list[0], "_dtype", None) == FP8_GEMM_DTYPE
+    # The handle says whether the rows are FP8 (_expert_inputs checks the handles).
+    first = handle[0] if isinstance(handle, list) and handle else handle
+    fp8 = getattr(first, "_dtype", None) == FP8_GEMM_DTYPE
     scale_pairs = None
     if fp8:  # DeepSeek's block scales travel with the data: (data, scales) per rank
         xs, x_scales = _split_scaled(b, "x", b._per_rank("x", x), "rows")

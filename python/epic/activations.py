@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 import epic.language as el
+from epic import _tensors as T
 from epic.dsl.jit import jit
 
 __all__ = ["swiglu_fp8", "SCALE_BLOCK"]
@@ -49,10 +50,6 @@ def _swiglu_fp8(gate_up, out, scales, rows, INTER: el.constexpr):
         el.store(scales + item, scale)
 
 
-def _dtype_name(t):
-    return str(t.dtype).replace("torch.", "")
-
-
 def swiglu_fp8(gate_up, *, out=None, scales=None, buffer=None, world=None, programs=264):
     """SwiGLU then the FP8 cast per 128 channels (see the module's docstring). `out` and
     `scales`: where to write (allocated like `gate_up` when None); `buffer`: the ElasticBuffer
@@ -76,8 +73,9 @@ def swiglu_fp8(gate_up, *, out=None, scales=None, buffer=None, world=None, progr
         if len(shape) != 2 or shape[1] % (2 * SCALE_BLOCK):
             raise ValueError(f"{name}: expected [rows, 2 * I] with I a multiple of "
                              f"{SCALE_BLOCK}, got shape {list(shape)}")
-        if _dtype_name(x) not in ("bfloat16", "float16", "float32"):
-            raise TypeError(f"{name}: bf16, f16 or float32 values, got {_dtype_name(x)}")
+        if T.dtype_name(x) not in ("bf16", "f16", "f32"):
+            raise TypeError(f"{name}: bf16, f16 or float32 values, got "
+                            f"{str(x.dtype).replace('torch.', '')}")
         if width is not None and shape[1] != width:
             raise ValueError(f"{name}: {shape[1]} columns, rank 0 has {width} (one kernel "
                              "serves every rank)")
@@ -98,14 +96,13 @@ def swiglu_fp8(gate_up, *, out=None, scales=None, buffer=None, world=None, progr
 
 
 def _allocate(like, shape, kind):
-    if hasattr(like, "device") and hasattr(like, "new_empty"):  # a torch tensor
+    """An output on `like`'s side: a torch tensor on its device, or a numpy array."""
+    name = "f8E4M3FN" if kind == "fp8" else "f32"
+    if T.is_torch(like):
         import torch
 
-        dtype = torch.float8_e4m3fn if kind == "fp8" else torch.float32
-        return torch.empty(shape, dtype=dtype, device=like.device)
-    import ml_dtypes
-
-    return np.zeros(shape, ml_dtypes.float8_e4m3fn if kind == "fp8" else np.float32)
+        return torch.empty(shape, dtype=T.torch_dtype(name), device=like.device)
+    return np.zeros(shape, T.numpy_dtype(name))
 
 
 def _virtual_world(ranks):

@@ -120,12 +120,14 @@ struct CombineCall {
 /// ep.grouped_gemm on an expanded dispatch's rows: out[i] = x[i] @ weights[e]
 /// for every expert e's rows i (the handle's per-expert prefix sums).
 struct GroupedGemmCall {
-  DeviceTensor x; ///< [rows, H] of the dispatch's dtype (bf16 / f16 / f8E4M3FN), 16-byte aligned
-  DeviceTensor weights; ///< [L, H, N], same dtype, N contiguous; FP8: [L, N, H], H contiguous
+  /// [rows, K] of the dispatch's dtype (bf16 / f16 / f8E4M3FN), 16-byte aligned; K: the
+  /// hidden size (the dispatch's rows) or an expert's intermediate size (its down GEMM)
+  DeviceTensor x;
+  DeviceTensor weights; ///< [L, K, N], same dtype, N contiguous; FP8: [L, N, K], K contiguous
   DeviceTensor out;     ///< [rows, N], bf16 / f16 / f32
   DeviceTensor psumNumRecvTokensPerExpert; ///< i32 [L], the handle's
-  DeviceTensor xScales;      ///< FP8 only: f32 [rows, H / 128], the dispatch's scale packs
-  DeviceTensor weightScales; ///< FP8 only: f32 [L, N / 128, H / 128]
+  DeviceTensor xScales;      ///< FP8 only: f32 [rows, K / 128] (e.g. the dispatch's scale packs)
+  DeviceTensor weightScales; ///< FP8 only: f32 [L, N / 128, K / 128]
 };
 
 /// ep.dispatch_layout (DeepEP's get_dispatch_layout) of one rank's routing.
