@@ -156,18 +156,26 @@ class Timer:
 
     def wall(self, fn):
         """Median wall time (CUDA events around the call, CPU sync included) after L2 flushes."""
+        return self.walls([fn])[0]
+
+    def walls(self, fns):
+        """Median wall time of each of `fns`, measured in turns (every iteration times each fn
+        once, in order), so that a drift of the GPU's clocks or of the host over the run
+        weighs on all of them alike: the way to compare variants of one call."""
         t = self.t
-        times = []
+        times = [[] for _ in fns]
         for _ in range(self.iterations):
-            self.flush()
-            start, stop = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            stop.record()
-            stop.synchronize()
-            times.append(start.elapsed_time(stop) / 1e3)
-        self.last_spread = (min(times), max(times))  # host-bound baselines vary between runs
-        return statistics.median(times)
+            for fn, mine in zip(fns, times):
+                self.flush()
+                start, stop = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                stop.record()
+                stop.synchronize()
+                mine.append(start.elapsed_time(stop) / 1e3)
+        # host-bound baselines vary between runs: the last fn's spread
+        self.last_spread = (min(times[-1]), max(times[-1]))
+        return [statistics.median(mine) for mine in times]
 
     def kernels(self, fn, names, buffer=None, attempts=2):
         """Median GPU time of each named kernel (CUPTI through the profiler). CUPTI's

@@ -259,12 +259,17 @@ def measure_size(args, T, buffers):
             del out
             torch.cuda.synchronize()
             kernel_s, per_name = timer.every_kernel(call(mode))
-            row[mode] = dict(kernel_s=kernel_s, wall_s=timer.wall(call(mode)),
-                             fused=decision["fused"], kernels_s=per_name)
+            row[mode] = dict(kernel_s=kernel_s, fused=decision["fused"], kernels_s=per_name)
             if mode == "auto":
                 row["prediction"] = dict(fused_us=decision["fused_us"],
                                          steps_us=decision["steps_us"], why=decision["why"])
         del unfused
+        # Wall times in turns (never, always, auto each iteration): `auto` often runs the very
+        # calls `never` does, and timing the modes one after the other showed up to 9% apart
+        # for the same kernels (clock drift), which is noise, not the choice.
+        modes = ("never", "always", "auto")
+        for mode, wall_s in zip(modes, timer.walls([call(mode) for mode in modes])):
+            row[mode]["wall_s"] = wall_s
         checks[pair] = bool(ok)
         for mode in ("always", "auto"):
             row[f"{mode}_x_never_kernel"] = row["never"]["kernel_s"] / row[mode]["kernel_s"]

@@ -50,11 +50,13 @@ def _swiglu_fp8(gate_up, out, scales, rows, INTER: el.constexpr):
         el.store(scales + item, scale)
 
 
-def swiglu_fp8(gate_up, *, out=None, scales=None, buffer=None, world=None, programs=264):
+def swiglu_fp8(gate_up, *, out=None, scales=None, buffer=None, world=None, programs=None):
     """SwiGLU then the FP8 cast per 128 channels (see the module's docstring). `out` and
     `scales`: where to write (allocated like `gate_up` when None); `buffer`: the ElasticBuffer
     whose world and GPU run the kernel; without one the interpreter runs it (`world`: an
-    epic.VirtualWorld, by default one rank per entry of `gate_up`). Returns (out, scales)."""
+    epic.VirtualWorld, by default one rank per entry of `gate_up`); `programs`: blocks per rank
+    (by default every block the buffer may run per rank, its `num_sms` share of the GPU; each
+    block loops over (row, 128-channel) items). Returns (out, scales)."""
     per_rank = isinstance(gate_up, list)
     xs = gate_up if per_rank else [gate_up]
     if not xs:
@@ -88,6 +90,9 @@ def swiglu_fp8(gate_up, *, out=None, scales=None, buffer=None, world=None, progr
                               (f"scales[{r}]", scs[r], (shape[0], inter // SCALE_BLOCK))):
             if tuple(t.shape) != want:
                 raise ValueError(f"{what}: expected shape {list(want)}, got {list(t.shape)}")
+    if programs is None:
+        # A virtual world shares one GPU: a rank gets its share of the SMs, not the whole GPU.
+        programs = buffer._runtime().blocks_per_rank if buffer is not None else 16
     launch = {"buffer": buffer} if buffer is not None else {
         "world": world if world is not None else _virtual_world(len(xs))}
     args = (xs, outs, scs, rows) if per_rank else (xs[0], outs[0], scs[0], rows[0])

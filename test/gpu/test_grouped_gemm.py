@@ -72,6 +72,19 @@ def prepare():
     runtime.kernels(spec, dict(n=2 * MLP_INTERMEDIATE, out_dtype="bf16"), "grouped_gemm")
     runtime.kernels(spec, dict(n=hidden, out_dtype="bf16", k=MLP_INTERMEDIATE), "grouped_gemm")
     count += 2
+    # ... and its SwiGLU + FP8 re-quant (an @epic.jit kernel; rows a multiple of 16 or not: the
+    # DSL specializes on it).
+    import numpy as np
+
+    from epic import _tensors as T
+    from epic.activations import _swiglu_fp8
+
+    for rows in (256, 200):
+        gate_up = [np.zeros((rows, 2 * MLP_INTERMEDIATE), T.numpy_dtype("bf16"))] * ranks
+        out = [np.zeros((rows, MLP_INTERMEDIATE), T.numpy_dtype("f8E4M3FN"))] * ranks
+        scales = [np.zeros((rows, MLP_INTERMEDIATE // SCALE_BLOCK), np.float32)] * ranks
+        _swiglu_fp8.compile(gate_up, out, scales, [rows] * ranks, INTER=MLP_INTERMEDIATE,
+                            backend="virtual", abi="runtime", ranks=ranks)
     print(f"test_grouped_gemm: {count} grouped GEMM kernel sets in {runtime.cache_dir}")
 
 

@@ -20,13 +20,16 @@
 // The totals start at zero, as the struct convert-nvgpu-to-nvvm lowers an accumulator to.
 // CHECK:           %[[ZERO:.*]] = nvgpu.warpgroup.mma.init.accumulator -> <fragmented = vector<64x128xf32>>
 // CHECK:           %[[ZS:.*]] = builtin.unrealized_conversion_cast %[[ZERO]] : !nvgpu.warpgroup.accumulator<fragmented = vector<64x128xf32>> to !llvm.struct<(struct<(f32,
-// CHECK:           %[[TOTAL:.*]] = scf.for %{{.*}} iter_args(%[[T:.*]] = %[[ZS]])
-// The step's scales: the weight block's, then the thread's two rows' times it.
-// CHECK:             %[[SW:.*]] = llvm.load %{{.*}} {alignment = 4 : i64} : !llvm.ptr<1> -> f32
-// CHECK:             %[[SX0:.*]] = llvm.load %{{.*}} {alignment = 4 : i64} : !llvm.ptr<1> -> f32
-// CHECK:             %[[S0:.*]] = llvm.fmul %[[SX0]], %[[SW]] : f32
-// CHECK:             %[[SX8:.*]] = llvm.load %{{.*}} {alignment = 4 : i64} : !llvm.ptr<1> -> f32
-// CHECK:             %[[S8:.*]] = llvm.fmul %[[SX8]], %[[SW]] : f32
+// Step 0's scales before the loop (the row's two, then the weight block's); each step
+// carries the next step's.
+// CHECK:           %[[X0:.*]] = llvm.load %{{.*}} {alignment = 4 : i64} : !llvm.ptr<1> -> f32
+// CHECK:           %[[X8:.*]] = llvm.load %{{.*}} {alignment = 4 : i64} : !llvm.ptr<1> -> f32
+// CHECK:           %[[W:.*]] = llvm.load %{{.*}} {alignment = 4 : i64} : !llvm.ptr<1> -> f32
+// CHECK:           %[[TOTAL:.*]]:4 = scf.for %[[K:.*]] = %{{.*}} iter_args(%[[T:.*]] = %[[ZS]], %[[SX0:.*]] = %[[X0]], %[[SX8:.*]] = %[[X8]], %[[SW:.*]] = %[[W]])
+// The next step's scales are loaded before the stage wait, and nothing uses them in this
+// step (a use there made every step wait for global memory).
+// CHECK-COUNT-3:     llvm.load %{{.*}} {alignment = 4 : i64} : !llvm.ptr<1> -> f32
+// CHECK-NOT:         llvm.fmul
 // CHECK:             nvgpu.mbarrier.try_wait.parity %[[BARS]]
 // CHECK:             %[[P0:.*]] = nvgpu.warpgroup.mma.init.accumulator
 // Four k32 steps, K-major B (no transposeB), each 32 bytes further into the swizzled rows.
@@ -35,7 +38,15 @@
 // CHECK:             %[[P1:.*]] = nvgpu.warpgroup.mma %[[DA]], %[[DB]], %[[P0]] : <tensor = memref<64x32xf8E4M3FN, 3>>, <tensor = memref<32x128xf8E4M3FN, 3>>
 // CHECK-COUNT-3:     nvgpu.warpgroup.mma %{{.*}}, %{{.*}}, %{{.*}} : <tensor = memref<64x32xf8E4M3FN, 3>>
 // CHECK-NEXT:        nvvm.wgmma.wait.group.sync.aligned 0
-// CHECK-NEXT:        %[[PS:.*]] = builtin.unrealized_conversion_cast %{{.*}} : !nvgpu.warpgroup.accumulator<fragmented = vector<64x128xf32>> to !llvm.struct
+// The stage is refilled with step k + 4 once every warp is done with it, before the
+// promotion (the TMA runs during it).
+// CHECK-NEXT:        gpu.barrier
+// CHECK:             scf.if
+// CHECK:               nvgpu.mbarrier.arrive.expect_tx %[[BARS]]
+// The promotion: this step's scales (carried), the row's times the weight block's.
+// CHECK:             %[[S0:.*]] = llvm.fmul %[[SX0]], %[[SW]] : f32
+// CHECK:             %[[S8:.*]] = llvm.fmul %[[SX8]], %[[SW]] : f32
+// CHECK:             %[[PS:.*]] = builtin.unrealized_conversion_cast %{{.*}} : !nvgpu.warpgroup.accumulator<fragmented = vector<64x128xf32>> to !llvm.struct
 // Elements 0, 1 are the thread's first row, 2, 3 the row 8 below, and so on.
 // CHECK:             %[[E0:.*]] = llvm.extractvalue %[[PS]][0, 0]
 // CHECK:             %[[T0:.*]] = llvm.extractvalue %[[T]][0, 0]
@@ -45,11 +56,8 @@
 // CHECK:             llvm.intr.fma(%{{.*}}, %[[S8]], %{{.*}})
 // CHECK-COUNT-60:    llvm.intr.fma
 // CHECK-NOT:         llvm.intr.fma
-// The stage is refilled with step k + 4 once every warp is done with it.
-// CHECK:             gpu.barrier
-// CHECK:             scf.if
-// CHECK:               nvgpu.mbarrier.arrive.expect_tx %[[BARS]]
-// CHECK:           %[[ACC:.*]] = builtin.unrealized_conversion_cast %[[TOTAL]] : !llvm.struct<{{.*}}> to !nvgpu.warpgroup.accumulator<fragmented = vector<64x128xf32>>
+// CHECK:             scf.yield
+// CHECK:           %[[ACC:.*]] = builtin.unrealized_conversion_cast %[[TOTAL]]#0 : !llvm.struct<{{.*}}> to !nvgpu.warpgroup.accumulator<fragmented = vector<64x128xf32>>
 // CHECK:           nvgpu.warpgroup.mma.store %[[ACC]], %{{.*}} : <fragmented = vector<64x128xf32>> to memref<64x128xf32, #gpu.address_space<workgroup>>
 // 64 rows x 16 chunks of 8 columns over 128 threads.
 // CHECK-COUNT-8:   arith.truncf %{{.*}} : vector<8xf32> to vector<8xbf16>
