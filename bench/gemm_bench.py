@@ -303,6 +303,10 @@ def summary(sizes):
         min_fused_x_unfused=min((r for _, _, r in auto), default=None),
         min_always_fused_x_unfused=min((r for _, _, r in always), default=None),
         decode_tokens=small, prefill_tokens=large,
+        # Where auto ran the two steps its ratio is the same calls timed twice (in turns):
+        # the spread of those ratios around 1 is the measurement's noise.
+        auto_ran=[dict(tokens=s["tokens"], pair=p, fused=row["auto"]["fused"])
+                  for s in sizes for p, row in s["pairs"].items()],
         note="fused = what dispatch_gemm / gemm_combine run by default (fusion='auto'), over "
              "the two steps (fusion='never'), wall time of the pair; the persistent decode "
              "kernel is not built yet")
@@ -427,7 +431,8 @@ def main():
                   gpu=torch.cuda.get_device_name(), summary=summary(sizes), sizes=sizes,
                   skipped=skipped)
     print("summary: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
-                                  for k, v in report["summary"].items() if k != "note"))
+                                  for k, v in report["summary"].items()
+                                  if k not in ("note", "auto_ran")))
     path = ep_bench.write_report(report, args.out, "gemm-")
     try:
         plot(report, path[:-len(".json")] + ".png")
