@@ -72,6 +72,9 @@ def prepare():
     runtime.kernels(spec, dict(n=2 * MLP_INTERMEDIATE, out_dtype="bf16"), "grouped_gemm")
     runtime.kernels(spec, dict(n=hidden, out_dtype="bf16", k=MLP_INTERMEDIATE), "grouped_gemm")
     count += 2
+    # test_fp8_moe_layer_matches_torch: the dispatch with routing weights, the combine.
+    runtime.kernels(spec, dict(weights=True, cached=False, zero_padding=False), "dispatch")
+    runtime.kernels(spec, dict(weights=False, biases=0), "combine")
     # ... and its SwiGLU + FP8 re-quant (an @epic.jit kernel; rows a multiple of 16 or not: the
     # DSL specializes on it).
     import numpy as np
@@ -206,6 +209,27 @@ def test_fp8_grouped_gemm_matches_the_dequantized_product(ranks, experts, hidden
     buffer.destroy()
 
 
+def fp8_mlp_world(seed):
+    """A virtual EP8 world at V3's shape with FP8 tokens, routing (top-k ids and softmax
+    weights) and every rank's FP8 expert MLP weights: (buffer, xs, idxs, ws, w13, w2)."""
+    ranks, experts, hidden, _, tokens = FP8_CONFIGS[1]
+    inter, L = MLP_INTERMEDIATE, experts // ranks
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    buffer = epic.ElasticBuffer(epic.VirtualWorld(ranks), num_max_tokens_per_rank=tokens,
+                                hidden=hidden, num_topk=TOPK, explicitly_destroy=True)
+    xs = [quantize_blocks(torch.randn((tokens, hidden), generator=g, device="cuda"), 1)
+          for _ in range(ranks)]
+    idxs = [torch.rand((tokens, experts), generator=g, device="cuda").topk(TOPK).indices
+            for _ in range(ranks)]
+    ws = [torch.rand((tokens, TOPK), generator=g, device="cuda").softmax(dim=1)
+          for _ in range(ranks)]
+    w13 = [quantize_blocks(torch.randn((L, 2 * inter, hidden), generator=g, device="cuda")
+                           / hidden ** 0.5, SCALE_BLOCK) for _ in range(ranks)]
+    w2 = [quantize_blocks(torch.randn((L, hidden, inter), generator=g, device="cuda")
+                          / inter ** 0.5, SCALE_BLOCK) for _ in range(ranks)]
+    return buffer, xs, idxs, ws, w13, w2
+
+
 def test_fp8_expert_mlp_step_by_step():
     """A V3 expert MLP in FP8 on the rows of an FP8 dispatch: gate/up GEMM (N = 2I), SwiGLU with
     the FP8 re-quant (epic.activations.swiglu_fp8), down GEMM (K = I, N = hidden), each step
@@ -214,19 +238,9 @@ def test_fp8_expert_mlp_step_by_step():
 
     ranks, experts, hidden, _, tokens = FP8_CONFIGS[1]
     inter, L = MLP_INTERMEDIATE, experts // ranks
-    g = torch.Generator(device="cuda").manual_seed(21)
-    buffer = epic.ElasticBuffer(epic.VirtualWorld(ranks), num_max_tokens_per_rank=tokens,
-                                hidden=hidden, num_topk=TOPK, explicitly_destroy=True)
-    xs = [quantize_blocks(torch.randn((tokens, hidden), generator=g, device="cuda"), 1)
-          for _ in range(ranks)]
-    idxs = [torch.rand((tokens, experts), generator=g, device="cuda").topk(TOPK).indices
-            for _ in range(ranks)]
+    buffer, xs, idxs, _, w13, w2 = fp8_mlp_world(21)
     recv, _, _, handles, _ = buffer.dispatch(xs, idxs, num_experts=experts, do_expand=True,
                                              expert_alignment=SCALE_BLOCK)
-    w13 = [quantize_blocks(torch.randn((L, 2 * inter, hidden), generator=g, device="cuda")
-                           / hidden ** 0.5, SCALE_BLOCK) for _ in range(ranks)]
-    w2 = [quantize_blocks(torch.randn((L, hidden, inter), generator=g, device="cuda")
-                          / inter ** 0.5, SCALE_BLOCK) for _ in range(ranks)]
     gate_up = buffer.grouped_gemm(recv, w13, handles)
     act = swiglu_fp8(gate_up, buffer=buffer)
     down = buffer.grouped_gemm(list(zip(*act)), w2, handles)
@@ -247,6 +261,34 @@ def test_fp8_expert_mlp_step_by_step():
                                        rtol=2.0 ** -3, atol=1e-2)
             want2 = a[start:end] @ ep_bench.dequantize_blocks(*w2[r], SCALE_BLOCK)[e].T
             torch.testing.assert_close(down[r][start:end].float(), want2, rtol=1.6e-2, atol=2e-2)
+    buffer.destroy()
+
+
+def test_fp8_moe_layer_matches_torch():
+    """epic.moe.moe_layer_fp8 (FP8 dispatch, gate/up GEMM, SwiGLU + FP8 re-quant, down GEMM,
+    routing weights, combine) on a virtual EP8 world against the layer in float32 on the
+    dequantized inputs: within FP8's error (the intermediate is re-quantized to e4m3)."""
+    from epic.moe import moe_layer_fp8
+
+    ranks, experts, hidden, _, tokens = FP8_CONFIGS[1]
+    buffer, xs, idxs, ws, w13, w2 = fp8_mlp_world(23)
+    ys = moe_layer_fp8(buffer, xs, idxs, ws, w13, w2, num_experts=experts)
+    torch.cuda.synchronize()
+    # Every expert's dequantized weights, expert-major over the ranks.
+    w13f = torch.cat([ep_bench.dequantize_blocks(*w, SCALE_BLOCK) for w in w13])
+    w2f = torch.cat([ep_bench.dequantize_blocks(*w, SCALE_BLOCK) for w in w2])
+    for r in range(ranks):
+        x = ep_bench.dequantize_blocks(*xs[r], 1)
+        want = torch.zeros((tokens, hidden), device="cuda")
+        for j in range(TOPK):
+            for e in idxs[r][:, j].unique().tolist():
+                t = (idxs[r][:, j] == e).nonzero().squeeze(1)
+                gate, up = (x[t] @ w13f[e].T).chunk(2, dim=1)
+                want[t] += ws[r][t, j, None] * ((torch.nn.functional.silu(gate) * up) @ w2f[e].T)
+        got = ys[r].float()
+        assert got.shape == (tokens, hidden)
+        error = (got - want).norm() / want.norm()
+        assert error < 3e-2, f"rank {r}: relative error {error:.3g}"
     buffer.destroy()
 
 

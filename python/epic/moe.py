@@ -1,0 +1,79 @@
+"""A DeepSeek V3 MoE layer's forward in FP8 through one ``ElasticBuffer``, as epic's ops run it
+step by step (the reference path the fused kernels are measured against):
+
+    FP8 dispatch (expanded rows, 128-row expert alignment)
+      -> gate/up grouped GEMM (e4m3 x e4m3, block scales, bf16 out, N = 2I)
+      -> SwiGLU + FP8 re-quant (epic.activations.swiglu_fp8)
+      -> down grouped GEMM (K = I, N = hidden)
+      -> each row times its routing weight
+      -> combine (bf16, summed at the token's origin)
+
+    y = moe_layer_fp8(buffer, (x_fp8, x_scales), topk_idx, topk_weights,
+                      (w13, w13_scales), (w2, w2_scales), num_experts=256)
+
+``x_fp8`` float8_e4m3fn ``[T, hidden]`` with ``x_scales`` float32 ``[T, hidden / 128]`` (DeepEP's
+FP8 dispatch input); ``w13`` e4m3 ``[E / R, 2I, hidden]`` (gate rows, then up rows) and ``w2``
+e4m3 ``[E / R, hidden, I]``, each with float32 scales per 128 x 128 block; in a virtual world
+every argument but ``num_experts`` is a list with one entry per rank. The combine sums
+unweighted (DeepEP's contract), so the routing weights are applied to the down GEMM's rows
+first, in float32, rounded once to bf16.
+"""
+
+from __future__ import annotations
+
+from . import _tensors as T
+from .activations import SCALE_BLOCK, swiglu_fp8
+
+__all__ = ["expert_mlp_fp8", "moe_layer_fp8"]
+
+
+def expert_mlp_fp8(buffer, recv_x, w13, w2, handle):
+    """The experts' MLP on an FP8 expanded dispatch's rows: ``recv_x`` the dispatch's
+    ``(recv_x, recv_x_scales)``, ``w13`` / ``w2`` as in the module's docstring, ``handle`` the
+    dispatch's. Returns the down GEMM's bf16 rows ``[rows, hidden]`` (padding rows zero)."""
+    w13s, w2s = buffer._per_rank("w13", w13), buffer._per_rank("w2", w2)
+    for r, (a, b) in enumerate(zip(w13s, w2s)):
+        _check_mlp_weights(buffer._name("w13", r), a, buffer._name("w2", r), b)
+    gate_up = buffer.grouped_gemm(recv_x, w13, handle, out_dtype="bf16")
+    out, scales = swiglu_fp8(gate_up, buffer=buffer)
+    rows = list(zip(out, scales)) if buffer.virtual else (out, scales)
+    return buffer.grouped_gemm(rows, w2, handle, out_dtype="bf16")
+
+
+def moe_layer_fp8(buffer, x, topk_idx, topk_weights, w13, w2, num_experts, num_sms=0):
+    """The whole layer (module docstring). Returns the combined bf16 ``[T, hidden]`` (a list
+    in a virtual world)."""
+    if topk_weights is None:
+        raise ValueError("topk_weights: the layer weights each expert's rows by them; pass "
+                         "the router's float32 [T, top-k] weights")
+    recv, _, recv_weights, handle, _ = buffer.dispatch(
+        x, topk_idx, topk_weights, num_experts=num_experts, do_expand=True,
+        expert_alignment=SCALE_BLOCK, num_sms=num_sms)
+    down = expert_mlp_fp8(buffer, recv, w13, w2, handle)
+    downs = down if buffer.virtual else [down]
+    weights = recv_weights if buffer.virtual else [recv_weights]
+    weighted = [(d.float() * w[:, None]).to(d.dtype) for d, w in zip(downs, weights)]
+    combined, _, _ = buffer.combine(weighted if buffer.virtual else weighted[0], handle,
+                                    num_sms=num_sms)
+    return combined
+
+
+def _check_mlp_weights(name13, w13, name2, w2):
+    """The two GEMMs' weights agree: w13 [L, 2I, hidden] and w2 [L, hidden, I] (each an
+    (e4m3 weights, scales) pair; the GEMMs check the rest)."""
+    shapes = []
+    for name, w in ((name13, w13), (name2, w2)):
+        if not (isinstance(w, tuple) and len(w) == 2):
+            raise TypeError(f"{name}: an (e4m3 weights, float32 block scales) pair, got "
+                            f"{type(w).__name__}")
+        if T.dtype_name(w[0]) != "f8E4M3FN":
+            raise TypeError(f"{name}: float8_e4m3fn weights, got {T.describe(w[0])}")
+        shape = tuple(w[0].shape)
+        if len(shape) != 3:
+            raise ValueError(f"{name}: expected [local experts, N, K], got shape {list(shape)}")
+        shapes.append(shape)
+    (l13, n13, k13), (l2, n2, k2) = shapes
+    if l13 != l2 or n13 != 2 * k2 or n2 != k13:
+        raise ValueError(f"{name13} {list(shapes[0])} and {name2} {list(shapes[1])}: expected "
+                         "[L, 2I, hidden] and [L, hidden, I] (gate and up rows, then the down "
+                         "projection)")
