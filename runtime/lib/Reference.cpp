@@ -749,7 +749,6 @@ std::vector<std::string> epic::runtime::checkGroupedGemm(const EPSpec &spec,
                                                          size_t limit) {
   Problems p{limit};
   const World w(spec);
-  const int64_t H = spec.hidden;
   if (handles.size() != ranks.size()) {
     p.add("expected one handle per grouped GEMM record");
     return p.result();
@@ -763,8 +762,25 @@ std::vector<std::string> epic::runtime::checkGroupedGemm(const EPSpec &spec,
   };
   for (size_t r = 0; r < ranks.size(); ++r) {
     const GemmRecord &g = ranks[r];
-    const int64_t N = g.weights.shape.at(2);
-    const std::vector<double> x = decode(g.x), weights = decode(g.weights);
+    const bool fp8 = !g.xScales.data.empty();
+    // K: the rows' width; N: BF16 weights [L, K, N], FP8 [L, N, K].
+    const int64_t K = g.x.shape.at(1), N = g.weights.shape.at(fp8 ? 1 : 2);
+    std::vector<double> x = decode(g.x), weights = decode(g.weights);
+    if (fp8) { // dequantized: rows per 128 channels, weights per 128 x 128 block
+      const std::vector<double> xs = decode(g.xScales), ws = decode(g.weightScales);
+      const int64_t blocks = K / 128;
+      for (size_t i = 0; i < x.size(); ++i)
+        x[i] *= xs[(i / size_t(K)) * size_t(blocks) + (i % size_t(K)) / 128];
+      // [L, N, K] -> [L, K, N] (the loop below reads weights K-major per expert)
+      std::vector<double> kn(weights.size());
+      for (int64_t e = 0; e < w.L; ++e)
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t k = 0; k < K; ++k)
+            kn[size_t((e * K + k) * N + n)] =
+                weights[size_t((e * N + n) * K + k)] *
+                ws[size_t((e * (N / 128) + n / 128) * blocks + k / 128)];
+      weights = std::move(kn);
+    }
     std::vector<bool> expertRow(size_t(g.out.rows()), false);
     std::vector<double> want(static_cast<size_t>(N), 0.0);
     int64_t end = 0;
@@ -772,12 +788,12 @@ std::vector<std::string> epic::runtime::checkGroupedGemm(const EPSpec &spec,
       // Expert e's rows: [align(psum[e - 1]), psum[e]) of the expanded layout.
       const int64_t start = w.align(end);
       end = handles[r].psumRecvPerExpert.at(size_t(e));
-      const double *we = weights.data() + size_t(e * H * N);
+      const double *we = weights.data() + size_t(e * K * N);
       for (int64_t row = start; row < end && row < g.out.rows(); ++row) {
         expertRow[size_t(row)] = true;
         std::fill(want.begin(), want.end(), 0.0);
-        for (int64_t h = 0; h < H; ++h) {
-          const double xv = x[size_t(row * H + h)];
+        for (int64_t h = 0; h < K; ++h) {
+          const double xv = x[size_t(row * K + h)];
           for (int64_t n = 0; n < N; ++n)
             want[size_t(n)] += xv * we[h * N + n];
         }

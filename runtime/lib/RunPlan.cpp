@@ -103,7 +103,7 @@ KernelRequest PlanKernel::request() const {
   case KernelKind::combine:
     return combineRequest(spec, combineVariant);
   case KernelKind::groupedGemm:
-    return groupedGemmRequest(spec, gemmN, gemmOutDtype);
+    return groupedGemmRequest(spec, gemmN, gemmOutDtype, "", gemmK);
   case KernelKind::dispatchGemm:
     return dispatchGemmRequest(spec, dispatchVariant, gemmN, gemmOutDtype);
   case KernelKind::gemmCombine:
@@ -244,6 +244,14 @@ RunPlan RunPlan::parse(const std::string &text) {
         if (step.op == "grouped_gemm") {
           values.use(step, "weights", Kind::tensor);
           values.use(step, "handle", Kind::handle);
+          // FP8: the rows' and the weights' block scales, both or neither.
+          values.use(step, "x_scales", Kind::tensor, true);
+          values.use(step, "weight_scales", Kind::tensor, true);
+          if ((step.integer("x_scales") >= 0) != (step.integer("weight_scales") >= 0))
+            values.fail("an FP8 grouped_gemm takes x_scales and weight_scales, both or neither");
+          if (step.integer("k") < 1)
+            values.fail("k (the rows' width) must be positive, got " +
+                        std::to_string(step.integer("k")));
           values.define(step, "result", Kind::tensor);
         } else {
           values.use(step, "topk_idx", Kind::tensor);
@@ -328,6 +336,8 @@ std::vector<PlanKernel> RunPlan::kernels() const {
       k.gemmN = step.integer("n");
       k.gemmOutDtype = step.fields.at("out_dtype").text();
     }
+    if (k.kind == KernelKind::groupedGemm)
+      k.gemmK = step.integer("k");
     out.push_back(k);
   }
   return out;

@@ -503,6 +503,9 @@ private:
   void groupedGemm(const RunStep &step, const PlanKernel &k) {
     const Value &x = at(step.integer("x")), &weights = at(step.integer("weights"));
     std::shared_ptr<HandleValue> handle = at(step.integer("handle")).handle;
+    const bool fp8 = step.integer("x_scales") >= 0;
+    const Value *xScales = fp8 ? &at(step.integer("x_scales")) : nullptr;
+    const Value *weightScales = fp8 ? &at(step.integer("weight_scales")) : nullptr;
     std::vector<GroupedGemmCall> calls(static_cast<size_t>(R()));
     for (int r = 0; r < R(); ++r) {
       const int64_t rows = x.tensor[r].device.shape[0];
@@ -510,12 +513,20 @@ private:
       calls[r] = {x.tensor[r].device, weights.tensor[r].device,
                   allocate(k.gemmOutDtype, {rows, k.gemmN}),
                   handle->device[r].psumNumRecvTokensPerExpert};
+      if (fp8) {
+        calls[r].xScales = xScales->tensor[r].device;
+        calls[r].weightScales = weightScales->tensor[r].device;
+      }
     }
     buffer.groupedGemm(k.spec, calls);
     std::vector<GemmRecord> products;
     for (int r = 0; r < R(); ++r) {
       RankTensor out = received(calls[r].out, calls[r].out.shape[0]);
       products.push_back({x.tensor[r].host, weights.tensor[r].host, out.host});
+      if (fp8) {
+        products.back().xScales = xScales->tensor[r].host;
+        products.back().weightScales = weightScales->tensor[r].host;
+      }
       Value &result = at(step.integer("result"));
       result.receivedBy = x.receivedBy; // rows of the dispatch: printed in canonical order
       result.tensor.push_back(std::move(out));

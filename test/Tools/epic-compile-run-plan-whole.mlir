@@ -14,6 +14,16 @@
 // RUN:   | FileCheck %s --check-prefix=GC-PLAN
 // RUN: epic-run %S/../../examples/run/gemm_combine.mlir --compile-only --cache-dir=%t.cache \
 // RUN:   | FileCheck %s --check-prefix=GC
+// An expert MLP's two GEMMs (the down GEMM's rows are the intermediate size, K = 512, not the
+// hidden size: not fused with the combine) and an FP8 GEMM with its block scales as steps:
+// RUN: epic-compile %S/../../examples/run/expert_mlp.mlir --run-plan -o - \
+// RUN:   | FileCheck %s --check-prefix=MLP-PLAN
+// RUN: epic-run %S/../../examples/run/expert_mlp.mlir --compile-only --cache-dir=%t.cache \
+// RUN:   | FileCheck %s --check-prefix=MLP
+// RUN: epic-compile %S/../../examples/run/fp8_expert_gemm.mlir --run-plan -o - \
+// RUN:   | FileCheck %s --check-prefix=FP8-PLAN
+// RUN: epic-run %S/../../examples/run/fp8_expert_gemm.mlir --compile-only --cache-dir=%t.cache \
+// RUN:   | FileCheck %s --check-prefix=FP8
 
 // KERNELS: kernels of ep.dispatch_layout at {{.*}}: compiled
 // KERNELS-NEXT: kernels of ep.dispatch_gemm at {{.*}}: compiled
@@ -31,6 +41,37 @@
 // GC-PLAN: "op": "gemm_combine",
 // GC-PLAN-NOT: "op": "combine"
 // GC-PLAN-NOT: "op": "grouped_gemm"
+// MLP-PLAN: "k": 256,
+// MLP-PLAN-NEXT: "loc": "{{.*}}expert_mlp.mlir:25:13",
+// MLP-PLAN-NEXT: "n": 512,
+// MLP-PLAN-NEXT: "op": "grouped_gemm",
+// MLP-PLAN: "weight_scales": -1,
+// MLP-PLAN-NEXT: "weights": {{[0-9]+}},
+// MLP-PLAN-NEXT: "x": {{[0-9]+}},
+// MLP-PLAN-NEXT: "x_scales": -1
+// MLP-PLAN: "k": 512,
+// MLP-PLAN-NEXT: "loc": "{{.*}}expert_mlp.mlir:31:8",
+// MLP-PLAN-NEXT: "n": 256,
+// MLP-PLAN-NEXT: "op": "grouped_gemm",
+// MLP-PLAN: "op": "combine",
+// MLP-PLAN-NOT: "op": "gemm_combine"
+// MLP: kernels of ep.dispatch at
+// MLP-NEXT: kernels of ep.grouped_gemm at {{.*}}expert_mlp.mlir:25:{{[0-9]+}}: compiled
+// MLP-NEXT: kernels of ep.grouped_gemm at {{.*}}expert_mlp.mlir:31:{{[0-9]+}}: compiled
+// MLP-NEXT: kernels of ep.combine at
+// FP8-PLAN: "op": "dispatch",
+// FP8-PLAN: "recv_scale_packs": [[RSF:[0-9]+]],
+// FP8-PLAN: "k": 512,
+// FP8-PLAN-NEXT: "loc": "{{.*}}fp8_expert_gemm.mlir:{{[0-9]+}}:{{[0-9]+}}",
+// FP8-PLAN-NEXT: "n": 512,
+// FP8-PLAN-NEXT: "op": "grouped_gemm",
+// FP8-PLAN: "weight_scales": [[WS:[0-9]+]],
+// FP8-PLAN-NEXT: "weights": {{[0-9]+}},
+// FP8-PLAN-NEXT: "x": {{[0-9]+}},
+// FP8-PLAN-NEXT: "x_scales": [[RSF]]
+// FP8: kernels of ep.dispatch at
+// FP8-NEXT: kernels of ep.grouped_gemm at {{.*}}fp8_expert_gemm.mlir:{{[0-9]+}}:{{[0-9]+}}: compiled
+// FP8-NEXT: kernels of ep.combine at
 
 #cfg = #ep.config<ranks = 2, experts = 4, topk = 2, hidden = 128, dtype = bf16,
                   expert_alignment = 16, layout = expanded, max_tokens_per_rank = 32>

@@ -121,3 +121,21 @@ func.func @fp8(%rx: tensor<?x1024xf8E4M3FN>, %w: tensor<8x1024x1024xf8E4M3FN>,
   %out = ep.combine %y, %h : tensor<?x1024xbf16>, !ep.handle<#cfg> -> tensor<?x1024xbf16>
   return %out : tensor<?x1024xbf16>
 }
+
+// -----
+
+// An expert's down GEMM (rows of the intermediate size, 2048 wide): the fused kernel
+// multiplies hidden-wide rows only (fusing it failed the op's verifier before).
+#cfg = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 1024, dtype = bf16,
+                  expert_alignment = 128, layout = expanded, max_tokens_per_rank = 256>
+// CHECK-LABEL: func.func @down_gemm
+// CHECK:      ep.grouped_gemm
+// CHECK:      ep.combine
+func.func @down_gemm(%rx: tensor<?x2048xbf16>, %w: tensor<8x2048x1024xbf16>,
+                     %h: !ep.handle<#cfg>) -> tensor<?x1024xbf16> {
+  // expected-remark@+1 {{ep-fuse-gemm-combine: not fused: the rows are 2048 wide (an expert's down GEMM); the fused kernel multiplies rows of the hidden size (1024)}}
+  %y = ep.grouped_gemm %rx, %w layout(%h : !ep.handle<#cfg>)
+      : tensor<?x2048xbf16>, tensor<8x2048x1024xbf16> -> tensor<?x1024xbf16>
+  %out = ep.combine %y, %h : tensor<?x1024xbf16>, !ep.handle<#cfg> -> tensor<?x1024xbf16>
+  return %out : tensor<?x1024xbf16>
+}

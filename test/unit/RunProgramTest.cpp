@@ -626,25 +626,36 @@ TEST(RunPlan, RefusesWhatTheRunDialectRefuses) {
                   "expected a list, got a number");
 }
 
-TEST(RunPlan, GemmCombineStepIsOneKernelWithItsBiases) {
-  const std::string spec =
-      R"({"dtype": "bf16", "expanded": true, "expert_alignment": 32, "experts": 4,
+namespace {
+/// A bf16 expanded configuration of 2 ranks, 4 experts, hidden 64.
+const char *const kExpandedSpec =
+    R"({"dtype": "bf16", "expanded": true, "expert_alignment": 32, "experts": 4,
       "hidden": 64, "hybrid": false, "max_tokens_per_rank": 8, "num_sms": 0, "ranks": 2,
       "scale_packs": 0, "scaleup_ranks": 0, "topk": 2})";
-  auto random = [](int result, int cols) {
-    return R"({"op": "random", "loc": "p.mlir:2:1", "rows": 0, "distribution": "normal",
+
+std::string randomStep(int result, int cols) {
+  return R"({"op": "random", "loc": "p.mlir:2:1", "rows": 0, "distribution": "normal",
         "scale": 1, "seed": 1, "dtype": "bf16", "cols": )" +
-           std::to_string(cols) + ", \"result\": " + std::to_string(result) + "}";
-  };
-  const std::string prefix =
-      std::string(kTokens) + "," + random(1, 64) + "," +
-      R"({"op": "routing", "loc": "p.mlir:3:1", "result": 2, "rows": 0, "experts": 4,
+         std::to_string(cols) + ", \"result\": " + std::to_string(result) + "}";
+}
+
+/// Steps making the tokens (value 0), x (1), the routing (2), its expanded dispatch (recv_x 3,
+/// handle 4) and expert weights of `weightCols` elements a row (5).
+std::string dispatchedRows(int weightCols) {
+  return std::string(kTokens) + "," + randomStep(1, 64) + "," +
+         R"({"op": "routing", "loc": "p.mlir:3:1", "result": 2, "rows": 0, "experts": 4,
           "topk": 2, "seed": 2, "masked": 0},
          {"op": "dispatch", "loc": "p.mlir:4:1", "spec": )" +
-      spec + R"(, "cached": false, "zero_padding": false, "x": 1, "topk_idx": 2,
+         kExpandedSpec + R"(, "cached": false, "zero_padding": false, "x": 1, "topk_idx": 2,
           "scale_packs": -1, "topk_weights": -1, "cached_handle": -1, "recv_x": 3,
           "recv_scale_packs": -1, "recv_topk_idx": -1, "recv_topk_weights": -1, "handle": 4},)" +
-      random(5, 64 * 64) + "," + random(6, 64) + ",";
+         randomStep(5, weightCols);
+}
+} // namespace
+
+TEST(RunPlan, GemmCombineStepIsOneKernelWithItsBiases) {
+  const std::string spec = kExpandedSpec;
+  const std::string prefix = dispatchedRows(64 * 64) + "," + randomStep(6, 64) + ",";
   auto fused = [&](const std::string &weights, const std::string &biases) {
     return prefix + R"({"op": "gemm_combine", "loc": "p.mlir:5:1", "spec": )" + spec +
            R"(, "x": 3, "weights": )" + weights + R"(, "handle": 4, "biases": )" + biases +
@@ -659,6 +670,31 @@ TEST(RunPlan, GemmCombineStepIsOneKernelWithItsBiases) {
   EXPECT_EQ(kernels[1].request().kind, KernelKind::gemmCombine);
   expectPlanError(planWith(fused("4", "[6]"), 9), "weights must be a tensor, value 4 is a handle");
   expectPlanError(planWith(fused("5", "[6, 6, 6]"), 9), "at most two biases");
+}
+
+TEST(RunPlan, GroupedGemmStepCarriesKAndFp8Scales) {
+  auto gemm = [](int k, int xScales, int weightScales) {
+    return dispatchedRows(64 * 128) + R"(, {"op": "grouped_gemm", "loc": "p.mlir:5:1", "spec": )" +
+           kExpandedSpec +
+           R"(, "x": 3, "weights": 5, "handle": 4, "n": 128, "out_dtype": "bf16", "k": )" +
+           std::to_string(k) + R"(, "x_scales": )" + std::to_string(xScales) +
+           R"(, "weight_scales": )" + std::to_string(weightScales) + R"(, "result": 6})";
+  };
+  // K = the hidden size: the request's k is 0 (one kernel key for both spellings).
+  std::vector<PlanKernel> kernels = RunPlan::parse(planWith(gemm(64, -1, -1), 7)).kernels();
+  ASSERT_EQ(kernels.size(), 2u);
+  EXPECT_EQ(kernels[1].gemmK, 64);
+  EXPECT_EQ(kernels[1].request().gemm.k, 0);
+  // An expert's down GEMM: rows 128 wide.
+  kernels = RunPlan::parse(planWith(gemm(128, -1, -1), 7)).kernels();
+  EXPECT_EQ(kernels[1].request().gemm.k, 128);
+  EXPECT_EQ(kernels[1].request().gemm.n, 128);
+  // FP8: both scales are values of the program.
+  RunPlan::parse(planWith(gemm(64, 5, 5), 7));
+  expectPlanError(planWith(gemm(64, 5, -1), 7),
+                  "an FP8 grouped_gemm takes x_scales and weight_scales, both or neither");
+  expectPlanError(planWith(gemm(64, 4, 5), 7), "x_scales must be a tensor, value 4 is a handle");
+  expectPlanError(planWith(gemm(0, -1, -1), 7), "k (the rows' width) must be positive, got 0");
 }
 
 class RunPlanCache : public ::testing::Test {
@@ -781,6 +817,37 @@ TEST(Reference, GroupedGemmChecksExpertRowsAndPadding) {
   GemmRecord padding = g;
   padding.out.as<float>()[1] = 1;
   EXPECT_TRUE(mentions(checkGroupedGemm(spec, {handle}, {padding}), "padding row"));
+  // Rows narrower than the hidden size (an expert's down GEMM): K is the rows' width.
+  EPSpec wide = spec;
+  wide.hidden = 8;
+  EXPECT_TRUE(checkGroupedGemm(wide, {handle}, {g}).empty());
+}
+
+TEST(Reference, GroupedGemmDequantizesFp8Operands) {
+  // One rank, one local expert, rows [0, 2), K = N = 128. e4m3 1.0 is 0x38, 2.0 is 0x40.
+  // Row 0: 1.0 x 0.5; row 1: 2.0 x 0.5; weights 1.0 x 0.125: sums 128 x 0.0625 = 8 and 16.
+  EPSpec spec;
+  spec.ranks = 1, spec.experts = 1, spec.topk = 1, spec.hidden = 128, spec.expertAlignment = 1;
+  spec.dtype = "f8E4M3FN", spec.scalePacks = 1;
+  DispatchRecord handle;
+  handle.psumRecvPerExpert = {2};
+  GemmRecord g;
+  g.x = HostTensor("f8E4M3FN", {2, 128});
+  std::fill(g.x.data.begin(), g.x.data.begin() + 128, uint8_t(0x38));
+  std::fill(g.x.data.begin() + 128, g.x.data.end(), uint8_t(0x40));
+  g.xScales = HostTensor("f32", {2, 1});
+  g.xScales.as<float>()[0] = g.xScales.as<float>()[1] = 0.5f;
+  g.weights = HostTensor("f8E4M3FN", {1, 128, 128});
+  std::fill(g.weights.data.begin(), g.weights.data.end(), uint8_t(0x38));
+  g.weightScales = HostTensor("f32", {1, 1, 1});
+  g.weightScales.as<float>()[0] = 0.125f;
+  g.out = HostTensor("f32", {2, 128});
+  std::fill(g.out.as<float>(), g.out.as<float>() + 128, 8.0f);
+  std::fill(g.out.as<float>() + 128, g.out.as<float>() + 256, 16.0f);
+  EXPECT_TRUE(checkGroupedGemm(spec, {handle}, {g}).empty());
+  GemmRecord unscaled = g; // the weight scale forgotten: 8x too large
+  std::fill(unscaled.out.as<float>(), unscaled.out.as<float>() + 256, 64.0f);
+  EXPECT_TRUE(mentions(checkGroupedGemm(spec, {handle}, {unscaled}), "out[0] column 0 (expert 0)"));
 }
 
 // --- AGRS ---------------------------------------------------------------------------

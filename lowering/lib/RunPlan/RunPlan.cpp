@@ -276,19 +276,18 @@ private:
       ep::ConfigAttr config = gemm.getConfig();
       if (failed(world(op, config)))
         return failure();
-      if (gemm.getLhsScales())
-        return op->emitError("run plan: an FP8 ep.grouped_gemm is not a program step yet; call "
-                             "it on its own (ElasticBuffer.grouped_gemm with scales)");
-      if (cast<ShapedType>(gemm.getLhs().getType()).getDimSize(1) != config.getHidden())
-        return op->emitError("run plan: an ep.grouped_gemm of rows narrower or wider than the "
-                             "hidden size (an expert's down GEMM) is not a program step yet");
       auto out = cast<ShapedType>(gemm.getResult().getType());
+      // K: the rows' width (the hidden size, or an expert's intermediate size for
+      // its down GEMM); FP8 rows and weights come with their block scales (-1: none).
       add(op, "grouped_gemm",
           json::Object{{"spec", epic::configJson(config)},
                        {"x", use(gemm.getLhs())},
                        {"weights", use(gemm.getRhs())},
                        {"handle", use(gemm.getHandle())},
+                       {"x_scales", use(gemm.getLhsScales())},
+                       {"weight_scales", use(gemm.getRhsScales())},
                        {"n", out.getDimSize(1)},
+                       {"k", cast<ShapedType>(gemm.getLhs().getType()).getDimSize(1)},
                        {"out_dtype", debugString(out.getElementType())},
                        {"result", define(gemm.getResult())}});
       return success();

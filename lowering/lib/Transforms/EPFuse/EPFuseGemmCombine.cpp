@@ -40,6 +40,11 @@ FailureOr<ep::CombineOp> fusableCombine(ep::GroupedGemmOp gemm) {
   ep::CombineOp combine = combines.front();
   if (gemm.getLhsScales())
     return refuse("FP8 rows: the fused kernel multiplies BF16 or F16 rows");
+  if (int64_t k = cast<ShapedType>(gemm.getLhs().getType()).getDimSize(1);
+      k != int64_t(gemm.getConfig().getHidden()))
+    return refuse("the rows are " + Twine(k) + " wide (an expert's down GEMM); the fused kernel " +
+                  "multiplies rows of the hidden size (" + Twine(gemm.getConfig().getHidden()) +
+                  ")");
   if (combine.getWindowOutputs())
     return refuse("the combine reads its input in the window (window_outputs), which the fused "
                   "kernel does not write");

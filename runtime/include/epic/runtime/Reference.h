@@ -143,16 +143,20 @@ struct LayoutRecord {
 std::vector<std::string>
 checkDispatchLayout(const EPSpec &spec, const std::vector<LayoutRecord> &ranks, size_t limit = 8);
 
-/// What one rank's ep.grouped_gemm took and produced: an expanded dispatch's
-/// rows, the rank's expert weights [L, hidden, N] and the output [rows, N].
+/// What one rank's ep.grouped_gemm took and produced: rows of an expanded
+/// dispatch's layout [rows, K], the rank's expert weights and the output
+/// [rows, N]. BF16/F16 weights are [L, K, N]; FP8 weights are [L, N, K] with
+/// the block scales (rows: f32 [rows, K / 128]; weights: f32 [L, N / 128,
+/// K / 128]; empty tensors otherwise).
 struct GemmRecord {
   HostTensor x, weights, out;
+  HostTensor xScales, weightScales;
 };
 
-/// Checks every rank's grouped GEMM against a float64 product: each expert's
-/// rows (from its dispatch, `handles`) within |got - want| <= 0.01 + 0.016
-/// |want| (fp32 sums in the kernel's order, one rounding to bf16), padding
-/// rows zero.
+/// Checks every rank's grouped GEMM against a float64 product (FP8: of the
+/// dequantized operands): each expert's rows (from its dispatch, `handles`)
+/// within |got - want| <= 0.01 + 0.016 |want| (fp32 sums in the kernel's order,
+/// one rounding to bf16), padding rows zero.
 std::vector<std::string> checkGroupedGemm(const EPSpec &spec,
                                           const std::vector<DispatchRecord> &handles,
                                           const std::vector<GemmRecord> &ranks, size_t limit = 8);
