@@ -319,6 +319,17 @@ def dequantize_blocks(data, scales, rows_block, block=128):
     return (blocks * scales[..., None, :, None]).reshape(data.shape)
 
 
+def expert_rows(handle, L, alignment):
+    """[(start, end)] of each local expert's rows in an expanded dispatch's layout: from the
+    end of the previous expert's rows rounded up to `alignment`, to the expert's prefix sum."""
+    psum = handle.psum_num_recv_tokens_per_expert.tolist()
+    rows, previous = [], 0
+    for e in range(L):
+        rows.append(((previous + alignment - 1) // alignment * alignment, psum[e]))
+        previous = psum[e]
+    return rows
+
+
 def make_inputs(torch, R, T, H, E, K, fp8, seed, ragged=True):
     """Every rank's tokens (FP8: with scale packs), top-K routing and weights; `ragged`:
     rank r sends T - r tokens (DeepEP's test), else T."""

@@ -100,27 +100,41 @@ def all_kernels_time(torch, timer, fn):
     return statistics.median(totals)
 
 
-def measure_fp8(args, T):
-    """The FP8 grouped GEMM on the BF16 measurement's routing (the same seed), in a buffer of
-    its own (both sizes' receive pools at once do not fit an H100 at 4096 tokens): the tokens
-    cast to FP8 (an f32 scale per 128 channels) and dispatched, weights [L, N, hidden] with
-    128 x 128 block scales; checked against the product of the dequantized operands, then
-    timed like the BF16 kernel."""
-    import torch
+def run_size(args, T, measure):
+    """`measure(args, T, buffers)` at `T` tokens per rank; the buffers it made are destroyed
+    however it ends (a size that runs out of memory must not keep the next one from its
+    memory)."""
+    buffers = []
+    try:
+        return measure(args, T, buffers)
+    finally:
+        for buffer in buffers:
+            buffer.destroy()
 
-    R, H, E, K, N = args.ranks, args.hidden, args.experts, args.topk, args.n
-    L = E // R
-    timer = ep_bench.Timer(torch, args.iterations)
-    xs, sfs, idxs, ws = ep_bench.make_inputs(torch, R, T, H, E, K, True, seed=7)
+
+def setup(torch, args, T, fp8, buffers):
+    """A size's timer, every rank's tokens (FP8: (data, scales) pairs), routing and weights
+    (seed 7: the BF16 and FP8 measurements route alike), and its buffer (in `buffers`)."""
+    R, H, E, K = args.ranks, args.hidden, args.experts, args.topk
+    xs, sfs, idxs, ws = ep_bench.make_inputs(torch, R, T, H, E, K, fp8, seed=7)
     buffer = epic.ElasticBuffer(epic.VirtualWorld(R), num_max_tokens_per_rank=T, hidden=H,
                                 num_topk=K, explicitly_destroy=True)
-    try:
-        return fp8_timings(torch, timer, buffer, R, E, L, N, H, list(zip(xs, sfs)), idxs, ws)
-    finally:
-        buffer.destroy()
+    buffers.append(buffer)
+    return (ep_bench.Timer(torch, args.iterations), list(zip(xs, sfs)) if fp8 else xs, idxs,
+            ws, buffer)
 
 
-def fp8_timings(torch, timer, buffer, R, E, L, N, H, xs, idxs, ws):
+def measure_fp8(args, T, buffers):
+    """The FP8 grouped GEMM on the BF16 measurement's routing, in a buffer of its own (both
+    sizes' receive pools at once do not fit an H100 at 4096 tokens): the tokens cast to FP8
+    (an f32 scale per 128 channels) and dispatched, weights [L, N, hidden] with 128 x 128 block
+    scales; checked against the product of the dequantized operands, then timed like the BF16
+    kernel."""
+    import torch
+
+    R, H, E, N = args.ranks, args.hidden, args.experts, args.n
+    L = E // R
+    timer, xs, idxs, ws, buffer = setup(torch, args, T, True, buffers)
     recv, _, _, handles, _ = buffer.dispatch(xs, idxs, ws, num_experts=E, do_expand=True,
                                              expert_alignment=ALIGNMENT)
     g = torch.Generator(device="cuda").manual_seed(13)
@@ -136,10 +150,7 @@ def fp8_timings(torch, timer, buffer, R, E, L, N, H, xs, idxs, ws):
     for r in range(R):
         x = ep_bench.dequantize_blocks(*recv[r], 1)
         w = ep_bench.dequantize_blocks(*weights[r], SCALE_BLOCK)
-        psum, previous = handles[r].psum_num_recv_tokens_per_expert.tolist(), 0
-        for e in range(L):
-            start = (previous + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
-            end = previous = psum[e]
+        for e, (start, end) in enumerate(ep_bench.expert_rows(handles[r], L, ALIGNMENT)):
             if end > start:
                 want = x[start:end] @ w[e].T
                 error = ((got[r][start:end] - want).abs().max() / want.abs().max()).item()
@@ -151,41 +162,18 @@ def fp8_timings(torch, timer, buffer, R, E, L, N, H, xs, idxs, ws):
                 equal=bool(worst < 1e-2))
 
 
-def run_size(args, T):
-    """Every measurement at `T` tokens per rank (None with --once: each call once, untimed).
-    The buffer is destroyed however the size ends (a size that runs out of memory must not keep
-    the next one from its memory)."""
-    buffers = []
-    try:
-        return measure_size(args, T, buffers)
-    finally:
-        for buffer in buffers:
-            buffer.destroy()
-
-
 def measure_size(args, T, buffers):
     import torch
 
-    R, H, E, K, N = args.ranks, args.hidden, args.experts, args.topk, args.n
+    R, H, E, N = args.ranks, args.hidden, args.experts, args.n
     L = E // R
-    timer = ep_bench.Timer(torch, args.iterations)
-    xs, _, idxs, ws = ep_bench.make_inputs(torch, R, T, H, E, K, False, seed=7)
-    buffer = epic.ElasticBuffer(epic.VirtualWorld(R), num_max_tokens_per_rank=T, hidden=H,
-                                num_topk=K, explicitly_destroy=True)
-    buffers.append(buffer)
+    timer, xs, idxs, ws, buffer = setup(torch, args, T, False, buffers)
     recv, _, _, handles, _ = buffer.dispatch(xs, idxs, ws, num_experts=E, do_expand=True,
                                              expert_alignment=ALIGNMENT)
     g = torch.Generator(device="cuda").manual_seed(11)
     weights = [(torch.randn((L, H, N), generator=g, device="cuda") / H ** 0.5)
                .to(torch.bfloat16) for _ in range(R)]
-    ranges = []
-    for h in handles:
-        psum, previous, rows = h.psum_num_recv_tokens_per_expert.tolist(), 0, []
-        for e in range(L):
-            start = (previous + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
-            rows.append((start, psum[e]))
-            previous = psum[e]
-        ranges.append(rows)
+    ranges = [ep_bench.expert_rows(h, L, ALIGNMENT) for h in handles]
     outs_torch = [torch.zeros((x.shape[0], N), dtype=torch.bfloat16, device="cuda")
                   for x in recv]
 
@@ -404,7 +392,7 @@ def main():
     sizes, skipped = [], []
     for tokens in args.tokens:
         try:
-            result = run_size(args, tokens)
+            result = run_size(args, tokens, measure_size)
         except torch.OutOfMemoryError as error:  # a prefill size larger than this GPU
             first = str(error).splitlines()[0]
             print(f"gemm_bench: {tokens} tokens per rank do not fit "
@@ -415,7 +403,7 @@ def main():
         if result is False:
             continue
         if result is not None and not args.no_fp8:  # the FP8 GEMM, in a buffer of its own
-            fp8 = measure_fp8(args, tokens)
+            fp8 = run_size(args, tokens, measure_fp8)
             torch.cuda.empty_cache()
             fp8.update(tflops=result["flops"] / fp8["kernel_s"] / 1e12,
                        x_bf16=result["epic_kernel_s"] / fp8["kernel_s"])

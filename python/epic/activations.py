@@ -24,13 +24,12 @@ import numpy as np
 
 import epic.language as el
 from epic import _tensors as T
+from epic._reference_checks import _FP8_AMAX_FLOOR, FP8_E4M3_MAX
 from epic.dsl.jit import jit
 
 __all__ = ["swiglu_fp8", "SCALE_BLOCK"]
 
 SCALE_BLOCK = 128  # channels per FP8 scale
-_FP8_MAX = 448.0
-_AMAX_FLOOR = 1e-4
 
 
 @jit
@@ -45,7 +44,7 @@ def _swiglu_fp8(gate_up, out, scales, rows, INTER: el.constexpr):
         up = el.load(gate_up + (row * (2 * INTER) + INTER + column)).to(el.float32)
         y = gate / (1.0 + el.exp(0.0 - gate)) * up
         amax = el.max(el.where(y < 0.0, 0.0 - y, y))
-        scale = el.where(amax > 0.0001, amax, 0.0001) / 448.0
+        scale = el.where(amax > _FP8_AMAX_FLOOR, amax, _FP8_AMAX_FLOOR) / FP8_E4M3_MAX
         el.store(out + (row * INTER + column), (y / scale).to(el.float8e4nv))
         el.store(scales + item, scale)
 

@@ -353,13 +353,12 @@ ParamRecord epic::runtime::groupedGemmRecord(const EPSpec &s, const GroupedGemmC
   if (c.x.shape[0] > receiveRows(s))
     fail("x has " + std::to_string(c.x.shape[0]) + " rows, more than a dispatch can receive (" +
          std::to_string(receiveRows(s)) + ")");
-  // FP8 weights are [L, N, K] (K contiguous: FP8 tensor cores read B K-major).
-  const size_t kAt = fp8 ? 2 : 1, nAt = fp8 ? 1 : 2;
-  if (c.weights.shape.size() != 3 || c.weights.shape[0] != L || c.weights.shape[kAt] != K)
+  const GemmWeightsLayout at = gemmWeightsLayout(fp8);
+  if (c.weights.shape.size() != 3 || c.weights.shape[0] != L || c.weights.shape[at.k] != K)
     fail("weights must have shape " + s.dtype + "[" + std::to_string(L) + ", " +
          (fp8 ? "N, " + std::to_string(K) : std::to_string(K) + ", N") + "] (K = x's " +
          std::to_string(K) + " columns), got " + c.weights.describe());
-  const int64_t N = c.weights.shape[nAt];
+  const int64_t N = c.weights.shape[at.n];
   r[grouped_gemm::weights] = check(
       c.weights,
       {"weights", s.dtype, fp8 ? std::vector<int64_t>{L, N, K} : std::vector<int64_t>{L, K, N}},

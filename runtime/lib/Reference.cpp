@@ -763,8 +763,8 @@ std::vector<std::string> epic::runtime::checkGroupedGemm(const EPSpec &spec,
   for (size_t r = 0; r < ranks.size(); ++r) {
     const GemmRecord &g = ranks[r];
     const bool fp8 = !g.xScales.data.empty();
-    // K: the rows' width; N: BF16 weights [L, K, N], FP8 [L, N, K].
-    const int64_t K = g.x.shape.at(1), N = g.weights.shape.at(fp8 ? 1 : 2);
+    // K: the rows' width.
+    const int64_t K = g.x.shape.at(1), N = g.weights.shape.at(gemmWeightsLayout(fp8).n);
     std::vector<double> x = decode(g.x), weights = decode(g.weights);
     if (fp8) { // dequantized: rows per 128 channels, weights per 128 x 128 block
       const std::vector<double> xs = decode(g.xScales), ws = decode(g.weightScales);

@@ -39,8 +39,7 @@ KernelHost::Plan KernelHost::planGroupedGemm(const EPSpec &spec,
       recordsOf(calls, [&](const GroupedGemmCall &call) { return groupedGemmRecord(spec, call); });
   checkRanksAgree(calls, "the weights' shape or the output dtype", gemmOperands);
   const GroupedGemmCall &first = calls.front();
-  // N: bf16 weights are [L, H, N], FP8 weights [L, N, H].
-  const int64_t n = first.weights.shape[spec.isFP8() ? 1 : 2];
+  const int64_t n = first.weights.shape[gemmWeightsLayout(spec.isFP8()).n];
   return plan(groupedGemmRequest(spec, n, first.out.dtype, "", first.x.shape[1]), records, blocks,
               stream, std::move(slotNames));
 }

@@ -120,17 +120,6 @@ def check_decision(buffer, pair, mode):
     assert ("fused" in decision["why"]) and ("two steps" in decision["why"])
 
 
-def expert_rows(handle, L, alignment):
-    """[(start, end)] of each local expert's rows in the expanded layout."""
-    psum = handle.psum_num_recv_tokens_per_expert.tolist()
-    rows, previous = [], 0
-    for e in range(L):
-        start = (previous + alignment - 1) // alignment * alignment
-        rows.append((start, psum[e]))
-        previous = psum[e]
-    return rows
-
-
 @pytest.mark.parametrize("ranks, experts, hidden, n, tokens, alignment", CONFIGS)
 def test_grouped_gemm_matches_torch_per_expert(ranks, experts, hidden, n, tokens, alignment):
     g = torch.Generator(device="cuda").manual_seed(hidden + ranks)
@@ -151,7 +140,7 @@ def test_grouped_gemm_matches_torch_per_expert(ranks, experts, hidden, n, tokens
     for r in range(ranks):
         assert out16[r].dtype == torch.bfloat16 and out16[r].shape == (recv[r].shape[0], n)
         covered = torch.zeros(recv[r].shape[0], dtype=torch.bool, device="cuda")
-        for e, (start, end) in enumerate(expert_rows(handles[r], L, alignment)):
+        for e, (start, end) in enumerate(ep_bench.expert_rows(handles[r], L, alignment)):
             if end == start:
                 continue
             want = recv[r][start:end].float() @ ws[r][e].float()
@@ -195,7 +184,7 @@ def test_fp8_grouped_gemm_matches_the_dequantized_product(ranks, experts, hidden
         x = ep_bench.dequantize_blocks(rows, row_scales, 1)
         w = ep_bench.dequantize_blocks(*ws[r], SCALE_BLOCK)
         covered = torch.zeros(rows.shape[0], dtype=torch.bool, device="cuda")
-        for e, (start, end) in enumerate(expert_rows(handles[r], L, SCALE_BLOCK)):
+        for e, (start, end) in enumerate(ep_bench.expert_rows(handles[r], L, SCALE_BLOCK)):
             if end == start:
                 continue
             want = x[start:end] @ w[e].T
@@ -250,7 +239,7 @@ def test_fp8_expert_mlp_step_by_step():
         assert down[r].shape == (recv[r][0].shape[0], hidden)
         x = ep_bench.dequantize_blocks(*recv[r], 1)
         a = ep_bench.dequantize_blocks(act[0][r], act[1][r], 1)
-        for e, (start, end) in enumerate(expert_rows(handles[r], L, SCALE_BLOCK)):
+        for e, (start, end) in enumerate(ep_bench.expert_rows(handles[r], L, SCALE_BLOCK)):
             if end == start:
                 continue
             want13 = x[start:end] @ ep_bench.dequantize_blocks(*w13[r], SCALE_BLOCK)[e].T
@@ -312,7 +301,7 @@ def test_a_rank_that_received_nothing():
     torch.cuda.synchronize()
     assert sum(handles[1].num_recv_tokens_per_expert_list) == 0
     assert out[1].shape[0] == recv[1].shape[0] and not out[1].any()
-    start, end = expert_rows(handles[0], L, alignment)[0]
+    start, end = ep_bench.expert_rows(handles[0], L, alignment)[0]
     assert end > start
     torch.testing.assert_close(out[0][start:end],
                                (recv[0][start:end].float() @ ws[0][0].float()).to(torch.bfloat16),
@@ -389,7 +378,7 @@ def test_fused_dispatch_gemm_equals_the_two_steps(ranks, experts, hidden, n, tok
             plain_handles[r].num_recv_tokens_per_expert_list
         assert torch.equal(fused[r].view(torch.int16), separate[r].view(torch.int16)), \
             f"rank {r}: the fused GEMM differs from the grouped GEMM of the same rows"
-        for e, (start, end) in enumerate(expert_rows(handles[r], L, alignment)):
+        for e, (start, end) in enumerate(ep_bench.expert_rows(handles[r], L, alignment)):
             mine = recv[r][start:end].view(torch.int16).sort(0).values
             theirs = plain[r][start:end].view(torch.int16).sort(0).values
             assert torch.equal(mine, theirs), f"rank {r} expert {e}: rows differ"

@@ -416,10 +416,11 @@ struct GroupedGemmOpLowering : KernelOpLowering<ep::GroupedGemmOp> {
     KernelPlan plan(gemm, gemm.getConfig(), entry, epic::detail::kGemmThreads);
     ep::ConfigAttr cfg = plan.cfg;
     auto lhs = cast<ShapedType>(gemm.getLhs().getType());
-    auto rhs = cast<ShapedType>(gemm.getRhs().getType());
-    FailureOr<epic::detail::GroupedGemmShape> checked = gemmShapeOf(
-        gemm, cfg, rhs.getDimSize(gemm.getLhsScales() ? 1 : 2), lhs.getElementType(),
-        cast<ShapedType>(gemm.getResult().getType()).getElementType(), lhs.getDimSize(1));
+    // N: the result's columns (the verifier ties them to the weights, whatever their layout).
+    auto out = cast<ShapedType>(gemm.getResult().getType());
+    FailureOr<epic::detail::GroupedGemmShape> checked =
+        gemmShapeOf(gemm, cfg, out.getDimSize(1), lhs.getElementType(), out.getElementType(),
+                    lhs.getDimSize(1));
     if (failed(checked))
       return failure();
     epic::detail::GroupedGemmShape shape = *checked;

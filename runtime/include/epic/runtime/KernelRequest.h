@@ -79,6 +79,15 @@ struct GemmVariant {
   int64_t k = 0;                 ///< the rows' width; 0: the hidden size
 };
 
+/// Where K and N lie in the grouped GEMM's [L, ., .] weights: bf16/f16 [L, K, N] (N
+/// contiguous), FP8 [L, N, K] (K contiguous: FP8 tensor cores read B K-major).
+struct GemmWeightsLayout {
+  size_t k, n;
+};
+constexpr GemmWeightsLayout gemmWeightsLayout(bool fp8) {
+  return fp8 ? GemmWeightsLayout{2, 1} : GemmWeightsLayout{1, 2};
+}
+
 /// What a request asks for (KernelRequest.def): one ep op, or a pair the
 /// compiler fuses.
 enum class KernelKind {
