@@ -80,6 +80,22 @@ def compile_size(args, tokens):
                                 "dispatch")["key"])
     for out in ("bf16", "f32"):
         keys.append(runtime.kernels(fp8, dict(n=args.n, out_dtype=out), "grouped_gemm")["key"])
+    # The SwiGLU between an expert's GEMMs on those rows: the compiled op and the DSL kernel
+    # (which specializes on whether the row count is a multiple of 16: both).
+    keys.append(runtime.kernels(fp8, dict(n=args.intermediate, in_dtype="bf16",
+                                          out_dtype="f8E4M3FN"), "swiglu")["key"])
+    import numpy as np
+
+    from epic import _tensors as T
+    from epic.activations import _swiglu_fp8
+
+    inter = args.intermediate
+    for rows in (256, 200):
+        _swiglu_fp8.compile([np.zeros((rows, 2 * inter), T.numpy_dtype("bf16"))] * args.ranks,
+                            [np.zeros((rows, inter), T.numpy_dtype("f8E4M3FN"))] * args.ranks,
+                            [np.zeros((rows, inter // SCALE_BLOCK), np.float32)] * args.ranks,
+                            [rows] * args.ranks, INTER=inter, backend="virtual", abi="runtime",
+                            ranks=args.ranks)
     return keys
 
 
@@ -158,8 +174,61 @@ def measure_fp8(args, T, buffers):
         del x, w
     del got
     kernel_s = timer.kernels(fp8_gemm, (KERNEL,), buffer)[KERNEL]
+    swiglu = None if args.no_swiglu else measure_swiglu(torch, args, timer, buffer, recv,
+                                                        handles)
     return dict(kernel_s=kernel_s, wall_s=timer.wall(fp8_gemm), max_relative_error=worst,
-                equal=bool(worst < 1e-2))
+                equal=bool(worst < 1e-2), swiglu=swiglu)
+
+
+def measure_swiglu(torch, args, timer, buffer, recv, handles):
+    """The SwiGLU + FP8 re-quant between an expert's GEMMs at V3's intermediate size, on the
+    FP8 dispatch's rows (gate/up rows [rows, 2I] bf16): the compiled ep.swiglu
+    (ElasticBuffer.swiglu), the DSL kernel (epic.activations.swiglu_fp8, the same math) and
+    torch (silu, block amax, cast) over every rank's rows in one call. Checked first against
+    torch; kernel time excludes the outputs' memsets. The floor: the expert rows' bytes (2I
+    bf16 read, I e4m3 and I / 128 f32 written) over the copy bandwidth."""
+    from epic.activations import swiglu_fp8
+
+    R, L, inter = args.ranks, args.experts // args.ranks, args.intermediate
+    g = torch.Generator(device="cuda").manual_seed(17)
+    gate_up = [torch.randn((x.shape[0], 2 * inter), generator=g, device="cuda",
+                           dtype=torch.bfloat16) for x, _ in recv]
+    every_row = torch.cat(gate_up)
+    expert_rows = [ep_bench.expert_rows(h, L, ALIGNMENT) for h in handles]
+    rows = sum(end - start for rr in expert_rows for start, end in rr)
+
+    def torch_swiglu():
+        gate, up = every_row.float().chunk(2, dim=1)
+        blocks = (torch.nn.functional.silu(gate) * up).unflatten(1, (-1, SCALE_BLOCK))
+        scale = blocks.abs().amax(dim=2, keepdim=True).clamp(min=1e-4) / 448
+        return (blocks / scale).to(torch.float8_e4m3fn).flatten(1), scale.squeeze(2)
+
+    def epic_op():
+        return buffer.swiglu(gate_up, handles)
+
+    def dsl():
+        return swiglu_fp8(gate_up, buffer=buffer)
+
+    got, ok = epic_op(), True
+    torch.cuda.synchronize()
+    for r in range(R):
+        for start, end in expert_rows[r]:
+            if end > start:
+                gate, up = gate_up[r][start:end].float().chunk(2, dim=1)
+                y = torch.nn.functional.silu(gate) * up
+                scale = y.unflatten(1, (-1, SCALE_BLOCK)).abs().amax(dim=2).clamp(min=1e-4) / 448
+                ok &= bool(torch.allclose(got[r][1][start:end], scale, rtol=1e-5, atol=0))
+                q = ep_bench.dequantize_blocks(got[r][0][start:end], got[r][1][start:end], 1)
+                ok &= bool(((q - y).abs() <= y.abs() * 2.0 ** -4 * 1.001
+                            + scale.repeat_interleave(SCALE_BLOCK, 1) * 2.0 ** -9).all())
+    del got
+    times = {name: all_kernels_time(torch, timer, fn)
+             for name, fn in (("op", epic_op), ("dsl", dsl), ("torch", torch_swiglu))}
+    walls = dict(zip(("op", "dsl", "torch"), timer.walls([epic_op, dsl, torch_swiglu])))
+    nbytes = rows * (2 * inter * 2 + inter + inter // SCALE_BLOCK * 4)
+    return dict(rows=rows, bytes=nbytes, equal=ok, kernel_s=times, wall_s=walls,
+                floor_s=nbytes / args.copy_bandwidth if args.copy_bandwidth else None,
+                op_x_torch=times["torch"] / times["op"], op_x_dsl=times["dsl"] / times["op"])
 
 
 def measure_size(args, T, buffers):
@@ -349,6 +418,16 @@ def report_size(args, result):
               f"{f8['wall_s'] * 1e3:.3f} ms), {f8['x_bf16']:.2f}x BF16; equal to the "
               f"dequantized product: {f8['equal']} (max relative error "
               f"{f8['max_relative_error']:.2e})")
+    sw = (f8 or {}).get("swiglu")
+    if sw:
+        k, w = sw["kernel_s"], sw["wall_s"]
+        floor = f", floor {sw['floor_s'] * 1e6:.1f} us" if sw["floor_s"] else ""
+        print(f"  SwiGLU + FP8 ({sw['rows']} rows x {args.intermediate}, "
+              f"{sw['bytes'] / 1e9:.2f} GB{floor}): ep.swiglu {k['op'] * 1e6:.1f} us "
+              f"({sw['bytes'] / k['op'] / 1e9:.0f} GB/s, wall {w['op'] * 1e6:.1f}), DSL "
+              f"{k['dsl'] * 1e6:.1f} us (wall {w['dsl'] * 1e6:.1f}), torch {k['torch'] * 1e6:.1f}"
+              f" us (wall {w['torch'] * 1e6:.1f}); op / torch {sw['op_x_torch']:.2f}x; "
+              f"equal: {sw['equal']}")
     print(f"  epic / cuBLAS throughput: {result['epic_over_cublas']:.2f}; results equal: "
           f"{result['equal']} (max relative error {result['max_relative_error']:.2e}); fused "
           f"results bitwise the two steps': {result['fused_equal']}")
@@ -378,6 +457,9 @@ def main():
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--no-fp8", action="store_true", help="skip the FP8 grouped GEMM")
+    parser.add_argument("--intermediate", type=int, default=2048,
+                        help="the expert MLP's intermediate size I (the SwiGLU's width)")
+    parser.add_argument("--no-swiglu", action="store_true", help="skip the SwiGLU measurement")
     parser.add_argument("--gemm-only", action="store_true",
                         help="the grouped GEMMs (BF16, FP8, cuBLAS) only, not the fusible pairs")
     parser.add_argument("--once", action="store_true",
@@ -389,6 +471,9 @@ def main():
         return 0
     import torch
 
+    # The SwiGLU's floor (read + write bytes at the copy bandwidth).
+    args.copy_bandwidth = None if args.no_swiglu or args.no_fp8 else ep_bench.copy_roofline(torch)
+    torch.cuda.empty_cache()
     sizes, skipped = [], []
     for tokens in args.tokens:
         try:
@@ -430,6 +515,7 @@ def main():
         print("gemm_bench: skipped (out of memory): "
               + ", ".join(str(s["tokens"]) for s in skipped))
     return 0 if all(s["equal"] and s["fused_equal"] and s.get("fp8", {}).get("equal", True)
+                    and ((s.get("fp8") or {}).get("swiglu") or {}).get("equal", True)
                     for s in sizes) and not skipped else 1
 
 

@@ -284,3 +284,62 @@ def grouped_gemm(b, x, weights, handle, out_dtype, num_sms):
     out, _ = _run(b, key, "grouped_gemm", spec, {}, pairs, num_sms, make_outputs,
                   (None, False, False), zero=("out",))
     return b._ranks_out([o["out"] for o in out.per_rank])
+
+
+_SWIGLU_IN = ("bf16", "f16", "f32")
+_SWIGLU_OUT = {name: FP8_GEMM_DTYPE for name in ("float8_e4m3fn", FP8_GEMM_DTYPE, "fp8")}
+
+
+def swiglu(b, gate_up, handle, out_dtype, weights, num_sms):
+    _check_int("num_sms", num_sms, 0)
+    if handle is None:
+        raise ValueError("handle: required (the EPHandle of the expanded dispatch)")
+    handles = b._handles("handle", handle)
+    if not handles[0].do_expand:
+        raise ValueError("handle: swiglu needs an expanded dispatch (do_expand=True): one row "
+                         "per (token, local expert) pair, grouped by expert")
+    xs = b._per_rank("gate_up", gate_up)
+    for r, (xr, hd) in enumerate(zip(xs, handles)):
+        b._dtype(xr, "gate_up", r, allowed=_SWIGLU_IN)
+        rows = hd.num_expanded_tokens
+        if len(xr.shape) != 2 or xr.shape[0] != rows or xr.shape[1] % (2 * 128) or not xr.shape[1]:
+            raise ValueError(f"{b._name('gate_up', r)}: expected [{rows}, 2 I] (the gate/up "
+                             "GEMM's output on the dispatch's rows, gate columns then up, I a "
+                             f"multiple of 128), got {T.describe(xr)}")
+    h0 = handles[0]
+    # By default the down GEMM's rows: FP8 after an FP8 dispatch, else gate_up's dtype.
+    if out_dtype is None:
+        out_name = FP8_GEMM_DTYPE if h0._dtype == FP8_GEMM_DTYPE else T.dtype_name(xs[0])
+    else:
+        out_name = _SWIGLU_OUT.get(str(out_dtype).replace("torch.", ""))
+        if out_name is None:
+            try:
+                out_name = _gemm_dtype(out_dtype, None)
+            except TypeError:
+                raise TypeError("out_dtype: float8_e4m3fn, bf16, f16 or float32, got "
+                                f"{out_dtype!r}") from None
+    fp8 = out_name == FP8_GEMM_DTYPE
+    inter = xs[0].shape[1] // 2
+    spec = _spec(b, h0, h0.topk_idx.shape[1], expand=True)
+    variant = {"n": inter, "in_dtype": T.dtype_name(xs[0]), "out_dtype": out_name}
+    pairs = [[("gate_up", xs[r]),
+              ("psum_num_recv_tokens_per_expert", hd._full["psum_num_recv_tokens_per_expert"])]
+             for r, hd in enumerate(handles)]
+    if weights is not None:  # one weight per row (the runtime checks the shape)
+        for r, w in enumerate(b._per_rank("weights", weights)):
+            b._dtype(w, "weights", r, allowed=("f32",))
+            pairs[r].append(("weights", w))
+    key = _key("swiglu", num_sms, out_name, pairs, handles)
+
+    def make_outputs():
+        return [b._allocate([("out", out_name, (xr.shape[0], inter))]
+                            + ([("scales", "f32", (xr.shape[0], inter // 128))] if fp8 else []),
+                            like=xr)
+                for xr in xs]
+
+    # Padding rows are zero, as the grouped GEMM's: every call zeroes the outputs.
+    out, _ = _run(b, key, "swiglu", spec, variant, pairs, num_sms, make_outputs,
+                  (None, False, False), zero=("out", "scales") if fp8 else ("out",))
+    if fp8:
+        return b._ranks_out([(o["out"], o["scales"]) for o in out.per_rank])
+    return b._ranks_out([o["out"] for o in out.per_rank])

@@ -966,6 +966,23 @@ class ElasticBuffer(AgrsMethods, EngramMethods, PpMethods):
         """
         return _combine.grouped_gemm(self, x, weights, handle, out_dtype, num_sms)
 
+    def swiglu(self, gate_up, handle, out_dtype=None, weights=None, num_sms: int = 0):
+        """epic: the activation between an expert MLP's two GEMMs (``ep.swiglu``).
+
+        ``gate_up`` is the gate/up GEMM's output on an expanded dispatch's rows
+        (``[rows, 2 I]``, gate columns then up, bf16 / f16 / float32, I a multiple of 128),
+        ``handle`` the dispatch's. Every expert row gets ``y = silu(gate) * up`` in float32.
+        ``out_dtype`` float8_e4m3fn (the default after an FP8 dispatch) returns ``(out,
+        scales)``: ``out = y / scale`` in e4m3 with one float32 ``scale = max(amax |y|, 1e-4) /
+        448`` per row and 128 channels, the rows the FP8 ``grouped_gemm`` takes as ``x``;
+        bf16, f16 or float32 (the default otherwise: gate_up's) returns ``y`` rounded once.
+        ``weights`` (float32 ``[rows]``, e.g. the dispatch's ``recv_topk_weights``) multiplies
+        each row's ``y`` first: a MoE layer's routing weights, applied before the (linear) down
+        GEMM instead of to its output. Padding rows are zero. One kernel, nothing waits; runs
+        on the current stream. Returns a list in a virtual world.
+        """
+        return _combine.swiglu(self, gate_up, handle, out_dtype, weights, num_sms)
+
     def __del__(self):
         if not getattr(self, "explicitly_destroy", True):
             try:

@@ -3,9 +3,9 @@ step by step (the reference path the fused kernels are measured against):
 
     FP8 dispatch (expanded rows, 128-row expert alignment)
       -> gate/up grouped GEMM (e4m3 x e4m3, block scales, bf16 out, N = 2I)
-      -> SwiGLU + FP8 re-quant (epic.activations.swiglu_fp8)
+      -> SwiGLU times each row's routing weight, FP8 re-quant (ElasticBuffer.swiglu, the
+         compiler's ep.swiglu)
       -> down grouped GEMM (K = I, N = hidden)
-      -> each row times its routing weight
       -> combine (bf16, summed at the token's origin)
 
     y = moe_layer_fp8(buffer, (x_fp8, x_scales), topk_idx, topk_weights,
@@ -15,46 +15,49 @@ step by step (the reference path the fused kernels are measured against):
 FP8 dispatch input); ``w13`` e4m3 ``[E / R, 2I, hidden]`` (gate rows, then up rows) and ``w2``
 e4m3 ``[E / R, hidden, I]``, each with float32 scales per 128 x 128 block; in a virtual world
 every argument but ``num_experts`` is a list with one entry per rank. The combine sums
-unweighted (DeepEP's contract), so the routing weights are applied to the down GEMM's rows
-first, in float32, rounded once to bf16.
+unweighted (DeepEP's contract), so the routing weights multiply each row's activations in the
+SwiGLU (in float32, before the FP8 cast): the down GEMM is linear, so its rows come out
+weighted.
 """
 
 from __future__ import annotations
 
 from . import _tensors as T
-from .activations import SCALE_BLOCK, swiglu_fp8
+from .activations import SCALE_BLOCK
 
 __all__ = ["expert_mlp_fp8", "moe_layer_fp8"]
 
 
-def expert_mlp_fp8(buffer, recv_x, w13, w2, handle):
+def expert_mlp_fp8(buffer, recv_x, w13, w2, handle, weights=None):
     """The experts' MLP on an FP8 expanded dispatch's rows: ``recv_x`` the dispatch's
     ``(recv_x, recv_x_scales)``, ``w13`` / ``w2`` as in the module's docstring, ``handle`` the
-    dispatch's. Returns the down GEMM's bf16 rows ``[rows, hidden]`` (padding rows zero)."""
+    dispatch's; ``weights`` (float32 ``[rows]``, the dispatch's ``recv_topk_weights``)
+    multiply each row's activations (so its output). Returns the down GEMM's bf16 rows
+    ``[rows, hidden]`` (padding rows zero)."""
     w13s, w2s = buffer._per_rank("w13", w13), buffer._per_rank("w2", w2)
     for r, (a, b) in enumerate(zip(w13s, w2s)):
         _check_mlp_weights(buffer._name("w13", r), a, buffer._name("w2", r), b)
     gate_up = buffer.grouped_gemm(recv_x, w13, handle, out_dtype="bf16")
-    out, scales = swiglu_fp8(gate_up, buffer=buffer)
-    rows = list(zip(out, scales)) if buffer.virtual else (out, scales)
+    rows = buffer.swiglu(gate_up, handle, out_dtype="float8_e4m3fn", weights=weights)
     return buffer.grouped_gemm(rows, w2, handle, out_dtype="bf16")
 
 
-def moe_layer_fp8(buffer, x, topk_idx, topk_weights, w13, w2, num_experts, num_sms=0):
+def moe_layer_fp8(buffer, x, topk_idx, topk_weights, w13, w2, num_experts, num_sms=0,
+                  do_cpu_sync=None):
     """The whole layer (module docstring). Returns the combined bf16 ``[T, hidden]`` (a list
-    in a virtual world)."""
+    in a virtual world). ``do_cpu_sync=False``: the dispatch returns worst-case-sized rows
+    instead of waiting for the host to learn their count, so the layer can be captured in a
+    CUDA graph (every later step works on the handle's rows only)."""
     if topk_weights is None:
         raise ValueError("topk_weights: the layer weights each expert's rows by them; pass "
                          "the router's float32 [T, top-k] weights")
     recv, _, recv_weights, handle, _ = buffer.dispatch(
         x, topk_idx, topk_weights, num_experts=num_experts, do_expand=True,
-        expert_alignment=SCALE_BLOCK, num_sms=num_sms)
-    down = expert_mlp_fp8(buffer, recv, w13, w2, handle)
-    downs = down if buffer.virtual else [down]
-    weights = recv_weights if buffer.virtual else [recv_weights]
-    weighted = [(d.float() * w[:, None]).to(d.dtype) for d, w in zip(downs, weights)]
-    combined, _, _ = buffer.combine(weighted if buffer.virtual else weighted[0], handle,
-                                    num_sms=num_sms)
+        expert_alignment=SCALE_BLOCK, num_sms=num_sms, do_cpu_sync=do_cpu_sync)
+    # The routing weights scale each row's activations inside the SwiGLU (the down GEMM is
+    # linear): no pass over the down GEMM's (worst-case-sized) rows.
+    down = expert_mlp_fp8(buffer, recv, w13, w2, handle, weights=recv_weights)
+    combined, _, _ = buffer.combine(down, handle, num_sms=num_sms)
     return combined
 
 

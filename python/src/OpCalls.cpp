@@ -69,6 +69,10 @@ const std::vector<Slot<GroupedGemmCall>> kGroupedGemmSlots = {
     EPIC_SLOT(GroupedGemmCall, "psum_num_recv_tokens_per_expert", psumNumRecvTokensPerExpert),
     EPIC_SLOT(GroupedGemmCall, "x_scales", xScales),
     EPIC_SLOT(GroupedGemmCall, "weight_scales", weightScales)};
+const std::vector<Slot<SwigluCall>> kSwigluSlots = {
+    EPIC_SLOT(SwigluCall, "gate_up", gateUp), EPIC_SLOT(SwigluCall, "out", out),
+    EPIC_SLOT(SwigluCall, "psum_num_recv_tokens_per_expert", psumNumRecvTokensPerExpert),
+    EPIC_SLOT(SwigluCall, "scales", scales), EPIC_SLOT(SwigluCall, "weights", weights)};
 const std::vector<Slot<LayoutCall>> kLayoutSlots = {
     EPIC_SLOT(LayoutCall, "topk_idx", topkIdx),
     EPIC_SLOT(LayoutCall, "num_tokens_per_rank", numTokensPerRank),
@@ -288,6 +292,9 @@ KernelRequest requestFrom(const std::string &kind, const py::dict &spec, const p
     return groupedGemmRequest(s, field<int64_t>(variant, "n"),
                               field<std::string>(variant, "out_dtype"), "",
                               field<int64_t>(variant, "k", int64_t(0)));
+  case KernelKind::swiglu:
+    return swigluRequest(s, field<int64_t>(variant, "n"), field<std::string>(variant, "in_dtype"),
+                         field<std::string>(variant, "out_dtype"));
   case KernelKind::dispatchGemm:
     return dispatchGemmRequest(s, dispatchVariantFrom(variant), field<int64_t>(variant, "n"),
                                field<std::string>(variant, "out_dtype"));
@@ -357,6 +364,14 @@ py::object planOrCheck(KernelHost *host, const std::string &kind, const py::dict
     return check(
         c, [&](const GroupedGemmCall &call) { return groupedGemmRecord(s, call); },
         [&] { checkRanksAgree(c, "the weights' shape or the output dtype", gemmOperands); });
+  }
+  case KernelKind::swiglu: {
+    auto c = callsFrom(calls, kSwigluSlots, offDevice);
+    if (host)
+      return plan([&] { return host->planSwiglu(s, c, blocks, stream, slotNames(kSwigluSlots)); });
+    return check(
+        c, [&](const SwigluCall &call) { return swigluRecord(s, call); },
+        [&] { checkRanksAgree(c, "the gate/up widths or the dtypes", swigluOperands); });
   }
   case KernelKind::dispatchGemm: {
     DispatchVariant v = dispatchVariantFrom(variant);
@@ -465,6 +480,8 @@ std::vector<std::string> slotNamesOf(const std::string &kind) {
     return slotNames(kCombineSlots);
   if (kind == "grouped_gemm")
     return slotNames(kGroupedGemmSlots);
+  if (kind == "swiglu")
+    return slotNames(kSwigluSlots);
   if (kind == "dispatch_gemm")
     return slotNames(kDispatchGemmSlots);
   if (kind == "gemm_combine")

@@ -21,6 +21,7 @@ namespace combine = epic::ep::records::combine;
 namespace grouped_gemm = epic::ep::records::grouped_gemm;
 namespace layout = epic::ep::records::layout;
 namespace engram = epic::ep::records::engram;
+namespace swiglu = epic::ep::records::swiglu;
 namespace ll_dispatch = epic::ep::records::ll_dispatch;
 namespace ll_combine = epic::ep::records::ll_combine;
 // putHandle fills the fields the dispatch and combine records share.
@@ -388,6 +389,41 @@ ParamRecord epic::runtime::groupedGemmRecord(const EPSpec &s, const GroupedGemmC
   r[grouped_gemm::psum_num_recv_tokens_per_expert] =
       check(c.psumNumRecvTokensPerExpert, {"handle.psum_num_recv_tokens_per_expert", "i32", {L}});
   r[grouped_gemm::num_rows] = uint64_t(c.x.shape[0]);
+  return r;
+}
+
+ParamRecord epic::runtime::swigluRecord(const EPSpec &s, const SwigluCall &c) {
+  s.validate();
+  if (!s.expanded)
+    fail("swiglu needs an expanded dispatch's rows (one per (token, local expert) pair)");
+  const int64_t L = s.experts / s.ranks, block = 128;
+  const std::string &in = c.gateUp.dtype, &out = c.out.dtype;
+  if (c.gateUp.given() && in != "bf16" && in != "f16" && in != "f32")
+    fail("gate_up must be bf16, f16 or f32 (the gate/up GEMM's output), got " + in);
+  ParamRecord r;
+  r[swiglu::gate_up] = check(c.gateUp, {"gate_up", in, {-1, -1}}, true);
+  const int64_t rows = c.gateUp.shape[0], width = c.gateUp.shape[1];
+  if (width < 1 || width % (2 * block))
+    fail("gate_up has " + std::to_string(width) +
+         " columns: the gate then the up columns of 128-channel blocks, a positive multiple of "
+         "256");
+  if (rows > receiveRows(s))
+    fail("gate_up has " + std::to_string(rows) + " rows, more than a dispatch can receive (" +
+         std::to_string(receiveRows(s)) + ")");
+  if (out != "bf16" && out != "f16" && out != "f32" && out != "f8E4M3FN")
+    fail("out must be bf16, f16, f32 or f8E4M3FN, got " + out);
+  const int64_t inter = width / 2;
+  r[swiglu::out] = check(c.out, {"out", out, {rows, inter}}, true);
+  if (out == "f8E4M3FN")
+    r[swiglu::scales] = check(c.scales, {"scales", "f32", {rows, inter / block}});
+  else
+    forbid(c.scales, "scales", "block scales come with FP8 results only; out is " + out);
+  r[swiglu::psum_num_recv_tokens_per_expert] =
+      check(c.psumNumRecvTokensPerExpert, {"handle.psum_num_recv_tokens_per_expert", "i32", {L}});
+  r[swiglu::num_rows] = uint64_t(rows);
+  // Optional: a null field is weight 1 (the kernel reads the record, one kernel for both).
+  if (c.weights.given())
+    r[swiglu::weights] = check(c.weights, {"weights", "f32", {rows}});
   return r;
 }
 

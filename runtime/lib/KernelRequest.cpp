@@ -82,7 +82,10 @@ void requireGemmRows(const EPSpec &spec, const std::string &entry, bool fp8 = fa
 }
 
 /// The GEMM's N and output type; `gemmName` names the GEMM ("grouped_gemm's").
-void requireGemmShape(const GemmVariant &gemm, const std::string &gemmName) {
+void requireGemmShape(const EPSpec &spec, const GemmVariant &gemm, const std::string &gemmName) {
+  require(gemm.inDtype == spec.dtype, gemmName + " rows are the configuration's " + spec.dtype +
+                                          ": gemm.in_dtype must say so, got \"" + gemm.inDtype +
+                                          "\"");
   require(gemm.n > 0, gemmName + " N must be positive, got " + dim(gemm.n));
   require(gemm.k >= 0, gemmName + " K must be positive (0: the hidden size), got " + dim(gemm.k));
   require(gemm.outDtype == "bf16" || gemm.outDtype == "f16" || gemm.outDtype == "f32",
@@ -197,16 +200,34 @@ void KernelRequest::validate() const {
     break;
   case KernelKind::groupedGemm:
     requireGemmRows(spec, "grouped_gemm", /*fp8=*/true);
-    requireGemmShape(gemm, "grouped_gemm's");
+    requireGemmShape(spec, gemm, "grouped_gemm's");
     break;
   case KernelKind::dispatchGemm:
     require(!d.cached, "the fused dispatch + GEMM routes tokens: it cannot be a cached dispatch");
     requireGemmRows(spec, "the fused dispatch + GEMM");
-    requireGemmShape(gemm, "the expert GEMM's");
+    requireGemmShape(spec, gemm, "the expert GEMM's");
     require(gemm.k == 0, "the fused dispatch + GEMM multiplies the dispatch's rows: gemm.k must "
                          "be 0 (the hidden size), got " +
                              dim(gemm.k));
     break;
+  case KernelKind::swiglu: {
+    require(spec.expanded, "swiglu runs on an expanded dispatch's rows (one per (token, local "
+                           "expert) pair): the configuration's layout is plain");
+    require(gemm.n > 0 && gemm.n % 128 == 0,
+            "swiglu's intermediate size (gemm.n) must be a positive multiple of 128, got " +
+                dim(gemm.n));
+    require(gemm.k == 2 * gemm.n, "swiglu's gate/up rows (gemm.k) are twice its intermediate "
+                                  "size (gemm.n = " +
+                                      dim(gemm.n) + "), got " + dim(gemm.k));
+    require(gemm.inDtype == "bf16" || gemm.inDtype == "f16" || gemm.inDtype == "f32",
+            "swiglu's gate/up rows (gemm.in_dtype) must be bf16, f16 or f32, got \"" +
+                gemm.inDtype + "\"");
+    const std::string &out = gemm.outDtype;
+    require(out == "bf16" || out == "f16" || out == "f32" || out == "f8E4M3FN",
+            "swiglu's result (gemm.out_dtype) must be bf16, f16, f32 or f8E4M3FN, got \"" + out +
+                "\"");
+    break;
+  }
   case KernelKind::dispatchLayout:
     require(!d.cached && !d.weights && !d.zeroPadding,
             "dispatch_layout counts a routing table: its dispatch section holds topk_idx_bits "
@@ -349,7 +370,15 @@ KernelRequest epic::runtime::groupedGemmRequest(const EPSpec &spec, int64_t n,
                                                 const std::string &outDtype, std::string name,
                                                 int64_t k) {
   KernelRequest r = request(KernelKind::groupedGemm, spec, std::move(name));
-  r.gemm = {n, outDtype, k == spec.hidden ? 0 : k};
+  r.gemm = {n, outDtype, k == spec.hidden ? 0 : k, spec.dtype};
+  return validated(std::move(r));
+}
+
+KernelRequest epic::runtime::swigluRequest(const EPSpec &spec, int64_t inter,
+                                           const std::string &inDtype, const std::string &outDtype,
+                                           std::string name) {
+  KernelRequest r = request(KernelKind::swiglu, spec, std::move(name));
+  r.gemm = {inter, outDtype, 2 * inter, inDtype};
   return validated(std::move(r));
 }
 
@@ -358,7 +387,7 @@ KernelRequest epic::runtime::dispatchGemmRequest(const EPSpec &spec, const Dispa
                                                  std::string name) {
   KernelRequest r = request(KernelKind::dispatchGemm, spec, std::move(name));
   r.dispatch = variant;
-  r.gemm = {n, outDtype};
+  r.gemm = {n, outDtype, 0, spec.dtype};
   return validated(std::move(r));
 }
 

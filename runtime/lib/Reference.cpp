@@ -2,6 +2,8 @@
 
 #include "epic/runtime/Reference.h"
 
+#include "ReferenceChecks.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -11,6 +13,7 @@
 #include <unordered_map>
 
 using namespace epic::runtime;
+using namespace epic::runtime::checks;
 
 //===----------------------------------------------------------------------===//
 // Elements
@@ -188,33 +191,6 @@ double HostTensor::at(int64_t i) const {
 
 namespace {
 
-/// Collects at most `limit` problems; more are counted, not kept.
-struct Problems {
-  size_t limit;
-  std::vector<std::string> list;
-  size_t more = 0;
-  bool add(const std::string &text) {
-    if (list.size() < limit)
-      list.push_back(text);
-    else
-      ++more;
-    return false;
-  }
-  std::vector<std::string> result() {
-    if (more)
-      list.push_back("... and " + std::to_string(more) + " more");
-    return std::move(list);
-  }
-};
-
-struct World {
-  int64_t R, E, L, K, Tmax, A;
-  explicit World(const EPSpec &s)
-      : R(s.ranks), E(s.experts), L(s.experts / s.ranks), K(s.topk), Tmax(s.maxTokensPerRank),
-        A(s.expertAlignment) {}
-  int64_t align(int64_t n) const { return (n + A - 1) / A * A; }
-};
-
 int64_t topk(const DispatchRecord &r, int64_t t, int64_t j, int64_t K) {
   return r.topkIdx.as<int64_t>()[t * K + j];
 }
@@ -223,21 +199,12 @@ bool rowsEqual(const HostTensor &a, int64_t i, const HostTensor &b, int64_t j) {
   return a.rowBytes() == b.rowBytes() && std::memcmp(a.row(i), b.row(j), a.rowBytes()) == 0;
 }
 
-bool rowIsZero(const HostTensor &a, int64_t i) {
-  const uint8_t *p = a.row(i);
-  return std::all_of(p, p + a.rowBytes(), [](uint8_t b) { return b == 0; });
-}
-
 /// Expert starts of a destination: plain and expanded share the aligned counts.
 std::vector<int64_t> expertStarts(const World &w, const std::vector<int64_t> &counts) {
   std::vector<int64_t> starts(w.L, 0);
   for (int64_t e = 1; e < w.L; ++e)
     starts[e] = starts[e - 1] + w.align(counts[e - 1]);
   return starts;
-}
-
-std::string where(int64_t rank, const char *field, int64_t row) {
-  return "rank " + std::to_string(rank) + ": " + field + "[" + std::to_string(row) + "]";
 }
 
 std::string token(int64_t t, int64_t s) {
@@ -739,79 +706,6 @@ std::vector<std::string> epic::runtime::checkDispatchLayout(const EPSpec &spec,
     };
     compare("num_tokens_per_rank", rec.perRank, perRank);
     compare("num_tokens_per_expert", rec.perExpert, perExpert);
-  }
-  return p.result();
-}
-
-std::vector<std::string> epic::runtime::checkGroupedGemm(const EPSpec &spec,
-                                                         const std::vector<DispatchRecord> &handles,
-                                                         const std::vector<GemmRecord> &ranks,
-                                                         size_t limit) {
-  Problems p{limit};
-  const World w(spec);
-  if (handles.size() != ranks.size()) {
-    p.add("expected one handle per grouped GEMM record");
-    return p.result();
-  }
-  // Decoded once (HostTensor::at reads one element of any dtype: too slow for a GEMM).
-  auto decode = [](const HostTensor &t) {
-    std::vector<double> values(t.data.size() / size_t(dtypeBytes(t.dtype)));
-    for (size_t i = 0; i < values.size(); ++i)
-      values[i] = t.at(int64_t(i));
-    return values;
-  };
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    const GemmRecord &g = ranks[r];
-    const bool fp8 = !g.xScales.data.empty();
-    // K: the rows' width.
-    const int64_t K = g.x.shape.at(1), N = g.weights.shape.at(gemmWeightsLayout(fp8).n);
-    std::vector<double> x = decode(g.x), weights = decode(g.weights);
-    if (fp8) { // dequantized: rows per 128 channels, weights per 128 x 128 block
-      const std::vector<double> xs = decode(g.xScales), ws = decode(g.weightScales);
-      const int64_t blocks = K / 128;
-      for (size_t i = 0; i < x.size(); ++i)
-        x[i] *= xs[(i / size_t(K)) * size_t(blocks) + (i % size_t(K)) / 128];
-      // [L, N, K] -> [L, K, N] (the loop below reads weights K-major per expert)
-      std::vector<double> kn(weights.size());
-      for (int64_t e = 0; e < w.L; ++e)
-        for (int64_t n = 0; n < N; ++n)
-          for (int64_t k = 0; k < K; ++k)
-            kn[size_t((e * K + k) * N + n)] =
-                weights[size_t((e * N + n) * K + k)] *
-                ws[size_t((e * (N / 128) + n / 128) * blocks + k / 128)];
-      weights = std::move(kn);
-    }
-    std::vector<bool> expertRow(size_t(g.out.rows()), false);
-    std::vector<double> want(static_cast<size_t>(N), 0.0);
-    int64_t end = 0;
-    for (int64_t e = 0; e < w.L; ++e) {
-      // Expert e's rows: [align(psum[e - 1]), psum[e]) of the expanded layout.
-      const int64_t start = w.align(end);
-      end = handles[r].psumRecvPerExpert.at(size_t(e));
-      const double *we = weights.data() + size_t(e * K * N);
-      for (int64_t row = start; row < end && row < g.out.rows(); ++row) {
-        expertRow[size_t(row)] = true;
-        std::fill(want.begin(), want.end(), 0.0);
-        for (int64_t h = 0; h < K; ++h) {
-          const double xv = x[size_t(row * K + h)];
-          for (int64_t n = 0; n < N; ++n)
-            want[size_t(n)] += xv * we[h * N + n];
-        }
-        for (int64_t n = 0; n < N; ++n) {
-          double got = g.out.at(row * N + n);
-          // The kernel sums in fp32 in its own order and rounds once to the output type.
-          if (!(std::abs(got - want[size_t(n)]) <= 1e-2 + 1.6e-2 * std::abs(want[size_t(n)]))) {
-            p.add(where(int64_t(r), "grouped GEMM out", row) + " column " + std::to_string(n) +
-                  " (expert " + std::to_string(e) + ") is " + std::to_string(got) + ", expected " +
-                  std::to_string(want[size_t(n)]));
-            break;
-          }
-        }
-      }
-    }
-    for (int64_t row = 0; row < g.out.rows(); ++row)
-      if (!expertRow[size_t(row)] && !rowIsZero(g.out, row))
-        p.add(where(int64_t(r), "grouped GEMM out", row) + " is a padding row and not zero");
   }
   return p.result();
 }

@@ -104,6 +104,8 @@ KernelRequest PlanKernel::request() const {
     return combineRequest(spec, combineVariant);
   case KernelKind::groupedGemm:
     return groupedGemmRequest(spec, gemmN, gemmOutDtype, "", gemmK);
+  case KernelKind::swiglu:
+    return swigluRequest(spec, gemmN, gemmInDtype, gemmOutDtype);
   case KernelKind::dispatchGemm:
     return dispatchGemmRequest(spec, dispatchVariant, gemmN, gemmOutDtype);
   case KernelKind::gemmCombine:
@@ -262,6 +264,25 @@ RunPlan RunPlan::parse(const std::string &text) {
           values.define(step, "result", Kind::tensor);
           values.define(step, "handle", Kind::handle);
         }
+      } else if (step.op == "swiglu") {
+        specFrom(step.fields.at("spec")).validate();
+        const int64_t n = step.integer("n");
+        if (n < 1 || n % 128)
+          values.fail("n (the intermediate size) must be a positive multiple of 128, got " +
+                      std::to_string(n));
+        const std::string &in = step.fields.at("in_dtype").text();
+        const std::string &out = step.fields.at("out_dtype").text();
+        if (in != "bf16" && in != "f16" && in != "f32")
+          values.fail("in_dtype must be bf16, f16 or f32, got \"" + in + "\"");
+        if (out != "bf16" && out != "f16" && out != "f32" && out != "f8E4M3FN")
+          values.fail("out_dtype must be bf16, f16, f32 or f8E4M3FN, got \"" + out + "\"");
+        values.use(step, "gate_up", Kind::tensor);
+        values.use(step, "handle", Kind::handle);
+        values.use(step, "weights", Kind::tensor, true);
+        values.define(step, "result", Kind::tensor);
+        values.define(step, "scales", Kind::tensor, true);
+        if ((out == "f8E4M3FN") != (step.integer("scales") >= 0))
+          values.fail("an f8E4M3FN result comes with its scales, another result without");
       } else if (step.op == "gemm_combine") {
         specFrom(step.fields.at("spec")).validate();
         values.use(step, "x", Kind::tensor);
@@ -310,7 +331,8 @@ RunPlan RunPlan::parse(const std::string &text) {
 
 bool epic::runtime::isKernelStep(const RunStep &step) {
   return step.op == "dispatch" || step.op == "combine" || step.op == "dispatch_layout" ||
-         step.op == "grouped_gemm" || step.op == "dispatch_gemm" || step.op == "gemm_combine";
+         step.op == "grouped_gemm" || step.op == "swiglu" || step.op == "dispatch_gemm" ||
+         step.op == "gemm_combine";
 }
 
 std::vector<PlanKernel> RunPlan::kernels() const {
@@ -338,6 +360,11 @@ std::vector<PlanKernel> RunPlan::kernels() const {
     }
     if (k.kind == KernelKind::groupedGemm)
       k.gemmK = step.integer("k");
+    if (k.kind == KernelKind::swiglu) {
+      k.gemmN = step.integer("n");
+      k.gemmInDtype = step.fields.at("in_dtype").text();
+      k.gemmOutDtype = step.fields.at("out_dtype").text();
+    }
     out.push_back(k);
   }
   return out;

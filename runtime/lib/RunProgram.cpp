@@ -90,6 +90,9 @@ public:
         case KernelKind::groupedGemm:
           groupedGemm(step, k);
           break;
+        case KernelKind::swiglu:
+          swiglu(step, k);
+          break;
         case KernelKind::dispatchLayout:
           dispatchLayout(step, k);
           break;
@@ -533,6 +536,44 @@ private:
     }
     if (options.check)
       report(step, checkGroupedGemm(k.spec, handle->records, products));
+  }
+
+  void swiglu(const RunStep &step, const PlanKernel &k) {
+    const Value &gateUp = at(step.integer("gate_up"));
+    std::shared_ptr<HandleValue> handle = at(step.integer("handle")).handle;
+    const bool fp8 = step.integer("scales") >= 0;
+    const Value *weights = step.integer("weights") >= 0 ? &at(step.integer("weights")) : nullptr;
+    std::vector<SwigluCall> calls(static_cast<size_t>(R()));
+    for (int r = 0; r < R(); ++r) {
+      const int64_t rows = gateUp.tensor[r].device.shape[0];
+      // Padding rows stay as allocated: zero (the check says so).
+      calls[r] = {gateUp.tensor[r].device, allocate(k.gemmOutDtype, {rows, k.gemmN}),
+                  handle->device[r].psumNumRecvTokensPerExpert};
+      if (fp8)
+        calls[r].scales = allocate("f32", {rows, k.gemmN / 128});
+      if (weights)
+        calls[r].weights = weights->tensor[r].device;
+    }
+    buffer.swiglu(k.spec, calls);
+    std::vector<SwigluRecord> records;
+    Value &result = at(step.integer("result"));
+    result.receivedBy = gateUp.receivedBy; // rows of the dispatch: printed in canonical order
+    for (int r = 0; r < R(); ++r) {
+      RankTensor out = received(calls[r].out, calls[r].out.shape[0]);
+      records.push_back({gateUp.tensor[r].host, out.host, {}, {}});
+      if (weights)
+        records.back().weights = weights->tensor[r].host;
+      result.tensor.push_back(std::move(out));
+      if (fp8) {
+        RankTensor scales = received(calls[r].scales, calls[r].scales.shape[0]);
+        records.back().scales = scales.host;
+        Value &scaleValue = at(step.integer("scales"));
+        scaleValue.receivedBy = gateUp.receivedBy;
+        scaleValue.tensor.push_back(std::move(scales));
+      }
+    }
+    if (options.check)
+      report(step, checkSwiglu(k.spec, handle->records, records));
   }
 
   void dispatchLayout(const RunStep &step, const PlanKernel &k) {

@@ -44,6 +44,18 @@ KernelHost::Plan KernelHost::planGroupedGemm(const EPSpec &spec,
               stream, std::move(slotNames));
 }
 
+KernelHost::Plan KernelHost::planSwiglu(const EPSpec &spec, const std::vector<SwigluCall> &calls,
+                                        int blocks, void *stream,
+                                        std::vector<std::string> slotNames) {
+  checkWorld(spec, calls.size());
+  std::vector<ParamRecord> records =
+      recordsOf(calls, [&](const SwigluCall &call) { return swigluRecord(spec, call); });
+  checkRanksAgree(calls, "the gate/up widths or the dtypes", swigluOperands);
+  const SwigluCall &first = calls.front();
+  return plan(swigluRequest(spec, first.gateUp.shape[1] / 2, first.gateUp.dtype, first.out.dtype),
+              records, blocks, stream, std::move(slotNames));
+}
+
 KernelHost::Plan KernelHost::planDispatchGemm(const EPSpec &spec, const DispatchVariant &variant,
                                               const std::vector<DispatchGemmCall> &calls,
                                               int blocks, void *stream,
@@ -183,6 +195,11 @@ KernelHost::Run KernelHost::groupedGemm(const EPSpec &spec,
                                         const std::vector<GroupedGemmCall> &calls, void *stream,
                                         int blocks) {
   return launchAndWait(planGroupedGemm(spec, calls, blocks, stream).prepared(), stream);
+}
+
+KernelHost::Run KernelHost::swiglu(const EPSpec &spec, const std::vector<SwigluCall> &calls,
+                                   void *stream, int blocks) {
+  return launchAndWait(planSwiglu(spec, calls, blocks, stream).prepared(), stream);
 }
 
 KernelHost::Run KernelHost::gemmCombine(const EPSpec &spec, int biases,

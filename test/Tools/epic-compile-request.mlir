@@ -42,6 +42,8 @@
 // RUN:   | FileCheck %s --match-full-lines --check-prefix=GROUPED-GEMM-F16
 // RUN: epic-compile --request=%S/Inputs/requests/grouped-gemm-f32.json --print-entry-ir \
 // RUN:   | FileCheck %s --match-full-lines --check-prefix=GROUPED-GEMM-F32
+// RUN: epic-compile --request=%S/Inputs/requests/swiglu-fp8.json --print-entry-ir \
+// RUN:   | FileCheck %s --match-full-lines --check-prefix=SWIGLU-FP8
 
 // COMBINE-EXPANDED-1-BIAS:      #ep_config = #ep.config<ranks = 4, experts = 32, topk = 6, hidden = 512, dtype = bf16, expert_alignment = 4, layout = expanded>
 // COMBINE-EXPANDED-1-BIAS-NEXT: module {
@@ -176,6 +178,16 @@
 // GROUPED-GEMM-F32-NEXT:     return %0 : tensor<?x2048xf32>
 // GROUPED-GEMM-F32-NEXT:   }
 // GROUPED-GEMM-F32-NEXT: }
+
+// The expert MLP's activation: gemm.n is the intermediate size, gemm.in_dtype the gate/up
+// rows'; an FP8 result comes with its scales.
+// SWIGLU-FP8:      #ep_config = #ep.config<ranks = 8, experts = 256, topk = 8, hidden = 7168, dtype = f8E4M3FN, scale_packs = 56, expert_alignment = 128, layout = expanded>
+// SWIGLU-FP8-NEXT: module {
+// SWIGLU-FP8-NEXT:   func.func @ep_swiglu(%arg0: tensor<?x4096xbf16>, %arg1: !ep.handle<#ep_config>) -> (tensor<?x2048xf8E4M3FN>, tensor<?x16xf32>) {
+// SWIGLU-FP8-NEXT:     %result, %scales = ep.swiglu %arg0 layout(%arg1 : !ep.handle<#ep_config>) : tensor<?x4096xbf16> -> tensor<?x2048xf8E4M3FN>, tensor<?x16xf32>
+// SWIGLU-FP8-NEXT:     return %result, %scales : tensor<?x2048xf8E4M3FN>, tensor<?x16xf32>
+// SWIGLU-FP8-NEXT:   }
+// SWIGLU-FP8-NEXT: }
 
 // DeepEP V1's low-latency mode: per local expert [L, R x Tmax, ...] results, Tmax a run-time
 // value; UE8M0 scales as i32 packs of four groups.

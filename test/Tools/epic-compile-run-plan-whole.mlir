@@ -24,6 +24,10 @@
 // RUN:   | FileCheck %s --check-prefix=FP8-PLAN
 // RUN: epic-run %S/../../examples/run/fp8_expert_gemm.mlir --compile-only --cache-dir=%t.cache \
 // RUN:   | FileCheck %s --check-prefix=FP8
+// RUN: epic-compile %S/../../examples/run/fp8_moe_layer.mlir --run-plan -o - \
+// RUN:   | FileCheck %s --check-prefix=LAYER8-PLAN
+// RUN: epic-run %S/../../examples/run/fp8_moe_layer.mlir --compile-only --cache-dir=%t.cache \
+// RUN:   | FileCheck %s --check-prefix=LAYER8
 
 // KERNELS: kernels of ep.dispatch_layout at {{.*}}: compiled
 // KERNELS-NEXT: kernels of ep.dispatch_gemm at {{.*}}: compiled
@@ -43,21 +47,33 @@
 // GC-PLAN-NOT: "op": "grouped_gemm"
 // MLP-PLAN: "k": 256,
 // MLP-PLAN-NEXT: "loc": "{{.*}}expert_mlp.mlir:25:13",
-// MLP-PLAN-NEXT: "n": 512,
+// MLP-PLAN-NEXT: "n": 768,
 // MLP-PLAN-NEXT: "op": "grouped_gemm",
 // MLP-PLAN: "weight_scales": -1,
 // MLP-PLAN-NEXT: "weights": {{[0-9]+}},
 // MLP-PLAN-NEXT: "x": {{[0-9]+}},
 // MLP-PLAN-NEXT: "x_scales": -1
-// MLP-PLAN: "k": 512,
-// MLP-PLAN-NEXT: "loc": "{{.*}}expert_mlp.mlir:31:8",
+// The SwiGLU halves the gate/up GEMM's 768 columns; the down GEMM multiplies its rows.
+// MLP-PLAN: "gate_up": [[GU:[0-9]+]],
+// MLP-PLAN: "in_dtype": "bf16",
+// MLP-PLAN-NEXT: "loc": "{{.*}}expert_mlp.mlir:29:10",
+// MLP-PLAN-NEXT: "n": 384,
+// MLP-PLAN-NEXT: "op": "swiglu",
+// MLP-PLAN-NEXT: "out_dtype": "bf16",
+// MLP-PLAN-NEXT: "result": [[ACT:[0-9]+]],
+// MLP-PLAN-NEXT: "scales": -1,
+// MLP-PLAN: "weights": -1
+// MLP-PLAN: "k": 384,
+// MLP-PLAN-NEXT: "loc": "{{.*}}expert_mlp.mlir:33:8",
 // MLP-PLAN-NEXT: "n": 256,
 // MLP-PLAN-NEXT: "op": "grouped_gemm",
+// MLP-PLAN: "x": [[ACT]],
 // MLP-PLAN: "op": "combine",
 // MLP-PLAN-NOT: "op": "gemm_combine"
 // MLP: kernels of ep.dispatch at
 // MLP-NEXT: kernels of ep.grouped_gemm at {{.*}}expert_mlp.mlir:25:{{[0-9]+}}: compiled
-// MLP-NEXT: kernels of ep.grouped_gemm at {{.*}}expert_mlp.mlir:31:{{[0-9]+}}: compiled
+// MLP-NEXT: kernels of ep.swiglu at {{.*}}expert_mlp.mlir:29:{{[0-9]+}}: compiled
+// MLP-NEXT: kernels of ep.grouped_gemm at {{.*}}expert_mlp.mlir:33:{{[0-9]+}}: compiled
 // MLP-NEXT: kernels of ep.combine at
 // FP8-PLAN: "op": "dispatch",
 // FP8-PLAN: "recv_scale_packs": [[RSF:[0-9]+]],
@@ -72,6 +88,29 @@
 // FP8: kernels of ep.dispatch at
 // FP8-NEXT: kernels of ep.grouped_gemm at {{.*}}fp8_expert_gemm.mlir:{{[0-9]+}}:{{[0-9]+}}: compiled
 // FP8-NEXT: kernels of ep.combine at
+// The whole FP8 layer: the gate/up GEMM's BF16 rows feed the SwiGLU, whose FP8 rows and
+// scales are the down GEMM's operands.
+// LAYER8-PLAN: "recv_topk_weights": [[RW8:[0-9]+]],
+// LAYER8-PLAN: "k": 512,
+// LAYER8-PLAN: "op": "grouped_gemm",
+// LAYER8-PLAN-NEXT: "out_dtype": "bf16",
+// LAYER8-PLAN-NEXT: "result": [[GU8:[0-9]+]],
+// LAYER8-PLAN: "gate_up": [[GU8]],
+// LAYER8-PLAN: "op": "swiglu",
+// LAYER8-PLAN-NEXT: "out_dtype": "f8E4M3FN",
+// LAYER8-PLAN-NEXT: "result": [[A8:[0-9]+]],
+// LAYER8-PLAN-NEXT: "scales": [[S8:[0-9]+]],
+// LAYER8-PLAN: "weights": [[RW8]]
+// LAYER8-PLAN: "k": 256,
+// LAYER8-PLAN: "op": "grouped_gemm",
+// LAYER8-PLAN: "x": [[A8]],
+// LAYER8-PLAN-NEXT: "x_scales": [[S8]]
+// LAYER8-PLAN: "op": "combine",
+// LAYER8: kernels of ep.dispatch at
+// LAYER8-NEXT: kernels of ep.grouped_gemm at {{.*}}fp8_moe_layer.mlir:{{[0-9]+}}:{{[0-9]+}}:
+// LAYER8-NEXT: kernels of ep.swiglu at {{.*}}fp8_moe_layer.mlir:{{[0-9]+}}:{{[0-9]+}}: compiled
+// LAYER8-NEXT: kernels of ep.grouped_gemm at {{.*}}fp8_moe_layer.mlir:{{[0-9]+}}:{{[0-9]+}}: compiled
+// LAYER8-NEXT: kernels of ep.combine at
 
 #cfg = #ep.config<ranks = 2, experts = 4, topk = 2, hidden = 128, dtype = bf16,
                   expert_alignment = 16, layout = expanded, max_tokens_per_rank = 32>

@@ -75,8 +75,11 @@ def prepare():
     # test_fp8_moe_layer_matches_torch: the dispatch with routing weights, the combine.
     runtime.kernels(spec, dict(weights=True, cached=False, zero_padding=False), "dispatch")
     runtime.kernels(spec, dict(weights=False, biases=0), "combine")
-    # ... and its SwiGLU + FP8 re-quant (an @epic.jit kernel; rows a multiple of 16 or not: the
-    # DSL specializes on it).
+    # ... its SwiGLU (ep.swiglu, FP8 out) and test_swiglu_op_matches_torch's BF16 result.
+    for out in ("f8E4M3FN", "bf16"):
+        runtime.kernels(spec, dict(n=MLP_INTERMEDIATE, in_dtype="bf16", out_dtype=out), "swiglu")
+    # test_fp8_expert_mlp_step_by_step's SwiGLU + FP8 re-quant (the @epic.jit kernel; rows a
+    # multiple of 16 or not: the DSL specializes on it).
     import numpy as np
 
     from epic import _tensors as T
@@ -278,6 +281,53 @@ def test_fp8_moe_layer_matches_torch():
         assert got.shape == (tokens, hidden)
         error = (got - want).norm() / want.norm()
         assert error < 3e-2, f"rank {r}: relative error {error:.3g}"
+    buffer.destroy()
+
+
+def test_swiglu_op_matches_torch():
+    """ElasticBuffer.swiglu (the compiler's ep.swiglu) on the gate/up GEMM's rows of an FP8
+    dispatch: FP8 results with their block scales, BF16 results, and FP8 results of rows
+    times their routing weights, against torch on every expert's rows; padding rows zero."""
+    ranks, experts, hidden, _, tokens = FP8_CONFIGS[1]
+    inter, L = MLP_INTERMEDIATE, experts // ranks
+    buffer, xs, idxs, ws, w13, _ = fp8_mlp_world(29)
+    recv, _, recv_w, handles, _ = buffer.dispatch(xs, idxs, ws, num_experts=experts,
+                                                  do_expand=True, expert_alignment=SCALE_BLOCK)
+    gate_up = buffer.grouped_gemm(recv, w13, handles)
+    act = buffer.swiglu(gate_up, handles)  # FP8 after an FP8 dispatch: (rows, scales)
+    plain = buffer.swiglu(gate_up, handles, out_dtype=torch.bfloat16)
+    # The routing weights times each row's y (a list of ranks: copies, the pool reuses sets).
+    weighted = [(a.clone(), b.clone()) for a, b in buffer.swiglu(gate_up, handles,
+                                                                  weights=recv_w)]
+    torch.cuda.synchronize()
+    for r in range(ranks):
+        rows, scales = act[r]
+        assert rows.dtype == torch.float8_e4m3fn and rows.shape == (gate_up[r].shape[0], inter)
+        assert scales.shape == (gate_up[r].shape[0], inter // SCALE_BLOCK)
+        expert = torch.zeros(gate_up[r].shape[0], dtype=torch.bool, device="cuda")
+        for start, end in ep_bench.expert_rows(handles[r], L, SCALE_BLOCK):
+            expert[start:end] = True
+        gate, up = gate_up[r][expert].float().chunk(2, dim=1)
+        y = torch.nn.functional.silu(gate) * up
+        amax = y.abs().unflatten(1, (-1, SCALE_BLOCK)).amax(dim=2)
+        torch.testing.assert_close(scales[expert], amax.clamp(min=1e-4) / 448, rtol=1e-5,
+                                   atol=0)
+        got = ep_bench.dequantize_blocks(rows[expert], scales[expert], 1)
+        # e4m3 keeps 3 mantissa bits: half an ulp is 2^-4 of the value (2^-10 of the scale
+        # below e4m3's normal range).
+        bound = y.abs() * 2.0 ** -4 + scales[expert].repeat_interleave(SCALE_BLOCK, 1) * 2.0 ** -9
+        assert ((got - y).abs() <= bound * 1.001).all()
+        torch.testing.assert_close(plain[r][expert].float(), y, rtol=2.0 ** -8, atol=1e-6)
+        wy = y * recv_w[r][expert][:, None]
+        wamax = wy.abs().unflatten(1, (-1, SCALE_BLOCK)).amax(dim=2)
+        torch.testing.assert_close(weighted[r][1][expert], wamax.clamp(min=1e-4) / 448,
+                                   rtol=1e-5, atol=0)
+        wgot = ep_bench.dequantize_blocks(weighted[r][0][expert], weighted[r][1][expert], 1)
+        wbound = (wy.abs() * 2.0 ** -4
+                  + weighted[r][1][expert].repeat_interleave(SCALE_BLOCK, 1) * 2.0 ** -9)
+        assert ((wgot - wy).abs() <= wbound * 1.001).all()
+        assert not rows[~expert].view(torch.uint8).any() and not scales[~expert].any()
+        assert not plain[r][~expert].any()
     buffer.destroy()
 
 

@@ -445,6 +445,59 @@ def test_fp8_grouped_gemm_checks_its_arguments_before_the_device(buf):
         buf.grouped_gemm([(x[0], one_scale)] * R, [w] * R, packed)
 
 
+def test_swiglu_checks_its_arguments_before_the_device(buf):
+    """ep.swiglu on an expanded dispatch's gate/up rows: [rows, 2 I] bf16/f16/f32, I a
+    multiple of 128; FP8 results (the default after an FP8 dispatch) come with their scales."""
+    gate_up = [np.zeros((12, 512), ml_dtypes.bfloat16)] * R
+    with pytest.raises(ValueError, match="handle: required"):
+        buf.swiglu(gate_up, None)
+    plain = [fake_handle(buf, r) for r in range(R)]
+    with pytest.raises(ValueError, match=r"swiglu needs an expanded dispatch \(do_expand=True\)"):
+        buf.swiglu(gate_up, plain)
+    handles = [dataclasses.replace(h, do_expand=True) for h in plain]
+    with pytest.raises(ValueError, match=r"gate_up\[0\]: expected \[12, 2 I\] \(the gate/up "
+                                         r"GEMM's output .*I a multiple of 128\), got "
+                                         r"bf16\[12, 384\]"):
+        buf.swiglu([np.zeros((12, 384), ml_dtypes.bfloat16)] * R, handles)
+    with pytest.raises(ValueError, match=r"gate_up\[1\]: expected \[12, 2 I\]"):
+        buf.swiglu([gate_up[0], gate_up[0][:11]] + gate_up[2:], handles)
+    with pytest.raises(TypeError, match=r"gate_up\[0\]: dtype must be bf16 or f16 or f32, got "
+                                        r"f8E4M3FN"):
+        buf.swiglu([np.zeros((12, 512), ml_dtypes.float8_e4m3fn)] * R, handles)
+    with pytest.raises(TypeError, match="out_dtype: float8_e4m3fn, bf16, f16 or float32, got "
+                                        "'int8'"):
+        buf.swiglu(gate_up, handles, out_dtype="int8")
+    with pytest.raises(TypeError, match=r"weights\[0\]: dtype must be f32, got bf16"):
+        buf.swiglu(gate_up, handles, weights=[np.zeros(12, ml_dtypes.bfloat16)] * R)
+    with pytest.raises(ValueError, match=r"rank 0: weights must have shape f32\[12\], got "
+                                         r"f32\[11\]"):
+        buf.swiglu(gate_up, handles, weights=[np.zeros(11, np.float32)] * R)
+    for out_dtype in (None, "float8_e4m3fn", "float32"):
+        with pytest.raises(ValueError, match=r"gate_up\[0\] must be a CUDA tensor"):
+            buf.swiglu(gate_up, handles, out_dtype=out_dtype)
+
+
+def test_swiglu_kernels_are_compiled_for_their_dtypes(buf):
+    """The request says the rows' and the result's dtypes and K = 2 I; the kernel's record is
+    the op's six fields (weights: null for none, one kernel for both); an FP8 and a BF16
+    result are two kernels."""
+    runtime = _C.Runtime("virtual", "", "")
+    spec = buf._spec(R, E, K, H, "f8E4M3FN", H // 128, 128, True, TMAX)
+    fp8 = runtime.kernels(spec, dict(n=256, in_dtype="bf16", out_dtype="f8E4M3FN"), "swiglu")
+    request = json.loads(fp8["request"])
+    assert request["kind"] == "swiglu"
+    assert request["gemm"] == {"n": 256, "out_dtype": "f8E4M3FN", "k": 512, "in_dtype": "bf16"}
+    entry = json.loads(fp8["metadata"])["entries"][0]
+    assert entry["param_fields"] == ["gate_up", "out", "scales",
+                                     "psum_num_recv_tokens_per_expert", "num_rows", "weights"]
+    assert entry["cooperative"] == 0 and entry["window_bytes"] == 0
+    bf16 = runtime.kernels(spec, dict(n=256, in_dtype="bf16", out_dtype="bf16"), "swiglu")
+    assert bf16["key"] != fp8["key"]
+    with pytest.raises(ValueError, match=r"swiglu's gate/up rows \(gemm.in_dtype\) must be bf16, "
+                                         r"f16 or f32, got \"i8\""):
+        runtime.kernels(spec, dict(n=256, in_dtype="i8", out_dtype="bf16"), "swiglu")
+
+
 def test_dispatch_gemm_checks_its_arguments_before_the_device(buf):
     xs, idxs, _ = inputs()
     L = E // R

@@ -220,7 +220,8 @@ TEST(EntryBuilder, ABadRequestIsRefusedByField) {
       {[](auto &r) { r.erase("version"); },
        "kernel request: version: expected an integer, got none"},
       {[](auto &r) { r["kind"] = "gather"; },
-       "kernel request: kind: expected one of dispatch, combine, grouped_gemm, dispatch_gemm, "
+       "kernel request: kind: expected one of dispatch, combine, grouped_gemm, swiglu, "
+       "dispatch_gemm, "
        "gemm_combine, dispatch_layout, engram_fetch, low_latency_dispatch, low_latency_combine, "
        "got \"gather\""},
       {[](auto &r) { r["name"] = ""; }, "kernel request: name: expected a non-empty string"},

@@ -39,32 +39,33 @@ TEST(KernelRequest, JsonIsCanonical) {
   EPSpec s = v3(false);
   s.timeoutMs = 5000;
   EXPECT_EQ(dispatchRequest(s, {true, false, false, 32}).json(),
-            R"({"version":4,"kind":"dispatch","name":"ep_dispatch",)"
+            R"({"version":5,"kind":"dispatch","name":"ep_dispatch",)"
             R"("spec":{"ranks":8,"experts":256,"topk":8,"hidden":7168,"dtype":"f8E4M3FN",)"
             R"("scale_packs":56,"expert_alignment":128,"expanded":false,"num_sms":0,)"
             R"("max_tokens_per_rank":0,"scaleup_ranks":0,"hybrid":false,"timeout_ms":5000},)"
             R"("dispatch":{"weights":true,"cached":false,"zero_padding":false,"topk_idx_bits":32,)"
             R"("window_outputs":false,"round_scale":false,"use_ue8m0":false}})");
   EXPECT_EQ(gemmCombineRequest(bf16(), 2, "moe").json(),
-            R"({"version":4,"kind":"gemm_combine","name":"moe",)"
+            R"({"version":5,"kind":"gemm_combine","name":"moe",)"
             R"("spec":{"ranks":8,"experts":256,"topk":8,"hidden":7168,"dtype":"bf16",)"
             R"("scale_packs":0,"expert_alignment":128,"expanded":true,"num_sms":0,)"
             R"("max_tokens_per_rank":4096,"scaleup_ranks":0,"hybrid":false,"timeout_ms":0},)"
             R"("combine":{"weights":false,"biases":2,"window_outputs":false}})");
   // Every kind has its sections and only those, and its default entry name.
   std::string grouped = groupedGemmRequest(bf16(), 2048, "f32").json();
-  EXPECT_NE(grouped.find(R"("gemm":{"n":2048,"out_dtype":"f32","k":0})"), std::string::npos);
+  EXPECT_NE(grouped.find(R"("gemm":{"n":2048,"out_dtype":"f32","k":0,"in_dtype":"bf16"})"),
+            std::string::npos);
   EXPECT_EQ(grouped.find(R"("dispatch":)"), std::string::npos);
   // K: the hidden size is written as 0 (one request, one key); another width as itself.
   EXPECT_EQ(groupedGemmRequest(bf16(), 2048, "f32", "", bf16().hidden).json(), grouped);
-  EXPECT_NE(groupedGemmRequest(bf16(), 2048, "f32", "", 2048).json().find(R"("k":2048})"),
+  EXPECT_NE(groupedGemmRequest(bf16(), 2048, "f32", "", 2048).json().find(R"("k":2048,)"),
             std::string::npos);
   std::string fused = dispatchGemmRequest(bf16(), {true, false, true, 64}, 256, "bf16").json();
   EXPECT_NE(fused.find(R"("name":"ep_dispatch_gemm")"), std::string::npos);
   EXPECT_NE(fused.find(R"("dispatch":{"weights":true,"cached":false,"zero_padding":true,)"
                        R"("topk_idx_bits":64,"window_outputs":false,"round_scale":false,)"
                        R"("use_ue8m0":false},"gemm":{"n":256,)"
-                       R"("out_dtype":"bf16","k":0}})"),
+                       R"("out_dtype":"bf16","k":0,"in_dtype":"bf16"}})"),
             std::string::npos);
   EXPECT_NE(combineRequest(v3(true), {true, 1}).json().find(R"("name":"ep_combine","spec":)"),
             std::string::npos);
@@ -209,6 +210,39 @@ TEST(KernelRequest, TheExpertGemmsRefuseWhatTheyCannotMultiply) {
   EXPECT_NE(refusal([&] { weighted.json(); }).find("takes no topk_weights"), std::string::npos);
 }
 
+TEST(KernelRequest, SwigluSaysItsRowsAndResult) {
+  // The FP8 layer's activation: BF16 gate/up rows of 2 I channels into e4m3 rows of I.
+  std::string fp8 = swigluRequest(v3(true), 2048, "bf16", "f8E4M3FN").json();
+  EXPECT_NE(fp8.find(R"("kind":"swiglu","name":"ep_swiglu")"), std::string::npos);
+  EXPECT_NE(fp8.find(R"("gemm":{"n":2048,"out_dtype":"f8E4M3FN","k":4096,"in_dtype":"bf16"})"),
+            std::string::npos);
+  EXPECT_EQ(fp8.find(R"("dispatch":)"), std::string::npos);
+  EXPECT_NE(swigluRequest(v3(true), 2048, "f32", "bf16").json(), fp8);
+  auto refused = [](const EPSpec &s, int64_t inter, const std::string &in, const std::string &out) {
+    return refusal([&] { swigluRequest(s, inter, in, out); });
+  };
+  EXPECT_NE(refused(v3(true), 200, "bf16", "bf16").find("positive multiple of 128, got 200"),
+            std::string::npos);
+  EXPECT_NE(refused(v3(true), 256, "f8E4M3FN", "bf16")
+                .find("must be bf16, f16 or f32, got "
+                      "\"f8E4M3FN\""),
+            std::string::npos);
+  EXPECT_NE(refused(v3(true), 256, "bf16", "i32").find("bf16, f16, f32 or f8E4M3FN, got"),
+            std::string::npos);
+  EXPECT_NE(refused(bf16(false), 256, "bf16", "bf16").find("configuration's layout is plain"),
+            std::string::npos);
+  KernelRequest odd = swigluRequest(v3(true), 256, "bf16", "bf16");
+  odd.gemm.k = 256;
+  EXPECT_NE(
+      refusal([&] { odd.json(); }).find("twice its intermediate size (gemm.n = 256), got 256"),
+      std::string::npos);
+  // A GEMM's rows are the configuration's dtype, and its request says so.
+  KernelRequest gemm = groupedGemmRequest(bf16(), 2048, "bf16");
+  gemm.gemm.inDtype = "f32";
+  EXPECT_NE(refusal([&] { gemm.json(); }).find("gemm.in_dtype must say so, got \"f32\""),
+            std::string::npos);
+}
+
 TEST(KernelRequest, EngramFetchIsOneKernelPerRowShape) {
   // Whatever routing fields the caller's spec has, the request keeps only what the fetch is
   // specialized on: two buffers of other expert counts share the kernel.
@@ -252,7 +286,7 @@ TEST(KernelRequest, VersionNameAndKindAreChecked) {
   EXPECT_EQ(std::string(kindName(KernelKind::groupedGemm)), "grouped_gemm");
   EXPECT_EQ(std::string(defaultEntryName(KernelKind::dispatchGemm)), "ep_dispatch_gemm");
   EXPECT_EQ(refusal([] { kindNamed("gather"); }),
-            "kind must be dispatch, combine, grouped_gemm, dispatch_gemm, gemm_combine, "
+            "kind must be dispatch, combine, grouped_gemm, swiglu, dispatch_gemm, gemm_combine, "
             "dispatch_layout, engram_fetch, low_latency_dispatch or low_latency_combine, got "
             "\"gather\"");
 }

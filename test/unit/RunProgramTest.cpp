@@ -697,6 +697,39 @@ TEST(RunPlan, GroupedGemmStepCarriesKAndFp8Scales) {
   expectPlanError(planWith(gemm(0, -1, -1), 7), "k (the rows' width) must be positive, got 0");
 }
 
+TEST(RunPlan, SwigluStepSaysItsDtypesAndScales) {
+  // Value 3: the dispatched rows, standing in for the gate/up rows; 6 and 7: the results.
+  auto swiglu = [](int n, const std::string &in, const std::string &out, int scales,
+                   int weights = -1) {
+    return dispatchedRows(64 * 256) + R"(, {"op": "swiglu", "loc": "p.mlir:5:1", "spec": )" +
+           kExpandedSpec + R"(, "gate_up": 3, "handle": 4, "n": )" + std::to_string(n) +
+           R"(, "in_dtype": ")" + in + R"(", "out_dtype": ")" + out + R"(", "result": 6, )" +
+           R"("scales": )" + std::to_string(scales) + R"(, "weights": )" + std::to_string(weights) +
+           "}";
+  };
+  std::vector<PlanKernel> kernels =
+      RunPlan::parse(planWith(swiglu(128, "bf16", "f8E4M3FN", 7), 8)).kernels();
+  ASSERT_EQ(kernels.size(), 2u);
+  EXPECT_EQ(kernels[1].kind, KernelKind::swiglu);
+  KernelRequest request = kernels[1].request();
+  EXPECT_EQ(request.gemm.n, 128);
+  EXPECT_EQ(request.gemm.k, 256);
+  EXPECT_EQ(request.gemm.inDtype, "bf16");
+  EXPECT_EQ(request.gemm.outDtype, "f8E4M3FN");
+  RunPlan::parse(planWith(swiglu(128, "f32", "bf16", -1), 8));
+  RunPlan::parse(planWith(swiglu(128, "bf16", "bf16", -1, 5), 8)); // per-row weights: a tensor
+  expectPlanError(planWith(swiglu(128, "bf16", "bf16", -1, 4), 8),
+                  "weights must be a tensor, value 4 is a handle");
+  expectPlanError(planWith(swiglu(128, "bf16", "f8E4M3FN", -1), 8),
+                  "an f8E4M3FN result comes with its scales, another result without");
+  expectPlanError(planWith(swiglu(128, "bf16", "bf16", 7), 8),
+                  "an f8E4M3FN result comes with its scales, another result without");
+  expectPlanError(planWith(swiglu(100, "bf16", "bf16", -1), 8),
+                  "n (the intermediate size) must be a positive multiple of 128, got 100");
+  expectPlanError(planWith(swiglu(128, "i8", "bf16", -1), 8),
+                  "in_dtype must be bf16, f16 or f32, got \"i8\"");
+}
+
 class RunPlanCache : public ::testing::Test {
 protected:
   void SetUp() override {
@@ -848,6 +881,17 @@ TEST(Reference, GroupedGemmDequantizesFp8Operands) {
   GemmRecord unscaled = g; // the weight scale forgotten: 8x too large
   std::fill(unscaled.out.as<float>(), unscaled.out.as<float>() + 256, 64.0f);
   EXPECT_TRUE(mentions(checkGroupedGemm(spec, {handle}, {unscaled}), "out[0] column 0 (expert 0)"));
+
+  // Row 0 as 64 channels of +1.0 and 64 of -1.0 (0xb8): the products cancel to 0, but FP8
+  // wgmma accumulates them narrower than fp32, so an error small beside their magnitudes
+  // (128 x 0.0625 = 8) passes; one the size of a product does not.
+  GemmRecord cancelled = g;
+  std::fill(cancelled.x.data.begin() + 64, cancelled.x.data.begin() + 128, uint8_t(0xb8));
+  std::fill(cancelled.out.as<float>(), cancelled.out.as<float>() + 128, 0.02f);
+  EXPECT_TRUE(checkGroupedGemm(spec, {handle}, {cancelled}).empty());
+  std::fill(cancelled.out.as<float>(), cancelled.out.as<float>() + 128, 0.0625f);
+  EXPECT_TRUE(
+      mentions(checkGroupedGemm(spec, {handle}, {cancelled}), "out[0] column 0 (expert 0)"));
 }
 
 // --- AGRS ---------------------------------------------------------------------------
@@ -861,6 +905,51 @@ HostTensor floats(const std::string &dtype, std::vector<int64_t> shape,
   return t;
 }
 } // namespace
+
+TEST(Reference, SwigluChecksTheActivationAndItsFp8Quantization) {
+  // One rank, one local expert owning rows [0, 2) of 3 (row 2: padding), I = 128. Gate 1.0
+  // and up 2.0 (bf16 0x3f80, 0x4000): y = 2 silu(1) = 1.4621171...
+  EPSpec spec;
+  spec.ranks = 1, spec.experts = 1, spec.topk = 1, spec.hidden = 128, spec.expertAlignment = 1;
+  spec.expanded = true;
+  DispatchRecord handle;
+  handle.psumRecvPerExpert = {2};
+  SwigluRecord s;
+  s.gateUp = floats("bf16", {3, 256}, {});
+  for (int64_t row = 0; row < 2; ++row)
+    for (int64_t c = 0; c < 256; ++c)
+      storeElement("bf16", c < 128 ? 1.0 : 2.0, s.gateUp.data.data() + (row * 256 + c) * 2);
+  const double y = 2.0 / (1.0 + std::exp(-1.0));
+  // BF16: y rounded once; silu(g) without the up factor is wrong by name.
+  s.out = floats("bf16", {3, 128}, {});
+  for (int64_t i = 0; i < 256; ++i)
+    storeElement("bf16", y, s.out.data.data() + i * 2);
+  EXPECT_TRUE(checkSwiglu(spec, {handle}, {s}).empty());
+  SwigluRecord noUp = s;
+  storeElement("bf16", y / 2, noUp.out.data.data() + 130 * 2);
+  EXPECT_TRUE(mentions(checkSwiglu(spec, {handle}, {noUp}), "swiglu out[1] (expert 0) column 2"));
+  SwigluRecord padding = s; // the row after the expert's: not the op's to write
+  storeElement("bf16", 1.0, padding.out.data.data() + 256 * 2);
+  EXPECT_TRUE(mentions(checkSwiglu(spec, {handle}, {padding}), "swiglu out[2] is a padding row"));
+  // FP8: every y of a block is its amax, so the scale is y / 448 and every value e4m3 448.
+  SwigluRecord fp8 = s;
+  fp8.out = floats("f8E4M3FN", {3, 128}, {});
+  std::fill(fp8.out.data.begin(), fp8.out.data.begin() + 256, uint8_t(0x7e));
+  fp8.scales = floats("f32", {3, 1}, {y / 448, y / 448, 0});
+  EXPECT_TRUE(checkSwiglu(spec, {handle}, {fp8}).empty());
+  SwigluRecord rescaled = fp8; // a scale off by 1%
+  rescaled.scales.as<float>()[1] = float(1.01 * y / 448);
+  EXPECT_TRUE(mentions(checkSwiglu(spec, {handle}, {rescaled}), "swiglu scales[1] block 0"));
+  // Weights scale each row's y (row 1 by 0.5): its scale halves, its values stay 448.
+  SwigluRecord weighted = fp8;
+  weighted.weights = floats("f32", {3}, {1.0, 0.5, 1.0});
+  EXPECT_TRUE(mentions(checkSwiglu(spec, {handle}, {weighted}), "swiglu scales[1] block 0"));
+  weighted.scales.as<float>()[1] = float(0.5 * y / 448);
+  EXPECT_TRUE(checkSwiglu(spec, {handle}, {weighted}).empty());
+  SwigluRecord rounded = fp8; // 416, a neighbour of the nearest e4m3 (448)
+  rounded.out.data[5] = 0x7d;
+  EXPECT_TRUE(mentions(checkSwiglu(spec, {handle}, {rounded}), "column 5 is e4m3 416"));
+}
 
 TEST(Reference, AllGatherStacksEveryRankInRankOrder) {
   std::vector<HostTensor> inputs = {floats("f32", {2}, {1, 2}), floats("f32", {2}, {3, 4})};

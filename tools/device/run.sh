@@ -4,7 +4,7 @@
 #   tools/device/run.sh           # everything
 #   tools/device/run.sh python    # only the Python API's tests and examples (after the build)
 #   tools/device/run.sh bench     # bench/ep_bench.py, dsl_bench.py, gemm_bench.py,
-#                                 # collectives_bench.py
+#                                 # layer_bench.py, collectives_bench.py
 #                                 # (into $OUT)
 #   tools/device/run.sh latency   # bench/latency.py: per-call wall time, eager and CUDA graphs
 #   tools/device/run.sh low-latency
@@ -168,6 +168,8 @@ if [[ $only == bench ]]; then
   EPIC_CACHE_DIR="$dev/cache" python3 bench/dsl_bench.py --out "$out" 2>&1 | tee "$out/dsl_bench.log"
   rc=$(( rc | PIPESTATUS[0] ))
   EPIC_CACHE_DIR="$dev/cache" python3 bench/gemm_bench.py --out "$out" 2>&1 | tee "$out/gemm_bench.log"
+  rc=$(( rc | PIPESTATUS[0] ))
+  EPIC_CACHE_DIR="$dev/cache" python3 bench/layer_bench.py --out "$out" 2>&1 | tee "$out/layer_bench.log"
   rc=$(( rc | PIPESTATUS[0] ))
   python3 bench/collectives_bench.py --out "$out" 2>&1 | tee "$out/collectives_bench.log"
   exit $(( rc | PIPESTATUS[0] ))

@@ -369,6 +369,48 @@ LogicalResult GroupedGemmOp::verify() {
   return success();
 }
 
+LogicalResult SwigluOp::verify() {
+  ConfigAttr cfg = getConfig();
+  ShapeChecker check{*this};
+  if (!cfg.isExpanded())
+    return emitOpError("needs the expanded layout (one row per (token, local expert) pair, "
+                       "grouped by expert); the handle's configuration is plain");
+  ShapedType in = shaped(getGateUp()), out = shaped(getResult());
+  if (in.isDynamicDim(1))
+    return emitOpError("gate_up dimension 1 (2 x the intermediate size) must be static");
+  constexpr int64_t block = 128;
+  const int64_t width = in.getDimSize(1);
+  if (width % (2 * block))
+    return emitOpError("gate_up holds the gate then the up columns of 128-channel blocks: its ")
+           << width << " columns must be a multiple of 256";
+  if (failed(check.maxDim("gate_up", in, 0, cfg.getMaxOutputRows(), "rows")) ||
+      failed(check.staticDim("result", out, 1, width / 2, "the intermediate size")) ||
+      failed(check.sameDim("gate_up", in, "result", out, "the row count")))
+    return failure();
+  if (getWeights()) {
+    ShapedType weights = shaped(getWeights());
+    if (!in.isDynamicDim(0) && !weights.isDynamicDim(0) &&
+        in.getDimSize(0) != weights.getDimSize(0))
+      return emitOpError("weights has ") << weights.getDimSize(0) << " rows, gate_up "
+                                         << in.getDimSize(0) << ": one weight per row";
+  }
+  const bool fp8 = isa<Float8E4M3FNType>(out.getElementType());
+  if (fp8 && !getScales())
+    return emitOpError("an FP8 result comes with its block scales: add a second result, f32 "
+                       "[rows, ")
+           << width / 2 / block << "]";
+  if (!fp8 && getScales())
+    return emitOpError("block scales come with FP8 results only; the result is ")
+           << out.getElementType();
+  if (fp8) {
+    ShapedType scales = shaped(getScales());
+    if (failed(check.staticDim("scales", scales, 1, width / 2 / block, "I / 128")) ||
+        failed(check.sameDim("gate_up", in, "scales", scales, "the row count")))
+      return failure();
+  }
+  return success();
+}
+
 LogicalResult DispatchGemmOp::verify() {
   ConfigAttr cfg = getConfig();
   ShapeChecker check{*this};

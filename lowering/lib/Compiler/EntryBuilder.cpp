@@ -74,6 +74,7 @@ private:
   LogicalResult buildDispatch();
   LogicalResult buildCombine();
   LogicalResult buildGroupedGemm();
+  LogicalResult buildSwiglu();
   LogicalResult buildDispatchGemm();
   LogicalResult buildGemmCombine();
   LogicalResult buildDispatchLayout();
@@ -274,6 +275,31 @@ LogicalResult EntryBuilder::buildGroupedGemm() {
   return success();
 }
 
+LogicalResult EntryBuilder::buildSwiglu() {
+  Type in = parseElementType(request.gemm.inDtype, loc, "gemm.in_dtype");
+  Type out = parseElementType(request.gemm.outDtype, loc, "gemm.out_dtype");
+  if (!in || !out)
+    return failure();
+  const int64_t inter = request.gemm.n, block = 128;
+  if (inter < 1 || inter % block || request.gemm.k != 2 * inter)
+    return emitError(loc) << "kernel request: gemm: swiglu's intermediate size (n) must be a "
+                             "positive multiple of 128 and its gate/up rows (k) twice it, got n = "
+                          << inter << ", k = " << request.gemm.k;
+  Signature signature;
+  int gateUp = signature.add(rows(2 * inter, in));
+  int handle = signature.add(epic::ep::HandleType::get(builder.getContext(), config));
+  func::FuncOp func = begin(signature);
+  // Without weights: the kernel reads the record's weights field either way (null: 1), so
+  // the op with and without them is one kernel.
+  const bool fp8 = isa<Float8E4M3FNType>(out);
+  auto swiglu = epic::ep::SwigluOp::create(builder, loc, rows(inter, out),
+                                           fp8 ? Type(rows(inter / block, f32())) : Type(),
+                                           argument(func, gateUp), argument(func, handle),
+                                           /*weights=*/Value());
+  finish(func, swiglu->getResults());
+  return success();
+}
+
 LogicalResult EntryBuilder::buildDispatchGemm() {
   const EntryRequest::Dispatch &variant = request.dispatch;
   Type out = parseElementType(request.gemm.outDtype, loc, "gemm.out_dtype");
@@ -356,6 +382,9 @@ OwningOpRef<ModuleOp> EntryBuilder::build() {
     break;
   case KernelKind::groupedGemm:
     built = buildGroupedGemm();
+    break;
+  case KernelKind::swiglu:
+    built = buildSwiglu();
     break;
   case KernelKind::dispatchGemm:
     built = buildDispatchGemm();

@@ -292,6 +292,25 @@ private:
                        {"result", define(gemm.getResult())}});
       return success();
     }
+    if (auto swiglu = dyn_cast<ep::SwigluOp>(op)) {
+      ep::ConfigAttr config = swiglu.getConfig();
+      if (failed(world(op, config)))
+        return failure();
+      auto in = cast<ShapedType>(swiglu.getGateUp().getType());
+      auto out = cast<ShapedType>(swiglu.getResult().getType());
+      // n: the intermediate size I (gate_up is [rows, 2 I]); FP8 results define their scales.
+      add(op, "swiglu",
+          json::Object{{"spec", epic::configJson(config)},
+                       {"gate_up", use(swiglu.getGateUp())},
+                       {"handle", use(swiglu.getHandle())},
+                       {"weights", use(swiglu.getWeights())},
+                       {"n", out.getDimSize(1)},
+                       {"in_dtype", debugString(in.getElementType())},
+                       {"out_dtype", debugString(out.getElementType())},
+                       {"result", define(swiglu.getResult())},
+                       {"scales", define(swiglu.getScales())}});
+      return success();
+    }
     if (auto fused = dyn_cast<ep::DispatchGemmOp>(op)) {
       ep::ConfigAttr config = fused.getConfig();
       if (failed(world(op, config)) || failed(requireI64(op, fused.getTopkIdx(), "topk_idx")))
@@ -377,7 +396,7 @@ private:
            << "epic-run: '" << op->getName()
            << "' is not supported in a run program (it may use run.tokens, "
               "run.random, run.routing, run.print, ep.dispatch_layout, "
-              "ep.dispatch, ep.grouped_gemm, ep.combine, the fused ops, ep.all_gather, "
+              "ep.dispatch, ep.grouped_gemm, ep.swiglu, ep.combine, the fused ops, ep.all_gather, "
               "ep.reduce_scatter, ep.pp_send_recv, func.call, "
               "tensor.dim, tensor.cast and index arith.constant)";
   }

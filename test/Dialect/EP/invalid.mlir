@@ -1112,3 +1112,84 @@ func.func @fusion_on_an_op() {
 func.func @unknown_attribute() attributes {ep.fuse = "always"} {
   return
 }
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x512xbf16>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{needs the expanded layout (one row per (token, local expert) pair, grouped by expert); the handle's configuration is plain}}
+  %y = ep.swiglu %x layout(%h : !ep.handle<#c>) : tensor<?x512xbf16> -> tensor<?x256xbf16>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, layout = expanded, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x384xbf16>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{gate_up holds the gate then the up columns of 128-channel blocks: its 384 columns must be a multiple of 256}}
+  %y = ep.swiglu %x layout(%h : !ep.handle<#c>) : tensor<?x384xbf16> -> tensor<?x192xbf16>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, layout = expanded, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x512xbf16>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{result dimension 1 (the intermediate size) must be 256, got 512}}
+  %y = ep.swiglu %x layout(%h : !ep.handle<#c>) : tensor<?x512xbf16> -> tensor<?x512xbf16>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, layout = expanded, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x512xbf16>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{an FP8 result comes with its block scales: add a second result, f32 [rows, 2]}}
+  %y = ep.swiglu %x layout(%h : !ep.handle<#c>) : tensor<?x512xbf16> -> tensor<?x256xf8E4M3FN>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, layout = expanded, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x512xbf16>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{block scales come with FP8 results only; the result is 'bf16'}}
+  %y, %s = ep.swiglu %x layout(%h : !ep.handle<#c>) : tensor<?x512xbf16> -> tensor<?x256xbf16>, tensor<?x2xf32>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, layout = expanded, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x512xbf16>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{scales dimension 1 (I / 128) must be 2, got 4}}
+  %y, %s = ep.swiglu %x layout(%h : !ep.handle<#c>) : tensor<?x512xbf16> -> tensor<?x256xf8E4M3FN>, tensor<?x4xf32>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, layout = expanded, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<16x512xbf16>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{gate_up and result disagree on the row count: 16 vs 8}}
+  %y = ep.swiglu %x layout(%h : !ep.handle<#c>) : tensor<16x512xbf16> -> tensor<8x256xbf16>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, layout = expanded, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x?xbf16>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{gate_up dimension 1 (2 x the intermediate size) must be static}}
+  %y = ep.swiglu %x layout(%h : !ep.handle<#c>) : tensor<?x?xbf16> -> tensor<?x256xbf16>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 128, dtype = bf16, layout = expanded, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<16x512xbf16>, %w: tensor<8xf32>, %h: !ep.handle<#c>) {
+  // expected-error@+1 {{weights has 8 rows, gate_up 16: one weight per row}}
+  %y = ep.swiglu %x layout(%h : !ep.handle<#c>) weights(%w : tensor<8xf32>) : tensor<16x512xbf16> -> tensor<16x256xbf16>
+  return
+}

@@ -221,6 +221,21 @@ func.func @grouped_gemm(%x: tensor<?x1024xbf16>, %w: tensor<8x1024x512xbf16>,
   return %y, %z : tensor<?x512xbf16>, tensor<?x512xf32>
 }
 
+// CHECK-LABEL: func.func @swiglu
+// CHECK-SAME: (%[[GU:.*]]: tensor<?x512xbf16>, %[[H:.*]]: !ep.handle<#[[$EXP]]>, %[[W:.*]]: tensor<?xf32>)
+func.func @swiglu(%gu: tensor<?x512xbf16>, %h: !ep.handle<#exp>, %w: tensor<?xf32>)
+    -> (tensor<?x256xf8E4M3FN>, tensor<?x2xf32>, tensor<?x256xbf16>) {
+  // CHECK: %{{.*}}, %{{.*}} = ep.swiglu %[[GU]] layout(%[[H]] : !ep.handle<#[[$EXP]]>) : tensor<?x512xbf16> -> tensor<?x256xf8E4M3FN>, tensor<?x2xf32>
+  %q, %s = ep.swiglu %gu layout(%h : !ep.handle<#exp>)
+      : tensor<?x512xbf16> -> tensor<?x256xf8E4M3FN>, tensor<?x2xf32>
+  // CHECK: ep.swiglu %[[GU]] layout(%[[H]] : !ep.handle<#[[$EXP]]>) : tensor<?x512xbf16> -> tensor<?x256xbf16>
+  %y = ep.swiglu %gu layout(%h : !ep.handle<#exp>) : tensor<?x512xbf16> -> tensor<?x256xbf16>
+  // CHECK: ep.swiglu %[[GU]] layout(%[[H]] : !ep.handle<#[[$EXP]]>) weights(%[[W]] : tensor<?xf32>) : tensor<?x512xbf16> -> tensor<?x256xbf16>
+  %z = ep.swiglu %gu layout(%h : !ep.handle<#exp>) weights(%w : tensor<?xf32>)
+      : tensor<?x512xbf16> -> tensor<?x256xbf16>
+  return %q, %s, %y : tensor<?x256xf8E4M3FN>, tensor<?x2xf32>, tensor<?x256xbf16>
+}
+
 // An expert's down GEMM: rows of the intermediate width (512), not the hidden size (1024).
 // CHECK-LABEL: func.func @grouped_gemm_down
 func.func @grouped_gemm_down(%y: tensor<?x512xbf16>, %w: tensor<8x512x1024xbf16>,

@@ -440,6 +440,28 @@ struct GroupedGemmOpLowering : KernelOpLowering<ep::GroupedGemmOp> {
   }
 };
 
+/// The expert MLP's activation: half a warp per (row, 128 channels), nothing waits.
+struct SwigluOpLowering : KernelOpLowering<ep::SwigluOp> {
+  using KernelOpLowering::KernelOpLowering;
+  FailureOr<KernelPlan> planKernels(ep::SwigluOp op, const Entry &entry, Builder &) const override {
+    KernelPlan plan(op, op.getConfig(), entry, entry.threads);
+    auto out = cast<ShapedType>(op.getResult().getType());
+    SwigluShape shape{cast<ShapedType>(op.getGateUp().getType()).getElementType(),
+                      out.getElementType(), out.getDimSize(1)};
+    plan.kernels = {entry.name + "_swiglu"};
+    plan.fields = fieldNames(kSwigluFields);
+    plan.cooperative = false;
+    plan.windowBytes = 0; // nothing crosses ranks
+    plan.build = [shape](const KernelPlan &plan, gpu::GPUModuleOp module,
+                         const RecordLayout &record) {
+      EPLayout layout = plan.layout(64, record, kSNumRows);
+      OpBuilder b = kernelInsertionPoint(module);
+      buildSwiglu(plan.kernel(b, 0, false), layout, shape);
+    };
+    return plan;
+  }
+};
+
 struct DispatchGemmOpLowering : KernelOpLowering<ep::DispatchGemmOp> {
   using KernelOpLowering::KernelOpLowering;
   FailureOr<KernelPlan> planKernels(ep::DispatchGemmOp fused, const Entry &entry,
@@ -662,8 +684,9 @@ struct ConvertEPToCommPass : public epic::impl::ConvertEPToCommBase<ConvertEPToC
 
 void epic::populateEPToCommConversionPatterns(RewritePatternSet &patterns, unsigned threads,
                                               bool onePassDispatch, bool onePassCombine) {
-  patterns.add<DispatchLayoutOpLowering, DispatchOpLowering, CombineOpLowering,
-               GroupedGemmOpLowering, DispatchGemmOpLowering, GemmCombineOpLowering,
-               EngramFetchOpLowering, LowLatencyDispatchOpLowering, LowLatencyCombineOpLowering>(
-      patterns.getContext(), threads, onePassDispatch, onePassCombine);
+  patterns
+      .add<DispatchLayoutOpLowering, DispatchOpLowering, CombineOpLowering, GroupedGemmOpLowering,
+           SwigluOpLowering, DispatchGemmOpLowering, GemmCombineOpLowering, EngramFetchOpLowering,
+           LowLatencyDispatchOpLowering, LowLatencyCombineOpLowering>(
+          patterns.getContext(), threads, onePassDispatch, onePassCombine);
 }

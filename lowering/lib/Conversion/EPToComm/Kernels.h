@@ -93,6 +93,21 @@ void buildLayoutZero(gpu::GPUFuncOp func, const EPLayout &L);
 void buildLayoutCount(gpu::GPUFuncOp func, const EPLayout &L);
 /// ep.engram_fetch: a warp per fetched row (EngramKernels.cpp).
 void buildEngramFetch(gpu::GPUFuncOp func, const EPLayout &L);
+
+/// ep.swiglu: silu(gate) * up of each expert row's `inter` channels, in f32,
+/// stored as `outType`; FP8 results with their scales per 128 channels.
+struct SwigluShape {
+  Type inType, outType;
+  int64_t inter;
+};
+void buildSwiglu(gpu::GPUFuncOp func, const EPLayout &L, const SwigluShape &shape);
+
+/// 8 f32 channels (vector<8xf32>, one lane's) cast to FP8: with the 15 other
+/// lanes of its 128-channel group (lanes 0-15 or 16-31, all 32 converged),
+/// amax (at least 1e-4), the scale `amax / 448` (or its power of two above,
+/// `round`) and the 8 E4M3 bytes of `x / scale` rounded to nearest,
+/// saturated. Returns (bytes as i64, scale).
+std::pair<Value, Value> castF32ToFp8(KernelBuilder &k, Value x, bool round);
 /// DeepEP V1's low-latency mode (LowLatencyKernels.cpp): the dispatch's send
 /// (FP8 cast fused, `roundScale`: power-of-two scales) and receive (`ue8m0`:
 /// scales as exponent bytes), the combine's send and weighted reduce.

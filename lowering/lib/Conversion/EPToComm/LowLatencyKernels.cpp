@@ -140,13 +140,16 @@ Value slotAmongEarlier(KernelBuilder &k, const EPLayout &L, Value ids, Value t, 
   return loop.getResult(0);
 }
 
-/// A group of 8 bf16 channels (16 bytes, one lane's) cast to FP8: with the
-/// 15 other lanes of its 128-channel group, amax (at least 1e-4), the scale
-/// `amax / 448` (or its power of two above, `round`) and the 8 E4M3 bytes of
-/// `x / scale` rounded to nearest, saturated. Returns (bytes as i64, scale).
+/// A group of 8 bf16 channels (16 bytes, one lane's) cast to FP8 (castF32ToFp8).
 std::pair<Value, Value> castToFp8(KernelBuilder &k, Value chunk, bool round) {
   auto f32x8 = VectorType::get({8}, k.b.getF32Type());
-  Value x = arith::ExtFOp::create(k.b, f32x8, chunk);
+  return castF32ToFp8(k, arith::ExtFOp::create(k.b, f32x8, chunk), round);
+}
+
+} // namespace
+
+std::pair<Value, Value> castF32ToFp8(KernelBuilder &k, Value x, bool round) {
+  auto f32x8 = VectorType::get({8}, k.b.getF32Type());
   Value magnitude = arith::MaxNumFOp::create(k.b, x, arith::NegFOp::create(k.b, x));
   Value amax = vector::ExtractOp::create(k.b, magnitude, int64_t(0));
   for (int64_t i = 1; i < 8; ++i)
@@ -187,6 +190,8 @@ std::pair<Value, Value> castToFp8(KernelBuilder &k, Value chunk, bool round) {
   }
   return {packed, scale};
 }
+
+namespace {
 
 /// Row parts of a row of `bytes` copied `unroll` chunks per lane at a time.
 int64_t partsOf(int64_t bytes, int64_t unroll) { return KernelBuilder::maxRowParts(bytes, unroll); }

@@ -130,6 +130,16 @@ struct GroupedGemmCall {
   DeviceTensor weightScales; ///< FP8 only: f32 [L, N / 128, K / 128]
 };
 
+/// ep.swiglu on an expanded dispatch's gate/up rows: out[i] = silu(gate) * up for every
+/// expert's rows i (the handle's prefix sums), FP8 results with their block scales.
+struct SwigluCall {
+  DeviceTensor gateUp; ///< [rows, 2 I] bf16 / f16 / f32 (gate columns, then up), I % 128 == 0
+  DeviceTensor out;    ///< [rows, I] bf16 / f16 / f32 / f8E4M3FN
+  DeviceTensor psumNumRecvTokensPerExpert; ///< i32 [L], the handle's
+  DeviceTensor scales;                     ///< FP8 results only: f32 [rows, I / 128]
+  DeviceTensor weights; ///< optional f32 [rows]: each row's y times its weight (routing weights)
+};
+
 /// ep.dispatch_layout (DeepEP's get_dispatch_layout) of one rank's routing.
 struct LayoutCall {
   DeviceTensor topkIdx;            ///< [T, K] integer expert ids, -1 = none
@@ -257,6 +267,8 @@ ParamRecord combineRecord(const EPSpec &spec, const CombineVariant &variant,
 /// The grouped GEMM's record (x, weights, out, the prefix sums, num_rows); its
 /// "tensor_maps" field is the runtime's (KernelHost::prepare encodes them).
 ParamRecord groupedGemmRecord(const EPSpec &spec, const GroupedGemmCall &call);
+/// The SwiGLU's record (the gate/up rows, the results and their scales, the prefix sums).
+ParamRecord swigluRecord(const EPSpec &spec, const SwigluCall &call);
 /// The dispatch layout's record (the routing, its token count, the outputs).
 ParamRecord layoutRecord(const EPSpec &spec, const LayoutCall &call);
 /// The Engram fetch's record: the ids, their count, the tables' entries per
@@ -309,6 +321,11 @@ inline std::pair<std::vector<int64_t>, std::string> gemmOperands(const GroupedGe
 }
 inline std::pair<std::vector<int64_t>, std::string> fusedGemmOperands(const DispatchGemmCall &c) {
   return {c.experts.shape, c.gemmOut.dtype};
+}
+/// What must agree across ranks for one SwiGLU kernel: the widths and dtypes.
+/// (Called after the records: both tensors are 2-D.)
+inline std::pair<int64_t, std::string> swigluOperands(const SwigluCall &c) {
+  return {c.gateUp.shape.at(1), c.gateUp.dtype + " -> " + c.out.dtype};
 }
 /// What must agree across ranks for one dispatch layout kernel: the id width.
 inline std::string layoutOperands(const LayoutCall &c) { return c.topkIdx.dtype; }

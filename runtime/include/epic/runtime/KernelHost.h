@@ -165,6 +165,10 @@ public:
   Plan planGroupedGemm(const EPSpec &spec, const std::vector<GroupedGemmCall> &calls,
                        int blocks = 0, void *stream = nullptr,
                        std::vector<std::string> slotNames = {});
+  /// ep.swiglu of each served rank's gate/up rows (the expert MLP's activation, FP8
+  /// re-quantization fused): one kernel, nothing waits.
+  Plan planSwiglu(const EPSpec &spec, const std::vector<SwigluCall> &calls, int blocks = 0,
+                  void *stream = nullptr, std::vector<std::string> slotNames = {});
   /// ep.dispatch_layout (DeepEP's get_dispatch_layout) of each served rank's
   /// routing: no communication, two small kernels.
   Plan planDispatchLayout(const EPSpec &spec, const std::vector<LayoutCall> &calls, int blocks = 0,
@@ -207,6 +211,8 @@ public:
               const std::vector<CombineCall> &calls, void *stream = nullptr, int blocks = 0);
   Run groupedGemm(const EPSpec &spec, const std::vector<GroupedGemmCall> &calls,
                   void *stream = nullptr, int blocks = 0);
+  Run swiglu(const EPSpec &spec, const std::vector<SwigluCall> &calls, void *stream = nullptr,
+             int blocks = 0);
   Run dispatchGemm(const EPSpec &spec, const DispatchVariant &variant,
                    const std::vector<DispatchGemmCall> &calls, void *stream = nullptr,
                    int blocks = 0);

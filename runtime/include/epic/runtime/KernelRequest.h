@@ -77,6 +77,7 @@ struct GemmVariant {
   int64_t n = 0;
   std::string outDtype = "bf16"; ///< bf16, f16 or f32
   int64_t k = 0;                 ///< the rows' width; 0: the hidden size
+  std::string inDtype;           ///< the rows': the spec's dtype (GEMMs), gate/up's (swiglu)
 };
 
 /// Where K and N lie in the grouped GEMM's [L, ., .] weights: bf16/f16 [L, K, N] (N
@@ -140,6 +141,10 @@ KernelRequest combineRequest(const EPSpec &spec, const CombineVariant &variant,
 /// to the hidden size is written as 0, so both spellings are one request (one cache key).
 KernelRequest groupedGemmRequest(const EPSpec &spec, int64_t n, const std::string &outDtype,
                                  std::string name = "", int64_t k = 0);
+/// `@<name>` holding one ep.swiglu of an expanded dispatch's gate/up rows ([rows, 2 inter] of
+/// `inDtype`) into `outDtype` rows (bf16, f16, f32, or f8E4M3FN with block scales).
+KernelRequest swigluRequest(const EPSpec &spec, int64_t inter, const std::string &inDtype,
+                            const std::string &outDtype, std::string name = "");
 /// `@<name>` holding an expanded ep.dispatch whose rows feed an
 /// ep.grouped_gemm: the compiler fuses the pair (ep-fuse-dispatch-gemm).
 KernelRequest dispatchGemmRequest(const EPSpec &spec, const DispatchVariant &variant, int64_t n,

@@ -156,10 +156,27 @@ struct GemmRecord {
 /// Checks every rank's grouped GEMM against a float64 product (FP8: of the
 /// dequantized operands): each expert's rows (from its dispatch, `handles`)
 /// within |got - want| <= 0.01 + 0.016 |want| (fp32 sums in the kernel's order,
-/// one rounding to bf16), padding rows zero.
+/// one rounding to bf16), FP8 plus 0.002 x the sum of the products' magnitudes
+/// (Hopper's FP8 wgmma accumulates narrower than fp32), padding rows zero.
 std::vector<std::string> checkGroupedGemm(const EPSpec &spec,
                                           const std::vector<DispatchRecord> &handles,
                                           const std::vector<GemmRecord> &ranks, size_t limit = 8);
+
+/// What one rank's ep.swiglu took and produced: gate/up rows [rows, 2 I] of an
+/// expanded dispatch's layout, the result [rows, I] and, for an f8E4M3FN
+/// result, its f32 scales [rows, I / 128] (empty otherwise); the rows' f32
+/// weights [rows] if the op had them (empty otherwise: weight 1).
+struct SwigluRecord {
+  HostTensor gateUp, out, scales, weights;
+};
+
+/// Checks every rank's SwiGLU against y = silu(gate) * up in float64: a BF16,
+/// F16 or F32 result within its rounding of y; an FP8 result's scales within
+/// 1e-5 of max(amax |y|, 1e-4) / 448 per 128 channels and its values the
+/// nearest e4m3 of y / scale (or as near, at a rounding boundary). Padding rows
+/// must stay unwritten (zero).
+std::vector<std::string> checkSwiglu(const EPSpec &spec, const std::vector<DispatchRecord> &handles,
+                                     const std::vector<SwigluRecord> &ranks, size_t limit = 8);
 
 /// The received rows of a dispatch in canonical order: sorted by source
 /// (rank, token), hybrid by forwarder index lsa(src) first; expanded: each

@@ -44,6 +44,7 @@ struct PlanKernel {
   int64_t gemmN = 0;        ///< grouped_gemm, dispatch_gemm: N of the expert weights
   std::string gemmOutDtype; ///< and the GEMM's output dtype
   int64_t gemmK = 0;        ///< grouped_gemm: the rows' width K (0: the hidden size)
+  std::string gemmInDtype;  ///< swiglu: the gate/up rows' dtype (gemmN: its I)
   std::string loc;
   /// The kernels the runtime asks for it.
   KernelRequest request() const;

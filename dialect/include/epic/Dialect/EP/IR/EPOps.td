@@ -23,7 +23,7 @@ def EP_KernelOpInterface : OpInterface<"KernelOpInterface"> {
     An ep op that `convert-ep-to-comm` lowers to kernels and one launch
     function. The launch metadata names its kind (`epic.entry`, the op's
     mnemonic: `dispatch_layout`, `dispatch`, `combine`, `grouped_gemm`,
-    `dispatch_gemm`, `gemm_combine`) and the configuration its kernels are
+    `swiglu`, `dispatch_gemm`, `gemm_combine`) and the configuration its kernels are
     specialized on.
   }];
   let methods = [
@@ -349,6 +349,64 @@ def EP_GroupedGemmOp : EP_Op<"grouped_gemm", [EP_KernelOpInterface, Pure,
     $lhs `,` $rhs `layout` `(` $handle `:` qualified(type($handle)) `)`
     (`scales` `(` $lhs_scales^ `,` $rhs_scales `:` type($lhs_scales) `,` type($rhs_scales) `)`)?
     attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)
+  }];
+  let extraClassDeclaration = [{
+    ConfigAttr getConfig() {
+      return ::mlir::cast<HandleType>(getHandle().getType()).getConfig();
+    }
+  }];
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// ep.swiglu
+//===----------------------------------------------------------------------===//
+
+def EP_SwigluOp : EP_Op<"swiglu", [EP_KernelOpInterface, Pure]> {
+  let summary = "an expert MLP's activation between its GEMMs, FP8 re-quantization fused";
+  let description = [{
+    The SwiGLU of the gate/up GEMM's rows on a dispatch's expanded layout:
+    `gate_up` is `[rows, 2 I]` (gate columns first, then up; BF16, F16 or
+    F32, `I` a multiple of 128), and for every row `i` of an expert (the
+    handle's rows, as for `ep.grouped_gemm`) and channel `c < I`, in f32:
+
+    ```
+    y[i, c] = silu(gate_up[i, c]) * gate_up[i, I + c]     silu(g) = g / (1 + e^-g)
+    ```
+
+    With `weights` (f32 `[rows]`, e.g. an expanded dispatch's received top-k
+    weights, one per row) every row's `y` is first multiplied by its weight:
+    the routing weights of a MoE layer, applied before the down GEMM (which
+    is linear) instead of to its output.
+
+    A BF16, F16 or F32 `result` is `y` rounded once. An F8E4M3FN `result`
+    comes with `scales` `[rows, I / 128]` f32, DeepSeek's block scales (the
+    layout the FP8 `ep.grouped_gemm` reads for its rows):
+
+    ```
+    scales[i, b] = max(amax_{c in block b} |y[i, c]|, 1e-4) / 448
+    result[i, c] = e4m3(y[i, c] / scales[i, c / 128])   (nearest, saturated)
+    ```
+
+    Rows outside every expert's range are not written, as for
+    `ep.grouped_gemm`: the down GEMM never reads them. On the GPU `e^-g` is
+    PTX's `ex2.approx` (a few ulp of f32).
+
+    ```mlir
+    %h8, %hs = ep.swiglu %gate_up layout(%h : !ep.handle<#fp8>)
+        : tensor<?x4096xbf16> -> tensor<?x2048xf8E4M3FN>, tensor<?x16xf32>
+    %hb = ep.swiglu %gate_up layout(%h : !ep.handle<#fp8>)
+        weights(%recv_weights : tensor<?xf32>) : tensor<?x4096xbf16> -> tensor<?x2048xbf16>
+    ```
+  }];
+  let arguments = (ins 2DTensorOf<[BF16, F16, F32]>:$gate_up, EP_HandleType:$handle,
+                       Optional<1DTensorOf<[F32]>>:$weights);
+  let results = (outs 2DTensorOf<[BF16, F16, F32, F8E4M3FN]>:$result,
+                      Optional<2DTensorOf<[F32]>>:$scales);
+  let assemblyFormat = [{
+    $gate_up `layout` `(` $handle `:` qualified(type($handle)) `)`
+    (`weights` `(` $weights^ `:` type($weights) `)`)? attr-dict
+    `:` type($gate_up) `->` type($result) (`,` type($scales)^)?
   }];
   let extraClassDeclaration = [{
     ConfigAttr getConfig() {

@@ -52,6 +52,11 @@ enum GroupedGemmField {
 #include "epic/Dialect/EP/IR/EPRecords.def"
   kNumGroupedGemmFields
 };
+enum SwigluField {
+#define EP_SWIGLU_FIELD(Enumerator, name) Enumerator,
+#include "epic/Dialect/EP/IR/EPRecords.def"
+  kNumSwigluFields
+};
 enum LayoutField {
 #define EP_LAYOUT_FIELD(Enumerator, name) Enumerator,
 #include "epic/Dialect/EP/IR/EPRecords.def"
@@ -103,6 +108,10 @@ inline constexpr const char *kGroupedGemmFields[] = {
 #define EP_GROUPED_GEMM_FIELD(Enumerator, name) #name,
 #include "epic/Dialect/EP/IR/EPRecords.def"
 };
+inline constexpr const char *kSwigluFields[] = {
+#define EP_SWIGLU_FIELD(Enumerator, name) #name,
+#include "epic/Dialect/EP/IR/EPRecords.def"
+};
 inline constexpr const char *kLayoutFields[] = {
 #define EP_LAYOUT_FIELD(Enumerator, name) #name,
 #include "epic/Dialect/EP/IR/EPRecords.def"
@@ -137,6 +146,10 @@ namespace grouped_gemm {
 #define EP_GROUPED_GEMM_FIELD(Enumerator, name) inline constexpr const char name[] = #name;
 #include "epic/Dialect/EP/IR/EPRecords.def"
 } // namespace grouped_gemm
+namespace swiglu {
+#define EP_SWIGLU_FIELD(Enumerator, name) inline constexpr const char name[] = #name;
+#include "epic/Dialect/EP/IR/EPRecords.def"
+} // namespace swiglu
 namespace layout {
 #define EP_LAYOUT_FIELD(Enumerator, name) inline constexpr const char name[] = #name;
 #include "epic/Dialect/EP/IR/EPRecords.def"

@@ -1,0 +1,149 @@
+"""DeepSeek V3's MoE layer in FP8 as epic's ops run it step by step (epic.moe.moe_layer_fp8:
+FP8 dispatch, gate/up grouped GEMM, ep.swiglu with the FP8 re-quant, down grouped GEMM, routing
+weights, combine), per call wall time eager and replayed from a CUDA graph, and the kernels'
+time step by step: the unfused sequence a persistent decode kernel has to beat. One GPU, a
+virtual EP world (every rank's work on the one GPU).
+
+    python bench/layer_bench.py                 # V3: EP8, 256 experts, top-8, hidden 7168,
+                                                # I 2048; 128 and 1024 tokens per rank
+    python bench/layer_bench.py --compile-only  # fill the kernel cache (tools/device/prepare.sh)
+
+METHOD: the floors are the bytes every kernel must move at the copy bandwidth (each rank's FP8
+expert weights once, the tokens' rows, the intermediate rows) and the FLOPs at the dense FP8
+rate; the wall times are medians of --iterations calls after L2 flushes (CUDA events, the
+host's work included eagerly, one graph launch replayed); the dispatch does not sync with the
+host (worst-case-sized rows), the same in both. Writes bench/results/layer-<gpu>-<date>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+
+import ep_bench  # noqa: E402
+import epic  # noqa: E402
+from epic import _C  # noqa: E402
+
+BLOCK = 128  # DeepSeek's scale block (channels, and weight blocks of 128 x 128)
+FP8_DENSE_TFLOPS = {"H200": 1979.0, "H100": 1979.0}  # dense e4m3, SXM
+
+
+def spec_of(args, tokens):
+    return dict(num_ranks=args.ranks, num_experts=args.experts, num_topk=args.topk,
+                hidden=args.hidden, dtype="f8E4M3FN", num_scale_packs=args.hidden // BLOCK,
+                expert_alignment=BLOCK, do_expand=True, num_max_tokens_per_rank=tokens)
+
+
+def compile_only(args):
+    runtime = _C.Runtime("virtual", "", "")
+    spec, H, inter = spec_of(args, max(args.tokens)), args.hidden, args.intermediate
+    runtime.kernels(spec, dict(weights=True, cached=False, zero_padding=False), "dispatch")
+    runtime.kernels(spec, dict(n=2 * inter, out_dtype="bf16"), "grouped_gemm")
+    runtime.kernels(spec, dict(n=inter, in_dtype="bf16", out_dtype="f8E4M3FN"), "swiglu")
+    runtime.kernels(spec, dict(n=H, out_dtype="bf16", k=inter), "grouped_gemm")
+    runtime.kernels(spec, dict(weights=False, biases=0), "combine")
+    print(f"layer_bench: the layer's 5 kernel sets in {runtime.cache_dir}")
+
+
+def measure(torch, args, T, bandwidth):
+    from epic.moe import moe_layer_fp8
+
+    R, E, K, H, inter = args.ranks, args.experts, args.topk, args.hidden, args.intermediate
+    L = E // R
+    g = torch.Generator(device="cuda").manual_seed(5)
+    xs, sfs, idxs, ws = ep_bench.make_inputs(torch, R, T, H, E, K, True, seed=7)
+    x = list(zip(xs, sfs))
+    w13 = [ep_bench.quantize_blocks(torch, torch.randn((L, 2 * inter, H), generator=g,
+                                                       device="cuda") / H ** 0.5, BLOCK)
+           for _ in range(R)]
+    w2 = [ep_bench.quantize_blocks(torch, torch.randn((L, H, inter), generator=g, device="cuda")
+                                   / inter ** 0.5, BLOCK) for _ in range(R)]
+    buffer = epic.ElasticBuffer(epic.VirtualWorld(R), num_max_tokens_per_rank=T, hidden=H,
+                                num_topk=K, explicitly_destroy=True)
+    try:
+        def layer():
+            return moe_layer_fp8(buffer, x, idxs, ws, w13, w2, num_experts=E, do_cpu_sync=False)
+
+        eager = layer()  # plans made, kernels loaded
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = layer()
+        graph.replay()
+        torch.cuda.synchronize()
+        same = all(torch.equal(a.view(torch.int16), b.view(torch.int16))
+                   for a, b in zip(eager, captured))
+        timer = ep_bench.Timer(torch, args.iterations)
+        eager_s, graph_s = timer.walls([layer, graph.replay])
+        kernel_s, per_kernel = timer.every_kernel(layer)
+        # Every rank's rows: the expert rows the GEMMs multiply (the handle's).
+        recv, _, _, handles, _ = buffer.dispatch(x, idxs, ws, num_experts=E, do_expand=True,
+                                                 expert_alignment=BLOCK)
+        rows = sum(end - start for h in handles for start, end in ep_bench.expert_rows(h, L, BLOCK))
+        del recv
+        weight_bytes = R * L * (2 * inter * H + H * inter) * (1 + 4 / BLOCK ** 2)
+        row_bytes = rows * (H + 2 * 2 * inter + 2 * inter + inter + 2 * H)  # in, gate/up, act, out
+        token_bytes = R * T * (K * H * 2 + H * 2)  # dispatch in (FP8 ~ H), combine (bf16)
+        flops = 2.0 * rows * H * 3 * inter
+        name = torch.cuda.get_device_name()
+        peak = next((v for k, v in FP8_DENSE_TFLOPS.items() if k in name), None)
+        return dict(tokens=T, rows=rows, bitwise_graph_equals_eager=bool(same),
+                    eager_wall_s=eager_s, graph_wall_s=graph_s, kernels_s=kernel_s,
+                    per_kernel_s=per_kernel, weight_bytes=weight_bytes,
+                    bytes=weight_bytes + row_bytes + token_bytes, flops=flops,
+                    byte_floor_s=(weight_bytes + row_bytes + token_bytes) / bandwidth,
+                    flop_floor_s=flops / (peak * 1e12) if peak else None)
+    finally:
+        buffer.destroy()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--tokens", type=lambda s: [int(v) for v in s.split(",")],
+                        default=[128, 1024], help="tokens per rank, comma-separated")
+    parser.add_argument("--hidden", type=int, default=7168)
+    parser.add_argument("--experts", type=int, default=256)
+    parser.add_argument("--topk", type=int, default=8)
+    parser.add_argument("--intermediate", type=int, default=2048)
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--compile-only", action="store_true")
+    args = parser.parse_args()
+    if args.compile_only or _C.cuda_device_count() == 0:
+        compile_only(args)
+        return 0
+    import torch
+
+    bandwidth = ep_bench.copy_roofline(torch)
+    torch.cuda.empty_cache()
+    sizes = []
+    for T in args.tokens:
+        s = measure(torch, args, T, bandwidth)
+        torch.cuda.empty_cache()
+        sizes.append(s)
+        floor = max(s["byte_floor_s"], s["flop_floor_s"] or 0)
+        print(f"{T} tokens per rank ({s['rows']} expert rows over {args.ranks} virtual ranks): "
+              f"eager {s['eager_wall_s'] * 1e3:.3f} ms, CUDA graph {s['graph_wall_s'] * 1e3:.3f} "
+              f"ms, kernels {s['kernels_s'] * 1e3:.3f} ms; floor {floor * 1e3:.3f} ms (bytes "
+              f"{s['bytes'] / 1e9:.2f} GB at {bandwidth / 1e12:.2f} TB/s: "
+              f"{s['byte_floor_s'] * 1e3:.3f} ms; FLOPs: "
+              f"{(s['flop_floor_s'] or 0) * 1e3:.3f} ms); graph bitwise eager: "
+              f"{s['bitwise_graph_equals_eager']}")
+        for kname, t in sorted(s["per_kernel_s"].items(), key=lambda kv: -kv[1]):
+            print(f"    {t * 1e6:9.1f} us  {kname[:90]}")
+    report = dict(date=datetime.date.today().isoformat(), args=vars(args),
+                  gpu=torch.cuda.get_device_name(), copy_bandwidth=bandwidth, sizes=sizes,
+                  note="the unfused FP8 layer (epic.moe.moe_layer_fp8); the persistent decode "
+                       "kernel is not built")
+    ep_bench.write_report(report, args.out, "layer-")
+    return 0 if all(s["bitwise_graph_equals_eager"] for s in sizes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
