@@ -252,8 +252,9 @@ def _split_scaled(b, name, values, what):
     return data, scales
 
 
-def grouped_gemm(b, x, weights, handle, out_dtype, num_sms):
+def grouped_gemm(b, x, weights, handle, out_dtype, num_sms, zero_padding=True):
     _check_int("num_sms", num_sms, 0)
+    _check_bool("zero_padding", zero_padding)
     # The handle says whether the rows are FP8 (_expert_inputs checks the handles).
     first = handle[0] if isinstance(handle, list) and handle else handle
     fp8 = getattr(first, "_dtype", None) == FP8_GEMM_DTYPE
@@ -280,9 +281,10 @@ def grouped_gemm(b, x, weights, handle, out_dtype, num_sms):
                             like=xs[r])
                 for r in range(len(xs))]
 
-    # Padding rows are zero: every call zeroes the output (rows of other experts in a reused set).
+    # Padding rows are zero: every call zeroes the output (rows of other experts in a reused set)
+    # unless the caller reads the experts' rows only (zero_padding=False).
     out, _ = _run(b, key, "grouped_gemm", spec, {}, pairs, num_sms, make_outputs,
-                  (None, False, False), zero=("out",))
+                  (None, False, False), zero=("out",) if zero_padding else ())
     return b._ranks_out([o["out"] for o in out.per_rank])
 
 
@@ -290,8 +292,9 @@ _SWIGLU_IN = ("bf16", "f16", "f32")
 _SWIGLU_OUT = {name: FP8_GEMM_DTYPE for name in ("float8_e4m3fn", FP8_GEMM_DTYPE, "fp8")}
 
 
-def swiglu(b, gate_up, handle, out_dtype, weights, num_sms):
+def swiglu(b, gate_up, handle, out_dtype, weights, num_sms, zero_padding=True):
     _check_int("num_sms", num_sms, 0)
+    _check_bool("zero_padding", zero_padding)
     if handle is None:
         raise ValueError("handle: required (the EPHandle of the expanded dispatch)")
     handles = b._handles("handle", handle)
@@ -337,9 +340,11 @@ def swiglu(b, gate_up, handle, out_dtype, weights, num_sms):
                             like=xr)
                 for xr in xs]
 
-    # Padding rows are zero, as the grouped GEMM's: every call zeroes the outputs.
+    # Padding rows are zero, as the grouped GEMM's: every call zeroes the outputs (unless
+    # zero_padding=False).
+    zero = (("out", "scales") if fp8 else ("out",)) if zero_padding else ()
     out, _ = _run(b, key, "swiglu", spec, variant, pairs, num_sms, make_outputs,
-                  (None, False, False), zero=("out", "scales") if fp8 else ("out",))
+                  (None, False, False), zero=zero)
     if fp8:
         return b._ranks_out([(o["out"], o["scales"]) for o in out.per_rank])
     return b._ranks_out([o["out"] for o in out.per_rank])

@@ -944,7 +944,8 @@ class ElasticBuffer(AgrsMethods, EngramMethods, PpMethods):
 
     # --- the expert GEMM -------------------------------------------------------------------
 
-    def grouped_gemm(self, x, weights, handle, out_dtype=None, num_sms: int = 0):
+    def grouped_gemm(self, x, weights, handle, out_dtype=None, num_sms: int = 0,
+                     zero_padding: bool = True):
         """epic: the MoE expert GEMM on an expanded dispatch's rows (``ep.grouped_gemm``).
 
         ``x`` is the dispatch's ``recv_x`` (bf16 or f16, ``[rows, hidden]``) or rows of its
@@ -963,10 +964,16 @@ class ElasticBuffer(AgrsMethods, EngramMethods, PpMethods):
         ``[E / R, N / 128, K / 128]`` (one per 128 x 128 block); each block's products are
         summed in fp32, scaled by the row's and the block's scales and added in fp32; the output
         is bf16 unless ``out_dtype`` says otherwise. K and N: multiples of 128.
-        """
-        return _combine.grouped_gemm(self, x, weights, handle, out_dtype, num_sms)
 
-    def swiglu(self, gate_up, handle, out_dtype=None, weights=None, num_sms: int = 0):
+        ``zero_padding=False``: the padding rows are left as they are (the output is pooled:
+        another call's rows) instead of zeroed first, for callers that read the experts' rows
+        only (the next expert step, the combine): a memset of every row less, which after a
+        dispatch without CPU sync (worst-case-sized rows) is most of the output.
+        """
+        return _combine.grouped_gemm(self, x, weights, handle, out_dtype, num_sms, zero_padding)
+
+    def swiglu(self, gate_up, handle, out_dtype=None, weights=None, num_sms: int = 0,
+               zero_padding: bool = True):
         """epic: the activation between an expert MLP's two GEMMs (``ep.swiglu``).
 
         ``gate_up`` is the gate/up GEMM's output on an expanded dispatch's rows
@@ -978,10 +985,11 @@ class ElasticBuffer(AgrsMethods, EngramMethods, PpMethods):
         bf16, f16 or float32 (the default otherwise: gate_up's) returns ``y`` rounded once.
         ``weights`` (float32 ``[rows]``, e.g. the dispatch's ``recv_topk_weights``) multiplies
         each row's ``y`` first: a MoE layer's routing weights, applied before the (linear) down
-        GEMM instead of to its output. Padding rows are zero. One kernel, nothing waits; runs
-        on the current stream. Returns a list in a virtual world.
+        GEMM instead of to its output. Padding rows are zero (``zero_padding=False``: left as
+        they are, as ``grouped_gemm``'s). One kernel, nothing waits; runs on the current
+        stream. Returns a list in a virtual world.
         """
-        return _combine.swiglu(self, gate_up, handle, out_dtype, weights, num_sms)
+        return _combine.swiglu(self, gate_up, handle, out_dtype, weights, num_sms, zero_padding)
 
     def __del__(self):
         if not getattr(self, "explicitly_destroy", True):

@@ -33,13 +33,15 @@ def expert_mlp_fp8(buffer, recv_x, w13, w2, handle, weights=None):
     ``(recv_x, recv_x_scales)``, ``w13`` / ``w2`` as in the module's docstring, ``handle`` the
     dispatch's; ``weights`` (float32 ``[rows]``, the dispatch's ``recv_topk_weights``)
     multiply each row's activations (so its output). Returns the down GEMM's bf16 rows
-    ``[rows, hidden]`` (padding rows zero)."""
+    ``[rows, hidden]``; padding rows are not zeroed (the combine never reads them)."""
     w13s, w2s = buffer._per_rank("w13", w13), buffer._per_rank("w2", w2)
     for r, (a, b) in enumerate(zip(w13s, w2s)):
         _check_mlp_weights(buffer._name("w13", r), a, buffer._name("w2", r), b)
-    gate_up = buffer.grouped_gemm(recv_x, w13, handle, out_dtype="bf16")
-    rows = buffer.swiglu(gate_up, handle, out_dtype="float8_e4m3fn", weights=weights)
-    return buffer.grouped_gemm(rows, w2, handle, out_dtype="bf16")
+    # Every step reads the experts' rows only (the handle's): the padding rows are not zeroed.
+    gate_up = buffer.grouped_gemm(recv_x, w13, handle, out_dtype="bf16", zero_padding=False)
+    rows = buffer.swiglu(gate_up, handle, out_dtype="float8_e4m3fn", weights=weights,
+                         zero_padding=False)
+    return buffer.grouped_gemm(rows, w2, handle, out_dtype="bf16", zero_padding=False)
 
 
 def moe_layer_fp8(buffer, x, topk_idx, topk_weights, w13, w2, num_experts, num_sms=0,

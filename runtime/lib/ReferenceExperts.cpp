@@ -144,8 +144,8 @@ std::vector<std::string> epic::runtime::checkSwiglu(const EPSpec &spec,
         const double g = in[size_t(row * 2 * I + c)], u = in[size_t(row * 2 * I + I + c)];
         y[size_t(c)] = g / (1.0 + std::exp(-g)) * u * weight;
       }
-      const std::string at = where(int64_t(r), "swiglu out", row) + " (expert " +
-                             std::to_string(e) + ") column ";
+      const std::string at =
+          where(int64_t(r), "swiglu out", row) + " (expert " + std::to_string(e) + ") column ";
       if (!fp8) {
         for (int64_t c = 0; c < I; ++c) {
           const double got = out[size_t(row * I + c)], want = y[size_t(c)];
@@ -161,11 +161,12 @@ std::vector<std::string> epic::runtime::checkSwiglu(const EPSpec &spec,
         double amax = 0;
         for (int64_t c = b * block; c < (b + 1) * block; ++c)
           amax = std::max(amax, std::abs(y[size_t(c)]));
-        const double want = std::max(amax, 1e-4) / 448.0, scale = scales[size_t(row * (I / block) + b)];
+        const double want = std::max(amax, 1e-4) / 448.0,
+                     scale = scales[size_t(row * (I / block) + b)];
         if (!(std::abs(scale - want) <= 1e-5 * want)) {
           p.add(where(int64_t(r), "swiglu scales", row) + " block " + std::to_string(b) + " is " +
-                std::to_string(scale) + ", expected max(amax, 1e-4) / 448 = " +
-                std::to_string(want));
+                std::to_string(scale) +
+                ", expected max(amax, 1e-4) / 448 = " + std::to_string(want));
           return;
         }
         // The nearest e4m3 of y / scale (the kernel's scale), or a value as near where
@@ -173,7 +174,8 @@ std::vector<std::string> epic::runtime::checkSwiglu(const EPSpec &spec,
         for (int64_t c = b * block; c < (b + 1) * block; ++c) {
           const double q = y[size_t(c)] / scale, got = out[size_t(row * I + c)];
           const double nearest = f8E4M3FNToFloat(floatToF8E4M3FN(float(q)));
-          if (got != nearest && !(std::abs(got - q) <= std::abs(nearest - q) + 1e-5 * std::abs(q))) {
+          if (got != nearest &&
+              !(std::abs(got - q) <= std::abs(nearest - q) + 1e-5 * std::abs(q))) {
             p.add(at + std::to_string(c) + " is e4m3 " + std::to_string(got) + ", expected " +
                   std::to_string(nearest) + " (y / scale = " + std::to_string(q) + ")");
             return;
@@ -182,8 +184,7 @@ std::vector<std::string> epic::runtime::checkSwiglu(const EPSpec &spec,
       }
     });
     for (int64_t row = 0; row < rows; ++row)
-      if (!expertRow[size_t(row)] &&
-          (!rowIsZero(s.out, row) || (fp8 && !rowIsZero(s.scales, row))))
+      if (!expertRow[size_t(row)] && (!rowIsZero(s.out, row) || (fp8 && !rowIsZero(s.scales, row))))
         p.add(where(int64_t(r), "swiglu out", row) + " is a padding row and was written");
   }
   return p.result();

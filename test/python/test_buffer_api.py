@@ -472,9 +472,14 @@ def test_swiglu_checks_its_arguments_before_the_device(buf):
     with pytest.raises(ValueError, match=r"rank 0: weights must have shape f32\[12\], got "
                                          r"f32\[11\]"):
         buf.swiglu(gate_up, handles, weights=[np.zeros(11, np.float32)] * R)
+    with pytest.raises(TypeError, match="zero_padding"):
+        buf.swiglu(gate_up, handles, zero_padding="no")
+    with pytest.raises(TypeError, match="zero_padding"):
+        buf.grouped_gemm(gate_up, [np.zeros((E // R, 512, 128), ml_dtypes.bfloat16)] * R,
+                         handles, zero_padding=None)
     for out_dtype in (None, "float8_e4m3fn", "float32"):
         with pytest.raises(ValueError, match=r"gate_up\[0\] must be a CUDA tensor"):
-            buf.swiglu(gate_up, handles, out_dtype=out_dtype)
+            buf.swiglu(gate_up, handles, out_dtype=out_dtype, zero_padding=False)
 
 
 def test_swiglu_kernels_are_compiled_for_their_dtypes(buf):

@@ -24,7 +24,8 @@ namespace {
 /// link; ex2.approx is a few ulp of f32, subnormal results flushed to 0).
 Value exp(KernelBuilder &k, Value x) {
   auto type = cast<VectorType>(x.getType());
-  Value log2e = arith::ConstantOp::create(k.b, type, DenseElementsAttr::get(type, 1.4426950408889634f));
+  Value log2e =
+      arith::ConstantOp::create(k.b, type, DenseElementsAttr::get(type, 1.4426950408889634f));
   Value scaled = arith::MulFOp::create(k.b, x, log2e);
   Value result = scaled;
   for (int64_t i = 0; i < type.getNumElements(); ++i) {
@@ -73,8 +74,8 @@ void buildSwiglu(gpu::GPUFuncOp func, const EPLayout &L, const SwigluShape &shap
       Value valid = k.lt(item, items);
       item = k.select(valid, item, k.sub(items, k.i32(1)));
       Value row = k.add(start, k.divu(item, k.i32(blocks)));
-      Value channel = k.add(k.mul(k.remu(item, k.i32(blocks)), k.i32(block)),
-                            k.mul(sub, k.i32(perLane)));
+      Value channel =
+          k.add(k.mul(k.remu(item, k.i32(blocks)), k.i32(block)), k.mul(sub, k.i32(perLane)));
       Value inRow = k.at(gateUp, k.mul(k.wide(row), k.i64(2 * inter * inBytes)));
       Value gate = toF32(k.load(inChunk, k.at(inRow, k.mul(channel, k.i32(inBytes))), 16));
       Value up = toF32(
@@ -83,9 +84,9 @@ void buildSwiglu(gpu::GPUFuncOp func, const EPLayout &L, const SwigluShape &shap
       auto ones = arith::ConstantOp::create(k.b, f32x8, DenseElementsAttr::get(f32x8, 1.0f));
       Value y = arith::MulFOp::create(
           k.b,
-          arith::DivFOp::create(k.b, gate,
-                                arith::AddFOp::create(
-                                    k.b, ones, exp(k, arith::NegFOp::create(k.b, gate)))),
+          arith::DivFOp::create(
+              k.b, gate,
+              arith::AddFOp::create(k.b, ones, exp(k, arith::NegFOp::create(k.b, gate)))),
           up);
       // The row's weight (1 without weights): a uniform branch, one load per item.
       Value weight = k.choose(
