@@ -1,8 +1,9 @@
 // The FP8 ep.grouped_gemm through the whole pipeline for sm_90a at DeepEP V3's shape
-// (hidden 7168, 56 f32 scales a row, N = 2048 per expert): TMA loads of 64 x 128 and
-// 128 x 128 one-byte boxes, wgmma m64n128k32 on e4m3 with B K-major, 64 fused multiply-adds
-// of the promotion per step, and ptxas accepts the kernel with no spills (partial and total
-// sums of a 64-row tile: 128 registers a thread).
+// (hidden 7168, 56 f32 scales a row, N = 2048 per expert): TMA loads of two 128 x 128
+// one-byte boxes, wgmma m64n128k32 on e4m3 with B K-major, 64 fused multiply-adds of the
+// promotion per step, the register file split between the warpgroups (setmaxnreg), and
+// ptxas accepts the kernel with no spills (partial and total sums of a consumer
+// warpgroup's 64 rows: 128 registers a thread; a block of 288 threads spilled).
 // RUN: epic-compile %s --backend=virtual -o %t
 // RUN: FileCheck %s --check-prefix=PTX < %t.ptx
 // RUN: FileCheck %s --check-prefix=FMA < %t.ptx
@@ -10,16 +11,20 @@
 
 // PTX: .target sm_90a
 // PTX-LABEL: .entry ep_grouped_gemm_gemm(
-// PTX: mbarrier.arrive.expect_tx.shared.b64
-// PTX: cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes
+// PTX: .maxntid 384, 1, 1
+// PTX: setmaxnreg.inc.sync.aligned.u32 224;
 // PTX: mbarrier.try_wait.parity.shared.b64
 // PTX-COUNT-4: wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3
 // PTX-NOT: wgmma.mma_async
 // PTX: wgmma.wait_group.sync.aligned{{[[:space:]]+}}0;
+// PTX: setmaxnreg.dec.sync.aligned.u32 56;
+// PTX: mbarrier.try_wait.parity.shared.b64
+// PTX: mbarrier.arrive.expect_tx.shared.b64
+// PTX: cp.async.bulk.tensor.2d.shared::cluster.global{{.*}}.mbarrier::complete_tx::bytes
 // The promotion (LLVM places it where it likes in the loop: after the wait, in its own block).
 // FMA-COUNT-64: fma.rn.f32
 // FMA-NOT: fma.rn.f32
-// JSON: "dynamic_shared_bytes": 99328
+// JSON: "dynamic_shared_bytes": 197632
 // JSON: "elem_bytes": 1
 // JSON: "name": "ep_grouped_gemm_gemm"
 // JSON: "spill_load_bytes": 0

@@ -152,7 +152,7 @@ struct KernelPlan {
   void addGemmMetadata(const epic::detail::GroupedGemmShape &gemm, StringRef lhs, StringRef weights,
                        epic::IntOrField rows) {
     launch.dynamicSharedBytes = epic::detail::gemmDynamicSharedBytes(gemm);
-    launch.ctasPerSm = epic::detail::kGemmCtasPerSm;
+    launch.ctasPerSm = epic::detail::gemmCtasPerSm(gemm);
     launch.tensorMaps = epic::detail::groupedGemmTensorMaps(gemm, lhs, weights, std::move(rows),
                                                             record().mapsOffset);
   }
@@ -412,7 +412,7 @@ struct GroupedGemmOpLowering : KernelOpLowering<ep::GroupedGemmOp> {
   using KernelOpLowering::KernelOpLowering;
   FailureOr<KernelPlan> planKernels(ep::GroupedGemmOp gemm, const Entry &entry,
                                     Builder &b) const override {
-    // One warpgroup per block; blocks never wait for each other.
+    // BF16: one warpgroup per block (FP8: gemmThreads); blocks never wait for each other.
     KernelPlan plan(gemm, gemm.getConfig(), entry, epic::detail::kGemmThreads);
     ep::ConfigAttr cfg = plan.cfg;
     auto lhs = cast<ShapedType>(gemm.getLhs().getType());
@@ -424,6 +424,7 @@ struct GroupedGemmOpLowering : KernelOpLowering<ep::GroupedGemmOp> {
     if (failed(checked))
       return failure();
     epic::detail::GroupedGemmShape shape = *checked;
+    plan.threads = unsigned(epic::detail::gemmThreads(shape)); // FP8: warp-specialized
     plan.kernels = {entry.name + "_gemm"};
     plan.fields = fieldNames(epic::detail::kGroupedGemmFields);
     plan.tensorMaps = 2;

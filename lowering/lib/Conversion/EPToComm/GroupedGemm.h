@@ -77,29 +77,49 @@ static_assert(kGemmCtasPerSm * kGemmDynamicSharedBytes <= 227 * 1024,
 static_assert(kGemmTileM * kGemmTileN * 4 <= kGemmStages * kGemmStageBytes,
               "the epilogue stages the fp32 tile in the ring");
 
-/// The FP8 kernel (e4m3 rows and weights with DeepSeek's block scales): one
-/// warpgroup computes 64 x 128 output tiles over K in steps of 128 (one scale
-/// block: four m64n128k32 wgmma), and after each step adds the step's fp32
-/// partial sums, times the rows' scales and the weight block's scale, into a
-/// second set of accumulators (the promotion). 64 rows: the partial and the
-/// total sums of a 128-row tile would take 256 registers a thread. A stage:
-/// the 64 x 128 lhs box, then the 128 x 128 weight box (N rows, K contiguous:
-/// FP8 wgmma reads B K-major only), 128-byte swizzle.
-constexpr int64_t kFp8TileM = 64, kFp8TileK = 128, kFp8Stages = 4;
+/// The FP8 kernel (e4m3 rows and weights with DeepSeek's block scales) is
+/// warp-specialized: a producer warp issues the TMA loads of a ring of
+/// kFp8Stages stages (the 128 x 128 lhs box, then the 128 x 128 weight box, N
+/// rows with K contiguous: FP8 wgmma reads B K-major only; 128-byte swizzle)
+/// as the consumers free them (an mbarrier per stage each way); two consumer
+/// warpgroups compute the 128 x 128 output tile, rows 0-63 and 64-127, sharing
+/// the weight tile. Per K step of 128 (one scale block) a warpgroup issues four
+/// m64n128k32 wgmma into fresh partial sums as one group, frees the stage, and adds the
+/// sums times the rows' and the weight block's scales into its totals (the
+/// promotion) while the other warpgroup's MMAs run. 128 rows: per byte loaded
+/// into shared memory a 128 x 128 tile does 1.5x the MMA work of the 64 x 128
+/// one, whose kernel was bound by the SM's load bandwidth (~40% of the FP8
+/// peak); 64 rows a warpgroup: partial and total sums of 64 x 128 are 128
+/// registers a thread. One block per SM (the two warpgroups take its registers).
+/// (The producer: see kFp8Threads.)
+constexpr int64_t kFp8TileM = 128, kFp8TileK = 128, kFp8Stages = 6;
+constexpr int64_t kFp8ConsumerWarpgroups = 2;
+/// Three warpgroups: ptxas budgets registers per warpgroup (a block of 288
+/// threads got 168 a thread, the budget of 384, and spilled), so the
+/// producer is a whole warpgroup that keeps kFp8ProducerRegisters and hands
+/// the rest to the consumers (setmaxnreg): 2 x 128 x 224 + 128 x 56 <= 64 Ki.
+constexpr int64_t kFp8Threads = (kFp8ConsumerWarpgroups + 1) * 128;
+constexpr int64_t kFp8ConsumerRegisters = 224, kFp8ProducerRegisters = 56;
+static_assert(kFp8ConsumerWarpgroups * 128 * kFp8ConsumerRegisters + 128 * kFp8ProducerRegisters <=
+                  64 * 1024,
+              "the warpgroups' registers must fit the SM's register file");
+constexpr int64_t kFp8CtasPerSm = 1;
 constexpr int64_t kFp8ScaleBlock = 128; ///< channels per scale (rows' and weights')
 constexpr int64_t kFp8StageBytes = kFp8TileM * kFp8TileK + kFp8TileK * kGemmTileN;
 constexpr int64_t kFp8DynamicSharedBytes = kFp8Stages * kFp8StageBytes + 1024;
-static_assert(kGemmCtasPerSm * kFp8DynamicSharedBytes <= 227 * 1024,
-              "two FP8 GEMM blocks must fit in an SM's shared memory");
-static_assert(kFp8TileM * kGemmTileN * 4 <= kFp8Stages * kFp8StageBytes,
-              "the FP8 epilogue stages the fp32 tile in the ring");
+static_assert(kFp8CtasPerSm * kFp8DynamicSharedBytes <= 227 * 1024,
+              "the FP8 GEMM's ring must fit in an SM's shared memory");
+static_assert(kFp8TileM == kFp8ConsumerWarpgroups * 64, "a consumer warpgroup's rows are m64");
 static_assert(kFp8TileK == kFp8ScaleBlock && kGemmTileN == kFp8ScaleBlock,
               "an FP8 step covers one scale block of K, a tile one of N");
 
 /// Whether `shape` is the FP8 kernel's.
 bool isFp8Gemm(const GroupedGemmShape &shape);
-/// The dynamic shared memory the kernel of `shape` takes.
+/// The dynamic shared memory, the threads of a block and the blocks per SM
+/// the kernel of `shape` takes.
 int64_t gemmDynamicSharedBytes(const GroupedGemmShape &shape);
+int64_t gemmThreads(const GroupedGemmShape &shape);
+int64_t gemmCtasPerSm(const GroupedGemmShape &shape);
 
 /// Fields of the kernel's per-rank parameter record, in order (the TMA
 /// descriptors follow them, see GroupedGemmShape::mapsOffset).
