@@ -26,10 +26,10 @@
 
 namespace epic::detail {
 
-/// The tiling a kernel was built for: output tiles of `tileM` x kGemmTileN,
-/// K in steps of `tileK`, a ring of `stages` stages of `stageBytes`.
+/// The tiling a kernel was built for: output tiles of `tileM` x kGemmTileN, a
+/// ring of `stages` stages of `stageBytes`.
 struct GemmTiling {
-  int64_t tileM, tileK, stages, stageBytes;
+  int64_t tileM, stages, stageBytes;
 };
 
 struct GemmBuilder : epic::expand::ArithBuilder<GemmBuilder> {
@@ -86,14 +86,6 @@ struct GemmBuilder : epic::expand::ArithBuilder<GemmBuilder> {
     return mlir::nvgpu::WarpgroupAccumulatorType::get(
         ctx, mlir::VectorType::get({rows, kGemmTileN}, b.getF32Type()));
   }
-  /// The same as convert-nvgpu-to-nvvm lowers it: a struct of 64 floats a
-  /// thread per m64 row block (the FP8 promotion reads them).
-  mlir::LLVM::LLVMStructType accStructT(int64_t rows) {
-    llvm::SmallVector<Type> floats(64 * kGemmTileN / kGemmThreads, b.getF32Type());
-    return mlir::LLVM::LLVMStructType::getLiteral(
-        ctx,
-        llvm::SmallVector<Type>(rows / 64, mlir::LLVM::LLVMStructType::getLiteral(ctx, floats)));
-  }
 
   // --- memory ---------------------------------------------------------------
   Value gep(Value base, Value bytes) {
@@ -147,11 +139,13 @@ struct GemmBuilder : epic::expand::ArithBuilder<GemmBuilder> {
   Setup begin(mlir::gpu::GPUFuncOp func, llvm::ArrayRef<int64_t> lhsBox,
               llvm::ArrayRef<int64_t> rhsBox, llvm::function_ref<void(const Setup &)> more = {});
 
-  /// Where stage `step % stages` starts in dynamic shared memory.
-  Value stageOffset(const Setup &s, Value step) {
-    return add(s.pad, mul(remu(step, idx(tiling.stages)), idx(tiling.stageBytes)));
+  /// Where stage `stage` starts in dynamic shared memory.
+  Value stageAt(const Setup &s, Value stage) {
+    return add(s.pad, mul(stage, idx(tiling.stageBytes)));
   }
+  /// The stage of global step `step`, and where it starts.
   Value stageOf(Value step) { return remu(step, idx(tiling.stages)); }
+  Value stageOffset(const Setup &s, Value step) { return stageAt(s, stageOf(step)); }
   /// The parity of step `g`'s use of its stage (the ring's lap, mod 2).
   Value parityOf(Value step) {
     return mlir::arith::IndexCastOp::create(b, b.getI1Type(),

@@ -213,7 +213,7 @@ namespace {
 
 struct Bf16Gemm : GemmBuilder {
   Bf16Gemm(ImplicitLocOpBuilder &b, const GroupedGemmShape &shape)
-      : GemmBuilder(b, shape, {kGemmTileM, kGemmTileK, kGemmStages, kGemmStageBytes}) {}
+      : GemmBuilder(b, shape, {kGemmTileM, kGemmStages, kGemmStageBytes}) {}
 
   void build(gpu::GPUFuncOp func) {
     const int64_t kSteps = shape.hidden / kGemmTileK;

@@ -49,7 +49,7 @@ constexpr int64_t kFragment = 64 * kGemmTileN / 128; ///< f32 sums a consumer th
 
 struct Fp8Gemm : GemmBuilder {
   Fp8Gemm(ImplicitLocOpBuilder &b, const GroupedGemmShape &shape)
-      : GemmBuilder(b, shape, {kFp8TileM, kFp8TileK, kFp8Stages, kFp8StageBytes}) {}
+      : GemmBuilder(b, shape, {kFp8TileM, kFp8Stages, kFp8StageBytes}) {}
 
   const int64_t kSteps = shape.hidden / kFp8TileK;
   const int64_t kBlocks = shape.hidden / kFp8ScaleBlock;
@@ -93,23 +93,20 @@ struct Fp8Gemm : GemmBuilder {
     Value wrap = eq(following, idx(kFp8Stages));
     return {select(wrap, idx(0), following), arith::XOrIOp::create(b, r.parity, wrap)};
   }
-  Value stageAt(const Setup &s, Value stage) { return add(s.pad, mul(stage, idx(kFp8StageBytes))); }
 
   /// The tile loop every role runs: block b takes tiles b, b + B, ...; `body`
   /// gets the tile and the ring position of its first step, and returns the
   /// position after its last.
-  void forEachTile(const Setup &s, Value total, ValueRange extra,
-                   function_ref<SmallVector<Value>(const Tile &, Ring, ValueRange)> body) {
-    SmallVector<Value> init{idx(0), arith::ConstantIntOp::create(b, 0, 1)};
-    llvm::append_range(init, extra);
-    loop(s.block, total, s.blocks, init,
+  void forEachTile(const Setup &s, Value total,
+                   function_ref<SmallVector<Value>(const Tile &, Ring)> body) {
+    loop(s.block, total, s.blocks, ValueRange{idx(0), arith::ConstantIntOp::create(b, 0, 1)},
          [&](Value tileIndex, ValueRange carried) -> SmallVector<Value> {
-           return body(locate(s.psum, tileIndex), {carried[0], carried[1]}, carried.drop_front(2));
+           return body(locate(s.psum, tileIndex), {carried[0], carried[1]});
          });
   }
 
   void produce(const Setup &s, Value empty, Value total) {
-    forEachTile(s, total, {}, [&](const Tile &t, Ring first, ValueRange) {
+    forEachTile(s, total, [&](const Tile &t, Ring first) {
       Value weightRow0 = add(mul(t.expert, idx(shape.n)), t.col0); // [L * N, hidden]
       ValueRange last =
           loop(idx(0), idx(kSteps), idx(1), ValueRange{first.stage, first.parity},
@@ -172,7 +169,7 @@ struct Fp8Gemm : GemmBuilder {
     Value zeros = LLVM::ZeroOp::create(
         b, LLVM::LLVMStructType::getLiteral(ctx, SmallVector<Type>(kFragment, f32)));
 
-    forEachTile(s, total, {}, [&](const Tile &t, Ring first, ValueRange) {
+    forEachTile(s, total, [&](const Tile &t, Ring first) {
       Value rows0 = add(t.row0, mul(warpgroup, idx(64)));
       // Warpgroup-uniform: whether any of the warpgroup's rows is the expert's.
       Value active = ult(rows0, t.end);
