@@ -32,21 +32,23 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 nccl_home=$(python3 -c "import nvidia.nccl as m; print(m.__path__[0])")
 echo "NCCL library: $(ls $nccl_home/lib/libnccl.so*)"
 
-nvcc -O2 -std=c++17 -arch=sm_90 -I runtime/include -I "$dev/nccl-include" test/gpu/comm_smoke.cu \
-  test/gpu/comm_smoke_nodes.cu -o /tmp/epic-gpu/comm_smoke -L "$nccl_home/lib" -l:libnccl.so.2 -lcuda \
-  -Xlinker -rpath="$nccl_home/lib" || { echo "run.sh: building comm_smoke failed"; exit 1; }
-
-# The runtime, built here without LLVM/MLIR, against this machine's CUDA and NCCL.
+# The runtime, built here without LLVM/MLIR, against this machine's CUDA and NCCL, into
+# $EPIC_GPU_RUNTIME (tools/device/variants.sh builds one per variant of the tree).
 # The Python extension too (epic._C, into python/epic/), for this machine's Python.
-cmake -G Ninja -S . -B /tmp/epic-gpu/runtime -DEPIC_RUNTIME_ONLY=ON -DCMAKE_BUILD_TYPE=Release \
+runtime=${EPIC_GPU_RUNTIME:-/tmp/epic-gpu/runtime}
+cmake -G Ninja -S . -B "$runtime" -DEPIC_RUNTIME_ONLY=ON -DCMAKE_BUILD_TYPE=Release \
   -DEPIC_NCCL_INCLUDE_DIR="$PWD/$dev/nccl-include" -DEPIC_NCCL_LIBRARY="$nccl_home/lib/libnccl.so.2" \
   -DPython3_EXECUTABLE="$(command -v python3)" -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" \
-  > /tmp/epic-gpu/cmake.log 2>&1 && cmake --build /tmp/epic-gpu/runtime > /tmp/epic-gpu/build.log 2>&1 \
-  || { echo "run.sh: building the runtime failed"; tail -30 /tmp/epic-gpu/cmake.log /tmp/epic-gpu/build.log; exit 1; }
+  > "$runtime.cmake.log" 2>&1 && cmake --build "$runtime" > "$runtime.build.log" 2>&1 \
+  || { echo "run.sh: building the runtime failed"; tail -30 "$runtime.cmake.log" "$runtime.build.log"; exit 1; }
 
 # `run.sh build`: only build the runtime and the Python extension (for a
 # command of one's own after it, e.g. tools/device/profile.sh).
-[[ ${1:-all} == build ]] && { echo "run.sh: runtime built in /tmp/epic-gpu/runtime"; exit 0; }
+[[ ${1:-all} == build ]] && { echo "run.sh: runtime built in $runtime"; exit 0; }
+
+nvcc -O2 -std=c++17 -arch=sm_90 -I runtime/include -I "$dev/nccl-include" test/gpu/comm_smoke.cu \
+  test/gpu/comm_smoke_nodes.cu -o /tmp/epic-gpu/comm_smoke -L "$nccl_home/lib" -l:libnccl.so.2 -lcuda \
+  -Xlinker -rpath="$nccl_home/lib" || { echo "run.sh: building comm_smoke failed"; exit 1; }
 
 status=0
 run() {
@@ -74,18 +76,18 @@ another node' /tmp/epic-gpu/lsa-violation.log"
 run bash -c "/tmp/epic-gpu/comm_smoke virtual-drop $dev/kernels/comm_virtual.cubin 2>&1 \
   | tee /tmp/epic-gpu/drop.log; grep -qF 'rank 5 waited for signal 3 from rank 1 (expected >= 1, \
 seen 0' /tmp/epic-gpu/drop.log"
-EPIC_CACHE_DIR="$dev/cache" EPIC_DEBUG=1 run /tmp/epic-gpu/runtime/bin/epic-runtime-gpu-test
+EPIC_CACHE_DIR="$dev/cache" EPIC_DEBUG=1 run "$runtime"/bin/epic-runtime-gpu-test
 # Ranks that call with different token caps: the entry barrier's comm.agree traps naming both
 # (the device printf; the launch's error follows). A process of its own: the context is lost.
-EPIC_CACHE_DIR="$dev/cache" run bash -c "/tmp/epic-gpu/runtime/bin/epic-runtime-gpu-test disagree \
+EPIC_CACHE_DIR="$dev/cache" run bash -c "$runtime/bin/epic-runtime-gpu-test disagree \
   2>&1 | tee /tmp/epic-gpu/disagree.log; grep -q 'rank [01] and rank [01] disagree' /tmp/epic-gpu/disagree.log \
   && grep -q 'the launch failed as it must' /tmp/epic-gpu/disagree.log"
 for program in examples/run/*.mlir examples/mlir/moe_layer.mlir; do
-  run /tmp/epic-gpu/runtime/bin/epic-run "$program" --check --cache-dir="$dev/cache"
+  run "$runtime"/bin/epic-run "$program" --check --cache-dir="$dev/cache"
 done
-run /tmp/epic-gpu/runtime/bin/epic-run test/gpu/run_nccl_one_rank.mlir --backend=nccl --check \
+run "$runtime"/bin/epic-run test/gpu/run_nccl_one_rank.mlir --backend=nccl --check \
   --cache-dir="$dev/cache"
-run /tmp/epic-gpu/runtime/bin/epic-run test/gpu/agrs_nccl_one_rank.mlir --backend=nccl --check \
+run "$runtime"/bin/epic-run test/gpu/agrs_nccl_one_rank.mlir --backend=nccl --check \
   --cache-dir="$dev/cache"
 # Direct and hybrid mode across nodes on virtual worlds of 2x4, 4x2 and 2x2 ranks.
 EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run python3 test/gpu/ep_multinode.py
@@ -196,7 +198,8 @@ PYTHONPATH=python run python3 -m pytest -q -p no:cacheprovider test/gpu/test_agr
 # Engram: tables in the windows' host segments, fetched by the kernel of ep.engram_fetch.
 EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run python3 -m pytest -q -p no:cacheprovider \
   test/gpu/test_engram.py
-run torchrun --nproc-per-node "$(nvidia-smi -L | wc -l)" test/gpu/collectives_distributed.py
+EPIC_CACHE_DIR="$dev/cache" run torchrun --nproc-per-node "$(nvidia-smi -L | wc -l)" \
+  test/gpu/collectives_distributed.py
 # DeepEP V1's low-latency mode (ep.low_latency_dispatch / _combine) on virtual worlds.
 EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python run python3 -m pytest -q -p no:cacheprovider \
   test/gpu/test_v1_low_latency.py

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Here (no GPU), after tools/device/prepare.sh: adds variants of the compiler to build/device
+# so that one device call can time them against the tree (tools/device/variants.sh there).
+#   tools/device/prepare-variants.sh NAME=PATCH [NAME=PATCH ...] -- COMMAND...
+# Each PATCH (a `git diff` against this tree, e.g. the kernel as it was, or an experiment) is
+# applied in turn, the compiler rebuilt and COMMAND run with EPIC_CACHE_DIR set to the device
+# cache: COMMAND compiles what the timing needs (e.g. `python3 bench/gemm_bench.py
+# --compile-only --gemm-only`). The patched files and the variant's kernel-source hash go to
+# build/device/variants/NAME/; the tree is restored after each. COMMAND runs for the tree too.
+# The kernel cache keys hold the compiler sources' hash, so every variant's kernels sit side by
+# side in one cache and each runtime finds its own.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=build
+out=$build/device
+[[ -f $out/MANIFEST ]] || { echo "prepare-variants: run tools/device/prepare.sh first"; exit 2; }
+variants=()
+while [[ $# -gt 0 && $1 != -- ]]; do variants+=("$1"); shift; done
+[[ $# -gt 1 && ${#variants[@]} -gt 0 ]] || {
+  echo "usage: $0 NAME=PATCH [NAME=PATCH ...] -- COMMAND..."; exit 2; }
+shift
+targets=(epic-compile epic-run epic_python_extension)
+compile() { EPIC_CACHE_DIR="$PWD/$out/cache" PYTHONPATH=python "$@" > /dev/null; }
+for spec in "${variants[@]}"; do
+  name=${spec%%=*} patch=${spec#*=}
+  [[ $name =~ ^[A-Za-z0-9_-]+$ && $name != tree ]] || { echo "prepare-variants: bad name '$name'"; exit 2; }
+  [[ -f $patch ]] || { echo "prepare-variants: $name: no patch file '$patch'"; exit 2; }
+  git apply --check "$patch" || { echo "prepare-variants: $name: $patch does not apply to this tree"; exit 2; }
+done
+cmake --build "$build" --target "${targets[@]}" > /dev/null
+compile "$@"
+rm -rf "$out/variants"
+for spec in "${variants[@]}"; do
+  name=${spec%%=*} patch=${spec#*=}
+  git apply "$patch"
+  # Restored however this ends: the tree is never left patched.
+  trap 'git apply -R "$patch"; cmake --build "$build" --target "${targets[@]}" > /dev/null' EXIT
+  mkdir -p "$out/variants/$name/files"
+  git apply --numstat "$patch" | cut -f3 | while read -r file; do
+    mkdir -p "$out/variants/$name/files/$(dirname "$file")" && cp "$file" "$out/variants/$name/files/$file"
+  done
+  cmake --build "$build" --target "${targets[@]}" > /dev/null
+  cp "$build/runtime/generated/KernelSourceHash.h" "$out/variants/$name/"
+  compile "$@"
+  git apply -R "$patch"
+  trap - EXIT
+  echo "prepare-variants: $name ($(git apply --numstat "$patch" | wc -l) files)"
+done
+cmake --build "$build" --target "${targets[@]}" > /dev/null
+(cd "$out" && find . -type f | sort > MANIFEST)
+echo "prepare-variants: $(du -sh "$out" | cut -f1) in $out; on the device: tools/device/variants.sh COMMAND"
