@@ -271,11 +271,14 @@ KernelHost::Prepared KernelHost::prepare(const KernelInput &input,
     throw std::invalid_argument("blocks per rank (" + std::to_string(blocks) +
                                 ") exceeds the kernels' maximum " +
                                 std::to_string(k.meta.maxBlocksPerRank));
-  if ((int64_t(servedRanks) * blocks) % k.meta.clusterDims[0])
-    throw std::invalid_argument(
-        "the kernels run in clusters of " + std::to_string(k.meta.clusterDims[0]) +
-        " blocks: " + std::to_string(servedRanks) + " rank(s) x " + std::to_string(blocks) +
-        " blocks per rank must be a multiple of it");
+  // A launch serving several ranks gives each rank a contiguous run of blocks
+  // (rank = block / blocks): a cluster, whose blocks share work, must not
+  // straddle two ranks.
+  if (blocks % k.meta.clusterDims[0])
+    throw std::invalid_argument("the kernels run in clusters of " +
+                                std::to_string(k.meta.clusterDims[0]) +
+                                " blocks: the blocks per rank (" + std::to_string(blocks) +
+                                ") must be a multiple of it, so that no cluster spans two ranks");
   // Every rank's blocks wait for each other: all must be resident at once.
   if (k.meta.cooperative && k.residentBlocks < int64_t(servedRanks) * blocks)
     throw std::invalid_argument(
