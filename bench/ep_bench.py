@@ -272,6 +272,15 @@ class Timer:
                 {name: statistics.median(v) for name, v in per_name.items()})
 
 
+def out_of_memory(torch, bench, tokens, error):
+    """The record of a size that did not fit this GPU (torch.OutOfMemoryError `error`), printed
+    by name: the bench goes on with its other sizes and fails at the end."""
+    first = str(error).splitlines()[0]
+    print(f"{bench}: {tokens} tokens per rank do not fit {torch.cuda.get_device_name()} "
+          f"({first}); skipped")
+    return dict(tokens=tokens, why=first)
+
+
 def write_report(report, out_dir, prefix=""):
     """bench/results/<prefix><gpu>-<date>.json (the other benches' reports too)."""
     os.makedirs(out_dir, exist_ok=True)

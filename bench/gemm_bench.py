@@ -479,10 +479,7 @@ def main():
         try:
             result = run_size(args, tokens, measure_size)
         except torch.OutOfMemoryError as error:  # a prefill size larger than this GPU
-            first = str(error).splitlines()[0]
-            print(f"gemm_bench: {tokens} tokens per rank do not fit "
-                  f"{torch.cuda.get_device_name()} ({first}); skipped")
-            skipped.append(dict(tokens=tokens, why=first))
+            skipped.append(ep_bench.out_of_memory(torch, "gemm_bench", tokens, error))
             result = False
         torch.cuda.empty_cache()
         if result is False:

@@ -122,10 +122,15 @@ def main():
 
     bandwidth = ep_bench.copy_roofline(torch)
     torch.cuda.empty_cache()
-    sizes = []
+    sizes, skipped = [], []
     for T in args.tokens:
-        s = measure(torch, args, T, bandwidth)
-        torch.cuda.empty_cache()
+        try:
+            s = measure(torch, args, T, bandwidth)
+        except torch.OutOfMemoryError as error:  # a prefill size larger than this GPU
+            skipped.append(ep_bench.out_of_memory(torch, "layer_bench", T, error))
+            continue
+        finally:
+            torch.cuda.empty_cache()
         sizes.append(s)
         floor = max(s["byte_floor_s"], s["flop_floor_s"] or 0)
         print(f"{T} tokens per rank ({s['rows']} expert rows over {args.ranks} virtual ranks): "
@@ -139,10 +144,14 @@ def main():
             print(f"    {t * 1e6:9.1f} us  {kname[:90]}")
     report = dict(date=datetime.date.today().isoformat(), args=vars(args),
                   gpu=torch.cuda.get_device_name(), copy_bandwidth=bandwidth, sizes=sizes,
+                  skipped=skipped,
                   note="the unfused FP8 layer (epic.moe.moe_layer_fp8); the persistent decode "
                        "kernel is not built")
     ep_bench.write_report(report, args.out, "layer-")
-    return 0 if all(s["bitwise_graph_equals_eager"] for s in sizes) else 1
+    if skipped:
+        print("layer_bench: skipped (out of memory): "
+              + ", ".join(str(s["tokens"]) for s in skipped))
+    return 0 if all(s["bitwise_graph_equals_eager"] for s in sizes) and not skipped else 1
 
 
 if __name__ == "__main__":

@@ -38,3 +38,24 @@ def test_multi_gpu_bench_compiles_its_kernels(tmp_path):
                          env=dict(os.environ, EPIC_CACHE_DIR=str(tmp_path / "cache")))
     assert out.returncode == 0, out.stderr
     assert "ep_multi_gpu: kernels for 2 ranks" in out.stdout
+
+
+def test_a_size_out_of_memory_is_skipped_by_name(capsys):
+    """gemm_bench and layer_bench go on past a size that does not fit and name it."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import ep_bench
+
+    class Cuda:
+        @staticmethod
+        def get_device_name():
+            return "NVIDIA H100 80GB HBM3"
+
+    class Torch:
+        cuda = Cuda
+
+    error = RuntimeError("CUDA out of memory. Tried to allocate 3.50 GiB\nmore detail")
+    record = ep_bench.out_of_memory(Torch, "layer_bench", 4096, error)
+    assert record == dict(tokens=4096, why="CUDA out of memory. Tried to allocate 3.50 GiB")
+    assert capsys.readouterr().out == (
+        "layer_bench: 4096 tokens per rank do not fit NVIDIA H100 80GB HBM3 (CUDA out of memory. "
+        "Tried to allocate 3.50 GiB); skipped\n")

@@ -60,6 +60,9 @@ EPIC_CACHE_DIR="$out/cache" python3 test/gpu/engine_replay.py --compile-only --w
 # Direct mode across nodes on virtual worlds of 2x4, 4x2 and 2x2 ranks (run.sh multinode).
 EPIC_CACHE_DIR="$out/cache" PYTHONPATH=python python3 test/gpu/ep_multinode.py --prepare
 EPIC_CACHE_DIR="$out/cache" python3 bench/gemm_bench.py --compile-only
+# run.sh gemm: one rank's share of a V3 layer (EP1: 32 experts, the rows an EP8 rank gets).
+EPIC_CACHE_DIR="$out/cache" python3 bench/gemm_bench.py --compile-only --ranks 1 --experts 32 \
+  --tokens 1024,4096,8192 --gemm-only
 EPIC_CACHE_DIR="$out/cache" python3 bench/layer_bench.py --compile-only
 python3 examples/torch_distributed.py --compile-only --world-size 1 --cache-dir "$out/cache" > /dev/null
 for ranks in 1 2 4 8; do  # the multi-process checks and bench on as many GPUs as the machine has

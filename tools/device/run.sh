@@ -6,6 +6,8 @@
 #   tools/device/run.sh bench     # bench/ep_bench.py, dsl_bench.py, gemm_bench.py,
 #                                 # layer_bench.py, collectives_bench.py
 #                                 # (into $OUT)
+#   tools/device/run.sh gemm      # bench/gemm_bench.py on one rank's share (EP1) and on virtual
+#                                 # EP8, bench/layer_bench.py up to 4096 tokens (into $OUT)
 #   tools/device/run.sh latency   # bench/latency.py: per-call wall time, eager and CUDA graphs
 #   tools/device/run.sh low-latency
 #                                 # V1's low-latency pair: its GPU tests, the engine replay (NCCL
@@ -163,6 +165,18 @@ if [[ $only == low-latency ]]; then
   done
   echo "low-latency: $([[ $status -eq 0 ]] && echo passed || echo FAILED)" | tee -a "$out/low-latency.log"
   exit $status
+fi
+if [[ $only == gemm ]]; then
+  # Issue 25's rows: the grouped GEMMs on one rank's share of a V3 layer (EP1), on a virtual EP8
+  # world with the fused pairs and the summary, and the FP8 layer step by step.
+  EPIC_CACHE_DIR="$dev/cache" python3 bench/gemm_bench.py --ranks 1 --experts 32 \
+    --tokens 1024,4096,8192 --gemm-only --out "$out/ep1" 2>&1 | tee "$out/gemm_ep1.log"
+  rc=${PIPESTATUS[0]}
+  EPIC_CACHE_DIR="$dev/cache" python3 bench/gemm_bench.py --out "$out" 2>&1 | tee "$out/gemm_bench.log"
+  rc=$(( rc | PIPESTATUS[0] ))
+  EPIC_CACHE_DIR="$dev/cache" python3 bench/layer_bench.py --tokens 128,1024,4096 --out "$out" 2>&1 \
+    | tee "$out/layer_bench.log"
+  exit $(( rc | PIPESTATUS[0] ))
 fi
 if [[ $only == bench ]]; then
   EPIC_CACHE_DIR="$dev/cache" python3 bench/ep_bench.py --out "$out" 2>&1 | tee "$out/ep_bench.log"
