@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Here (no GPU), after tools/device/prepare.sh: adds variants of the compiler to build/device
-# so that one device call can time them against the tree (tools/device/variants.sh there).
-#   tools/device/prepare-variants.sh NAME=PATCH [NAME=PATCH ...] -- COMMAND...
+# Here (no GPU), after tools/device/prepare.sh (or with --fresh): adds variants of the compiler
+# to build/device so that one device call can time them against the tree (tools/device/variants.sh
+# there).
+#   tools/device/prepare-variants.sh [--fresh] NAME=PATCH [NAME=PATCH ...] -- COMMAND...
+# --fresh starts build/device anew with only what a timing call needs (the NCCL headers and the
+# kernels COMMAND compiles): the whole GPU suite's cache and a few variants' do not fit the
+# device call's 64 MiB.
 # Each PATCH (a `git diff` against this tree, e.g. the kernel as it was, or an experiment) is
 # applied in turn, the compiler rebuilt and COMMAND run with EPIC_CACHE_DIR set to the device
 # cache: COMMAND compiles what the timing needs (e.g. `python3 bench/gemm_bench.py
@@ -13,13 +17,21 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=build
 out=$build/device
-[[ -f $out/MANIFEST ]] || { echo "prepare-variants: run tools/device/prepare.sh first"; exit 2; }
+fresh=0
+[[ ${1:-} == --fresh ]] && { fresh=1; shift; }
 variants=()
 while [[ $# -gt 0 && $1 != -- ]]; do variants+=("$1"); shift; done
 [[ $# -gt 1 && ${#variants[@]} -gt 0 ]] || {
   echo "usage: $0 NAME=PATCH [NAME=PATCH ...] -- COMMAND..."; exit 2; }
 shift
 targets=(epic-compile epic-run epic_python_extension)
+if (( fresh )); then
+  cmake --build "$build" --target epic-device-shims > /dev/null
+  rm -rf "$out" && mkdir -p "$out/cache"
+  cp -r "$build/runtime/device/nccl-include" "$out/nccl-include"
+  touch "$out/MANIFEST"
+fi
+[[ -f $out/MANIFEST ]] || { echo "prepare-variants: run tools/device/prepare.sh first (or pass --fresh)"; exit 2; }
 compile() { EPIC_CACHE_DIR="$PWD/$out/cache" PYTHONPATH=python "$@" > /dev/null; }
 for spec in "${variants[@]}"; do
   name=${spec%%=*} patch=${spec#*=}
