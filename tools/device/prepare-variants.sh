@@ -47,8 +47,8 @@ for spec in "${variants[@]}"; do
   git apply "$patch"
   # Restored however this ends: the tree is never left patched.
   trap 'git apply -R "$patch"; cmake --build "$build" --target "${targets[@]}" > /dev/null' EXIT
-  mkdir -p "$out/variants/$name/files"
-  git apply --numstat "$patch" | cut -f3 | while read -r file; do
+  mapfile -t files < <(git apply --numstat "$patch" | cut -f3)
+  for file in "${files[@]}"; do
     mkdir -p "$out/variants/$name/files/$(dirname "$file")" && cp "$file" "$out/variants/$name/files/$file"
   done
   cmake --build "$build" --target "${targets[@]}" > /dev/null
@@ -56,7 +56,7 @@ for spec in "${variants[@]}"; do
   compile "$@"
   git apply -R "$patch"
   trap - EXIT
-  echo "prepare-variants: $name ($(git apply --numstat "$patch" | wc -l) files)"
+  echo "prepare-variants: $name (${#files[@]} files)"
 done
 cmake --build "$build" --target "${targets[@]}" > /dev/null
 (cd "$out" && find . -type f | sort > MANIFEST)
