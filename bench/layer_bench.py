@@ -1,8 +1,8 @@
-"""DeepSeek V3's MoE layer in FP8 as epic's ops run it step by step (epic.moe.moe_layer_fp8:
-FP8 dispatch, gate/up grouped GEMM, ep.swiglu with the FP8 re-quant, down grouped GEMM, routing
-weights, combine), per call wall time eager and replayed from a CUDA graph, and the kernels'
-time step by step: the unfused sequence a persistent decode kernel has to beat. One GPU, a
-virtual EP world (every rank's work on the one GPU).
+"""DeepSeek V3's MoE layer in FP8 (epic.moe.moe_layer_fp8: FP8 dispatch, gate/up grouped GEMM,
+ep.swiglu with the FP8 re-quant, down grouped GEMM, routing weights, combine) as five ops and
+as one persistent kernel (ep.moe_layer), per call wall time eager and replayed from a CUDA
+graph, and the kernels' time step by step. One GPU, a virtual EP world (every rank's work on
+the one GPU); --ranks 1 --experts 32 is one rank of EP8's share of the layer on a whole GPU.
 
     python bench/layer_bench.py                 # V3: EP8, 256 experts, top-8, hidden 7168,
                                                 # I 2048; 128 and 1024 tokens per rank
@@ -47,7 +47,12 @@ def compile_only(args):
     runtime.kernels(spec, dict(n=inter, in_dtype="bf16", out_dtype="f8E4M3FN"), "swiglu")
     runtime.kernels(spec, dict(n=H, out_dtype="bf16", k=inter), "grouped_gemm")
     runtime.kernels(spec, dict(weights=False, biases=0), "combine")
-    print(f"layer_bench: the layer's 5 kernel sets in {runtime.cache_dir}")
+    # The persistent kernel is specialized on the token cap (its rows are sized by it).
+    for tokens in args.tokens:
+        runtime.kernels(spec_of(args, tokens), dict(weights=True, cached=False,
+                                                    zero_padding=False, n=inter), "moe_layer")
+    print(f"layer_bench: the layer's 5 kernel sets and {len(args.tokens)} persistent kernels "
+          f"in {runtime.cache_dir}")
 
 
 def measure(torch, args, T, bandwidth):
@@ -66,21 +71,35 @@ def measure(torch, args, T, bandwidth):
     buffer = epic.ElasticBuffer(epic.VirtualWorld(R), num_max_tokens_per_rank=T, hidden=H,
                                 num_topk=K, explicitly_destroy=True)
     try:
-        def layer():
-            return moe_layer_fp8(buffer, x, idxs, ws, w13, w2, num_experts=E, do_cpu_sync=False)
+        def layer_of(persistent):
+            return lambda: moe_layer_fp8(buffer, x, idxs, ws, w13, w2, num_experts=E,
+                                         do_cpu_sync=False, persistent=persistent)
 
-        eager = layer()  # plans made, kernels loaded
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            captured = layer()
-        graph.replay()
-        torch.cuda.synchronize()
-        same = all(torch.equal(a.view(torch.int16), b.view(torch.int16))
-                   for a, b in zip(eager, captured))
+        # Both ways: the five ops (the baseline) and the persistent kernel (ep.moe_layer), each
+        # eager and captured; timed in turns (walls) so a clock drift weighs on both alike.
+        layers, graphs, results = {}, {}, {}
+        for name, persistent in (("unfused", False), ("persistent", True)):
+            layers[name] = layer_of(persistent)
+            eager = [y.clone() for y in layers[name]()]  # plans made, kernels loaded
+            torch.cuda.synchronize()
+            graphs[name] = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graphs[name]):
+                captured = layers[name]()
+            graphs[name].replay()
+            torch.cuda.synchronize()
+            results[name] = (eager, captured)
+
+        def bitwise(a, b):
+            return all(torch.equal(p.view(torch.int16), q.view(torch.int16)) for p, q in zip(a, b))
+
+        same = all(bitwise(*results[name]) for name in results)
+        persistent_same = bitwise(results["unfused"][0], results["persistent"][0])
         timer = ep_bench.Timer(torch, args.iterations)
-        eager_s, graph_s = timer.walls([layer, graph.replay])
-        kernel_s, per_kernel = timer.every_kernel(layer)
+        eager_s, graph_s, p_eager_s, p_graph_s = timer.walls(
+            [layers["unfused"], graphs["unfused"].replay, layers["persistent"],
+             graphs["persistent"].replay])
+        kernel_s, per_kernel = timer.every_kernel(layers["unfused"])
+        p_kernel_s, p_per_kernel = timer.every_kernel(layers["persistent"])
         # Every rank's rows: the expert rows the GEMMs multiply (the handle's).
         recv, _, _, handles, _ = buffer.dispatch(x, idxs, ws, num_experts=E, do_expand=True,
                                                  expert_alignment=BLOCK)
@@ -94,7 +113,12 @@ def measure(torch, args, T, bandwidth):
         peak = next((v for k, v in FP8_DENSE_TFLOPS.items() if k in name), None)
         return dict(tokens=T, rows=rows, bitwise_graph_equals_eager=bool(same),
                     eager_wall_s=eager_s, graph_wall_s=graph_s, kernels_s=kernel_s,
-                    per_kernel_s=per_kernel, weight_bytes=weight_bytes,
+                    per_kernel_s=per_kernel,
+                    persistent=dict(eager_wall_s=p_eager_s, graph_wall_s=p_graph_s,
+                                    kernels_s=p_kernel_s, per_kernel_s=p_per_kernel,
+                                    bitwise_equals_unfused=bool(persistent_same)),
+                    persistent_x_unfused_graph=graph_s / p_graph_s,
+                    persistent_x_unfused_eager=eager_s / p_eager_s, weight_bytes=weight_bytes,
                     bytes=weight_bytes + row_bytes + token_bytes, flops=flops,
                     byte_floor_s=(weight_bytes + row_bytes + token_bytes) / bandwidth,
                     flop_floor_s=flops / (peak * 1e12) if peak else None)
@@ -142,16 +166,35 @@ def main():
               f"{s['bitwise_graph_equals_eager']}")
         for kname, t in sorted(s["per_kernel_s"].items(), key=lambda kv: -kv[1]):
             print(f"    {t * 1e6:9.1f} us  {kname[:90]}")
+        p = s["persistent"]
+        print(f"  persistent kernel (ep.moe_layer): eager {p['eager_wall_s'] * 1e3:.3f} ms, CUDA "
+              f"graph {p['graph_wall_s'] * 1e3:.3f} ms, kernels {p['kernels_s'] * 1e3:.3f} ms: "
+              f"{s['persistent_x_unfused_graph']:.3f}x the five ops (graph wall), "
+              f"{s['persistent_x_unfused_eager']:.3f}x eager; bitwise the five ops': "
+              f"{p['bitwise_equals_unfused']}")
+    # The issue's rows: the decode layer (the smallest size up to PERSISTENT_MAX_TOKENS) and
+    # the smallest persistent / five-ops ratio over every size (graph-captured walls).
+    from epic.moe import PERSISTENT_MAX_TOKENS
+
+    decode = [s for s in sizes if s["tokens"] <= PERSISTENT_MAX_TOKENS]
+    summary = dict(
+        decode_fused_x_unfused=decode[0]["persistent_x_unfused_graph"] if decode else None,
+        decode_tokens=decode[0]["tokens"] if decode else None,
+        min_persistent_x_unfused=min((s["persistent_x_unfused_graph"] for s in sizes),
+                                     default=None))
     report = dict(date=datetime.date.today().isoformat(), args=vars(args),
                   gpu=torch.cuda.get_device_name(), copy_bandwidth=bandwidth, sizes=sizes,
-                  skipped=skipped,
-                  note="the unfused FP8 layer (epic.moe.moe_layer_fp8); the persistent decode "
-                       "kernel is not built")
+                  skipped=skipped, summary=summary,
+                  note="the FP8 layer (epic.moe.moe_layer_fp8) as five ops and as one "
+                       "persistent kernel (ep.moe_layer), both graph-captured")
+    print(f"layer_bench: summary {summary}")
     ep_bench.write_report(report, args.out, "layer-")
     if skipped:
         print("layer_bench: skipped (out of memory): "
               + ", ".join(str(s["tokens"]) for s in skipped))
-    return 0 if all(s["bitwise_graph_equals_eager"] for s in sizes) and not skipped else 1
+    ok = all(s["bitwise_graph_equals_eager"] and s["persistent"]["bitwise_equals_unfused"]
+             for s in sizes)
+    return 0 if ok and not skipped else 1
 
 
 if __name__ == "__main__":

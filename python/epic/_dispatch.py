@@ -53,13 +53,13 @@ def dispatch(b, x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, n
              num_max_tokens_per_rank, expert_alignment, num_sms, num_qps, previous_event,
              previous_event_before_epilogue, async_with_compute_stream, allocate_on_comm_stream,
              handle, do_handle_copy, do_cpu_sync, do_expand, do_zero_padding,
-             use_tma_aligned_col_major_sf, gemm, window_outputs=False):
+             use_tma_aligned_col_major_sf, gemm, window_outputs=False, layer=None):
     _agrs.refuse_in_session(b, "dispatch")
     # The decode call (no handle, no CPU sync, the current stream): a replay of options
     # already checked, when its tensors have the signatures of that check.
     # Flags must be real bools (1 == True would share a key): anything else is checked.
     replay_key = None
-    if handle is None and do_cpu_sync is False and gemm is None and \
+    if handle is None and do_cpu_sync is False and gemm is None and layer is None and \
             cumulative_local_expert_recv_stats is None and previous_event is None and \
             previous_event_before_epilogue is None and async_with_compute_stream is False and \
             allocate_on_comm_stream is False and type(do_handle_copy) is bool and \
@@ -168,6 +168,13 @@ def dispatch(b, x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, n
         experts, out_dtype = gemm
         for r, (pair, w) in enumerate(zip(pairs, experts)):
             pair.append(("experts", w))
+    if layer is not None:  # the whole FP8 layer (epic.moe.moe_layer_fp8): one kernel
+        kind = "moe_layer"
+        for pair, (w13, s13), (w2, s2) in zip(pairs, *layer):
+            pair.extend([("gate_up_weights", w13), ("gate_up_scales", s13),
+                         ("down_weights", w2), ("down_scales", s2)])
+        inter = w2.shape[2]
+        variant["n"] = inter
     copy_routing = do_handle_copy and not cached
     tokens = [t.shape[0] for t in data]
 
@@ -202,6 +209,13 @@ def dispatch(b, x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, n
                 extra.append(("topk_idx_copy", "i64", (tokens[r], K)))
             if gemm is not None:
                 extra.append(("gemm_out", gemm[1], (out["recv_x"].shape[0], gemm[0][r].shape[2])))
+            if layer is not None:  # the layer's intermediate rows, then its result
+                rows = out["recv_x"].shape[0]
+                extra += [("gate_up", "bf16", (rows, 2 * inter)),
+                          ("act", "f8E4M3FN", (rows, inter)),
+                          ("act_scales", "f32", (rows, inter // 128)),
+                          ("down", "bf16", (rows, hidden)),
+                          ("combined_x", "bf16", (tokens[r], hidden))]
             out.update(b._allocate(extra, like=data[r]))
             per_rank.append(out)
         return per_rank
@@ -210,7 +224,7 @@ def dispatch(b, x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, n
     stream, streams = b._stream(previous_event, allocate_on_comm_stream,
                                 async_with_compute_stream, previous_event_before_epilogue)
     call = _Call(handles, spec, tmax, alignment, copy_routing, do_cpu_sync,
-                 use_tma_aligned_col_major_sf, gemm is not None, window_outputs)
+                 use_tma_aligned_col_major_sf, gemm is not None, window_outputs, layer is not None)
     result = _launch(b, plan, call, pairs, idxs, stream, streams, stats,
                      async_with_compute_stream)
     if replay_key is not None and key is not None and all(T.is_cuda(i) for i in idxs):
@@ -233,13 +247,13 @@ class _Call:
     plan's signature and options)."""
 
     __slots__ = ("handles", "spec", "tmax", "alignment", "copy_routing", "do_cpu_sync", "tma_sf",
-                 "gemm", "window")
+                 "gemm", "window", "layer")
 
     def __init__(self, handles, spec, tmax, alignment, copy_routing, do_cpu_sync, tma_sf, gemm,
-                 window=False):
+                 window=False, layer=False):
         self.handles, self.spec, self.tmax, self.alignment = handles, spec, tmax, alignment
         self.copy_routing, self.do_cpu_sync = copy_routing, do_cpu_sync
-        self.tma_sf, self.gemm, self.window = tma_sf, gemm, window
+        self.tma_sf, self.gemm, self.window, self.layer = tma_sf, gemm, window, layer
 
 
 class _Replay:
@@ -322,7 +336,8 @@ def _launch(b, plan, c, pairs, idxs, stream, streams, stats, async_with_compute_
         b._ranks_out([r[2] for r in results]),
         b._ranks_out([r[3] for r in results]),
         event,
-    ) + ((b._ranks_out([r[4] for r in results]),) if c.gemm else ())
+    ) + ((b._ranks_out([r[4] for r in results]),) if c.gemm else ()) + (
+        (b._ranks_out([o["combined_x"] for o in out.per_rank]),) if c.layer else ())
 
 
 def _results(b, out, handles, idxs, counts, spec, tmax, alignment, num_sms, copy_routing,

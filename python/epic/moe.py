@@ -25,7 +25,7 @@ from __future__ import annotations
 from . import _tensors as T
 from .activations import SCALE_BLOCK
 
-__all__ = ["expert_mlp_fp8", "moe_layer_fp8"]
+__all__ = ["PERSISTENT_MAX_TOKENS", "expert_mlp_fp8", "moe_layer_fp8"]
 
 
 def expert_mlp_fp8(buffer, recv_x, w13, w2, handle, weights=None):
@@ -44,15 +44,44 @@ def expert_mlp_fp8(buffer, recv_x, w13, w2, handle, weights=None):
     return buffer.grouped_gemm(rows, w2, handle, out_dtype="bf16", zero_padding=False)
 
 
+# The largest token cap per rank the layer runs as one persistent kernel by default: the
+# compiler's rule (ep-fuse-moe-layer's max-tokens), where the steps between the GEMMs and the
+# launches between them are a share of the layer worth removing.
+PERSISTENT_MAX_TOKENS = 256
+
+
 def moe_layer_fp8(buffer, x, topk_idx, topk_weights, w13, w2, num_experts, num_sms=0,
-                  do_cpu_sync=None):
+                  do_cpu_sync=None, persistent=None):
     """The whole layer (module docstring). Returns the combined bf16 ``[T, hidden]`` (a list
     in a virtual world). ``do_cpu_sync=False``: the dispatch returns worst-case-sized rows
     instead of waiting for the host to learn their count, so the layer can be captured in a
-    CUDA graph (every later step works on the handle's rows only)."""
+    CUDA graph (every later step works on the handle's rows only).
+
+    ``persistent``: run the layer as one persistent kernel (``ep.moe_layer``: the five steps
+    in one launch, the rank's blocks meeting between them; the same arithmetic, so bitwise the
+    same result) instead of five ops. ``None``: where the buffer's token cap is at most
+    ``PERSISTENT_MAX_TOKENS`` (decode sizes)."""
     if topk_weights is None:
         raise ValueError("topk_weights: the layer weights each expert's rows by them; pass "
                          "the router's float32 [T, top-k] weights")
+    if persistent is None:
+        persistent = buffer.num_max_tokens_per_rank <= PERSISTENT_MAX_TOKENS
+    elif type(persistent) is not bool:
+        raise TypeError(f"persistent: True, False or None, got {persistent!r}")
+    if persistent:
+        from . import _dispatch
+
+        w13s, w2s = buffer._per_rank("w13", w13), buffer._per_rank("w2", w2)
+        for r, (a, b) in enumerate(zip(w13s, w2s)):
+            _check_mlp_weights(buffer._name("w13", r), a, buffer._name("w2", r), b)
+        result = _dispatch.dispatch(
+            buffer, x, topk_idx, topk_weights, cumulative_local_expert_recv_stats=None,
+            num_experts=num_experts, num_max_tokens_per_rank=None, expert_alignment=SCALE_BLOCK,
+            num_sms=num_sms, num_qps=0, previous_event=None, previous_event_before_epilogue=None,
+            async_with_compute_stream=False, allocate_on_comm_stream=False, handle=None,
+            do_handle_copy=False, do_cpu_sync=do_cpu_sync, do_expand=True, do_zero_padding=False,
+            use_tma_aligned_col_major_sf=False, gemm=None, layer=(w13s, w2s))
+        return result[-1]
     recv, _, recv_weights, handle, _ = buffer.dispatch(
         x, topk_idx, topk_weights, num_experts=num_experts, do_expand=True,
         expert_alignment=SCALE_BLOCK, num_sms=num_sms, do_cpu_sync=do_cpu_sync)

@@ -122,6 +122,17 @@ const std::vector<Slot<GemmCombineCall>> kGemmCombineSlots =
         {{"lhs", [](GemmCombineCall &c) -> DeviceTensor & { return c.lhs; }},
          {"weights", [](GemmCombineCall &c) -> DeviceTensor & { return c.weights; }}});
 
+#define EPIC_LAYER_SLOT(name, member)                                                              \
+  {name, [](MoeLayerCall &c) -> DeviceTensor & { return c.member; }}
+const std::vector<Slot<MoeLayerCall>> kMoeLayerSlots = fusedSlots<MoeLayerCall, DispatchCall>(
+    kDispatchSlots, &MoeLayerCall::dispatch,
+    {EPIC_LAYER_SLOT("gate_up_weights", gateUpWeights),
+     EPIC_LAYER_SLOT("gate_up_scales", gateUpScales), EPIC_LAYER_SLOT("down_weights", downWeights),
+     EPIC_LAYER_SLOT("down_scales", downScales), EPIC_LAYER_SLOT("gate_up", gateUp),
+     EPIC_LAYER_SLOT("act", act), EPIC_LAYER_SLOT("act_scales", actScales),
+     EPIC_LAYER_SLOT("down", down), EPIC_LAYER_SLOT("combined_x", combinedX)});
+#undef EPIC_LAYER_SLOT
+
 template <typename Call> std::vector<std::string> slotNames(const std::vector<Slot<Call>> &slots) {
   std::vector<std::string> names;
   for (const Slot<Call> &slot : slots)
@@ -300,6 +311,9 @@ KernelRequest requestFrom(const std::string &kind, const py::dict &spec, const p
                                field<std::string>(variant, "out_dtype"));
   case KernelKind::gemmCombine:
     return gemmCombineRequest(s, field<int>(variant, "biases"));
+  case KernelKind::moeLayer:
+    return moeLayerRequest(s, dispatchVariantFrom(variant).topkIdxBits,
+                           field<int64_t>(variant, "n"));
   case KernelKind::dispatchLayout:
     return dispatchLayoutRequest(s, field<int>(variant, "topk_idx_bits"));
   case KernelKind::engramFetch:
@@ -394,6 +408,20 @@ py::object planOrCheck(KernelHost *host, const std::string &kind, const py::dict
     return check(
         c, [&](const GemmCombineCall &call) { return gemmCombineRecord(s, biases, call); }, [] {});
   }
+  case KernelKind::moeLayer: {
+    DispatchVariant v = dispatchVariantFrom(variant);
+    auto c = callsFrom(calls, kMoeLayerSlots, offDevice);
+    if (host)
+      return plan(
+          [&] { return host->planMoeLayer(s, v, c, blocks, stream, slotNames(kMoeLayerSlots)); });
+    return check(
+        c, [&](const MoeLayerCall &call) { return moeLayerRecord(s, v, call); },
+        [&] {
+          checkRanksAgree(c, "the experts' intermediate sizes",
+                          [](const MoeLayerCall &m) { return m.downWeights.shape.at(2); });
+          moeLayerRequest(s, v.topkIdxBits, c.front().downWeights.shape.at(2));
+        });
+  }
   case KernelKind::dispatchLayout: {
     auto c = callsFrom(calls, kLayoutSlots, offDevice);
     if (host)
@@ -486,6 +514,8 @@ std::vector<std::string> slotNamesOf(const std::string &kind) {
     return slotNames(kDispatchGemmSlots);
   if (kind == "gemm_combine")
     return slotNames(kGemmCombineSlots);
+  if (kind == "moe_layer")
+    return slotNames(kMoeLayerSlots);
   if (kind == "dispatch_layout")
     return slotNames(kLayoutSlots);
   if (kind == "engram_fetch")

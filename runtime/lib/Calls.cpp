@@ -587,6 +587,46 @@ ParamRecord epic::runtime::gemmCombineRecord(const EPSpec &s, int biases,
   return r;
 }
 
+ParamRecord epic::runtime::moeLayerRecord(const EPSpec &s, const DispatchVariant &v,
+                                          const MoeLayerCall &c) {
+  if (s.dtype != "f8E4M3FN" || !s.expanded)
+    fail("the MoE layer runs FP8 rows of the expanded layout; the buffer dispatches " + s.dtype +
+         (s.expanded ? " rows" : " rows, plain"));
+  if (!v.weights)
+    fail("the MoE layer needs topk_weights: its SwiGLU weights each row by its routing weight");
+  ParamRecord r = dispatchRecord(s, v, c.dispatch);
+  const Handle &h = c.dispatch.handle;
+  const DeviceTensor &rows = c.dispatch.recvX;
+  const int64_t H = s.hidden, block = 128;
+  if (c.downWeights.shape.size() != 3 || c.downWeights.shape[1] != H ||
+      c.downWeights.shape[2] % block || c.downWeights.shape[2] < block)
+    fail("down_weights must have shape f8E4M3FN[L, " + std::to_string(H) +
+         ", I] with I a positive multiple of 128, got " + c.downWeights.describe());
+  const int64_t inter = c.downWeights.shape[2];
+  if (c.gateUpWeights.shape.size() == 3 && c.gateUpWeights.shape[1] != 2 * inter)
+    fail("gate_up_weights must have 2 I = " + std::to_string(2 * inter) +
+         " rows per expert (the gate rows, then the up rows; I from down_weights), got " +
+         c.gateUpWeights.describe());
+  // Each step's own record, checked as its op checks it, under its name.
+  auto add = [&](int part, const ParamRecord &step) {
+    for (const auto &[field, value] : step)
+      r[epic::ep::records::moeLayerField(part, field.c_str())] = value;
+  };
+  using namespace epic::ep::records;
+  add(kLayerGateUp,
+      groupedGemmRecord(s, GroupedGemmCall{rows, c.gateUpWeights, c.gateUp,
+                                           h.psumNumRecvTokensPerExpert, c.dispatch.recvScalePacks,
+                                           c.gateUpScales}));
+  add(kLayerSwiglu, swigluRecord(s, SwigluCall{c.gateUp, c.act, h.psumNumRecvTokensPerExpert,
+                                               c.actScales, c.dispatch.recvTopkWeights}));
+  add(kLayerDown, groupedGemmRecord(s, GroupedGemmCall{c.act, c.downWeights, c.down,
+                                                       h.psumNumRecvTokensPerExpert, c.actScales,
+                                                       c.downScales}));
+  add(kLayerCombine, combineRecord(s, CombineVariant{false, 0},
+                                   CombineCall{c.down, {}, {}, {}, c.combinedX, {}, h}));
+  return r;
+}
+
 void epic::runtime::checkTopkIndices(const EPSpec &s, const int64_t *idx, int64_t tokens,
                                      const std::string &name) {
   // The message is built only for a bad id: this runs over every id of a call (a string per

@@ -237,6 +237,25 @@ void KernelRequest::validate() const {
     requireGemmRows(spec, "the fused GEMM + combine");
     require(!combine.weights, "the fused GEMM + combine takes no topk_weights");
     break;
+  case KernelKind::moeLayer:
+    require(spec.expanded && spec.dtype == "f8E4M3FN" && spec.hidden % 128 == 0 &&
+                spec.scalePacks == spec.hidden / 128,
+            "the MoE layer runs FP8 rows of the expanded layout with a scale per 128 channels: "
+            "dtype f8E4M3FN, expanded, scale_packs = hidden / 128");
+    require(spec.ranksPerNode() == spec.ranks, "the MoE layer's kernel stores into NVLink peers "
+                                               "only: every rank in one NVLink domain");
+    require(d.weights && !d.cached && !d.zeroPadding,
+            "the MoE layer routes its tokens with their weights (weights true, cached and "
+            "zero_padding false)");
+    require(!combine.weights && combine.biases == 0,
+            "the MoE layer's combine sums the weighted rows: no weights, no biases");
+    require(gemm.n > 0 && gemm.n % 128 == 0,
+            "the MoE layer's intermediate size (gemm.n) must be a positive multiple of 128, got " +
+                dim(gemm.n));
+    require(gemm.inDtype == "f8E4M3FN" && gemm.outDtype == "bf16" && gemm.k == 0,
+            "the MoE layer's gemm section holds its intermediate size only (in_dtype f8E4M3FN, "
+            "out_dtype bf16, k 0)");
+    break;
   case KernelKind::lowLatencyDispatch:
   case KernelKind::lowLatencyCombine: {
     const bool dispatching = kind == KernelKind::lowLatencyDispatch;
@@ -437,5 +456,14 @@ KernelRequest epic::runtime::lowLatencyCombineRequest(const EPSpec &spec, int to
 KernelRequest epic::runtime::gemmCombineRequest(const EPSpec &spec, int biases, std::string name) {
   KernelRequest r = request(KernelKind::gemmCombine, spec, std::move(name));
   r.combine.biases = biases;
+  return validated(std::move(r));
+}
+
+KernelRequest epic::runtime::moeLayerRequest(const EPSpec &spec, int topkIdxBits, int64_t inter,
+                                             std::string name) {
+  KernelRequest r = request(KernelKind::moeLayer, spec, std::move(name));
+  r.dispatch.weights = true;
+  r.dispatch.topkIdxBits = topkIdxBits;
+  r.gemm = {inter, "bf16", 0, spec.dtype};
   return validated(std::move(r));
 }

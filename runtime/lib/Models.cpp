@@ -61,8 +61,10 @@ int64_t epic::runtime::kernelWindowBytes(int numRanks, int64_t maxTokensPerRank,
   const int64_t data = window::kControlEnd +
                        tm * window::dataBytesPerToken(r, k, record, combineRecord, hybridNodes) +
                        stagingWarps * window::stagingPerWarp(record, combineRecord);
-  if (fp8Dispatch) // the fused GEMM kernels multiply bf16 / f16 rows only
-    return data;
+  // The fused GEMM kernels multiply bf16 / f16 rows only; FP8 configurations
+  // keep ep.moe_layer's rank barrier and exit count where their counters are.
+  if (fp8Dispatch)
+    return align(data, 256) + 256;
   // ep.dispatch_gemm's counters follow: [local experts][64-row tiles] twice.
   const int64_t tileCounters = align(local * ((r * tm + 63) / 64) * 4, 256);
   // ep.gemm_combine's scratch follows (disjoint: both keep counters across

@@ -69,6 +69,20 @@ KernelHost::Plan KernelHost::planDispatchGemm(const EPSpec &spec, const Dispatch
               records, blocks, stream, std::move(slotNames));
 }
 
+KernelHost::Plan KernelHost::planMoeLayer(const EPSpec &spec, const DispatchVariant &variant,
+                                          const std::vector<MoeLayerCall> &calls, int blocks,
+                                          void *stream, std::vector<std::string> slotNames) {
+  checkWorld(spec, calls.size());
+  std::vector<ParamRecord> records = recordsOf(
+      calls, [&](const MoeLayerCall &call) { return moeLayerRecord(spec, variant, call); });
+  // One kernel serves every rank: the experts' intermediate size (the weights'
+  // shapes were checked against it per rank).
+  checkRanksAgree(calls, "the experts' intermediate sizes",
+                  [](const MoeLayerCall &c) { return c.downWeights.shape.at(2); });
+  return plan(moeLayerRequest(spec, variant.topkIdxBits, calls.front().downWeights.shape[2]),
+              records, blocks, stream, std::move(slotNames));
+}
+
 KernelHost::Plan KernelHost::planDispatchLayout(const EPSpec &spec,
                                                 const std::vector<LayoutCall> &calls, int blocks,
                                                 void *stream, std::vector<std::string> slotNames) {

@@ -34,6 +34,8 @@
 // RUN:   | FileCheck %s --match-full-lines --check-prefix=GEMM-COMBINE
 // RUN: epic-compile --request=%S/Inputs/requests/dispatch-layout-i32.json --print-entry-ir \
 // RUN:   | FileCheck %s --match-full-lines --check-prefix=DISPATCH-LAYOUT-I32
+// RUN: epic-compile --request=%S/Inputs/requests/moe-layer.json --print-entry-ir \
+// RUN:   | FileCheck %s --match-full-lines --check-prefix=MOE-LAYER
 // RUN: epic-compile --request=%S/Inputs/requests/low-latency-dispatch-ue8m0-i32.json --print-entry-ir \
 // RUN:   | FileCheck %s --match-full-lines --check-prefix=LL-DISPATCH
 // RUN: epic-compile --request=%S/Inputs/requests/low-latency-combine.json --print-entry-ir \
@@ -188,6 +190,16 @@
 // SWIGLU-FP8-NEXT:     return %result, %scales : tensor<?x2048xf8E4M3FN>, tensor<?x16xf32>
 // SWIGLU-FP8-NEXT:   }
 // SWIGLU-FP8-NEXT: }
+
+// The whole FP8 layer as one op (gemm.n: the experts' intermediate size I); the token cap
+// stays (the persistent kernel sizes its rows by it).
+// MOE-LAYER:      #ep_config = #ep.config<ranks = 8, experts = 256, topk = 8, hidden = 7168, dtype = f8E4M3FN, scale_packs = 56, expert_alignment = 128, layout = expanded, max_tokens_per_rank = 128>
+// MOE-LAYER-NEXT: module {
+// MOE-LAYER-NEXT:   func.func @ep_moe_layer(%arg0: tensor<?x7168xf8E4M3FN>, %arg1: tensor<?x8xi64>, %arg2: tensor<?x56xf32>, %arg3: tensor<?x8xf32>, %arg4: tensor<32x4096x7168xf8E4M3FN>, %arg5: tensor<32x32x56xf32>, %arg6: tensor<32x7168x2048xf8E4M3FN>, %arg7: tensor<32x56x16xf32>) -> tensor<?x7168xbf16> {
+// MOE-LAYER-NEXT:     %0 = ep.moe_layer %arg0 topk(%arg1 : tensor<?x8xi64>) scales(%arg2 : tensor<?x56xf32>) weights(%arg3 : tensor<?x8xf32>) gate_up(%arg4, %arg5 : tensor<32x4096x7168xf8E4M3FN>, tensor<32x32x56xf32>) down(%arg6, %arg7 : tensor<32x7168x2048xf8E4M3FN>, tensor<32x56x16xf32>) config #ep_config : tensor<?x7168xf8E4M3FN> -> tensor<?x7168xbf16>
+// MOE-LAYER-NEXT:     return %0 : tensor<?x7168xbf16>
+// MOE-LAYER-NEXT:   }
+// MOE-LAYER-NEXT: }
 
 // DeepEP V1's low-latency mode: per local expert [L, R x Tmax, ...] results, Tmax a run-time
 // value; UE8M0 scales as i32 packs of four groups.

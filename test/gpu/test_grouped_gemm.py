@@ -75,6 +75,10 @@ def prepare():
     # test_fp8_moe_layer_matches_torch: the dispatch with routing weights, the combine.
     runtime.kernels(spec, dict(weights=True, cached=False, zero_padding=False), "dispatch")
     runtime.kernels(spec, dict(weights=False, biases=0), "combine")
+    # The same layer as one persistent kernel (ep.moe_layer).
+    runtime.kernels(spec, dict(weights=True, cached=False, zero_padding=False,
+                               n=MLP_INTERMEDIATE), "moe_layer")
+    count += 1
     # ... its SwiGLU (ep.swiglu, FP8 out) and test_swiglu_op_matches_torch's BF16 result.
     for out in ("f8E4M3FN", "bf16"):
         runtime.kernels(spec, dict(n=MLP_INTERMEDIATE, in_dtype="bf16", out_dtype=out), "swiglu")
@@ -256,15 +260,18 @@ def test_fp8_expert_mlp_step_by_step():
     buffer.destroy()
 
 
-def test_fp8_moe_layer_matches_torch():
+@pytest.mark.parametrize("persistent", [False, True], ids=["five_ops", "persistent"])
+def test_fp8_moe_layer_matches_torch(persistent):
     """epic.moe.moe_layer_fp8 (FP8 dispatch, gate/up GEMM, SwiGLU + FP8 re-quant, down GEMM,
     routing weights, combine) on a virtual EP8 world against the layer in float32 on the
-    dequantized inputs: within FP8's error (the intermediate is re-quantized to e4m3)."""
+    dequantized inputs: within FP8's error (the intermediate is re-quantized to e4m3). As five
+    ops, and as one persistent kernel (ep.moe_layer)."""
     from epic.moe import moe_layer_fp8
 
     ranks, experts, hidden, _, tokens = FP8_CONFIGS[1]
     buffer, xs, idxs, ws, w13, w2 = fp8_mlp_world(23)
-    ys = moe_layer_fp8(buffer, xs, idxs, ws, w13, w2, num_experts=experts)
+    ys = moe_layer_fp8(buffer, xs, idxs, ws, w13, w2, num_experts=experts,
+                       persistent=persistent)
     torch.cuda.synchronize()
     # Every expert's dequantized weights, expert-major over the ranks.
     w13f = torch.cat([ep_bench.dequantize_blocks(*w, SCALE_BLOCK) for w in w13])
@@ -281,6 +288,42 @@ def test_fp8_moe_layer_matches_torch():
         assert got.shape == (tokens, hidden)
         error = (got - want).norm() / want.norm()
         assert error < 3e-2, f"rank {r}: relative error {error:.3g}"
+    buffer.destroy()
+
+
+def test_persistent_layer_equals_the_five_ops():
+    """ep.moe_layer runs the five ops' code in one kernel: its result is bitwise theirs, eager
+    and replayed from a CUDA graph (no host step inside the layer), call after call (the
+    kernel leaves its barrier counters at zero), with some ranks sending no token."""
+    from epic.moe import moe_layer_fp8
+
+    ranks, experts, hidden, _, tokens = FP8_CONFIGS[1]
+    buffer, xs, idxs, ws, w13, w2 = fp8_mlp_world(31)
+    xs[3] = (xs[3][0][:0], xs[3][1][:0])  # rank 3 sends nothing
+    idxs[3], ws[3] = idxs[3][:0], ws[3][:0]
+
+    def layer(persistent):
+        return moe_layer_fp8(buffer, xs, idxs, ws, w13, w2, num_experts=experts,
+                             do_cpu_sync=False, persistent=persistent)
+
+    want = [y.clone() for y in layer(False)]
+    for call in range(3):
+        got = layer(True)
+        torch.cuda.synchronize()
+        for r in range(ranks):
+            assert torch.equal(got[r].view(torch.int16), want[r].view(torch.int16)), \
+                f"call {call}, rank {r}: the persistent layer differs from the five ops"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = layer(True)
+    for replay in range(2):
+        for y in captured:
+            y.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        for r in range(ranks):
+            assert torch.equal(captured[r].view(torch.int16), want[r].view(torch.int16)), \
+                f"replay {replay}, rank {r}: the captured layer differs"
     buffer.destroy()
 
 

@@ -50,3 +50,51 @@ def test_the_mlp_weights_must_agree(buf):
 def test_the_layer_needs_routing_weights(buf):
     with pytest.raises(ValueError, match="topk_weights: the layer weights each expert's rows"):
         moe.moe_layer_fp8(buf, None, None, None, None, None, num_experts=E)
+
+
+def layer_inputs(tokens=8, w13=None, w2=None):
+    """Every rank's FP8 tokens (data, scale packs), routing, weights and MLP weights."""
+    x = [(np.zeros((tokens, H), F8), np.ones((tokens, H // 128), np.float32))] * R
+    idx = [np.tile(np.arange(K, dtype=np.int64), (tokens, 1))] * R
+    w = [np.full((tokens, K), 0.5, np.float32)] * R
+    return x, idx, w, w13 or [pair(2 * INTER, H)] * R, w2 or [pair(H, INTER)] * R
+
+
+def test_the_persistent_layer_is_checked_before_it_runs(buf):
+    """moe_layer_fp8(persistent=True) (ep.moe_layer): the same checks as the five ops, every
+    step's record checked by the runtime (without a GPU: checked, nothing launched)."""
+    x, idx, w, w13, w2 = layer_inputs()
+    # All good: every record checked, then the one refusal numpy inputs get (nothing ran).
+    with pytest.raises(ValueError, match=r"x\[0\] must be a CUDA tensor, it is on the CPU"):
+        moe.moe_layer_fp8(buf, x, idx, w, w13, w2, num_experts=E, persistent=True)
+    with pytest.raises(ValueError, match=r"w13\[0\] \[4, 256, 256\] and w2\[0\] \[4, 256, 256\]"):
+        moe.moe_layer_fp8(buf, x, idx, w, w13, [pair(H, 2 * INTER)] * R, num_experts=E,
+                          persistent=True)
+    with pytest.raises(TypeError, match=r"persistent: True, False or None, got 1"):
+        moe.moe_layer_fp8(buf, x, idx, w, w13, w2, num_experts=E, persistent=1)
+    # The down GEMM's scales are the runtime's to check: named with their step and rank.
+    bad = [(w2[0][0], np.ones((L, 1, 1), np.float32))] * R
+    with pytest.raises(ValueError, match=r"weight_scales must have shape f32\[4, 2, 1\]"):
+        moe.moe_layer_fp8(buf, x, idx, w, w13, bad, num_experts=E, persistent=True)
+
+
+def test_the_layer_is_persistent_at_decode_sizes(monkeypatch):
+    """persistent=None: one kernel where the token cap is at most PERSISTENT_MAX_TOKENS, the
+    five ops above it."""
+    from epic import _dispatch
+
+    assert moe.PERSISTENT_MAX_TOKENS == 256
+
+    class Taken(Exception):
+        pass
+
+    def layer(*args, **kwargs):
+        raise Taken("persistent" if kwargs.get("layer") is not None else "five ops")
+
+    monkeypatch.setattr(_dispatch, "dispatch", layer)
+    x, idx, w, w13, w2 = layer_inputs()
+    for cap, path in ((256, "persistent"), (257, "five ops")):
+        b = epic.ElasticBuffer(epic.VirtualWorld(R), num_max_tokens_per_rank=cap, hidden=H,
+                               num_topk=K)
+        with pytest.raises(Taken, match=path):
+            moe.moe_layer_fp8(b, x, idx, w, w13, w2, num_experts=E)

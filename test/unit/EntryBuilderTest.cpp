@@ -174,6 +174,19 @@ TEST(EntryBuilder, GemmCombineIsFusedThenExpanded) {
   }
 }
 
+TEST(EntryBuilder, MoeLayerIsOneOpExpandedToOneKernel) {
+  KernelRequest r = moeLayerRequest(v3(true), 64, 2048, "layer");
+  EntryContext c;
+  mlir::OwningOpRef<mlir::ModuleOp> module = c.build(r.json());
+  ASSERT_TRUE(module) << c.diagnostics;
+  auto func = module->lookupSymbol<mlir::func::FuncOp>("layer");
+  ASSERT_TRUE(func);
+  auto layer = llvm::cast<epic::ep::MoeLayerOp>(func.getBody().front().front());
+  EXPECT_EQ(layer->getOperands(), mlir::ValueRange(func.getArguments()));
+  EXPECT_EQ(layer.getIntermediateSize(), 2048);
+  EXPECT_EQ(expandedEntryKind(r), "moe_layer") << r.json();
+}
+
 TEST(EntryBuilder, TheGpuTimeoutReachesTheKernels) {
   EPSpec s = v3(false);
   s.timeoutMs = 5000;
@@ -222,7 +235,8 @@ TEST(EntryBuilder, ABadRequestIsRefusedByField) {
       {[](auto &r) { r["kind"] = "gather"; },
        "kernel request: kind: expected one of dispatch, combine, grouped_gemm, swiglu, "
        "dispatch_gemm, "
-       "gemm_combine, dispatch_layout, engram_fetch, low_latency_dispatch, low_latency_combine, "
+       "gemm_combine, moe_layer, dispatch_layout, engram_fetch, low_latency_dispatch, "
+       "low_latency_combine, "
        "got \"gather\""},
       {[](auto &r) { r["name"] = ""; }, "kernel request: name: expected a non-empty string"},
       {[](auto &r) { r["colour"] = 1; }, "kernel request: colour: is not a field here (version, "
@@ -330,6 +344,8 @@ TEST(EntryBuilder, TheRuntimesWindowBoundCoversEveryLayoutEpExpandMakes) {
                     dispatchGemmRequest(s, {true, false, false, 64}, 128, "bf16", "dg"));
                 requests.push_back(gemmCombineRequest(s, 2, "gc"));
               }
+              if (expanded && fp8) // the whole layer's persistent kernel (ep.moe_layer)
+                requests.push_back(moeLayerRequest(s, 64, 256, "layer"));
               for (const KernelRequest &request : requests) {
                 int64_t used = windowBytesOf(request, tmax);
                 ASSERT_GT(used, 0) << request.json();

@@ -210,6 +210,27 @@ TEST(KernelRequest, TheExpertGemmsRefuseWhatTheyCannotMultiply) {
   EXPECT_NE(refusal([&] { weighted.json(); }).find("takes no topk_weights"), std::string::npos);
 }
 
+TEST(KernelRequest, MoeLayerKeepsItsTokenCapAndIntermediateSize) {
+  // The persistent kernel sizes its rows by the cap: two caps are two kernels.
+  std::string layer = moeLayerRequest(v3(true), 64, 2048).json();
+  EXPECT_NE(layer.find(R"("kind":"moe_layer","name":"ep_moe_layer")"), std::string::npos);
+  EXPECT_NE(layer.find(R"("gemm":{"n":2048,"out_dtype":"bf16","k":0,"in_dtype":"f8E4M3FN"})"),
+            std::string::npos);
+  EXPECT_NE(layer.find(R"("weights":true,"cached":false,"zero_padding":false)"), std::string::npos);
+  EPSpec other = v3(true);
+  other.maxTokensPerRank = 128;
+  EXPECT_NE(moeLayerRequest(other, 64, 2048).json(), layer);
+  EXPECT_NE(
+      refusal([] { moeLayerRequest(v3(true), 64, 200); }).find("positive multiple of 128, got 200"),
+      std::string::npos);
+  EXPECT_NE(refusal([] { moeLayerRequest(bf16(), 64, 2048); }).find("dtype f8E4M3FN, expanded"),
+            std::string::npos);
+  KernelRequest unweighted = moeLayerRequest(v3(true), 64, 2048);
+  unweighted.dispatch.weights = false;
+  EXPECT_NE(refusal([&] { unweighted.json(); }).find("routes its tokens with their weights"),
+            std::string::npos);
+}
+
 TEST(KernelRequest, SwigluSaysItsRowsAndResult) {
   // The FP8 layer's activation: BF16 gate/up rows of 2 I channels into e4m3 rows of I.
   std::string fp8 = swigluRequest(v3(true), 2048, "bf16", "f8E4M3FN").json();
@@ -287,8 +308,8 @@ TEST(KernelRequest, VersionNameAndKindAreChecked) {
   EXPECT_EQ(std::string(defaultEntryName(KernelKind::dispatchGemm)), "ep_dispatch_gemm");
   EXPECT_EQ(refusal([] { kindNamed("gather"); }),
             "kind must be dispatch, combine, grouped_gemm, swiglu, dispatch_gemm, gemm_combine, "
-            "dispatch_layout, engram_fetch, low_latency_dispatch or low_latency_combine, got "
-            "\"gather\"");
+            "moe_layer, dispatch_layout, engram_fetch, low_latency_dispatch or "
+            "low_latency_combine, got \"gather\"");
 }
 
 TEST(KernelRequest, LowLatencyRequestsKeepWhatTheKernelsAreSpecializedOn) {

@@ -63,7 +63,9 @@ EPIC_CACHE_DIR="$out/cache" python3 bench/gemm_bench.py --compile-only
 # run.sh gemm: one rank's share of a V3 layer (EP1: 32 experts, the rows an EP8 rank gets).
 EPIC_CACHE_DIR="$out/cache" python3 bench/gemm_bench.py --compile-only --ranks 1 --experts 32 \
   --tokens 1024,4096,8192 --gemm-only
-EPIC_CACHE_DIR="$out/cache" python3 bench/layer_bench.py --compile-only
+EPIC_CACHE_DIR="$out/cache" python3 bench/layer_bench.py --compile-only --tokens 128,1024,4096
+EPIC_CACHE_DIR="$out/cache" python3 bench/layer_bench.py --compile-only --ranks 1 --experts 32 \
+  --tokens 128,256,1024
 python3 examples/torch_distributed.py --compile-only --world-size 1 --cache-dir "$out/cache" > /dev/null
 for ranks in 1 2 4 8; do  # the multi-process checks and bench on as many GPUs as the machine has
   EPIC_CACHE_DIR="$out/cache" python3 test/gpu/distributed_check.py --compile-only --world-size $ranks \

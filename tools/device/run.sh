@@ -7,7 +7,8 @@
 #                                 # layer_bench.py, collectives_bench.py
 #                                 # (into $OUT)
 #   tools/device/run.sh gemm      # bench/gemm_bench.py on one rank's share (EP1) and on virtual
-#                                 # EP8, bench/layer_bench.py up to 4096 tokens (into $OUT)
+#                                 # EP8, bench/layer_bench.py up to 4096 tokens and on EP1
+#                                 # (into $OUT)
 #   tools/device/run.sh latency   # bench/latency.py: per-call wall time, eager and CUDA graphs
 #   tools/device/run.sh low-latency
 #                                 # V1's low-latency pair: its GPU tests, the engine replay (NCCL
@@ -176,6 +177,10 @@ if [[ $only == gemm ]]; then
   rc=$(( rc | PIPESTATUS[0] ))
   EPIC_CACHE_DIR="$dev/cache" python3 bench/layer_bench.py --tokens 128,1024,4096 --out "$out" 2>&1 \
     | tee "$out/layer_bench.log"
+  rc=$(( rc | PIPESTATUS[0] ))
+  # The layer on one rank's share (EP1: what one GPU of a real EP8 runs at these tokens per rank).
+  EPIC_CACHE_DIR="$dev/cache" python3 bench/layer_bench.py --ranks 1 --experts 32 \
+    --tokens 128,256,1024 --out "$out/ep1" 2>&1 | tee "$out/layer_ep1.log"
   exit $(( rc | PIPESTATUS[0] ))
 fi
 if [[ $only == bench ]]; then

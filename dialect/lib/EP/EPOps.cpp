@@ -457,6 +457,63 @@ LogicalResult DispatchGemmOp::verify() {
   return success();
 }
 
+LogicalResult MoeLayerOp::verify() {
+  ConfigAttr cfg = getConfig();
+  ShapeChecker check{*this};
+  constexpr int64_t block = 128; // DeepSeek's scale block: channels, and 128 x 128 weights
+  if (!cfg.isExpanded())
+    return emitOpError("runs an expanded dispatch's rows: the configuration's layout is plain");
+  if (cfg.getDtype() != Float8E4M3FNType::get(getContext()))
+    return emitOpError("runs the FP8 layer: the configuration must dispatch f8E4M3FN, not ")
+           << cfg.getDtype();
+  int64_t hidden = cfg.getHidden(), k = cfg.getTopk(), local = cfg.getNumLocalExperts();
+  if (hidden % block || cfg.getScalePacks() != hidden / block)
+    return emitOpError("needs one f32 scale per 128 channels: scale_packs must be hidden / 128 = ")
+           << hidden / block << " (hidden " << hidden << " a multiple of 128), got "
+           << cfg.getScalePacks();
+  if (!cfg.hasStaticTokenCap())
+    return emitOpError("needs max_tokens_per_rank in its configuration: the kernel's "
+                       "intermediate rows are sized by it");
+  if (cfg.isMultiNode())
+    return emitOpError("needs one NVLink domain: the configuration spans ")
+           << cfg.getNumNodes() << " nodes of " << cfg.getRanksPerNode() << " ranks";
+  ShapedType x = shaped(getX()), idx = shaped(getTopkIdx()), sf = shaped(getScales()),
+             w = shaped(getTopkWeights()), w13 = shaped(getGateUpWeights()),
+             s13 = shaped(getGateUpScales()), w2 = shaped(getDownWeights()),
+             s2 = shaped(getDownScales()), out = shaped(getCombinedX());
+  if (failed(check.staticDim("x", x, 1, hidden, "hidden")) ||
+      failed(check.maxDim("x", x, 0, cfg.getTokenCap(), "tokens")) ||
+      failed(check.staticDim("topk_idx", idx, 1, k, "top-k")) ||
+      failed(check.sameDim("x", x, "topk_idx", idx, "the token count")) ||
+      failed(check.staticDim("scales", sf, 1, hidden / block, "hidden / 128")) ||
+      failed(check.sameDim("x", x, "scales", sf, "the token count")) ||
+      failed(check.staticDim("topk_weights", w, 1, k, "top-k")) ||
+      failed(check.sameDim("x", x, "topk_weights", w, "the token count")) ||
+      failed(check.staticDim("combined_x", out, 1, hidden, "hidden")) ||
+      failed(check.sameDim("x", x, "combined_x", out, "the token count")))
+    return failure();
+  if (failed(check.staticDim("down_weights", w2, 0, local, "local experts")) ||
+      failed(check.staticDim("down_weights", w2, 1, hidden, "hidden")) ||
+      failed(check.staticDim("down_weights", w2, 2, ShapedType::kDynamic, "I")))
+    return failure();
+  int64_t inter = w2.getDimSize(2);
+  if (inter % block)
+    return emitOpError("down_weights dimension 2 (I) must be a multiple of 128 (the SwiGLU's "
+                       "FP8 scale blocks), got ")
+           << inter;
+  if (failed(check.staticDim("gate_up_weights", w13, 0, local, "local experts")) ||
+      failed(check.staticDim("gate_up_weights", w13, 1, 2 * inter, "2 I")) ||
+      failed(check.staticDim("gate_up_weights", w13, 2, hidden, "hidden")) ||
+      failed(check.staticDim("gate_up_scales", s13, 0, local, "local experts")) ||
+      failed(check.staticDim("gate_up_scales", s13, 1, 2 * inter / block, "2 I / 128")) ||
+      failed(check.staticDim("gate_up_scales", s13, 2, hidden / block, "hidden / 128")) ||
+      failed(check.staticDim("down_scales", s2, 0, local, "local experts")) ||
+      failed(check.staticDim("down_scales", s2, 1, hidden / block, "hidden / 128")) ||
+      failed(check.staticDim("down_scales", s2, 2, inter / block, "I / 128")))
+    return failure();
+  return success();
+}
+
 LogicalResult GemmCombineOp::verify() {
   ConfigAttr cfg = getConfig();
   ShapeChecker check{*this};

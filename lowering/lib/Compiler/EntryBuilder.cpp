@@ -77,6 +77,7 @@ private:
   LogicalResult buildSwiglu();
   LogicalResult buildDispatchGemm();
   LogicalResult buildGemmCombine();
+  LogicalResult buildMoeLayer();
   LogicalResult buildDispatchLayout();
   LogicalResult buildEngramFetch();
   LogicalResult buildLowLatencyDispatch();
@@ -358,6 +359,44 @@ LogicalResult EntryBuilder::buildGemmCombine() {
   return success();
 }
 
+/// The whole FP8 layer (ep.moe_layer): gemm.n is each expert's intermediate
+/// size I; the dispatch sends routing weights, which the SwiGLU applies.
+LogicalResult EntryBuilder::buildMoeLayer() {
+  const EntryRequest::Dispatch &variant = request.dispatch;
+  if (variant.cached || !variant.weights || variant.zeroPadding || variant.windowOutputs)
+    return emitError(loc) << "kernel request: dispatch: the MoE layer routes its tokens with "
+                             "their weights: weights must be true and cached, zero_padding and "
+                             "window_outputs false";
+  if (failed(checkTopkIdxBits(variant.topkIdxBits)))
+    return failure();
+  const int64_t inter = request.gemm.n, block = 128, hidden = config.getHidden();
+  const int64_t local = config.getNumLocalExperts();
+  if (inter < 1 || inter % block)
+    return emitError(loc) << "kernel request: gemm.n: the layer's intermediate size must be a "
+                             "positive multiple of 128, got "
+                          << inter;
+  auto weights = [&](int64_t n, int64_t k) { return RankedTensorType::get({local, n, k}, dtype); };
+  auto scales = [&](int64_t n, int64_t k) {
+    return RankedTensorType::get({local, n / block, k / block}, f32());
+  };
+  Signature signature;
+  int x = signature.add(rows(hidden, dtype));
+  int topkIdx = signature.add(rows(config.getTopk(), builder.getIntegerType(variant.topkIdxBits)));
+  int packs = signature.add(rows(hidden / block, f32()));
+  int topkWeights = signature.add(rows(config.getTopk(), f32()));
+  int w13 = signature.add(weights(2 * inter, hidden));
+  int s13 = signature.add(scales(2 * inter, hidden));
+  int w2 = signature.add(weights(hidden, inter));
+  int s2 = signature.add(scales(hidden, inter));
+  func::FuncOp func = begin(signature);
+  Value out = epic::ep::MoeLayerOp::create(
+      builder, loc, rows(hidden, bf16()), config, argument(func, x), argument(func, topkIdx),
+      argument(func, packs), argument(func, topkWeights), argument(func, w13), argument(func, s13),
+      argument(func, w2), argument(func, s2));
+  finish(func, out);
+  return success();
+}
+
 OwningOpRef<ModuleOp> EntryBuilder::build() {
   config = epic::configOf(request.spec, loc);
   if (!config)
@@ -391,6 +430,9 @@ OwningOpRef<ModuleOp> EntryBuilder::build() {
     break;
   case KernelKind::gemmCombine:
     built = buildGemmCombine();
+    break;
+  case KernelKind::moeLayer:
+    built = buildMoeLayer();
     break;
   case KernelKind::dispatchLayout:
     built = buildDispatchLayout();

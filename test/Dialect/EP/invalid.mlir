@@ -1193,3 +1193,59 @@ func.func @f(%x: tensor<16x512xbf16>, %w: tensor<8xf32>, %h: !ep.handle<#c>) {
   %y = ep.swiglu %x layout(%h : !ep.handle<#c>) weights(%w : tensor<8xf32>) : tensor<16x512xbf16> -> tensor<16x256xbf16>
   return
 }
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 256, dtype = f8E4M3FN, scale_packs = 2, layout = plain, expert_alignment = 128, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x256xf8E4M3FN>, %idx: tensor<?x4xi64>, %sf: tensor<?x2xf32>, %w: tensor<?x4xf32>,
+             %w13: tensor<8x256x256xf8E4M3FN>, %s13: tensor<8x2x2xf32>, %w2: tensor<8x256x128xf8E4M3FN>,
+             %s2: tensor<8x2x1xf32>) {
+  // expected-error@+1 {{'ep.moe_layer' op runs an expanded dispatch's rows: the configuration's layout is plain}}
+  %o = ep.moe_layer %x topk(%idx : tensor<?x4xi64>) scales(%sf : tensor<?x2xf32>) weights(%w : tensor<?x4xf32>)
+      gate_up(%w13, %s13 : tensor<8x256x256xf8E4M3FN>, tensor<8x2x2xf32>)
+      down(%w2, %s2 : tensor<8x256x128xf8E4M3FN>, tensor<8x2x1xf32>)
+      config #c : tensor<?x256xf8E4M3FN> -> tensor<?x256xbf16>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 256, dtype = f8E4M3FN, scale_packs = 1, layout = expanded, expert_alignment = 128, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x256xf8E4M3FN>, %idx: tensor<?x4xi64>, %sf: tensor<?x2xf32>, %w: tensor<?x4xf32>,
+             %w13: tensor<8x256x256xf8E4M3FN>, %s13: tensor<8x2x2xf32>, %w2: tensor<8x256x128xf8E4M3FN>,
+             %s2: tensor<8x2x1xf32>) {
+  // expected-error@+1 {{'ep.moe_layer' op needs one f32 scale per 128 channels: scale_packs must be hidden / 128 = 2 (hidden 256 a multiple of 128), got 1}}
+  %o = ep.moe_layer %x topk(%idx : tensor<?x4xi64>) scales(%sf : tensor<?x2xf32>) weights(%w : tensor<?x4xf32>)
+      gate_up(%w13, %s13 : tensor<8x256x256xf8E4M3FN>, tensor<8x2x2xf32>)
+      down(%w2, %s2 : tensor<8x256x128xf8E4M3FN>, tensor<8x2x1xf32>)
+      config #c : tensor<?x256xf8E4M3FN> -> tensor<?x256xbf16>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 256, dtype = f8E4M3FN, scale_packs = 2, layout = expanded, expert_alignment = 128, max_tokens_per_rank = 0>
+func.func @f(%x: tensor<?x256xf8E4M3FN>, %idx: tensor<?x4xi64>, %sf: tensor<?x2xf32>, %w: tensor<?x4xf32>,
+             %w13: tensor<8x256x256xf8E4M3FN>, %s13: tensor<8x2x2xf32>, %w2: tensor<8x256x128xf8E4M3FN>,
+             %s2: tensor<8x2x1xf32>) {
+  // expected-error@+1 {{'ep.moe_layer' op needs max_tokens_per_rank in its configuration: the kernel's intermediate rows are sized by it}}
+  %o = ep.moe_layer %x topk(%idx : tensor<?x4xi64>) scales(%sf : tensor<?x2xf32>) weights(%w : tensor<?x4xf32>)
+      gate_up(%w13, %s13 : tensor<8x256x256xf8E4M3FN>, tensor<8x2x2xf32>)
+      down(%w2, %s2 : tensor<8x256x128xf8E4M3FN>, tensor<8x2x1xf32>)
+      config #c : tensor<?x256xf8E4M3FN> -> tensor<?x256xbf16>
+  return
+}
+
+// -----
+
+#c = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 256, dtype = f8E4M3FN, scale_packs = 2, layout = expanded, expert_alignment = 128, max_tokens_per_rank = 64>
+func.func @f(%x: tensor<?x256xf8E4M3FN>, %idx: tensor<?x4xi64>, %sf: tensor<?x2xf32>, %w: tensor<?x4xf32>,
+             %w13: tensor<8x384x256xf8E4M3FN>, %s13: tensor<8x2x2xf32>, %w2: tensor<8x256x128xf8E4M3FN>,
+             %s2: tensor<8x2x1xf32>) {
+  // expected-error@+1 {{'ep.moe_layer' op gate_up_weights dimension 1 (2 I) must be 256, got 384}}
+  %o = ep.moe_layer %x topk(%idx : tensor<?x4xi64>) scales(%sf : tensor<?x2xf32>) weights(%w : tensor<?x4xf32>)
+      gate_up(%w13, %s13 : tensor<8x384x256xf8E4M3FN>, tensor<8x2x2xf32>)
+      down(%w2, %s2 : tensor<8x256x128xf8E4M3FN>, tensor<8x2x1xf32>)
+      config #c : tensor<?x256xf8E4M3FN> -> tensor<?x256xbf16>
+  return
+}

@@ -19,6 +19,9 @@
                    max_tokens_per_rank = 512>
 // Parameters may come in any order; defaults (scale_packs = 0,
 // expert_alignment = 1, layout = plain, num_sms = 0) may be written out.
+#fp8_layer = #ep.config<dtype = f8E4M3FN, hidden = 7168, ranks = 8, experts = 256, topk = 8,
+                        scale_packs = 56, expert_alignment = 128, layout = expanded,
+                        max_tokens_per_rank = 128>
 #fp8 = #ep.config<dtype = f8E4M3FN, hidden = 7168, ranks = 8, experts = 256,
                   topk = 8, scale_packs = 56, expert_alignment = 1,
                   layout = plain, num_sms = 24, max_tokens_per_rank = 4096>
@@ -321,4 +324,19 @@ func.func @low_latency_bf16_and_combine(%x: tensor<?x7168xbf16>, %idx: tensor<?x
       : tensor<32x?x7168xbf16>, tensor<32x8xi64>, tensor<32x?xi32>, tensor<?x8xi32>,
         tensor<?x8xf32> -> tensor<?x7168xbf16>
   return %y : tensor<?x7168xbf16>
+}
+
+// The whole FP8 layer in one op (what ep-fuse-moe-layer makes of its five ops).
+// CHECK-LABEL: func.func @moe_layer
+// CHECK: ep.moe_layer %{{.*}} topk(%{{.*}} : tensor<?x8xi64>) scales(%{{.*}} : tensor<?x56xf32>) weights(%{{.*}} : tensor<?x8xf32>) gate_up(%{{.*}}, %{{.*}} : tensor<32x4096x7168xf8E4M3FN>, tensor<32x32x56xf32>) down(%{{.*}}, %{{.*}} : tensor<32x7168x2048xf8E4M3FN>, tensor<32x56x16xf32>) config #{{.*}} : tensor<?x7168xf8E4M3FN> -> tensor<?x7168xbf16>
+func.func @moe_layer(%x: tensor<?x7168xf8E4M3FN>, %idx: tensor<?x8xi64>, %sf: tensor<?x56xf32>,
+                     %w: tensor<?x8xf32>, %w13: tensor<32x4096x7168xf8E4M3FN>,
+                     %s13: tensor<32x32x56xf32>, %w2: tensor<32x7168x2048xf8E4M3FN>,
+                     %s2: tensor<32x56x16xf32>) -> tensor<?x7168xbf16> {
+  %out = ep.moe_layer %x topk(%idx : tensor<?x8xi64>) scales(%sf : tensor<?x56xf32>)
+      weights(%w : tensor<?x8xf32>)
+      gate_up(%w13, %s13 : tensor<32x4096x7168xf8E4M3FN>, tensor<32x32x56xf32>)
+      down(%w2, %s2 : tensor<32x7168x2048xf8E4M3FN>, tensor<32x56x16xf32>)
+      config #fp8_layer : tensor<?x7168xf8E4M3FN> -> tensor<?x7168xbf16>
+  return %out : tensor<?x7168xbf16>
 }

@@ -16,6 +16,7 @@
 #include "mlir/Pass/PassManager.h"
 #include "llvm/ADT/StringRef.h"
 
+#include <optional>
 #include <string>
 
 namespace epic {
@@ -34,6 +35,13 @@ struct FusionPolicy {
 
 /// The pair a fusion pass rewrites.
 enum class FusedPair { dispatchGemm, gemmCombine };
+
+/// What `mode` (auto, always or never; the enclosing function's `ep.fusion`
+/// overrides it) decides at `anchor` without a model: true or false, with a
+/// remark on `anchor` ("<pass>: fused: ... is \"always\""), or nothing for auto;
+/// fails with an error for a mode that is none of the three.
+mlir::FailureOr<std::optional<bool>> decideByMode(mlir::Operation *anchor, llvm::StringRef pass,
+                                                  llvm::StringRef mode);
 
 /// Whether `pass` fuses `pair` at `anchor` (its configuration `config`, the
 /// GEMM's N `n`): as the enclosing function's `ep.fusion` or the policy's

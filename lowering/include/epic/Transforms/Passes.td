@@ -94,6 +94,50 @@ def EPFuseDispatchGemm : Pass<"ep-fuse-dispatch-gemm", "::mlir::func::FuncOp"> {
   let dependentDialects = ["::epic::ep::EPDialect"];
 }
 
+def EPFuseMoeLayer : Pass<"ep-fuse-moe-layer", "::mlir::func::FuncOp"> {
+  let summary = "make a decode-sized FP8 MoE layer one persistent kernel";
+  let description = [{
+    Rewrites DeepSeek V3's FP8 layer written as five ops on one handle into
+    one `ep.moe_layer`:
+
+    ```mlir
+    // before
+    %rx, %rsf, %rw, %h = ep.dispatch %x topk(%idx : ...) scales(%sf : ...)
+        weights(%w : ...) config #cfg : ...
+    %gu = ep.grouped_gemm %rx, %w13 layout(%h : ...) scales(%rsf, %s13 : ...) : ... -> ...xbf16>
+    %a, %as = ep.swiglu %gu layout(%h : ...) weights(%rw : ...) : ... -> ...xf8E4M3FN>, ...
+    %y = ep.grouped_gemm %a, %w2 layout(%h : ...) scales(%as, %s2 : ...) : ... -> ...xbf16>
+    %out = ep.combine %y, %h : ...
+    // after
+    %out = ep.moe_layer %x topk(%idx : ...) scales(%sf : ...) weights(%w : ...)
+        gate_up(%w13, %s13 : ...) down(%w2, %s2 : ...) config #cfg : ...
+    ```
+
+    `convert-ep-to-comm` lowers `ep.moe_layer` to one cooperative kernel
+    whose blocks run the five steps in turn, meeting at a rank barrier between
+    steps: no launch and no host step inside the layer. At decode sizes the
+    steps other than the GEMMs are short and the launches between them
+    (and their tails, where most SMs idle) are what one kernel removes; at
+    prefill sizes the GEMMs compute for milliseconds and a barrier instead
+    of a launch changes nothing. So `mode=auto` (the default) fuses where the
+    configuration's token cap is at most `max-tokens` (256) per rank;
+    `always` and `never` (or the function's `ep.fusion` attribute) decide
+    without it. A remark on the dispatch says which way and why, and names
+    what keeps a chain from fusing: an intermediate value read outside the
+    chain, a cached, window or zero-padding dispatch, BF16 rows, a combine
+    with weights or biases, a SwiGLU without routing weights, a run-time
+    token cap or several nodes.
+  }];
+  let options = [
+    Option<"mode", "mode", "std::string", /*default=*/"\"auto\"",
+           "auto: fuse where the token cap is at most max-tokens; always; never (a "
+           "function's ep.fusion attribute overrides it)">,
+    Option<"maxTokens", "max-tokens", "int64_t", /*default=*/"256",
+           "the largest token cap per rank mode=auto fuses">
+  ];
+  let dependentDialects = ["::epic::ep::EPDialect"];
+}
+
 def EPFuseGemmCombine : Pass<"ep-fuse-gemm-combine", "::mlir::func::FuncOp"> {
   let summary = "fuse the expert GEMM with the combine of its output";
   let description = [{

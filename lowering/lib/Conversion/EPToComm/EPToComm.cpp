@@ -550,6 +550,76 @@ struct GemmCombineOpLowering : KernelOpLowering<ep::GemmCombineOp> {
   }
 };
 
+/// The FP8 layer in one cooperative kernel at the FP8 GEMM's shape; its
+/// record is the dispatch's, then each later step's under its name
+/// (EPRecords.h), the four TMA descriptors after them.
+struct MoeLayerOpLowering : KernelOpLowering<ep::MoeLayerOp> {
+  using KernelOpLowering::KernelOpLowering;
+  FailureOr<KernelPlan> planKernels(ep::MoeLayerOp layer, const Entry &entry,
+                                    Builder &b) const override {
+    KernelPlan plan(layer, layer.getConfig(), entry, unsigned(epic::detail::kFp8Threads));
+    ep::ConfigAttr cfg = plan.cfg;
+    const int64_t inter = layer.getIntermediateSize();
+    Type fp8 = cfg.getDtype(), bf16 = b.getBF16Type();
+    FailureOr<epic::detail::GroupedGemmShape> gateUp =
+        gemmShapeOf(layer, cfg, 2 * inter, fp8, bf16);
+    FailureOr<epic::detail::GroupedGemmShape> down =
+        gemmShapeOf(layer, cfg, cfg.getHidden(), fp8, bf16, inter);
+    if (failed(gateUp) || failed(down))
+      return failure();
+    unsigned idxBits = cast<ShapedType>(layer.getTopkIdx().getType()).getElementTypeBitWidth();
+    // The rank barrier's counters: where the fused GEMM ops keep theirs, which
+    // FP8 configurations never run.
+    FusedScratch at(cfg);
+    plan.scratchAt = at.tileDone, plan.windowBytes = at.tileDone + 256;
+    plan.kernels = {entry.name + "_layer"};
+    for (const std::string &field : records::moeLayerFields())
+      plan.fields.push_back(field);
+    plan.tensorMaps = 4;
+    const int64_t mapBytes = epic::LaunchMetadata::kTensorMapBytes;
+    const int64_t mapsAt = plan.record().mapsOffset;
+    auto field = [](int part, const char *name) {
+      // Static storage: moeLayerFields() holds every name.
+      return StringRef(*llvm::find(records::moeLayerFields(), records::moeLayerField(part, name)));
+    };
+    plan.launch.dynamicSharedBytes = epic::detail::gemmDynamicSharedBytes(*gateUp);
+    plan.launch.ctasPerSm = epic::detail::gemmCtasPerSm(*gateUp);
+    plan.launch.tensorMaps = epic::detail::groupedGemmTensorMaps(
+        *gateUp, field(records::kLayerGateUp, records::grouped_gemm::x),
+        field(records::kLayerGateUp, records::grouped_gemm::weights),
+        {0, field(records::kLayerGateUp, records::grouped_gemm::num_rows).str()}, mapsAt);
+    for (epic::TensorMapSpec &map : epic::detail::groupedGemmTensorMaps(
+             *down, field(records::kLayerDown, records::grouped_gemm::x),
+             field(records::kLayerDown, records::grouped_gemm::weights),
+             {0, field(records::kLayerDown, records::grouped_gemm::num_rows).str()},
+             mapsAt + 2 * mapBytes))
+      plan.launch.tensorMaps.push_back(map);
+    plan.build = [=](const KernelPlan &plan, gpu::GPUModuleOp module, const RecordLayout &record) {
+      // Each GEMM reads its part of the record: its descriptors' offset from there.
+      auto gemmOf = [&](epic::detail::GroupedGemmShape gemm, int part, int64_t maps) {
+        gemm = withRecord(gemm, record);
+        gemm.mapsOffset =
+            record.mapsOffset + maps * mapBytes - records::moeLayerPartFirst(part) * 8;
+        gemm.restoreRegisters = true;
+        return gemm;
+      };
+      MoeLayerParts parts{plan.layout(idxBits, record, kDispatchMaxTokens),
+                          plan.layout(64, record, kSNumRows),
+                          plan.layout(64, record, kCMaxTokens),
+                          DispatchShape{true, true, true, false, false},
+                          gemmOf(*gateUp, records::kLayerGateUp, 0),
+                          gemmOf(*down, records::kLayerDown, 2),
+                          SwigluShape{bf16, fp8, inter},
+                          CombineShape{false, 0, true},
+                          at.tileDone,
+                          at.tileDone + 64};
+      OpBuilder b = kernelInsertionPoint(module);
+      buildMoeLayerKernel(b, plan.loc, plan.kernels[0], parts);
+    };
+    return plan;
+  }
+};
+
 /// DeepEP's engram_fetch: a warp per fetched row, nothing waits.
 struct EngramFetchOpLowering : KernelOpLowering<ep::EngramFetchOp> {
   using KernelOpLowering::KernelOpLowering;
@@ -687,7 +757,7 @@ void epic::populateEPToCommConversionPatterns(RewritePatternSet &patterns, unsig
                                               bool onePassDispatch, bool onePassCombine) {
   patterns
       .add<DispatchLayoutOpLowering, DispatchOpLowering, CombineOpLowering, GroupedGemmOpLowering,
-           SwigluOpLowering, DispatchGemmOpLowering, GemmCombineOpLowering, EngramFetchOpLowering,
-           LowLatencyDispatchOpLowering, LowLatencyCombineOpLowering>(
+           SwigluOpLowering, DispatchGemmOpLowering, GemmCombineOpLowering, MoeLayerOpLowering,
+           EngramFetchOpLowering, LowLatencyDispatchOpLowering, LowLatencyCombineOpLowering>(
           patterns.getContext(), threads, onePassDispatch, onePassCombine);
 }

@@ -1,7 +1,8 @@
 //===- FusedKernels.cpp - convert-ep-to-comm: kernels fused with the GEMM ------------===//
 //
-// ep.dispatch_gemm's copy + GEMM kernel and ep.gemm_combine's GEMM + send
-// kernel, built from the dispatch, combine and grouped GEMM kernels.
+// ep.dispatch_gemm's copy + GEMM kernel, ep.gemm_combine's GEMM + send
+// kernel and ep.moe_layer's persistent kernel, built from the dispatch,
+// combine, grouped GEMM and SwiGLU kernels.
 //
 //===----------------------------------------------------------------------===//
 
@@ -14,13 +15,14 @@ using namespace mlir;
 namespace ep = epic::ep;
 namespace comm = epic::comm;
 
-/// Copies the body of `from` (a kernel with convert-ep-to-comm's signature) before
-/// `b`'s insertion point, its arguments mapped to `to`'s, with its block
-/// index and count replaced by `block`/`blocks`.
 void inlineKernelBody(OpBuilder &b, gpu::GPUFuncOp from, gpu::GPUFuncOp to, Value block,
-                      Value blocks) {
+                      Value blocks, Value table) {
   IRMapping map;
-  for (auto [a, c] : llvm::zip(from.getArguments(), to.getArguments()))
+  for (unsigned i = 0; i < from.getNumArguments(); ++i)
+    map.map(from.getArgument(i), table && i == 2 ? table : to.getArgument(i));
+  assert(from.getNumWorkgroupAttributions() <= to.getNumWorkgroupAttributions() &&
+         "the kernel must have the part's shared attributions");
+  for (auto [a, c] : llvm::zip(from.getWorkgroupAttributions(), to.getWorkgroupAttributions()))
     map.map(a, c);
   SmallVector<Operation *> cloned;
   for (Operation &op : from.getBody().front().without_terminator())
@@ -225,6 +227,98 @@ void buildGemmSendKernel(gpu::GPUFuncOp func, const EPLayout &L, CombineShape sh
     k.loop(k.lane, k.i32(L.local * scratch.maxTiles), k.i32(32),
            [&](Value slot) { k.store(k.i32(0), k.counter(scratch.colDone, slot), 4); });
     exchangeDoneFlags(k, L.combineFlags, k.lane, k.i32(32));
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// ep.moe_layer: the whole FP8 layer, one persistent kernel
+//===----------------------------------------------------------------------===//
+//
+// Each step is built by its own op's builder into a kernel of its own (the
+// same code the unfused ops run, so the results are bitwise theirs), then
+// copied into the layer kernel with the parameter table moved to the step's
+// part of the layer's record; between steps the rank's blocks meet at a
+// barrier in the window. The kernel runs at the FP8 GEMM's shape (three
+// warpgroups, one block per SM): the GEMMs split the registers between their
+// producer and consumers and give them back after their last tile, so the
+// other steps run with the even split of 384 threads.
+
+namespace {
+
+/// Every block of this rank waits here until all have arrived. One counter
+/// in the window serves all the barriers of a call: it only grows during
+/// the call, so the block that adds `old` is in barrier old / blocks, which
+/// ends when the counter reaches the next multiple of the rank's blocks
+/// (all resident: the launch is cooperative). The block's writes before are
+/// visible to every block after (release, acquire at GPU scope), also to the
+/// TMA loads of the next GEMM (the async proxy).
+void rankBarrier(KernelBuilder &k, int64_t counter) {
+  k.barrier(); // the block's writes, before thread 0's release
+  k.when(k.eq(k.tid, k.i32(0)), [&] {
+    Value old =
+        comm::AtomicRMWOp::create(k.b, k.i32T(), comm::AtomicKind::add, comm::Ordering::release,
+                                  comm::Scope::gpu, k.i32(1), k.local(k.i32(counter)));
+    Value target = k.mul(k.add(k.divu(old, k.blocks), k.i32(1)), k.blocks);
+    comm::WaitFlagOp::create(k.b, k.i32T(), k.local(k.i32(counter)), comm::Predicate::ge, target,
+                             k.me, Value(), comm::Scope::gpu, k.layout.timeoutMs);
+  });
+  k.barrier(); // what thread 0 acquired, for the whole block
+  NVVM::FenceProxyOp::create(k.b, NVVM::ProxyKind::async_global, NVVM::SharedSpaceAttr());
+}
+
+/// The table `k`'s kernel reads part `part`'s record through (null for the
+/// dispatch's, which is the record's start).
+Value partTable(KernelBuilder &k, int part) {
+  return k.at(k.table, k.i64(int64_t(moeLayerPartFirst(part)) * 8));
+}
+
+} // namespace
+
+void buildMoeLayerKernel(OpBuilder &builder, Location loc, StringRef name,
+                         const MoeLayerParts &parts) {
+  // The steps, each an ordinary kernel first.
+  auto role = [&](StringRef step, bool sharedFlag) {
+    return createKernel(builder, loc, (name + "_" + step + "_step").str(), sharedFlag);
+  };
+  gpu::GPUFuncOp send = role("send", true), copy = role("copy", false),
+                 gateUp = role("gate_up", false), swiglu = role("swiglu", false),
+                 down = role("down", false), combineSend = role("combine_send", true),
+                 reduce = role("reduce", false);
+  buildDispatchSend(send, parts.dispatchLayout, parts.dispatch);
+  buildDispatchCopy(copy, parts.dispatchLayout, parts.dispatch);
+  epic::detail::buildGroupedGemmKernel(gateUp, parts.gateUp);
+  buildSwiglu(swiglu, parts.swigluLayout, parts.swiglu);
+  epic::detail::buildGroupedGemmKernel(down, parts.down);
+  buildCombineSend(combineSend, parts.combineLayout, parts.combine);
+  buildCombineReduce(reduce, parts.combineLayout, parts.combine);
+
+  gpu::GPUFuncOp kernel = createKernel(builder, loc, name, true);
+  KernelBuilder k(kernel, parts.dispatchLayout);
+  Value block = gpu::BlockIdOp::create(k.b, gpu::Dimension::x);
+  Value blocks = gpu::GridDimOp::create(k.b, gpu::Dimension::x);
+  auto run = [&](gpu::GPUFuncOp step, Value table) {
+    inlineKernelBody(k.b, step, kernel, block, blocks, table);
+    step.erase();
+  };
+  run(send, {});
+  rankBarrier(k, parts.barrier); // every count exchanged, before the rows are placed
+  run(copy, {});
+  rankBarrier(k, parts.barrier); // the rows placed, before the gate/up tiles load them
+  run(gateUp, partTable(k, kLayerGateUp));
+  rankBarrier(k, parts.barrier); // every column of a row, before its SwiGLU
+  run(swiglu, partTable(k, kLayerSwiglu));
+  rankBarrier(k, parts.barrier); // the activations, before the down tiles load them
+  run(down, partTable(k, kLayerDown));
+  rankBarrier(k, parts.barrier); // every row of a token, before its sum is sent
+  run(combineSend, partTable(k, kLayerCombine));
+  rankBarrier(k, parts.barrier); // the rank's sends ended, as the send kernel's end was
+  run(reduce, partTable(k, kLayerCombine));
+  // The rank's last block out sets both counters back to zero for the next
+  // call (every block of the rank has passed every barrier by then).
+  Value last = k.lastBlockOfRank(parts.exits);
+  k.when(last, [&] {
+    k.resetCounter(parts.barrier);
+    k.resetCounter(parts.exits);
   });
 }
 

@@ -54,6 +54,11 @@ struct GroupedGemmShape {
   /// block pushed the GEMM's registers into local memory: 1.7-2.2x slower on
   /// the H200).
   int64_t commBlocks = 0;
+  /// FP8 inside a longer kernel (ep.moe_layer): after its last tile every
+  /// warpgroup sets its registers back to kFp8EvenRegisters (setmaxnreg), the
+  /// even split the code after the GEMM is compiled for. Else the kernel
+  /// ends with the GEMM.
+  bool restoreRegisters = false;
 };
 
 /// Tile and pipeline of the kernel: one warpgroup computes 128 x 128 output
@@ -103,6 +108,10 @@ constexpr int64_t kFp8ConsumerRegisters = 224, kFp8ProducerRegisters = 56;
 static_assert(kFp8ConsumerWarpgroups * 128 * kFp8ConsumerRegisters + 128 * kFp8ProducerRegisters <=
                   64 * 1024,
               "the warpgroups' registers must fit the SM's register file");
+/// A thread's registers where all three warpgroups have the same (the launch's
+/// 384 threads with one block per SM: the register file divided, in the unit
+/// of 8 setmaxnreg counts in).
+constexpr int64_t kFp8EvenRegisters = 64 * 1024 / kFp8Threads / 8 * 8;
 constexpr int64_t kFp8CtasPerSm = 1;
 constexpr int64_t kFp8ScaleBlock = 128; ///< channels per scale (rows' and weights')
 constexpr int64_t kFp8StageBytes = kFp8TileM * kFp8TileK + kFp8TileK * kGemmTileN;

@@ -75,10 +75,15 @@ struct Fp8Gemm : GemmBuilder {
         [&] {
           setMaxRegisters(kFp8ConsumerRegisters, NVVM::SetMaxRegisterAction::increase);
           consume(s, empty, total);
+          if (shape.restoreRegisters)
+            setMaxRegisters(kFp8EvenRegisters, NVVM::SetMaxRegisterAction::decrease);
         },
         [&] {
           setMaxRegisters(kFp8ProducerRegisters, NVVM::SetMaxRegisterAction::decrease);
           when(eq(s.tid, idx(kConsumerThreads)), [&] { produce(s, empty, total); });
+          // (Waits until the consumers have given theirs back.)
+          if (shape.restoreRegisters)
+            setMaxRegisters(kFp8EvenRegisters, NVVM::SetMaxRegisterAction::increase);
         });
   }
 

@@ -125,11 +125,39 @@ void buildLowLatencyCombine(gpu::GPUFuncOp func, const EPLayout &L);
 int64_t lowLatencyRecvSharedWords(const EPLayout &L);
 int64_t lowLatencyCombineSendSharedWords(const EPLayout &L);
 
+/// Copies the body of `from` (a kernel with convert-ep-to-comm's signature)
+/// before `b`'s insertion point, its arguments and shared attributions
+/// mapped to `to`'s (the parameter table to `table` where given: `from`
+/// reads its record at that part of `to`'s), its block index and count
+/// replaced by `block`/`blocks`.
+void inlineKernelBody(OpBuilder &b, gpu::GPUFuncOp from, gpu::GPUFuncOp to, Value block,
+                      Value blocks, Value table = {});
+
 // Fused with the grouped GEMM.
 void buildCopyGemmKernel(OpBuilder &builder, Location loc, StringRef name, const EPLayout &L,
                          DispatchShape shape, const epic::detail::GroupedGemmShape &gemm);
 void buildGemmSendKernel(gpu::GPUFuncOp func, const EPLayout &L, CombineShape shape,
                          epic::detail::GroupedGemmShape gemm, GemmCombineScratch scratch);
+
+/// ep.moe_layer (FusedKernels.cpp): what each step of the layer is
+/// specialized on and reads. Every step's layout carries the step's own
+/// record (its fields from the part's first, EPRecords.h); the GEMMs'
+/// shapes their descriptors' offsets relative to it.
+struct MoeLayerParts {
+  EPLayout dispatchLayout, swigluLayout, combineLayout;
+  DispatchShape dispatch;
+  epic::detail::GroupedGemmShape gateUp, down;
+  SwigluShape swiglu;
+  CombineShape combine;
+  /// Window offsets of the rank barrier's counter and the blocks' exit count.
+  int64_t barrier, exits;
+};
+/// `<name>`: one cooperative kernel, every block of a rank running the
+/// layer's steps in turn (dispatch send, placement, gate/up GEMM, SwiGLU,
+/// down GEMM, combine send, reduce) with the rank's blocks meeting between
+/// steps.
+void buildMoeLayerKernel(OpBuilder &builder, Location loc, StringRef name,
+                         const MoeLayerParts &parts);
 
 } // namespace epic::expand
 

@@ -25,24 +25,33 @@ fusion::Shape epic::fusionShapeOf(ep::ConfigAttr config, int64_t n, int ranksPer
   return s;
 }
 
-FailureOr<bool> epic::decideFusion(Operation *anchor, StringRef pass, const FusionPolicy &policy,
-                                   FusedPair pair, ep::ConfigAttr config, int64_t n) {
-  std::optional<ep::FusionMode> mode = ep::parseFusionMode(policy.mode);
+FailureOr<std::optional<bool>> epic::decideByMode(Operation *anchor, StringRef pass,
+                                                  StringRef option) {
+  std::optional<ep::FusionMode> mode = ep::parseFusionMode(option);
   if (!mode)
     return anchor->emitError() << pass << ": option mode must be auto, always or never, got '"
-                               << policy.mode << "'";
+                               << option << "'";
   StringRef from = "option mode";
   if (auto func = anchor->getParentOfType<FunctionOpInterface>())
     if (auto attr = func->getAttrOfType<StringAttr>(ep::kFusionAttrName)) {
       mode = ep::parseFusionMode(attr.getValue()); // verified by the dialect
       from = ep::kFusionAttrName;
     }
-  if (*mode != ep::FusionMode::automatic) {
-    const bool fuse = *mode == ep::FusionMode::always;
-    anchor->emitRemark() << pass << (fuse ? ": fused" : ": not fused") << ": " << from << " is "
-                         << (fuse ? "\"always\"" : "\"never\"");
-    return fuse;
-  }
+  if (*mode == ep::FusionMode::automatic)
+    return std::optional<bool>();
+  const bool fuse = *mode == ep::FusionMode::always;
+  anchor->emitRemark() << pass << (fuse ? ": fused" : ": not fused") << ": " << from << " is "
+                       << (fuse ? "\"always\"" : "\"never\"");
+  return std::optional<bool>(fuse);
+}
+
+FailureOr<bool> epic::decideFusion(Operation *anchor, StringRef pass, const FusionPolicy &policy,
+                                   FusedPair pair, ep::ConfigAttr config, int64_t n) {
+  FailureOr<std::optional<bool>> decided = decideByMode(anchor, pass, policy.mode);
+  if (failed(decided))
+    return failure();
+  if (*decided)
+    return **decided;
   fusion::Costs costs = fusion::costsOf(policy.chip).value_or(fusion::Costs{});
   const fusion::Costs &o = policy.overrides;
   auto take = [](double &field, double override) {

@@ -193,6 +193,23 @@ struct GemmCombineCall {
   DeviceTensor weights; ///< [L, H, H]
 };
 
+/// The whole FP8 MoE layer (ep.moe_layer, one persistent kernel): the
+/// dispatch's call (FP8 rows with their scale packs and routing weights; its
+/// outputs and handle are the kernel's scratch), the experts' weights, the
+/// intermediate rows, and the combined tokens.
+struct MoeLayerCall {
+  DispatchCall dispatch;
+  DeviceTensor gateUpWeights; ///< f8E4M3FN [L, 2 I, H], K contiguous
+  DeviceTensor gateUpScales;  ///< f32 [L, 2 I / 128, H / 128]
+  DeviceTensor downWeights;   ///< f8E4M3FN [L, H, I]
+  DeviceTensor downScales;    ///< f32 [L, H / 128, I / 128]
+  DeviceTensor gateUp;        ///< bf16 [rows of recv_x, 2 I], written
+  DeviceTensor act;           ///< f8E4M3FN [rows, I], written
+  DeviceTensor actScales;     ///< f32 [rows, I / 128], written
+  DeviceTensor down;          ///< bf16 [rows, H], written
+  DeviceTensor combinedX;     ///< bf16 [T, H]
+};
+
 /// Where a served rank's window-resident tensors may lie: [begin, end) of
 /// its window, past the region its kernels use.
 struct WindowRange {
@@ -286,6 +303,10 @@ ParamRecord dispatchGemmRecord(const EPSpec &spec, const DispatchVariant &varian
                                const DispatchGemmCall &call);
 /// The fused entry's record: the combine's, then the GEMM's inputs.
 ParamRecord gemmCombineRecord(const EPSpec &spec, int biases, const GemmCombineCall &call);
+/// ep.moe_layer's record: the dispatch's, then each later step's record
+/// under its name ("gate_up.x", ..., EPRecords.h).
+ParamRecord moeLayerRecord(const EPSpec &spec, const DispatchVariant &variant,
+                           const MoeLayerCall &call);
 
 /// Each rank's record, `build(calls[r])`; a bad argument of rank r is named
 /// with its rank where there are several ("rank 3: x must ...").

@@ -200,6 +200,11 @@ public:
   Plan planGemmCombine(const EPSpec &spec, int biases, const std::vector<GemmCombineCall> &calls,
                        int blocks = 0, void *stream = nullptr,
                        std::vector<std::string> slotNames = {});
+  /// The whole FP8 MoE layer (ep.moe_layer): dispatch, gate/up GEMM, SwiGLU,
+  /// down GEMM and combine in one persistent kernel, no host step between.
+  Plan planMoeLayer(const EPSpec &spec, const DispatchVariant &variant,
+                    const std::vector<MoeLayerCall> &calls, int blocks = 0, void *stream = nullptr,
+                    std::vector<std::string> slotNames = {});
 
   /// Plan, launch and wait for `stream`. With `checkRouting`, topk_idx is
   /// first read back and range-checked (skipped while `stream` is being

@@ -153,6 +153,11 @@ KernelRequest dispatchGemmRequest(const EPSpec &spec, const DispatchVariant &var
 /// output an ep.combine with `biases` sums: the compiler fuses the pair
 /// (ep-fuse-gemm-combine).
 KernelRequest gemmCombineRequest(const EPSpec &spec, int biases, std::string name = "");
+/// `@<name>` holding one ep.moe_layer: the FP8 layer (dispatch of
+/// `topkIdxBits`-bit routing with weights, gate/up GEMM, SwiGLU of `inter`
+/// channels, down GEMM, combine) as one persistent kernel.
+KernelRequest moeLayerRequest(const EPSpec &spec, int topkIdxBits, int64_t inter,
+                              std::string name = "");
 /// ep.dispatch_layout of a routing table of `topkIdxBits`-bit expert ids.
 KernelRequest dispatchLayoutRequest(const EPSpec &spec, int topkIdxBits = 64,
                                     std::string name = "");

@@ -467,6 +467,72 @@ def EP_DispatchGemmOp : EP_Op<"dispatch_gemm", [EP_KernelOpInterface]> {
 }
 
 //===----------------------------------------------------------------------===//
+// ep.moe_layer
+//===----------------------------------------------------------------------===//
+
+def EP_MoeLayerOp : EP_Op<"moe_layer", [EP_KernelOpInterface]> {
+  let summary = "a whole FP8 MoE layer (dispatch, expert MLP, combine) in one kernel";
+  let description = [{
+    What `ep-fuse-moe-layer` makes of DeepSeek V3's FP8 layer written as
+    five ops on one handle: an FP8 `ep.dispatch` (expanded, scale packs of
+    128 channels, routing weights), the gate/up `ep.grouped_gemm` on its rows
+    and scales, `ep.swiglu` weighted by the rows' routing weights with FP8
+    results, the down `ep.grouped_gemm`, and the `ep.combine` of its rows,
+    where nothing but the chain reads the intermediate values. The result is
+    the combine's, bitwise the five ops' (the same arithmetic in the same
+    order).
+
+    `convert-ep-to-comm` lowers it to one cooperative kernel, persistent over
+    the steps: every block of a rank sends and places its share of the
+    tokens, computes gate/up tiles, SwiGLU rows, down tiles, then sends and
+    reduces combined tokens, the rank's blocks meeting at a barrier in the
+    window between steps. No host step and no launch between them: a
+    decode-sized layer is one launch in a CUDA graph.
+
+    `gate_up_weights` are `[L, 2 I, hidden]` (gate rows, then up rows; K
+    contiguous), `down_weights` `[L, hidden, I]`, each with f32 scales per
+    128 x 128 block (`[L, 2 I / 128, hidden / 128]`, `[L, hidden / 128, I /
+    128]`). The configuration's token cap must be static: the kernel's
+    intermediate rows are sized by it.
+
+    ```mlir
+    %out = ep.moe_layer %x topk(%idx : tensor<?x8xi64>) scales(%sf : tensor<?x56xf32>)
+        weights(%w : tensor<?x8xf32>)
+        gate_up(%w13, %s13 : tensor<32x4096x7168xf8E4M3FN>, tensor<32x32x56xf32>)
+        down(%w2, %s2 : tensor<32x7168x2048xf8E4M3FN>, tensor<32x56x16xf32>)
+        config #cfg : tensor<?x7168xf8E4M3FN> -> tensor<?x7168xbf16>
+    ```
+  }];
+  let arguments = (ins
+    EP_ConfigAttr:$config,
+    2DTensorOf<[F8E4M3FN]>:$x,
+    EP_TopkIdxTensor:$topk_idx,
+    2DTensorOf<[F32]>:$scales,
+    2DTensorOf<[F32]>:$topk_weights,
+    3DTensorOf<[F8E4M3FN]>:$gate_up_weights,
+    3DTensorOf<[F32]>:$gate_up_scales,
+    3DTensorOf<[F8E4M3FN]>:$down_weights,
+    3DTensorOf<[F32]>:$down_scales);
+  let results = (outs EP_BF16RowTensor:$combined_x);
+  let assemblyFormat = [{
+    $x `topk` `(` $topk_idx `:` type($topk_idx) `)`
+    `scales` `(` $scales `:` type($scales) `)`
+    `weights` `(` $topk_weights `:` type($topk_weights) `)`
+    `gate_up` `(` $gate_up_weights `,` $gate_up_scales `:` type($gate_up_weights) `,`
+        type($gate_up_scales) `)`
+    `down` `(` $down_weights `,` $down_scales `:` type($down_weights) `,` type($down_scales) `)`
+    `config` $config attr-dict `:` type($x) `->` type($combined_x)
+  }];
+  let extraClassDeclaration = [{
+    /// I, each expert's intermediate size (the down GEMM's K).
+    int64_t getIntermediateSize() {
+      return ::mlir::cast<::mlir::ShapedType>(getDownWeights().getType()).getDimSize(2);
+    }
+  }];
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
 // ep.gemm_combine
 //===----------------------------------------------------------------------===//
 

@@ -11,6 +11,10 @@
 #ifndef EPIC_DIALECT_EP_IR_EPRECORDS_H
 #define EPIC_DIALECT_EP_IR_EPRECORDS_H
 
+#include <iterator>
+#include <string>
+#include <vector>
+
 namespace epic::ep::records {
 
 enum DispatchField {
@@ -128,6 +132,45 @@ inline constexpr const char *kLowLatencyCombineFields[] = {
 #define EP_LL_COMBINE_FIELD(Enumerator, name) #name,
 #include "epic/Dialect/EP/IR/EPRecords.def"
 };
+
+/// ep.moe_layer's record (one kernel runs the whole layer): the dispatch's
+/// fields, then the record of each later step under the step's name, in
+/// this order ("gate_up.x", ..., "swiglu.gate_up", ..., "combine.x", ...).
+/// Each step's code reads its own record starting at its part's first field,
+/// so the kernels' field indices (kGGX, kSOut, kCX, ...) stay theirs.
+enum MoeLayerPart { kLayerGateUp, kLayerSwiglu, kLayerDown, kLayerCombine, kNumLayerParts };
+inline constexpr const char *kMoeLayerPartNames[kNumLayerParts] = {"gate_up", "swiglu", "down",
+                                                                   "combine"};
+inline constexpr int kMoeLayerPartFields[kNumLayerParts] = {
+    kNumGroupedGemmFields, kNumSwigluFields, kNumGroupedGemmFields, kNumCombineFields};
+/// The index of part `part`'s first field.
+constexpr int moeLayerPartFirst(int part) {
+  int first = kNumDispatchFields;
+  for (int p = 0; p < part; ++p)
+    first += kMoeLayerPartFields[p];
+  return first;
+}
+inline constexpr int kNumMoeLayerFields = moeLayerPartFirst(kNumLayerParts);
+/// Field `name` of part `part` as the record names it ("swiglu.out").
+inline std::string moeLayerField(int part, const char *name) {
+  return std::string(kMoeLayerPartNames[part]) + "." + name;
+}
+/// The record's field names in order.
+inline const std::vector<std::string> &moeLayerFields() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> all(std::begin(kDispatchFields), std::end(kDispatchFields));
+    auto add = [&](int part, const char *const *begin, const char *const *end) {
+      for (const char *const *name = begin; name != end; ++name)
+        all.push_back(moeLayerField(part, *name));
+    };
+    add(kLayerGateUp, std::begin(kGroupedGemmFields), std::end(kGroupedGemmFields));
+    add(kLayerSwiglu, std::begin(kSwigluFields), std::end(kSwigluFields));
+    add(kLayerDown, std::begin(kGroupedGemmFields), std::end(kGroupedGemmFields));
+    add(kLayerCombine, std::begin(kCombineFields), std::end(kCombineFields));
+    return all;
+  }();
+  return names;
+}
 
 /// Name constants for the runtime, which fills records by name.
 namespace dispatch {
