@@ -268,6 +268,7 @@ def test_fp8_moe_layer_matches_torch(persistent):
     ops, and as one persistent kernel (ep.moe_layer)."""
     from epic.moe import moe_layer_fp8
 
+    torch.cuda.empty_cache()  # the reference's 28 GiB of dequantized weights, once per run
     ranks, experts, hidden, _, tokens = FP8_CONFIGS[1]
     buffer, xs, idxs, ws, w13, w2 = fp8_mlp_world(23)
     ys = moe_layer_fp8(buffer, xs, idxs, ws, w13, w2, num_experts=experts,

@@ -7,6 +7,8 @@
 // wrote). The GEMM steps split the registers and give them back (setmaxnreg); the last block
 // out sets the barrier's counters back to zero.
 // RUN: epic-opt %s --convert-ep-to-comm | FileCheck %s
+// RUN: epic-opt %s --convert-ep-to-comm="one-pass-dispatch=true one-pass-combine=true" \
+// RUN:   | FileCheck %s --check-prefix=ONE-PASS
 // RUN: epic-compile %s --backend=virtual -o %t
 // RUN: FileCheck %s --check-prefix=JSON < %t.json
 
@@ -87,6 +89,35 @@ func.func @layer(%x: tensor<?x256xf8E4M3FN>, %idx: tensor<?x4xi64>, %sf: tensor<
       config #cfg : tensor<?x256xf8E4M3FN> -> tensor<?x256xbf16>
   return %out : tensor<?x256xbf16>
 }
+
+// In one address space (the virtual world) the dispatch places rows straight in their
+// destinations' tensors and the combine reads contributions where they lie, as the unfused
+// ops do there; the steps that reach other ranks' tensors are preceded by a meeting of every
+// rank's blocks (block b of each rank meets block b of the others, then the rank's blocks).
+// ONE-PASS-LABEL: gpu.func @layer_layer(
+// The count-only send (its entry barrier), then every rank's blocks meet, then the scatter
+// through the destinations' records, and every rank's blocks meet again.
+// ONE-PASS:         comm.agree
+// ONE-PASS:         comm.red add release scope sys
+// ONE-PASS:         comm.agree
+// ONE-PASS:         comm.atomic_rmw add release scope gpu
+// ONE-PASS:         comm.peer_params %arg2 stride 960
+// ONE-PASS:         comm.red add release scope sys
+// ONE-PASS:         comm.agree
+// ONE-PASS:         comm.atomic_rmw add release scope gpu
+// ONE-PASS:         llvm.getelementptr %arg2[%c136_i64]
+// ONE-PASS:         comm.atomic_rmw add release scope gpu
+// ONE-PASS-NEXT:    arith.constant 1 : i32
+// ONE-PASS:         llvm.getelementptr %arg2[%c192_i64]
+// ONE-PASS:         llvm.getelementptr %arg2[%c240_i64]
+// The down GEMM, every rank's blocks meet, then the gather reads the ranks' combine parts.
+// ONE-PASS:         comm.red add release scope sys
+// ONE-PASS:         comm.agree
+// ONE-PASS:         comm.atomic_rmw add release scope gpu
+// ONE-PASS:         %[[COMBINE:.*]] = llvm.getelementptr %arg2[%c296_i64]
+// ONE-PASS:         comm.peer_params %[[COMBINE]] stride 960
+// ONE-PASS:         comm.atomic_rmw add acq_rel scope sys
+// ONE-PASS:         gpu.return
 
 // The compiled entry's metadata: one cooperative launch of one kernel.
 // JSON: "cooperative": 1,

@@ -594,6 +594,12 @@ struct MoeLayerOpLowering : KernelOpLowering<ep::MoeLayerOp> {
              {0, field(records::kLayerDown, records::grouped_gemm::num_rows).str()},
              mapsAt + 2 * mapBytes))
       plan.launch.tensorMaps.push_back(map);
+    // In one address space (the virtual world) the steps that cross ranks run
+    // in one pass, as the unfused ops there do.
+    DispatchShape dispatchShape{true, true, true, false, false};
+    dispatchShape.onePass = entry.onePassDispatch;
+    CombineShape combineShape{false, 0, true};
+    combineShape.onePass = entry.onePassCombine;
     plan.build = [=](const KernelPlan &plan, gpu::GPUModuleOp module, const RecordLayout &record) {
       // Each GEMM reads its part of the record: its descriptors' offset from there.
       auto gemmOf = [&](epic::detail::GroupedGemmShape gemm, int part, int64_t maps) {
@@ -606,11 +612,11 @@ struct MoeLayerOpLowering : KernelOpLowering<ep::MoeLayerOp> {
       MoeLayerParts parts{plan.layout(idxBits, record, kDispatchMaxTokens),
                           plan.layout(64, record, kSNumRows),
                           plan.layout(64, record, kCMaxTokens),
-                          DispatchShape{true, true, true, false, false},
+                          dispatchShape,
                           gemmOf(*gateUp, records::kLayerGateUp, 0),
                           gemmOf(*down, records::kLayerDown, 2),
                           SwigluShape{bf16, fp8, inter},
-                          CombineShape{false, 0, true},
+                          combineShape,
                           at.tileDone,
                           at.tileDone + 64};
       OpBuilder b = kernelInsertionPoint(module);

@@ -276,21 +276,32 @@ Value partTable(KernelBuilder &k, int part) {
 
 void buildMoeLayerKernel(OpBuilder &builder, Location loc, StringRef name,
                          const MoeLayerParts &parts) {
-  // The steps, each an ordinary kernel first.
+  // The steps, each an ordinary kernel first. In one address space (the
+  // virtual world) the dispatch places every row straight at its destination
+  // and the combine reads every contribution where it lies (OnePass.cpp), as
+  // the unfused ops there do.
+  const bool onePassDispatch = parts.dispatch.onePass, onePassCombine = parts.combine.onePass;
   auto role = [&](StringRef step, bool sharedFlag) {
     return createKernel(builder, loc, (name + "_" + step + "_step").str(), sharedFlag);
   };
-  gpu::GPUFuncOp send = role("send", true), copy = role("copy", false),
+  gpu::GPUFuncOp send = role("send", true), place = role("place", false),
                  gateUp = role("gate_up", false), swiglu = role("swiglu", false),
                  down = role("down", false), combineSend = role("combine_send", true),
                  reduce = role("reduce", false);
-  buildDispatchSend(send, parts.dispatchLayout, parts.dispatch);
-  buildDispatchCopy(copy, parts.dispatchLayout, parts.dispatch);
+  buildDispatchSend(send, parts.dispatchLayout, parts.dispatch); // one pass: counts only
+  if (onePassDispatch)
+    buildDispatchScatter(place, parts.dispatchLayout, parts.dispatch);
+  else
+    buildDispatchCopy(place, parts.dispatchLayout, parts.dispatch);
   epic::detail::buildGroupedGemmKernel(gateUp, parts.gateUp);
   buildSwiglu(swiglu, parts.swigluLayout, parts.swiglu);
   epic::detail::buildGroupedGemmKernel(down, parts.down);
-  buildCombineSend(combineSend, parts.combineLayout, parts.combine);
-  buildCombineReduce(reduce, parts.combineLayout, parts.combine);
+  if (onePassCombine) {
+    buildCombineGather(reduce, parts.combineLayout, parts.combine);
+  } else {
+    buildCombineSend(combineSend, parts.combineLayout, parts.combine);
+    buildCombineReduce(reduce, parts.combineLayout, parts.combine);
+  }
 
   gpu::GPUFuncOp kernel = createKernel(builder, loc, name, true);
   KernelBuilder k(kernel, parts.dispatchLayout);
@@ -300,18 +311,30 @@ void buildMoeLayerKernel(OpBuilder &builder, Location loc, StringRef name,
     inlineKernelBody(k.b, step, kernel, block, blocks, table);
     step.erase();
   };
+  // One pass reads and writes other ranks' tensors: every block of every rank
+  // meets (block b of each rank meets block b of the others, then the rank's
+  // blocks meet), where the unfused ops had a kernel boundary.
+  auto meet = [&](bool everyRank) {
+    if (everyRank)
+      k.entryBarrier();
+    rankBarrier(k, parts.barrier);
+  };
   run(send, {});
-  rankBarrier(k, parts.barrier); // every count exchanged, before the rows are placed
-  run(copy, {});
-  rankBarrier(k, parts.barrier); // the rows placed, before the gate/up tiles load them
+  meet(onePassDispatch); // every count exchanged, before the rows are placed
+  run(place, {});
+  meet(onePassDispatch); // the rows placed, before the gate/up tiles load them
   run(gateUp, partTable(k, kLayerGateUp));
-  rankBarrier(k, parts.barrier); // every column of a row, before its SwiGLU
+  meet(false); // every column of a row, before its SwiGLU
   run(swiglu, partTable(k, kLayerSwiglu));
-  rankBarrier(k, parts.barrier); // the activations, before the down tiles load them
+  meet(false); // the activations, before the down tiles load them
   run(down, partTable(k, kLayerDown));
-  rankBarrier(k, parts.barrier); // every row of a token, before its sum is sent
-  run(combineSend, partTable(k, kLayerCombine));
-  rankBarrier(k, parts.barrier); // the rank's sends ended, as the send kernel's end was
+  meet(onePassCombine); // every row of a token, before its sum is sent (read)
+  if (!onePassCombine) {
+    run(combineSend, partTable(k, kLayerCombine));
+    meet(false); // the rank's sends ended, as the send kernel's end was
+  } else {
+    combineSend.erase();
+  }
   run(reduce, partTable(k, kLayerCombine));
   // The rank's last block out sets both counters back to zero for the next
   // call (every block of the rank has passed every barrier by then).
