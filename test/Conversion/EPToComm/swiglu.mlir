@@ -21,12 +21,17 @@
 // Lanes 0-15 and 16-31 are two halves; a lane's 8 channels start at sub x 8.
 // CHECK:         %[[HALF:.*]] = arith.divui %{{.*}}, %c16_i32
 // CHECK:         %[[SUB:.*]] = arith.remui %{{.*}}, %c16_i32
-// The 4 local experts; expert e's rows [align(psum[e - 1], 128), psum[e]).
-// CHECK:         scf.for %[[E:.*]] = %c0_i32 to %c4_i32 step %c1_i32
+// The 4 local experts, carrying the pairs of items before expert e; expert e's rows
+// [align(psum[e - 1], 128), psum[e]).
+// CHECK:         scf.for %[[E:.*]] = %{{.*}} to %c4_i32 step %c1_i32 iter_args(%[[BEFORE:.*]] = %c0_i32) -> (i32)
 // CHECK:           llvm.getelementptr %[[PSUM]]
 // CHECK:           arith.divui %{{.*}}, %c128_i32
-// Two items a warp (I / 128 = 2 blocks a row).
-// CHECK:           scf.for %[[PAIR:.*]] = %{{.*}} to %{{.*}} step
+// Two items a warp (I / 128 = 2 blocks a row); global pair g is warp g mod the warps':
+// this warp's first pair of expert e is (warp + warps - before mod warps) mod warps.
+// CHECK:           %[[PAIRS:.*]] = arith.divui %{{.*}}, %c2_i32
+// CHECK:           %[[SHIFT:.*]] = arith.remui %[[BEFORE]], %[[WARPS:.*]] : i32
+// CHECK:           %[[FIRST:.*]] = arith.remui %{{.*}}, %[[WARPS]] : i32
+// CHECK:           scf.for %[[PAIR:.*]] = %[[FIRST]] to %[[PAIRS]] step %[[WARPS]]
 // CHECK:             %[[ITEM:.*]] = arith.addi %{{.*}}, %[[HALF]] : i32
 // Rows of 2 I = 512 bf16 channels are 1024 bytes; up is 256 channels after gate.
 // CHECK:             arith.muli %{{.*}}, %c1024_i64

@@ -58,7 +58,16 @@ void buildSwiglu(gpu::GPUFuncOp func, const EPLayout &L, const SwigluShape &shap
   auto toF32 = [&](Value chunk) {
     return shape.inType.isF32() ? chunk : arith::ExtFOp::create(k.b, f32x8, chunk).getResult();
   };
-  k.loop(k.i32(0), k.i32(L.local), k.i32(1), [&](Value e) {
+  // The experts in turn, carrying the pairs of items before expert e: global
+  // pair g goes to warp g mod numWarps, so at decode sizes (a few pairs an
+  // expert) the warps work on many experts at once instead of every warp
+  // waiting on each expert's round trip to memory in turn (32 experts of 32
+  // rows took 42 us, latency-bound, where dealing them out takes a few).
+  auto experts = scf::ForOp::create(k.b, k.i32(0), k.i32(L.local), k.i32(1), ValueRange{k.i32(0)});
+  OpBuilder::InsertionGuard guard(k.b);
+  k.b.setInsertionPointToStart(experts.getBody());
+  {
+    Value e = experts.getInductionVar(), before = experts.getRegionIterArgs()[0];
     // Expert e's rows: [align(psum[e - 1]), psum[e]), as the grouped GEMM's.
     Value end = k.loadI32(psum, e);
     Value previous = k.choose(
@@ -69,7 +78,10 @@ void buildSwiglu(gpu::GPUFuncOp func, const EPLayout &L, const SwigluShape &shap
     Value items = k.mul(rows, k.i32(blocks));
     // Two items a warp: every lane takes part in the cast's shuffles, the
     // second half of an odd count's last pair redoing the last item unstored.
-    k.loop(k.globalWarp, k.divu(k.add(items, k.i32(1)), k.i32(2)), k.numWarps, [&](Value pair) {
+    Value pairs = k.divu(k.add(items, k.i32(1)), k.i32(2));
+    Value first = k.remu(k.sub(k.add(k.globalWarp, k.numWarps), k.remu(before, k.numWarps)),
+                         k.numWarps);
+    k.loop(first, pairs, k.numWarps, [&](Value pair) {
       Value item = k.add(k.mul(pair, k.i32(2)), half);
       Value valid = k.lt(item, items);
       item = k.select(valid, item, k.sub(items, k.i32(1)));
@@ -114,7 +126,8 @@ void buildSwiglu(gpu::GPUFuncOp func, const EPLayout &L, const SwigluShape &shap
                     .getResult();
       k.when(valid, [&] { k.store(rounded, dst, 16); });
     });
-  });
+    scf::YieldOp::create(k.b, ValueRange{k.add(before, pairs)});
+  }
 }
 
 } // namespace epic::expand
