@@ -31,6 +31,7 @@ from epic import _C  # noqa: E402
 
 BLOCK = 128  # DeepSeek's scale block (channels, and weight blocks of 128 x 128)
 FP8_DENSE_TFLOPS = {"H200": 1979.0, "H100": 1979.0}  # dense e4m3, SXM
+DECODE_TOKENS = 256  # tokens per rank of a decode-sized layer (ep-fuse-moe-layer's max-tokens)
 
 
 def spec_of(args, tokens):
@@ -172,11 +173,10 @@ def main():
               f"{s['persistent_x_unfused_graph']:.3f}x the five ops (graph wall), "
               f"{s['persistent_x_unfused_eager']:.3f}x eager; bitwise the five ops': "
               f"{p['bitwise_equals_unfused']}")
-    # The issue's rows: the decode layer (the smallest size up to PERSISTENT_MAX_TOKENS) and
-    # the smallest persistent / five-ops ratio over every size (graph-captured walls).
-    from epic.moe import PERSISTENT_MAX_TOKENS
-
-    decode = [s for s in sizes if s["tokens"] <= PERSISTENT_MAX_TOKENS]
+    # The rows the persistent kernel is for: the decode layer (the smallest size of at most
+    # DECODE_TOKENS, ep-fuse-moe-layer's max-tokens) and the smallest persistent / five-ops
+    # ratio over every size (graph-captured walls).
+    decode = [s for s in sizes if s["tokens"] <= DECODE_TOKENS]
     summary = dict(
         decode_fused_x_unfused=decode[0]["persistent_x_unfused_graph"] if decode else None,
         decode_tokens=decode[0]["tokens"] if decode else None,

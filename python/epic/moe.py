@@ -25,7 +25,7 @@ from __future__ import annotations
 from . import _tensors as T
 from .activations import SCALE_BLOCK
 
-__all__ = ["PERSISTENT_MAX_TOKENS", "expert_mlp_fp8", "moe_layer_fp8"]
+__all__ = ["expert_mlp_fp8", "moe_layer_fp8"]
 
 
 def expert_mlp_fp8(buffer, recv_x, w13, w2, handle, weights=None):
@@ -44,30 +44,29 @@ def expert_mlp_fp8(buffer, recv_x, w13, w2, handle, weights=None):
     return buffer.grouped_gemm(rows, w2, handle, out_dtype="bf16", zero_padding=False)
 
 
-# The largest token cap per rank the layer runs as one persistent kernel by default: the
-# compiler's rule (ep-fuse-moe-layer's max-tokens), where the steps between the GEMMs and the
-# launches between them are a share of the layer worth removing.
-PERSISTENT_MAX_TOKENS = 256
-
-
 def moe_layer_fp8(buffer, x, topk_idx, topk_weights, w13, w2, num_experts, num_sms=0,
-                  do_cpu_sync=None, persistent=None):
+                  do_cpu_sync=None, persistent=False):
     """The whole layer (module docstring). Returns the combined bf16 ``[T, hidden]`` (a list
     in a virtual world). ``do_cpu_sync=False``: the dispatch returns worst-case-sized rows
     instead of waiting for the host to learn their count, so the layer can be captured in a
     CUDA graph (every later step works on the handle's rows only).
 
-    ``persistent``: run the layer as one persistent kernel (``ep.moe_layer``: the five steps
-    in one launch, the rank's blocks meeting between them; the same arithmetic, so bitwise the
-    same result) instead of five ops. ``None``: where the buffer's token cap is at most
-    ``PERSISTENT_MAX_TOKENS`` (decode sizes)."""
+    ``persistent=True``: run the layer as one persistent kernel (``ep.moe_layer``: the five
+    steps in one launch, the rank's blocks meeting between them; the same arithmetic, so
+    bitwise the same result) instead of five ops. In one process only (a virtual world, or
+    one rank): across processes the kernel stages the dispatch and the combine in the window,
+    a variant that hung in a GPU test of 8 ranks (bench/NOTES.md, 2026-12-07) and stays off
+    until it passes. Not the default yet: the one-pass kernel a virtual world runs has not
+    been timed on a GPU."""
     if topk_weights is None:
         raise ValueError("topk_weights: the layer weights each expert's rows by them; pass "
                          "the router's float32 [T, top-k] weights")
-    if persistent is None:
-        persistent = buffer.num_max_tokens_per_rank <= PERSISTENT_MAX_TOKENS
-    elif type(persistent) is not bool:
-        raise TypeError(f"persistent: True, False or None, got {persistent!r}")
+    if type(persistent) is not bool:
+        raise TypeError(f"persistent: True or False, got {persistent!r}")
+    if persistent and not buffer.virtual and buffer.num_ranks > 1:
+        raise ValueError("persistent: the persistent layer kernel runs in one process (a "
+                         "virtual world or one rank) only; across processes its staged "
+                         "dispatch is not verified yet: pass persistent=False")
     if persistent:
         from . import _dispatch
 

@@ -70,7 +70,7 @@ def test_the_persistent_layer_is_checked_before_it_runs(buf):
     with pytest.raises(ValueError, match=r"w13\[0\] \[4, 256, 256\] and w2\[0\] \[4, 256, 256\]"):
         moe.moe_layer_fp8(buf, x, idx, w, w13, [pair(H, 2 * INTER)] * R, num_experts=E,
                           persistent=True)
-    with pytest.raises(TypeError, match=r"persistent: True, False or None, got 1"):
+    with pytest.raises(TypeError, match=r"persistent: True or False, got 1"):
         moe.moe_layer_fp8(buf, x, idx, w, w13, w2, num_experts=E, persistent=1)
     # The down GEMM's scales are the runtime's to check: named with their step and rank.
     bad = [(w2[0][0], np.ones((L, 1, 1), np.float32))] * R
@@ -78,12 +78,10 @@ def test_the_persistent_layer_is_checked_before_it_runs(buf):
         moe.moe_layer_fp8(buf, x, idx, w, w13, bad, num_experts=E, persistent=True)
 
 
-def test_the_layer_is_persistent_at_decode_sizes(monkeypatch):
-    """persistent=None: one kernel where the token cap is at most PERSISTENT_MAX_TOKENS, the
-    five ops above it."""
+def test_the_five_ops_unless_persistent(monkeypatch):
+    """moe_layer_fp8 runs the five ops by default and the persistent kernel (the dispatch
+    path's layer hook) with persistent=True."""
     from epic import _dispatch
-
-    assert moe.PERSISTENT_MAX_TOKENS == 256
 
     class Taken(Exception):
         pass
@@ -93,8 +91,9 @@ def test_the_layer_is_persistent_at_decode_sizes(monkeypatch):
 
     monkeypatch.setattr(_dispatch, "dispatch", layer)
     x, idx, w, w13, w2 = layer_inputs()
-    for cap, path in ((256, "persistent"), (257, "five ops")):
-        b = epic.ElasticBuffer(epic.VirtualWorld(R), num_max_tokens_per_rank=cap, hidden=H,
-                               num_topk=K)
+    b = epic.ElasticBuffer(epic.VirtualWorld(R), num_max_tokens_per_rank=16, hidden=H, num_topk=K)
+    for persistent, path in ((False, "five ops"), (True, "persistent")):
         with pytest.raises(Taken, match=path):
-            moe.moe_layer_fp8(b, x, idx, w, w13, w2, num_experts=E)
+            moe.moe_layer_fp8(b, x, idx, w, w13, w2, num_experts=E, persistent=persistent)
+    with pytest.raises(Taken, match="five ops"):
+        moe.moe_layer_fp8(b, x, idx, w, w13, w2, num_experts=E)

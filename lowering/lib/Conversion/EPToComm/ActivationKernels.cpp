@@ -79,8 +79,8 @@ void buildSwiglu(gpu::GPUFuncOp func, const EPLayout &L, const SwigluShape &shap
     // Two items a warp: every lane takes part in the cast's shuffles, the
     // second half of an odd count's last pair redoing the last item unstored.
     Value pairs = k.divu(k.add(items, k.i32(1)), k.i32(2));
-    Value first = k.remu(k.sub(k.add(k.globalWarp, k.numWarps), k.remu(before, k.numWarps)),
-                         k.numWarps);
+    Value first =
+        k.remu(k.sub(k.add(k.globalWarp, k.numWarps), k.remu(before, k.numWarps)), k.numWarps);
     k.loop(first, pairs, k.numWarps, [&](Value pair) {
       Value item = k.add(k.mul(pair, k.i32(2)), half);
       Value valid = k.lt(item, items);

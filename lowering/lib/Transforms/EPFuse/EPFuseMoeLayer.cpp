@@ -68,8 +68,8 @@ FailureOr<Chain> findChain(ep::DispatchOp dispatch) {
     return refuse("the configuration spans " + Twine(cfg.getNumNodes()) + " nodes");
   Value handle = dispatch.getHandle();
   if (Value idx = dispatch.getRecvTopkIdx(); idx && !idx.use_empty())
-    return refuse("recv_topk_idx is read by '" + (*idx.getUsers().begin())->getName().getStringRef() +
-                  "'");
+    return refuse("recv_topk_idx is read by '" +
+                  (*idx.getUsers().begin())->getName().getStringRef() + "'");
   auto onlyReadBy = [&](Value v, StringRef what, Operation *reader) -> LogicalResult {
     for (Operation *user : v.getUsers())
       if (user != reader) {
@@ -105,8 +105,7 @@ FailureOr<Chain> findChain(ep::DispatchOp dispatch) {
   if (!c.combine || c.combine.getHandle() != handle)
     return refuse("the down GEMM's result feeds something else than one ep.combine on the "
                   "handle");
-  if (c.combine.getTopkWeights() || !c.combine.getBiases().empty() ||
-      c.combine.getWindowOutputs())
+  if (c.combine.getTopkWeights() || !c.combine.getBiases().empty() || c.combine.getWindowOutputs())
     return refuse("the ep.combine has weights, biases or window outputs; the layer's combine "
                   "sums the weighted rows");
   for (Operation *user : handle.getUsers())

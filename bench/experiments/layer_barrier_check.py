@@ -1,0 +1,112 @@
+"""The persistent layer kernel (ep.moe_layer) on a virtual EP8 world at V3's shape, step by
+step, with a 5 s bound on the kernels' waits: the five ops once, then the persistent kernel
+eagerly and replayed from a CUDA graph, each call's result compared bitwise with the five
+ops'. It prints each step's outcome, so a stall (a block that never reaches a barrier) is
+named in seconds, not after the default 100 s. The first version of the kernel stalled
+this way in a graph replay at 128 tokens (bench/NOTES.md, 2026-12-07).
+
+    python3 bench/experiments/layer_barrier_check.py --compile-only   # here: fills the cache
+    python3 bench/experiments/layer_barrier_check.py [--persistent-only] [--tokens T]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+R, E, K, H, INTER = 8, 256, 8, 7168, 2048  # V3 on a virtual EP8 world
+TIMEOUT_S = 5
+
+
+def spec(tokens):
+    return dict(num_ranks=R, num_experts=E, num_topk=K, hidden=H, dtype="f8E4M3FN",
+                num_scale_packs=H // 128, expert_alignment=128, do_expand=True,
+                num_max_tokens_per_rank=tokens, timeout_ms=TIMEOUT_S * 1000)
+
+
+def compile_only(tokens):
+    from epic import _C
+
+    runtime = _C.Runtime("virtual", "", "")
+    s = spec(tokens)
+    runtime.kernels(s, dict(weights=True, cached=False, zero_padding=False), "dispatch")
+    runtime.kernels(s, dict(n=2 * INTER, out_dtype="bf16"), "grouped_gemm")
+    runtime.kernels(s, dict(n=INTER, in_dtype="bf16", out_dtype="f8E4M3FN"), "swiglu")
+    runtime.kernels(s, dict(n=H, out_dtype="bf16", k=INTER), "grouped_gemm")
+    runtime.kernels(s, dict(weights=False, biases=0), "combine")
+    runtime.kernels(s, dict(weights=True, cached=False, zero_padding=False, n=INTER), "moe_layer")
+    print(f"layer_barrier_check: 6 kernel sets in {runtime.cache_dir}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--persistent-only", action="store_true",
+                        help="no five-ops call first (compare the calls with the first)")
+    parser.add_argument("--compile-only", action="store_true")
+    args = parser.parse_args()
+    if args.compile_only:
+        return compile_only(args.tokens)
+    import ep_bench
+    import torch
+
+    import epic
+    from epic.moe import moe_layer_fp8
+
+    T, L = args.tokens, E // R
+    g = torch.Generator(device="cuda").manual_seed(5)
+    xs, sfs, idxs, ws = ep_bench.make_inputs(torch, R, T, H, E, K, True, seed=7)
+    x = list(zip(xs, sfs))
+    def weights(n, k):
+        return [ep_bench.quantize_blocks(torch, torch.randn((L, n, k), generator=g, device="cuda")
+                                         / k ** 0.5, 128) for _ in range(R)]
+
+    w13, w2 = weights(2 * INTER, H), weights(H, INTER)
+    buffer = epic.ElasticBuffer(epic.VirtualWorld(R), num_max_tokens_per_rank=T, hidden=H,
+                                num_topk=K, explicitly_destroy=True,
+                                num_gpu_timeout_secs=TIMEOUT_S)
+
+    def layer(persistent):
+        return moe_layer_fp8(buffer, x, idxs, ws, w13, w2, num_experts=E, do_cpu_sync=False,
+                             persistent=persistent)
+
+    def step(what, fn):
+        start = time.time()
+        try:
+            out = fn()
+            torch.cuda.synchronize()
+        except Exception as error:  # the wait reports name the stalled block
+            print(f"FAIL {what}: {str(error)[:800]}", flush=True)
+            sys.exit(1)
+        print(f"ok   {what} ({time.time() - start:.2f} s)", flush=True)
+        return out
+
+    def same(a, b):
+        return all(torch.equal(p.view(torch.int16), q.view(torch.int16)) for p, q in zip(a, b))
+
+    want = None if args.persistent_only else [y.clone() for y in step("five ops", lambda:
+                                                                      layer(False))]
+    for i in range(4):
+        got = step(f"persistent, eager {i}", lambda: layer(True))
+        if want is None:
+            want = [y.clone() for y in got]
+        print(f"     bitwise the reference: {same(got, want)}")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = layer(True)
+    for i in range(4):
+        step(f"persistent, graph replay {i}", graph.replay)
+        print(f"     bitwise the reference: {same(captured, want)}")
+    buffer.destroy()
+    print("layer_barrier_check: done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
