@@ -173,8 +173,7 @@ def dispatch(b, x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, n
         for pair, (w13, s13), (w2, s2) in zip(pairs, *layer):
             pair.extend([("gate_up_weights", w13), ("gate_up_scales", s13),
                          ("down_weights", w2), ("down_scales", s2)])
-        inter = w2.shape[2]
-        variant["n"] = inter
+        inter = variant["n"] = layer[1][0][0].shape[2]  # I: down_weights [L, hidden, I]
     copy_routing = do_handle_copy and not cached
     tokens = [t.shape[0] for t in data]
 

@@ -34,9 +34,7 @@ def expert_mlp_fp8(buffer, recv_x, w13, w2, handle, weights=None):
     dispatch's; ``weights`` (float32 ``[rows]``, the dispatch's ``recv_topk_weights``)
     multiply each row's activations (so its output). Returns the down GEMM's bf16 rows
     ``[rows, hidden]``; padding rows are not zeroed (the combine never reads them)."""
-    w13s, w2s = buffer._per_rank("w13", w13), buffer._per_rank("w2", w2)
-    for r, (a, b) in enumerate(zip(w13s, w2s)):
-        _check_mlp_weights(buffer._name("w13", r), a, buffer._name("w2", r), b)
+    _mlp_weights(buffer, w13, w2)
     # Every step reads the experts' rows only (the handle's): the padding rows are not zeroed.
     gate_up = buffer.grouped_gemm(recv_x, w13, handle, out_dtype="bf16", zero_padding=False)
     rows = buffer.swiglu(gate_up, handle, out_dtype="float8_e4m3fn", weights=weights,
@@ -70,16 +68,13 @@ def moe_layer_fp8(buffer, x, topk_idx, topk_weights, w13, w2, num_experts, num_s
     if persistent:
         from . import _dispatch
 
-        w13s, w2s = buffer._per_rank("w13", w13), buffer._per_rank("w2", w2)
-        for r, (a, b) in enumerate(zip(w13s, w2s)):
-            _check_mlp_weights(buffer._name("w13", r), a, buffer._name("w2", r), b)
         result = _dispatch.dispatch(
             buffer, x, topk_idx, topk_weights, cumulative_local_expert_recv_stats=None,
             num_experts=num_experts, num_max_tokens_per_rank=None, expert_alignment=SCALE_BLOCK,
             num_sms=num_sms, num_qps=0, previous_event=None, previous_event_before_epilogue=None,
             async_with_compute_stream=False, allocate_on_comm_stream=False, handle=None,
             do_handle_copy=False, do_cpu_sync=do_cpu_sync, do_expand=True, do_zero_padding=False,
-            use_tma_aligned_col_major_sf=False, gemm=None, layer=(w13s, w2s))
+            use_tma_aligned_col_major_sf=False, gemm=None, layer=_mlp_weights(buffer, w13, w2))
         return result[-1]
     recv, _, recv_weights, handle, _ = buffer.dispatch(
         x, topk_idx, topk_weights, num_experts=num_experts, do_expand=True,
@@ -89,6 +84,14 @@ def moe_layer_fp8(buffer, x, topk_idx, topk_weights, w13, w2, num_experts, num_s
     down = expert_mlp_fp8(buffer, recv, w13, w2, handle, weights=recv_weights)
     combined, _, _ = buffer.combine(down, handle, num_sms=num_sms)
     return combined
+
+
+def _mlp_weights(buffer, w13, w2):
+    """Every rank's (w13, w2), checked to agree (_check_mlp_weights)."""
+    w13s, w2s = buffer._per_rank("w13", w13), buffer._per_rank("w2", w2)
+    for r, (a, b) in enumerate(zip(w13s, w2s)):
+        _check_mlp_weights(buffer._name("w13", r), a, buffer._name("w2", r), b)
+    return w13s, w2s
 
 
 def _check_mlp_weights(name13, w13, name2, w2):

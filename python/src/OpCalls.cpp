@@ -417,9 +417,8 @@ py::object planOrCheck(KernelHost *host, const std::string &kind, const py::dict
     return check(
         c, [&](const MoeLayerCall &call) { return moeLayerRecord(s, v, call); },
         [&] {
-          checkRanksAgree(c, "the experts' intermediate sizes",
-                          [](const MoeLayerCall &m) { return m.downWeights.shape.at(2); });
-          moeLayerRequest(s, v.topkIdxBits, c.front().downWeights.shape.at(2));
+          checkRanksAgree(c, "the experts' intermediate sizes", moeLayerOperands);
+          moeLayerRequest(s, v.topkIdxBits, moeLayerOperands(c.front()));
         });
   }
   case KernelKind::dispatchLayout: {

@@ -77,10 +77,9 @@ KernelHost::Plan KernelHost::planMoeLayer(const EPSpec &spec, const DispatchVari
       calls, [&](const MoeLayerCall &call) { return moeLayerRecord(spec, variant, call); });
   // One kernel serves every rank: the experts' intermediate size (the weights'
   // shapes were checked against it per rank).
-  checkRanksAgree(calls, "the experts' intermediate sizes",
-                  [](const MoeLayerCall &c) { return c.downWeights.shape.at(2); });
-  return plan(moeLayerRequest(spec, variant.topkIdxBits, calls.front().downWeights.shape[2]),
-              records, blocks, stream, std::move(slotNames));
+  checkRanksAgree(calls, "the experts' intermediate sizes", moeLayerOperands);
+  return plan(moeLayerRequest(spec, variant.topkIdxBits, moeLayerOperands(calls.front())), records,
+              blocks, stream, std::move(slotNames));
 }
 
 KernelHost::Plan KernelHost::planDispatchLayout(const EPSpec &spec,

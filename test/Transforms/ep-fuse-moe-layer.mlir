@@ -136,3 +136,30 @@ func.func @never(%x: tensor<?x256xf8E4M3FN>, %idx: tensor<?x4xi64>, %sf: tensor<
   %out = ep.combine %y, %h : tensor<?x256xbf16>, !ep.handle<#cfg> -> tensor<?x256xbf16>
   return %out : tensor<?x256xbf16>
 }
+
+// -----
+
+// The handle is returned: another op could still read the dispatch's layout.
+#cfg = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 256, dtype = f8E4M3FN,
+                  scale_packs = 2, expert_alignment = 128, layout = expanded,
+                  max_tokens_per_rank = 128>
+
+// CHECK-LABEL: func.func @handle_escapes
+// CHECK-NOT: ep.moe_layer
+func.func @handle_escapes(%x: tensor<?x256xf8E4M3FN>, %idx: tensor<?x4xi64>, %sf: tensor<?x2xf32>,
+                          %w: tensor<?x4xf32>, %w13: tensor<8x256x256xf8E4M3FN>,
+                          %s13: tensor<8x2x2xf32>, %w2: tensor<8x256x128xf8E4M3FN>,
+                          %s2: tensor<8x2x1xf32>) -> (tensor<?x256xbf16>, !ep.handle<#cfg>) {
+  // expected-remark@+1 {{ep-fuse-moe-layer: not fused: the handle is also read by 'func.return'}}
+  %rx, %rsf, %rw, %h = ep.dispatch %x topk(%idx : tensor<?x4xi64>) scales(%sf : tensor<?x2xf32>)
+      weights(%w : tensor<?x4xf32>) config #cfg
+      : tensor<?x256xf8E4M3FN> -> tensor<?x256xf8E4M3FN>, tensor<?x2xf32>, tensor<?xf32>, !ep.handle<#cfg>
+  %gu = ep.grouped_gemm %rx, %w13 layout(%h : !ep.handle<#cfg>) scales(%rsf, %s13 : tensor<?x2xf32>, tensor<8x2x2xf32>)
+      : tensor<?x256xf8E4M3FN>, tensor<8x256x256xf8E4M3FN> -> tensor<?x256xbf16>
+  %a, %as = ep.swiglu %gu layout(%h : !ep.handle<#cfg>) weights(%rw : tensor<?xf32>)
+      : tensor<?x256xbf16> -> tensor<?x128xf8E4M3FN>, tensor<?x1xf32>
+  %y = ep.grouped_gemm %a, %w2 layout(%h : !ep.handle<#cfg>) scales(%as, %s2 : tensor<?x1xf32>, tensor<8x2x1xf32>)
+      : tensor<?x128xf8E4M3FN>, tensor<8x256x128xf8E4M3FN> -> tensor<?x256xbf16>
+  %out = ep.combine %y, %h : tensor<?x256xbf16>, !ep.handle<#cfg> -> tensor<?x256xbf16>
+  return %out, %h : tensor<?x256xbf16>, !ep.handle<#cfg>
+}

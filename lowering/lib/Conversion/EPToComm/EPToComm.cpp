@@ -568,31 +568,27 @@ struct MoeLayerOpLowering : KernelOpLowering<ep::MoeLayerOp> {
     if (failed(gateUp) || failed(down))
       return failure();
     unsigned idxBits = cast<ShapedType>(layer.getTopkIdx().getType()).getElementTypeBitWidth();
-    // The rank barrier's counters: where the fused GEMM ops keep theirs, which
-    // FP8 configurations never run.
     FusedScratch at(cfg);
-    plan.scratchAt = at.tileDone, plan.windowBytes = at.tileDone + 256;
+    plan.scratchAt = at.layerBarrier, plan.windowBytes = at.layerEnd;
     plan.kernels = {entry.name + "_layer"};
     for (const std::string &field : records::moeLayerFields())
       plan.fields.push_back(field);
     plan.tensorMaps = 4;
     const int64_t mapBytes = epic::LaunchMetadata::kTensorMapBytes;
     const int64_t mapsAt = plan.record().mapsOffset;
-    auto field = [](int part, const char *name) {
-      // Static storage: moeLayerFields() holds every name.
-      return StringRef(*llvm::find(records::moeLayerFields(), records::moeLayerField(part, name)));
+    // A GEMM's descriptors: its part's lhs, weights and row count, at `maps` descriptors in.
+    auto gemmMaps = [&](const epic::detail::GroupedGemmShape &gemm, int part, int64_t maps) {
+      auto field = [&](int index) {
+        return StringRef(plan.fields[records::moeLayerPartFirst(part) + index]);
+      };
+      return epic::detail::groupedGemmTensorMaps(gemm, field(kGGX), field(kGGWeights),
+                                                 {0, field(kGGNumRows).str()},
+                                                 mapsAt + maps * mapBytes);
     };
     plan.launch.dynamicSharedBytes = epic::detail::gemmDynamicSharedBytes(*gateUp);
     plan.launch.ctasPerSm = epic::detail::gemmCtasPerSm(*gateUp);
-    plan.launch.tensorMaps = epic::detail::groupedGemmTensorMaps(
-        *gateUp, field(records::kLayerGateUp, records::grouped_gemm::x),
-        field(records::kLayerGateUp, records::grouped_gemm::weights),
-        {0, field(records::kLayerGateUp, records::grouped_gemm::num_rows).str()}, mapsAt);
-    for (epic::TensorMapSpec &map : epic::detail::groupedGemmTensorMaps(
-             *down, field(records::kLayerDown, records::grouped_gemm::x),
-             field(records::kLayerDown, records::grouped_gemm::weights),
-             {0, field(records::kLayerDown, records::grouped_gemm::num_rows).str()},
-             mapsAt + 2 * mapBytes))
+    plan.launch.tensorMaps = gemmMaps(*gateUp, records::kLayerGateUp, 0);
+    for (epic::TensorMapSpec &map : gemmMaps(*down, records::kLayerDown, 2))
       plan.launch.tensorMaps.push_back(map);
     // In one address space (the virtual world) the steps that cross ranks run
     // in one pass, as the unfused ops there do.
@@ -617,8 +613,8 @@ struct MoeLayerOpLowering : KernelOpLowering<ep::MoeLayerOp> {
                           gemmOf(*down, records::kLayerDown, 2),
                           SwigluShape{bf16, fp8, inter},
                           combineShape,
-                          at.tileDone,
-                          at.tileDone + 64};
+                          at.layerBarrier,
+                          at.layerExits};
       OpBuilder b = kernelInsertionPoint(module);
       buildMoeLayerKernel(b, plan.loc, plan.kernels[0], parts);
     };

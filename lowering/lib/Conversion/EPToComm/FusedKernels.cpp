@@ -266,8 +266,8 @@ void rankBarrier(KernelBuilder &k, int64_t counter) {
   NVVM::FenceProxyOp::create(k.b, NVVM::ProxyKind::async_global, NVVM::SharedSpaceAttr());
 }
 
-/// The table `k`'s kernel reads part `part`'s record through (null for the
-/// dispatch's, which is the record's start).
+/// The table through which a step reads part `part`'s record (the dispatch's
+/// is the record's start: the kernel's own table).
 Value partTable(KernelBuilder &k, int part) {
   return k.at(k.table, k.i64(int64_t(moeLayerPartFirst(part)) * 8));
 }
@@ -286,8 +286,8 @@ void buildMoeLayerKernel(OpBuilder &builder, Location loc, StringRef name,
   };
   gpu::GPUFuncOp send = role("send", true), place = role("place", false),
                  gateUp = role("gate_up", false), swiglu = role("swiglu", false),
-                 down = role("down", false), combineSend = role("combine_send", true),
-                 reduce = role("reduce", false);
+                 down = role("down", false), reduce = role("reduce", false);
+  gpu::GPUFuncOp combineSend = onePassCombine ? nullptr : role("combine_send", true);
   buildDispatchSend(send, parts.dispatchLayout, parts.dispatch); // one pass: counts only
   if (onePassDispatch)
     buildDispatchScatter(place, parts.dispatchLayout, parts.dispatch);
@@ -329,11 +329,9 @@ void buildMoeLayerKernel(OpBuilder &builder, Location loc, StringRef name,
   meet(false); // the activations, before the down tiles load them
   run(down, partTable(k, kLayerDown));
   meet(onePassCombine); // every row of a token, before its sum is sent (read)
-  if (!onePassCombine) {
+  if (combineSend) {
     run(combineSend, partTable(k, kLayerCombine));
     meet(false); // the rank's sends ended, as the send kernel's end was
-  } else {
-    combineSend.erase();
   }
   run(reduce, partTable(k, kLayerCombine));
   // The rank's last block out sets both counters back to zero for the next

@@ -189,10 +189,13 @@ struct GemmCombineScratch {
 /// Where the fused kernels keep their state, after every layout's window:
 /// ep.dispatch_gemm's tile counters ([L][128-row tiles] twice), then
 /// ep.gemm_combine's scratch. Disjoint, because each kernel relies on its
-/// counters being back at zero from its previous call.
+/// counters being back at zero from its previous call. ep.moe_layer (FP8,
+/// which the fused GEMM ops refuse) keeps its rank barrier's counter and its
+/// blocks' exit count where their counters start, a cache line apart.
 struct FusedScratch {
   int64_t maxTiles, counters, tileDone, tileConsumed;
   int64_t rowToken, pending, colDone, arrivals, end;
+  int64_t layerBarrier, layerExits, layerEnd;
 
   explicit FusedScratch(ep::ConfigAttr cfg) {
     int64_t window = std::max(EPLayout(cfg, 32).windowBytes, EPLayout(cfg, 64).windowBytes);
@@ -207,6 +210,7 @@ struct FusedScratch {
     colDone = pending + align(tokens * 4, 256);
     arrivals = colDone + counters;
     end = arrivals + 256;
+    layerBarrier = tileDone, layerExits = tileDone + 64, layerEnd = tileDone + 256;
   }
 };
 

@@ -70,9 +70,9 @@ FailureOr<Chain> findChain(ep::DispatchOp dispatch) {
   if (Value idx = dispatch.getRecvTopkIdx(); idx && !idx.use_empty())
     return refuse("recv_topk_idx is read by '" +
                   (*idx.getUsers().begin())->getName().getStringRef() + "'");
-  auto onlyReadBy = [&](Value v, StringRef what, Operation *reader) -> LogicalResult {
+  auto onlyReadBy = [&](Value v, StringRef what, ArrayRef<Operation *> readers) -> LogicalResult {
     for (Operation *user : v.getUsers())
-      if (user != reader) {
+      if (!llvm::is_contained(readers, user)) {
         refuse(what + " is also read by '" + user->getName().getStringRef() + "'");
         return failure();
       }
@@ -83,7 +83,7 @@ FailureOr<Chain> findChain(ep::DispatchOp dispatch) {
       c.gateUp.getLhsScales() != dispatch.getRecvScalePacks())
     return refuse("the rows feed more than one gate/up ep.grouped_gemm on the dispatch's handle "
                   "and scale packs");
-  if (failed(onlyReadBy(dispatch.getRecvScalePacks(), "recv_scale_packs", c.gateUp)))
+  if (failed(onlyReadBy(dispatch.getRecvScalePacks(), "recv_scale_packs", {c.gateUp})))
     return failure();
   c.swiglu = onlyUser<ep::SwigluOp>(c.gateUp.getResult());
   if (!c.swiglu || c.swiglu.getHandle() != handle)
@@ -91,7 +91,7 @@ FailureOr<Chain> findChain(ep::DispatchOp dispatch) {
                   "handle");
   if (c.swiglu.getWeights() != dispatch.getRecvTopkWeights())
     return refuse("the ep.swiglu does not weight its rows by the dispatch's recv_topk_weights");
-  if (failed(onlyReadBy(dispatch.getRecvTopkWeights(), "recv_topk_weights", c.swiglu)))
+  if (failed(onlyReadBy(dispatch.getRecvTopkWeights(), "recv_topk_weights", {c.swiglu})))
     return failure();
   if (!c.swiglu.getScales())
     return refuse("the ep.swiglu's results are not FP8 with block scales");
@@ -99,7 +99,7 @@ FailureOr<Chain> findChain(ep::DispatchOp dispatch) {
   if (!c.down || c.down.getHandle() != handle || c.down.getLhsScales() != c.swiglu.getScales())
     return refuse("the SwiGLU's rows feed something else than one down ep.grouped_gemm with "
                   "their scales");
-  if (failed(onlyReadBy(c.swiglu.getScales(), "the SwiGLU's scales", c.down)))
+  if (failed(onlyReadBy(c.swiglu.getScales(), "the SwiGLU's scales", {c.down})))
     return failure();
   c.combine = onlyUser<ep::CombineOp>(c.down.getResult());
   if (!c.combine || c.combine.getHandle() != handle)
@@ -108,17 +108,16 @@ FailureOr<Chain> findChain(ep::DispatchOp dispatch) {
   if (c.combine.getTopkWeights() || !c.combine.getBiases().empty() || c.combine.getWindowOutputs())
     return refuse("the ep.combine has weights, biases or window outputs; the layer's combine "
                   "sums the weighted rows");
-  for (Operation *user : handle.getUsers())
-    if (user != c.gateUp && user != c.swiglu && user != c.down && user != c.combine)
-      return refuse("the handle is also used by '" + user->getName().getStringRef() + "'");
+  Operation *steps[] = {c.gateUp, c.swiglu, c.down, c.combine};
+  if (failed(onlyReadBy(handle, "the handle", steps)))
+    return failure();
   auto out = [](ep::GroupedGemmOp gemm) {
     return cast<ShapedType>(gemm.getResult().getType()).getElementType();
   };
   Type bf16 = BFloat16Type::get(dispatch.getContext());
   if (out(c.gateUp) != bf16 || out(c.down) != bf16)
     return refuse("the layer's GEMMs write bf16 rows");
-  for (Operation *op : {c.gateUp.getOperation(), c.swiglu.getOperation(), c.down.getOperation(),
-                        c.combine.getOperation()})
+  for (Operation *op : steps)
     if (op->getBlock() != dispatch->getBlock())
       return refuse("'" + op->getName().getStringRef() + "' is in another block");
   return c;

@@ -343,6 +343,9 @@ inline std::pair<std::vector<int64_t>, std::string> gemmOperands(const GroupedGe
 inline std::pair<std::vector<int64_t>, std::string> fusedGemmOperands(const DispatchGemmCall &c) {
   return {c.experts.shape, c.gemmOut.dtype};
 }
+/// What must agree across ranks for one MoE layer kernel: the experts'
+/// intermediate size (called after the records: down_weights is 3-D).
+inline int64_t moeLayerOperands(const MoeLayerCall &c) { return c.downWeights.shape.at(2); }
 /// What must agree across ranks for one SwiGLU kernel: the widths and dtypes.
 /// (Called after the records: both tensors are 2-D.)
 inline std::pair<int64_t, std::string> swigluOperands(const SwigluCall &c) {

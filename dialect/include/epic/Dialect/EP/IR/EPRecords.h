@@ -139,34 +139,35 @@ inline constexpr const char *kLowLatencyCombineFields[] = {
 /// Each step's code reads its own record starting at its part's first field,
 /// so the kernels' field indices (kGGX, kSOut, kCX, ...) stay theirs.
 enum MoeLayerPart { kLayerGateUp, kLayerSwiglu, kLayerDown, kLayerCombine, kNumLayerParts };
-inline constexpr const char *kMoeLayerPartNames[kNumLayerParts] = {"gate_up", "swiglu", "down",
-                                                                   "combine"};
-inline constexpr int kMoeLayerPartFields[kNumLayerParts] = {
-    kNumGroupedGemmFields, kNumSwigluFields, kNumGroupedGemmFields, kNumCombineFields};
+/// Each part's name and its step's record (the one list of the parts).
+struct MoeLayerPartRecord {
+  const char *name;
+  const char *const *fields;
+  int count;
+};
+inline constexpr MoeLayerPartRecord kMoeLayerParts[kNumLayerParts] = {
+    {"gate_up", kGroupedGemmFields, kNumGroupedGemmFields},
+    {"swiglu", kSwigluFields, kNumSwigluFields},
+    {"down", kGroupedGemmFields, kNumGroupedGemmFields},
+    {"combine", kCombineFields, kNumCombineFields}};
 /// The index of part `part`'s first field.
 constexpr int moeLayerPartFirst(int part) {
   int first = kNumDispatchFields;
   for (int p = 0; p < part; ++p)
-    first += kMoeLayerPartFields[p];
+    first += kMoeLayerParts[p].count;
   return first;
 }
-inline constexpr int kNumMoeLayerFields = moeLayerPartFirst(kNumLayerParts);
 /// Field `name` of part `part` as the record names it ("swiglu.out").
 inline std::string moeLayerField(int part, const char *name) {
-  return std::string(kMoeLayerPartNames[part]) + "." + name;
+  return std::string(kMoeLayerParts[part].name) + "." + name;
 }
 /// The record's field names in order.
 inline const std::vector<std::string> &moeLayerFields() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> all(std::begin(kDispatchFields), std::end(kDispatchFields));
-    auto add = [&](int part, const char *const *begin, const char *const *end) {
-      for (const char *const *name = begin; name != end; ++name)
-        all.push_back(moeLayerField(part, *name));
-    };
-    add(kLayerGateUp, std::begin(kGroupedGemmFields), std::end(kGroupedGemmFields));
-    add(kLayerSwiglu, std::begin(kSwigluFields), std::end(kSwigluFields));
-    add(kLayerDown, std::begin(kGroupedGemmFields), std::end(kGroupedGemmFields));
-    add(kLayerCombine, std::begin(kCombineFields), std::end(kCombineFields));
+    for (int part = 0; part < kNumLayerParts; ++part)
+      for (int f = 0; f < kMoeLayerParts[part].count; ++f)
+        all.push_back(moeLayerField(part, kMoeLayerParts[part].fields[f]));
     return all;
   }();
   return names;
