@@ -110,6 +110,8 @@ KernelRequest PlanKernel::request() const {
     return dispatchGemmRequest(spec, dispatchVariant, gemmN, gemmOutDtype);
   case KernelKind::gemmCombine:
     return gemmCombineRequest(spec, combineVariant.biases);
+  case KernelKind::moeLayer:
+    return moeLayerRequest(spec, dispatchVariant.topkIdxBits, gemmN);
   case KernelKind::dispatchLayout:
     return dispatchLayoutRequest(spec);
   case KernelKind::engramFetch:
@@ -283,6 +285,16 @@ RunPlan RunPlan::parse(const std::string &text) {
         values.define(step, "scales", Kind::tensor, true);
         if ((out == "f8E4M3FN") != (step.integer("scales") >= 0))
           values.fail("an f8E4M3FN result comes with its scales, another result without");
+      } else if (step.op == "moe_layer") {
+        specFrom(step.fields.at("spec")).validate();
+        const int64_t n = step.integer("n");
+        if (n < 1 || n % 128)
+          values.fail("n (the intermediate size) must be a positive multiple of 128, got " +
+                      std::to_string(n));
+        for (const char *field : {"x", "topk_idx", "scale_packs", "topk_weights", "gate_up_weights",
+                                  "gate_up_scales", "down_weights", "down_scales"})
+          values.use(step, field, Kind::tensor);
+        values.define(step, "combined_x", Kind::tensor);
       } else if (step.op == "gemm_combine") {
         specFrom(step.fields.at("spec")).validate();
         values.use(step, "x", Kind::tensor);
@@ -332,7 +344,7 @@ RunPlan RunPlan::parse(const std::string &text) {
 bool epic::runtime::isKernelStep(const RunStep &step) {
   return step.op == "dispatch" || step.op == "combine" || step.op == "dispatch_layout" ||
          step.op == "grouped_gemm" || step.op == "swiglu" || step.op == "dispatch_gemm" ||
-         step.op == "gemm_combine";
+         step.op == "gemm_combine" || step.op == "moe_layer";
 }
 
 std::vector<PlanKernel> RunPlan::kernels() const {
@@ -344,7 +356,10 @@ std::vector<PlanKernel> RunPlan::kernels() const {
     k.kind = kindNamed(step.op);
     k.spec = specFrom(step.fields.at("spec"));
     k.loc = step.loc;
-    if (k.kind == KernelKind::dispatch || k.kind == KernelKind::dispatchGemm) {
+    if (k.kind == KernelKind::moeLayer) { // an FP8 dispatch with weights, never cached
+      k.dispatchVariant.weights = true;
+      k.gemmN = step.integer("n");
+    } else if (k.kind == KernelKind::dispatch || k.kind == KernelKind::dispatchGemm) {
       k.dispatchVariant.cached = k.kind == KernelKind::dispatch && step.fields.at("cached").flag();
       k.dispatchVariant.weights = step.integer("topk_weights") >= 0;
       k.dispatchVariant.zeroPadding = step.fields.at("zero_padding").flag();

@@ -13,6 +13,30 @@
 using namespace epic::runtime;
 using detail::check;
 
+namespace {
+
+/// Reads every rank's routing back in one synchronization and range-checks
+/// it (skipped while `stream` is being captured: a graph cannot synchronize).
+void checkRoutingOf(const EPSpec &spec, const std::vector<DispatchCall> &calls, void *stream) {
+  if (detail::capturing(stream))
+    return;
+  auto cudaStream = static_cast<cudaStream_t>(stream);
+  std::vector<std::vector<int64_t>> routing;
+  for (const DispatchCall &call : calls) {
+    const DeviceTensor &idx = call.handle.topkIdx;
+    routing.emplace_back(size_t(idx.shape[0]) * spec.topk);
+    check(cudaMemcpyAsync(routing.back().data(), reinterpret_cast<const void *>(idx.data),
+                          routing.back().size() * sizeof(int64_t), cudaMemcpyDeviceToHost,
+                          cudaStream),
+          "reading topk_idx back");
+  }
+  check(cudaStreamSynchronize(cudaStream), "cudaStreamSynchronize");
+  for (size_t i = 0; i < calls.size(); ++i)
+    checkTopkIndices(spec, routing[i].data(), calls[i].handle.topkIdx.shape[0]);
+}
+
+} // namespace
+
 KernelHost::Plan KernelHost::planDispatch(const EPSpec &spec, const DispatchVariant &variant,
                                           const std::vector<DispatchCall> &calls, int blocks,
                                           void *stream, std::vector<std::string> slotNames) {
@@ -168,22 +192,8 @@ KernelHost::Run KernelHost::dispatch(const EPSpec &spec, const DispatchVariant &
                                      const std::vector<DispatchCall> &calls, void *stream,
                                      bool checkRouting, int blocks) {
   Plan p = planDispatch(spec, variant, calls, blocks, stream);
-  auto cudaStream = static_cast<cudaStream_t>(stream);
-  if (checkRouting && !detail::capturing(stream)) {
-    // Every rank's routing back in one synchronization.
-    std::vector<std::vector<int64_t>> routing;
-    for (const DispatchCall &call : calls) {
-      const DeviceTensor &idx = call.handle.topkIdx;
-      routing.emplace_back(size_t(idx.shape[0]) * spec.topk);
-      check(cudaMemcpyAsync(routing.back().data(), reinterpret_cast<const void *>(idx.data),
-                            routing.back().size() * sizeof(int64_t), cudaMemcpyDeviceToHost,
-                            cudaStream),
-            "reading topk_idx back");
-    }
-    check(cudaStreamSynchronize(cudaStream), "cudaStreamSynchronize");
-    for (size_t i = 0; i < calls.size(); ++i)
-      checkTopkIndices(spec, routing[i].data(), calls[i].handle.topkIdx.shape[0]);
-  }
+  if (checkRouting)
+    checkRoutingOf(spec, calls, stream);
   return launchAndWait(p.prepared(), stream);
 }
 
@@ -219,4 +229,15 @@ KernelHost::Run KernelHost::gemmCombine(const EPSpec &spec, int biases,
                                         const std::vector<GemmCombineCall> &calls, void *stream,
                                         int blocks) {
   return launchAndWait(planGemmCombine(spec, biases, calls, blocks, stream).prepared(), stream);
+}
+
+KernelHost::Run KernelHost::moeLayer(const EPSpec &spec, const DispatchVariant &variant,
+                                     const std::vector<MoeLayerCall> &calls, void *stream,
+                                     int blocks) {
+  Plan p = planMoeLayer(spec, variant, calls, blocks, stream);
+  std::vector<DispatchCall> dispatches;
+  for (const MoeLayerCall &call : calls)
+    dispatches.push_back(call.dispatch);
+  checkRoutingOf(spec, dispatches, stream);
+  return launchAndWait(p.prepared(), stream);
 }

@@ -730,6 +730,40 @@ TEST(RunPlan, SwigluStepSaysItsDtypesAndScales) {
                   "in_dtype must be bf16, f16 or f32, got \"i8\"");
 }
 
+TEST(RunPlan, MoeLayerStepIsOneKernelOfTheLayer) {
+  // What ep-fuse-moe-layer leaves of the FP8 layer's five ops: one step, one kernel.
+  const std::string spec =
+      R"({"dtype": "f8E4M3FN", "expanded": true, "expert_alignment": 128, "experts": 4,
+          "hidden": 128, "hybrid": false, "max_tokens_per_rank": 8, "num_sms": 0, "ranks": 2,
+          "scale_packs": 1, "scaleup_ranks": 0, "topk": 2})";
+  auto layer = [&](int n, int weights) {
+    std::string steps = std::string(kTokens) + "," + randomStep(1, 128) + "," +
+                        R"({"op": "routing", "loc": "p.mlir:3:1", "result": 2, "rows": 0,
+                            "experts": 4, "topk": 2, "seed": 2, "masked": 0})";
+    for (int value = 3; value <= 8; ++value)
+      steps += "," + randomStep(value, 128);
+    return steps + R"(, {"op": "moe_layer", "loc": "p.mlir:9:1", "spec": )" + spec +
+           R"(, "x": 1, "topk_idx": 2, "scale_packs": 3, "topk_weights": )" +
+           std::to_string(weights) +
+           R"(, "gate_up_weights": 5, "gate_up_scales": 6, "down_weights": 7, "down_scales": 8,
+               "n": )" +
+           std::to_string(n) + R"(, "combined_x": 9})";
+  };
+  std::vector<PlanKernel> kernels = RunPlan::parse(planWith(layer(256, 4), 10)).kernels();
+  ASSERT_EQ(kernels.size(), 1u);
+  EXPECT_EQ(kernels[0].kind, KernelKind::moeLayer);
+  EXPECT_TRUE(kernels[0].dispatchVariant.weights);
+  EXPECT_FALSE(kernels[0].dispatchVariant.cached);
+  KernelRequest request = kernels[0].request();
+  EXPECT_EQ(request.kind, KernelKind::moeLayer);
+  EXPECT_EQ(request.gemm.n, 256);
+  EXPECT_EQ(request.dispatch.topkIdxBits, 64);
+  expectPlanError(planWith(layer(100, 4), 10),
+                  "n (the intermediate size) must be a positive multiple of 128, got 100");
+  // The SwiGLU weights every row by its routing weight: the weights are no option.
+  expectPlanError(planWith(layer(256, -1), 10), "topk_weights");
+}
+
 class RunPlanCache : public ::testing::Test {
 protected:
   void SetUp() override {

@@ -338,6 +338,27 @@ private:
       add(op, "dispatch_gemm", std::move(step));
       return success();
     }
+    if (auto layer = dyn_cast<ep::MoeLayerOp>(op)) {
+      ep::ConfigAttr config = layer.getConfig();
+      if (failed(world(op, config)) || failed(requireI64(op, layer.getTopkIdx(), "topk_idx")))
+        return failure();
+      // What ep-fuse-moe-layer made of the five ops: their inputs, the
+      // intermediate size I (n), and the combine's result. The intermediate
+      // rows are the kernel's own; the runtime checks each step from them.
+      add(op, "moe_layer",
+          json::Object{{"spec", epic::configJson(config)},
+                       {"x", use(layer.getX())},
+                       {"topk_idx", use(layer.getTopkIdx())},
+                       {"scale_packs", use(layer.getScales())},
+                       {"topk_weights", use(layer.getTopkWeights())},
+                       {"gate_up_weights", use(layer.getGateUpWeights())},
+                       {"gate_up_scales", use(layer.getGateUpScales())},
+                       {"down_weights", use(layer.getDownWeights())},
+                       {"down_scales", use(layer.getDownScales())},
+                       {"n", layer.getIntermediateSize()},
+                       {"combined_x", define(layer.getCombinedX())}});
+      return success();
+    }
     if (auto fused = dyn_cast<ep::GemmCombineOp>(op)) {
       if (failed(world(op, fused.getConfig())))
         return failure();
@@ -449,8 +470,11 @@ std::string epic::translateRunProgram(const std::string &source, const std::stri
   // The fusion passes rewrite the pairs their cost model predicts faster fused
   // (a remark on each says which way and why); a pair left unfused runs as two
   // steps. The model prices one rank per GPU (NCCL): a virtual world's run
-  // follows the same plan.
+  // follows the same plan. A decode-sized FP8 layer written as five ops
+  // becomes one ep.moe_layer first (its GEMMs take FP8 rows, which the pair
+  // fusions leave alone anyway).
   PassManager fuse(&context);
+  fuse.addNestedPass<func::FuncOp>(createEPFuseMoeLayer());
   fuse.addNestedPass<func::FuncOp>(createEPFuseDispatchGemm());
   fuse.addNestedPass<func::FuncOp>(createEPFuseGemmCombine());
   if (failed(fuse.run(*module)))

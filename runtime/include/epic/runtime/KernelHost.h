@@ -225,6 +225,8 @@ public:
                      void *stream = nullptr, int blocks = 0);
   Run gemmCombine(const EPSpec &spec, int biases, const std::vector<GemmCombineCall> &calls,
                   void *stream = nullptr, int blocks = 0);
+  Run moeLayer(const EPSpec &spec, const DispatchVariant &variant,
+               const std::vector<MoeLayerCall> &calls, void *stream = nullptr, int blocks = 0);
   Run engramFetch(const EPSpec &spec, int64_t entriesPerRank, const std::vector<EngramCall> &calls,
                   void *stream = nullptr, int blocks = 0);
 

@@ -41,7 +41,8 @@ struct PlanKernel {
   EPSpec spec;
   DispatchVariant dispatchVariant;
   CombineVariant combineVariant;
-  int64_t gemmN = 0;        ///< grouped_gemm, dispatch_gemm: N of the expert weights
+  int64_t gemmN = 0;        ///< grouped_gemm, dispatch_gemm: N of the expert weights;
+                            ///< moe_layer: the intermediate size I
   std::string gemmOutDtype; ///< and the GEMM's output dtype
   int64_t gemmK = 0;        ///< grouped_gemm: the rows' width K (0: the hidden size)
   std::string gemmInDtype;  ///< swiglu: the gate/up rows' dtype (gemmN: its I)
