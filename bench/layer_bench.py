@@ -31,13 +31,16 @@ from epic import _C  # noqa: E402
 
 BLOCK = 128  # DeepSeek's scale block (channels, and weight blocks of 128 x 128)
 FP8_DENSE_TFLOPS = {"H200": 1979.0, "H100": 1979.0}  # dense e4m3, SXM
-DECODE_TOKENS = 256  # tokens per rank of a decode-sized layer (ep-fuse-moe-layer's max-tokens)
+DECODE_TOKENS = 256  # tokens per rank of a decode-sized layer (the persistent kernel's sizes)
 
 
 def spec_of(args, tokens):
-    return dict(num_ranks=args.ranks, num_experts=args.experts, num_topk=args.topk,
+    spec = dict(num_ranks=args.ranks, num_experts=args.experts, num_topk=args.topk,
                 hidden=args.hidden, dtype="f8E4M3FN", num_scale_packs=args.hidden // BLOCK,
                 expert_alignment=BLOCK, do_expand=True, num_max_tokens_per_rank=tokens)
+    if args.gpu_timeout_secs != 100:  # the buffer's spec (a bound other than the default)
+        spec["timeout_ms"] = args.gpu_timeout_secs * 1000
+    return spec
 
 
 def compile_only(args):
@@ -70,7 +73,8 @@ def measure(torch, args, T, bandwidth):
     w2 = [ep_bench.quantize_blocks(torch, torch.randn((L, H, inter), generator=g, device="cuda")
                                    / inter ** 0.5, BLOCK) for _ in range(R)]
     buffer = epic.ElasticBuffer(epic.VirtualWorld(R), num_max_tokens_per_rank=T, hidden=H,
-                                num_topk=K, explicitly_destroy=True)
+                                num_topk=K, explicitly_destroy=True,
+                                num_gpu_timeout_secs=args.gpu_timeout_secs)
     try:
         def layer_of(persistent):
             return lambda: moe_layer_fp8(buffer, x, idxs, ws, w13, w2, num_experts=E,
@@ -138,6 +142,8 @@ def main():
     parser.add_argument("--intermediate", type=int, default=2048)
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--gpu-timeout-secs", type=int, default=100,
+                        help="the kernels' wait bound (a stall is reported after it)")
     parser.add_argument("--compile-only", action="store_true")
     args = parser.parse_args()
     if args.compile_only or _C.cuda_device_count() == 0:

@@ -1,8 +1,9 @@
 """The persistent layer kernel (ep.moe_layer) on a virtual EP8 world at V3's shape, step by
 step, with a 5 s bound on the kernels' waits: the five ops once, then the persistent kernel
-eagerly and replayed from a CUDA graph, each call's result compared bitwise with the five
-ops'. It prints each step's outcome, so a stall (a block that never reaches a barrier) is
-named in seconds, not after the default 100 s. The first version of the kernel stalled
+eagerly and replayed from a CUDA graph, then each way back to back (no host sync between
+calls), each call's result compared bitwise with the five ops'. It prints each step's
+outcome, so a stall (a block that never reaches a barrier) is named in seconds, not after
+the default 100 s. The first version of the kernel stalled
 this way in a graph replay at 128 tokens (bench/NOTES.md, 2026-12-07).
 
     python3 bench/experiments/layer_barrier_check.py --compile-only   # here: fills the cache
@@ -49,6 +50,8 @@ def main():
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--persistent-only", action="store_true",
                         help="no five-ops call first (compare the calls with the first)")
+    parser.add_argument("--calls", type=int, default=20,
+                        help="calls of each back-to-back phase")
     parser.add_argument("--compile-only", action="store_true")
     args = parser.parse_args()
     if args.compile_only:
@@ -82,7 +85,7 @@ def main():
             out = fn()
             torch.cuda.synchronize()
         except Exception as error:  # the wait reports name the stalled block
-            print(f"FAIL {what}: {str(error)[:800]}", flush=True)
+            print(f"FAIL {what}: {str(error)[:4000]}", flush=True)
             sys.exit(1)
         print(f"ok   {what} ({time.time() - start:.2f} s)", flush=True)
         return out
@@ -103,6 +106,28 @@ def main():
     for i in range(4):
         step(f"persistent, graph replay {i}", graph.replay)
         print(f"     bitwise the reference: {same(captured, want)}")
+    # Back to back, no host synchronization between calls (as a profiled run or a serving
+    # loop issues them): the first EP8 bench stalled in such a run (bench/NOTES.md), with
+    # an L2 flush kernel between calls. Each variant: args.calls calls, then one sync.
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+
+    def back_to_back(fn, between=None):
+        def run():
+            out = None
+            for _ in range(args.calls):
+                if between:
+                    between()
+                out = fn()
+            return out
+        return run
+
+    variants = [("five ops", lambda: layer(False), None),
+                ("persistent eager", lambda: layer(True), None),
+                ("persistent eager, L2 flush between", lambda: layer(True), lambda: flush.fill_(1)),
+                ("persistent graph replays", lambda: (graph.replay(), captured)[1], None)]
+    for what, fn, between in variants:
+        got = step(f"{what}, {args.calls} calls back to back", back_to_back(fn, between))
+        print(f"     bitwise the reference: {same(got, want)}")
     buffer.destroy()
     print("layer_barrier_check: done")
     return 0

@@ -54,8 +54,9 @@ def moe_layer_fp8(buffer, x, topk_idx, topk_weights, w13, w2, num_experts, num_s
     bitwise the same result) instead of five ops. In one process only (a virtual world, or
     one rank): across processes the kernel stages the dispatch and the combine in the window,
     a variant that hung in a GPU test of 8 ranks (bench/NOTES.md, 2026-12-07) and stays off
-    until it passes. Not the default yet: the one-pass kernel a virtual world runs has not
-    been timed on a GPU."""
+    until it passes. Not the default: measured on an H100 it is 3-11% slower than the five
+    ops (its barriers cost what the launches did; its steps do not overlap yet), and on a
+    virtual EP8 world it stalled once in a profiled run of calls issued back to back."""
     if topk_weights is None:
         raise ValueError("topk_weights: the layer weights each expert's rows by them; pass "
                          "the router's float32 [T, top-k] weights")

@@ -12,11 +12,14 @@
 
 #include "epic/device/WaitReport.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <string>
+#include <vector>
 
 namespace epic::runtime::detail {
 namespace {
@@ -65,9 +68,37 @@ void attachDeviceWaitReports(CUmodule module) {
 
 } // namespace epic::runtime::detail
 
+namespace {
+
+/// The timed-out waits of one rank on one flag, seen at one value.
+struct TimedOut {
+  int64_t ms;
+  int rank;
+  std::string wait; ///< " thread T waited for peer P: the flag at ..."
+  std::vector<int> blocks;
+};
+
+/// "3", "8-15", "0, 2, 4-6" of sorted block indices.
+std::string blockRanges(const std::vector<int> &blocks) {
+  std::string out;
+  for (size_t i = 0; i < blocks.size();) {
+    size_t j = i;
+    while (j + 1 < blocks.size() && blocks[j + 1] == blocks[j] + 1)
+      ++j;
+    out += (out.empty() ? "" : ", ") + std::to_string(blocks[i]);
+    if (j > i)
+      out += "-" + std::to_string(blocks[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+} // namespace
+
 std::string epic::runtime::takeDeviceWaitReports() {
   using namespace detail;
   std::string text;
+  std::vector<TimedOut> timedOut;
   WaitReport *reports = slots.load();
   for (int i = 0; reports && i < kWaitReportSlots; ++i) {
     volatile WaitReport &r = reports[i];
@@ -88,16 +119,33 @@ std::string epic::runtime::takeDeviceWaitReports() {
                     "(comm.put, put_value, signal) reaches another node",
                     int(r.rank), int(r.peer), int(r.block), int(r.thread),
                     r.expected > 0 ? int(r.seen / r.expected) : 0, int(r.expected));
-    else
+    else {
+      // The blocks of a rank that waited for the same flag and saw the same
+      // value: one line (a stalled grid has a rank's blocks in a few waits).
       std::snprintf(line, sizeof(line),
-                    "; device wait timed out after %" PRId64 " ms: rank %d block %d thread %d "
-                    "waited for peer %d: the flag at 0x%" PRIx64 " %s %" PRId64 " (seen %" PRId64
-                    ")",
-                    int64_t(r.timeoutNs) / 1000000, int(r.rank), int(r.block), int(r.thread),
-                    int(r.peer), uint64_t(r.flag), epic_device::waitPredicateName(r.predicate),
-                    int64_t(r.expected), int64_t(r.seen));
+                    " thread %d waited for peer %d: the flag at 0x%" PRIx64 " %s %" PRId64
+                    " (seen %" PRId64 ")",
+                    int(r.thread), int(r.peer), uint64_t(r.flag),
+                    epic_device::waitPredicateName(r.predicate), int64_t(r.expected),
+                    int64_t(r.seen));
+      TimedOut key{int64_t(r.timeoutNs) / 1000000, int(r.rank), line, {}};
+      auto same = std::find_if(timedOut.begin(), timedOut.end(), [&](const TimedOut &t) {
+        return t.ms == key.ms && t.rank == key.rank && t.wait == key.wait;
+      });
+      if (same == timedOut.end())
+        same = timedOut.insert(timedOut.end(), std::move(key));
+      same->blocks.push_back(int(r.block));
+      r.valid = 0;
+      continue;
+    }
     text += line;
     r.valid = 0;
+  }
+  for (TimedOut &t : timedOut) {
+    std::sort(t.blocks.begin(), t.blocks.end());
+    text += "; device wait timed out after " + std::to_string(t.ms) + " ms: rank " +
+            std::to_string(t.rank) + (t.blocks.size() > 1 ? " blocks " : " block ") +
+            blockRanges(t.blocks) + t.wait;
   }
   return text;
 }

@@ -1,18 +1,18 @@
 // epic-run programs run ep-fuse-moe-layer first: the FP8 layer written as five
-// ops on one handle becomes one moe_layer step at decode size (its inputs
-// mapped to the program's values, I = 256), and the runtime asks for the one
-// persistent kernel. Where the program reads an intermediate value (the
-// SwiGLU's scales are printed), the layer stays five steps.
+// ops on one handle, in a function with ep.fusion = "always", becomes one
+// moe_layer step (its inputs mapped to the program's values, I = 256), and
+// the runtime asks for the one persistent kernel. Where the program reads an
+// intermediate value (the SwiGLU's scales are printed), the layer stays five
+// steps, and so it does without the attribute (mode=auto fuses no layer yet).
 // RUN: epic-compile %S/../../examples/run/fp8_moe_layer_fused.mlir --run-plan -o - \
 // RUN:   | FileCheck %s
 // RUN: rm -rf %t.cache && epic-run %S/../../examples/run/fp8_moe_layer_fused.mlir \
 // RUN:   --compile-only --cache-dir=%t.cache | FileCheck %s --check-prefix=KERNELS
 // RUN: epic-compile %S/../../examples/run/fp8_moe_layer.mlir --run-plan -o - \
 // RUN:   | FileCheck %s --check-prefix=READ
-// The same program at a prefill-sized token cap stays five steps (mode=auto).
-// RUN: sed 's/max_tokens_per_rank = 64/max_tokens_per_rank = 4096/' \
-// RUN:   %S/../../examples/run/fp8_moe_layer_fused.mlir > %t.prefill.mlir
-// RUN: epic-compile %t.prefill.mlir --run-plan -o - | FileCheck %s --check-prefix=READ
+// RUN: sed 's/ attributes {ep.fusion = "always"}//' \
+// RUN:   %S/../../examples/run/fp8_moe_layer_fused.mlir > %t.auto.mlir
+// RUN: epic-compile %t.auto.mlir --run-plan -o - | FileCheck %s --check-prefix=READ
 
 // CHECK: "op": "routing",
 // CHECK-NEXT: "result": [[IDX:[0-9]+]],

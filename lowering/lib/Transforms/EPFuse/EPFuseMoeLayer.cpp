@@ -135,6 +135,13 @@ struct EPFuseMoeLayerPass : public epic::impl::EPFuseMoeLayerBase<EPFuseMoeLayer
     if (*decided)
       return **decided;
     const int64_t cap = c.dispatch.getConfig().getMaxTokensPerRank(), most = maxTokens;
+    if (most <= 0) { // the default: what the GPU measured (bench/NOTES.md)
+      c.dispatch.emitRemark()
+          << kPass << ": not fused: mode=auto fuses no layer (max-tokens=0): the persistent "
+          << "kernel measured slower than the five ops at every size, its barriers costing "
+          << "what the launches did; mode=always, ep.fusion = \"always\" or max-tokens fuses it";
+      return false;
+    }
     const bool fuse = cap <= most;
     auto remark = c.dispatch.emitRemark() << kPass << (fuse ? ": fused" : ": not fused")
                                           << ": the token cap is " << cap << " per rank, ";

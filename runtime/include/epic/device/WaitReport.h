@@ -24,7 +24,7 @@ namespace epic_device {
 /// wait to time out there claims it (an atomic on a device-memory flag of the
 /// module), so the waits that time out together never mix their fields, and
 /// later ones in the same slot trap without writing.
-constexpr int kWaitReportSlots = 64;
+constexpr int kWaitReportSlots = 256; // a block of its own in every grid of <= 256 blocks
 
 /// WaitReport::predicate of a comm.agree report: `expected` is the rank's
 /// value, `seen` the peer's, and nothing was waited for.
