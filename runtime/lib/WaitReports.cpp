@@ -95,13 +95,11 @@ std::string blockRanges(const std::vector<int> &blocks) {
 
 } // namespace
 
-std::string epic::runtime::takeDeviceWaitReports() {
-  using namespace detail;
+std::string
+epic::runtime::formatDeviceWaitReports(const std::vector<epic_device::WaitReport> &reports) {
   std::string text;
   std::vector<TimedOut> timedOut;
-  WaitReport *reports = slots.load();
-  for (int i = 0; reports && i < kWaitReportSlots; ++i) {
-    volatile WaitReport &r = reports[i];
+  for (const epic_device::WaitReport &r : reports) {
     if (r.valid != 1)
       continue;
     char line[320];
@@ -135,11 +133,9 @@ std::string epic::runtime::takeDeviceWaitReports() {
       if (same == timedOut.end())
         same = timedOut.insert(timedOut.end(), std::move(key));
       same->blocks.push_back(int(r.block));
-      r.valid = 0;
       continue;
     }
     text += line;
-    r.valid = 0;
   }
   for (TimedOut &t : timedOut) {
     std::sort(t.blocks.begin(), t.blocks.end());
@@ -148,4 +144,22 @@ std::string epic::runtime::takeDeviceWaitReports() {
             blockRanges(t.blocks) + t.wait;
   }
   return text;
+}
+
+std::string epic::runtime::takeDeviceWaitReports() {
+  using namespace detail;
+  std::vector<epic_device::WaitReport> taken;
+  epic_device::WaitReport *reports = slots.load();
+  for (int i = 0; reports && i < kWaitReportSlots; ++i) {
+    volatile epic_device::WaitReport &r = reports[i];
+    if (r.valid != 1)
+      continue;
+    epic_device::WaitReport copy;
+    copy.valid = r.valid, copy.flag = r.flag, copy.expected = r.expected, copy.seen = r.seen;
+    copy.timeoutNs = r.timeoutNs, copy.predicate = r.predicate, copy.rank = r.rank;
+    copy.peer = r.peer, copy.block = r.block, copy.thread = r.thread, copy.padding = 0;
+    taken.push_back(copy);
+    r.valid = 0;
+  }
+  return formatDeviceWaitReports(taken);
 }

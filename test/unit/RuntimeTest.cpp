@@ -7,6 +7,7 @@
 
 #include "epic/runtime/Calls.h"
 #include "epic/runtime/KernelCache.h"
+#include "epic/runtime/KernelHost.h"
 #include "epic/runtime/KernelProvider.h"
 #include "epic/runtime/Models.h"
 #include "epic/runtime/WindowBytes.h"
@@ -54,6 +55,41 @@ TEST(WindowBytes, MergesRemovesAndFindsOverlaps) {
   EXPECT_FALSE(w.overlaps(200, 300));
   w.remove(0, 1000);
   EXPECT_TRUE(w.list().empty());
+}
+
+TEST(WaitReports, TimedOutWaitsAreGroupedByRankFlagAndValue) {
+  using epic_device::WaitReport;
+  auto waited = [](int rank, int block, uint64_t flag, int64_t expected, int64_t seen) {
+    WaitReport r{};
+    r.valid = 1, r.flag = flag, r.expected = expected, r.seen = seen;
+    r.timeoutNs = 10'000'000'000, r.predicate = 2, r.rank = rank, r.peer = -1;
+    r.block = block, r.thread = 0;
+    return r;
+  };
+  // A stalled grid: rank 5's blocks 88-95 at one flag, 80-83 and 85 at another; rank 0's
+  // block 1 alone; an empty slot; a disagreement, reported on its own.
+  std::vector<WaitReport> reports;
+  for (int block = 95; block >= 88; --block)
+    reports.push_back(waited(5, block, 0x40, 1152, 1151));
+  for (int block : {85, 80, 81, 82, 83})
+    reports.push_back(waited(5, block, 0x1b000, 80, 72));
+  reports.push_back(waited(0, 1, 0x1b000, 80, 72));
+  reports.push_back(WaitReport{});
+  WaitReport disagree = waited(2, 0, 0, 7, 9);
+  disagree.predicate = epic_device::kDisagreed, disagree.peer = 3;
+  reports.push_back(disagree);
+  const std::string text = epic::runtime::formatDeviceWaitReports(reports);
+  EXPECT_EQ(text,
+            "; rank 2 and rank 3 disagree (block 0 thread 0): signature 7 here, 9 there: every "
+            "rank must make the same call at the same time (the same op, configuration, variant, "
+            "num_sms and token cap)"
+            "; device wait timed out after 10000 ms: rank 5 blocks 88-95 thread 0 waited for "
+            "peer -1: the flag at 0x40 >= 1152 (seen 1151)"
+            "; device wait timed out after 10000 ms: rank 5 blocks 80-83, 85 thread 0 waited for "
+            "peer -1: the flag at 0x1b000 >= 80 (seen 72)"
+            "; device wait timed out after 10000 ms: rank 0 block 1 thread 0 waited for peer -1: "
+            "the flag at 0x1b000 >= 80 (seen 72)");
+  EXPECT_EQ(epic::runtime::formatDeviceWaitReports({}), "");
 }
 
 TEST(Models, TheoreticalSmsMatchDeepEPsReadme) {

@@ -13,6 +13,7 @@
 #ifndef EPIC_RUNTIME_KERNELHOST_H
 #define EPIC_RUNTIME_KERNELHOST_H
 
+#include "epic/device/WaitReport.h"
 #include "epic/runtime/Calls.h"
 #include "epic/runtime/Json.h"
 #include "epic/runtime/KernelProvider.h"
@@ -24,6 +25,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 #include <vector>
 
 namespace epic::runtime {
@@ -39,6 +41,10 @@ struct CudaError : public std::runtime_error {
 /// none. Every CudaError the runtime throws already ends with them; call this
 /// after a CUDA error seen elsewhere (e.g. torch.cuda.synchronize).
 std::string takeDeviceWaitReports();
+/// The text takeDeviceWaitReports makes of `reports` (those marked valid):
+/// disagreements and NVLink violations one per report, timed-out waits one
+/// line per rank, flag and value seen, naming the blocks ("blocks 8-15").
+std::string formatDeviceWaitReports(const std::vector<epic_device::WaitReport> &reports);
 
 /// Every report of a stream wait on a peer's flag (AGRS, PP) that outlasted
 /// its bound, in order (runtime/lib/StreamWaits.h): each names the flags and
