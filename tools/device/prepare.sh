@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Here (no GPU): builds epic and compiles what the GPU run needs into build/device/, the one
 # folder a device run carries (the device machine has no LLVM/MLIR): the cubins of the GPU tests,
-# the NCCL headers they were compiled against, and a manifest.
+# the kernel cache (packed: cache.tar.xz), the NCCL headers they were compiled against, and a
+# manifest.
 #   tools/device/prepare.sh [build-dir]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -76,5 +77,9 @@ done
 # The device comm struct must match between the shim and the driver: carry the headers the
 # shim was compiled against (the device's NCCL wheel supplies the library).
 cp -r "$build/runtime/device/nccl-include" "$out/nccl-include"
+# The kernel cache travels packed: its PTX and cubins compress ~15x with xz, so the whole
+# suite's cache fits the device tool's 64 MiB transfer (unpacked, it no longer did). run.sh
+# unpacks it there.
+tar -C "$out" -cf - cache | xz -T0 -6 > "$out/cache.tar.xz" && rm -rf "$out/cache"
 (cd "$out" && find . -type f | sort > MANIFEST)
 echo "prepared $out ($(du -sh "$out" | cut -f1)); run on the device: tools/device/run.sh"

@@ -29,6 +29,20 @@ dev=build/device
 out=${OUT:-/tmp/epic-out}
 mkdir -p "$out" /tmp/epic-gpu
 [[ -f $dev/MANIFEST ]] || { echo "run.sh: $dev is missing: run tools/device/prepare.sh here first and carry it"; exit 2; }
+# prepare.sh packs the kernel cache (cache.tar.xz); unpacked once per carried copy, over what
+# $dev/cache already holds (kernels compiled into it after prepare.sh: prepare-variants.sh's,
+# a command's own). The stamp names the archive, so the parallel runs of variants.sh skip it.
+if [[ -f $dev/cache.tar.xz ]]; then
+  stamp="$dev/cache/.unpacked-$(cksum < "$dev/cache.tar.xz" | tr ' ' '-')"
+  if [[ ! -f $stamp ]]; then
+    python3 - "$dev/cache.tar.xz" "$dev" <<'PY' || { echo "run.sh: unpacking $dev/cache.tar.xz failed"; exit 1; }
+import sys, tarfile
+with tarfile.open(sys.argv[1]) as archive:  # only the cache's own paths (the data filter)
+    archive.extractall(sys.argv[2], **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+PY
+    touch "$stamp"
+  fi
+fi
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
