@@ -68,6 +68,9 @@ EPIC_CACHE_DIR="$out/cache" python3 bench/layer_bench.py --compile-only --tokens
 EPIC_CACHE_DIR="$out/cache" python3 bench/layer_bench.py --compile-only --ranks 1 --experts 32 \
   --tokens 128,256,1024
 EPIC_CACHE_DIR="$out/cache" python3 bench/experiments/layer_barrier_check.py --compile-only
+# run.sh layer: the EP8 layer with a 10 s wait bound (the bound is part of the kernels' key).
+EPIC_CACHE_DIR="$out/cache" python3 bench/layer_bench.py --compile-only --tokens 128 \
+  --gpu-timeout-secs 10
 python3 examples/torch_distributed.py --compile-only --world-size 1 --cache-dir "$out/cache" > /dev/null
 for ranks in 1 2 4 8; do  # the multi-process checks and bench on as many GPUs as the machine has
   EPIC_CACHE_DIR="$out/cache" python3 test/gpu/distributed_check.py --compile-only --world-size $ranks \

@@ -10,6 +10,10 @@
 #                                 # EP8, bench/layer_bench.py up to 4096 tokens and on EP1
 #                                 # (into $OUT)
 #   tools/device/run.sh latency   # bench/latency.py: per-call wall time, eager and CUDA graphs
+#   tools/device/run.sh layer     # the persistent layer kernel (ep.moe_layer): its EP8 check
+#                                 # (calls synchronized, then back to back), epic-run's fused
+#                                 # layer, bench/layer_bench.py on EP1 and virtual EP8 (10 s
+#                                 # wait bound) (into $OUT)
 #   tools/device/run.sh low-latency
 #                                 # V1's low-latency pair: its GPU tests, the engine replay (NCCL
 #                                 # and virtual), bench/latency.py --low-latency and the kernels'
@@ -165,6 +169,20 @@ fi
 if [[ $only == latency ]]; then
   EPIC_CACHE_DIR="$dev/cache" python3 bench/latency.py --out "$out" --profile 2>&1 | tee "$out/latency.log"
   exit "${PIPESTATUS[0]}"
+fi
+if [[ $only == layer ]]; then
+  export EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python
+  status=0
+  for step in "python3 bench/experiments/layer_barrier_check.py --calls 20" \
+      "$runtime/bin/epic-run examples/run/fp8_moe_layer_fused.mlir --check --cache-dir=$dev/cache" \
+      "python3 bench/layer_bench.py --ranks 1 --experts 32 --tokens 128,256,1024 --out $out/ep1" \
+      "python3 bench/layer_bench.py --tokens 128 --gpu-timeout-secs 10 --out $out"; do
+    echo "== $step" | tee -a "$out/layer.log"
+    timeout "${EPIC_SUITE_TIMEOUT:-300}" $step 2>&1 | tee -a "$out/layer.log"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  done
+  echo "layer: $([[ $status -eq 0 ]] && echo passed || echo FAILED)" | tee -a "$out/layer.log"
+  exit $status
 fi
 if [[ $only == low-latency ]]; then
   export EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python
