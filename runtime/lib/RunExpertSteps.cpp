@@ -162,6 +162,11 @@ void Executor::moeLayer(const RunStep &step, const PlanKernel &k) {
   buffer.moeLayer(spec, k.dispatchVariant, calls);
 
   std::vector<DispatchRecord> checked = dispatchResults(step, k, d);
+  for (const MoeLayerCall &c : calls)
+    at(step.integer("combined_x")).tensor.push_back(received(c.combinedX, c.combinedX.shape[0]));
+  if (!options.check)
+    return;
+  // The intermediate rows (the kernel's own, read back only for the checks).
   std::vector<GemmRecord> gateUp, down;
   std::vector<SwigluRecord> swiglus;
   std::vector<CombineRecord> combined(static_cast<size_t>(R()));
@@ -175,13 +180,9 @@ void Executor::moeLayer(const RunStep &step, const PlanKernel &k) {
                       gateUpScales.tensor[r].host});
     swiglus.push_back({gu, act, actScales, rec.recvTopkWeights});
     down.push_back({act, downWeights.tensor[r].host, y, actScales, downScales.tensor[r].host});
-    RankTensor out = received(c.combinedX, c.combinedX.shape[0]);
     combined[r].x = y;
-    combined[r].combinedX = out.host;
-    at(step.integer("combined_x")).tensor.push_back(std::move(out));
+    combined[r].combinedX = at(step.integer("combined_x")).tensor[r].host;
   }
-  if (!options.check)
-    return;
   // Each step as its own op's check sees it, in the layer's order.
   std::vector<std::string> problems = checkDispatch(spec, true, false, checked, topologyOf(spec));
   auto append = [&](const char *part, std::vector<std::string> more) {

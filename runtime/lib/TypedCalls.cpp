@@ -15,15 +15,18 @@ using detail::check;
 
 namespace {
 
-/// Reads every rank's routing back in one synchronization and range-checks
-/// it (skipped while `stream` is being captured: a graph cannot synchronize).
-void checkRoutingOf(const EPSpec &spec, const std::vector<DispatchCall> &calls, void *stream) {
+/// Reads every rank's routing (`topkIdx(call)`) back in one synchronization
+/// and range-checks it (skipped while `stream` is being captured: a graph
+/// cannot synchronize).
+template <typename Call, typename TopkIdx>
+void checkRoutingOf(const EPSpec &spec, const std::vector<Call> &calls, TopkIdx topkIdx,
+                    void *stream) {
   if (detail::capturing(stream))
     return;
   auto cudaStream = static_cast<cudaStream_t>(stream);
   std::vector<std::vector<int64_t>> routing;
-  for (const DispatchCall &call : calls) {
-    const DeviceTensor &idx = call.handle.topkIdx;
+  for (const Call &call : calls) {
+    const DeviceTensor &idx = topkIdx(call);
     routing.emplace_back(size_t(idx.shape[0]) * spec.topk);
     check(cudaMemcpyAsync(routing.back().data(), reinterpret_cast<const void *>(idx.data),
                           routing.back().size() * sizeof(int64_t), cudaMemcpyDeviceToHost,
@@ -32,7 +35,7 @@ void checkRoutingOf(const EPSpec &spec, const std::vector<DispatchCall> &calls, 
   }
   check(cudaStreamSynchronize(cudaStream), "cudaStreamSynchronize");
   for (size_t i = 0; i < calls.size(); ++i)
-    checkTopkIndices(spec, routing[i].data(), calls[i].handle.topkIdx.shape[0]);
+    checkTopkIndices(spec, routing[i].data(), topkIdx(calls[i]).shape[0]);
 }
 
 } // namespace
@@ -193,7 +196,9 @@ KernelHost::Run KernelHost::dispatch(const EPSpec &spec, const DispatchVariant &
                                      bool checkRouting, int blocks) {
   Plan p = planDispatch(spec, variant, calls, blocks, stream);
   if (checkRouting)
-    checkRoutingOf(spec, calls, stream);
+    checkRoutingOf(
+        spec, calls, [](const DispatchCall &c) -> const DeviceTensor & { return c.handle.topkIdx; },
+        stream);
   return launchAndWait(p.prepared(), stream);
 }
 
@@ -235,9 +240,9 @@ KernelHost::Run KernelHost::moeLayer(const EPSpec &spec, const DispatchVariant &
                                      const std::vector<MoeLayerCall> &calls, void *stream,
                                      int blocks) {
   Plan p = planMoeLayer(spec, variant, calls, blocks, stream);
-  std::vector<DispatchCall> dispatches;
-  for (const MoeLayerCall &call : calls)
-    dispatches.push_back(call.dispatch);
-  checkRoutingOf(spec, dispatches, stream);
+  checkRoutingOf(
+      spec, calls,
+      [](const MoeLayerCall &c) -> const DeviceTensor & { return c.dispatch.handle.topkIdx; },
+      stream);
   return launchAndWait(p.prepared(), stream);
 }

@@ -170,35 +170,31 @@ if [[ $only == latency ]]; then
   EPIC_CACHE_DIR="$dev/cache" python3 bench/latency.py --out "$out" --profile 2>&1 | tee "$out/latency.log"
   exit "${PIPESTATUS[0]}"
 fi
-if [[ $only == layer ]]; then
+# A mode of steps in turn (each bounded, each line logged), into $out/NAME.log; exits with
+# whether every step passed.
+steps() {
+  local name=$1 log="$out/$1.log" rc=0 step
+  shift
   export EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python
-  status=0
-  for step in "python3 bench/experiments/layer_barrier_check.py --calls 20" \
-      "$runtime/bin/epic-run examples/run/fp8_moe_layer_fused.mlir --check --cache-dir=$dev/cache" \
-      "python3 bench/layer_bench.py --ranks 1 --experts 32 --tokens 128,256,1024 --out $out/ep1" \
-      "python3 bench/layer_bench.py --tokens 128 --gpu-timeout-secs 10 --out $out"; do
-    echo "== $step" | tee -a "$out/layer.log"
-    timeout "${EPIC_SUITE_TIMEOUT:-300}" $step 2>&1 | tee -a "$out/layer.log"
-    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  for step in "$@"; do
+    echo "== $step" | tee -a "$log"
+    timeout "${EPIC_SUITE_TIMEOUT:-300}" $step 2>&1 | tee -a "$log"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
   done
-  echo "layer: $([[ $status -eq 0 ]] && echo passed || echo FAILED)" | tee -a "$out/layer.log"
-  exit $status
-fi
-if [[ $only == low-latency ]]; then
-  export EPIC_CACHE_DIR="$dev/cache" PYTHONPATH=python
-  status=0
-  for step in "python3 -m pytest -q -p no:cacheprovider test/gpu/test_v1_low_latency.py" \
-      "torchrun --nproc-per-node 1 test/gpu/engine_replay.py" \
-      "python3 test/gpu/engine_replay.py --virtual" \
-      "python3 bench/latency.py --low-latency --profile --iterations 100 --out $out" \
-      "python3 bench/ll_kernels_profile.py --sweep"; do
-    echo "== $step" | tee -a "$out/low-latency.log"
-    timeout "${EPIC_SUITE_TIMEOUT:-300}" $step 2>&1 | tee -a "$out/low-latency.log"
-    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-  done
-  echo "low-latency: $([[ $status -eq 0 ]] && echo passed || echo FAILED)" | tee -a "$out/low-latency.log"
-  exit $status
-fi
+  echo "$name: $([[ $rc -eq 0 ]] && echo passed || echo FAILED)" | tee -a "$log"
+  exit $rc
+}
+[[ $only == layer ]] && steps layer \
+  "python3 bench/experiments/layer_barrier_check.py --calls 20" \
+  "$runtime/bin/epic-run examples/run/fp8_moe_layer_fused.mlir --check --cache-dir=$dev/cache" \
+  "python3 bench/layer_bench.py --ranks 1 --experts 32 --tokens 128,256,1024 --out $out/ep1" \
+  "python3 bench/layer_bench.py --tokens 128 --gpu-timeout-secs 10 --out $out"
+[[ $only == low-latency ]] && steps low-latency \
+  "python3 -m pytest -q -p no:cacheprovider test/gpu/test_v1_low_latency.py" \
+  "torchrun --nproc-per-node 1 test/gpu/engine_replay.py" \
+  "python3 test/gpu/engine_replay.py --virtual" \
+  "python3 bench/latency.py --low-latency --profile --iterations 100 --out $out" \
+  "python3 bench/ll_kernels_profile.py --sweep"
 if [[ $only == gemm ]]; then
   # Issue 25's rows: the grouped GEMMs on one rank's share of a V3 layer (EP1), on a virtual EP8
   # world with the fused pairs and the summary, and the FP8 layer step by step.

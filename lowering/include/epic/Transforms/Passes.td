@@ -121,12 +121,13 @@ def EPFuseMoeLayer : Pass<"ep-fuse-moe-layer", "::mlir::func::FuncOp"> {
     prefill sizes the GEMMs compute for milliseconds and a barrier instead
     of a launch changes nothing. `mode=auto` (the default) fuses where the
     configuration's token cap is at most `max-tokens` per rank, and
-    `max-tokens` is 0 by default: measured on an H100, the kernel is 3-5%
-    slower than the five ops at decode sizes (its barriers between steps
-    cost what the launches did; the steps do not overlap yet), so the cost
+    `max-tokens` is 0 by default: measured on an H100, the kernel is 3-11%
+    slower than the five ops at every size timed (its barriers between
+    steps cost what the launches did; the steps do not overlap yet), so the
     rule fuses nothing until that changes. `always` and `never` (or the
-    function's `ep.fusion` attribute) decide without it. A remark on the dispatch says which way and why, and names
-    what keeps a chain from fusing: an intermediate value read outside the
+    function's `ep.fusion` attribute) decide without it. A remark on the
+    dispatch says which way and why, and names what keeps a chain from
+    fusing: an intermediate value read outside the
     chain, a cached, window or zero-padding dispatch, BF16 rows, a combine
     with weights or biases, a SwiGLU without routing weights, a run-time
     token cap or several nodes.

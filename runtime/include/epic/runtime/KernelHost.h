@@ -26,7 +26,6 @@
 #include <string>
 #include <utility>
 #include <vector>
-#include <vector>
 
 namespace epic::runtime {
 
