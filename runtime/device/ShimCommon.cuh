@@ -146,16 +146,29 @@ namespace epic_device {
 /// atomics on the mapped host slots need platform support).
 __device__ unsigned int waitReportClaims[kWaitReportSlots];
 
+/// How long a block that wrote its report waits before its trap ends the
+/// grid: the other blocks stuck with it time out moments later (each wait's
+/// clock starts when the block reaches it), and a trap ends them mid-report.
+constexpr uint64_t kReportGraceNs = 50000000;
+
 /// flagTimeoutTrap without a call: the report into this block's slot of the
 /// runtime's mapped memory (fields, then `valid`, each fenced system-wide).
+/// The first thread of the slot writes it; the block's other threads that
+/// timed out with it wait until it is valid before they trap (a trap ends the
+/// whole grid, a report half written included).
 __device__ __forceinline__ void flagTimeoutReportTrap(const void *flag, int32_t pred,
                                                       int64_t expected, int64_t seen,
                                                       int64_t timeoutNs, int32_t rank,
                                                       int32_t peer) {
   const unsigned slot = blockIdx.x % kWaitReportSlots;
   WaitReport *reports = epic_wait_report;
-  if (reports && atomicCAS(&waitReportClaims[slot], 0u, 1u) == 0u) {
-    volatile WaitReport *r = reports + slot;
+  if (!reports)
+    __trap();
+  volatile WaitReport *r = reports + slot;
+  if (atomicCAS(&waitReportClaims[slot], 0u, 1u) != 0u) {
+    while (r->valid != 1) {
+    }
+  } else {
     r->flag = uint64_t(flag);
     r->expected = expected;
     r->seen = seen;
@@ -168,6 +181,8 @@ __device__ __forceinline__ void flagTimeoutReportTrap(const void *flag, int32_t 
     __threadfence_system();
     r->valid = 1;
     __threadfence_system();
+    for (const uint64_t written = nowNs(); nowNs() - written < kReportGraceNs;) {
+    }
   }
   __trap();
 }
@@ -225,6 +240,68 @@ EPIC_FLAG_WAIT(wait_flag_i64_inline, true, int64_t, loadAcquire64)
 
 namespace epic_device {
 
+/// Whether the mbarrier at shared address `barrier` has completed the phase
+/// of parity `parity` (acquire at CTA scope, as the unbounded waits of the
+/// TMA pipelines). The thread may be suspended up to a system-chosen time
+/// (a few microseconds) before it says no, so a poll costs no issue slots.
+__device__ __forceinline__ bool phaseCompleted(uint32_t barrier, uint32_t parity) {
+  uint32_t done;
+  asm volatile("{\n\t.reg .pred p;\n\t"
+               "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+               "selp.u32 %0, 1, 0, p;\n\t}"
+               : "=r"(done)
+               : "r"(barrier), "r"(parity)
+               : "memory");
+  return done != 0;
+}
+
+/// The mbarrier's raw 64-bit state (for the report only: its layout is the
+/// hardware's, printed in hex).
+__device__ __forceinline__ uint64_t phaseState(uint32_t barrier) {
+  uint64_t state;
+  asm volatile("ld.shared::cta.b64 %0, [%1];" : "=l"(state) : "r"(barrier) : "memory");
+  return state;
+}
+
+inline __device__ __noinline__ void
+phaseTimeoutTrap(uint32_t barrier, uint32_t parity, int64_t state, int64_t timeoutNs, int32_t rank);
+
+/// Waits until the phase of `parity` completes, at most about `timeoutNs`;
+/// then reports the barrier, the parity and the state (printf, or with
+/// `Inline` the call-free report slot) and traps. The first poll is the whole
+/// cost when the phase is done: the clock is read only once it was not, in
+/// units of 2^20 ns (~1 ms) in 32 bits (one register: the FP8 GEMM's
+/// consumers hold their sums in nearly all they have).
+template <bool Inline>
+__device__ __forceinline__ void boundedPhaseWait(uint32_t barrier, uint32_t parity,
+                                                 int64_t timeoutNs, int32_t rank) {
+  if (phaseCompleted(barrier, parity))
+    return;
+  const uint32_t start = uint32_t(nowNs() >> 20);
+  while (!phaseCompleted(barrier, parity)) {
+    if (uint32_t(nowNs() >> 20) - start <= uint32_t(timeoutNs >> 20))
+      continue;
+    int64_t state = int64_t(phaseState(barrier));
+    if (Inline)
+      flagTimeoutReportTrap(reinterpret_cast<const void *>(uintptr_t(barrier)), kPhaseNotCompleted,
+                            int64_t(parity), state, timeoutNs, rank, -1);
+    phaseTimeoutTrap(barrier, parity, state, timeoutNs, rank);
+  }
+}
+
+} // namespace epic_device
+
+EPIC_SHIM_ATTR void EPIC_NAME(wait_phase)(int32_t barrier, int32_t parity, int64_t timeoutNs,
+                                          int32_t rank) {
+  epic_device::boundedPhaseWait<false>(uint32_t(barrier), uint32_t(parity) & 1u, timeoutNs, rank);
+}
+EPIC_SHIM_ATTR void EPIC_NAME(wait_phase_inline)(int32_t barrier, int32_t parity, int64_t timeoutNs,
+                                                 int32_t rank) {
+  epic_device::boundedPhaseWait<true>(uint32_t(barrier), uint32_t(parity) & 1u, timeoutNs, rank);
+}
+
+namespace epic_device {
+
 /// Printed by a timed-out comm.wait_signal before it traps: whom the signal
 /// was waited from, when the op named the peer. Last and `inline` (emitted
 /// with the templates that call it), so that the string constants above keep
@@ -242,6 +319,19 @@ inline __device__ __noinline__ void signalTimeoutTrap(int32_t rank, int32_t sign
            "%lld, seen %lld; block %d thread %d)\n",
            (long long)(timeoutNs / 1000000), (int)rank, (int)signal, (long long)expected,
            (long long)seen, (int)blockIdx.x, (int)threadIdx.x);
+  __trap();
+}
+
+/// Printed by a timed-out comm.wait_phase before it traps (last and `inline`,
+/// as signalTimeoutTrap).
+inline __device__ __noinline__ void phaseTimeoutTrap(uint32_t barrier, uint32_t parity,
+                                                     int64_t state, int64_t timeoutNs,
+                                                     int32_t rank) {
+  printf("epic: device wait timed out after %lld ms: rank %d block %d thread %d waited for the "
+         "mbarrier at shared 0x%x to complete its phase of parity %u (state %llx): the "
+         "pipeline's producer and consumers disagree on its steps, or a TMA load never arrived\n",
+         (long long)(timeoutNs / 1000000), (int)rank, (int)blockIdx.x, (int)threadIdx.x,
+         (unsigned)barrier, (unsigned)parity, (unsigned long long)state);
   __trap();
 }
 

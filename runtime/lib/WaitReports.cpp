@@ -118,14 +118,22 @@ epic::runtime::formatDeviceWaitReports(const std::vector<epic_device::WaitReport
                     int(r.rank), int(r.peer), int(r.block), int(r.thread),
                     r.expected > 0 ? int(r.seen / r.expected) : 0, int(r.expected));
     else {
-      // The blocks of a rank that waited for the same flag and saw the same
+      // The blocks of a rank that waited for the same flag (or barrier phase) and saw the same
       // value: one line (a stalled grid has a rank's blocks in a few waits).
-      std::snprintf(line, sizeof(line),
-                    " thread %d waited for peer %d: the flag at 0x%" PRIx64 " %s %" PRId64
-                    " (seen %" PRId64 ")",
-                    int(r.thread), int(r.peer), uint64_t(r.flag),
-                    epic_device::waitPredicateName(r.predicate), int64_t(r.expected),
-                    int64_t(r.seen));
+      if (r.predicate == epic_device::kPhaseNotCompleted)
+        std::snprintf(line, sizeof(line),
+                      " thread %d waited for the mbarrier at shared 0x%" PRIx64
+                      " to complete its phase of parity %" PRId64 " (state %" PRIx64
+                      "): the pipeline's producer and consumers disagree on its steps, or a TMA "
+                      "load never arrived",
+                      int(r.thread), uint64_t(r.flag), int64_t(r.expected), uint64_t(r.seen));
+      else
+        std::snprintf(line, sizeof(line),
+                      " thread %d waited for peer %d: the flag at 0x%" PRIx64 " %s %" PRId64
+                      " (seen %" PRId64 ")",
+                      int(r.thread), int(r.peer), uint64_t(r.flag),
+                      epic_device::waitPredicateName(r.predicate), int64_t(r.expected),
+                      int64_t(r.seen));
       TimedOut key{int64_t(r.timeoutNs) / 1000000, int(r.rank), line, {}};
       auto same = std::find_if(timedOut.begin(), timedOut.end(), [&](const TimedOut &t) {
         return t.ms == key.ms && t.rank == key.rank && t.wait == key.wait;

@@ -13,7 +13,7 @@
 // PTX: prefetch.tensormap
 // PTX: mbarrier.arrive.expect_tx.shared.b64
 // PTX: cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes
-// PTX: mbarrier.try_wait.parity.shared.b64
+// PTX: mbarrier.try_wait.parity.shared::cta.b64
 // PTX: wgmma.fence.sync.aligned
 // PTX-COUNT-4: wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16
 // PTX: wgmma.commit_group.sync.aligned

@@ -11,6 +11,7 @@
 // CHECK-DAG: "name": "barrier_rounds"
 // CHECK-DAG: "name": "wait_forever"
 // CHECK-DAG: "name": "wait_forever_inline"
+// CHECK-DAG: "name": "wait_phase_forever_inline"
 // CHECK-DAG: "name": "nodes"
 // CHECK-DAG: "name": "lsa_violation"
 // CHECK-DAG: "name": "lsa_violation_inline"
@@ -154,6 +155,24 @@ module attributes {gpu.container_module} {
       %c1_i32 = arith.constant 1 : i32
       %flag = comm.local_ptr %win[%c0_i64] : !llvm.ptr<1>
       %seen = comm.wait_flag %flag eq %c1_i32 scope sys timeout_ms 200 : !llvm.ptr<1>, i32
+      gpu.return
+    }
+
+    // A bounded mbarrier wait that nothing completes (a TMA pipeline whose
+    // producer never arrives): thread 0 sets up one barrier expecting one
+    // arrival, every thread waits for its first phase (parity 0); the
+    // report (call-free, as in the GEMMs) names the barrier and the parity.
+    gpu.func @wait_phase_forever_inline() kernel attributes {comm.inline_waits} {
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %first = arith.constant false
+      %tid = gpu.thread_id x
+      %leader = arith.cmpi eq, %tid, %c0 : index
+      %bars = nvgpu.mbarrier.create -> !nvgpu.mbarrier.group<memorySpace = #gpu.address_space<workgroup>>
+      nvgpu.mbarrier.init %bars[%c0], %c1, predicate = %leader : !nvgpu.mbarrier.group<memorySpace = #gpu.address_space<workgroup>>
+      gpu.barrier
+      %bar = nvgpu.mbarrier.get %bars[%c0] : !nvgpu.mbarrier.group<memorySpace = #gpu.address_space<workgroup>> -> i32
+      comm.wait_phase %bar parity %first timeout_ms 200
       gpu.return
     }
 

@@ -7,6 +7,8 @@
 //   comm_smoke nccl <cubin>             the NCCL backend with nranks = 1
 //   comm_smoke virtual-timeout <cubin>  a wait nobody satisfies must trap
 //   comm_smoke virtual-timeout-report <cubin>  ... a call-free one, its report in mapped memory
+//   comm_smoke virtual-phase-timeout-report <cubin>  an mbarrier phase (a GEMM pipeline)
+//                                        that never completes: its call-free report
 //   comm_smoke ep-nccl <cubin> <json>   convert-ep-to-comm's dispatch + combine, NCCL, nranks = 1
 //
 // and, in comm_smoke_nodes.cu, virtual worlds of several nodes:
@@ -144,6 +146,22 @@ int runVirtualTimeout(const char *cubin) {
   return failures;
 }
 
+/// Launches `name` (blocks 0..`block`, `threads` each), which must trap, and
+/// returns the report slot of its block `block` (blockIdx.x % kWaitReportSlots).
+const volatile epic_device::WaitReport &
+launchUntilTrap(CUmodule module, const char *name, unsigned block, unsigned threads, void **args) {
+  epic_device::WaitReport *host = mapWaitReports(module);
+  CHECK_CU(cuLaunchKernel(kernel(module, name), block + 1, 1, 1, threads, 1, 1, 0, nullptr, args,
+                          nullptr));
+  CUresult r = cuCtxSynchronize();
+  const char *message = nullptr;
+  cuGetErrorString(r, &message);
+  std::printf("  kernel ended with: %s\n", message);
+  expect(r != CUDA_SUCCESS,
+         (std::string(name) + ": the bounded wait trapped instead of hanging").c_str());
+  return host[block];
+}
+
 // The call-free wait (comm.inline_waits, as in wgmma kernels): its report lands
 // in mapped host memory the module's epic_wait_report points at, readable
 // after the trap, as the runtime does it (runtime/lib/WaitReports.cpp).
@@ -151,18 +169,10 @@ int runVirtualTimeoutReport(const char *cubin) {
   std::printf("virtual backend: a call-free wait that nobody satisfies\n");
   CUmodule module = loadModule(cubin);
   VirtualWorld world(1, 1 << 16);
-  using epic_device::WaitReport;
-  WaitReport *host = mapWaitReports(module);
   std::vector<void *> args = {&world.window};
-  const unsigned block = 3; // the slot is blockIdx.x % kWaitReportSlots
-  CHECK_CU(cuLaunchKernel(kernel(module, "wait_forever_inline"), block + 1, 1, 1, 32, 1, 1, 0,
-                          nullptr, args.data(), nullptr));
-  CUresult r = cuCtxSynchronize();
-  const char *message = nullptr;
-  cuGetErrorString(r, &message);
-  std::printf("  kernel ended with: %s\n", message);
-  expect(r != CUDA_SUCCESS, "wait_forever_inline: the call-free wait trapped instead of hanging");
-  const volatile WaitReport &report = host[block];
+  const unsigned block = 3;
+  const volatile epic_device::WaitReport &report =
+      launchUntilTrap(module, "wait_forever_inline", block, 32, args.data());
   std::printf("  report of block %d: valid %llu, flag %s %lld (seen %lld), timeout %lld ms, "
               "thread %d\n",
               int(report.block), (unsigned long long)report.valid,
@@ -172,6 +182,30 @@ int runVirtualTimeoutReport(const char *cubin) {
              report.expected == 1 && report.seen == 0 && report.timeoutNs == 200000000 &&
              report.rank == -1 && report.peer == -1,
          "wait_forever_inline: the timeout report is in the mapped slot of its block");
+  return failures;
+}
+
+// A GEMM pipeline's bounded mbarrier wait (comm.wait_phase) that nothing
+// completes: it traps, and its call-free report names the barrier (a shared
+// address), the parity waited for and the barrier's state. Two warps time out
+// together: the one that does not write the report must not trap before it is
+// whole (a trap ends the grid).
+int runVirtualPhaseTimeoutReport(const char *cubin) {
+  std::printf("virtual backend: an mbarrier phase that never completes\n");
+  CUmodule module = loadModule(cubin);
+  const unsigned block = 5;
+  const volatile epic_device::WaitReport &report =
+      launchUntilTrap(module, "wait_phase_forever_inline", block, 64, nullptr);
+  std::printf("  report of block %d: valid %llu, predicate %d, barrier at shared 0x%llx, parity "
+              "%lld, state %llx, timeout %lld ms, thread %d\n",
+              int(report.block), (unsigned long long)report.valid, int(report.predicate),
+              (unsigned long long)report.flag, (long long)report.expected,
+              (unsigned long long)report.seen, (long long)(report.timeoutNs / 1000000),
+              int(report.thread));
+  expect(report.valid == 1 && report.block == int(block) &&
+             report.predicate == epic_device::kPhaseNotCompleted && report.expected == 0 &&
+             report.timeoutNs == 200000000 && report.rank == -1 && report.thread < 64,
+         "wait_phase_forever_inline: the report names the phase in the mapped slot of its block");
   return failures;
 }
 
@@ -425,11 +459,13 @@ int main(int argc, char **argv) {
     return result == 0 ? 0 : 1;
   }
   if (argc != 3) {
-    std::fprintf(stderr,
-                 "usage: %s virtual|virtual-timeout|virtual-timeout-report|virtual-2x4|"
-                 "virtual-lsa-violation|virtual-lsa-violation-report|virtual-drop|nccl <cubin> | "
-                 "ep-nccl <cubin> <json>\n",
-                 argv[0]);
+    std::fprintf(
+        stderr,
+        "usage: %s virtual|virtual-timeout|virtual-timeout-report|virtual-phase-timeout-report|"
+        "virtual-2x4|"
+        "virtual-lsa-violation|virtual-lsa-violation-report|virtual-drop|nccl <cubin> | "
+        "ep-nccl <cubin> <json>\n",
+        argv[0]);
     return 2;
   }
   CHECK_CUDA(cudaSetDevice(0));
@@ -438,9 +474,10 @@ int main(int argc, char **argv) {
   int result = mode.rfind("virtual-2x4", 0) == 0 || mode.rfind("virtual-lsa", 0) == 0 ||
                        mode == "virtual-drop"
                    ? runVirtualNodes(mode, argv[2])
-               : mode == "virtual"                ? runVirtual(argv[2])
-               : mode == "virtual-timeout"        ? runVirtualTimeout(argv[2])
-               : mode == "virtual-timeout-report" ? runVirtualTimeoutReport(argv[2])
+               : mode == "virtual"                      ? runVirtual(argv[2])
+               : mode == "virtual-timeout"              ? runVirtualTimeout(argv[2])
+               : mode == "virtual-timeout-report"       ? runVirtualTimeoutReport(argv[2])
+               : mode == "virtual-phase-timeout-report" ? runVirtualPhaseTimeoutReport(argv[2])
                : mode == "nccl" ? runNccl(argv[2])
                                 : (std::fprintf(stderr, "unknown mode %s\n", argv[1]), 2);
   std::printf("%s: %s\n", argv[1], result == 0 ? "passed" : "FAILED");

@@ -86,6 +86,7 @@ run /tmp/epic-gpu/comm_smoke virtual "$dev/kernels/comm_virtual.cubin"
 run /tmp/epic-gpu/comm_smoke nccl "$dev/kernels/comm_nccl.cubin"
 run /tmp/epic-gpu/comm_smoke virtual-timeout "$dev/kernels/comm_virtual.cubin"
 run /tmp/epic-gpu/comm_smoke virtual-timeout-report "$dev/kernels/comm_virtual.cubin"
+run /tmp/epic-gpu/comm_smoke virtual-phase-timeout-report "$dev/kernels/comm_virtual.cubin"
 run /tmp/epic-gpu/comm_smoke ep-nccl "$dev/kernels/ep_nccl.cubin" "$dev/kernels/ep_nccl.json"
 # A virtual world of 2 nodes x 4 GPUs: teams, barriers, puts to the rail peer, traffic counts.
 run /tmp/epic-gpu/comm_smoke virtual-2x4 "$dev/kernels/comm_virtual.cubin"

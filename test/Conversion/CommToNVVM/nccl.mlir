@@ -182,6 +182,12 @@ gpu.module @inline_waits {
   gpu.func @k(%p: !llvm.ptr, %v: i32) kernel attributes {comm.inline_waits} {
     // CHECK: llvm.call @__epic_nccl_wait_flag_i32_inline(
     %s = comm.wait_flag %p ge %v scope gpu : !llvm.ptr, i32
+    // An mbarrier phase: the parity widened to i32, the bound in ns, the rank.
+    // CHECK: %[[P32:.*]] = llvm.zext %{{.*}} : i1 to i32
+    // CHECK: %[[NS:.*]] = llvm.mlir.constant(30000000 : i64) : i64
+    // CHECK: llvm.call @__epic_nccl_wait_phase_inline(%{{.*}}, %[[P32]], %[[NS]], %{{.*}}) : (i32, i32, i64, i32) -> ()
+    %parity = arith.constant true
+    comm.wait_phase %v parity %parity rank %v timeout_ms 30
     gpu.return
   }
   // CHECK: gpu.func @mma(
@@ -200,8 +206,10 @@ gpu.module @inline_waits {
   // Any other kernel keeps the waits that printf their report.
   // CHECK: gpu.func @plain(
   // CHECK: llvm.call @__epic_nccl_wait_flag_i32(
-  gpu.func @plain(%p: !llvm.ptr, %v: i32) kernel {
+  // CHECK: llvm.call @__epic_nccl_wait_phase(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : (i32, i32, i64, i32) -> ()
+  gpu.func @plain(%p: !llvm.ptr, %v: i32, %parity: i1) kernel {
     %s = comm.wait_flag %p ge %v scope gpu : !llvm.ptr, i32
+    comm.wait_phase %v parity %parity
     gpu.return
   }
 }

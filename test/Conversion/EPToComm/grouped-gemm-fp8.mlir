@@ -44,7 +44,8 @@
 // step (a use there made every step wait for global memory).
 // CHECK-COUNT-3:       llvm.load %{{.*}} {alignment = 4 : i64} : !llvm.ptr<1> -> f32
 // CHECK-NOT:           llvm.fmul
-// CHECK:               nvgpu.mbarrier.try_wait.parity %[[FULL]][%[[STAGE]]], %[[LAP]]
+// CHECK:               %[[BAR:.*]] = nvgpu.mbarrier.get %[[FULL]][%[[STAGE]]] : {{.*}} -> i32
+// CHECK:               comm.wait_phase %[[BAR]] parity %[[LAP]] rank %{{.*}}{{$}}
 // A warpgroup none of whose rows is the expert's only frees the stage.
 // CHECK:               scf.if %{{.*}} -> (!llvm.struct
 // CHECK:                 nvvm.wgmma.fence.aligned
@@ -91,7 +92,8 @@
 // CHECK:             scf.for %{{.*}} iter_args(%[[PSTAGE:.*]] = %{{.*}}, %[[PLAP:.*]] = %{{.*}}) -> (index, i1)
 // The stage's previous lap must have been freed (the opposite parity: a fresh ring is free).
 // CHECK:               %[[FREE:.*]] = arith.xori %[[PLAP]], %true
-// CHECK:               nvgpu.mbarrier.try_wait.parity %[[EMPTY]][%[[PSTAGE]]], %[[FREE]]
+// CHECK:               %[[SLOT:.*]] = nvgpu.mbarrier.get %[[EMPTY]][%[[PSTAGE]]] : {{.*}} -> i32
+// CHECK:               comm.wait_phase %[[SLOT]] parity %[[FREE]] rank %{{.*}}{{$}}
 // CHECK:               nvgpu.mbarrier.arrive.expect_tx %[[FULL]][%[[PSTAGE]]], %c32768
 // CHECK:               nvgpu.tma.async.load %[[LHS]][%{{.*}}, %{{.*}}], %[[FULL]][%{{.*}}] to %{{.*}} : {{.*}} -> memref<128x128xf8E4M3FN, #gpu.address_space<workgroup>>
 // CHECK:               nvgpu.tma.async.load %[[RHS]][%{{.*}}, %{{.*}}], %[[FULL]][%{{.*}}] to %{{.*}} : {{.*}} -> memref<128x128xf8E4M3FN, #gpu.address_space<workgroup>>

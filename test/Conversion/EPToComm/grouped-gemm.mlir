@@ -39,7 +39,9 @@
 // CHECK:           nvgpu.tma.async.load %[[RHS]]
 // CHECK:           %[[INIT:.*]] = nvgpu.warpgroup.mma.init.accumulator -> <fragmented = vector<128x128xf32>>
 // CHECK:           %[[ACC:.*]] = scf.for %{{.*}} iter_args(%[[C:.*]] = %[[INIT]])
-// CHECK:             nvgpu.mbarrier.try_wait.parity %[[BARS]]
+// The stage's wait is bounded (it reports the rank and traps instead of hanging).
+// CHECK:             %[[BAR:.*]] = nvgpu.mbarrier.get %[[BARS]][%{{.*}}] : {{.*}} -> i32
+// CHECK:             comm.wait_phase %[[BAR]] parity %{{.*}} rank %{{.*}}{{$}}
 // CHECK:             %[[DA:.*]] = nvgpu.warpgroup.generate.descriptor %{{.*}}, %[[LHS]] : memref<128x64xbf16, #gpu.address_space<workgroup>>
 // CHECK:             %[[DB:.*]] = nvgpu.warpgroup.generate.descriptor %{{.*}}, %[[RHS]] : memref<64x128xbf16, #gpu.address_space<workgroup>>
 // One wgmma group stays in flight (waitGroup 1, the default, is not printed).

@@ -89,6 +89,23 @@ func.func @f(%p: !llvm.ptr, %v: i32) {
 
 // -----
 
+func.func @f(%bar: i32, %parity: i1) {
+  // expected-error@+1 {{'comm.wait_phase' op attribute 'timeout_ms' failed to satisfy constraint: 64-bit signless integer attribute whose value is positive}}
+  comm.wait_phase %bar parity %parity timeout_ms 0
+  return
+}
+
+// -----
+
+func.func @f(%bar: i64, %parity: i1) {
+  // The barrier is a shared-memory address: 32 bits.
+  // expected-error@+1 {{'comm.wait_phase' op operand #0 must be 32-bit signless integer, but got 'i64'}}
+  "comm.wait_phase"(%bar, %parity) : (i64, i1) -> ()
+  return
+}
+
+// -----
+
 // A bound the lowering's nanoseconds (64-bit) could not hold: at most 2^31 ms.
 func.func @f(%p: !llvm.ptr, %v: i32) {
   // expected-error@+1 {{'comm.wait_flag' op attribute 'timeout_ms' failed to satisfy constraint: 64-bit signless integer attribute whose value is positive whose maximum value is 2147483648}}

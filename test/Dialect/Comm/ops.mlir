@@ -114,6 +114,13 @@ func.func @synchronization(%dc: !comm.dev_comm, %p: !llvm.ptr, %g: !llvm.ptr<1>,
   // The waiting rank and the peer waited for name the wait in its timeout report.
   // CHECK: comm.wait_flag %[[P]] ne %[[V]] rank %[[V]] peer %[[V]] scope sys : !llvm.ptr, i32
   %seen3 = comm.wait_flag %p ne %v rank %v peer %v scope sys : !llvm.ptr, i32
+  // An mbarrier's phase (its shared address as an i32, the parity as an i1).
+  // CHECK: %[[PARITY:.*]] = arith.constant true
+  // CHECK: comm.wait_phase %[[V]] parity %[[PARITY]]{{$}}
+  // CHECK: comm.wait_phase %[[V]] parity %[[PARITY]] rank %[[V]] timeout_ms 40
+  %parity = arith.constant true
+  comm.wait_phase %v parity %parity
+  comm.wait_phase %v parity %parity rank %v timeout_ms 40
   // Ranks that must agree: this rank's value, a peer's, both ranks for the report.
   // CHECK: comm.agree %[[W]], %[[W]] rank %[[V]] peer %[[V]] : i64
   comm.agree %w, %w rank %v peer %v : i64

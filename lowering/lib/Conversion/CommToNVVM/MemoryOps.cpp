@@ -244,6 +244,20 @@ struct WaitFlagLowering : CommPattern<comm::WaitFlagOp> {
   }
 };
 
+struct WaitPhaseLowering : CommPattern<comm::WaitPhaseOp> {
+  using CommPattern::CommPattern;
+  LogicalResult matchAndRewrite(comm::WaitPhaseOp op, OpAdaptor adaptor,
+                                ConversionPatternRewriter &rewriter) const override {
+    LLVMBuilder b{rewriter, op.getLoc()};
+    Value parity = LLVM::ZExtOp::create(rewriter, op.getLoc(), b.i32(), adaptor.getParity());
+    b.callShim(op, backend, needsInlineWaits(op) ? "wait_phase_inline" : "wait_phase",
+               {adaptor.getBarrier(), parity, b.i64(timeoutNs(op.getTimeoutMs())),
+                b.orI32(adaptor.getRank(), -1)});
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
 struct AgreeLowering : CommPattern<comm::AgreeOp> {
   using CommPattern::CommPattern;
   LogicalResult matchAndRewrite(comm::AgreeOp op, OpAdaptor adaptor,
@@ -262,6 +276,6 @@ void epic::comm_to_nvvm::populateMemoryOpPatterns(TypeConverter &converter,
                                                   RewritePatternSet &patterns,
                                                   CommBackend backend) {
   patterns.add<FenceLowering, LoadLowering, StoreLowering, RedLowering, AtomicRMWLowering,
-               AtomicCASLowering, WaitFlagLowering, AgreeLowering>(converter, patterns.getContext(),
-                                                                   backend);
+               AtomicCASLowering, WaitFlagLowering, WaitPhaseLowering, AgreeLowering>(
+      converter, patterns.getContext(), backend);
 }

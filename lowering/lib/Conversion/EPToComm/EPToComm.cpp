@@ -161,11 +161,13 @@ struct KernelPlan {
 /// The grouped GEMM of `op`'s local experts: `k` x `n` weights (k: the hidden
 /// size unless given), rows of `lhs`, results of `out`; a diagnostic on `op` if
 /// the kernel cannot tile it.
-FailureOr<epic::detail::GroupedGemmShape> gemmShapeOf(Operation *op, ep::ConfigAttr cfg, int64_t n,
-                                                      Type lhs, Type out, int64_t k = 0) {
+FailureOr<epic::detail::GroupedGemmShape> gemmShapeOf(Operation *op, const Entry &entry,
+                                                      ep::ConfigAttr cfg, int64_t n, Type lhs,
+                                                      Type out, int64_t k = 0) {
   epic::detail::GroupedGemmShape shape{
       k ? k : int64_t(cfg.getHidden()), n,   cfg.getNumLocalExperts(),
       cfg.getExpertAlignment(),         lhs, out};
+  shape.timeoutMs = entry.timeoutMs; // its pipeline's waits are bounded too
   if (failed(epic::detail::checkGroupedGemmShape(op, shape)))
     return failure();
   return shape;
@@ -419,7 +421,7 @@ struct GroupedGemmOpLowering : KernelOpLowering<ep::GroupedGemmOp> {
     // N: the result's columns (the verifier ties them to the weights, whatever their layout).
     auto out = cast<ShapedType>(gemm.getResult().getType());
     FailureOr<epic::detail::GroupedGemmShape> checked =
-        gemmShapeOf(gemm, cfg, out.getDimSize(1), lhs.getElementType(), out.getElementType(),
+        gemmShapeOf(gemm, entry, cfg, out.getDimSize(1), lhs.getElementType(), out.getElementType(),
                     lhs.getDimSize(1));
     if (failed(checked))
       return failure();
@@ -471,7 +473,7 @@ struct DispatchGemmOpLowering : KernelOpLowering<ep::DispatchGemmOp> {
     ep::ConfigAttr cfg = plan.cfg;
     auto experts = cast<ShapedType>(fused.getExperts().getType());
     FailureOr<epic::detail::GroupedGemmShape> checked =
-        gemmShapeOf(fused, cfg, experts.getDimSize(2), cfg.getDtype(),
+        gemmShapeOf(fused, entry, cfg, experts.getDimSize(2), cfg.getDtype(),
                     cast<ShapedType>(fused.getResult().getType()).getElementType());
     if (failed(checked))
       return failure();
@@ -483,7 +485,6 @@ struct DispatchGemmOpLowering : KernelOpLowering<ep::DispatchGemmOp> {
     plan.windowBytes = at.tileConsumed + at.counters, plan.scratchAt = at.tileDone;
     gemm.outField = kDGGemmOut, gemm.psumField = kPsumPerExpert;
     gemm.tileDone = at.tileDone, gemm.tileConsumed = at.tileConsumed, gemm.maxTiles = at.maxTiles;
-    gemm.timeoutMs = entry.timeoutMs;
     DispatchShape shape{false,
                         static_cast<bool>(fused.getTopkWeights()),
                         true,
@@ -517,7 +518,7 @@ struct GemmCombineOpLowering : KernelOpLowering<ep::GemmCombineOp> {
     KernelPlan plan(fused, fused.getConfig(), entry, epic::detail::kGemmThreads);
     ep::ConfigAttr cfg = plan.cfg;
     FailureOr<epic::detail::GroupedGemmShape> checked =
-        gemmShapeOf(fused, cfg, cfg.getHidden(),
+        gemmShapeOf(fused, entry, cfg, cfg.getHidden(),
                     cast<ShapedType>(fused.getLhs().getType()).getElementType(), b.getBF16Type());
     if (failed(checked))
       return failure();
@@ -528,7 +529,6 @@ struct GemmCombineOpLowering : KernelOpLowering<ep::GemmCombineOp> {
     FusedScratch at(cfg);
     plan.windowBytes = at.end, plan.scratchAt = at.tileDone;
     gemm.outField = kCX, gemm.psumField = kGCPsumPerExpert;
-    gemm.timeoutMs = entry.timeoutMs;
     CombineShape shape{false, static_cast<unsigned>(fused.getBiases().size()), true};
     plan.kernels = {entry.name + "_gemm_send", entry.name + "_reduce"};
     plan.fields = fieldNames(kCombineFields, kGemmCombineExtraFields);
@@ -562,9 +562,9 @@ struct MoeLayerOpLowering : KernelOpLowering<ep::MoeLayerOp> {
     const int64_t inter = layer.getIntermediateSize();
     Type fp8 = cfg.getDtype(), bf16 = b.getBF16Type();
     FailureOr<epic::detail::GroupedGemmShape> gateUp =
-        gemmShapeOf(layer, cfg, 2 * inter, fp8, bf16);
+        gemmShapeOf(layer, entry, cfg, 2 * inter, fp8, bf16);
     FailureOr<epic::detail::GroupedGemmShape> down =
-        gemmShapeOf(layer, cfg, cfg.getHidden(), fp8, bf16, inter);
+        gemmShapeOf(layer, entry, cfg, cfg.getHidden(), fp8, bf16, inter);
     if (failed(gateUp) || failed(down))
       return failure();
     unsigned idxBits = cast<ShapedType>(layer.getTopkIdx().getType()).getElementTypeBitWidth();

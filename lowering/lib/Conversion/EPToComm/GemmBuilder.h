@@ -132,12 +132,18 @@ struct GemmBuilder : epic::expand::ArithBuilder<GemmBuilder> {
   struct Setup {
     Value comm, window, record, out, psum, lhsMap, rhsMap, tid, block, blocks, leader, dynamic, pad,
         full;
+    Value me; ///< the rank (i32), for the reports of timed-out waits
   };
   /// Builds the setup; the descriptors' boxes are `lhsBox` and `rhsBox`.
   /// `more` runs where thread 0 initializes barriers (before the block's
   /// barrier that publishes them).
   Setup begin(mlir::gpu::GPUFuncOp func, llvm::ArrayRef<int64_t> lhsBox,
               llvm::ArrayRef<int64_t> rhsBox, llvm::function_ref<void(const Setup &)> more = {});
+
+  /// Waits until barrier `stage` of `barriers` completes its phase of
+  /// `parity` (i1), bounded by the op's timeout (comm.wait_phase): a pipeline
+  /// whose roles disagree on its steps traps naming the block, not hangs.
+  void waitPhase(const Setup &s, Value barriers, Value stage, Value parity);
 
   /// Where stage `stage` starts in dynamic shared memory.
   Value stageAt(const Setup &s, Value stage) {

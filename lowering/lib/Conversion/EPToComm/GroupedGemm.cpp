@@ -137,6 +137,9 @@ GemmBuilder::Setup GemmBuilder::begin(gpu::GPUFuncOp func, ArrayRef<int64_t> lhs
   s.block = gpu::BlockIdOp::create(b, gpu::Dimension::x);
   s.blocks = gpu::GridDimOp::create(b, gpu::Dimension::x);
   s.leader = eq(s.tid, idx(0));
+  s.me = comm::TeamRankOp::create(
+      b, b.getI32Type(),
+      comm::TeamOp::create(b, comm::TeamType::get(ctx), comm::TeamKind::world, s.comm));
 
   // Stages start on a 1024-byte boundary (128-byte swizzle atoms).
   s.dynamic = gpu::DynamicSharedMemoryOp::create(
@@ -154,6 +157,11 @@ GemmBuilder::Setup GemmBuilder::begin(gpu::GPUFuncOp func, ArrayRef<int64_t> lhs
   nvgpu::TmaPrefetchOp::create(b, s.rhsMap, s.leader);
   gpu::BarrierOp::create(b);
   return s;
+}
+
+void GemmBuilder::waitPhase(const Setup &s, Value barriers, Value stage, Value parity) {
+  Value barrier = nvgpu::MBarrierGetOp::create(b, b.getI32Type(), barriers, stage);
+  comm::WaitPhaseOp::create(b, barrier, parity, s.me, shape.timeoutMs);
 }
 
 Value GemmBuilder::expertEnd(Value psum, Value e) {
@@ -248,129 +256,125 @@ struct Bf16Gemm : GemmBuilder {
       tileBlocks = sub(s.blocks, idx(shape.commBlocks));
       first = select(ult(s.block, tileBlocks), s.block, total);
     }
-    loop(
-        first, total, tileBlocks, ValueRange{idx(0)},
-        [&](Value tileIndex, ValueRange carried) -> SmallVector<Value> {
-          Value g0 = carried[0];
-          Tile t = locate(s.psum, tileIndex);
-          Value row0 = t.row0, col0 = t.col0, start = t.start, end = t.end;
-          Value weightRow0 = mul(t.expert, idx(shape.hidden)); // [hidden, N] matrices
+    loop(first, total, tileBlocks, ValueRange{idx(0)},
+         [&](Value tileIndex, ValueRange carried) -> SmallVector<Value> {
+           Value g0 = carried[0];
+           Tile t = locate(s.psum, tileIndex);
+           Value row0 = t.row0, col0 = t.col0, start = t.start, end = t.end;
+           Value weightRow0 = mul(t.expert, idx(shape.hidden)); // [hidden, N] matrices
 
-          // Fused: wait until the copy role has placed every row of the tile's
-          // expert, not only the tile's: the blocks on the row tiles that share a
-          // weight column tile then start together and stream it through L2 once.
-          // (Waiting per row tile let the first row tiles race ahead, so every
-          // weight tile came from memory twice: L2 hits 34% instead of 49%, the
-          // fused GEMM 1.45x slower on the H200.)
-          auto tileCounter = [&](int64_t base, Value rowTile) {
-            Value slot = add(mul(t.expert, idx(shape.maxTiles)), rowTile);
-            return comm::LocalPtrOp::create(b, ptrT(), s.window,
-                                            i64(add(idx(base), mul(slot, idx(4)))));
-          };
-          if (shape.tileDone >= 0) {
-            when(s.leader, [&] {
-              Value me = comm::TeamRankOp::create(
-                  b, b.getI32Type(),
-                  comm::TeamOp::create(b, comm::TeamType::get(ctx), comm::TeamKind::world, s.comm));
-              loop(idx(0), t.rowTiles, idx(1), ValueRange{}, [&](Value m, ValueRange) {
-                Value left = sub(end, add(start, mul(m, idx(kGemmTileM))));
-                Value rows = select(ult(left, idx(kGemmTileM)), left, idx(kGemmTileM));
-                comm::WaitFlagOp::create(b, b.getI32Type(), tileCounter(shape.tileDone, m),
-                                         comm::Predicate::ge, i32(rows), me, Value(),
-                                         comm::Scope::gpu, shape.timeoutMs);
-                return SmallVector<Value>{};
-              });
-              // The rows were written by generic stores; TMA reads through the async proxy.
-              NVVM::FenceProxyOp::create(b, NVVM::ProxyKind::async_global, NVVM::SharedSpaceAttr());
-            });
-            gpu::BarrierOp::create(b);
-          }
+           // Fused: wait until the copy role has placed every row of the tile's
+           // expert, not only the tile's: the blocks on the row tiles that share a
+           // weight column tile then start together and stream it through L2 once.
+           // (Waiting per row tile let the first row tiles race ahead, so every
+           // weight tile came from memory twice: L2 hits 34% instead of 49%, the
+           // fused GEMM 1.45x slower on the H200.)
+           auto tileCounter = [&](int64_t base, Value rowTile) {
+             Value slot = add(mul(t.expert, idx(shape.maxTiles)), rowTile);
+             return comm::LocalPtrOp::create(b, ptrT(), s.window,
+                                             i64(add(idx(base), mul(slot, idx(4)))));
+           };
+           if (shape.tileDone >= 0) {
+             when(s.leader, [&] {
+               loop(idx(0), t.rowTiles, idx(1), ValueRange{}, [&](Value m, ValueRange) {
+                 Value left = sub(end, add(start, mul(m, idx(kGemmTileM))));
+                 Value rows = select(ult(left, idx(kGemmTileM)), left, idx(kGemmTileM));
+                 comm::WaitFlagOp::create(b, b.getI32Type(), tileCounter(shape.tileDone, m),
+                                          comm::Predicate::ge, i32(rows), s.me, Value(),
+                                          comm::Scope::gpu, shape.timeoutMs);
+                 return SmallVector<Value>{};
+               });
+               // The rows were written by generic stores; TMA reads through the async proxy.
+               NVVM::FenceProxyOp::create(b, NVVM::ProxyKind::async_global,
+                                          NVVM::SharedSpaceAttr());
+             });
+             gpu::BarrierOp::create(b);
+           }
 
-          // Fill the ring, then: wait for a stage, multiply (one wgmma group stays
-          // in flight: the tensor cores do not idle while the warps wait), and
-          // refill the stage the previous step read with the step kGemmStages - 1
-          // ahead of this one.
-          for (int64_t i = 0; i < std::min(kGemmStages, kSteps); ++i)
-            issue(add(g0, idx(i)), idx(i), row0, weightRow0, col0);
-          Value acc =
-              loop(idx(0), idx(kSteps), idx(1),
-                   ValueRange{nvgpu::WarpgroupMmaInitAccumulatorOp::create(b, accT(kGemmTileM))},
-                   [&](Value k, ValueRange c) -> SmallVector<Value> {
-                     Value g = add(g0, k);
-                     nvgpu::MBarrierTryWaitParityOp::create(b, s.full, parityOf(g), idx(10000000),
-                                                            stageOf(g));
-                     Value offset = stageOffset(s, g);
-                     Value dA = descriptor(s.dynamic, offset,
-                                           smem({kGemmTileM, kGemmTileK}, shape.inType), s.lhsMap);
-                     Value dB = descriptor(s.dynamic, add(offset, idx(lhsBytes)),
-                                           smem({kGemmTileK, kGemmTileN}, shape.inType), s.rhsMap);
-                     // waitGroup 1: step k - 1's group is complete, this step's may run on.
-                     Value d = nvgpu::WarpgroupMmaOp::create(b, accT(kGemmTileM), dA, dB,
-                                                             b.getI64IntegerAttr(1), UnitAttr(),
-                                                             b.getUnitAttr(), c[0]);
-                     gpu::BarrierOp::create(b); // every warp is done with step k - 1's stage
-                     Value next = add(k, idx(kGemmStages - 1));
-                     when(andi(ult(idx(0), k), ult(next, idx(kSteps))), [&] {
-                       issue(add(g, idx(kGemmStages - 1)), next, row0, weightRow0, col0);
-                     });
-                     return {d};
-                   })[0];
-          // The last group, before the accumulators are read.
-          NVVM::WgmmaWaitGroupSyncOp::create(b, 0);
+           // Fill the ring, then: wait for a stage, multiply (one wgmma group stays
+           // in flight: the tensor cores do not idle while the warps wait), and
+           // refill the stage the previous step read with the step kGemmStages - 1
+           // ahead of this one.
+           for (int64_t i = 0; i < std::min(kGemmStages, kSteps); ++i)
+             issue(add(g0, idx(i)), idx(i), row0, weightRow0, col0);
+           Value acc =
+               loop(idx(0), idx(kSteps), idx(1),
+                    ValueRange{nvgpu::WarpgroupMmaInitAccumulatorOp::create(b, accT(kGemmTileM))},
+                    [&](Value k, ValueRange c) -> SmallVector<Value> {
+                      Value g = add(g0, k);
+                      waitPhase(s, s.full, stageOf(g), parityOf(g));
+                      Value offset = stageOffset(s, g);
+                      Value dA = descriptor(s.dynamic, offset,
+                                            smem({kGemmTileM, kGemmTileK}, shape.inType), s.lhsMap);
+                      Value dB = descriptor(s.dynamic, add(offset, idx(lhsBytes)),
+                                            smem({kGemmTileK, kGemmTileN}, shape.inType), s.rhsMap);
+                      // waitGroup 1: step k - 1's group is complete, this step's may run on.
+                      Value d = nvgpu::WarpgroupMmaOp::create(b, accT(kGemmTileM), dA, dB,
+                                                              b.getI64IntegerAttr(1), UnitAttr(),
+                                                              b.getUnitAttr(), c[0]);
+                      gpu::BarrierOp::create(b); // every warp is done with step k - 1's stage
+                      Value next = add(k, idx(kGemmStages - 1));
+                      when(andi(ult(idx(0), k), ult(next, idx(kSteps))), [&] {
+                        issue(add(g, idx(kGemmStages - 1)), next, row0, weightRow0, col0);
+                      });
+                      return {d};
+                    })[0];
+           // The last group, before the accumulators are read.
+           NVVM::WgmmaWaitGroupSyncOp::create(b, 0);
 
-          // Epilogue: through shared memory (the ring is idle: every load was
-          // consumed), 8 columns per thread and step, only the expert's rows.
-          MemRefType accTile = smem({kGemmTileM, kGemmTileN}, b.getF32Type());
-          Value staged = view(s.dynamic, s.pad, accTile);
-          nvgpu::WarpgroupMmaStoreOp::create(b, acc, staged);
-          gpu::BarrierOp::create(b);
-          const int64_t outBytes = shape.outType.getIntOrFloatBitWidth() / 8;
-          auto chunkF32 = VectorType::get({8}, b.getF32Type());
-          auto chunkOut = VectorType::get({8}, shape.outType);
-          constexpr int64_t chunksPerRow = kGemmTileN / 8;
-          for (int64_t it = 0; it < kGemmTileM * chunksPerRow / kGemmThreads; ++it) {
-            Value chunk = add(idx(it * kGemmThreads), s.tid);
-            Value r = divu(chunk, idx(chunksPerRow));
-            Value c = mul(remu(chunk, idx(chunksPerRow)), idx(8));
-            Value v = vector::LoadOp::create(b, chunkF32, staged, ValueRange{r, c});
-            if (shape.outType != b.getF32Type())
-              v = arith::TruncFOp::create(b, chunkOut, v);
-            Value row = add(row0, r);
-            when(ult(row, end), [&] {
-              Value element = add(mul(row, idx(shape.n)), add(col0, c));
-              Value at = gep(s.out, i64(mul(element, idx(outBytes))));
-              LLVM::StoreOp::create(b, v, at, 16);
-            });
-          }
-          if (shape.tileDone >= 0) {
-            // Every tile of the expert waited on all its row tiles' counters: the
-            // expert's last tile (counted in its first row tile's slot) resets them.
-            when(s.leader, [&] {
-              Value consumed = tileCounter(shape.tileConsumed, idx(0));
-              Value one = arith::ConstantIntOp::create(b, 1, 32);
-              Value before = comm::AtomicRMWOp::create(b, b.getI32Type(), comm::AtomicKind::add,
-                                                       comm::Ordering::relaxed, comm::Scope::gpu,
-                                                       one, consumed);
-              Value tiles = i32(mul(t.rowTiles, idx(nTiles)));
-              when(eq(before, arith::SubIOp::create(b, tiles, one)), [&] {
-                Value zero = arith::ConstantIntOp::create(b, 0, 32);
-                loop(idx(0), t.rowTiles, idx(1), ValueRange{}, [&](Value m, ValueRange) {
-                  LLVM::StoreOp::create(b, zero, tileCounter(shape.tileDone, m), 4);
-                  return SmallVector<Value>{};
-                });
-                LLVM::StoreOp::create(b, zero, consumed, 4);
-              });
-            });
-          }
-          gpu::BarrierOp::create(b);
-          if (shape.afterTile) // every thread's stores of the tile are done
-            shape.afterTile(b, t.expert, t.rowTile);
-          // The next tile's TMA writes (async proxy) follow these generic accesses.
-          NVVM::FenceProxyOp::create(
-              b, NVVM::ProxyKind::async_shared,
-              NVVM::SharedSpaceAttr::get(ctx, NVVM::SharedSpace::shared_cta));
-          return {add(g0, idx(kSteps))};
-        });
+           // Epilogue: through shared memory (the ring is idle: every load was
+           // consumed), 8 columns per thread and step, only the expert's rows.
+           MemRefType accTile = smem({kGemmTileM, kGemmTileN}, b.getF32Type());
+           Value staged = view(s.dynamic, s.pad, accTile);
+           nvgpu::WarpgroupMmaStoreOp::create(b, acc, staged);
+           gpu::BarrierOp::create(b);
+           const int64_t outBytes = shape.outType.getIntOrFloatBitWidth() / 8;
+           auto chunkF32 = VectorType::get({8}, b.getF32Type());
+           auto chunkOut = VectorType::get({8}, shape.outType);
+           constexpr int64_t chunksPerRow = kGemmTileN / 8;
+           for (int64_t it = 0; it < kGemmTileM * chunksPerRow / kGemmThreads; ++it) {
+             Value chunk = add(idx(it * kGemmThreads), s.tid);
+             Value r = divu(chunk, idx(chunksPerRow));
+             Value c = mul(remu(chunk, idx(chunksPerRow)), idx(8));
+             Value v = vector::LoadOp::create(b, chunkF32, staged, ValueRange{r, c});
+             if (shape.outType != b.getF32Type())
+               v = arith::TruncFOp::create(b, chunkOut, v);
+             Value row = add(row0, r);
+             when(ult(row, end), [&] {
+               Value element = add(mul(row, idx(shape.n)), add(col0, c));
+               Value at = gep(s.out, i64(mul(element, idx(outBytes))));
+               LLVM::StoreOp::create(b, v, at, 16);
+             });
+           }
+           if (shape.tileDone >= 0) {
+             // Every tile of the expert waited on all its row tiles' counters: the
+             // expert's last tile (counted in its first row tile's slot) resets them.
+             when(s.leader, [&] {
+               Value consumed = tileCounter(shape.tileConsumed, idx(0));
+               Value one = arith::ConstantIntOp::create(b, 1, 32);
+               Value before = comm::AtomicRMWOp::create(b, b.getI32Type(), comm::AtomicKind::add,
+                                                        comm::Ordering::relaxed, comm::Scope::gpu,
+                                                        one, consumed);
+               Value tiles = i32(mul(t.rowTiles, idx(nTiles)));
+               when(eq(before, arith::SubIOp::create(b, tiles, one)), [&] {
+                 Value zero = arith::ConstantIntOp::create(b, 0, 32);
+                 loop(idx(0), t.rowTiles, idx(1), ValueRange{}, [&](Value m, ValueRange) {
+                   LLVM::StoreOp::create(b, zero, tileCounter(shape.tileDone, m), 4);
+                   return SmallVector<Value>{};
+                 });
+                 LLVM::StoreOp::create(b, zero, consumed, 4);
+               });
+             });
+           }
+           gpu::BarrierOp::create(b);
+           if (shape.afterTile) // every thread's stores of the tile are done
+             shape.afterTile(b, t.expert, t.rowTile);
+           // The next tile's TMA writes (async proxy) follow these generic accesses.
+           NVVM::FenceProxyOp::create(
+               b, NVVM::ProxyKind::async_shared,
+               NVVM::SharedSpaceAttr::get(ctx, NVVM::SharedSpace::shared_cta));
+           return {add(g0, idx(kSteps))};
+         });
   }
 };
 

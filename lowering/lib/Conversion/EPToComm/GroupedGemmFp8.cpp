@@ -43,8 +43,7 @@ using namespace epic::detail;
 namespace {
 
 constexpr int64_t kConsumerThreads = kFp8ConsumerWarpgroups * 128;
-constexpr int64_t kWgmmaK = 32; ///< bytes of K per FP8 wgmma
-constexpr int64_t kWaitTicks = 10000000;
+constexpr int64_t kWgmmaK = 32;                      ///< bytes of K per FP8 wgmma
 constexpr int64_t kFragment = 64 * kGemmTileN / 128; ///< f32 sums a consumer thread holds
 
 struct Fp8Gemm : GemmBuilder {
@@ -121,7 +120,7 @@ struct Fp8Gemm : GemmBuilder {
                  // previous phase counts as complete: the first lap's stages are free).
                  Value free =
                      arith::XOrIOp::create(b, at.parity, arith::ConstantIntOp::create(b, 1, 1));
-                 nvgpu::MBarrierTryWaitParityOp::create(b, empty, free, idx(kWaitTicks), at.stage);
+                 waitPhase(s, empty, at.stage, free);
                  Value offset = stageAt(s, at.stage);
                  nvgpu::MBarrierArriveExpectTxOp::create(b, s.full, idx(kFp8StageBytes), at.stage,
                                                          Value());
@@ -200,7 +199,7 @@ struct Fp8Gemm : GemmBuilder {
             Ring at{c[1], c[2]};
             Value following = add(k, idx(1));
             SmallVector<Value> ahead = scalesOf(select(ult(following, idx(kSteps)), following, k));
-            nvgpu::MBarrierTryWaitParityOp::create(b, s.full, at.parity, idx(kWaitTicks), at.stage);
+            waitPhase(s, s.full, at.stage, at.parity);
             Value totals = step(empty, at.stage, lhsDesc, rhsDesc, active, c[0], c[3], c[4], c[5]);
             Ring after = next(at);
             SmallVector<Value> carried{totals, after.stage, after.parity};

@@ -35,11 +35,17 @@ constexpr int32_t kDisagreed = 4;
 /// world's lsa_size (M), `seen` its num_ranks (R), and nothing was waited for.
 constexpr int32_t kLsaViolation = 5;
 
+/// WaitReport::predicate of a comm.wait_phase report: `flag` is the
+/// mbarrier's shared-memory address, `expected` the parity of the phase that
+/// did not complete, `seen` the mbarrier's 64-bit state word when it gave up.
+constexpr int32_t kPhaseNotCompleted = 6;
+
 struct WaitReport {
   uint64_t valid; ///< 1 once the other fields are written
   uint64_t flag;  ///< address of the flag waited on
   int64_t expected, seen, timeoutNs;
-  int32_t predicate;  ///< 0 ==, 1 !=, 2 >=, 3 >; kDisagreed, kLsaViolation: no wait
+  int32_t predicate;  ///< 0 ==, 1 !=, 2 >=, 3 >; kDisagreed, kLsaViolation: no wait;
+                      ///< kPhaseNotCompleted: an mbarrier phase
   int32_t rank, peer; ///< -1 if the wait did not name them
   int32_t block, thread;
   int32_t padding;

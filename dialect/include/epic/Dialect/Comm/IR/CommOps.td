@@ -552,6 +552,32 @@ def Comm_WaitFlagOp : Comm_Op<"wait_flag", [
   }];
 }
 
+def Comm_WaitPhaseOp : Comm_Op<"wait_phase", [MemoryEffects<[MemRead, MemWrite]>]> {
+  let summary = "wait, with a bound, until an mbarrier completes a phase";
+  let description = [{
+    Waits until the mbarrier at shared-memory address `barrier` (an i32, as
+    `nvgpu.mbarrier.get` gives it) has completed its phase of parity
+    `parity`, with the acquire semantics of `mbarrier.try_wait.parity` at
+    CTA scope: the wait of a TMA pipeline's stages. `nvgpu.mbarrier.try_wait`
+    waits forever; a producer and consumers that disagree on a pipeline's
+    steps, or a load that never lands, would hang the kernel silently.
+    Bounded like `comm.wait_flag`: after `timeout_ms` the lowered code
+    reports the rank (when given), block and thread, the barrier's address,
+    the parity and the barrier's state word, and traps; in a kernel that
+    must not call (wgmma) through the runtime's mapped report slots.
+
+    ```mlir
+    %bar = nvgpu.mbarrier.get %full[%stage] : !barriers -> i32
+    comm.wait_phase %bar parity %p rank %me timeout_ms 1000
+    ```
+  }];
+  let arguments = (ins I32:$barrier, I1:$parity, Optional<I32>:$rank,
+                       Comm_TimeoutMs:$timeout_ms);
+  let assemblyFormat = [{
+    $barrier `parity` $parity (`rank` $rank^)? (`timeout_ms` $timeout_ms^)? attr-dict
+  }];
+}
+
 def Comm_AgreeOp : Comm_Op<"agree", [MemoryEffects<[MemWrite]>]> {
   let summary = "trap, naming both ranks, unless a value equals a peer's";
   let description = [{
