@@ -21,7 +21,9 @@
 // CHECK-COUNT-6: nvgpu.mbarrier.init %[[FULL]][%{{.*}}], %c1
 // CHECK:         %[[EMPTY:.*]] = nvgpu.mbarrier.create -> <memorySpace = #gpu.address_space<workgroup>, num_barriers = 6>
 // CHECK-COUNT-6: nvgpu.mbarrier.init %[[EMPTY]][%{{.*}}], %c256
-// The only block-wide barrier: the barriers' initialization is published.
+// The initialization is made visible to the async proxy (the TMA's complete_tx),
+// then to the block: the only block-wide barrier.
+// CHECK-NEXT:    nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}
 // CHECK:         gpu.barrier
 // CHECK-NOT:     gpu.barrier
 // The consumers (threads 0-255) take the producer's registers.

@@ -25,6 +25,8 @@
 // CHECK:         %[[SMEM:.*]] = gpu.dynamic_shared_memory
 // CHECK:         %[[BARS:.*]] = nvgpu.mbarrier.create -> <memorySpace = #gpu.address_space<workgroup>, num_barriers = 3>
 // CHECK-COUNT-3: nvgpu.mbarrier.init %[[BARS]]
+// Visible to the async proxy (the TMA's complete_tx) before the block's barrier.
+// CHECK-NEXT:    nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}
 // CHECK:         nvgpu.tma.prefetch.descriptor %[[LHS]]
 // CHECK:         nvgpu.tma.prefetch.descriptor %[[RHS]]
 // Tiles of this rank: the experts' row counts from the handle's prefix sums.

@@ -2,9 +2,9 @@
 // ops): one cooperative kernel at the FP8 GEMM's shape (384 threads), every block of a rank
 // running the steps' own code in turn, each step reading its part of the layer's record (the
 // table moved to the part's first field), the rank's blocks meeting at a barrier in the
-// window between steps (an add that returns the count, a bounded wait for the next multiple
-// of the rank's blocks, then a proxy fence: the next GEMM's TMA reads what generic stores
-// wrote). The GEMM steps split the registers and give them back (setmaxnreg); the last block
+// window between steps (each thread's shared-memory writes fenced for the async proxy, an add
+// that returns the count, a bounded wait for the next multiple of the rank's blocks, then a
+// proxy fence: the next GEMM's TMA reads what generic stores wrote). The GEMM steps split the registers and give them back (setmaxnreg); the last block
 // out sets the barrier's counters back to zero.
 // RUN: epic-opt %s --convert-ep-to-comm | FileCheck %s
 // RUN: epic-opt %s --convert-ep-to-comm="one-pass-dispatch=true one-pass-combine=true" \
@@ -25,6 +25,8 @@
 // The dispatch's send (its entry barrier meets the peers), then the rank barrier: the
 // counter 405504 follows the window.
 // CHECK:         comm.wait_flag %{{.*}} ge %{{.*}} scope sys
+// CHECK:         nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}
+// CHECK-NEXT:    gpu.barrier
 // CHECK:         %[[OLD:.*]] = comm.atomic_rmw add release scope gpu %{{.*}}, %{{.*}} : i32
 // CHECK:         %[[NEXT:.*]] = arith.addi %{{.*}}, %c1
 // CHECK:         %[[TARGET:.*]] = arith.muli %[[NEXT]]

@@ -253,6 +253,12 @@ namespace {
 /// visible to every block after (release, acquire at GPU scope), also to the
 /// TMA loads of the next GEMM (the async proxy).
 void rankBarrier(KernelBuilder &k, int64_t counter) {
+  // Each thread's shared-memory writes of the step before, ahead of the next
+  // GEMM's TMA loads into the same bytes (the async proxy), as a TMA store's
+  // writers fence before their barrier.
+  NVVM::FenceProxyOp::create(
+      k.b, NVVM::ProxyKind::async_shared,
+      NVVM::SharedSpaceAttr::get(k.b.getContext(), NVVM::SharedSpace::shared_cta));
   k.barrier(); // the block's writes, before thread 0's release
   k.when(k.eq(k.tid, k.i32(0)), [&] {
     Value old =

@@ -153,6 +153,12 @@ GemmBuilder::Setup GemmBuilder::begin(gpu::GPUFuncOp func, ArrayRef<int64_t> lhs
     nvgpu::MBarrierInitOp::create(b, s.full, idx(1), idx(stage), s.leader);
   if (more)
     more(s);
+  // The TMA's complete_tx reaches the barriers through the async proxy: without
+  // this fence it may act on the memory as it was before the init (the last
+  // launch's barrier there) and be lost, and the stage's phase never completes
+  // (a rare hang of the GEMM steps in the persistent layer kernel at EP8).
+  NVVM::FenceProxyOp::create(b, NVVM::ProxyKind::async_shared,
+                             NVVM::SharedSpaceAttr::get(ctx, NVVM::SharedSpace::shared_cta));
   nvgpu::TmaPrefetchOp::create(b, s.lhsMap, s.leader);
   nvgpu::TmaPrefetchOp::create(b, s.rhsMap, s.leader);
   gpu::BarrierOp::create(b);
