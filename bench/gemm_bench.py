@@ -365,8 +365,8 @@ def summary(sizes):
         auto_ran=[dict(tokens=s["tokens"], pair=p, fused=row["auto"]["fused"])
                   for s in sizes for p, row in s["pairs"].items()],
         note="fused = what dispatch_gemm / gemm_combine run by default (fusion='auto'), over "
-             "the two steps (fusion='never'), wall time of the pair; the persistent decode "
-             "kernel is not built yet")
+             "the two steps (fusion='never'), wall time of the pair; the persistent layer "
+             "kernel (ep.moe_layer) against the five ops is bench/layer_bench.py's")
 
 
 def plot(report, path):
