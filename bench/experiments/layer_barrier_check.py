@@ -8,6 +8,11 @@ this way in a graph replay at 128 tokens (bench/NOTES.md, 2026-12-07).
 
     python3 bench/experiments/layer_barrier_check.py --compile-only   # here: fills the cache
     python3 bench/experiments/layer_barrier_check.py [--persistent-only] [--tokens T]
+
+``--staged``: the same on ``VirtualWorld(8, staged=True)``, whose kernels stage the dispatch's
+and the combine's rows in the window as a world of processes does (the persistent kernel's
+NCCL variant); the reference is then the one-pass world's five ops, so every call is also
+checked bitwise against the other variant.
 """
 
 from __future__ import annotations
@@ -31,10 +36,12 @@ def spec(tokens):
                 num_max_tokens_per_rank=tokens, timeout_ms=TIMEOUT_S * 1000)
 
 
-def compile_only(tokens):
+def compile_only(tokens, staged):
     from epic import _C
 
-    runtime = _C.Runtime("virtual", "", "")
+    if staged:  # the reference: the one-pass world's five ops
+        compile_only(tokens, False)
+    runtime = _C.Runtime("virtual", "", "", staged=staged)
     s = spec(tokens)
     runtime.kernels(s, dict(weights=True, cached=False, zero_padding=False), "dispatch")
     runtime.kernels(s, dict(n=2 * INTER, out_dtype="bf16"), "grouped_gemm")
@@ -42,7 +49,8 @@ def compile_only(tokens):
     runtime.kernels(s, dict(n=H, out_dtype="bf16", k=INTER), "grouped_gemm")
     runtime.kernels(s, dict(weights=False, biases=0), "combine")
     runtime.kernels(s, dict(weights=True, cached=False, zero_padding=False, n=INTER), "moe_layer")
-    print(f"layer_barrier_check: 6 kernel sets in {runtime.cache_dir}")
+    print(f"layer_barrier_check: 6 {'staged ' if staged else ''}kernel sets in "
+          f"{runtime.cache_dir}")
 
 
 def main():
@@ -52,10 +60,13 @@ def main():
                         help="no five-ops call first (compare the calls with the first)")
     parser.add_argument("--calls", type=int, default=20,
                         help="calls of each back-to-back phase")
+    parser.add_argument("--staged", action="store_true",
+                        help="the kernels that stage rows in the window (as across processes), "
+                             "checked against the one-pass world's five ops")
     parser.add_argument("--compile-only", action="store_true")
     args = parser.parse_args()
     if args.compile_only:
-        return compile_only(args.tokens)
+        return compile_only(args.tokens, args.staged)
     import ep_bench
     import torch
 
@@ -70,15 +81,6 @@ def main():
         return [ep_bench.quantize_blocks(torch, torch.randn((L, n, k), generator=g, device="cuda")
                                          / k ** 0.5, 128) for _ in range(R)]
 
-    w13, w2 = weights(2 * INTER, H), weights(H, INTER)
-    buffer = epic.ElasticBuffer(epic.VirtualWorld(R), num_max_tokens_per_rank=T, hidden=H,
-                                num_topk=K, explicitly_destroy=True,
-                                num_gpu_timeout_secs=TIMEOUT_S)
-
-    def layer(persistent):
-        return moe_layer_fp8(buffer, x, idxs, ws, w13, w2, num_experts=E, do_cpu_sync=False,
-                             persistent=persistent)
-
     def step(what, fn):
         start = time.time()
         try:
@@ -90,11 +92,40 @@ def main():
         print(f"ok   {what} ({time.time() - start:.2f} s)", flush=True)
         return out
 
-    def same(a, b):
-        return all(torch.equal(p.view(torch.int16), q.view(torch.int16)) for p, q in zip(a, b))
+    w13, w2 = weights(2 * INTER, H), weights(H, INTER)
 
-    want = None if args.persistent_only else [y.clone() for y in step("five ops", lambda:
-                                                                      layer(False))]
+    def make_buffer(staged):
+        return epic.ElasticBuffer(epic.VirtualWorld(R, staged=staged), num_max_tokens_per_rank=T,
+                                  hidden=H, num_topk=K, explicitly_destroy=True,
+                                  num_gpu_timeout_secs=TIMEOUT_S)
+
+    mismatches = 0
+
+    def same(a, b):
+        nonlocal mismatches
+        equal = all(torch.equal(p.view(torch.int16), q.view(torch.int16)) for p, q in zip(a, b))
+        mismatches += not equal
+        return equal
+
+    want = None
+    if args.staged:
+        buffer = make_buffer(False)
+        want = [y.clone() for y in step("one-pass five ops (the reference)", lambda: moe_layer_fp8(
+            buffer, x, idxs, ws, w13, w2, num_experts=E, do_cpu_sync=False))]
+        buffer.destroy()
+    buffer = make_buffer(args.staged)
+    print(f"layer_barrier_check: {buffer.group!r}, {T} tokens per rank", flush=True)
+
+    def layer(persistent):
+        return moe_layer_fp8(buffer, x, idxs, ws, w13, w2, num_experts=E, do_cpu_sync=False,
+                             persistent=persistent)
+
+    five = [y.clone() for y in step("five ops", lambda: layer(False))] \
+        if not args.persistent_only else None
+    if want is None:
+        want = five
+    elif five is not None:
+        print(f"     bitwise the reference: {same(five, want)}")
     for i in range(4):
         got = step(f"persistent, eager {i}", lambda: layer(True))
         if want is None:
@@ -129,7 +160,10 @@ def main():
         got = step(f"{what}, {args.calls} calls back to back", back_to_back(fn, between))
         print(f"     bitwise the reference: {same(got, want)}")
     buffer.destroy()
-    print("layer_barrier_check: done")
+    if mismatches:
+        print(f"layer_barrier_check: FAILED: {mismatches} results differ from the reference")
+        return 1
+    print("layer_barrier_check: done, every result bitwise the reference")
     return 0
 
 

@@ -90,10 +90,17 @@ class VirtualWorld:
     and come out as lists with one entry per rank. ``num_nodes`` and ``gpus_per_node``
     make it a world of several nodes (NVLink domains) of ``gpus_per_node`` ranks each,
     numbered node-major: ``VirtualWorld(num_nodes=2, gpus_per_node=4)`` is 8 ranks on 2 nodes.
+
+    In one address space the kernels read and write other ranks' tensors in place (one pass).
+    ``staged=True`` runs the kernels a world of processes runs instead, which stage every row
+    in the window: a test of the NCCL path's dispatch, combine and persistent layer on one GPU,
+    with as many ranks as fit (slower than one pass).
     """
 
     def __init__(self, num_ranks: int | None = None, device: int | None = None, *,
-                 num_nodes: int = 1, gpus_per_node: int | None = None):
+                 num_nodes: int = 1, gpus_per_node: int | None = None, staged: bool = False):
+        if type(staged) is not bool:
+            raise TypeError(f"staged: True or False, got {staged!r}")
         for name, value in (("num_ranks", num_ranks), ("gpus_per_node", gpus_per_node)):
             if value is not None and not _is_int(value):
                 raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
@@ -118,14 +125,17 @@ class VirtualWorld:
         self.num_nodes = num_nodes
         self.gpus_per_node = num_ranks // num_nodes
         self.device = device
+        self.staged = staged
 
     def size(self) -> int:
         return self.num_ranks
 
     def __repr__(self):
+        staged = ", staged=True" if self.staged else ""
         if self.num_nodes == 1:
-            return f"VirtualWorld({self.num_ranks})"
-        return f"VirtualWorld(num_nodes={self.num_nodes}, gpus_per_node={self.gpus_per_node})"
+            return f"VirtualWorld({self.num_ranks}{staged})"
+        return (f"VirtualWorld(num_nodes={self.num_nodes}, gpus_per_node={self.gpus_per_node}"
+                f"{staged})")
 
 
 def _is_int(v) -> bool:
@@ -356,8 +366,9 @@ class ElasticBuffer(AgrsMethods, EngramMethods, PpMethods):
         if self.virtual and self.group.device is not None:
             torch.cuda.set_device(self.group.device)
         self._device_index = torch.cuda.current_device()
-        runtime = self._kernel_runtime = C.Runtime("virtual" if self.virtual else "nccl",
-                                                   self._cache_dir, "")
+        runtime = self._kernel_runtime = C.Runtime(
+            "virtual" if self.virtual else "nccl", self._cache_dir, "",
+            staged=self.virtual and self.group.staged)
         # The most blocks per rank any call may use: the request, else the whole GPU. A call
         # without num_sms takes the analytic count of its own experts and top-k (_call_sms).
         sms = _blocks_per_rank(self._requested_sms, _device_sms(self._device_index),

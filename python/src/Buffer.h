@@ -26,8 +26,10 @@ namespace epic::python {
 struct Runtime {
   runtime::KernelCache cache;
   runtime::KernelProvider provider;
-  Runtime(const std::string &backend, const std::string &cacheDir, const std::string &compiler)
-      : cache(cacheDir), provider(cache, runtime::CompileSettings{backend, "sm_90a", compiler}) {}
+  Runtime(const std::string &backend, const std::string &cacheDir, const std::string &compiler,
+          bool staged = false)
+      : cache(cacheDir),
+        provider(cache, runtime::CompileSettings{backend, "sm_90a", compiler, staged}) {}
 };
 
 /// An ElasticBuffer of either kind, with what it depends on kept alive.

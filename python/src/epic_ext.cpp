@@ -60,8 +60,11 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception<NcclError>(m, "NcclError", PyExc_RuntimeError);
 
   py::class_<Runtime, std::shared_ptr<Runtime>>(m, "Runtime")
-      .def(py::init<const std::string &, const std::string &, const std::string &>(),
-           py::arg("backend"), py::arg("cache_dir") = "", py::arg("compiler") = "")
+      .def(py::init<const std::string &, const std::string &, const std::string &, bool>(),
+           py::arg("backend"), py::arg("cache_dir") = "", py::arg("compiler") = "",
+           py::arg("staged") = false,
+           "staged (virtual): the kernels that stage rows in the window, as across processes")
+      .def_property_readonly("staged", [](Runtime &r) { return r.provider.settings().staged; })
       .def_property_readonly("cache_dir", [](Runtime &r) { return r.cache.directory(); })
       .def(
           "kernels",

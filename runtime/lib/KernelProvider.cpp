@@ -60,6 +60,10 @@ KernelProvider::KernelProvider(KernelCache &cache, CompileSettings settings)
   if (compileSettings.backend != "nccl" && compileSettings.backend != "virtual")
     throw std::invalid_argument("backend must be \"nccl\" or \"virtual\", got \"" +
                                 compileSettings.backend + "\"");
+  if (compileSettings.staged && compileSettings.backend != "virtual")
+    throw std::invalid_argument("staged: only the virtual backend has one-pass kernels to "
+                                "replace (nccl always stages), got backend \"" +
+                                compileSettings.backend + "\"");
 }
 
 std::string KernelProvider::keyFor(const KernelInput &input) const {
@@ -69,6 +73,8 @@ std::string KernelProvider::keyFor(const KernelInput &input) const {
   // A request's key says so: no request's JSON can then share a key with IR.
   std::string options =
       "backend=" + compileSettings.backend + " O=3 features=+ptx" + std::to_string(ptx);
+  if (compileSettings.staged)
+    options += " staged";
   if (input.isRequest())
     options += " request";
   return kernelKey({input.text(), options, ncclVersion(), shimHash(), compileSettings.arch});
@@ -96,9 +102,12 @@ CompiledModule KernelProvider::compile(const KernelInput &input, const std::stri
   WorkDirectory scratch("epic-compile-" + key);
   const fs::path &work = scratch.path;
   std::string output = (work / "kernels").string();
-  runCompiler({inputArgument(input, work.string()), "--backend=" + compileSettings.backend,
-               "--chip=" + compileSettings.arch, "-o", output},
-              (work / "log").string(), "kernel " + key);
+  std::vector<std::string> arguments{inputArgument(input, work.string()),
+                                     "--backend=" + compileSettings.backend,
+                                     "--chip=" + compileSettings.arch, "-o", output};
+  if (compileSettings.staged)
+    arguments.push_back("--staged");
+  runCompiler(arguments, (work / "log").string(), "kernel " + key);
   return {readAll(output + ".cubin"), readAll(output + ".ptx"), readAll(output + ".json")};
 }
 

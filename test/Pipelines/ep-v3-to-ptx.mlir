@@ -10,6 +10,10 @@
 // RUN: epic-compile %s --backend=virtual -o %t.virtual
 // RUN: FileCheck %s --check-prefix=VJSON < %t.virtual.json
 // RUN: FileCheck %s --check-prefix=VIRTUAL < %t.virtual.ptx
+// RUN: epic-compile %s --backend=virtual --staged -o %t.staged
+// RUN: FileCheck %s --check-prefix=STAGED < %t.staged.ptx
+// RUN: not epic-compile %s --backend=nccl --staged -o %t.bad 2>&1 \
+// RUN:   | FileCheck %s --check-prefix=NCCL-STAGED
 
 // The parameter table is a by-value kernel parameter (one 192-byte record on
 // nccl; on the virtual backend one per rank, 8), its fields read with ld.param.
@@ -25,6 +29,16 @@
 // VIRTUAL-LABEL: .entry combine_gather(
 // VIRTUAL: cvt.rn.bf16x2.f32
 // VIRTUAL-NOT: st.release.sys
+// `--staged`: the virtual backend's records (one per rank), but the kernels a
+// world of processes runs, staging the rows in the window both ways.
+// STAGED-LABEL: .entry dispatch_send(
+// STAGED: .param .align 64 .b8 dispatch_send_param_2[1536]
+// STAGED-LABEL: .entry dispatch_copy(
+// STAGED-LABEL: .entry combine_send(
+// STAGED-LABEL: .entry combine_reduce(
+// STAGED-NOT: .entry dispatch_scatter(
+// STAGED-NOT: .entry combine_gather(
+// NCCL-STAGED: staged: only the virtual backend has a one-pass variant to replace
 // PTX: match.any.sync.b32
 // PTX: {{ld.global.v4.[bu]32|ld.global.nc.v4.[bu]32}}
 // PTX: {{st.v4.[bu]32|st.global.v4.[bu]32}}

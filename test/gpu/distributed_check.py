@@ -33,6 +33,9 @@ from epic import reference as ref  # noqa: E402
 from epic._tensors import numpy_to_torch, torch_to_numpy  # noqa: E402
 
 HIDDEN, EXPERTS, TOPK, TOKENS = 7168, 256, 8, 128
+# Check 6's FP8 expert MLP layer: 16 experts per rank (V3 has 32; half keeps a rank's weights
+# small), DeepSeek V3's intermediate size.
+LAYER_EXPERTS_PER_RANK, LAYER_INTERMEDIATE = 16, 2048
 
 
 def configs(world):
@@ -66,9 +69,63 @@ def compile_only(args):
                                        window_outputs=True), "dispatch")
             runtime.kernels(spec, dict(weights=True, biases=2, window_outputs=True), "combine")
             count += 2
+    # 6.: the layer's five ops and its persistent kernel.
+    spec = dict(num_ranks=args.world_size, num_experts=LAYER_EXPERTS_PER_RANK * args.world_size,
+                num_topk=TOPK, hidden=HIDDEN, dtype="f8E4M3FN", num_scale_packs=HIDDEN // GROUP,
+                expert_alignment=128, do_expand=True, num_max_tokens_per_rank=TOKENS)
+    layer = dict(weights=True, cached=False, zero_padding=False)
+    runtime.kernels(spec, layer, "dispatch")
+    runtime.kernels(spec, dict(n=2 * LAYER_INTERMEDIATE, out_dtype="bf16"), "grouped_gemm")
+    runtime.kernels(spec, dict(n=LAYER_INTERMEDIATE, in_dtype="bf16", out_dtype="f8E4M3FN"),
+                    "swiglu")
+    runtime.kernels(spec, dict(n=HIDDEN, out_dtype="bf16", k=LAYER_INTERMEDIATE), "grouped_gemm")
+    runtime.kernels(spec, dict(weights=False, biases=0), "combine")
+    runtime.kernels(spec, dict(layer, n=LAYER_INTERMEDIATE), "moe_layer")
+    count += 6
     print(f"distributed_check: {count} kernel sets for {args.world_size} NCCL ranks in "
           f"{runtime.cache_dir}")
     return 0
+
+
+def persistent_layer_matches(buffer, rank, world):
+    """Check 6: this rank's layer output from the persistent kernel is bitwise the five ops'."""
+    import torch
+
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
+    from ep_bench import quantize_blocks
+
+    from epic.moe import moe_layer_fp8
+
+    experts, L = LAYER_EXPERTS_PER_RANK * world, LAYER_EXPERTS_PER_RANK
+    rng = np.random.default_rng(31 + rank)
+    t = TOKENS - 5 * rank % 16
+    idx = np.stack([rng.permutation(experts)[:TOPK] for _ in range(t)]).astype(np.int64)
+    idx[rng.random(idx.shape) < 0.05] = -1
+    g = torch.Generator(device="cuda").manual_seed(31 + rank)
+    x = quantize_blocks(torch, torch.randn((t, HIDDEN), generator=g, device="cuda"), 1)
+    w = torch.rand((t, TOPK), generator=g, device="cuda").softmax(dim=1)
+    w13 = quantize_blocks(torch, torch.randn((L, 2 * LAYER_INTERMEDIATE, HIDDEN), generator=g,
+                                             device="cuda") / HIDDEN ** 0.5, 128)
+    w2 = quantize_blocks(torch, torch.randn((L, HIDDEN, LAYER_INTERMEDIATE), generator=g,
+                                            device="cuda") / LAYER_INTERMEDIATE ** 0.5, 128)
+    idx = torch.from_numpy(idx).cuda()
+
+    def layer(persistent):
+        return moe_layer_fp8(buffer, x, idx, w, w13, w2, num_experts=experts,
+                             do_cpu_sync=False, persistent=persistent)
+
+    want = layer(False).clone()
+    ok = all(torch.equal(layer(True).view(torch.int16), want.view(torch.int16))
+             for _ in range(3))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = layer(True)
+    for _ in range(2):
+        captured.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        ok &= torch.equal(captured.view(torch.int16), want.view(torch.int16))
+    return ok
 
 
 def missing_rank(args, rank, world):
@@ -262,6 +319,12 @@ def main():
         and torch.equal(out_w, copied_w)
         and to_numpy(out).tobytes() == want.combined_x.tobytes()
         and to_numpy(out_w).tobytes() == want.combined_topk_weights.tobytes())
+
+    # 6. The FP8 expert MLP layer as one persistent kernel (ep.moe_layer, which across
+    # processes stages its dispatch and combine in the window) against the five ops, bitwise,
+    # eager and replayed from a CUDA graph; the same buffer, another expert count.
+    results["persistent FP8 layer = the five ops (eager, graph; bitwise)"] = \
+        persistent_layer_matches(buffer, rank, world)
 
     buffer.barrier()
     verdicts = [None] * world

@@ -79,6 +79,11 @@ def main():
     for spec, variant, kind in two_node_configs():
         runtime.kernels(spec, variant, kind)
         count += 1
+    # The world of 8 that stages rows in the window (the kernels processes run).
+    staged = C.Runtime("virtual", "", "", staged=True)
+    for spec, variant, kind in itertools.chain(configs(8), ragged_configs(8)):
+        staged.kernels(spec, variant, kind)
+        count += 1
     print(f"prepare_buffer_kernels: {count} kernel sets in {runtime.cache_dir} "
           f"({time.time() - start:.1f} s)")
 

@@ -109,11 +109,15 @@ def check_dispatch(expected, got, handle):
         assert same_bits(got, want), f"{field}: {got.tolist()}, expected {want.tolist()}"
 
 
-@pytest.fixture(scope="module", params=[2, 8])
+# Worlds of 2 and 8 ranks, and 8 whose kernels stage every row in the window as a world of
+# processes does (the NCCL path's dispatch and combine kernels, on 8 ranks of one GPU).
+@pytest.fixture(scope="module", params=[(2, False), (8, False), (8, True)],
+                ids=["2", "8", "8-staged"])
 def world(request):
-    R = request.param
-    buffer = epic.ElasticBuffer(epic.VirtualWorld(R), num_max_tokens_per_rank=TMAX, hidden=H,
-                                num_topk=6, use_fp8_dispatch=True, explicitly_destroy=True)
+    R, staged = request.param
+    buffer = epic.ElasticBuffer(epic.VirtualWorld(R, staged=staged), num_max_tokens_per_rank=TMAX,
+                                hidden=H, num_topk=6, use_fp8_dispatch=True,
+                                explicitly_destroy=True)
     yield R, buffer
     buffer.destroy()
 
@@ -215,10 +219,15 @@ H_RAGGED = 1032
 
 @pytest.mark.parametrize("do_expand", [False, True])
 def test_ragged_hidden_round_trip_and_kernel_times(world, do_expand):
-    R, _ = world
-    E, K = 8 * R, 6
-    buffer = epic.ElasticBuffer(epic.VirtualWorld(R), num_max_tokens_per_rank=TMAX,
+    R, fixture = world
+    E, K, staged = 8 * R, 6, fixture.group.staged
+    buffer = epic.ElasticBuffer(epic.VirtualWorld(R, staged=staged), num_max_tokens_per_rank=TMAX,
                                 hidden=H_RAGGED, num_topk=K, explicitly_destroy=True)
+    # One pass: counts, then every row scattered in place (a cached dispatch: the scatter
+    # alone). Staged, as across processes: rows sent into the window, then copied out.
+    fresh = ["ep_dispatch_send", "ep_dispatch_copy"] if staged else \
+        ["ep_dispatch_count", "ep_dispatch_scatter"]
+    cached = fresh if staged else ["ep_dispatch_scatter"]
     try:
         rng, tokens, idxs, ws, xs, _ = inputs(R, E, K, seed=40 + R, hidden=H_RAGGED)
         expected = ref.dispatch(xs, idxs, ws, num_experts=E, num_max_tokens_per_rank=TMAX,
@@ -228,7 +237,7 @@ def test_ragged_hidden_round_trip_and_kernel_times(world, do_expand):
             [to_torch(x) for x in xs], [to_torch(i) for i in idxs], [to_torch(w) for w in ws],
             num_experts=E, do_expand=do_expand)
         timed = buffer.kernel_times()
-        assert [name for name, _ in timed] == ["ep_dispatch_count", "ep_dispatch_scatter"], timed
+        assert [name for name, _ in timed] == fresh, timed
         assert all(seconds > 0 for _, seconds in timed) and buffer.kernel_times() == []
         buffer.time_kernels(False)
         got = [as_result(expected[r], recv_x[r], None, recv_idx[r], recv_w[r], handles[r])
@@ -242,13 +251,12 @@ def test_ragged_hidden_round_trip_and_kernel_times(world, do_expand):
         for r in range(R):
             assert same_bits(to_numpy(out[r]), want[r].combined_x)
             assert same_bits(to_numpy(out_w[r]), want[r].combined_topk_weights)
-        # The virtual world's cached dispatch is one kernel that writes every row in place.
         buffer.time_kernels(True)
         again, again_idx = buffer.dispatch([to_torch(x) for x in xs], handle=handles,
                                            do_expand=do_expand)[:2]
         timed = buffer.kernel_times()
         buffer.time_kernels(False)
-        assert [name for name, _ in timed] == ["ep_dispatch_scatter"], timed
+        assert [name for name, _ in timed] == cached, timed
         for r in range(R):
             assert same_bits(to_numpy(again[r]), to_numpy(recv_x[r]))
             if not do_expand:

@@ -66,22 +66,29 @@ def prepare():
         for out in ("bf16", "f32"):
             runtime.kernels(spec, dict(n=n, out_dtype=out), "grouped_gemm")
             count += 1
-    # test_fp8_expert_mlp: gate/up (N = 2I) and down (K = I, N = hidden) FP8 GEMMs.
+    # The V3 layer's kernels, in one pass and (test_persistent_layer_equals_the_five_ops'
+    # staged world) staging its rows in the window as a world of processes does.
     ranks, experts, hidden, _, tokens = FP8_CONFIGS[1]
     spec = spec_of(ranks, experts, hidden, tokens, SCALE_BLOCK, fp8=True)
-    runtime.kernels(spec, dict(n=2 * MLP_INTERMEDIATE, out_dtype="bf16"), "grouped_gemm")
-    runtime.kernels(spec, dict(n=hidden, out_dtype="bf16", k=MLP_INTERMEDIATE), "grouped_gemm")
-    count += 2
-    # test_fp8_moe_layer_matches_torch: the dispatch with routing weights, the combine.
-    runtime.kernels(spec, dict(weights=True, cached=False, zero_padding=False), "dispatch")
-    runtime.kernels(spec, dict(weights=False, biases=0), "combine")
-    # The same layer as one persistent kernel (ep.moe_layer).
-    runtime.kernels(spec, dict(weights=True, cached=False, zero_padding=False,
-                               n=MLP_INTERMEDIATE), "moe_layer")
-    count += 1
-    # ... its SwiGLU (ep.swiglu, FP8 out) and test_swiglu_op_matches_torch's BF16 result.
-    for out in ("f8E4M3FN", "bf16"):
-        runtime.kernels(spec, dict(n=MLP_INTERMEDIATE, in_dtype="bf16", out_dtype=out), "swiglu")
+    for layer_runtime in (runtime, C.Runtime("virtual", "", "", staged=True)):
+        # test_fp8_expert_mlp: gate/up (N = 2I) and down (K = I, N = hidden) FP8 GEMMs.
+        layer_runtime.kernels(spec, dict(n=2 * MLP_INTERMEDIATE, out_dtype="bf16"),
+                              "grouped_gemm")
+        layer_runtime.kernels(spec, dict(n=hidden, out_dtype="bf16", k=MLP_INTERMEDIATE),
+                              "grouped_gemm")
+        count += 2
+        # test_fp8_moe_layer_matches_torch: the dispatch with routing weights, the combine.
+        layer_runtime.kernels(spec, dict(weights=True, cached=False, zero_padding=False),
+                              "dispatch")
+        layer_runtime.kernels(spec, dict(weights=False, biases=0), "combine")
+        # The same layer as one persistent kernel (ep.moe_layer).
+        layer_runtime.kernels(spec, dict(weights=True, cached=False, zero_padding=False,
+                                         n=MLP_INTERMEDIATE), "moe_layer")
+        count += 1
+        # ... its SwiGLU (ep.swiglu, FP8 out) and test_swiglu_op_matches_torch's BF16 result.
+        for out in ("f8E4M3FN", "bf16"):
+            layer_runtime.kernels(spec, dict(n=MLP_INTERMEDIATE, in_dtype="bf16",
+                                             out_dtype=out), "swiglu")
     # test_fp8_expert_mlp_step_by_step's SwiGLU + FP8 re-quant (the @epic.jit kernel; rows a
     # multiple of 16 or not: the DSL specializes on it).
     import numpy as np
@@ -205,14 +212,21 @@ def test_fp8_grouped_gemm_matches_the_dequantized_product(ranks, experts, hidden
     buffer.destroy()
 
 
-def fp8_mlp_world(seed):
+def fp8_layer_buffer(staged=False):
+    """An ElasticBuffer of a virtual EP8 world at V3's shape (FP8_CONFIGS[1])."""
+    ranks, _, hidden, _, tokens = FP8_CONFIGS[1]
+    return epic.ElasticBuffer(epic.VirtualWorld(ranks, staged=staged),
+                              num_max_tokens_per_rank=tokens, hidden=hidden, num_topk=TOPK,
+                              explicitly_destroy=True)
+
+
+def fp8_mlp_world(seed, staged=False):
     """A virtual EP8 world at V3's shape with FP8 tokens, routing (top-k ids and softmax
     weights) and every rank's FP8 expert MLP weights: (buffer, xs, idxs, ws, w13, w2)."""
     ranks, experts, hidden, _, tokens = FP8_CONFIGS[1]
     inter, L = MLP_INTERMEDIATE, experts // ranks
     g = torch.Generator(device="cuda").manual_seed(seed)
-    buffer = epic.ElasticBuffer(epic.VirtualWorld(ranks), num_max_tokens_per_rank=tokens,
-                                hidden=hidden, num_topk=TOPK, explicitly_destroy=True)
+    buffer = fp8_layer_buffer(staged)
     xs = [quantize_blocks(torch.randn((tokens, hidden), generator=g, device="cuda"), 1)
           for _ in range(ranks)]
     idxs = [torch.rand((tokens, experts), generator=g, device="cuda").topk(TOPK).indices
@@ -292,22 +306,33 @@ def test_fp8_moe_layer_matches_torch(persistent):
     buffer.destroy()
 
 
-def test_persistent_layer_equals_the_five_ops():
+@pytest.mark.parametrize("staged", [False, True], ids=["one_pass", "staged"])
+def test_persistent_layer_equals_the_five_ops(staged):
     """ep.moe_layer runs the five ops' code in one kernel: its result is bitwise theirs, eager
     and replayed from a CUDA graph (no host step inside the layer), call after call (the
-    kernel leaves its barrier counters at zero), with some ranks sending no token."""
+    kernel leaves its barrier counters at zero), with some ranks sending no token. Staged:
+    the kernels a world of processes runs (rows staged in the window), the five ops and the
+    persistent layer both bitwise the one-pass five ops."""
     from epic.moe import moe_layer_fp8
 
     ranks, experts, hidden, _, tokens = FP8_CONFIGS[1]
-    buffer, xs, idxs, ws, w13, w2 = fp8_mlp_world(31)
+    buffer, xs, idxs, ws, w13, w2 = fp8_mlp_world(31, staged=staged)
     xs[3] = (xs[3][0][:0], xs[3][1][:0])  # rank 3 sends nothing
     idxs[3], ws[3] = idxs[3][:0], ws[3][:0]
 
-    def layer(persistent):
-        return moe_layer_fp8(buffer, xs, idxs, ws, w13, w2, num_experts=experts,
+    def layer(persistent, on=buffer):
+        return moe_layer_fp8(on, xs, idxs, ws, w13, w2, num_experts=experts,
                              do_cpu_sync=False, persistent=persistent)
 
     want = [y.clone() for y in layer(False)]
+    if staged:
+        one_pass = fp8_layer_buffer()
+        reference = [y.clone() for y in layer(False, on=one_pass)]
+        torch.cuda.synchronize()
+        one_pass.destroy()
+        for r in range(ranks):
+            assert torch.equal(want[r].view(torch.int16), reference[r].view(torch.int16)), \
+                f"rank {r}: the staged five ops differ from the one-pass five ops"
     for call in range(3):
         got = layer(True)
         torch.cuda.synchronize()

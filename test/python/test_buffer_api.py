@@ -331,6 +331,32 @@ def test_the_compiler_makes_the_kernels_of_a_configuration_without_a_gpu(tmp_pat
         runtime.kernels(dict(spec, hidden=7), dict(weights=False, biases=0), "combine")
 
 
+def test_a_staged_virtual_world_compiles_the_kernels_processes_run(tmp_path):
+    spec = dict(num_ranks=4, num_experts=32, num_topk=4, hidden=512, dtype="bf16",
+                num_scale_packs=0, expert_alignment=1, do_expand=False,
+                num_max_tokens_per_rank=64)
+    variant = dict(weights=True, cached=False, zero_padding=False)
+    one_pass = _C.Runtime("virtual", str(tmp_path), "")
+    staged = _C.Runtime("virtual", str(tmp_path), "", staged=True)
+    assert staged.staged and not one_pass.staged
+    dispatch = staged.kernels(spec, variant, "dispatch")
+    # The kernels that stage rows in the window, as across processes; their own key.
+    assert ".entry ep_dispatch_send" in dispatch["ptx"]
+    assert ".entry ep_dispatch_copy" in dispatch["ptx"]
+    assert ".entry ep_dispatch_scatter" not in dispatch["ptx"]
+    assert dispatch["key"] != one_pass.kernels(spec, variant, "dispatch")["key"]
+    combine = staged.kernels(spec, dict(weights=False, biases=0), "combine")
+    assert ".entry ep_combine_send" in combine["ptx"]
+    assert ".entry ep_combine_gather" not in combine["ptx"]
+    with pytest.raises(ValueError, match=r"staged: only the virtual backend"):
+        _C.Runtime("nccl", str(tmp_path), "", staged=True)
+    with pytest.raises(TypeError, match=r"staged: True or False, got 1"):
+        epic.VirtualWorld(2, staged=1)
+    assert repr(epic.VirtualWorld(2, staged=True)) == "VirtualWorld(2, staged=True)"
+    assert repr(epic.VirtualWorld(num_nodes=2, gpus_per_node=2, staged=True)) == \
+        "VirtualWorld(num_nodes=2, gpus_per_node=2, staged=True)"
+
+
 def test_quickstart_without_a_gpu_compiles_and_says_so(tmp_path):
     import os
     import subprocess

@@ -68,6 +68,7 @@ EPIC_CACHE_DIR="$out/cache" python3 bench/layer_bench.py --compile-only --tokens
 EPIC_CACHE_DIR="$out/cache" python3 bench/layer_bench.py --compile-only --ranks 1 --experts 32 \
   --tokens 128,256,1024
 EPIC_CACHE_DIR="$out/cache" python3 bench/experiments/layer_barrier_check.py --compile-only
+EPIC_CACHE_DIR="$out/cache" python3 bench/experiments/layer_barrier_check.py --compile-only --staged
 # run.sh layer: the EP8 layer with a 10 s wait bound (the bound is part of the kernels' key).
 EPIC_CACHE_DIR="$out/cache" python3 bench/layer_bench.py --compile-only --tokens 128 \
   --gpu-timeout-secs 10

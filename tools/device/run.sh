@@ -11,9 +11,11 @@
 #                                 # (into $OUT)
 #   tools/device/run.sh latency   # bench/latency.py: per-call wall time, eager and CUDA graphs
 #   tools/device/run.sh layer     # the persistent layer kernel (ep.moe_layer): its EP8 check
-#                                 # (calls synchronized, then back to back), epic-run's fused
-#                                 # layer, bench/layer_bench.py on EP1 and virtual EP8 (10 s
-#                                 # wait bound) (into $OUT)
+#                                 # (calls synchronized, then back to back; one-pass and
+#                                 # staged, the kernel processes run; its GPU tests; on NCCL
+#                                 # ranks against the five ops), epic-run's fused layer,
+#                                 # bench/layer_bench.py on EP1 and virtual EP8 (10 s wait
+#                                 # bound) (into $OUT)
 #   tools/device/run.sh low-latency
 #                                 # V1's low-latency pair: its GPU tests, the engine replay (NCCL
 #                                 # and virtual), bench/latency.py --low-latency and the kernels'
@@ -187,6 +189,9 @@ steps() {
 }
 [[ $only == layer ]] && steps layer \
   "python3 bench/experiments/layer_barrier_check.py --calls 20" \
+  "python3 bench/experiments/layer_barrier_check.py --calls 20 --staged" \
+  "python3 -m pytest -q -p no:cacheprovider test/gpu/test_grouped_gemm.py -k persistent" \
+  "torchrun --nproc-per-node $(nvidia-smi -L | wc -l) test/gpu/distributed_check.py" \
   "$runtime/bin/epic-run examples/run/fp8_moe_layer_fused.mlir --check --cache-dir=$dev/cache" \
   "python3 bench/layer_bench.py --ranks 1 --experts 32 --tokens 128,256,1024 --out $out/ep1" \
   "python3 bench/layer_bench.py --tokens 128 --gpu-timeout-secs 10 --out $out"

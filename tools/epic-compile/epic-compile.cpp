@@ -5,6 +5,8 @@
 // writes out/kernels.ptx, out/kernels.cubin and out/kernels.json (kernel
 // names, argument types, registers, shared memory, spills, target, NCCL
 // version). A deployment fills its kernel cache this way ahead of time.
+// `--staged` (virtual backend) builds the kernels that stage rows in the
+// window, as across processes, instead of the one-pass ones.
 //
 //   epic-compile program.mlir --run-plan -o out/program
 //
@@ -48,6 +50,9 @@ static cl::opt<bool>
 static cl::opt<std::string> outputPrefix("o", cl::desc("output prefix (default: the input's)"),
                                          cl::value_desc("prefix"));
 static cl::opt<std::string> backend("backend", cl::desc("nccl or virtual"), cl::init("nccl"));
+static cl::opt<bool> staged("staged",
+                            cl::desc("virtual backend: stage dispatch and combine rows in the "
+                                     "window, as across processes (the NCCL path's kernels)"));
 static cl::opt<std::string> chip("chip", cl::desc("GPU architecture"), cl::init("sm_90a"));
 static cl::opt<std::string> features("features", cl::desc("PTX features"), cl::init("+ptx82"));
 static cl::opt<unsigned> optLevel("O", cl::desc("optimization level"), cl::init(3));
@@ -101,6 +106,7 @@ static int compileMain(int argc, char **argv) {
   std::string source = (*input)->getBuffer().str();
   epic::CompileOptions options;
   options.backend = backend;
+  options.staged = staged;
   options.chip = chip;
   options.features = features;
   options.optLevel = optLevel;

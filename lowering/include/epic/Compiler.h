@@ -17,7 +17,10 @@
 namespace epic {
 
 struct CompileOptions {
-  std::string backend = "nccl";    ///< "nccl" or "virtual"
+  std::string backend = "nccl"; ///< "nccl" or "virtual"
+  /// Stage dispatch and combine rows in the window on the virtual backend too,
+  /// as across processes (EpicToPTXOptions::staged).
+  bool staged = false;
   std::string chip = "sm_90a";     // wgmma and TMA need the arch-specific target
   std::string features = "+ptx82"; ///< raised to what the linked shim needs
   unsigned optLevel = 3;

@@ -123,6 +123,10 @@ void setPipelineOptions(EpicToPTXOptions &pipeline, const epic::CompileOptions &
   if (!options.ncclShim.empty() && pipeline.backend != CommBackend::nccl)
     throw epic::CompileError("an NCCL shim (" + options.ncclShim +
                              ") is for the nccl backend, not " + options.backend);
+  if (options.staged && pipeline.backend != CommBackend::virtual_)
+    throw epic::CompileError("staged: only the virtual backend has a one-pass variant to "
+                             "replace; the nccl backend always stages in the window");
+  pipeline.staged = options.staged;
   pipeline.chip = options.chip;
   pipeline.features = options.features;
   pipeline.optLevel = options.optLevel;

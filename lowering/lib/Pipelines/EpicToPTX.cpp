@@ -102,9 +102,10 @@ std::string epic::getTargetFeatures(const EpicToPTXOptions &options) {
 epic::ConvertEPToCommOptions epic::getEPToCommOptions(const EpicToPTXOptions &options) {
   ConvertEPToCommOptions lowering;
   // One address space: a kernel reaches every rank's tensors, so neither
-  // dispatch nor combine stages rows in the window.
-  lowering.onePassDispatch = options.backend == CommBackend::virtual_;
-  lowering.onePassCombine = options.backend == CommBackend::virtual_;
+  // dispatch nor combine stages rows in the window (unless asked to).
+  const bool onePass = options.backend == CommBackend::virtual_ && !options.staged;
+  lowering.onePassDispatch = onePass;
+  lowering.onePassCombine = onePass;
   return lowering;
 }
 

@@ -19,6 +19,14 @@ struct EpicToPTXOptions : public mlir::PassPipelineOptions<EpicToPTXOptions> {
       *this, "backend", llvm::cl::desc("comm backend"), llvm::cl::init(CommBackend::nccl),
       llvm::cl::values(clEnumValN(CommBackend::nccl, "nccl", "the NCCL device API"),
                        clEnumValN(CommBackend::virtual_, "virtual", "R ranks on one GPU"))};
+  // The virtual backend's kernels read and write every rank's tensors in place
+  // (one pass); `staged` makes them stage rows in the window as they must
+  // across processes, so one GPU runs the NCCL path's dispatch, combine and
+  // layer kernels on many ranks.
+  Option<bool> staged{*this, "staged",
+                      llvm::cl::desc("stage dispatch and combine rows in the window even in "
+                                     "one address space (the virtual backend)"),
+                      llvm::cl::init(false)};
   Option<std::string> chip{*this, "chip", llvm::cl::desc("GPU architecture"),
                            llvm::cl::init("sm_90a")};
   // The NCCL shim's GDAKI path uses st.mmio, which needs PTX ISA 8.2; a shim that

@@ -27,6 +27,9 @@ struct CompileSettings {
   /// epic-compile to run on a miss; empty: $EPIC_COMPILE, else the one this
   /// build made (if any), else `epic-compile` on PATH.
   std::string compiler;
+  /// virtual: the kernels that stage rows in the window, as across processes
+  /// (epic-compile --staged), instead of the one-pass ones.
+  bool staged = false;
 };
 
 /// The hash of the compiler's and the device shims' sources and the NCCL
