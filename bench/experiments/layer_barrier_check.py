@@ -71,6 +71,7 @@ def main():
     import torch
 
     import epic
+    from epic.buffer import _device_wait_reports
     from epic.moe import moe_layer_fp8
 
     T, L = args.tokens, E // R
@@ -84,10 +85,12 @@ def main():
     def step(what, fn):
         start = time.time()
         try:
-            out = fn()
-            torch.cuda.synchronize()
+            with _device_wait_reports():  # a stalled block's report, if a wait timed out
+                out = fn()
+                torch.cuda.synchronize()
         except Exception as error:  # the wait reports name the stalled block
-            print(f"FAIL {what}: {str(error)[:4000]}", flush=True)
+            print(f"FAIL {what} after {time.time() - start:.2f} s: {str(error)[:4000]}",
+                  flush=True)
             sys.exit(1)
         print(f"ok   {what} ({time.time() - start:.2f} s)", flush=True)
         return out

@@ -313,6 +313,7 @@ def test_persistent_layer_equals_the_five_ops(staged):
     kernel leaves its barrier counters at zero), with some ranks sending no token. Staged:
     the kernels a world of processes runs (rows staged in the window), the five ops and the
     persistent layer both bitwise the one-pass five ops."""
+    from epic.buffer import _device_wait_reports
     from epic.moe import moe_layer_fp8
 
     ranks, experts, hidden, _, tokens = FP8_CONFIGS[1]
@@ -339,6 +340,15 @@ def test_persistent_layer_equals_the_five_ops(staged):
         for r in range(ranks):
             assert torch.equal(got[r].view(torch.int16), want[r].view(torch.int16)), \
                 f"call {call}, rank {r}: the persistent layer differs from the five ops"
+    # Back to back, no sync between the calls: where the staged kernel stalled (a GEMM
+    # pipeline wait of one block, intermittently: bench/NOTES.md, 2026-12-07, fourth session).
+    outs = [layer(True) for _ in range(20)]
+    with _device_wait_reports():  # a stalled block's report, if a bounded wait timed out
+        torch.cuda.synchronize()
+    for call, got in enumerate(outs):
+        for r in range(ranks):
+            assert torch.equal(got[r].view(torch.int16), want[r].view(torch.int16)), \
+                f"back-to-back call {call}, rank {r}: the persistent layer differs"
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = layer(True)
