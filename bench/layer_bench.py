@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "python"))
 import ep_bench  # noqa: E402
 import epic  # noqa: E402
 from epic import _C  # noqa: E402
+from epic.moe import layer_kernels  # noqa: E402
 
 BLOCK = 128  # DeepSeek's scale block (channels, and weight blocks of 128 x 128)
 FP8_DENSE_TFLOPS = {"H200": 1979.0, "H100": 1979.0}  # dense e4m3, SXM
@@ -46,15 +47,12 @@ def spec_of(args, tokens):
 def compile_only(args):
     runtime = _C.Runtime("virtual", "", "")
     spec, H, inter = spec_of(args, max(args.tokens)), args.hidden, args.intermediate
-    runtime.kernels(spec, dict(weights=True, cached=False, zero_padding=False), "dispatch")
-    runtime.kernels(spec, dict(n=2 * inter, out_dtype="bf16"), "grouped_gemm")
-    runtime.kernels(spec, dict(n=inter, in_dtype="bf16", out_dtype="f8E4M3FN"), "swiglu")
-    runtime.kernels(spec, dict(n=H, out_dtype="bf16", k=inter), "grouped_gemm")
-    runtime.kernels(spec, dict(weights=False, biases=0), "combine")
+    for variant, kind in layer_kernels(H, inter):
+        runtime.kernels(spec, variant, kind)
     # The persistent kernel is specialized on the token cap (its rows are sized by it).
     for tokens in args.tokens:
-        runtime.kernels(spec_of(args, tokens), dict(weights=True, cached=False,
-                                                    zero_padding=False, n=inter), "moe_layer")
+        for variant, kind in layer_kernels(H, inter, persistent=True):
+            runtime.kernels(spec_of(args, tokens), variant, kind)
     print(f"layer_bench: the layer's 5 kernel sets and {len(args.tokens)} persistent kernels "
           f"in {runtime.cache_dir}")
 

@@ -41,14 +41,12 @@ def compile_only(tokens, staged):
 
     if staged:  # the reference: the one-pass world's five ops
         compile_only(tokens, False)
+    from epic.moe import layer_kernels
+
     runtime = _C.Runtime("virtual", "", "", staged=staged)
     s = spec(tokens)
-    runtime.kernels(s, dict(weights=True, cached=False, zero_padding=False), "dispatch")
-    runtime.kernels(s, dict(n=2 * INTER, out_dtype="bf16"), "grouped_gemm")
-    runtime.kernels(s, dict(n=INTER, in_dtype="bf16", out_dtype="f8E4M3FN"), "swiglu")
-    runtime.kernels(s, dict(n=H, out_dtype="bf16", k=INTER), "grouped_gemm")
-    runtime.kernels(s, dict(weights=False, biases=0), "combine")
-    runtime.kernels(s, dict(weights=True, cached=False, zero_padding=False, n=INTER), "moe_layer")
+    for variant, kind in layer_kernels(H, INTER) + layer_kernels(H, INTER, persistent=True):
+        runtime.kernels(s, variant, kind)
     print(f"layer_barrier_check: 6 {'staged ' if staged else ''}kernel sets in "
           f"{runtime.cache_dir}")
 

@@ -25,7 +25,21 @@ from __future__ import annotations
 from . import _tensors as T
 from .activations import SCALE_BLOCK
 
-__all__ = ["expert_mlp_fp8", "moe_layer_fp8"]
+__all__ = ["expert_mlp_fp8", "layer_kernels", "moe_layer_fp8"]
+
+
+def layer_kernels(hidden, intermediate, persistent=False):
+    """The kernels ``moe_layer_fp8`` launches, as ``[(variant, kind)]`` for
+    ``Runtime.kernels(spec, variant, kind)`` (to fill a kernel cache ahead of time): the five
+    ops', or with ``persistent`` the one kernel's."""
+    dispatch = dict(weights=True, cached=False, zero_padding=False)
+    if persistent:
+        return [(dict(dispatch, n=intermediate), "moe_layer")]
+    return [(dispatch, "dispatch"),
+            (dict(n=2 * intermediate, out_dtype="bf16"), "grouped_gemm"),
+            (dict(n=intermediate, in_dtype="bf16", out_dtype="f8E4M3FN"), "swiglu"),
+            (dict(n=hidden, out_dtype="bf16", k=intermediate), "grouped_gemm"),
+            (dict(weights=False, biases=0), "combine")]
 
 
 def expert_mlp_fp8(buffer, recv_x, w13, w2, handle, weights=None):

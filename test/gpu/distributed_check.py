@@ -45,6 +45,7 @@ def configs(world):
 
 def compile_only(args):
     from epic import _C
+    from epic.moe import layer_kernels
 
     runtime = _C.Runtime("nccl", "", "")
     count = 0
@@ -73,15 +74,10 @@ def compile_only(args):
     spec = dict(num_ranks=args.world_size, num_experts=LAYER_EXPERTS_PER_RANK * args.world_size,
                 num_topk=TOPK, hidden=HIDDEN, dtype="f8E4M3FN", num_scale_packs=HIDDEN // GROUP,
                 expert_alignment=128, do_expand=True, num_max_tokens_per_rank=TOKENS)
-    layer = dict(weights=True, cached=False, zero_padding=False)
-    runtime.kernels(spec, layer, "dispatch")
-    runtime.kernels(spec, dict(n=2 * LAYER_INTERMEDIATE, out_dtype="bf16"), "grouped_gemm")
-    runtime.kernels(spec, dict(n=LAYER_INTERMEDIATE, in_dtype="bf16", out_dtype="f8E4M3FN"),
-                    "swiglu")
-    runtime.kernels(spec, dict(n=HIDDEN, out_dtype="bf16", k=LAYER_INTERMEDIATE), "grouped_gemm")
-    runtime.kernels(spec, dict(weights=False, biases=0), "combine")
-    runtime.kernels(spec, dict(layer, n=LAYER_INTERMEDIATE), "moe_layer")
-    count += 6
+    for persistent in (False, True):
+        for variant, kind in layer_kernels(HIDDEN, LAYER_INTERMEDIATE, persistent):
+            runtime.kernels(spec, variant, kind)
+            count += 1
     print(f"distributed_check: {count} kernel sets for {args.world_size} NCCL ranks in "
           f"{runtime.cache_dir}")
     return 0

@@ -29,6 +29,7 @@ def spec_of(ranks, experts, hidden, tokens, alignment, fp8=False):
 def prepare():
     """Compiles every kernel this file launches into $EPIC_CACHE_DIR (no GPU needed)."""
     import epic._C as C
+    from epic.moe import layer_kernels
 
     runtime = C.Runtime("virtual", "", "")
     count = 0
@@ -71,24 +72,16 @@ def prepare():
     ranks, experts, hidden, _, tokens = FP8_CONFIGS[1]
     spec = spec_of(ranks, experts, hidden, tokens, SCALE_BLOCK, fp8=True)
     for layer_runtime in (runtime, C.Runtime("virtual", "", "", staged=True)):
-        # test_fp8_expert_mlp: gate/up (N = 2I) and down (K = I, N = hidden) FP8 GEMMs.
-        layer_runtime.kernels(spec, dict(n=2 * MLP_INTERMEDIATE, out_dtype="bf16"),
-                              "grouped_gemm")
-        layer_runtime.kernels(spec, dict(n=hidden, out_dtype="bf16", k=MLP_INTERMEDIATE),
-                              "grouped_gemm")
-        count += 2
-        # test_fp8_moe_layer_matches_torch: the dispatch with routing weights, the combine.
-        layer_runtime.kernels(spec, dict(weights=True, cached=False, zero_padding=False),
-                              "dispatch")
-        layer_runtime.kernels(spec, dict(weights=False, biases=0), "combine")
-        # The same layer as one persistent kernel (ep.moe_layer).
-        layer_runtime.kernels(spec, dict(weights=True, cached=False, zero_padding=False,
-                                         n=MLP_INTERMEDIATE), "moe_layer")
-        count += 1
-        # ... its SwiGLU (ep.swiglu, FP8 out) and test_swiglu_op_matches_torch's BF16 result.
-        for out in ("f8E4M3FN", "bf16"):
-            layer_runtime.kernels(spec, dict(n=MLP_INTERMEDIATE, in_dtype="bf16",
-                                             out_dtype=out), "swiglu")
+        # The layer's five ops (test_fp8_expert_mlp's gate/up and down FP8 GEMMs and SwiGLU,
+        # test_fp8_moe_layer_matches_torch's dispatch with routing weights and combine) and
+        # the same layer as one persistent kernel (ep.moe_layer).
+        for persistent in (False, True):
+            for variant, kind in layer_kernels(hidden, MLP_INTERMEDIATE, persistent):
+                layer_runtime.kernels(spec, variant, kind)
+        count += 3
+        # test_swiglu_op_matches_torch's BF16 result.
+        layer_runtime.kernels(spec, dict(n=MLP_INTERMEDIATE, in_dtype="bf16", out_dtype="bf16"),
+                              "swiglu")
     # test_fp8_expert_mlp_step_by_step's SwiGLU + FP8 re-quant (the @epic.jit kernel; rows a
     # multiple of 16 or not: the DSL specializes on it).
     import numpy as np
