@@ -12,6 +12,9 @@
 // RUN: FileCheck %s --check-prefix=JSON < %t.json
 
 // PTX: .target sm_90a
+// The ring is dynamic shared memory, after the static mbarriers (not a one-byte static
+// variable declared before them, which the first stage's TMA loads overwrote).
+// PTX: .extern .shared .align 16 .b8 __dynamic_shmem__0[];
 // The pipeline's waits are bounded without a call (a call would serialize the wgmma):
 // the clock is read only once a stage was not ready, a timeout writes its report.
 // PTX-NOT: call

@@ -8,6 +8,9 @@
 // RUN: FileCheck %s --check-prefix=JSON < %t.json
 
 // PTX: .target sm_90a
+// The ring is dynamic shared memory, after the static mbarriers (not a one-byte static
+// variable declared before them, which the first stage's TMA loads overwrote).
+// PTX: .extern .shared .align 16 .b8 __dynamic_shmem__0[];
 // PTX-LABEL: .entry ep_grouped_gemm_gemm(
 // PTX: mbarrier.init.shared.b64
 // PTX: prefetch.tensormap

@@ -142,6 +142,9 @@ void epic::buildEpicToPTXPipeline(OpPassManager &pm, const EpicToPTXOptions &opt
   pm.addNestedPass<gpu::GPUModuleOp>(createCanonicalizerPass());
   pm.addNestedPass<gpu::GPUModuleOp>(createCSEPass());
   pm.addNestedPass<gpu::GPUModuleOp>(createReconcileUnrealizedCastsPass());
+  // Dynamic shared memory after the static variables (the GEMMs' mbarriers),
+  // not over them.
+  pm.addPass(createExternDynamicSharedMemory());
   // Each kernel's parameter table becomes a by-value kernel parameter (the
   // GPU-to-NVVM lowering drops llvm.byval from gpu.func arguments).
   CommParamTablesByValueOptions tables;

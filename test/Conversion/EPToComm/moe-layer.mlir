@@ -11,6 +11,7 @@
 // RUN:   | FileCheck %s --check-prefix=ONE-PASS
 // RUN: epic-compile %s --backend=virtual -o %t
 // RUN: FileCheck %s --check-prefix=JSON < %t.json
+// RUN: FileCheck %s --check-prefix=SMEM < %t.ptx
 
 #cfg = #ep.config<ranks = 8, experts = 64, topk = 4, hidden = 256, dtype = f8E4M3FN,
                   scale_packs = 2, expert_alignment = 128, layout = expanded,
@@ -120,6 +121,12 @@ func.func @layer(%x: tensor<?x256xf8E4M3FN>, %idx: tensor<?x4xi64>, %sf: tensor<
 // ONE-PASS:         comm.peer_params %[[COMBINE]] stride 960
 // ONE-PASS:         comm.atomic_rmw add acq_rel scope sys
 // ONE-PASS:         gpu.return
+
+// The GEMM steps' rings start in dynamic shared memory, which CUDA places after the static
+// variables (the four mbarrier groups and the flag); a base declared as a one-byte static
+// variable would put the first stage over them (extern-dynamic-shared-memory).
+// SMEM: .extern .shared .align 16 .b8 __dynamic_shmem__0[];
+// SMEM-NOT: .shared .align 16 .b8 __dynamic_shmem__0;
 
 // The compiled entry's metadata: one cooperative launch of one kernel.
 // JSON: "cooperative": 1,

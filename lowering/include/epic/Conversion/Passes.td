@@ -283,4 +283,36 @@ def CommParamTablesByValue : Pass<"comm-param-tables-by-value", "::mlir::ModuleO
   let dependentDialects = ["::mlir::LLVM::LLVMDialect", "::mlir::NVVM::NVVMDialect"];
 }
 
+def ExternDynamicSharedMemory
+    : Pass<"extern-dynamic-shared-memory", "::mlir::ModuleOp"> {
+  let summary = "place a kernel's dynamic shared memory after its static shared variables";
+  let description = [{
+    Runs after the GPU-to-NVVM lowering, which gives `gpu.dynamic_shared_memory`
+    its base as an internal zero-sized `llvm.mlir.global` in address space 3.
+    NVPTX treats an internal shared global used by one kernel as that kernel's
+    own variable ("demoted"): it is printed as a one-byte `.shared .b8`, and
+    ptxas lays it out among the static shared variables, before the ones
+    declared after it. What a kernel then keeps "in dynamic shared memory"
+    starts at that byte and runs over the static variables: the grouped GEMMs'
+    first ring stage over their mbarriers, which TMA loads overwrote (a rare
+    hang of a pipeline wait, the barrier's word holding FP8 data).
+
+    Every zero-sized array global in address space 3 gets external linkage, so
+    it is printed `.extern .shared .align A .b8 name[]` and placed where CUDA
+    puts dynamic shared memory: after every static shared variable. A
+    zero-sized shared global with an initializer is refused (it cannot be
+    external).
+
+    ```mlir
+    // before
+    llvm.mlir.global internal @__dynamic_shmem__0()
+        {addr_space = 3 : i32, alignment = 16 : i64} : !llvm.array<0 x i8>
+    // after
+    llvm.mlir.global external @__dynamic_shmem__0()
+        {addr_space = 3 : i32, alignment = 16 : i64} : !llvm.array<0 x i8>
+    ```
+  }];
+  let dependentDialects = ["::mlir::LLVM::LLVMDialect"];
+}
+
 #endif // EPIC_CONVERSION_PASSES_TD
