@@ -65,24 +65,16 @@ def moe_layer_fp8(buffer, x, topk_idx, topk_weights, w13, w2, num_experts, num_s
 
     ``persistent=True``: run the layer as one persistent kernel (``ep.moe_layer``: the five
     steps in one launch, the rank's blocks meeting between them; the same arithmetic, so
-    bitwise the same result) instead of five ops. In one process only (a virtual world, or
-    one rank): across processes the kernel stages the dispatch and the combine in the window,
-    and that variant, run on ``VirtualWorld(8, staged=True)``, stalls in about one call of
-    ten (one block's GEMM pipeline wait times out and names itself; bench/NOTES.md,
-    2026-12-07, fourth session); on one NCCL rank it is bitwise the five ops. It stays
-    refused across processes until the staged world passes. Not the default: measured on an
-    H100 it is 3-11% slower than the five ops (its barriers cost what the launches did; its
+    bitwise the same result) instead of five ops, in a virtual world or across processes
+    (where the kernel stages the dispatch and the combine in the window: the kernel
+    ``VirtualWorld(R, staged=True)`` runs on one GPU). Not the default: measured on an H100
+    it is 3-11% slower than the five ops (its barriers cost what the launches did; its
     steps do not overlap yet)."""
     if topk_weights is None:
         raise ValueError("topk_weights: the layer weights each expert's rows by them; pass "
                          "the router's float32 [T, top-k] weights")
     if type(persistent) is not bool:
         raise TypeError(f"persistent: True or False, got {persistent!r}")
-    if persistent and not buffer.virtual and buffer.num_ranks > 1:
-        raise ValueError("persistent: the persistent layer kernel runs in one process (a "
-                         "virtual world or one rank) only; across processes its staged "
-                         "variant still stalls intermittently on a staged virtual world: pass "
-                         "persistent=False")
     if persistent:
         from . import _dispatch
 

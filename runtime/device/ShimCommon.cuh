@@ -255,19 +255,11 @@ __device__ __forceinline__ bool phaseCompleted(uint32_t barrier, uint32_t parity
   return done != 0;
 }
 
-/// The mbarrier's raw 64-bit state (for the report only: its layout is the
-/// hardware's, printed in hex).
-__device__ __forceinline__ uint64_t phaseState(uint32_t barrier) {
-  uint64_t state;
-  asm volatile("ld.shared::cta.b64 %0, [%1];" : "=l"(state) : "r"(barrier) : "memory");
-  return state;
-}
-
-inline __device__ __noinline__ void
-phaseTimeoutTrap(uint32_t barrier, uint32_t parity, int64_t state, int64_t timeoutNs, int32_t rank);
+inline __device__ __noinline__ void phaseTimeoutTrap(uint32_t barrier, uint32_t parity,
+                                                     int64_t timeoutNs, int32_t rank);
 
 /// Waits until the phase of `parity` completes, at most about `timeoutNs`;
-/// then reports the barrier, the parity and the state (printf, or with
+/// then reports the barrier and the parity (printf, or with
 /// `Inline` the call-free report slot) and traps. The first poll is the whole
 /// cost when the phase is done: the clock is read only once it was not, in
 /// units of 2^20 ns (~1 ms) in 32 bits (one register: the FP8 GEMM's
@@ -281,11 +273,10 @@ __device__ __forceinline__ void boundedPhaseWait(uint32_t barrier, uint32_t pari
   while (!phaseCompleted(barrier, parity)) {
     if (uint32_t(nowNs() >> 20) - start <= uint32_t(timeoutNs >> 20))
       continue;
-    int64_t state = int64_t(phaseState(barrier));
     if (Inline)
       flagTimeoutReportTrap(reinterpret_cast<const void *>(uintptr_t(barrier)), kPhaseNotCompleted,
-                            int64_t(parity), state, timeoutNs, rank, -1);
-    phaseTimeoutTrap(barrier, parity, state, timeoutNs, rank);
+                            int64_t(parity), 0, timeoutNs, rank, -1);
+    phaseTimeoutTrap(barrier, parity, timeoutNs, rank);
   }
 }
 
@@ -325,13 +316,12 @@ inline __device__ __noinline__ void signalTimeoutTrap(int32_t rank, int32_t sign
 /// Printed by a timed-out comm.wait_phase before it traps (last and `inline`,
 /// as signalTimeoutTrap).
 inline __device__ __noinline__ void phaseTimeoutTrap(uint32_t barrier, uint32_t parity,
-                                                     int64_t state, int64_t timeoutNs,
-                                                     int32_t rank) {
+                                                     int64_t timeoutNs, int32_t rank) {
   printf("epic: device wait timed out after %lld ms: rank %d block %d thread %d waited for the "
-         "mbarrier at shared 0x%x to complete its phase of parity %u (state %llx): the "
-         "pipeline's producer and consumers disagree on its steps, or a TMA load never arrived\n",
+         "mbarrier at shared 0x%x to complete its phase of parity %u: " EPIC_PHASE_STALL_CAUSES
+         "\n",
          (long long)(timeoutNs / 1000000), (int)rank, (int)blockIdx.x, (int)threadIdx.x,
-         (unsigned)barrier, (unsigned)parity, (unsigned long long)state);
+         (unsigned)barrier, (unsigned)parity);
   __trap();
 }
 

@@ -123,10 +123,8 @@ epic::runtime::formatDeviceWaitReports(const std::vector<epic_device::WaitReport
       if (r.predicate == epic_device::kPhaseNotCompleted)
         std::snprintf(line, sizeof(line),
                       " thread %d waited for the mbarrier at shared 0x%" PRIx64
-                      " to complete its phase of parity %" PRId64 " (state %" PRIx64
-                      "): the pipeline's producer and consumers disagree on its steps, or a TMA "
-                      "load never arrived",
-                      int(r.thread), uint64_t(r.flag), int64_t(r.expected), uint64_t(r.seen));
+                      " to complete its phase of parity %" PRId64 ": " EPIC_PHASE_STALL_CAUSES,
+                      int(r.thread), uint64_t(r.flag), int64_t(r.expected));
       else
         std::snprintf(line, sizeof(line),
                       " thread %d waited for peer %d: the flag at 0x%" PRIx64 " %s %" PRId64

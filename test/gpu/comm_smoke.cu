@@ -197,11 +197,10 @@ int runVirtualPhaseTimeoutReport(const char *cubin) {
   const volatile epic_device::WaitReport &report =
       launchUntilTrap(module, "wait_phase_forever_inline", block, 64, nullptr);
   std::printf("  report of block %d: valid %llu, predicate %d, barrier at shared 0x%llx, parity "
-              "%lld, state %llx, timeout %lld ms, thread %d\n",
+              "%lld, timeout %lld ms, thread %d\n",
               int(report.block), (unsigned long long)report.valid, int(report.predicate),
               (unsigned long long)report.flag, (long long)report.expected,
-              (unsigned long long)report.seen, (long long)(report.timeoutNs / 1000000),
-              int(report.thread));
+              (long long)(report.timeoutNs / 1000000), int(report.thread));
   expect(report.valid == 1 && report.block == int(block) &&
              report.predicate == epic_device::kPhaseNotCompleted && report.expected == 0 &&
              report.timeoutNs == 200000000 && report.rank == -1 && report.thread < 64,

@@ -41,8 +41,18 @@
 // CHECK-NEXT:    comm.rank_params %[[GU]] stride 960
 // CHECK:         nvvm.setmaxregister  increase 224
 // CHECK:         nvvm.setmaxregister  decrease 168
+// The consumers, their registers back in the pool, arrive at named barrier 1 (all 384
+// threads); the producer warpgroup takes its own back only after it: its warps that
+// issue no load would otherwise take them before the consumers' increase, which then
+// waits for registers that never come.
+// CHECK:         %[[ALL:.*]] = arith.constant 384 : index
+// CHECK:         %[[THREADS:.*]] = arith.index_cast %[[ALL]] : index to i32
+// CHECK:         %[[ONE:.*]] = arith.constant 1 : index
+// CHECK:         %[[ID:.*]] = arith.index_cast %[[ONE]] : index to i32
+// CHECK:         nvvm.barrier.arrive id = %[[ID]] number_of_threads = %[[THREADS]]
 // CHECK:         nvvm.setmaxregister  decrease 56
-// CHECK:         nvvm.setmaxregister  increase 168
+// CHECK:         nvvm.barrier id = %{{.*}} number_of_threads = %{{.*}}
+// CHECK-NEXT:    nvvm.setmaxregister  increase 168
 // CHECK:         comm.atomic_rmw add release scope gpu
 // CHECK:         nvvm.fence.proxy
 // The SwiGLU (24 fields in), a barrier, the down GEMM (30 fields in).

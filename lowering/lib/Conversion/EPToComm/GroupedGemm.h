@@ -112,6 +112,10 @@ static_assert(kFp8ConsumerWarpgroups * 128 * kFp8ConsumerRegisters + 128 * kFp8P
 /// 384 threads with one block per SM: the register file divided, in the unit
 /// of 8 setmaxnreg counts in).
 constexpr int64_t kFp8EvenRegisters = 64 * 1024 / kFp8Threads / 8 * 8;
+/// The named barrier (not 0: every block barrier's) at which the consumers,
+/// having set their registers back to kFp8EvenRegisters, let the producer
+/// warpgroup take its own back (restoreRegisters).
+constexpr int64_t kFp8RegisterBarrier = 1;
 constexpr int64_t kFp8CtasPerSm = 1;
 constexpr int64_t kFp8ScaleBlock = 128; ///< channels per scale (rows' and weights')
 constexpr int64_t kFp8StageBytes = kFp8TileM * kFp8TileK + kFp8TileK * kGemmTileN;

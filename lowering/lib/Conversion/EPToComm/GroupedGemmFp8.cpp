@@ -74,15 +74,26 @@ struct Fp8Gemm : GemmBuilder {
         [&] {
           setMaxRegisters(kFp8ConsumerRegisters, NVVM::SetMaxRegisterAction::increase);
           consume(s, empty, total);
-          if (shape.restoreRegisters)
+          if (shape.restoreRegisters) {
             setMaxRegisters(kFp8EvenRegisters, NVVM::SetMaxRegisterAction::decrease);
+            // Theirs are back in the pool: the producer warpgroup may take its own back.
+            NVVM::BarrierArriveOp::create(b, i32(idx(kFp8RegisterBarrier)), i32(idx(kFp8Threads)));
+          }
         },
         [&] {
           setMaxRegisters(kFp8ProducerRegisters, NVVM::SetMaxRegisterAction::decrease);
           when(eq(s.tid, idx(kConsumerThreads)), [&] { produce(s, empty, total); });
-          // (Waits until the consumers have given theirs back.)
-          if (shape.restoreRegisters)
+          if (shape.restoreRegisters) {
+            // Only once the consumers have given theirs back. setmaxnreg takes from the
+            // block's pool whatever is there, and the warps of this warpgroup that issue
+            // no load get here at once: where they took their registers back before the
+            // consumers' increase, the pool was short, the consumers waited in setmaxnreg
+            // (unbounded, unreported) and the producer for a stage they never freed: the
+            // persistent layer's stall, about one call of ten on a staged world of 8.
+            NVVM::BarrierOp::create(b, TypeRange{}, i32(idx(kFp8RegisterBarrier)),
+                                    i32(idx(kFp8Threads)), {}, Value());
             setMaxRegisters(kFp8EvenRegisters, NVVM::SetMaxRegisterAction::increase);
+          }
         });
   }
 

@@ -37,8 +37,14 @@ constexpr int32_t kLsaViolation = 5;
 
 /// WaitReport::predicate of a comm.wait_phase report: `flag` is the
 /// mbarrier's shared-memory address, `expected` the parity of the phase that
-/// did not complete, `seen` the mbarrier's 64-bit state word when it gave up.
+/// did not complete, `seen` 0 (an mbarrier's state cannot be read: on Hopper
+/// a load of its address returns what was stored there before its init).
 constexpr int32_t kPhaseNotCompleted = 6;
+/// What a phase that never completes says about the pipeline (the device's
+/// printf and the runtime's report; a literal, for both compilers).
+#define EPIC_PHASE_STALL_CAUSES                                                                    \
+  "the pipeline's other side never got there (its producer and consumers disagree on its "         \
+  "steps, one of them is held outside the pipeline, or a TMA load never arrived)"
 
 struct WaitReport {
   uint64_t valid; ///< 1 once the other fields are written

@@ -560,10 +560,11 @@ def Comm_WaitPhaseOp : Comm_Op<"wait_phase", [MemoryEffects<[MemRead, MemWrite]>
     `parity`, with the acquire semantics of `mbarrier.try_wait.parity` at
     CTA scope: the wait of a TMA pipeline's stages. `nvgpu.mbarrier.try_wait`
     waits forever; a producer and consumers that disagree on a pipeline's
-    steps, or a load that never lands, would hang the kernel silently.
-    Bounded like `comm.wait_flag`: after `timeout_ms` the lowered code
-    reports the rank (when given), block and thread, the barrier's address,
-    the parity and the barrier's state word, and traps; in a kernel that
+    steps, a role held outside the pipeline, or a load that never lands,
+    would hang the kernel silently. Bounded like `comm.wait_flag`: after
+    `timeout_ms` the lowered code reports the rank (when given), block and
+    thread, the barrier's address and the parity (not the barrier's state: a
+    load of its address does not return it), and traps; in a kernel that
     must not call (wgmma) through the runtime's mapped report slots.
 
     ```mlir
