@@ -294,8 +294,8 @@ def ExternDynamicSharedMemory
     ptxas lays it out among the static shared variables, before the ones
     declared after it. What a kernel then keeps "in dynamic shared memory"
     starts at that byte and runs over the static variables: the grouped GEMMs'
-    first ring stage over their mbarriers, which TMA loads overwrote (a rare
-    hang of a pipeline wait, the barrier's word holding FP8 data).
+    first ring stage over their mbarriers and the kernel's shared flag, whose
+    bytes every stage-0 TMA load overwrote.
 
     Every zero-sized array global in address space 3 gets external linkage, so
     it is printed `.extern .shared .align A .b8 name[]` and placed where CUDA
